@@ -1,0 +1,27 @@
+# gpu/: CUDA kernels for the same ops as ref/, selected with MOE_BACKEND_CUDA.
+# .cu files become libtool objects through build-aux/nvcc-lt (libtool does not know nvcc).
+MOE_CUDA_SRCS = gpu/cuda_backend.cu gpu/gemm_cuda.cu
+MOE_CUDA_HDRS = gpu/cuda_check.cuh gpu/gemm_cuda.cuh
+EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
+
+if MOE_CUDA
+MOE_CUDA_OBJECTS = $(MOE_CUDA_SRCS:.cu=.lo)
+libmoe_la_LIBADD += $(MOE_CUDA_OBJECTS) $(CUDA_LIBS)
+EXTRA_libmoe_la_DEPENDENCIES = $(MOE_CUDA_OBJECTS)
+$(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/src/moe_internal.h
+endif
+
+NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/src \
+	-I$(top_builddir) -Xcompiler -Wall $(NVCCFLAGS)
+AM_V_NVCC = $(am__v_NVCC_@AM_V@)
+am__v_NVCC_ = $(am__v_NVCC_@AM_DEFAULT_V@)
+am__v_NVCC_0 = @echo "  NVCC    " $@;
+am__v_NVCC_1 =
+SUFFIXES = .cu .lo
+.cu.lo:
+	$(AM_V_NVCC)$(SHELL) $(top_srcdir)/build-aux/nvcc-lt $@ $(NVCC_COMPILE) -c $<
+
+mostlyclean-local: mostlyclean-cuda
+mostlyclean-cuda:
+	-rm -rf gpu/.libs gpu/*.o gpu/*.lo
+.PHONY: mostlyclean-cuda

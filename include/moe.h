@@ -1,0 +1,199 @@
+/*
+ * libmoe: Mixture-of-Experts grouped GEMM (forward, dX, dW) with a CPU reference and CUDA kernels.
+ *
+ * The exact math of every operation is written in specs/SEMANTICS.md (sections 1, 2 and 4); this
+ * header names the shapes and the contract of each entry point.  Notation used in every comment:
+ *
+ *   T  tokens            k  experts per token (topk)     E  experts
+ *   M = T*k routed rows ("slots"); slot s = t*k + j is token t's j-th choice.
+ *   W  is [E][N][K] row-major; for an expert-order row r of expert e, y_r = xsrc_r . W[e]^T (length N).
+ *
+ * Conventions
+ *   - Every tensor is dense, row-major (C order), of the call's dtype (options.dtype), except where a
+ *     comment says otherwise.  f16 and bf16 tensors are arrays of uint16_t bit patterns.
+ *   - Accumulation is float32; each output element is rounded once (round to nearest even) to its dtype.
+ *   - All indices and sizes are int64_t.
+ *   - Backend MOE_BACKEND_REF takes host pointers; MOE_BACKEND_CUDA takes device pointers (tensors AND
+ *     the routing arrays) and runs on options.stream.
+ *   - Every entry point validates its arguments before touching any output.  On failure it returns a
+ *     status other than MOE_OK, leaves every output untouched and records a message for
+ *     moe_last_error() naming the argument, the index and what was expected.
+ *   - Outputs are overwritten (never read) unless options.accumulate is set, in which case the result is
+ *     added to the existing contents in float32 and rounded once.
+ */
+#ifndef LIBMOE_MOE_H
+#define LIBMOE_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LIBMOE_VERSION_MAJOR 0
+#define LIBMOE_VERSION_MINOR 1
+#define LIBMOE_VERSION_PATCH 0
+
+/* ----------------------------------------------------------------------------------------------------
+ * Status codes and error messages
+ * -------------------------------------------------------------------------------------------------- */
+typedef enum moe_status {
+    MOE_OK = 0,
+    MOE_ERR_NULL_POINTER = 1,     /* a required pointer is NULL (with a non-empty extent) */
+    MOE_ERR_INVALID_SHAPE = 2,    /* a dimension is negative or inconsistent with another */
+    MOE_ERR_OVERFLOW = 3,         /* a product of dimensions is not representable in int64 / size_t */
+    MOE_ERR_INVALID_ROUTING = 4,  /* m_sizes negative or not summing to T*k; gather_indices not a permutation */
+    MOE_ERR_INVALID_DTYPE = 5,    /* unknown dtype value */
+    MOE_ERR_INVALID_OPTION = 6,   /* an option is unknown or an option combination is meaningless */
+    MOE_ERR_UNSUPPORTED = 7,      /* valid request this backend cannot do (e.g. CUDA with N % 8 != 0) */
+    MOE_ERR_NO_BACKEND = 8,       /* the backend was not built in, or no device is present */
+    MOE_ERR_OUT_OF_MEMORY = 9,    /* a workspace allocation failed */
+    MOE_ERR_DEVICE = 10,          /* a CUDA call failed; moe_last_error() has the CUDA message */
+    MOE_ERR_INVALID_INDEX = 11    /* an index array holds a value out of its range */
+} moe_status;
+
+/* A short constant description of a status code ("invalid routing", ...). Never NULL. */
+const char *moe_strerror(moe_status status);
+
+/* The detailed message of the most recent failure in this thread (e.g. "moe_gemm_fwd: routing.m_sizes[3]
+ * = -2, expected >= 0"), or "" if the last call in this thread succeeded.  Valid until the next call of
+ * a libmoe function in the same thread. */
+const char *moe_last_error(void);
+
+/* ----------------------------------------------------------------------------------------------------
+ * Dtypes
+ * -------------------------------------------------------------------------------------------------- */
+typedef enum moe_dtype {
+    MOE_F32 = 0,   /* IEEE binary32 */
+    MOE_F16 = 1,   /* IEEE binary16, stored as uint16_t */
+    MOE_BF16 = 2   /* bfloat16 (upper half of binary32), stored as uint16_t */
+} moe_dtype;
+
+/* Bytes per element of a dtype, or 0 for an unknown dtype value. */
+size_t moe_dtype_size(moe_dtype dtype);
+/* "f32", "f16", "bf16", or "?" */
+const char *moe_dtype_name(moe_dtype dtype);
+
+/* Conversions.  float -> 16-bit rounds to nearest even, overflows to +-Inf, keeps NaN a (quiet) NaN and
+ * keeps the sign of zero; 16-bit -> float is exact. */
+uint16_t moe_f32_to_bf16(float value);
+float moe_bf16_to_f32(uint16_t bits);
+uint16_t moe_f32_to_f16(float value);
+float moe_f16_to_f32(uint16_t bits);
+
+/* Unit roundoff of a dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16); 0 for an unknown dtype. */
+double moe_dtype_unit_roundoff(moe_dtype dtype);
+
+/* ----------------------------------------------------------------------------------------------------
+ * Routing (SEMANTICS section 1)
+ * -------------------------------------------------------------------------------------------------- */
+typedef struct moe_routing {
+    int64_t num_tokens;             /* T >= 0 */
+    int64_t topk;                   /* k >= 1 (k >= 0 accepted when T == 0) */
+    int64_t num_experts;            /* E >= 1 */
+    const int64_t *m_sizes;         /* [E]  rows per expert; m_e >= 0, sum m_e == T*k */
+    const int64_t *gather_indices;  /* [T*k] expert-order row r holds slot gather_indices[r]; a
+                                       permutation of [0, T*k).  May be NULL when the call fuses no
+                                       permutation, no topk weights and no reduce_topk. */
+} moe_routing;
+
+/* Builds a routing from topk_ids[T][k] (values in [0, E)):
+ *   m_sizes[E]            out: slots per expert
+ *   gather_indices[T*k]   out: the stable sort of the flattened topk_ids by expert
+ *   scatter_indices[T*k]  out (may be NULL): the inverse permutation, scatter[gather[r]] = r
+ * Host pointers.  Fails with MOE_ERR_INVALID_INDEX (naming t, j and the value) when an id is out of
+ * range; then nothing is written. */
+moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                 const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
+                                 int64_t *scatter_indices);
+
+/* Checks a caller-made host routing: dimensions, m_e >= 0, sum m_e == T*k, and (when require_gather is
+ * non-zero, or gather_indices is non-NULL) that gather_indices is a permutation of [0, T*k).
+ * Allocates a T*k-bit scratch set for the permutation check (MOE_ERR_OUT_OF_MEMORY if that fails). */
+moe_status moe_routing_validate(const moe_routing *routing, int require_gather);
+
+/* ----------------------------------------------------------------------------------------------------
+ * Backends
+ * -------------------------------------------------------------------------------------------------- */
+typedef enum moe_backend {
+    MOE_BACKEND_REF = 0,   /* the CPU reference (always present) */
+    MOE_BACKEND_CUDA = 1   /* CUDA kernels (present when built --with-cuda and a device is visible) */
+} moe_backend;
+
+/* Non-zero when the backend was built in and can run here (CUDA: at least one device visible). */
+int moe_backend_available(moe_backend backend);
+const char *moe_backend_name(moe_backend backend);
+
+/* ----------------------------------------------------------------------------------------------------
+ * Grouped GEMM (SEMANTICS section 2)
+ *
+ * Shapes, with R_x = (permute_x ? T : M) and every row index below expert-order unless stated:
+ *   fwd:  X [R_x][K], W [E][N][K]                       -> Y [M][N]  (row r, or slot row g_r if permute_y)
+ *   dX:   dY [M][N] (slot order if permute_y), W        -> dX [M][K] (row r, or slot row g_r if permute_x)
+ *                                                          or [T][K] with reduce_topk
+ *   dW:   X [R_x][K], dY [M][N]                         -> dW [E][N][K]
+ *   topk_weights [M] in slot order, the call's dtype; when given (non-NULL), expert-order row r is scaled
+ *   by topk_weights[g_r] (fwd: the output row; dX and dW: the dY source row), in float32, before the
+ *   single rounding.  Requires routing.gather_indices.
+ * -------------------------------------------------------------------------------------------------- */
+typedef struct moe_gemm_options {
+    moe_dtype dtype;      /* dtype of every tensor argument (X, W, dY, topk_weights, Y, dX, dW) */
+    int dw_fp32;          /* dW (and d_topk_weights) written as float32 instead of `dtype` */
+    int permute_x;        /* forward gathered X on load: X is token order [T][K], row r reads X[g_r / k] */
+    int permute_y;        /* forward scattered Y on store: Y and dY are slot order, row r is at g_r */
+    int reduce_topk;      /* dX: write [T][K] with dX[t] = sum_j dXslot[t*k + j] (needs gather_indices) */
+    int accumulate;       /* add the result into every output of the call instead of overwriting */
+    int allow_tf32;       /* CUDA, f32 only: allow TF32 tensor cores (default: true fp32) */
+    int dx_only;          /* moe_gemm_bwd: compute dX only */
+    int dw_only;          /* moe_gemm_bwd: compute dW (and d_topk_weights) only */
+    void *stream;         /* CUDA backend: the cudaStream_t to run on (NULL = default stream) */
+} moe_gemm_options;
+
+/* Y = fwd(X, W).
+ *   x             [R_x][K]    input activations
+ *   w             [E][N][K]   expert weights
+ *   topk_weights  [M] or NULL routing weights, slot order
+ *   y             [M][N]      output; expert order, or slot order with permute_y */
+moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                        const void *x, const void *w, const void *topk_weights, void *y,
+                        const moe_gemm_options *options);
+
+/* dX = dY . W per expert.
+ *   dy            [M][N]      output gradient; expert order, or slot order with permute_y
+ *   w             [E][N][K]   expert weights
+ *   topk_weights  [M] or NULL the forward's fused routing weights
+ *   dx            [M][K], or [T][K] with reduce_topk; expert order, or slot order with permute_x */
+moe_status moe_gemm_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                       const void *dy, const void *w, const void *topk_weights, void *dx,
+                       const moe_gemm_options *options);
+
+/* dW[e] = sum over the rows r of expert e of dysrc_r^T (x) xsrc_r.  Experts with no rows get exact zeros
+ * (or are left unchanged with accumulate).
+ *   x             [R_x][K]    the forward's input
+ *   dy            [M][N]      output gradient (slot order with permute_y)
+ *   topk_weights  [M] or NULL the forward's fused routing weights
+ *   dw            [E][N][K]   weight gradient (float32 if dw_fp32) */
+moe_status moe_gemm_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                       const void *x, const void *dy, const void *topk_weights, void *dw,
+                       const moe_gemm_options *options);
+
+/* Gradient of the fused topk weights: d_topk_weights[g_r] = < dY_src_r (unweighted), y_r > where
+ * y_r = xsrc_r . W[e]^T is recomputed in float32 (not rounded).  Requires gather_indices.
+ *   x [R_x][K], w [E][N][K], dy [M][N]  ->  d_topk_weights [M] slot order (float32 if dw_fp32) */
+moe_status moe_gemm_topk_weights_grad(moe_backend backend, const moe_routing *routing, int64_t N,
+                                      int64_t K, const void *x, const void *w, const void *dy,
+                                      void *d_topk_weights, const moe_gemm_options *options);
+
+/* The backward of moe_gemm_fwd in one call, as an autograd backward needs it: dX (unless dw_only), dW
+ * (unless dx_only) and, when topk_weights and d_topk_weights are both non-NULL and dx_only is not set,
+ * d_topk_weights.  Outputs that are not computed may be NULL and are never touched. */
+moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                        const void *x, const void *w, const void *dy, const void *topk_weights,
+                        void *dx, void *dw, void *d_topk_weights, const moe_gemm_options *options);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBMOE_MOE_H */

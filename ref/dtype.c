@@ -1,0 +1,94 @@
+/* Dtype sizes, names and the float <-> f16/bf16 conversions (round to nearest even, NaN/Inf kept). */
+#include "moe_ref.h"
+
+#include <string.h>
+
+size_t moe_dtype_size(moe_dtype dtype)
+{
+    switch (dtype) {
+    case MOE_F32: return 4;
+    case MOE_F16: return 2;
+    case MOE_BF16: return 2;
+    }
+    return 0;
+}
+
+const char *moe_dtype_name(moe_dtype dtype)
+{
+    switch (dtype) {
+    case MOE_F32: return "f32";
+    case MOE_F16: return "f16";
+    case MOE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+double moe_dtype_unit_roundoff(moe_dtype dtype)
+{
+    switch (dtype) {
+    case MOE_F32: return 0x1p-24;
+    case MOE_F16: return 0x1p-11;
+    case MOE_BF16: return 0x1p-8;
+    }
+    return 0.0;
+}
+
+static uint32_t float_bits(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+static float bits_float(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+uint16_t moe_f32_to_bf16(float value)
+{
+    uint32_t bits = float_bits(value);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)          /* NaN: keep sign and top payload, force quiet */
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);            /* round to nearest even at bit 16 */
+    return (uint16_t)(bits >> 16);                    /* a carry past the largest finite gives Inf */
+}
+
+float moe_bf16_to_f32(uint16_t bits) { return bits_float((uint32_t)bits << 16); }
+
+uint16_t moe_f32_to_f16(float value)
+{
+    uint32_t bits = float_bits(value);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u)                      /* NaN: quiet, keep the top payload bits */
+        return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+    if (magnitude >= 0x477ff000u)                     /* >= 65520 rounds to Inf (Inf stays Inf) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (magnitude < 0x38800000u) {                    /* below 2^-14: f16 subnormal or zero */
+        /* |value| * 2^24 is exact and < 1024; adding and removing 2^23 rounds it to an integer
+         * (nearest even) in the default rounding mode.  1024 is the smallest normal, encoded right. */
+        float scaled = bits_float(magnitude) * 0x1p24f;
+        volatile float rounded = scaled + 0x1p23f;
+        return (uint16_t)(sign | (uint16_t)(rounded - 0x1p23f));
+    }
+    uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u); /* nearest even at bit 13 */
+    rounded -= 112u << 23;                            /* exponent bias 127 -> 15 */
+    return (uint16_t)(sign | (rounded >> 13));
+}
+
+float moe_f16_to_f32(uint16_t bits)
+{
+    uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
+    uint32_t exponent = (bits >> 10) & 0x1fu;
+    uint32_t mantissa = bits & 0x3ffu;
+    if (exponent == 0x1fu)                            /* Inf or NaN */
+        return bits_float(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0) {                              /* zero or subnormal: mantissa * 2^-24, exact */
+        float magnitude = (float)mantissa * 0x1p-24f;
+        return bits_float(sign | float_bits(magnitude));
+    }
+    return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}

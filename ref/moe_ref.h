@@ -1,0 +1,94 @@
+/*
+ * The CPU reference: element access, routing helpers and the grouped GEMM in two twins.
+ *
+ * `*_naive` is the readable definition, one output element at a time.  `*_blocked` is the mildly
+ * optimised twin (converted fp32 tiles, loops that vectorise across output elements).  Both perform,
+ * for every output element, the SAME float32 operations in the SAME order, so they agree bit for bit;
+ * tests/test_gemm.c checks that.  The order, per output element (acc starts at +0.0f):
+ *
+ *   fwd  y[r][n]   : acc += x[xrow(r)][c] * W[e][n][c]           for c = 0 .. K-1
+ *                    v = acc;  v = wt(r) * v (if topk weights);  v = old + v (if accumulate)
+ *   dX   dx[r][c]  : acc += dy[yrow(r)][n] * W[e][n][c]          for n = 0 .. N-1
+ *                    v = acc;  v = wt(r) * v;                    v = old + v
+ *   dX with reduce_topk, row t: sum = 0; for j = 0 .. k-1: (acc of slot t*k+j as above, times its
+ *                    weight) then sum += that;  v = sum;  v = old + v
+ *   dW   dw[e][n][c]: acc += (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c]   for r in expert e, ascending
+ *                    (without topk weights the factor is dy alone);  v = old + v
+ *   dtopk[g_r]     : y_n = sum_c x[xrow(r)][c] * W[e][n][c] (ascending c), acc += dy[yrow(r)][n] * y_n
+ *                    (ascending n);  v = old + v
+ *
+ * with xrow(r) = permute_x ? g_r / k : r, yrow(r) = permute_y ? g_r : r, dx row = permute_x ? g_r : r,
+ * wt(r) = topk_weights[g_r].  The final v is rounded once to the output dtype.
+ *
+ * Parallelism: each OpenMP thread owns whole output rows (fwd, dX: rows; dW: (expert, n) rows), never
+ * atomics, so results are the same for every thread count.
+ */
+#ifndef LIBMOE_REF_H
+#define LIBMOE_REF_H
+
+#include "moe_internal.h"
+
+#include <string.h>
+
+/* Reads element i of a tensor of the given dtype as float (exact). */
+static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
+{
+    switch (dtype) {
+    case MOE_F16: return moe_f16_to_f32(((const uint16_t *)base)[i]);
+    case MOE_BF16: return moe_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOE_F32: break;
+    }
+    return ((const float *)base)[i];
+}
+
+/* Writes element i of a tensor of the given dtype, rounding to nearest even. */
+static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float value)
+{
+    switch (dtype) {
+    case MOE_F16: ((uint16_t *)base)[i] = moe_f32_to_f16(value); return;
+    case MOE_BF16: ((uint16_t *)base)[i] = moe_f32_to_bf16(value); return;
+    case MOE_F32: break;
+    }
+    ((float *)base)[i] = value;
+}
+
+/* Converts count elements starting at element `first` of a tensor to float. */
+static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t first, int64_t count,
+                                    float *out)
+{
+    for (int64_t i = 0; i < count; i++)
+        out[i] = moe_ref_load(dtype, base, first + i);
+}
+
+/* ---- routing helpers (ref/routing.c) ---- */
+
+/* Checks routing contents on the host: m_sizes[e] >= 0, sum == rows, and, when need_gather, that
+ * gather_indices is a permutation of [0, rows).  `op` prefixes the message. */
+moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
+                                 const int64_t *gather_indices, int need_gather);
+
+/* offsets[E+1]: offsets[e] = sum_{j<e} m_sizes[j].  The caller guarantees a validated routing. */
+void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t *offsets);
+
+/* The expert owning expert-order row r (offsets[e] <= r < offsets[e+1]; empty experts skipped). */
+int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64_t row);
+
+/* ---- the grouped GEMM, naive twin (ref/gemm_naive.c) ---- */
+moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
+                                  const void *topk_weights, void *y);
+moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
+                                 const void *topk_weights, void *dx);
+moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
+                                 const void *topk_weights, void *dw);
+moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
+                                          const void *dy, void *d_topk_weights);
+
+/* ---- the grouped GEMM, blocked twin (ref/gemm_blocked.c): same contract, same bits ---- */
+moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                    const void *topk_weights, void *y);
+moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
+                                   const void *topk_weights, void *dx);
+moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
+                                   const void *topk_weights, void *dw);
+
+#endif /* LIBMOE_REF_H */

@@ -1,0 +1,33 @@
+/* The backend table: starts with the reference; gpu/ overrides it per op when built in. */
+#include "moe_internal.h"
+
+#include <stddef.h>
+
+const moe_dispatch *moe_dispatch_for(moe_backend backend)
+{
+    switch (backend) {
+    case MOE_BACKEND_REF: return &moe_ref_dispatch;
+    case MOE_BACKEND_CUDA:
+#ifdef MOE_HAVE_CUDA
+        return &moe_cuda_dispatch;
+#else
+        return NULL;
+#endif
+    }
+    return NULL;
+}
+
+int moe_backend_available(moe_backend backend)
+{
+    const moe_dispatch *table = moe_dispatch_for(backend);
+    return table != NULL && table->available();
+}
+
+const char *moe_backend_name(moe_backend backend)
+{
+    switch (backend) {
+    case MOE_BACKEND_REF: return "ref";
+    case MOE_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
+}

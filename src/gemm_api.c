@@ -1,0 +1,306 @@
+/* Public grouped GEMM entry points: validate every argument, then call the backend's table. */
+#include "moe_internal.h"
+#include "moe_ref.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+
+enum gemm_op { OP_FWD, OP_DX, OP_DW, OP_TOPK_GRAD, OP_BWD };
+
+/* One tensor argument for the pointer, size and overlap checks. */
+typedef struct tensor_arg {
+    const char *name;
+    const void *data;
+    int64_t rows;
+    int64_t cols;
+    moe_dtype dtype;
+    int is_output;
+} tensor_arg;
+
+static const moe_gemm_options default_options; /* all zero: f32, no fusion, overwrite */
+
+static moe_status check_tensor(const char *op, const tensor_arg *t, int64_t *bytes)
+{
+    int64_t elements = 0;
+    if (!moe_mul_ok(t->rows, t->cols, &elements) ||
+        !moe_mul_ok(elements, (int64_t)moe_dtype_size(t->dtype), bytes) || (uint64_t)*bytes > SIZE_MAX)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: %s is %" PRId64 " x %" PRId64 " %s elements, past 64-bit sizes",
+                        op, t->name, t->rows, t->cols, moe_dtype_name(t->dtype));
+    if (elements > 0 && t->data == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but has %" PRId64 " x %" PRId64 " elements", op,
+                        t->name, t->rows, t->cols);
+    return MOE_OK;
+}
+
+/* Outputs must not overlap any other argument: a kernel never reads what it overwrites. */
+static moe_status check_overlaps(const char *op, const tensor_arg *args, const int64_t *bytes, int count)
+{
+    for (int i = 0; i < count; i++) {
+        if (!args[i].is_output || bytes[i] == 0)
+            continue;
+        uintptr_t lo = (uintptr_t)args[i].data, hi = lo + (uintptr_t)bytes[i];
+        for (int j = 0; j < count; j++) {
+            if (j == i || bytes[j] == 0)
+                continue;
+            uintptr_t other_lo = (uintptr_t)args[j].data, other_hi = other_lo + (uintptr_t)bytes[j];
+            if (lo < other_hi && other_lo < hi)
+                return moe_fail(MOE_ERR_INVALID_OPTION, "%s: output %s overlaps %s %s", op, args[i].name,
+                                args[j].is_output ? "output" : "input", args[j].name);
+        }
+    }
+    return MOE_OK;
+}
+
+/* Validates dimensions, options and routing, and fills the problem description. */
+static moe_status build_problem(const char *op, enum gemm_op which, const moe_dispatch *table,
+                                const moe_routing *routing, int64_t N, int64_t K, const void *topk_weights,
+                                const moe_gemm_options *opt, moe_gemm_problem *p)
+{
+    if (routing == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing is NULL", op);
+    if (opt->dtype != MOE_F32 && opt->dtype != MOE_F16 && opt->dtype != MOE_BF16)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %d, expected MOE_F32, MOE_F16 or MOE_BF16",
+                        op, (int)opt->dtype);
+    const int64_t T = routing->num_tokens, k = routing->topk, E = routing->num_experts;
+    if (T < 0)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.num_tokens = %" PRId64 ", expected >= 0", op, T);
+    if (k < 0 || (k == 0 && T > 0))
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.topk = %" PRId64 ", expected >= 1", op, k);
+    if (E < 1)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.num_experts = %" PRId64 ", expected >= 1", op, E);
+    if (N < 0 || K < 0)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: N = %" PRId64 ", K = %" PRId64 ", expected both >= 0", op,
+                        N, K);
+    int64_t M = 0, EN = 0, ENK = 0;
+    if (!moe_mul_ok(T, k, &M) || !moe_mul_ok(E, N, &EN) || !moe_mul_ok(EN, K, &ENK) ||
+        (uint64_t)M > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: T*k = %" PRId64 "*%" PRId64 " or E*N*K = %" PRId64 "*%" PRId64
+                        "*%" PRId64 " overflows 64 bits", op, T, k, E, N, K);
+
+    /* options that do not belong to this op are refused, never ignored */
+    if (opt->reduce_topk && which != OP_DX && which != OP_BWD)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.reduce_topk applies to dX only", op);
+    if ((opt->dx_only || opt->dw_only) && which != OP_BWD)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.dx_only/dw_only apply to moe_gemm_bwd only", op);
+    if (opt->dx_only && opt->dw_only)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.dx_only and options.dw_only are both set", op);
+    if (opt->allow_tf32 && opt->dtype != MOE_F32)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.allow_tf32 applies to MOE_F32 only, dtype is %s",
+                        op, moe_dtype_name(opt->dtype));
+    if (routing->m_sizes == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing.m_sizes is NULL", op);
+    int need_gather = opt->permute_x || opt->permute_y || opt->reduce_topk || topk_weights != NULL ||
+                      which == OP_TOPK_GRAD;
+    if (need_gather && M > 0 && routing->gather_indices == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing.gather_indices is NULL but %s needs it", op,
+                        opt->permute_x ? "permute_x" : opt->permute_y ? "permute_y"
+                        : opt->reduce_topk ? "reduce_topk" : topk_weights != NULL ? "topk_weights"
+                        : "the topk-weight gradient");
+    if (table->validates_routing_on_host) {
+        moe_status status = moe_ref_check_routing(op, E, M, routing->m_sizes, routing->gather_indices,
+                                                  need_gather || routing->gather_indices != NULL);
+        if (status != MOE_OK)
+            return status;
+    }
+
+    p->op = op;
+    p->num_tokens = T;
+    p->topk = k;
+    p->num_experts = E;
+    p->rows = M;
+    p->N = N;
+    p->K = K;
+    p->m_sizes = routing->m_sizes;
+    p->gather_indices = routing->gather_indices;
+    p->dtype = opt->dtype;
+    p->dw_dtype = opt->dw_fp32 ? MOE_F32 : opt->dtype;
+    p->permute_x = opt->permute_x != 0;
+    p->permute_y = opt->permute_y != 0;
+    p->reduce_topk = opt->reduce_topk != 0;
+    p->accumulate = opt->accumulate != 0;
+    p->allow_tf32 = opt->allow_tf32 != 0;
+    p->stream = opt->stream;
+    return MOE_OK;
+}
+
+static moe_status check_tensors(const char *op, const tensor_arg *args, int count)
+{
+    int64_t bytes[8];
+    for (int i = 0; i < count; i++) {
+        moe_status status = check_tensor(op, &args[i], &bytes[i]);
+        if (status != MOE_OK)
+            return status;
+    }
+    return check_overlaps(op, args, bytes, count);
+}
+
+static const moe_dispatch *backend_table(const char *op, moe_backend backend)
+{
+    const moe_dispatch *table = moe_dispatch_for(backend);
+    if (table == NULL) {
+        moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) was not built into this libmoe", op, (int)backend,
+                 moe_backend_name(backend));
+        return NULL;
+    }
+    if (!table->available()) {
+        moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %s is built in but cannot run here (no device?)", op,
+                 table->name);
+        return NULL;
+    }
+    return table;
+}
+
+/* Everything the five entry points share: options default, table, problem. */
+static moe_status prepare(const char *op, enum gemm_op which, moe_backend backend, const moe_routing *routing,
+                          int64_t N, int64_t K, const void *topk_weights, const moe_gemm_options **opt,
+                          const moe_dispatch **table, moe_gemm_problem *p)
+{
+    moe_clear_error();
+    if (*opt == NULL)
+        *opt = &default_options;
+    *table = backend_table(op, backend);
+    if (*table == NULL)
+        return MOE_ERR_NO_BACKEND;
+    return build_problem(op, which, *table, routing, N, K, topk_weights, *opt, p);
+}
+
+static int64_t x_rows(const moe_gemm_problem *p) { return p->permute_x ? p->num_tokens : p->rows; }
+
+moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                        const void *x, const void *w, const void *topk_weights, void *y,
+                        const moe_gemm_options *options)
+{
+    static const char op[] = "moe_gemm_fwd";
+    const moe_dispatch *table;
+    moe_gemm_problem p;
+    moe_status status = prepare(op, OP_FWD, backend, routing, N, K, topk_weights, &options, &table, &p);
+    if (status != MOE_OK)
+        return status;
+    const tensor_arg args[] = {
+        {"x", x, x_rows(&p), K, p.dtype, 0},
+        {"w", w, p.num_experts * N, K, p.dtype, 0},
+        {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0},
+        {"y", y, p.rows, N, p.dtype, 1},
+    };
+    status = check_tensors(op, args, 4);
+    return status != MOE_OK ? status : table->gemm_fwd(&p, x, w, topk_weights, y);
+}
+
+static moe_status dx_tensors(const char *op, const moe_gemm_problem *p, const void *dy, const void *w,
+                             const void *topk_weights, const void *dx)
+{
+    const tensor_arg args[] = {
+        {"dy", dy, p->rows, p->N, p->dtype, 0},
+        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0},
+        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0},
+        {"dx", dx, p->reduce_topk ? p->num_tokens : p->rows, p->K, p->dtype, 1},
+    };
+    return check_tensors(op, args, 4);
+}
+
+static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *dy,
+                             const void *topk_weights, const void *dw)
+{
+    const tensor_arg args[] = {
+        {"x", x, x_rows(p), p->K, p->dtype, 0},
+        {"dy", dy, p->rows, p->N, p->dtype, 0},
+        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0},
+        {"dw", dw, p->num_experts * p->N, p->K, p->dw_dtype, 1},
+    };
+    return check_tensors(op, args, 4);
+}
+
+static moe_status topk_grad_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *w,
+                                    const void *dy, const void *d_topk_weights)
+{
+    const tensor_arg args[] = {
+        {"x", x, x_rows(p), p->K, p->dtype, 0},
+        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0},
+        {"dy", dy, p->rows, p->N, p->dtype, 0},
+        {"d_topk_weights", d_topk_weights, p->rows, 1, p->dw_dtype, 1},
+    };
+    return check_tensors(op, args, 4);
+}
+
+moe_status moe_gemm_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                       const void *dy, const void *w, const void *topk_weights, void *dx,
+                       const moe_gemm_options *options)
+{
+    static const char op[] = "moe_gemm_dx";
+    const moe_dispatch *table;
+    moe_gemm_problem p;
+    moe_status status = prepare(op, OP_DX, backend, routing, N, K, topk_weights, &options, &table, &p);
+    if (status == MOE_OK)
+        status = dx_tensors(op, &p, dy, w, topk_weights, dx);
+    return status != MOE_OK ? status : table->gemm_dx(&p, dy, w, topk_weights, dx);
+}
+
+moe_status moe_gemm_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                       const void *x, const void *dy, const void *topk_weights, void *dw,
+                       const moe_gemm_options *options)
+{
+    static const char op[] = "moe_gemm_dw";
+    const moe_dispatch *table;
+    moe_gemm_problem p;
+    moe_status status = prepare(op, OP_DW, backend, routing, N, K, topk_weights, &options, &table, &p);
+    if (status == MOE_OK)
+        status = dw_tensors(op, &p, x, dy, topk_weights, dw);
+    return status != MOE_OK ? status : table->gemm_dw(&p, x, dy, topk_weights, dw);
+}
+
+moe_status moe_gemm_topk_weights_grad(moe_backend backend, const moe_routing *routing, int64_t N,
+                                      int64_t K, const void *x, const void *w, const void *dy,
+                                      void *d_topk_weights, const moe_gemm_options *options)
+{
+    static const char op[] = "moe_gemm_topk_weights_grad";
+    const moe_dispatch *table;
+    moe_gemm_problem p;
+    moe_status status = prepare(op, OP_TOPK_GRAD, backend, routing, N, K, NULL, &options, &table, &p);
+    if (status == MOE_OK)
+        status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights);
+    return status != MOE_OK ? status : table->gemm_topk_weights_grad(&p, x, w, dy, d_topk_weights);
+}
+
+moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                        const void *x, const void *w, const void *dy, const void *topk_weights,
+                        void *dx, void *dw, void *d_topk_weights, const moe_gemm_options *options)
+{
+    static const char op[] = "moe_gemm_bwd";
+    const moe_dispatch *table;
+    moe_gemm_problem p;
+    moe_status status = prepare(op, OP_BWD, backend, routing, N, K, topk_weights, &options, &table, &p);
+    if (status != MOE_OK)
+        return status;
+    const int want_dx = !options->dw_only;
+    const int want_dw = !options->dx_only;
+    const int want_dtopk = want_dw && topk_weights != NULL && d_topk_weights != NULL;
+    if (d_topk_weights != NULL && topk_weights == NULL)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: d_topk_weights is given but topk_weights is NULL", op);
+    if (!want_dx && p.reduce_topk)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.reduce_topk is set but dw_only skips dX", op);
+
+    /* validate every output before writing any */
+    if (want_dx && (status = dx_tensors(op, &p, dy, w, topk_weights, dx)) != MOE_OK)
+        return status;
+    if (want_dw && (status = dw_tensors(op, &p, x, dy, topk_weights, dw)) != MOE_OK)
+        return status;
+    if (want_dtopk && (status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights)) != MOE_OK)
+        return status;
+    if (want_dx && want_dw) {
+        const tensor_arg outs[] = {
+            {"dx", dx, p.reduce_topk ? p.num_tokens : p.rows, K, p.dtype, 1},
+            {"dw", dw, p.num_experts * N, K, p.dw_dtype, 1},
+            {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1},
+        };
+        if ((status = check_tensors(op, outs, 3)) != MOE_OK)
+            return status;
+    }
+
+    if (want_dx && (status = table->gemm_dx(&p, dy, w, topk_weights, dx)) != MOE_OK)
+        return status;
+    if (want_dw && (status = table->gemm_dw(&p, x, dy, topk_weights, dw)) != MOE_OK)
+        return status;
+    if (want_dtopk)
+        status = table->gemm_topk_weights_grad(&p, x, w, dy, d_topk_weights);
+    return status;
+}

@@ -1,0 +1,84 @@
+/*
+ * libmoe internals shared by src/, ref/ and gpu/: error recording, the validated problem description
+ * handed to a backend, and the dispatch table.
+ *
+ * Kernel contract (every backend, every op):
+ *   - The front end (src/gemm_api.c) has validated every dimension, pointer, option and (for host
+ *     backends) the routing contents before a backend function runs.  Backends re-check only what they
+ *     alone can see (device-side routing contents).
+ *   - Without `accumulate`, an output is overwritten and never read.  With `accumulate`, each output
+ *     element becomes round(old + result), the addition in float32.
+ *   - Every output element is written exactly once per call by exactly one thread; results do not
+ *     depend on the thread count or on scheduling.
+ */
+#ifndef LIBMOE_INTERNAL_H
+#define LIBMOE_INTERNAL_H
+
+#include "moe.h"
+
+#include <stdint.h>
+
+/* Records a formatted message for moe_last_error() and returns `status`.  The message is prefixed with
+ * the function that failed; file and line go into the message when MOE_DEBUG_LOCATIONS is set. */
+moe_status moe_fail_at(const char *file, int line, moe_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+#define moe_fail(status, ...) moe_fail_at(__FILE__, __LINE__, (status), __VA_ARGS__)
+
+/* Clears the last error of this thread (called on entry of every public function). */
+void moe_clear_error(void);
+
+/* Multiplies non-negative int64 values, failing (returns 0 and leaves *out alone) on overflow. */
+int moe_mul_ok(int64_t a, int64_t b, int64_t *out);
+
+/* A grouped GEMM call after validation.  Row counts and dimensions are all >= 0 and every product of
+ * them used for indexing fits in int64 and in size_t bytes. */
+typedef struct moe_gemm_problem {
+    const char *op;                 /* "moe_gemm_fwd", ... for messages */
+    int64_t num_tokens;             /* T */
+    int64_t topk;                   /* k */
+    int64_t num_experts;            /* E */
+    int64_t rows;                   /* M = T*k */
+    int64_t N;                      /* output features of the forward */
+    int64_t K;                      /* input features of the forward */
+    const int64_t *m_sizes;         /* [E] */
+    const int64_t *gather_indices;  /* [M] or NULL */
+    moe_dtype dtype;
+    moe_dtype dw_dtype;             /* dtype of dW / d_topk_weights: dtype, or MOE_F32 with dw_fp32 */
+    int permute_x;
+    int permute_y;
+    int reduce_topk;
+    int accumulate;
+    int allow_tf32;
+    void *stream;
+} moe_gemm_problem;
+
+/* One backend's implementation of each op.  Arguments have the shapes documented in moe.h. */
+typedef struct moe_dispatch {
+    const char *name;
+    int (*available)(void);
+    moe_status (*gemm_fwd)(const moe_gemm_problem *p, const void *x, const void *w,
+                           const void *topk_weights, void *y);
+    moe_status (*gemm_dx)(const moe_gemm_problem *p, const void *dy, const void *w,
+                          const void *topk_weights, void *dx);
+    moe_status (*gemm_dw)(const moe_gemm_problem *p, const void *x, const void *dy,
+                          const void *topk_weights, void *dw);
+    moe_status (*gemm_topk_weights_grad)(const moe_gemm_problem *p, const void *x, const void *w,
+                                         const void *dy, void *d_topk_weights);
+    /* Non-zero: the front end checks routing contents on the host before calling (host pointers). */
+    int validates_routing_on_host;
+} moe_dispatch;
+
+/* The table of a backend, or NULL if it was not built in. */
+const moe_dispatch *moe_dispatch_for(moe_backend backend);
+
+/* The reference table (ref/), always present. */
+extern const moe_dispatch moe_ref_dispatch;
+#ifdef MOE_HAVE_CUDA
+/* The CUDA table (gpu/), present when configured with CUDA. */
+extern const moe_dispatch moe_cuda_dispatch;
+#endif
+
+#endif /* LIBMOE_INTERNAL_H */

@@ -1,0 +1,115 @@
+/* Random grouped GEMM problems (every mode, dtype, accumulate, topk weights, reduce_topk) through the
+ * public API on the reference backend, checked element by element against the float64 oracle within
+ * the derived bound of SEMANTICS section 4.  Outputs are poisoned with NaN before each call. */
+#include "moe.h"
+#include "oracle.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond, ...)                                                                             \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                            \
+            fprintf(stderr, "\n");                                                                   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+/* Poisons (or, with accumulate, fills) an output and keeps a copy of its old contents. */
+static void prepare_output(oracle_rng *rng, moe_dtype dtype, void *out, void *old, int64_t count, int accumulate)
+{
+    if (accumulate)
+        oracle_fill(rng, dtype, out, count, 0);
+    else
+        oracle_poison(dtype, out, count);
+    memcpy(old, out, (size_t)count * moe_dtype_size(dtype));
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
+    int trials = argc > 2 ? atoi(argv[2]) : 300;
+    printf("seed %llu, %d trials\n", (unsigned long long)seed, trials);
+    oracle_rng rng = {seed};
+    for (int trial = 0; trial < trials; trial++) {
+        const int64_t T = (int64_t)oracle_rng_below(&rng, 10), k = 1 + (int64_t)oracle_rng_below(&rng, 3);
+        const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 5), N = (int64_t)oracle_rng_below(&rng, 9);
+        const int64_t K = (int64_t)oracle_rng_below(&rng, 11), M = T * k;
+        moe_gemm_options o = {0};
+        o.dtype = (moe_dtype)oracle_rng_below(&rng, 3);
+        o.permute_x = (int)oracle_rng_below(&rng, 2);
+        o.permute_y = (int)oracle_rng_below(&rng, 2);
+        o.accumulate = (int)oracle_rng_below(&rng, 2);
+        o.dw_fp32 = (int)oracle_rng_below(&rng, 2);
+        const int use_weights = (int)oracle_rng_below(&rng, 2), reduce = (int)oracle_rng_below(&rng, 2);
+        const int distribution = (int)oracle_rng_below(&rng, 3);
+        const moe_dtype dw_dtype = o.dw_fp32 ? MOE_F32 : o.dtype;
+        const size_t es = moe_dtype_size(o.dtype);
+
+        int64_t *ids = xmalloc((size_t)M * 8), *m_sizes = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
+        for (int64_t s = 0; s < M; s++)
+            ids[s] = (int64_t)oracle_rng_below(&rng, (uint64_t)E);
+        CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        moe_routing routing = {T, k, E, m_sizes, gather};
+
+        const int64_t x_rows = o.permute_x ? T : M;
+        void *x = xmalloc((size_t)(x_rows * K) * es), *w = xmalloc((size_t)(E * N * K) * es);
+        void *dy = xmalloc((size_t)(M * N) * es), *tw = xmalloc((size_t)M * es);
+        oracle_fill(&rng, o.dtype, x, x_rows * K, distribution);
+        oracle_fill(&rng, o.dtype, w, E * N * K, distribution);
+        oracle_fill(&rng, o.dtype, dy, M * N, distribution);
+        oracle_fill(&rng, o.dtype, tw, M, distribution);
+        const void *weights = use_weights ? tw : NULL;
+        const int64_t biggest = E * N * K + M * N + M * K + M + 1;
+        void *out = xmalloc((size_t)biggest * 4), *old = xmalloc((size_t)biggest * 4);
+        double *value = xmalloc((size_t)biggest * 8), *bound = xmalloc((size_t)biggest * 8);
+        int64_t bad = 0;
+
+        prepare_output(&rng, o.dtype, out, old, M * N, o.accumulate);
+        CHECK(moe_gemm_fwd(MOE_BACKEND_REF, &routing, N, K, x, w, weights, out, &o) == MOE_OK, "fwd: %s",
+              moe_last_error());
+        oracle_gemm_fwd(&routing, N, K, x, w, weights, old, &o, value, bound);
+        bad += oracle_compare("y", o.dtype, out, value, bound, M * N, stderr, 3, NULL);
+
+        o.reduce_topk = reduce;
+        const int64_t dx_rows = reduce ? T : M;
+        prepare_output(&rng, o.dtype, out, old, dx_rows * K, o.accumulate);
+        CHECK(moe_gemm_dx(MOE_BACKEND_REF, &routing, N, K, dy, w, weights, out, &o) == MOE_OK, "dx: %s",
+              moe_last_error());
+        oracle_gemm_dx(&routing, N, K, dy, w, weights, old, &o, value, bound);
+        bad += oracle_compare("dx", o.dtype, out, value, bound, dx_rows * K, stderr, 3, NULL);
+        o.reduce_topk = 0;
+
+        prepare_output(&rng, dw_dtype, out, old, E * N * K, o.accumulate);
+        CHECK(moe_gemm_dw(MOE_BACKEND_REF, &routing, N, K, x, dy, weights, out, &o) == MOE_OK, "dw: %s",
+              moe_last_error());
+        oracle_gemm_dw(&routing, N, K, x, dy, weights, old, &o, value, bound);
+        bad += oracle_compare("dw", dw_dtype, out, value, bound, E * N * K, stderr, 3, NULL);
+
+        prepare_output(&rng, dw_dtype, out, old, M, o.accumulate);
+        CHECK(moe_gemm_topk_weights_grad(MOE_BACKEND_REF, &routing, N, K, x, w, dy, out, &o) == MOE_OK,
+              "topk grad: %s", moe_last_error());
+        oracle_gemm_topk_weights_grad(&routing, N, K, x, w, dy, old, &o, value, bound);
+        bad += oracle_compare("dtopk", dw_dtype, out, value, bound, M, stderr, 3, NULL);
+
+        CHECK(bad == 0, "trial %d failed: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d permute_y=%d "
+              "accumulate=%d weights=%d reduce_topk=%d dist=%d (replay: %s %llu %d)", trial, (long long)T,
+              (long long)k, (long long)E, (long long)N, (long long)K, moe_dtype_name(o.dtype), o.permute_x,
+              o.permute_y, o.accumulate, use_weights, reduce, distribution, argv[0], (unsigned long long)seed,
+              trial + 1);
+        free(ids), free(m_sizes), free(gather), free(x), free(w), free(dy), free(tw);
+        free(out), free(old), free(value), free(bound);
+    }
+    printf("%d trials passed\n", trials);
+    return 0;
+}
