@@ -1,0 +1,1 @@
+# cli/: the moe command-line tool (issue 6).

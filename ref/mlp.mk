@@ -1,0 +1,1 @@
+# ref/mlp.mk: the blockwise MoE MLP reference (issue 3).
