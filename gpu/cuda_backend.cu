@@ -8,12 +8,18 @@ static int cuda_available(void)
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-extern "C" const moe_dispatch moe_cuda_dispatch = {
-    "cuda",
-    cuda_available,
-    moe_cuda_gemm_fwd,
-    moe_cuda_gemm_dx,
-    moe_cuda_gemm_dw,
-    moe_cuda_gemm_topk_weights_grad,
-    0, /* routing lives on the device: checked there */
-};
+static moe_dispatch make_cuda_dispatch()
+{
+    moe_dispatch table = {};
+    table.name = "cuda";
+    table.available = cuda_available;
+    table.gemm_fwd = moe_cuda_gemm_fwd;
+    table.gemm_dx = moe_cuda_gemm_dx;
+    table.gemm_dw = moe_cuda_gemm_dw;
+    table.gemm_topk_weights_grad = moe_cuda_gemm_topk_weights_grad;
+    table.validates_routing_on_host = 0; // routing lives on the device: checked there
+    table.synchronize = moe_cuda_synchronize;
+    return table;
+}
+
+extern "C" const moe_dispatch moe_cuda_dispatch = make_cuda_dispatch();

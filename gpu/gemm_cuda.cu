@@ -1,26 +1,741 @@
-// CUDA grouped GEMM (work in progress: kernels land in the next commits).
+// CUDA grouped GEMM: forward, dX, dW and the topk-weight gradient (SEMANTICS section 2).
+//
+// One call = (1) a routing check on the device, (2) one persistent tiled GEMM kernel, (3) for
+// reduce_topk and the topk-weight gradient, a fixed-order reduction kernel.  Nothing is synchronised
+// with the host; group sizes are read on the device.
+//
+// The three ops are one GEMM  C[i][j] = sum_q A(i,q) * B(q,j)  per expert with different operand
+// layouts ("contiguous" = the dimension adjacent in memory):
+//   fwd: i = expert row r, j = n, q = c:   A = X[xrow(r)][c]  (q contiguous), B = W[e][n][c] (q contiguous)
+//   dX:  i = expert row r, j = c, q = n:   A = dY[yrow(r)][n] (q contiguous), B = W[e][n][c] (j contiguous)
+//   dW:  i = n, j = c, q = expert row r:   A = dY[yrow(r)][n] (i contiguous), B = X[xrow(r)][c] (j contiguous)
+// Output tiles are owned by exactly one CTA, which reduces over q in a fixed order: results are bitwise
+// reproducible run to run (no float atomics anywhere).
+//
+// Paths: TensorCoreGemm (bf16/f16 inputs, fp32 accumulation, WMMA 16x16x16 on sm_80+, cp.async
+// 3-stage pipeline; needs N % 8 == 0, K % 8 == 0 and 16-byte aligned tensors) and SimtGemm (true fp32
+// FFMA; used for f32 inputs, for dW with fused topk weights (the weight multiplies dY in fp32 before the
+// product, which a 16-bit tensor-core operand cannot hold), and for shapes the tensor-core path cannot
+// take).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <type_traits>
+
 #include "cuda_check.cuh"
 #include "gemm_cuda.cuh"
 
-static moe_status not_yet(const moe_gemm_problem *p)
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Element types
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float load_as_float(moe_dtype dtype, const void *base, int64_t i)
 {
-    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the CUDA kernel for this op is not implemented yet", p->op);
+    if (dtype == MOE_F32)
+        return static_cast<const float *>(base)[i];
+    if (dtype == MOE_F16)
+        return __half2float(static_cast<const __half *>(base)[i]);
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
 }
 
-moe_status moe_cuda_gemm_fwd(const moe_gemm_problem *p, const void *, const void *, const void *, void *)
+// Round-to-nearest-even store; NaN and Inf kept (the cuda_fp16/bf16 conversions are RN).
+__device__ __forceinline__ void store_from_float(moe_dtype dtype, void *base, int64_t i, float v)
 {
-    return not_yet(p);
+    if (dtype == MOE_F32)
+        static_cast<float *>(base)[i] = v;
+    else if (dtype == MOE_F16)
+        static_cast<__half *>(base)[i] = __float2half_rn(v);
+    else
+        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
 }
-moe_status moe_cuda_gemm_dx(const moe_gemm_problem *p, const void *, const void *, const void *, void *)
+
+// ------------------------------------------------------------------------------------------------
+// Device-side routing check.  Each call owns a small workspace; its `status` word makes the GEMM
+// kernels of the same call skip all work (never reading out of bounds); the first error is also
+// copied to a sticky record read by moe_backend_synchronize().
+// ------------------------------------------------------------------------------------------------
+enum DeviceErrorKind : int {
+    DEVICE_OK = 0,
+    DEVICE_NEGATIVE_SIZE = 1,  // m_sizes[index] = value < 0
+    DEVICE_SIZES_SUM = 2,      // sum of m_sizes = value != T*k
+    DEVICE_GATHER_RANGE = 3,   // gather_indices[index] = value outside [0, M)
+    DEVICE_GATHER_REPEAT = 4,  // gather_indices[index] = value repeats
+};
+
+struct DeviceError {
+    int kind;
+    int op;
+    long long index;
+    long long value;
+};
+
+__device__ DeviceError g_sticky_error;
+
+struct Workspace {
+    int64_t *offsets;     // [E+1] expert row offsets
+    int64_t *tile_start;  // [E+1] first tile of each expert (row-tiled ops)
+    unsigned *seen;       // [M/32+1] permutation bitmap
+    int *status;          // this call's status (DeviceErrorKind)
+};
+
+__device__ void report(int *status, int op, int kind, long long index, long long value)
 {
-    return not_yet(p);
+    if (atomicCAS(status, 0, kind) == 0) {
+        if (atomicCAS(&g_sticky_error.kind, 0, kind) == 0) {
+            g_sticky_error.op = op;
+            g_sticky_error.index = index;
+            g_sticky_error.value = value;
+        }
+    }
 }
-moe_status moe_cuda_gemm_dw(const moe_gemm_problem *p, const void *, const void *, const void *, void *)
+
+// One thread: prefix sums of m_sizes (E is at most a few thousand) and the tile starts.
+__global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M, int64_t tiles_per_row_tile,
+                                   int64_t rows_per_tile, Workspace ws, int op)
 {
-    return not_yet(p);
+    if (threadIdx.x != 0 || blockIdx.x != 0)
+        return;
+    int64_t sum = 0, tiles = 0;
+    ws.offsets[0] = 0;
+    ws.tile_start[0] = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t m = m_sizes[e];
+        if (m < 0) {
+            report(ws.status, op, DEVICE_NEGATIVE_SIZE, e, m);
+            return;
+        }
+        if (m > M - sum) {
+            report(ws.status, op, DEVICE_SIZES_SUM, e, sum + m);
+            return;
+        }
+        sum += m;
+        tiles += (m + rows_per_tile - 1) / rows_per_tile * tiles_per_row_tile;
+        ws.offsets[e + 1] = sum;
+        ws.tile_start[e + 1] = tiles;
+    }
+    if (sum != M)
+        report(ws.status, op, DEVICE_SIZES_SUM, E, sum);
 }
-moe_status moe_cuda_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *, const void *,
-                                           const void *, void *)
+
+__global__ void check_gather_kernel(const int64_t *gather, int64_t M, Workspace ws, int op)
 {
-    return not_yet(p);
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < M; r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t s = gather[r];
+        if (s < 0 || s >= M) {
+            report(ws.status, op, DEVICE_GATHER_RANGE, r, s);
+            continue;
+        }
+        unsigned bit = 1u << (s & 31);
+        if (atomicOr(&ws.seen[s >> 5], bit) & bit)
+            report(ws.status, op, DEVICE_GATHER_REPEAT, r, s);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The problem as the kernels see it
+// ------------------------------------------------------------------------------------------------
+enum GemmOp : int { OP_FWD = 0, OP_DX = 1, OP_DW = 2, OP_TOPK_GRAD = 3 };
+
+struct GemmArgs {
+    int op;
+    moe_dtype dtype;       // inputs
+    moe_dtype out_dtype;   // output (dW / topk grad may be f32)
+    int64_t T, k, E, M, N, K;
+    int64_t rows_i, cols_j; // output tile space per expert: (rows_i = m_e or N) x cols_j
+    const int64_t *gather;  // may be NULL
+    int permute_x, permute_y, accumulate;
+    const void *a;          // X (fwd, topk grad) or dY (dx, dw)
+    const void *b;          // W (fwd, dx, topk grad) or X (dw)
+    const void *weights;    // topk weights or NULL
+    const void *dy;         // topk grad: dY
+    void *out;              // Y, dX, dW, or an fp32 workspace
+    int out_is_workspace;   // reduce_topk (fp32 [M][K] slot order) or topk grad partials
+    int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
+    Workspace ws;
+};
+
+__device__ __forceinline__ int64_t slot_of(const GemmArgs &g, int64_t r) { return g.gather ? g.gather[r] : r; }
+__device__ __forceinline__ int64_t x_row(const GemmArgs &g, int64_t r)
+{
+    return g.permute_x ? slot_of(g, r) / g.k : r;
+}
+__device__ __forceinline__ int64_t y_row(const GemmArgs &g, int64_t r) { return g.permute_y ? slot_of(g, r) : r; }
+
+// Tile -> (expert, tile row, tile col).  Row-tiled ops (fwd, dx, topk grad) tile each expert's rows;
+// dW tiles N x K for every expert.  Within an expert, consecutive tiles walk down the rows first, so
+// CTAs running together share the same weight columns in L2.
+struct TileCoord {
+    int64_t e, i0, j0, rows; // rows: valid extent of i for this expert
+};
+
+__device__ __forceinline__ TileCoord tile_coord(const GemmArgs &g, int64_t tile, int BM, int BN)
+{
+    TileCoord t;
+    const int64_t col_tiles = (g.cols_j + BN - 1) / BN;
+    if (g.op == OP_DW) {
+        const int64_t row_tiles = (g.N + BM - 1) / BM;
+        t.e = tile / (row_tiles * col_tiles);
+        int64_t local = tile % (row_tiles * col_tiles);
+        t.i0 = (local % row_tiles) * BM;
+        t.j0 = (local / row_tiles) * BN;
+        t.rows = g.N;
+        return t;
+    }
+    int64_t lo = 0, hi = g.E - 1; // last e with tile_start[e] <= tile
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (g.ws.tile_start[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    t.e = lo;
+    const int64_t m = g.ws.offsets[lo + 1] - g.ws.offsets[lo];
+    const int64_t row_tiles = (m + BM - 1) / BM;
+    int64_t local = tile - g.ws.tile_start[lo];
+    t.i0 = (local % row_tiles) * BM;
+    t.j0 = (local / row_tiles) * BN;
+    t.rows = m;
+    return t;
+}
+
+__device__ __forceinline__ int64_t total_tiles(const GemmArgs &g, int BM, int BN)
+{
+    if (g.op == OP_DW)
+        return g.E * ((g.N + BM - 1) / BM) * ((g.cols_j + BN - 1) / BN);
+    return g.ws.tile_start[g.E];
+}
+
+// Reduction length of a tile: K (fwd, topk grad), N (dx), the expert's rows (dw).
+__device__ __forceinline__ int64_t reduction_length(const GemmArgs &g, int64_t e)
+{
+    if (g.op == OP_DX)
+        return g.N;
+    if (g.op == OP_DW)
+        return g.ws.offsets[e + 1] - g.ws.offsets[e];
+    return g.K;
+}
+
+// A(i, q) and B(q, j) as floats, 0 outside the tile's valid range (used by the SIMT path).
+__device__ __forceinline__ float operand_a(const GemmArgs &g, const TileCoord &t, int64_t i, int64_t q, int64_t qlen)
+{
+    if (i >= t.rows || q >= qlen)
+        return 0.0f;
+    const int64_t base = g.ws.offsets[t.e];
+    switch (g.op) {
+    case OP_FWD:
+    case OP_TOPK_GRAD: return load_as_float(g.dtype, g.a, x_row(g, base + i) * g.K + q);
+    case OP_DX: return load_as_float(g.dtype, g.a, y_row(g, base + i) * g.N + q);
+    default: { // dW: A(n, r) = w(r) * dY[yrow(r)][n], the weight multiply in fp32
+        float v = load_as_float(g.dtype, g.a, y_row(g, base + q) * g.N + i);
+        if (g.weights)
+            v = load_as_float(g.dtype, g.weights, slot_of(g, base + q)) * v;
+        return v;
+    }
+    }
+}
+
+__device__ __forceinline__ float operand_b(const GemmArgs &g, const TileCoord &t, int64_t q, int64_t j, int64_t qlen)
+{
+    if (j >= g.cols_j || q >= qlen)
+        return 0.0f;
+    switch (g.op) {
+    case OP_FWD:
+    case OP_TOPK_GRAD: return load_as_float(g.dtype, g.b, (t.e * g.N + j) * g.K + q);
+    case OP_DX: return load_as_float(g.dtype, g.b, (t.e * g.N + q) * g.K + j);
+    default: return load_as_float(g.dtype, g.b, x_row(g, g.ws.offsets[t.e] + q) * g.K + j);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Epilogue: one fp32 tile in shared memory -> the op's output, in the order of moe_ref.h
+// (v = acc; v = w * v; v = old + v; round once).
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, int LDC>
+__device__ void epilogue(const GemmArgs &g, const TileCoord &t, const float *tile_c)
+{
+    const int64_t base = g.op == OP_DW ? 0 : g.ws.offsets[t.e];
+    if (g.op == OP_TOPK_GRAD) {
+        // partial[slot][tile column] = sum_j dY[yrow(r)][j] * y[r][j] over this tile's columns, ascending j
+        for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+            if (t.i0 + i >= t.rows)
+                continue;
+            const int64_t r = base + t.i0 + i;
+            const int64_t dyr = y_row(g, r);
+            float acc = 0.0f;
+            for (int j = 0; j < BN && t.j0 + j < g.cols_j; j++)
+                acc += load_as_float(g.dtype, g.dy, dyr * g.N + t.j0 + j) * tile_c[i * LDC + j];
+            static_cast<float *>(g.out)[slot_of(g, r) * g.partial_stride + t.j0 / BN] = acc;
+        }
+        return;
+    }
+    for (int idx = threadIdx.x; idx < BM * BN; idx += blockDim.x) {
+        const int i = idx / BN, j = idx % BN;
+        const int64_t gi = t.i0 + i, gj = t.j0 + j;
+        if (gi >= t.rows || gj >= g.cols_j)
+            continue;
+        float v = tile_c[i * LDC + j];
+        int64_t out_index;
+        if (g.op == OP_DW) {
+            out_index = (t.e * g.N + gi) * g.K + gj;
+        } else {
+            const int64_t r = base + gi;
+            if (g.weights)
+                v = load_as_float(g.dtype, g.weights, slot_of(g, r)) * v;
+            if (g.op == OP_FWD) {
+                out_index = y_row(g, r) * g.N + gj;
+            } else { // dX: expert order, or slot order under permute_x or into the reduce workspace
+                const int64_t row = (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
+                out_index = row * g.K + gj;
+            }
+        }
+        if (g.out_is_workspace) {
+            static_cast<float *>(g.out)[out_index] = v;
+            continue;
+        }
+        if (g.accumulate)
+            v = load_as_float(g.out_dtype, g.out, out_index) + v;
+        store_from_float(g.out_dtype, g.out, out_index, v);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// SIMT fp32 path: 64 x 64 tiles, 256 threads each computing 4 x 4, BK = 16.
+// ------------------------------------------------------------------------------------------------
+constexpr int SIMT_BM = 64, SIMT_BN = 64, SIMT_BK = 16, SIMT_THREADS = 256;
+
+__global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
+{
+    __shared__ float tile_a[SIMT_BK][SIMT_BM];
+    __shared__ float tile_b[SIMT_BK][SIMT_BN];
+    __shared__ float tile_c[SIMT_BM * (SIMT_BN + 1)];
+    if (*g.ws.status != 0)
+        return;
+    const int64_t tiles = total_tiles(g, SIMT_BM, SIMT_BN);
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = tile_coord(g, tile, SIMT_BM, SIMT_BN);
+        const int64_t qlen = reduction_length(g, t.e);
+        float acc[4][4] = {};
+        for (int64_t q0 = 0; q0 < qlen; q0 += SIMT_BK) {
+            for (int idx = threadIdx.x; idx < SIMT_BK * SIMT_BM; idx += SIMT_THREADS) {
+                const int q = idx / SIMT_BM, i = idx % SIMT_BM;
+                tile_a[q][i] = operand_a(g, t, t.i0 + i, q0 + q, qlen);
+                tile_b[q][i] = operand_b(g, t, q0 + q, t.j0 + i, qlen);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < SIMT_BK; q++) {
+                float a[4], b[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    a[u] = tile_a[q][ty + 16 * u];
+                    b[u] = tile_b[q][tx + 16 * u];
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        acc[u][v] += a[u] * b[v];
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int v = 0; v < 4; v++)
+                tile_c[(ty + 16 * u) * (SIMT_BN + 1) + tx + 16 * v] = acc[u][v];
+        __syncthreads();
+        epilogue<SIMT_BM, SIMT_BN, SIMT_BN + 1>(g, t, tile_c);
+        __syncthreads();
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Tensor-core path: 128 x 128 tiles, BK = 32, 8 warps (2 x 4), each warp 64 x 32 = 4 x 2 WMMA tiles,
+// 3-stage cp.async pipeline.  Shared-memory layouts follow the global layouts (see the file head):
+//   A q-contiguous (fwd, dx): [BM][BK+8] row_major     A i-contiguous (dw): [BK][BM+8] col_major
+//   B q-contiguous (fwd):     [BN][BK+8] col_major     B j-contiguous (dx, dw): [BK][BN+8] row_major
+// ------------------------------------------------------------------------------------------------
+constexpr int TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_STAGES = 3, TC_THREADS = 256;
+constexpr int TC_LD_QC = TC_BK + 8;   // leading dimension of a q-contiguous tile
+constexpr int TC_LD_IC = TC_BM + 8;   // leading dimension of an i- or j-contiguous tile
+constexpr int TC_TILE_ELEMS = TC_BM * TC_LD_QC > TC_BK * TC_LD_IC ? TC_BM * TC_LD_QC : TC_BK * TC_LD_IC;
+constexpr int TC_LDC = TC_BN + 4;
+constexpr size_t TC_PIPE_BYTES = (size_t)TC_STAGES * 2 * TC_TILE_ELEMS * 2;
+constexpr size_t TC_C_BYTES = (size_t)TC_BM * TC_LDC * 4;
+constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + 2 * TC_BM * 8;
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <typename T, int OP>
+__device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
+                                              T *sa, T *sb, const int64_t *a_rows)
+{
+    const T *A = static_cast<const T *>(g.a);
+    const T *B = static_cast<const T *>(g.b);
+    const int64_t base = OP == OP_DW ? g.ws.offsets[t.e] : 0;
+    // A: 128 x 32 (q-contiguous) or 32 x 128 (i-contiguous) = 512 chunks of 8 elements; 2 per thread.
+    for (int c = threadIdx.x; c < TC_BM * TC_BK / 8; c += TC_THREADS) {
+        if (OP != OP_DW) {
+            const int i = c / (TC_BK / 8), q = (c % (TC_BK / 8)) * 8;
+            const bool ok = a_rows[i] >= 0 && q0 + q < qlen;
+            const int64_t lda = OP == OP_DX ? g.N : g.K;
+            cp_async16(sa + i * TC_LD_QC + q, ok ? A + a_rows[i] * lda + q0 + q : A, ok);
+        } else {
+            const int q = c / (TC_BM / 8), i = (c % (TC_BM / 8)) * 8;
+            const bool ok = q0 + q < qlen && t.i0 + i < g.N;
+            const int64_t r = base + q0 + q;
+            cp_async16(sa + q * TC_LD_IC + i, ok ? A + y_row(g, r) * g.N + t.i0 + i : A, ok);
+        }
+    }
+    for (int c = threadIdx.x; c < TC_BN * TC_BK / 8; c += TC_THREADS) {
+        if (OP == OP_FWD || OP == OP_TOPK_GRAD) {
+            const int j = c / (TC_BK / 8), q = (c % (TC_BK / 8)) * 8;
+            const bool ok = t.j0 + j < g.cols_j && q0 + q < qlen;
+            cp_async16(sb + j * TC_LD_QC + q, ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + q : B, ok);
+        } else if (OP == OP_DX) {
+            const int q = c / (TC_BN / 8), j = (c % (TC_BN / 8)) * 8;
+            const bool ok = q0 + q < qlen && t.j0 + j < g.cols_j;
+            cp_async16(sb + q * TC_LD_IC + j, ok ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + j : B, ok);
+        } else {
+            const int q = c / (TC_BN / 8), j = (c % (TC_BN / 8)) * 8;
+            const bool ok = q0 + q < qlen && t.j0 + j < g.cols_j;
+            const int64_t r = base + q0 + q;
+            cp_async16(sb + q * TC_LD_IC + j, ok ? B + x_row(g, r) * g.K + t.j0 + j : B, ok);
+        }
+    }
+}
+
+template <typename T, int OP>
+__global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *pipe = reinterpret_cast<T *>(smem);
+    float *tile_c = reinterpret_cast<float *>(smem);
+    int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES));
+    if (*g.ws.status != 0)
+        return;
+    const int warp = threadIdx.x / 32;
+    const int warp_i = warp / 4, warp_j = warp % 4; // 2 x 4 warps, each 64 x 32
+    constexpr bool A_QC = OP != OP_DW;
+    constexpr bool B_QC = OP == OP_FWD || OP == OP_TOPK_GRAD;
+    using LayoutA = typename std::conditional<A_QC, wmma::row_major, wmma::col_major>::type;
+    using LayoutB = typename std::conditional<B_QC, wmma::col_major, wmma::row_major>::type;
+
+    const int64_t tiles = total_tiles(g, TC_BM, TC_BN);
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = tile_coord(g, tile, TC_BM, TC_BN);
+        const int64_t qlen = reduction_length(g, t.e);
+        if (OP != OP_DW) {
+            for (int i = threadIdx.x; i < TC_BM; i += TC_THREADS) {
+                const int64_t r = g.ws.offsets[t.e] + t.i0 + i;
+                a_rows[i] = t.i0 + i < t.rows ? (OP == OP_DX ? y_row(g, r) : x_row(g, r)) : -1;
+            }
+        }
+        __syncthreads();
+
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int v = 0; v < 2; v++)
+                wmma::fill_fragment(acc[u][v], 0.0f);
+
+        const int64_t steps = (qlen + TC_BK - 1) / TC_BK;
+#pragma unroll
+        for (int s = 0; s < TC_STAGES - 1; s++) {
+            if (s < steps)
+                tc_load_stage<T, OP>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+                                     pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
+            cp_async_commit();
+        }
+        for (int64_t step = 0; step < steps; step++) {
+            cp_async_wait<TC_STAGES - 2>();
+            __syncthreads();
+            const int64_t next = step + TC_STAGES - 1;
+            if (next < steps) {
+                const int s = (int)(next % TC_STAGES);
+                tc_load_stage<T, OP>(g, t, next * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+                                     pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
+            }
+            cp_async_commit();
+            const int s = (int)(step % TC_STAGES);
+            const T *sa = pipe + (2 * s) * TC_TILE_ELEMS;
+            const T *sb = pipe + (2 * s + 1) * TC_TILE_ELEMS;
+#pragma unroll
+            for (int kk = 0; kk < TC_BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[4];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int i = warp_i * 64 + u * 16;
+                    if (A_QC)
+                        wmma::load_matrix_sync(fa[u], sa + i * TC_LD_QC + kk, TC_LD_QC);
+                    else
+                        wmma::load_matrix_sync(fa[u], sa + kk * TC_LD_IC + i, TC_LD_IC);
+                }
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    const int j = warp_j * 32 + v * 16;
+                    if (B_QC)
+                        wmma::load_matrix_sync(fb[v], sb + j * TC_LD_QC + kk, TC_LD_QC);
+                    else
+                        wmma::load_matrix_sync(fb[v], sb + kk * TC_LD_IC + j, TC_LD_IC);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 2; v++)
+                        wmma::mma_sync(acc[u][v], fa[u], fb[v], acc[u][v]);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads(); // the pipeline buffers become the C tile
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int v = 0; v < 2; v++)
+                wmma::store_matrix_sync(tile_c + (warp_i * 64 + u * 16) * TC_LDC + warp_j * 32 + v * 16, acc[u][v],
+                                        TC_LDC, wmma::mem_row_major);
+        __syncthreads();
+        epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
+        __syncthreads();
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fixed-order reductions: reduce_topk (dX[t] = sum_j slot rows) and the topk-weight gradient partials.
+// ------------------------------------------------------------------------------------------------
+__global__ void reduce_topk_kernel(const float *slots, int64_t T, int64_t k, int64_t K, void *dx, moe_dtype dtype,
+                                   int accumulate, const int *status)
+{
+    if (*status != 0)
+        return;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < T * K; idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / K, c = idx % K;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < k; j++)
+            sum += slots[(t * k + j) * K + c];
+        if (accumulate)
+            sum = load_as_float(dtype, dx, idx) + sum;
+        store_from_float(dtype, dx, idx, sum);
+    }
+}
+
+__global__ void reduce_partials_kernel(const float *partials, int64_t M, int64_t parts, void *out, moe_dtype dtype,
+                                       int accumulate, const int *status)
+{
+    if (*status != 0)
+        return;
+    for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s < M; s += (int64_t)gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int64_t p = 0; p < parts; p++)
+            sum += partials[s * parts + p];
+        if (accumulate)
+            sum = load_as_float(dtype, out, s) + sum;
+        store_from_float(dtype, out, s, sum);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------------
+int device_sm_count()
+{
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 132;
+    return sms;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// Whether the tensor-core path can take the problem: 16-bit inputs, 16-byte vectors along every
+// contiguous dimension, and (dW) no fused weight on the dY operand.
+bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b)
+{
+    if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b))
+        return false;
+    return true;
+}
+
+template <typename T>
+moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    auto kernel = op == OP_FWD ? tc_gemm_kernel<T, OP_FWD>
+                : op == OP_DX ? tc_gemm_kernel<T, OP_DX>
+                : op == OP_DW ? tc_gemm_kernel<T, OP_DW> : tc_gemm_kernel<T, OP_TOPK_GRAD>;
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
+    int per_sm = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TC_THREADS, TC_SMEM_BYTES));
+    int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
+    if (grid > max_tiles)
+        grid = max_tiles;
+    if (grid < 1)
+        grid = 1;
+    kernel<<<(unsigned)grid, TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+moe_status launch_simt(const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    int64_t grid = (int64_t)device_sm_count() * 4;
+    if (grid > max_tiles)
+        grid = max_tiles;
+    if (grid < 1)
+        grid = 1;
+    simt_gemm_kernel<<<(unsigned)grid, SIMT_THREADS, 0, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+// Runs one op end to end on the stream: workspace, routing check, GEMM, reduction.
+moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *weights,
+                    const void *dy, void *out)
+{
+    cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+    const int64_t E = p->num_experts, M = p->rows;
+    const int64_t cols_j = op == OP_FWD || op == OP_TOPK_GRAD ? p->N : p->K;
+    const bool use_tc = tensor_core_ok(p, a, b) && !(op == OP_DW && weights != NULL);
+    const int BM = use_tc ? TC_BM : SIMT_BM, BN = use_tc ? TC_BN : SIMT_BN;
+    const int64_t col_tiles = (cols_j + BN - 1) / BN;
+    const int reduce = op == OP_DX && p->reduce_topk;
+
+    // workspace: offsets, tile starts, bitmap, status, and the fp32 buffer of a reduction
+    const int64_t bitmap_words = M / 32 + 1;
+    const int64_t partials = op == OP_TOPK_GRAD ? M * col_tiles : reduce ? M * p->K : 0;
+    size_t bytes = (size_t)(2 * (E + 1)) * 8 + (size_t)bitmap_words * 4 + 16;
+    bytes = (bytes + 255) / 256 * 256;
+    const size_t partial_offset = bytes;
+    bytes += (size_t)partials * 4;
+    unsigned char *ws = nullptr;
+    MOE_CUDA_CHECK(cudaMallocAsync(&ws, bytes, stream));
+    Workspace w;
+    w.offsets = reinterpret_cast<int64_t *>(ws);
+    w.tile_start = w.offsets + (E + 1);
+    w.seen = reinterpret_cast<unsigned *>(w.tile_start + (E + 1));
+    w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
+    moe_status status = MOE_OK;
+    do {
+        cudaError_t err = cudaMemsetAsync(w.seen, 0, (size_t)bitmap_words * 4 + 16, stream);
+        if (err != cudaSuccess) {
+            status = moe_fail(MOE_ERR_DEVICE, "%s: cudaMemsetAsync failed: %s", p->op, cudaGetErrorString(err));
+            break;
+        }
+        check_sizes_kernel<<<1, 32, 0, stream>>>(p->m_sizes, E, M, col_tiles, BM, w, op);
+        if (p->gather_indices != NULL && M > 0)
+            check_gather_kernel<<<(unsigned)((M + 255) / 256 < 1024 ? (M + 255) / 256 : 1024), 256, 0, stream>>>(
+                p->gather_indices, M, w, op);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) {
+            status = moe_fail(MOE_ERR_DEVICE, "%s: routing check launch failed: %s", p->op, cudaGetErrorString(err));
+            break;
+        }
+
+        GemmArgs g = {};
+        g.op = op;
+        g.dtype = p->dtype;
+        g.out_dtype = (op == OP_DW || op == OP_TOPK_GRAD) ? p->dw_dtype : p->dtype;
+        g.T = p->num_tokens, g.k = p->topk, g.E = E, g.M = M, g.N = p->N, g.K = p->K;
+        g.cols_j = cols_j;
+        g.gather = p->gather_indices;
+        g.permute_x = p->permute_x, g.permute_y = p->permute_y, g.accumulate = p->accumulate;
+        g.a = a, g.b = b, g.weights = weights, g.dy = dy;
+        g.out = (op == OP_TOPK_GRAD || reduce) ? static_cast<void *>(ws + partial_offset) : out;
+        g.out_is_workspace = op == OP_TOPK_GRAD || reduce;
+        g.partial_stride = col_tiles;
+        g.ws = w;
+        const int64_t max_tiles = op == OP_DW ? E * ((p->N + BM - 1) / BM) * col_tiles : (M / BM + E) * col_tiles;
+        if (max_tiles > 0 && cols_j > 0) {
+            if (use_tc)
+                status = p->dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
+                                              : launch_tc<__half>(op, g, max_tiles, stream);
+            else
+                status = launch_simt(g, max_tiles, stream);
+            if (status != MOE_OK)
+                break;
+        }
+        const unsigned blocks = 1024;
+        if (reduce && p->num_tokens * p->K > 0) {
+            reduce_topk_kernel<<<blocks, 256, 0, stream>>>(static_cast<const float *>(g.out), p->num_tokens, p->topk,
+                                                           p->K, out, p->dtype, p->accumulate, w.status);
+        } else if (op == OP_TOPK_GRAD && M > 0) {
+            reduce_partials_kernel<<<blocks, 256, 0, stream>>>(static_cast<const float *>(g.out), M, col_tiles, out,
+                                                               p->dw_dtype, p->accumulate, w.status);
+        }
+        err = cudaGetLastError();
+        if (err != cudaSuccess)
+            status = moe_fail(MOE_ERR_DEVICE, "%s: reduction launch failed: %s", p->op, cudaGetErrorString(err));
+    } while (0);
+    cudaError_t err = cudaFreeAsync(ws, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", p->op, cudaGetErrorString(err));
+    return status;
+}
+
+} // namespace
+
+moe_status moe_cuda_gemm_fwd(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                             void *y)
+{
+    return run_gemm(p, OP_FWD, x, w, topk_weights, nullptr, y);
+}
+
+moe_status moe_cuda_gemm_dx(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
+                            void *dx)
+{
+    return run_gemm(p, OP_DX, dy, w, topk_weights, nullptr, dx);
+}
+
+moe_status moe_cuda_gemm_dw(const moe_gemm_problem *p, const void *x, const void *dy, const void *topk_weights,
+                            void *dw)
+{
+    return run_gemm(p, OP_DW, dy, x, topk_weights, nullptr, dw);
+}
+
+moe_status moe_cuda_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                           void *d_topk_weights)
+{
+    return run_gemm(p, OP_TOPK_GRAD, x, w, nullptr, dy, d_topk_weights);
+}
+
+static const char *device_error_text(int kind)
+{
+    switch (kind) {
+    case DEVICE_NEGATIVE_SIZE: return "routing.m_sizes[%lld] = %lld, expected >= 0";
+    case DEVICE_SIZES_SUM: return "routing.m_sizes[0..%lld] sums to %lld, expected T*k";
+    case DEVICE_GATHER_RANGE: return "routing.gather_indices[%lld] = %lld, expected a slot in [0, T*k)";
+    case DEVICE_GATHER_REPEAT: return "routing.gather_indices[%lld] = %lld repeats an earlier entry";
+    }
+    return "unknown device error %lld %lld";
+}
+
+moe_status moe_cuda_synchronize(void *stream)
+{
+    MOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    DeviceError record;
+    MOE_CUDA_CHECK(cudaMemcpyFromSymbol(&record, g_sticky_error, sizeof record));
+    if (record.kind == DEVICE_OK)
+        return MOE_OK;
+    const DeviceError cleared = {};
+    MOE_CUDA_CHECK(cudaMemcpyToSymbol(g_sticky_error, &cleared, sizeof cleared));
+    static const char *const ops[] = {"moe_gemm_fwd", "moe_gemm_dx", "moe_gemm_dw", "moe_gemm_topk_weights_grad"};
+    char detail[256];
+    snprintf(detail, sizeof detail, device_error_text(record.kind), record.index, record.value);
+    return moe_fail(MOE_ERR_INVALID_ROUTING, "%s (CUDA, detected on the device; the call wrote nothing): %s",
+                    record.op >= 0 && record.op < 4 ? ops[record.op] : "?", detail);
 }

@@ -15,4 +15,7 @@ moe_status moe_cuda_gemm_dw(const moe_gemm_problem *p, const void *x, const void
 moe_status moe_cuda_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                            const void *dy, void *d_topk_weights);
 
+// Waits for the stream, then reports (and clears) the first routing error detected on the device.
+moe_status moe_cuda_synchronize(void *stream);
+
 #endif

@@ -12,7 +12,7 @@ $(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/
 endif
 
 NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/src \
-	-I$(top_builddir) -Xcompiler -Wall $(NVCCFLAGS)
+	-I$(top_builddir) $(MOE_NVCC_WARNFLAGS) $(NVCCFLAGS)
 AM_V_NVCC = $(am__v_NVCC_@AM_V@)
 am__v_NVCC_ = $(am__v_NVCC_@AM_DEFAULT_V@)
 am__v_NVCC_0 = @echo "  NVCC    " $@;

@@ -123,6 +123,14 @@ typedef enum moe_backend {
 
 /* Non-zero when the backend was built in and can run here (CUDA: at least one device visible). */
 int moe_backend_available(moe_backend backend);
+
+/* Waits until the work queued on `stream` (a cudaStream_t, NULL = default stream) is done and returns
+ * the first error the device detected since the previous call, then forgets it.  The CUDA backend
+ * checks routing contents (m_sizes, gather_indices) on the device without synchronising the host: a
+ * call with an invalid routing returns MOE_OK, writes nothing and records the error, which this call
+ * reports as MOE_ERR_INVALID_ROUTING with the offending index.  For the reference backend (synchronous,
+ * every error returned by the call itself) this returns MOE_OK at once. */
+moe_status moe_backend_synchronize(moe_backend backend, void *stream);
 const char *moe_backend_name(moe_backend backend);
 
 /* ----------------------------------------------------------------------------------------------------

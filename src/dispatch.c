@@ -31,3 +31,13 @@ const char *moe_backend_name(moe_backend backend)
     }
     return "?";
 }
+
+moe_status moe_backend_synchronize(moe_backend backend, void *stream)
+{
+    moe_clear_error();
+    const moe_dispatch *table = moe_dispatch_for(backend);
+    if (table == NULL || !table->available())
+        return moe_fail(MOE_ERR_NO_BACKEND, "moe_backend_synchronize: backend %s is not available",
+                        moe_backend_name(backend));
+    return table->synchronize != NULL ? table->synchronize(stream) : MOE_OK;
+}

@@ -14,6 +14,10 @@
 #ifndef LIBMOE_INTERNAL_H
 #define LIBMOE_INTERNAL_H
 
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
 #include "moe.h"
 
 #include <stdint.h>
@@ -69,6 +73,9 @@ typedef struct moe_dispatch {
                                          const void *dy, void *d_topk_weights);
     /* Non-zero: the front end checks routing contents on the host before calling (host pointers). */
     int validates_routing_on_host;
+    /* Waits for the backend's queued work on `stream` and reports errors detected there (NULL: the
+     * backend runs synchronously and reports every error from the call itself). */
+    moe_status (*synchronize)(void *stream);
 } moe_dispatch;
 
 /* The table of a backend, or NULL if it was not built in. */

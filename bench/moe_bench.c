@@ -1,0 +1,378 @@
+/* moe-bench: libmoe's CUDA grouped GEMM against cuBLAS in one process, on the shapes of ANCHORS.md.
+ *
+ * For each (model GEMM, op) it times, with CUDA events (warm-up, then the median of --repeat runs):
+ *   libmoe       this project's kernel (plain expert-order layout, bf16, fp32 accumulation)
+ *   cublas-loop  one cublasGemmEx per expert
+ *   cublas-group cublasGemmGroupedBatchedEx (one group per expert)
+ *   dense        one cublasGemmEx of the same total M x N x K: the practical ceiling
+ * and prints TFLOP/s (2 M N K / time) with ratios, plus a CSV (--csv FILE).  Inputs are random bf16
+ * (never zeros); outputs are poisoned before the first run and checked to be finite after, and a
+ * sample of libmoe's output is compared with cuBLAS's.
+ *
+ * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
+ *                  [--csv FILE] [--seed S] */
+#include "moe.h"
+#include "oracle.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond, ...)                                                                             \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                            \
+            fprintf(stderr, "\n");                                                                   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+#define CUDA_CHECK(call)                                                                             \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                           \
+    do {                                                                                             \
+        cublasStatus_t st_ = (call);                                                                 \
+        CHECK(st_ == CUBLAS_STATUS_SUCCESS, "%s: cuBLAS status %d", #call, (int)st_);               \
+    } while (0)
+
+typedef struct shape {
+    const char *model, *gemm;
+    int64_t E, k, N, K;
+} shape;
+
+static const shape shapes[] = {
+    {"qwen3-30b-a3b", "gate_up", 128, 8, 1536, 2048},
+    {"qwen3-30b-a3b", "down", 128, 8, 2048, 768},
+    {"mixtral-8x7b", "gate_up", 8, 2, 28672, 4096},
+    {"mixtral-8x7b", "down", 8, 2, 4096, 14336},
+    {"deepseek-v3", "gate_up", 256, 8, 4096, 7168},
+};
+
+enum op { FWD, DX, DW };
+static const char *const op_names[] = {"fwd", "dx", "dw"};
+
+typedef struct bench_ctx {
+    cublasHandle_t handle;
+    cudaEvent_t start, stop;
+    int repeat;
+} bench_ctx;
+
+static int compare_floats(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+typedef void (*run_fn)(void *state);
+
+/* Median milliseconds of `repeat` timed runs after 3 warm-ups. */
+static float time_median(bench_ctx *ctx, run_fn fn, void *state)
+{
+    for (int i = 0; i < 3; i++)
+        fn(state);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *ms = malloc(sizeof(float) * (size_t)ctx->repeat);
+    for (int i = 0; i < ctx->repeat; i++) {
+        CUDA_CHECK(cudaEventRecord(ctx->start, 0));
+        fn(state);
+        CUDA_CHECK(cudaEventRecord(ctx->stop, 0));
+        CUDA_CHECK(cudaEventSynchronize(ctx->stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], ctx->start, ctx->stop));
+    }
+    qsort(ms, (size_t)ctx->repeat, sizeof(float), compare_floats);
+    float median = ms[ctx->repeat / 2];
+    free(ms);
+    return median;
+}
+
+typedef struct problem {
+    bench_ctx *ctx;
+    enum op op;
+    int64_t E, M, N, K;
+    const int64_t *m_sizes; /* host */
+    moe_routing dev_routing;
+    void *x, *w, *dy;       /* device, bf16: X [M][K], W [E][N][K], dY [M][N] */
+    void *out;              /* device, bf16, max of the three outputs */
+    /* grouped cuBLAS */
+    const void **A, **B;
+    void **C;
+    int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
+    cublasOperation_t *ta, *tb;
+    float *alphas, *betas;
+} problem;
+
+static void run_libmoe(void *state)
+{
+    problem *p = state;
+    moe_gemm_options o = {0};
+    o.dtype = MOE_BF16;
+    moe_status st;
+    if (p->op == FWD)
+        st = moe_gemm_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->w, NULL, p->out, &o);
+    else if (p->op == DX)
+        st = moe_gemm_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->dy, p->w, NULL, p->out, &o);
+    else
+        st = moe_gemm_dw(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->dy, NULL, p->out, &o);
+    CHECK(st == MOE_OK, "libmoe: %s", moe_last_error());
+}
+
+/* One column-major GEMM of expert e's block for the op (row-major tensors seen transposed). */
+static void expert_gemm(problem *p, cublasHandle_t h, int64_t row0, int64_t rows, int64_t e, const void *x,
+                        const void *w, const void *dy, void *out)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const char *X = x, *W = w, *DY = dy;
+    char *OUT = out;
+    const int64_t N = p->N, K = p->K;
+    if (p->op == FWD) /* Y^T (N x m) = W (T of K x N) . X^T (K x m) */
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)rows, (int)K, &one, W + e * N * K * 2,
+                                  CUDA_R_16BF, (int)K, X + row0 * K * 2, CUDA_R_16BF, (int)K, &zero,
+                                  OUT + row0 * N * 2, CUDA_R_16BF, (int)N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else if (p->op == DX) /* dX^T (K x m) = W^T (K x N) . dY^T (N x m) */
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)K, (int)rows, (int)N, &one, W + e * N * K * 2,
+                                  CUDA_R_16BF, (int)K, DY + row0 * N * 2, CUDA_R_16BF, (int)N, &zero,
+                                  OUT + row0 * K * 2, CUDA_R_16BF, (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    else /* dW^T (K x N) = X^T (K x m) . dY (m x N) */
+        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)K, (int)N, (int)rows, &one, X + row0 * K * 2,
+                                  CUDA_R_16BF, (int)K, DY + row0 * N * 2, CUDA_R_16BF, (int)N, &zero,
+                                  OUT + e * N * K * 2, CUDA_R_16BF, (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static void run_cublas_loop(void *state)
+{
+    problem *p = state;
+    int64_t row0 = 0;
+    for (int64_t e = 0; e < p->E; e++) {
+        if (p->m_sizes[e] > 0 || p->op == DW)
+            expert_gemm(p, p->ctx->handle, row0, p->m_sizes[e], e, p->x, p->w, p->dy, p->out);
+        row0 += p->m_sizes[e];
+    }
+}
+
+static void run_dense(void *state)
+{
+    problem *p = state;
+    problem dense = *p;
+    dense.E = 1;
+    if (p->op == DW) /* one GEMM with reduction over all M rows into one N x K */
+        expert_gemm(&dense, p->ctx->handle, 0, p->M, 0, p->x, p->w, p->dy, p->out);
+    else
+        expert_gemm(&dense, p->ctx->handle, 0, p->M, 0, p->x, p->w, p->dy, p->out);
+}
+
+static void setup_grouped(problem *p)
+{
+    const int64_t E = p->E, N = p->N, K = p->K;
+    p->A = malloc(sizeof(void *) * (size_t)E), p->B = malloc(sizeof(void *) * (size_t)E), p->C = malloc(sizeof(void *) * (size_t)E);
+    p->gm = malloc(sizeof(int) * (size_t)E), p->gn = malloc(sizeof(int) * (size_t)E), p->gk = malloc(sizeof(int) * (size_t)E);
+    p->glda = malloc(sizeof(int) * (size_t)E), p->gldb = malloc(sizeof(int) * (size_t)E), p->gldc = malloc(sizeof(int) * (size_t)E);
+    p->gsize = malloc(sizeof(int) * (size_t)E);
+    p->ta = malloc(sizeof(cublasOperation_t) * (size_t)E), p->tb = malloc(sizeof(cublasOperation_t) * (size_t)E);
+    p->alphas = malloc(sizeof(float) * (size_t)E), p->betas = malloc(sizeof(float) * (size_t)E);
+    const void **hA = malloc(sizeof(void *) * (size_t)E), **hB = malloc(sizeof(void *) * (size_t)E);
+    void **hC = malloc(sizeof(void *) * (size_t)E);
+    int64_t row0 = 0;
+    const char *X = p->x, *W = p->w, *DY = p->dy;
+    char *OUT = p->out;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t m = p->m_sizes[e];
+        p->gsize[e] = 1, p->alphas[e] = 1.0f, p->betas[e] = 0.0f;
+        if (p->op == FWD) {
+            p->ta[e] = CUBLAS_OP_T, p->tb[e] = CUBLAS_OP_N, p->gm[e] = (int)N, p->gn[e] = (int)m, p->gk[e] = (int)K;
+            hA[e] = W + e * N * K * 2, p->glda[e] = (int)K, hB[e] = X + row0 * K * 2, p->gldb[e] = (int)K;
+            hC[e] = OUT + row0 * N * 2, p->gldc[e] = (int)N;
+        } else if (p->op == DX) {
+            p->ta[e] = CUBLAS_OP_N, p->tb[e] = CUBLAS_OP_N, p->gm[e] = (int)K, p->gn[e] = (int)m, p->gk[e] = (int)N;
+            hA[e] = W + e * N * K * 2, p->glda[e] = (int)K, hB[e] = DY + row0 * N * 2, p->gldb[e] = (int)N;
+            hC[e] = OUT + row0 * K * 2, p->gldc[e] = (int)K;
+        } else {
+            p->ta[e] = CUBLAS_OP_N, p->tb[e] = CUBLAS_OP_T, p->gm[e] = (int)K, p->gn[e] = (int)N, p->gk[e] = (int)m;
+            hA[e] = X + row0 * K * 2, p->glda[e] = (int)K, hB[e] = DY + row0 * N * 2, p->gldb[e] = (int)N;
+            hC[e] = OUT + e * N * K * 2, p->gldc[e] = (int)K;
+        }
+        row0 += m;
+    }
+    CUDA_CHECK(cudaMalloc((void **)&p->A, sizeof(void *) * (size_t)E));
+    CUDA_CHECK(cudaMalloc((void **)&p->B, sizeof(void *) * (size_t)E));
+    CUDA_CHECK(cudaMalloc((void **)&p->C, sizeof(void *) * (size_t)E));
+    CUDA_CHECK(cudaMemcpy(p->A, hA, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p->B, hB, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p->C, hC, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
+    free(hA), free(hB), free(hC);
+}
+
+static void run_cublas_grouped(void *state)
+{
+    problem *p = state;
+    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(p->ctx->handle, p->ta, p->tb, p->gm, p->gn, p->gk, p->alphas,
+                                            (const void *const *)p->A, CUDA_R_16BF, p->glda,
+                                            (const void *const *)p->B, CUDA_R_16BF, p->gldb, p->betas,
+                                            (void *const *)p->C, CUDA_R_16BF, p->gldc, (int)p->E, p->gsize,
+                                            CUBLAS_COMPUTE_32F));
+}
+
+static void free_grouped(problem *p)
+{
+    CUDA_CHECK(cudaFree(p->A)); CUDA_CHECK(cudaFree(p->B)); CUDA_CHECK(cudaFree(p->C));
+    free(p->gm), free(p->gn), free(p->gk), free(p->glda), free(p->gldb), free(p->gldc), free(p->gsize);
+    free(p->ta), free(p->tb), free(p->alphas), free(p->betas);
+}
+
+/* Random bf16 data (never zeros): one 8 Mi-element random block, repeated over the tensor (the
+ * largest weights, 15 GB for DeepSeek-V3, would take minutes to draw element by element). */
+static void fill_device_bf16(oracle_rng *rng, void *dev, int64_t count)
+{
+    const int64_t chunk = 1 << 23;
+    static uint16_t *block = NULL;
+    if (block == NULL) {
+        block = malloc((size_t)(chunk + 4096) * 2);
+        CHECK(block != NULL, "out of memory");
+        oracle_fill(rng, MOE_BF16, block, chunk + 4096, 0);
+    }
+    for (int64_t first = 0; first < count; first += chunk) {
+        int64_t n = count - first < chunk ? count - first : chunk;
+        /* shift each repeat so that rows of different experts do not see the same values */
+        CUDA_CHECK(cudaMemcpy((char *)dev + first * 2, block + (first / chunk * 7919) % 4096, (size_t)n * 2,
+                              cudaMemcpyHostToDevice));
+    }
+}
+
+/* Output finite everywhere, and libmoe's output within bf16 rounding of cuBLAS's on a sample. */
+static double sample_difference(const void *a, const void *b, int64_t count, oracle_rng *rng, int *finite)
+{
+    double worst = 0;
+    *finite = 1;
+    for (int s = 0; s < 4096 && count > 0; s++) {
+        int64_t i = (int64_t)oracle_rng_below(rng, (uint64_t)count);
+        uint16_t va, vb;
+        CUDA_CHECK(cudaMemcpy(&va, (const char *)a + i * 2, 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(&vb, (const char *)b + i * 2, 2, cudaMemcpyDeviceToHost));
+        double x = moe_bf16_to_f32(va), y = moe_bf16_to_f32(vb);
+        if (!isfinite(x))
+            *finite = 0;
+        double d = fabs(x - y) / (fabs(y) + 1e-3);
+        if (d > worst)
+            worst = d;
+    }
+    return worst;
+}
+
+int main(int argc, char **argv)
+{
+    int64_t T = 4096;
+    int repeat = 20;
+    uint64_t seed = 20261122;
+    const char *which = "all", *ops = "fwd,dx,dw", *csv_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) which = argv[++i];
+        else if (!strcmp(argv[i], "--ops") && i + 1 < argc) ops = argv[++i];
+        else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else {
+            fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
+                            "[--ops fwd,dx,dw] [--csv FILE] [--seed S]\n", argv[0]);
+            return 2;
+        }
+    }
+    printf("seed %llu\n", (unsigned long long)seed);
+    if (!moe_backend_available(MOE_BACKEND_CUDA)) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs; T = %lld, bf16, median of %d runs\n", prop.name, prop.multiProcessorCount,
+           (long long)T, repeat);
+    bench_ctx ctx = {0};
+    ctx.repeat = repeat;
+    CUBLAS_CHECK(cublasCreate(&ctx.handle));
+    CUDA_CHECK(cudaEventCreate(&ctx.start));
+    CUDA_CHECK(cudaEventCreate(&ctx.stop));
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv)
+        fprintf(csv, "model,gemm,op,M,N,K,libmoe_tflops,cublas_loop_tflops,cublas_grouped_tflops,dense_tflops\n");
+    printf("%-14s %-8s %-4s %6s %6s %6s | %8s %8s %8s %8s | %6s %6s\n", "model", "gemm", "op", "M", "N", "K",
+           "libmoe", "cub-loop", "cub-grp", "dense", "/best", "/dense");
+    oracle_rng rng = {seed};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const shape *sh = &shapes[s];
+        if (strcmp(which, "all") && strncmp(sh->model, which, strlen(which)))
+            continue;
+        const int64_t E = sh->E, k = sh->k, N = sh->N, K = sh->K, M = T * k;
+        int64_t *ids = malloc((size_t)M * 8), *m_sizes = malloc((size_t)E * 8), *gather = malloc((size_t)M * 8);
+        for (int64_t t = 0; t < T; t++) /* k distinct experts per token, uniformly at random */
+            for (int64_t j = 0; j < k; j++) {
+                int64_t e, dup;
+                do {
+                    e = (int64_t)oracle_rng_below(&rng, (uint64_t)E);
+                    dup = 0;
+                    for (int64_t i = 0; i < j; i++)
+                        dup |= ids[t * k + i] == e;
+                } while (dup);
+                ids[t * k + j] = e;
+            }
+        CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        problem p = {0};
+        p.ctx = &ctx, p.E = E, p.M = M, p.N = N, p.K = K, p.m_sizes = m_sizes;
+        int64_t *dev_sizes, *dev_gather;
+        CUDA_CHECK(cudaMalloc((void **)&dev_sizes, (size_t)E * 8));
+        CUDA_CHECK(cudaMalloc((void **)&dev_gather, (size_t)M * 8));
+        CUDA_CHECK(cudaMemcpy(dev_sizes, m_sizes, (size_t)E * 8, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dev_gather, gather, (size_t)M * 8, cudaMemcpyHostToDevice));
+        p.dev_routing = (moe_routing){T, k, E, dev_sizes, dev_gather};
+        const int64_t out_elems = E * N * K > M * (N > K ? N : K) ? E * N * K : M * (N > K ? N : K);
+        CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * 2));
+        CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * 2));
+        CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * 2));
+        CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * 2));
+        void *check;
+        CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * 2));
+        fill_device_bf16(&rng, p.x, M * K);
+        fill_device_bf16(&rng, p.w, E * N * K);
+        fill_device_bf16(&rng, p.dy, M * N);
+        for (int op = FWD; op <= DW; op++) {
+            if (!strstr(ops, op_names[op]))
+                continue;
+            p.op = op;
+            const int64_t count = op == FWD ? M * N : op == DX ? M * K : E * N * K;
+            CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * 2)); /* NaN poison */
+            const double flops = 2.0 * (double)M * (double)N * (double)K;
+            float t_moe = time_median(&ctx, run_libmoe, &p);
+            CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * 2, cudaMemcpyDeviceToDevice));
+            CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+            float t_loop = time_median(&ctx, run_cublas_loop, &p);
+            int finite;
+            double diff = sample_difference(check, p.out, count, &rng, &finite);
+            setup_grouped(&p);
+            float t_group = time_median(&ctx, run_cublas_grouped, &p);
+            free_grouped(&p);
+            float t_dense = time_median(&ctx, run_dense, &p);
+            double tf_moe = flops / t_moe / 1e9, tf_loop = flops / t_loop / 1e9, tf_group = flops / t_group / 1e9;
+            double tf_dense = flops / t_dense / 1e9;
+            double best = tf_loop > tf_group ? tf_loop : tf_group;
+            printf("%-14s %-8s %-4s %6lld %6lld %6lld | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f%s\n", sh->model, sh->gemm,
+                   op_names[op], (long long)M, (long long)N, (long long)K, tf_moe, tf_loop, tf_group, tf_dense,
+                   tf_moe / best, tf_moe / tf_dense,
+                   !finite ? "  NONFINITE OUTPUT" : diff > 0.05 ? "  MISMATCH vs cuBLAS" : "");
+            fflush(stdout);
+            if (csv)
+                fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%.1f,%.1f,%.1f,%.1f\n", sh->model, sh->gemm, op_names[op],
+                        (long long)M, (long long)N, (long long)K, tf_moe, tf_loop, tf_group, tf_dense);
+        }
+        CUDA_CHECK(cudaFree(p.x)); CUDA_CHECK(cudaFree(p.w)); CUDA_CHECK(cudaFree(p.dy)); CUDA_CHECK(cudaFree(p.out));
+        CUDA_CHECK(cudaFree(check)); CUDA_CHECK(cudaFree(dev_sizes)); CUDA_CHECK(cudaFree(dev_gather));
+        free(ids), free(m_sizes), free(gather);
+    }
+    if (csv)
+        fclose(csv);
+    cublasDestroy(ctx.handle);
+    return 0;
+}

@@ -1,0 +1,256 @@
+/* GPU grouped GEMM properties (skipped with exit 77 where no CUDA device is visible):
+ *   1. every op x mode x dtype x option on random routings and shapes (N, K multiples of 8 for the
+ *      tensor-core path and odd sizes for the fallback) agrees with the float64 oracle within its bound;
+ *   2. on exactly representable data (small powers of two) the GPU equals the CPU reference bit for bit;
+ *   3. running the same call twice gives bitwise the same output (determinism, dW included);
+ *   4. invalid routings handed to the GPU are detected there, reported by moe_backend_synchronize with
+ *      MOE_ERR_INVALID_ROUTING, and the output is left untouched.
+ * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [seed] [trials] */
+#include "moe.h"
+#include "oracle.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond, ...)                                                                             \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                            \
+            fprintf(stderr, "\n");                                                                   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+#define CUDA_CHECK(call)                                                                             \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
+    } while (0)
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory");
+    return p;
+}
+
+static void *to_device(const void *host, size_t bytes)
+{
+    void *dev = NULL;
+    CUDA_CHECK(cudaMalloc(&dev, bytes ? bytes : 16));
+    if (bytes)
+        CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    return dev;
+}
+
+static void to_host(void *host, const void *dev, size_t bytes)
+{
+    if (bytes)
+        CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+}
+
+enum op { FWD, DX, DW, DTOPK, OPS };
+static const char *const op_names[OPS] = {"fwd", "dx", "dw", "dtopk"};
+
+typedef struct problem {
+    moe_routing routing;       /* host arrays */
+    moe_routing dev_routing;   /* device arrays */
+    int64_t N, K, M, T, E;
+    moe_gemm_options opt;
+    const void *weights, *dev_weights;
+    void *x, *w, *dy, *dev_x, *dev_w, *dev_dy;
+} problem;
+
+static int64_t out_count(const problem *p, enum op op)
+{
+    switch (op) {
+    case FWD: return p->M * p->N;
+    case DX: return (p->opt.reduce_topk ? p->T : p->M) * p->K;
+    case DW: return p->E * p->N * p->K;
+    default: return p->M;
+    }
+}
+
+static moe_dtype out_dtype(const problem *p, enum op op)
+{
+    return (op == DW || op == DTOPK) && p->opt.dw_fp32 ? MOE_F32 : p->opt.dtype;
+}
+
+static moe_status call(const problem *p, enum op op, moe_backend backend, void *out)
+{
+    const int gpu = backend == MOE_BACKEND_CUDA;
+    const moe_routing *r = gpu ? &p->dev_routing : &p->routing;
+    const void *x = gpu ? p->dev_x : p->x, *w = gpu ? p->dev_w : p->w, *dy = gpu ? p->dev_dy : p->dy;
+    const void *tw = gpu ? p->dev_weights : p->weights;
+    switch (op) {
+    case FWD: return moe_gemm_fwd(backend, r, p->N, p->K, x, w, tw, out, &p->opt);
+    case DX: return moe_gemm_dx(backend, r, p->N, p->K, dy, w, tw, out, &p->opt);
+    case DW: return moe_gemm_dw(backend, r, p->N, p->K, x, dy, tw, out, &p->opt);
+    default: return moe_gemm_topk_weights_grad(backend, r, p->N, p->K, x, w, dy, out, &p->opt);
+    }
+}
+
+static void oracle(const problem *p, enum op op, const void *old, double *value, double *bound)
+{
+    switch (op) {
+    case FWD: oracle_gemm_fwd(&p->routing, p->N, p->K, p->x, p->w, p->weights, old, &p->opt, value, bound); break;
+    case DX: oracle_gemm_dx(&p->routing, p->N, p->K, p->dy, p->w, p->weights, old, &p->opt, value, bound); break;
+    case DW: oracle_gemm_dw(&p->routing, p->N, p->K, p->x, p->dy, p->weights, old, &p->opt, value, bound); break;
+    default: oracle_gemm_topk_weights_grad(&p->routing, p->N, p->K, p->x, p->w, p->dy, old, &p->opt, value, bound);
+    }
+}
+
+static int64_t pick_dim(oracle_rng *rng)
+{
+    static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
+    return dims[oracle_rng_below(rng, sizeof dims / sizeof dims[0])];
+}
+
+int main(int argc, char **argv)
+{
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
+    const int trials = argc > 2 ? atoi(argv[2]) : 120;
+    printf("seed %llu, %d trials\n", (unsigned long long)seed, trials);
+    if (!moe_backend_available(MOE_BACKEND_CUDA)) {
+        printf("SKIP: no CUDA backend or device (%s)\n", moe_last_error());
+        return 77;
+    }
+    oracle_rng rng = {seed};
+    int64_t checked = 0;
+    double worst = 0;
+    for (int trial = 0; trial < trials; trial++) {
+        problem p;
+        memset(&p, 0, sizeof p);
+        p.T = (int64_t)oracle_rng_below(&rng, 4) == 0 ? (int64_t)oracle_rng_below(&rng, 3) : 1 + (int64_t)oracle_rng_below(&rng, 300);
+        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, 4);
+        p.E = 1 + (int64_t)oracle_rng_below(&rng, 12);
+        p.N = pick_dim(&rng), p.K = pick_dim(&rng), p.M = p.T * k;
+        p.opt.dtype = (moe_dtype)oracle_rng_below(&rng, 3);
+        p.opt.permute_x = (int)oracle_rng_below(&rng, 2);
+        p.opt.permute_y = (int)oracle_rng_below(&rng, 2);
+        p.opt.accumulate = (int)oracle_rng_below(&rng, 3) == 0;
+        p.opt.dw_fp32 = (int)oracle_rng_below(&rng, 2);
+        const int use_weights = (int)oracle_rng_below(&rng, 2);
+        const int distribution = (int)oracle_rng_below(&rng, 3);
+        const int skew = (int)oracle_rng_below(&rng, 3); /* 0 uniform, 1 one hot expert, 2 even experts only */
+        const size_t es = moe_dtype_size(p.opt.dtype);
+
+        int64_t *ids = xmalloc((size_t)p.M * 8), *m_sizes = xmalloc((size_t)p.E * 8), *gather = xmalloc((size_t)p.M * 8);
+        for (int64_t s = 0; s < p.M; s++) {
+            int64_t e = (int64_t)oracle_rng_below(&rng, (uint64_t)p.E);
+            ids[s] = skew == 1 ? p.E - 1 : skew == 2 ? e & ~(int64_t)1 : e;
+        }
+        CHECK(moe_routing_from_topk(p.T, k, p.E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        p.routing = (moe_routing){p.T, k, p.E, m_sizes, gather};
+        p.dev_routing = (moe_routing){p.T, k, p.E, to_device(m_sizes, (size_t)p.E * 8), to_device(gather, (size_t)p.M * 8)};
+
+        const int64_t x_rows = p.opt.permute_x ? p.T : p.M;
+        p.x = xmalloc((size_t)(x_rows * p.K) * es), p.w = xmalloc((size_t)(p.E * p.N * p.K) * es);
+        p.dy = xmalloc((size_t)(p.M * p.N) * es);
+        void *tw = xmalloc((size_t)p.M * es);
+        oracle_fill(&rng, p.opt.dtype, p.x, x_rows * p.K, distribution);
+        oracle_fill(&rng, p.opt.dtype, p.w, p.E * p.N * p.K, distribution);
+        oracle_fill(&rng, p.opt.dtype, p.dy, p.M * p.N, distribution);
+        oracle_fill(&rng, p.opt.dtype, tw, p.M, distribution);
+        p.dev_x = to_device(p.x, (size_t)(x_rows * p.K) * es), p.dev_w = to_device(p.w, (size_t)(p.E * p.N * p.K) * es);
+        p.dev_dy = to_device(p.dy, (size_t)(p.M * p.N) * es);
+        void *dev_tw = to_device(tw, (size_t)p.M * es);
+        p.weights = use_weights ? tw : NULL;
+        p.dev_weights = use_weights ? dev_tw : NULL;
+
+        for (int op = 0; op < OPS; op++) {
+            p.opt.reduce_topk = op == DX ? (int)oracle_rng_below(&rng, 2) : 0;
+            const int64_t count = out_count(&p, op);
+            const moe_dtype odt = out_dtype(&p, op);
+            const size_t bytes = (size_t)count * moe_dtype_size(odt);
+            void *old = xmalloc(bytes), *gpu = xmalloc(bytes), *again = xmalloc(bytes), *ref = xmalloc(bytes);
+            if (p.opt.accumulate)
+                oracle_fill(&rng, odt, old, count, 0);
+            else
+                oracle_poison(odt, old, count);
+            void *dev_out = to_device(old, bytes);
+            moe_status st = call(&p, op, MOE_BACKEND_CUDA, dev_out);
+            if (st == MOE_OK)
+                st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+            CHECK(st == MOE_OK, "trial %d %s: %s", trial, op_names[op], moe_last_error());
+            to_host(gpu, dev_out, bytes);
+            /* determinism: the same call on the same old contents */
+            CUDA_CHECK(cudaMemcpy(dev_out, old, bytes, cudaMemcpyHostToDevice));
+            CHECK(call(&p, op, MOE_BACKEND_CUDA, dev_out) == MOE_OK, "%s", moe_last_error());
+            CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+            to_host(again, dev_out, bytes);
+
+            double *value = xmalloc((size_t)count * 8 + 8), *bound = xmalloc((size_t)count * 8 + 8);
+            oracle(&p, op, old, value, bound);
+            double ratio = 0;
+            int64_t bad = oracle_compare(op_names[op], odt, gpu, value, bound, count, stderr, 4, &ratio);
+            int nondeterministic = memcmp(gpu, again, bytes) != 0;
+            int differs_exact = 0;
+            if (distribution == 1) { /* exact data: bit for bit the reference */
+                memcpy(ref, old, bytes);
+                CHECK(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "%s", moe_last_error());
+                differs_exact = memcmp(gpu, ref, bytes) != 0;
+            }
+            CHECK(bad == 0 && !nondeterministic && !differs_exact,
+                  "FAIL %s: %lld outside bound, nondeterministic=%d, differs-from-ref-on-exact-data=%d\n"
+                  "  case: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d permute_y=%d accumulate=%d "
+                  "dw_fp32=%d weights=%d reduce_topk=%d dist=%d skew=%d\n  replay: %s %llu %d",
+                  op_names[op], (long long)bad, nondeterministic, differs_exact, (long long)p.T, (long long)k,
+                  (long long)p.E, (long long)p.N, (long long)p.K, moe_dtype_name(p.opt.dtype), p.opt.permute_x,
+                  p.opt.permute_y, p.opt.accumulate, p.opt.dw_fp32, use_weights, p.opt.reduce_topk, distribution,
+                  skew, argv[0], (unsigned long long)seed, trial + 1);
+            if (ratio > worst)
+                worst = ratio;
+            checked += count;
+            CUDA_CHECK(cudaFree(dev_out));
+            free(old), free(gpu), free(again), free(ref), free(value), free(bound);
+        }
+
+        /* invalid routing on the device: a size off by one, then a repeated gather entry */
+        if (p.M > 1 && p.N > 0 && p.K > 0) {
+            const size_t bytes = (size_t)(p.M * p.N) * es;
+            void *poison = xmalloc(bytes), *back = xmalloc(bytes);
+            oracle_poison(p.opt.dtype, poison, p.M * p.N);
+            void *dev_out = to_device(poison, bytes);
+            int64_t *bad_sizes = xmalloc((size_t)p.E * 8), *bad_gather = xmalloc((size_t)p.M * 8);
+            memcpy(bad_sizes, m_sizes, (size_t)p.E * 8);
+            bad_sizes[p.E - 1] += 1;
+            memcpy(bad_gather, gather, (size_t)p.M * 8);
+            bad_gather[p.M - 1] = bad_gather[0];
+            for (int variant = 0; variant < 2; variant++) {
+                moe_routing r = p.dev_routing;
+                void *dev_bad = to_device(variant == 0 ? (void *)bad_sizes : (void *)bad_gather,
+                                          variant == 0 ? (size_t)p.E * 8 : (size_t)p.M * 8);
+                if (variant == 0)
+                    r.m_sizes = dev_bad;
+                else
+                    r.gather_indices = dev_bad;
+                moe_gemm_options o = p.opt;
+                o.permute_y = 1; /* gather needed */
+                o.accumulate = 0;
+                CHECK(moe_gemm_fwd(MOE_BACKEND_CUDA, &r, p.N, p.K, p.dev_x, p.dev_w, NULL, dev_out, &o) == MOE_OK,
+                      "%s", moe_last_error());
+                moe_status st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+                CHECK(st == MOE_ERR_INVALID_ROUTING, "trial %d: bad routing variant %d gave %s (%s)", trial, variant,
+                      moe_strerror(st), moe_last_error());
+                CHECK(strstr(moe_last_error(), variant == 0 ? "m_sizes" : "gather_indices") != NULL, "message: %s",
+                      moe_last_error());
+                to_host(back, dev_out, bytes);
+                CHECK(memcmp(back, poison, bytes) == 0, "trial %d: bad routing variant %d wrote output", trial, variant);
+                CUDA_CHECK(cudaFree(dev_bad));
+            }
+            CUDA_CHECK(cudaFree(dev_out));
+            free(poison), free(back), free(bad_sizes), free(bad_gather);
+        }
+
+        CUDA_CHECK(cudaFree((void *)p.dev_routing.m_sizes));
+        CUDA_CHECK(cudaFree((void *)p.dev_routing.gather_indices));
+        CUDA_CHECK(cudaFree(p.dev_x)); CUDA_CHECK(cudaFree(p.dev_w)); CUDA_CHECK(cudaFree(p.dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
+        free(ids), free(m_sizes), free(gather), free(p.x), free(p.w), free(p.dy), free(tw);
+    }
+    printf("%d trials passed: %lld output elements checked, worst error %.3f of its bound\n", trials,
+           (long long)checked, worst);
+    return 0;
+}
