@@ -18,11 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
   { tail -30 "$out/configure.log"; exit 1; }
 make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 make -j16 proptest/test_gpu_gemm bench/moe-bench >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+echo "SASS: $(cuobjdump -sass .libs/libmoe.so 2>/dev/null | grep -c HGMMA) HGMMA, $(cuobjdump -sass .libs/libmoe.so 2>/dev/null | grep -c HMMA) HMMA instructions"
 export LD_LIBRARY_PATH="$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
 case "$steps" in *test*)
   echo "== GPU properties"
-  ./proptest/test_gpu_gemm 20261122 ${MOE_GPU_TRIALS:-120} 2>&1 | tee "$out/test_gpu_gemm.log" | tail -15 || status=1
+  for family in auto sm80 simt; do
+    echo "-- MOE_CUDA_KERNEL=$family"
+    MOE_CUDA_KERNEL=$family ./proptest/test_gpu_gemm 20261122 ${MOE_GPU_TRIALS:-120} > "$out/test_gpu_gemm_$family.log" 2>&1 || status=1
+    tail -6 "$out/test_gpu_gemm_$family.log"
+  done
 esac
 case "$steps" in *sanitize*)
   echo "== compute-sanitizer memcheck (reduced batch)"

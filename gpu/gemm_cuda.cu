@@ -23,6 +23,8 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 #include "cuda_check.cuh"
@@ -255,6 +257,131 @@ __device__ __forceinline__ float operand_b(const GemmArgs &g, const TileCoord &t
 // Epilogue: one fp32 tile in shared memory -> the op's output, in the order of moe_ref.h
 // (v = acc; v = w * v; v = old + v; round once).
 // ------------------------------------------------------------------------------------------------
+// One output element (i, j) of a tile with its fp32 accumulator value: applies the topk weight and
+// accumulate and rounds once, into the op's output (or the fp32 reduction workspace).
+__device__ __forceinline__ void store_output(const GemmArgs &g, const TileCoord &t, int64_t gi, int64_t gj, float v)
+{
+    if (gi >= t.rows || gj >= g.cols_j)
+        return;
+    int64_t out_index;
+    if (g.op == OP_DW) {
+        out_index = (t.e * g.N + gi) * g.K + gj;
+    } else {
+        const int64_t r = g.ws.offsets[t.e] + gi;
+        if (g.weights)
+            v = load_as_float(g.dtype, g.weights, slot_of(g, r)) * v;
+        if (g.op == OP_FWD) {
+            out_index = y_row(g, r) * g.N + gj;
+        } else { // dX: expert order, or slot order under permute_x or into the reduce workspace
+            const int64_t row = (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
+            out_index = row * g.K + gj;
+        }
+    }
+    if (g.out_is_workspace) {
+        static_cast<float *>(g.out)[out_index] = v;
+        return;
+    }
+    if (g.accumulate)
+        v = load_as_float(g.out_dtype, g.out, out_index) + v;
+    store_from_float(g.out_dtype, g.out, out_index, v);
+}
+
+// Vectorised epilogue for the tensor-core families: the fp32 tile is in shared memory (row stride
+// LDC floats); per-row facts are computed once per tile into `row_out` / `row_weight` (shared), then
+// each thread writes 8 consecutive columns of a row with one 16-byte store (two for fp32 outputs).
+// Needs cols_j % 8 == 0 and a 16-byte aligned output (tensor_core_ok checks both).
+__device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t i, float *v)
+{
+    if (dtype == MOE_F32) {
+        const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
+        const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        return;
+    }
+    const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const unsigned short lo = (unsigned short)(words[u] & 0xffffu), hi = (unsigned short)(words[u] >> 16);
+        if (dtype == MOE_F16) {
+            v[2 * u] = __half2float(__ushort_as_half(lo)), v[2 * u + 1] = __half2float(__ushort_as_half(hi));
+        } else {
+            v[2 * u] = __bfloat162float(__ushort_as_bfloat16(lo)), v[2 * u + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+        }
+    }
+}
+
+__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v)
+{
+    if (dtype == MOE_F32) {
+        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t words[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        unsigned short lo, hi;
+        if (dtype == MOE_F16) {
+            lo = __half_as_ushort(__float2half_rn(v[2 * u])), hi = __half_as_ushort(__float2half_rn(v[2 * u + 1]));
+        } else {
+            lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u]));
+            hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u + 1]));
+        }
+        words[u] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+template <int BM, int BN, int LDC>
+__device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const float *tile_c, int64_t *row_out,
+                                    float *row_weight)
+{
+    const int64_t ld = g.op == OP_FWD ? g.N : g.K;
+    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+        const int64_t gi = t.i0 + i;
+        if (gi >= t.rows) {
+            row_out[i] = -1;
+            continue;
+        }
+        if (g.op == OP_DW) {
+            row_out[i] = t.e * g.N + gi;
+            row_weight[i] = 1.0f;
+            continue;
+        }
+        const int64_t r = g.ws.offsets[t.e] + gi;
+        row_out[i] = g.op == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
+        row_weight[i] = g.weights ? load_as_float(g.dtype, g.weights, slot_of(g, r)) : 1.0f;
+    }
+    __syncthreads();
+    const moe_dtype out_dtype = g.out_is_workspace ? MOE_F32 : g.out_dtype;
+    for (int c = threadIdx.x; c < BM * (BN / 8); c += blockDim.x) {
+        const int i = c / (BN / 8), j = (c % (BN / 8)) * 8;
+        const int64_t out_row = row_out[i], gj = t.j0 + j;
+        if (out_row < 0 || gj >= g.cols_j)
+            continue;
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = tile_c[i * LDC + j + u];
+        if (g.weights && g.op != OP_DW) {
+            const float w = row_weight[i];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = w * v[u];
+        }
+        const int64_t index = out_row * ld + gj;
+        if (g.accumulate && !g.out_is_workspace) {
+            float old[8];
+            load8(out_dtype, g.out, index, old);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                v[u] = old[u] + v[u];
+        }
+        store8(out_dtype, g.out, index, v);
+    }
+}
+
 template <int BM, int BN, int LDC>
 __device__ void epilogue(const GemmArgs &g, const TileCoord &t, const float *tile_c)
 {
@@ -275,31 +402,7 @@ __device__ void epilogue(const GemmArgs &g, const TileCoord &t, const float *til
     }
     for (int idx = threadIdx.x; idx < BM * BN; idx += blockDim.x) {
         const int i = idx / BN, j = idx % BN;
-        const int64_t gi = t.i0 + i, gj = t.j0 + j;
-        if (gi >= t.rows || gj >= g.cols_j)
-            continue;
-        float v = tile_c[i * LDC + j];
-        int64_t out_index;
-        if (g.op == OP_DW) {
-            out_index = (t.e * g.N + gi) * g.K + gj;
-        } else {
-            const int64_t r = base + gi;
-            if (g.weights)
-                v = load_as_float(g.dtype, g.weights, slot_of(g, r)) * v;
-            if (g.op == OP_FWD) {
-                out_index = y_row(g, r) * g.N + gj;
-            } else { // dX: expert order, or slot order under permute_x or into the reduce workspace
-                const int64_t row = (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
-                out_index = row * g.K + gj;
-            }
-        }
-        if (g.out_is_workspace) {
-            static_cast<float *>(g.out)[out_index] = v;
-            continue;
-        }
-        if (g.accumulate)
-            v = load_as_float(g.out_dtype, g.out, out_index) + v;
-        store_from_float(g.out_dtype, g.out, out_index, v);
+        store_output(g, t, t.i0 + i, t.j0 + j, tile_c[i * LDC + j]);
     }
 }
 
@@ -368,7 +471,7 @@ constexpr int TC_TILE_ELEMS = TC_BM * TC_LD_QC > TC_BK * TC_LD_IC ? TC_BM * TC_L
 constexpr int TC_LDC = TC_BN + 4;
 constexpr size_t TC_PIPE_BYTES = (size_t)TC_STAGES * 2 * TC_TILE_ELEMS * 2;
 constexpr size_t TC_C_BYTES = (size_t)TC_BM * TC_LDC * 4;
-constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + 2 * TC_BM * 8;
+constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + TC_BM * 12;
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
@@ -426,6 +529,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
     T *pipe = reinterpret_cast<T *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
     int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES));
+    float *row_weight = reinterpret_cast<float *>(a_rows + TC_BM);
     if (*g.ws.status != 0)
         return;
     const int warp = threadIdx.x / 32;
@@ -511,10 +615,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
                 wmma::store_matrix_sync(tile_c + (warp_i * 64 + u * 16) * TC_LDC + warp_j * 32 + v * 16, acc[u][v],
                                         TC_LDC, wmma::mem_row_major);
         __syncthreads();
-        epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
+        if (OP == OP_TOPK_GRAD)
+            epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
+        else
+            epilogue_vectorised<TC_BM, TC_BN, TC_LDC>(g, t, tile_c, a_rows, row_weight);
         __syncthreads();
     }
 }
+
+#include "gemm_sm90.cuh"
 
 // ------------------------------------------------------------------------------------------------
 // Fixed-order reductions: reduce_topk (dX[t] = sum_j slot rows) and the topk-weight gradient partials.
@@ -563,13 +672,46 @@ int device_sm_count()
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Whether the tensor-core path can take the problem: 16-bit inputs, 16-byte vectors along every
-// contiguous dimension, and (dW) no fused weight on the dY operand.
-bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b)
+// Kernel family for a call.  MOE_CUDA_KERNEL=auto (default) | sm80 | simt forces a family, so tests can
+// exercise every path on one GPU; a forced family still falls back when it cannot take the shape.
+enum KernelFamily { FAMILY_SIMT, FAMILY_SM80, FAMILY_SM90 };
+
+// The sm_90a kernels exist only when the build targets 90a and the device is compute capability 9.0.
+bool sm90_path_available()
 {
-    if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b))
+#ifdef MOE_BUILD_SM90A
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+}
+
+// Whether the tensor-core path can take the problem: 16-bit inputs, 16-byte vectors along every
+// contiguous dimension (loads and the vectorised epilogue), and (dW) no fused weight on the dY operand.
+bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
+{
+    if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
         return false;
     return true;
+}
+
+template <typename T>
+moe_status launch_sm90(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    auto kernel = op == OP_FWD ? sm90_gemm_kernel<T, OP_FWD> : op == OP_DX ? sm90_gemm_kernel<T, OP_DX>
+                                                                          : sm90_gemm_kernel<T, OP_DW>;
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
+    int64_t grid = device_sm_count();
+    if (grid > max_tiles)
+        grid = max_tiles;
+    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
 }
 
 template <typename T>
@@ -610,7 +752,13 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     const int64_t E = p->num_experts, M = p->rows;
     const int64_t cols_j = op == OP_FWD || op == OP_TOPK_GRAD ? p->N : p->K;
-    const bool use_tc = tensor_core_ok(p, a, b) && !(op == OP_DW && weights != NULL);
+    const char *forced = getenv("MOE_CUDA_KERNEL");
+    const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weights != NULL) &&
+                        !(forced != NULL && strcmp(forced, "simt") == 0);
+    KernelFamily family = !use_tc ? FAMILY_SIMT
+                        : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
+                            ? FAMILY_SM90 : FAMILY_SM80;
+    static_assert(TC_BM == H_BM && TC_BN == H_BN, "the tensor-core families share one tiling");
     const int BM = use_tc ? TC_BM : SIMT_BM, BN = use_tc ? TC_BN : SIMT_BN;
     const int64_t col_tiles = (cols_j + BN - 1) / BN;
     const int reduce = op == OP_DX && p->reduce_topk;
@@ -661,7 +809,10 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         g.ws = w;
         const int64_t max_tiles = op == OP_DW ? E * ((p->N + BM - 1) / BM) * col_tiles : (M / BM + E) * col_tiles;
         if (max_tiles > 0 && cols_j > 0) {
-            if (use_tc)
+            if (family == FAMILY_SM90)
+                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, g, max_tiles, stream)
+                                              : launch_sm90<__half>(op, g, max_tiles, stream);
+            else if (family == FAMILY_SM80)
                 status = p->dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
                                               : launch_tc<__half>(op, g, max_tiles, stream);
             else
