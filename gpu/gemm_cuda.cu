@@ -706,7 +706,9 @@ moe_status launch_sm90(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_
     auto kernel = op == OP_FWD ? sm90_gemm_kernel<T, OP_FWD> : op == OP_DX ? sm90_gemm_kernel<T, OP_DX>
                                                                           : sm90_gemm_kernel<T, OP_DW>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
-    int64_t grid = device_sm_count();
+    int per_sm = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, H_THREADS, H_SMEM_BYTES));
+    int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
     if (grid > max_tiles)
         grid = max_tiles;
     kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g);

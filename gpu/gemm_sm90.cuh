@@ -3,7 +3,8 @@
 // gathered: permute_x, permute_y and per-expert row ranges).  Included by gemm_cuda.cu only.
 //
 // CTA tile 128 x 128, BK = 64, two consumer warpgroups; warpgroup w computes rows 64w .. 64w+63 with
-// wgmma.m64n128k16 (fp32 accumulators in 64 registers per thread).
+// wgmma.m64n128k16 (fp32 accumulators in 64 registers per thread).  3 stages and at most 128
+// registers per thread let two CTAs share an SM, so one's epilogue overlaps the other's main loop.
 //
 // Shared-memory layouts (16-byte chunk c of 128-byte row r inside a 1024-byte atom sits at chunk c ^ r):
 //   K-major tile  [MN 128][K 64]:  atom = 8 MN-rows x 64 K-elements; atoms stacked along MN.
@@ -17,7 +18,7 @@
 #ifndef LIBMOE_GEMM_SM90_CUH
 #define LIBMOE_GEMM_SM90_CUH
 
-constexpr int H_BM = 128, H_BN = 128, H_BK = 64, H_STAGES = 4, H_THREADS = 256;
+constexpr int H_BM = 128, H_BN = 128, H_BK = 64, H_STAGES = 3, H_THREADS = 256;
 constexpr int H_TILE_BYTES = H_BM * H_BK * 2;            // 16 KiB per operand tile
 constexpr int H_STAGE_BYTES = 2 * H_TILE_BYTES;          // A then B
 constexpr int H_LDC = H_BN + 4; // fp32 C tile staged over the pipeline buffers for the epilogue
@@ -112,7 +113,7 @@ __device__ __forceinline__ void h_load_stage(const GemmArgs &g, const TileCoord 
 }
 
 template <typename T, int OP>
-__global__ void __launch_bounds__(H_THREADS, 1) sm90_gemm_kernel(GemmArgs g)
+__global__ void __launch_bounds__(H_THREADS, 2) sm90_gemm_kernel(GemmArgs g)
 {
 #ifdef MOE_SM90A_DEVICE
     extern __shared__ unsigned char smem_raw[];
