@@ -1,13 +1,14 @@
 #!/bin/sh
 # Builds libmoe from a `make dist` tarball on a GPU machine and runs, logging under $OUT (or ./out):
-#   1. the GPU property test (proptest/test_gpu_gemm) at its fixed seed,
+#   1. the GPU property test (proptest/test_gpu_gemm) at its fixed seed, for each kernel family, and
+#      its --large case (E*N*K past 2^31),
 #   2. a reduced batch of it under compute-sanitizer memcheck (and racecheck on a smaller one),
 #   3. bench/moe-bench on the ANCHORS.md shapes (CSV in $OUT/bench.csv).
-# usage: bench/device-run.sh TARBALL [steps]   steps: any of "test sanitize bench" (default all three)
+# usage: bench/device-run.sh TARBALL [steps]   steps: any of "test large sanitize bench" (default all)
 # The GPU machine has no libtool: the tarball carries the generated configure and libtool scripts.
 set -eu
 tarball=$1
-steps=${2:-"test sanitize bench"}
+steps=${2:-"test large sanitize bench"}
 out=${OUT:-$PWD/out}
 mkdir -p "$out"
 work=$(mktemp -d)
@@ -28,6 +29,10 @@ case "$steps" in *test*)
     MOE_CUDA_KERNEL=$family ./proptest/test_gpu_gemm 20261122 ${MOE_GPU_TRIALS:-120} > "$out/test_gpu_gemm_$family.log" 2>&1 || status=1
     tail -6 "$out/test_gpu_gemm_$family.log"
   done
+esac
+case "$steps" in *large*)
+  echo "== E*N*K > 2^31"
+  ./proptest/test_gpu_gemm --large 5 2>&1 | tee "$out/test_gpu_large.log" | tail -5 || status=1
 esac
 case "$steps" in *sanitize*)
   echo "== compute-sanitizer memcheck (reduced batch)"

@@ -4,8 +4,10 @@
  *   2. on exactly representable data (small powers of two) the GPU equals the CPU reference bit for bit;
  *   3. running the same call twice gives bitwise the same output (determinism, dW included);
  *   4. invalid routings handed to the GPU are detected there, reported by moe_backend_synchronize with
- *      MOE_ERR_INVALID_ROUTING, and the output is left untouched.
- * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [seed] [trials] */
+ *      MOE_ERR_INVALID_ROUTING, and the output is left untouched;
+ *   5. with --large: E*N*K past 2^31 elements (64-bit offsets; Unsloth's dW faults there), tokens on
+ *      the last experts, sampled output elements of fwd, dX and dW checked against float64.
+ * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
 
@@ -102,6 +104,100 @@ static void oracle(const problem *p, enum op op, const void *old, double *value,
     }
 }
 
+/* Property 5: one bf16 problem with E*N*K = 64*4096*8200 > 2^31, every token on experts 62 and 63. */
+static void large_offsets(oracle_rng *rng)
+{
+    const int64_t T = 512, k = 2, E = 64, N = 4096, K = 8200, M = T * k;
+    printf("large: E*N*K = %lld elements (> 2^31 = %lld)\n", (long long)(E * N * K), 1LL << 31);
+    int64_t *ids = xmalloc((size_t)M * 8), m_sizes[64], *gather = xmalloc((size_t)M * 8);
+    for (int64_t t = 0; t < T; t++)
+        ids[t * k] = E - 2, ids[t * k + 1] = E - 1;
+    CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+    uint16_t *x = xmalloc((size_t)(M * K) * 2), *dy = xmalloc((size_t)(M * N) * 2);
+    oracle_fill(rng, MOE_BF16, x, M * K, 0);
+    oracle_fill(rng, MOE_BF16, dy, M * N, 0);
+    /* W: only experts 62 and 63 matter; the rest is a repeated random block (not zeros) */
+    const int64_t w_count = E * N * K, block = 1 << 20;
+    uint16_t *w_tail = xmalloc((size_t)(2 * N * K) * 2), *chunk = xmalloc((size_t)block * 2);
+    oracle_fill(rng, MOE_BF16, w_tail, 2 * N * K, 0);
+    oracle_fill(rng, MOE_BF16, chunk, block, 0);
+    void *dev_w;
+    CUDA_CHECK(cudaMalloc(&dev_w, (size_t)w_count * 2));
+    for (int64_t first = 0; first < (E - 2) * N * K; first += block) {
+        int64_t n = (E - 2) * N * K - first < block ? (E - 2) * N * K - first : block;
+        CUDA_CHECK(cudaMemcpy((uint16_t *)dev_w + first, chunk, (size_t)n * 2, cudaMemcpyHostToDevice));
+    }
+    CUDA_CHECK(cudaMemcpy((uint16_t *)dev_w + (E - 2) * N * K, w_tail, (size_t)(2 * N * K) * 2, cudaMemcpyHostToDevice));
+    void *dev_x = to_device(x, (size_t)(M * K) * 2), *dev_dy = to_device(dy, (size_t)(M * N) * 2);
+    moe_routing r = {T, k, E, to_device(m_sizes, sizeof m_sizes), to_device(gather, (size_t)M * 8)};
+    void *dev_out;
+    CUDA_CHECK(cudaMalloc(&dev_out, (size_t)w_count * 2));
+    moe_gemm_options o = {0};
+    o.dtype = MOE_BF16;
+    const int64_t row0 = M - m_sizes[E - 1] - m_sizes[E - 2]; /* expert E-2's first expert-order row */
+    for (int op = FWD; op <= DW; op++) {
+        const int64_t count = op == FWD ? M * N : op == DX ? M * K : w_count;
+        CUDA_CHECK(cudaMemset(dev_out, 0xff, (size_t)count * 2)); /* NaN poison */
+        moe_status st = op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &r, N, K, dev_x, dev_w, NULL, dev_out, &o)
+                      : op == DX ? moe_gemm_dx(MOE_BACKEND_CUDA, &r, N, K, dev_dy, dev_w, NULL, dev_out, &o)
+                                 : moe_gemm_dw(MOE_BACKEND_CUDA, &r, N, K, dev_x, dev_dy, NULL, dev_out, &o);
+        if (st == MOE_OK)
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        CHECK(st == MOE_OK, "large %s: %s", op_names[op], moe_last_error());
+        double worst = 0;
+        for (int sample = 0; sample < 3000; sample++) {
+            int64_t row, col, e, out_index;
+            if (op == DW) { /* elements of experts 62 and 63, past 2^31 */
+                e = E - 2 + (int64_t)oracle_rng_below(rng, 2);
+                row = (int64_t)oracle_rng_below(rng, (uint64_t)N), col = (int64_t)oracle_rng_below(rng, (uint64_t)K);
+                out_index = (e * N + row) * K + col;
+            } else {
+                row = row0 + (int64_t)oracle_rng_below(rng, (uint64_t)(M - row0));
+                col = (int64_t)oracle_rng_below(rng, (uint64_t)(op == FWD ? N : K));
+                e = row < row0 + m_sizes[E - 2] ? E - 2 : E - 1;
+                out_index = row * (op == FWD ? N : K) + col;
+            }
+            const uint16_t *we = w_tail + (e - (E - 2)) * N * K;
+            double sum = 0, magnitude = 0;
+            int64_t length;
+            if (op == FWD) {
+                length = K;
+                for (int64_t c = 0; c < K; c++) {
+                    double term = (double)moe_bf16_to_f32(x[row * K + c]) * moe_bf16_to_f32(we[col * K + c]);
+                    sum += term, magnitude += term < 0 ? -term : term;
+                }
+            } else if (op == DX) {
+                length = N;
+                for (int64_t n = 0; n < N; n++) {
+                    double term = (double)moe_bf16_to_f32(dy[row * N + n]) * moe_bf16_to_f32(we[n * K + col]);
+                    sum += term, magnitude += term < 0 ? -term : term;
+                }
+            } else {
+                const int64_t first = e == E - 2 ? row0 : row0 + m_sizes[E - 2];
+                length = m_sizes[e];
+                for (int64_t q = first; q < first + m_sizes[e]; q++) {
+                    double term = (double)moe_bf16_to_f32(dy[q * N + row]) * moe_bf16_to_f32(x[q * K + col]);
+                    sum += term, magnitude += term < 0 ? -term : term;
+                }
+            }
+            uint16_t got_bits;
+            CUDA_CHECK(cudaMemcpy(&got_bits, (uint16_t *)dev_out + out_index, 2, cudaMemcpyDeviceToHost));
+            const double got = moe_bf16_to_f32(got_bits), err = got > sum ? got - sum : sum - got;
+            const double bound = oracle_gamma(length) * magnitude +
+                                 oracle_output_rounding(MOE_BF16, (sum < 0 ? -sum : sum) + oracle_gamma(length) * magnitude) +
+                                 (double)length * 0x1p-52 * magnitude;
+            CHECK(err <= bound, "large %s: element %lld (row %lld col %lld expert %lld): got %.9g want %.17g bound %.3g",
+                  op_names[op], (long long)out_index, (long long)row, (long long)col, (long long)e, got, sum, bound);
+            if (err / bound > worst)
+                worst = err / bound;
+        }
+        printf("large %s: 3000 sampled elements within bound (worst %.3f)\n", op_names[op], worst);
+    }
+    CUDA_CHECK(cudaFree(dev_w)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_dy)); CUDA_CHECK(cudaFree(dev_out));
+    CUDA_CHECK(cudaFree((void *)r.m_sizes)); CUDA_CHECK(cudaFree((void *)r.gather_indices));
+    free(ids), free(gather), free(x), free(dy), free(w_tail), free(chunk);
+}
+
 static int64_t pick_dim(oracle_rng *rng)
 {
     static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
@@ -110,6 +206,9 @@ static int64_t pick_dim(oracle_rng *rng)
 
 int main(int argc, char **argv)
 {
+    const int large = argc > 1 && strcmp(argv[1], "--large") == 0;
+    if (large)
+        argc--, argv++;
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
     const int trials = argc > 2 ? atoi(argv[2]) : 120;
     printf("seed %llu, %d trials\n", (unsigned long long)seed, trials);
@@ -118,6 +217,10 @@ int main(int argc, char **argv)
         return 77;
     }
     oracle_rng rng = {seed};
+    if (large) {
+        large_offsets(&rng);
+        return 0;
+    }
     int64_t checked = 0;
     double worst = 0;
     for (int trial = 0; trial < trials; trial++) {
