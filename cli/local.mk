@@ -1,1 +1,8 @@
-# cli/: the moe command-line tool (issue 6).
+# cli/: the moe command-line tool (issue 6): libmoe's ops on NumPy .npy files, and `moe compare`.
+# -static links libmoe into the program (libtool: no uninstalled shared library, so no wrapper script
+# in the build tree; a run starts in milliseconds, which the many short runs of make check need).
+bin_PROGRAMS += cli/moe
+cli_moe_SOURCES = cli/moe.c cli/npy.c cli/npy.h
+cli_moe_LDADD = libmoe.la proptest/liboracle.la -lm
+cli_moe_LDFLAGS = $(AM_LDFLAGS) -static
+EXTRA_DIST += cli/README.md

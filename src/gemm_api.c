@@ -286,15 +286,14 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
         return status;
     if (want_dtopk && (status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights)) != MOE_OK)
         return status;
-    if (want_dx && want_dw) {
-        const tensor_arg outs[] = {
-            {"dx", dx, p.reduce_topk ? p.num_tokens : p.rows, K, p.dtype, 1},
-            {"dw", dw, p.num_experts * N, K, p.dw_dtype, 1},
-            {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1},
-        };
-        if ((status = check_tensors(op, outs, 3)) != MOE_OK)
-            return status;
-    }
+    /* the outputs of one call must not overlap each other either (outputs not computed count as empty) */
+    const tensor_arg outs[] = {
+        {"dx", dx, want_dx ? (p.reduce_topk ? p.num_tokens : p.rows) : 0, K, p.dtype, 1},
+        {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1},
+        {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1},
+    };
+    if ((status = check_tensors(op, outs, 3)) != MOE_OK)
+        return status;
 
     if (want_dx && (status = table->gemm_dx(&p, dy, w, topk_weights, dx)) != MOE_OK)
         return status;

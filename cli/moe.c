@@ -1,0 +1,1346 @@
+/*
+ * moe: run libmoe's ops on NumPy .npy files and compare results (issue 6).
+ *
+ *   moe gemm-fwd | gemm-dx | gemm-dw | route | compare | mlp-fwd | mlp-bwd   (see `moe --help`)
+ *
+ * Exit codes: 0 success (compare: every tensor within its tolerance), 1 compare found a tensor over its
+ * tolerance, 2 any error (bad usage, unreadable or refused file, refused call); errors go to stderr.
+ */
+#include "moe.h"
+#include "npy.h"
+#include "oracle.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
+#define MAX_OPTS 32
+
+/* ---------------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------------- */
+static char current_command[32] = "moe";
+
+static _Noreturn void die(const char *fmt, ...)
+{
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "%s: ", current_command);
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    exit(EXIT_USAGE);
+}
+
+static void *xmalloc(size_t count, size_t size)
+{
+    if (size != 0 && count > SIZE_MAX / size)
+        die("out of memory (%zu x %zu bytes)", count, size);
+    const size_t bytes = count * size;
+    void *p = malloc(bytes ? bytes : 1);
+    if (p == NULL)
+        die("out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+/* a * b * c elements, refusing products past 64 bits (e.g. an (M, 0) input with a huge M) */
+static size_t elements(int64_t a, int64_t b, int64_t c)
+{
+    if (a < 0 || b < 0 || c < 0 || (a != 0 && b > INT64_MAX / a) || (a * b != 0 && c > INT64_MAX / (a * b)) ||
+        (uint64_t)(a * b * c) > SIZE_MAX / 8)
+        die("an output of %lld x %lld x %lld elements is too large", (long long)a, (long long)b, (long long)c);
+    return (size_t)(a * b * c);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Commands and their options
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct opt {
+    const char *name; /* "--x" */
+    const char *arg;  /* "X.npy", or NULL for a flag without value */
+    const char *help;
+} opt;
+
+struct args;
+typedef struct command {
+    const char *name;
+    const char *usage;   /* what follows "moe NAME" */
+    const char *summary; /* one line */
+    const char *details; /* paragraphs printed before the options */
+    const opt *opts;     /* terminated by {NULL} */
+    int positionals;     /* exact number of positional arguments */
+    int (*run)(const struct args *);
+    int unavailable;     /* not yet available: only --help works */
+} command;
+
+typedef struct args {
+    const command *cmd;
+    const char *value[MAX_OPTS];
+    const char *pos[4];
+    int npos;
+} args;
+
+#define OPT_DTYPE                                                                                      \
+    {"--dtype", "f32|f16|bf16",                                                                        \
+     "the computation dtype: every input is converted to it on load (rounded once to nearest even), "   \
+     "the library runs in it and the result is rounded to it. Default: f16 when every floating input is " \
+     "a float16 .npy, else f32. Needed for uint16/void16 files, which hold bf16 (--dtype bf16) or f16 " \
+     "(--dtype f16) bit patterns."}
+#define OPT_BACKEND                                                                                    \
+    {"--backend", "ref|cuda",                                                                          \
+     "ref (default): the CPU reference. cuda: not yet available in the CLI (exits with status 2): the " \
+     "library's CUDA backend takes device buffers and this tool does not copy to the GPU yet."}
+#define OPT_RAW                                                                                        \
+    {"--raw", NULL,                                                                                    \
+     "write outputs in the computation dtype instead of float32: f16 as float16 '<f2', bf16 as uint16 " \
+     "'<u2' bit patterns (torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) reads them)."}
+#define OPT_BOUND_OUT                                                                                  \
+    {"--bound-out", "B.npy",                                                                           \
+     "also write, as float64 with the output's shape, the float64 oracle's error bound of every output " \
+     "element (SEMANTICS section 4): a correct float32-accumulating implementation is within it of the " \
+     "exact result from the same rounded inputs. Pass it to `moe compare --bound`."}
+#define OPT_ROUTING                                                                                    \
+    {"--m-sizes", "M.npy",                                                                             \
+     "rows per expert, shape (E,), int32 or int64. E is the number of experts, M = sum = T*k the number " \
+     "of routed rows."},                                                                               \
+    {"--gather", "G.npy",                                                                              \
+     "gather_indices, shape (M,), int32 or int64: expert-order row r holds slot G[r] = t*k + j, token " \
+     "t = G[r] / k (moe route writes it). Needed by --permute-x, --permute-y, --topk-weights and "      \
+     "--reduce-topk; give --topk with it."},                                                           \
+    {"--topk", "K", "experts per token k >= 1 (required with --gather; default 1). T = M / k tokens."}, \
+    {"--permute-x", NULL,                                                                              \
+     "the forward gathered X on load: X is token order, shape (T, K), and row r reads X[G[r] / k]. "    \
+     "For gemm-dx: dX is written in slot order (row G[r])."},                                          \
+    {"--permute-y", NULL,                                                                              \
+     "the forward scattered Y on store: Y and dY are in slot order, row r at G[r]."},                  \
+    {"--topk-weights", "TW.npy",                                                                       \
+     "routing weights in slot order, shape (M,) or (T, k): the forward scaled row r by TW[G[r]] "      \
+     "(in float32 before the single rounding); gemm-dx and gemm-dw scale the dY source row the same way."}
+
+static const opt gemm_fwd_opts[] = {
+    {"--x", "X.npy",
+     "input activations, shape (M, K) in expert order, or (T, K) with --permute-x. Leading dimensions "
+     "may be split (e.g. (B, S, K) for T = B*S)."},
+    {"--w", "W.npy", "expert weights, shape (E, N, K): Y row = X row . W[e]^T."},
+    OPT_ROUTING,
+    OPT_DTYPE,
+    OPT_BACKEND,
+    {"--out", "Y.npy", "where to write Y, shape (M, N): expert order, or slot order with --permute-y."},
+    OPT_RAW,
+    OPT_BOUND_OUT,
+    {NULL, NULL, NULL},
+};
+
+static const opt gemm_dx_opts[] = {
+    {"--dy", "DY.npy",
+     "output gradient, shape (M, N): expert order, or slot order with --permute-y. Leading dimensions "
+     "may be split."},
+    {"--w", "W.npy", "expert weights, shape (E, N, K)."},
+    OPT_ROUTING,
+    {"--reduce-topk", NULL,
+     "sum the k rows of each token: write dX of shape (T, K), dX[t] = sum_j dXslot[t*k + j] (needs --gather)."},
+    OPT_DTYPE,
+    OPT_BACKEND,
+    {"--out", "DX.npy",
+     "where to write dX, shape (M, K) (expert order, or slot order with --permute-x), or (T, K) with "
+     "--reduce-topk."},
+    OPT_RAW,
+    OPT_BOUND_OUT,
+    {NULL, NULL, NULL},
+};
+
+static const opt gemm_dw_opts[] = {
+    {"--x", "X.npy", "the forward's input, shape (M, K), or (T, K) with --permute-x. Leading dimensions may be split."},
+    {"--dy", "DY.npy", "output gradient, shape (M, N), slot order with --permute-y. Leading dimensions may be split."},
+    OPT_ROUTING,
+    {"--dw-fp32", NULL, "round dW (and the topk-weight gradient) to float32 instead of the computation dtype."},
+    OPT_DTYPE,
+    OPT_BACKEND,
+    {"--out", "DW.npy", "where to write dW, shape (E, N, K); experts without rows get zeros."},
+    {"--w", "W.npy", "expert weights, shape (E, N, K): only for --out-topk-weights-grad."},
+    {"--out-topk-weights-grad", "DTW.npy",
+     "also write the gradient of the fused topk weights, slot order: d[G[r]] = <dY source row "
+     "(unweighted), X row . W[e]^T>. Needs --w and --gather. Shape (T, k), or the shape of --topk-weights."},
+    OPT_RAW,
+    OPT_BOUND_OUT,
+    {NULL, NULL, NULL},
+};
+
+static const opt route_opts[] = {
+    {"--topk-ids", "IDS.npy", "the router's choices, shape (T, k) (or (T,) for k = 1), int32 or int64, values in [0, E)."},
+    {"--experts", "E", "the number of experts E >= 1."},
+    {"--out", "DIR",
+     "folder to write m_sizes.npy (E,), gather_indices.npy (M,) and scatter_indices.npy (M,) into, all "
+     "int64; created if missing. gather_indices is the stable sort of the flattened ids by expert; "
+     "scatter_indices its inverse."},
+    {"--block-size", "B", "blockwise layout for the MLP: not yet available (needs the MLP API; exits with status 2)."},
+    {"--dropping", NULL, "dropping layout (one block of capacity B per expert): not yet available."},
+    {"--padding", "skip|row", "empty-slot convention of the blockwise layout: not yet available."},
+    {NULL, NULL, NULL},
+};
+
+static const opt compare_opts[] = {
+    {"--dtype", "f32|f16|bf16|f64",
+     "the dtype whose rounding the tolerance allows (and how uint16/void16 files are decoded: bf16 or "
+     "f16 bit patterns). Default: f16 if either file is float16, f64 if both are float64, else f32 "
+     "(float32 files holding bf16 results need --dtype bf16). Two integer files are compared exactly."},
+    {"--reduction-length", "L",
+     "also allow float32 accumulation over L terms: tolerance 2*(g(L)*m + u*(m + g(L)*m) + eta) with "
+     "g(L) = L*2^-24/(1 - L*2^-24) and m = max(|a|,|b|), the bound of SEMANTICS section 4 with the sum "
+     "of |terms| taken as m. That holds when the terms do not cancel; where they do, use --bound."},
+    {"--bound", "B.npy|DIR",
+     "per-element bounds written by a gemm command's --bound-out: tolerance 2*B (A and B are each "
+     "within B of the exact result). With folders: DIR/NAME.npy where it exists."},
+    {"--exact", NULL, "tolerance 0: every element must be equal (NaN equals NaN)."},
+    {"--atol", "X", "absolute tolerance: tolerance atol + rtol*max(|a|,|b|) replaces the derived one."},
+    {"--rtol", "X", "relative tolerance, with or without --atol."},
+    {NULL, NULL, NULL},
+};
+
+static const opt mlp_opts[] = {{NULL, NULL, NULL}};
+
+static int run_gemm_fwd(const args *a);
+static int run_gemm_dx(const args *a);
+static int run_gemm_dw(const args *a);
+static int run_route(const args *a);
+static int run_compare(const args *a);
+static int run_mlp(const args *a);
+
+static const command commands[] = {
+    {"gemm-fwd",
+     "--x X.npy --w W.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
+     "[--topk-weights TW.npy] [--dtype f32|f16|bf16] [--backend ref|cuda] --out Y.npy [--raw] [--bound-out B.npy]",
+     "grouped GEMM forward: Y = X . W[e]^T per expert (moe_gemm_fwd)",
+     "For expert-order row r of expert e: y_r = xsrc_r . W[e]^T, accumulated in float32 and rounded once "
+     "(SEMANTICS section 2). Rows [off_e, off_e + m_e) belong to expert e.",
+     gemm_fwd_opts, 0, run_gemm_fwd, 0},
+    {"gemm-dx",
+     "--dy DY.npy --w W.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
+     "[--topk-weights TW.npy] [--reduce-topk] [--dtype ...] [--backend ...] --out DX.npy [--raw] [--bound-out B.npy]",
+     "grouped GEMM input gradient: dX = dY . W[e] per expert (moe_gemm_dx)",
+     "The routing flags describe the forward whose gradient this is: --permute-y reads dY in slot order, "
+     "--permute-x writes dX in slot order, --topk-weights scales each dY source row.",
+     gemm_dx_opts, 0, run_gemm_dx, 0},
+    {"gemm-dw",
+     "--x X.npy --dy DY.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
+     "[--topk-weights TW.npy] [--dw-fp32] [--dtype ...] [--backend ...] --out DW.npy "
+     "[--w W.npy --out-topk-weights-grad DTW.npy] [--raw] [--bound-out B.npy]",
+     "grouped GEMM weight gradient: dW[e] = sum over rows of dY^T (x) X (moe_gemm_dw)",
+     "dW[e] sums, over the rows r of expert e, dysrc_r^T (x) xsrc_r, with the sources chosen by the "
+     "forward's routing flags; float32 accumulation over all rows of the expert, one rounding.",
+     gemm_dw_opts, 0, run_gemm_dw, 0},
+    {"route", "--topk-ids IDS.npy --experts E --out DIR",
+     "routing arrays from the router's top-k choices (moe_routing_from_topk)",
+     "Writes the routing the gemm commands read (--m-sizes DIR/m_sizes.npy --gather "
+     "DIR/gather_indices.npy --topk k). The blockwise MLP layout (--block-size, --dropping, --padding, "
+     "token_position_to_id.npy, block_to_expert.npy) arrives with the MLP API and is refused for now.",
+     route_opts, 0, run_route, 0},
+    {"compare", "A B [--dtype f32|f16|bf16|f64] [--reduction-length L | --bound B.npy | --exact | --atol X --rtol X]",
+     "compare two .npy files, or every .npy file of folder A with the same name in folder B",
+     "Prints per tensor its shape, the max abs error |a-b|, the max relative error |a-b|/max(|a|,|b|), "
+     "the worst element (the largest |a-b| / tolerance) with both values, and a verdict. Exit status 1 "
+     "when any tensor has an element over its tolerance, differs in shape, or is missing from B.\n\n"
+     "Default tolerance, per element: |a-b| <= 2*(u*max(|a|,|b|) + eta), u the dtype's unit roundoff "
+     "(2^-24 f32, 2^-11 f16, 2^-8 bf16, 2^-53 f64) and eta half its smallest subnormal. Why: two correct "
+     "results of one computation are each the rounding of (nearly) the same exact value, so they may "
+     "differ by one rounding each, never more; that is the loosest claim that holds without knowing "
+     "how the values were computed. It suits 16-bit results, where one output rounding outweighs the "
+     "float32 accumulation error. For float32 results of long reductions use --reduction-length L, or "
+     "better --bound with the per-element bound a gemm command writes with --bound-out (it knows the "
+     "sum of |terms| and so is exact where terms cancel).\n\n"
+     "NaN equals NaN at the same place; a NaN against a number, and an Inf against anything else, fail. "
+     "Files in B that A does not have are listed and not compared.",
+     compare_opts, 2, run_compare, 0},
+    {"mlp-fwd", "--in DIR --out DIR [mlp options]",
+     "blockwise MoE MLP forward: NOT YET AVAILABLE (exits with status 2)",
+     "Not yet available: it arrives with the blockwise MoE MLP API (SEMANTICS section 3). Planned: "
+     "--in DIR holds NKI-named inputs (hidden_states.npy, expert_affinities_masked.npy, "
+     "gate_up_proj_weight.npy, down_proj_weight.npy, gate_up_proj_bias.npy, down_proj_bias.npy, "
+     "token_position_to_id.npy, block_to_expert.npy); --out DIR gets output.npy and the checkpoints "
+     "gate_up_proj_act_checkpoint_T.npy and down_proj_act_checkpoint.npy. mlp options: --block-size B "
+     "--activation silu|gelu|gelu_tanh|swish --affinity-on h|i --bias --clamp NL_LO,NL_HI,LIN_LO,LIN_HI "
+     "--padding skip|row --no-accumulate.",
+     mlp_opts, 0, run_mlp, 1},
+    {"mlp-bwd", "--in DIR --out DIR [mlp options]",
+     "blockwise MoE MLP backward: NOT YET AVAILABLE (exits with status 2)",
+     "Not yet available: it arrives with the blockwise MoE MLP API (SEMANTICS section 3). Planned: --in "
+     "DIR holds the forward's inputs, output_hidden_states_grad.npy and the checkpoints; --out DIR gets "
+     "hidden_states_grad.npy, expert_affinities_masked_grad.npy, gate_up_proj_weight_grad.npy, "
+     "down_proj_weight_grad.npy, gate_up_proj_bias_grad.npy and down_proj_bias_grad.npy. Same mlp "
+     "options as mlp-fwd.",
+     mlp_opts, 0, run_mlp, 1},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static const char general_help[] =
+    "Files: NumPy .npy, format 1.0, 2.0 or 3.0, little-endian, C order. Floating inputs may be float16,\n"
+    "float32 or float64 (converted to the computation dtype, rounded once to nearest even), or uint16 /\n"
+    "2-byte void (ml_dtypes.bfloat16) bit patterns with --dtype bf16 or --dtype f16. Index inputs are\n"
+    "int32 or int64. Fortran order, big-endian data, object (pickled) and structured arrays are refused,\n"
+    "as is any file whose shape or dtype does not fit, with a message naming the file, the expected and\n"
+    "the found shape and dtype.\n"
+    "Outputs are float32 (bf16 and f16 results convert exactly) unless --raw asks for the computation\n"
+    "dtype; index outputs are int64.\n"
+    "\n"
+    "Exit status: 0 success; 1 `moe compare` found a difference over its tolerance; 2 an error (usage,\n"
+    "an unreadable or refused file, a call the library refused). Errors go to stderr.\n";
+
+/* ---------------------------------------------------------------------------------------------------
+ * Help
+ * ------------------------------------------------------------------------------------------------- */
+/* Prints text word-wrapped to `width` columns.  The cursor is at column `column`; it moves to `indent`
+ * first if it is left of it, and every further line starts at `indent`.  A '\n' in text breaks the line. */
+static void print_wrapped(FILE *out, const char *text, int column, int indent, int width)
+{
+    if (column < indent) {
+        fprintf(out, "%*s", indent - column, "");
+        column = indent;
+    }
+    const char *p = text;
+    int line_start = 1;
+    while (*p) {
+        if (*p == '\n') {
+            fprintf(out, "\n%*s", indent, "");
+            column = indent;
+            line_start = 1;
+            p++;
+            continue;
+        }
+        if (*p == ' ') {
+            p++;
+            continue;
+        }
+        size_t len = strcspn(p, " \n");
+        if (!line_start && column + 1 + (int)len > width) {
+            fprintf(out, "\n%*s", indent, "");
+            column = indent;
+            line_start = 1;
+        }
+        if (!line_start) {
+            fputc(' ', out);
+            column++;
+        }
+        fwrite(p, 1, len, out);
+        column += (int)len;
+        line_start = 0;
+        p += len;
+    }
+    fputc('\n', out);
+}
+
+static void print_command_help(FILE *out, const command *c)
+{
+    char head[64];
+    int n = snprintf(head, sizeof head, "usage: moe %s ", c->name);
+    fputs(head, out);
+    print_wrapped(out, c->usage, n, 8, 100);
+    fprintf(out, "\n");
+    print_wrapped(out, c->summary, 0, 2, 100);
+    fprintf(out, "\n");
+    print_wrapped(out, c->details, 0, 2, 100);
+    if (c->opts[0].name != NULL)
+        fprintf(out, "\noptions:\n");
+    for (const opt *o = c->opts; o->name != NULL; o++) {
+        char left[64];
+        n = snprintf(left, sizeof left, "  %s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        fputs(left, out);
+        const int column = 30;
+        if (n + 2 > column) {
+            fputc('\n', out);
+            n = 0;
+        }
+        print_wrapped(out, o->help, n, column, 100);
+    }
+    fprintf(out, "  %-28s%s\n", "--help, -h", "print this help and exit");
+}
+
+static void print_usage(FILE *out)
+{
+    fprintf(out, "usage: moe COMMAND [options]       (moe COMMAND --help for one command)\n\ncommands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+static void print_full_help(FILE *out)
+{
+    fprintf(out, "moe %d.%d.%d: run libmoe's ops on NumPy .npy files with the CPU reference, and compare results.\n\n",
+            LIBMOE_VERSION_MAJOR, LIBMOE_VERSION_MINOR, LIBMOE_VERSION_PATCH);
+    print_usage(out);
+    fprintf(out, "\n%s", general_help);
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        fprintf(out, "\n----------------------------------------------------------------------------------------------------\n");
+        print_command_help(out, &commands[i]);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Argument parsing
+ * ------------------------------------------------------------------------------------------------- */
+static int opt_index(const command *c, const char *name)
+{
+    for (int i = 0; c->opts[i].name != NULL; i++)
+        if (strcmp(c->opts[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The value of an option (or "" for a given flag), NULL when absent. */
+static const char *get(const args *a, const char *name)
+{
+    int i = opt_index(a->cmd, name);
+    if (i < 0) {
+        fprintf(stderr, "internal error: %s has no option %s\n", a->cmd->name, name);
+        abort();
+    }
+    return a->value[i];
+}
+
+static const char *need(const args *a, const char *name)
+{
+    const char *v = get(a, name);
+    if (v == NULL) {
+        int i = opt_index(a->cmd, name);
+        die("missing required option %s %s (see moe %s --help)", name, a->cmd->opts[i].arg, a->cmd->name);
+    }
+    return v;
+}
+
+static void parse_args(const command *c, int argc, char **argv, args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->cmd = c;
+    int only_positional = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!only_positional && (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)) {
+            print_command_help(stdout, c);
+            exit(0);
+        }
+        if (c->unavailable)
+            continue;
+        if (!only_positional && strcmp(s, "--") == 0) {
+            only_positional = 1;
+            continue;
+        }
+        if (!only_positional && s[0] == '-' && s[1] != '\0') {
+            char name[64];
+            const char *eq = strchr(s, '=');
+            size_t len = eq ? (size_t)(eq - s) : strlen(s);
+            if (len >= sizeof name)
+                len = sizeof name - 1;
+            memcpy(name, s, len);
+            name[len] = '\0';
+            int k = opt_index(c, name);
+            if (k < 0)
+                die("unknown option '%s' (see moe %s --help)", name, c->name);
+            if (a->value[k] != NULL)
+                die("option %s is given twice", name);
+            if (c->opts[k].arg == NULL) {
+                if (eq != NULL)
+                    die("option %s takes no value", name);
+                a->value[k] = "";
+            } else if (eq != NULL) {
+                a->value[k] = eq + 1;
+            } else {
+                if (i + 1 >= argc)
+                    die("option %s needs a value: %s %s", name, name, c->opts[k].arg);
+                a->value[k] = argv[++i];
+            }
+            continue;
+        }
+        if (a->npos >= c->positionals)
+            die("unexpected argument '%s' (see moe %s --help)", s, c->name);
+        a->pos[a->npos++] = s;
+    }
+    if (c->unavailable)
+        return;
+    if (a->npos != c->positionals)
+        die("expected %d file or folder arguments, got %d (see moe %s --help)", c->positionals, a->npos, c->name);
+}
+
+static int64_t parse_int_arg(const char *flag, const char *s, int64_t min)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (s[0] == '\0' || *end != '\0' || errno != 0 || v < min)
+        die("%s %s: expected an integer >= %lld", flag, s, (long long)min);
+    return (int64_t)v;
+}
+
+static double parse_double_arg(const char *flag, const char *s)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (s[0] == '\0' || *end != '\0' || errno != 0 || !(v >= 0) || isinf(v))
+        die("%s %s: expected a finite number >= 0", flag, s);
+    return v;
+}
+
+static int parse_dtype(const char *s, moe_dtype *dtype)
+{
+    if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0 || strcmp(s, "fp32") == 0)
+        *dtype = MOE_F32;
+    else if (strcmp(s, "f16") == 0 || strcmp(s, "float16") == 0 || strcmp(s, "fp16") == 0)
+        *dtype = MOE_F16;
+    else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0)
+        *dtype = MOE_BF16;
+    else
+        return 0;
+    return 1;
+}
+
+static void check_backend(const args *a)
+{
+    const char *b = get(a, "--backend");
+    if (b == NULL || strcmp(b, "ref") == 0)
+        return;
+    if (strcmp(b, "cuda") == 0)
+        die("--backend cuda is not yet available in the CLI (the library's CUDA backend takes device "
+            "buffers and this tool does not copy to the GPU yet); use --backend ref");
+    die("--backend %s: expected ref or cuda", b);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Loading and checking arrays
+ * ------------------------------------------------------------------------------------------------- */
+static char *shape_text(const npy_header *h)
+{
+    static char buf[4][512];
+    static int next;
+    char *b = buf[next++ % 4];
+    return npy_format_shape(b, sizeof buf[0], h->ndim, h->shape);
+}
+
+static void load(const char *path, npy_array *array)
+{
+    char err[NPY_ERROR_SIZE];
+    if (npy_read(path, array, err, sizeof err) != 0)
+        die("%s", err);
+}
+
+/* Refuses an array that is not [rows][cols] (split leading dimensions allowed when `split`). */
+static void check_matrix(const char *path, const npy_array *array, int64_t rows, int64_t cols, int split,
+                         const char *why)
+{
+    const npy_header *h = &array->h;
+    int ok = h->ndim >= 2 && h->shape[h->ndim - 1] == cols && (split || h->ndim == 2);
+    if (ok) /* the leading dimensions multiply to count / cols */
+        ok = cols == 0 ? h->ndim == 2 && h->shape[0] == rows : h->count / cols == rows;
+    if (!ok)
+        die("%s: expected shape (%lld, %lld)%s (%s), found %s %s", path, (long long)rows, (long long)cols,
+            split ? " (leading dimensions may be split)" : "", why, shape_text(h), npy_type_name(h->type));
+}
+
+static void check_floating(const char *path, const npy_array *array)
+{
+    if (npy_type_is_int(array->h.type))
+        die("%s: expected a floating-point array (float16, float32, float64, or uint16 bit patterns), found %s %s",
+            path, shape_text(&array->h), npy_type_name(array->h.type));
+}
+
+static void *convert(const char *path, const npy_array *array, moe_dtype dtype)
+{
+    char err[NPY_ERROR_SIZE];
+    void *out = xmalloc((size_t)array->h.count, moe_dtype_size(dtype));
+    if (npy_to_dtype(array, path, dtype, out, NULL, err, sizeof err) != 0)
+        die("%s", err);
+    return out;
+}
+
+static int64_t *convert_int(const char *path, const npy_array *array)
+{
+    char err[NPY_ERROR_SIZE];
+    int64_t *out = xmalloc((size_t)array->h.count, sizeof *out);
+    if (npy_to_int64(array, path, out, err, sizeof err) != 0)
+        die("%s, shape %s", err, shape_text(&array->h));
+    return out;
+}
+
+/* The computation dtype: --dtype, else f16 when every floating input is float16, else f32. */
+static moe_dtype choose_dtype(const args *a, const npy_array *const *arrays, const char *const *paths, int n)
+{
+    moe_dtype dtype = MOE_F32;
+    const char *s = get(a, "--dtype");
+    if (s != NULL) {
+        if (!parse_dtype(s, &dtype))
+            die("--dtype %s: expected f32, f16 or bf16", s);
+        return dtype;
+    }
+    int all_f16 = 1, any = 0;
+    for (int i = 0; i < n; i++) {
+        if (arrays[i] == NULL)
+            continue;
+        check_floating(paths[i], arrays[i]);
+        if (npy_type_is_pattern(arrays[i]->h.type))
+            die("%s: holds %s 16-bit patterns; pass --dtype bf16 (bfloat16 bit patterns) or --dtype f16 to "
+                "say what they are", paths[i], npy_type_name(arrays[i]->h.type));
+        all_f16 &= arrays[i]->h.type == NPY_T_F16;
+        any = 1;
+    }
+    return any && all_f16 ? MOE_F16 : MOE_F32;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Routing
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct routing_in {
+    const char *m_path, *g_path;
+    int64_t E, T, k, M;
+    int64_t *m_sizes, *gather;
+    moe_routing r;
+} routing_in;
+
+static void load_routing(const args *a, routing_in *ri)
+{
+    memset(ri, 0, sizeof *ri);
+    ri->m_path = need(a, "--m-sizes");
+    ri->g_path = get(a, "--gather");
+    const char *topk = get(a, "--topk");
+    if (ri->g_path != NULL && topk == NULL)
+        die("--gather needs --topk K (experts per token: row r's token is G[r] / k)");
+    ri->k = topk ? parse_int_arg("--topk", topk, 1) : 1;
+
+    npy_array m;
+    load(ri->m_path, &m);
+    if (m.h.ndim != 1 || m.h.count < 1)
+        die("%s: expected m_sizes of shape (E,) with E >= 1 experts, found %s %s", ri->m_path, shape_text(&m.h),
+            npy_type_name(m.h.type));
+    ri->E = m.h.count;
+    ri->m_sizes = convert_int(ri->m_path, &m);
+    npy_free(&m);
+    for (int64_t e = 0; e < ri->E; e++) {
+        if (ri->m_sizes[e] < 0)
+            die("%s: m_sizes[%lld] = %lld, expected >= 0", ri->m_path, (long long)e, (long long)ri->m_sizes[e]);
+        if (ri->m_sizes[e] > INT64_MAX / 16 - ri->M)
+            die("%s: the sum of m_sizes overflows", ri->m_path);
+        ri->M += ri->m_sizes[e];
+    }
+    if (ri->M % ri->k != 0)
+        die("%s: the rows sum to M = %lld, which --topk %lld does not divide (M = T*k)", ri->m_path,
+            (long long)ri->M, (long long)ri->k);
+    ri->T = ri->M / ri->k;
+
+    if (ri->g_path != NULL) {
+        npy_array g;
+        load(ri->g_path, &g);
+        if (g.h.ndim != 1 || g.h.count != ri->M)
+            die("%s: expected gather_indices of shape (%lld,) (M = the sum of %s), found %s %s", ri->g_path,
+                (long long)ri->M, ri->m_path, shape_text(&g.h), npy_type_name(g.h.type));
+        ri->gather = convert_int(ri->g_path, &g);
+        npy_free(&g);
+    }
+    ri->r = (moe_routing){ri->T, ri->k, ri->E, ri->m_sizes, ri->gather};
+    if (ri->gather != NULL && moe_routing_validate(&ri->r, 1) != MOE_OK)
+        die("%s: %s", ri->g_path, moe_last_error());
+}
+
+static void require_gather(const routing_in *ri, const char *flag)
+{
+    if (ri->gather == NULL)
+        die("%s needs --gather G.npy --topk K (the routing's gather_indices)", flag);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Writing results
+ * ------------------------------------------------------------------------------------------------- */
+static void write_array(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data)
+{
+    char err[NPY_ERROR_SIZE];
+    if (npy_write(path, type, ndim, shape, data, 0, err, sizeof err) != 0)
+        die("%s", err);
+    char text[512];
+    printf("wrote %s: shape %s %s\n", path, npy_format_shape(text, sizeof text, ndim, shape), npy_type_name(type));
+}
+
+/* Writes a result of `dtype` as float32, or as the dtype itself with --raw. */
+static void write_result(const args *a, const char *path, moe_dtype dtype, const void *data, int ndim,
+                         const int64_t *shape)
+{
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++)
+        count *= shape[i];
+    if (dtype == MOE_F32 || get(a, "--raw") != NULL) {
+        write_array(path, dtype == MOE_F32 ? NPY_T_F32 : dtype == MOE_F16 ? NPY_T_F16 : NPY_T_U16, ndim, shape, data);
+        return;
+    }
+    float *f = xmalloc((size_t)count, sizeof *f);
+    for (int64_t i = 0; i < count; i++) {
+        uint16_t bits = ((const uint16_t *)data)[i];
+        f[i] = dtype == MOE_F16 ? moe_f16_to_f32(bits) : moe_bf16_to_f32(bits);
+    }
+    write_array(path, NPY_T_F32, ndim, shape, f);
+    free(f);
+}
+
+static void library_failed(const char *call, moe_status status)
+{
+    die("%s refused the call: %s (%s)", call, moe_last_error(), moe_strerror(status));
+}
+
+/* The float64 oracle's bound of every output element, written as float64 (--bound-out). */
+enum oracle_op { ORACLE_FWD, ORACLE_DX, ORACLE_DW };
+static void write_bound(const args *a, enum oracle_op op, const routing_in *ri, int64_t N, int64_t K,
+                        const void *in0, const void *in1, const void *tw, const moe_gemm_options *o, int ndim,
+                        const int64_t *shape)
+{
+    const char *path = get(a, "--bound-out");
+    if (path == NULL)
+        return;
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++)
+        count *= shape[i];
+    double *value = xmalloc((size_t)count, sizeof(double)), *bound = xmalloc((size_t)count, sizeof(double));
+    if (op == ORACLE_FWD)
+        oracle_gemm_fwd(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
+    else if (op == ORACLE_DX)
+        oracle_gemm_dx(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
+    else
+        oracle_gemm_dw(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
+    write_array(path, NPY_T_F64, ndim, shape, bound);
+    free(value);
+    free(bound);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Grouped GEMM commands
+ * ------------------------------------------------------------------------------------------------- */
+static void gemm_options(const args *a, const routing_in *ri, moe_gemm_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->permute_x = get(a, "--permute-x") != NULL;
+    o->permute_y = get(a, "--permute-y") != NULL;
+    if (o->permute_x)
+        require_gather(ri, "--permute-x");
+    if (o->permute_y)
+        require_gather(ri, "--permute-y");
+    if (get(a, "--topk-weights") != NULL)
+        require_gather(ri, "--topk-weights");
+}
+
+static void check_weights(const char *path, const npy_array *w, int64_t E, const char *m_path)
+{
+    if (w->h.ndim != 3 || w->h.shape[0] != E)
+        die("%s: expected expert weights of shape (E, N, K) with E = %lld (the length of %s), found %s %s", path,
+            (long long)E, m_path, shape_text(&w->h), npy_type_name(w->h.type));
+}
+
+static void check_weights_nk(const char *path, const npy_array *w, int64_t E, int64_t N, int64_t K,
+                             const char *why)
+{
+    if (w->h.ndim != 3 || w->h.shape[0] != E || w->h.shape[1] != N || w->h.shape[2] != K)
+        die("%s: expected expert weights of shape (%lld, %lld, %lld) (%s), found %s %s", path, (long long)E,
+            (long long)N, (long long)K, why, shape_text(&w->h), npy_type_name(w->h.type));
+}
+
+static void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri)
+{
+    const npy_header *h = &tw->h;
+    if (!((h->ndim == 1 && h->shape[0] == ri->M) ||
+          (h->ndim == 2 && h->shape[0] == ri->T && h->shape[1] == ri->k)))
+        die("%s: expected topk weights of shape (%lld,) or (%lld, %lld) (M = T*k slots), found %s %s", path,
+            (long long)ri->M, (long long)ri->T, (long long)ri->k, shape_text(h), npy_type_name(h->type));
+}
+
+static const char *rows_why(const routing_in *ri, int permuted, const char *flag, char *buf, size_t size)
+{
+    if (permuted)
+        snprintf(buf, size, "T = %lld tokens because of %s", (long long)ri->T, flag);
+    else
+        snprintf(buf, size, "M = %lld rows, the sum of %s", (long long)ri->M, ri->m_path);
+    return buf;
+}
+
+static int run_gemm_fwd(const args *a)
+{
+    check_backend(a);
+    const char *x_path = need(a, "--x"), *w_path = need(a, "--w"), *out = need(a, "--out");
+    const char *tw_path = get(a, "--topk-weights");
+    routing_in ri;
+    load_routing(a, &ri);
+    moe_gemm_options o;
+    gemm_options(a, &ri, &o);
+
+    npy_array x, w, tw = {0};
+    load(x_path, &x);
+    load(w_path, &w);
+    if (tw_path)
+        load(tw_path, &tw);
+    const npy_array *arrays[] = {&x, &w, tw_path ? &tw : NULL};
+    const char *paths[] = {x_path, w_path, tw_path};
+    o.dtype = choose_dtype(a, arrays, paths, 3);
+
+    check_weights(w_path, &w, ri.E, ri.m_path);
+    const int64_t N = w.h.shape[1], K = w.h.shape[2];
+    char why[1024], buf[256];
+    snprintf(why, sizeof why, "%s; K = %lld from %s", rows_why(&ri, o.permute_x, "--permute-x", buf, sizeof buf),
+             (long long)K, w_path);
+    check_matrix(x_path, &x, o.permute_x ? ri.T : ri.M, K, 1, why);
+    if (tw_path)
+        check_topk_weights(tw_path, &tw, &ri);
+
+    void *xd = convert(x_path, &x, o.dtype), *wd = convert(w_path, &w, o.dtype);
+    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
+    void *y = xmalloc(elements(ri.M, N, 1), moe_dtype_size(o.dtype));
+    moe_status st = moe_gemm_fwd(MOE_BACKEND_REF, &ri.r, N, K, xd, wd, twd, y, &o);
+    if (st != MOE_OK)
+        library_failed("moe_gemm_fwd", st);
+    const int64_t shape[2] = {ri.M, N};
+    write_result(a, out, o.dtype, y, 2, shape);
+    write_bound(a, ORACLE_FWD, &ri, N, K, xd, wd, twd, &o, 2, shape);
+    return 0;
+}
+
+static int run_gemm_dx(const args *a)
+{
+    check_backend(a);
+    const char *dy_path = need(a, "--dy"), *w_path = need(a, "--w"), *out = need(a, "--out");
+    const char *tw_path = get(a, "--topk-weights");
+    routing_in ri;
+    load_routing(a, &ri);
+    moe_gemm_options o;
+    gemm_options(a, &ri, &o);
+    o.reduce_topk = get(a, "--reduce-topk") != NULL;
+    if (o.reduce_topk)
+        require_gather(&ri, "--reduce-topk");
+
+    npy_array dy, w, tw = {0};
+    load(dy_path, &dy);
+    load(w_path, &w);
+    if (tw_path)
+        load(tw_path, &tw);
+    const npy_array *arrays[] = {&dy, &w, tw_path ? &tw : NULL};
+    const char *paths[] = {dy_path, w_path, tw_path};
+    o.dtype = choose_dtype(a, arrays, paths, 3);
+
+    check_weights(w_path, &w, ri.E, ri.m_path);
+    const int64_t N = w.h.shape[1], K = w.h.shape[2];
+    char why[1024];
+    snprintf(why, sizeof why, "M = %lld rows, the sum of %s; N = %lld from %s", (long long)ri.M, ri.m_path,
+             (long long)N, w_path);
+    check_matrix(dy_path, &dy, ri.M, N, 1, why);
+    if (tw_path)
+        check_topk_weights(tw_path, &tw, &ri);
+
+    void *dyd = convert(dy_path, &dy, o.dtype), *wd = convert(w_path, &w, o.dtype);
+    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
+    const int64_t rows = o.reduce_topk ? ri.T : ri.M;
+    void *dx = xmalloc(elements(rows, K, 1), moe_dtype_size(o.dtype));
+    moe_status st = moe_gemm_dx(MOE_BACKEND_REF, &ri.r, N, K, dyd, wd, twd, dx, &o);
+    if (st != MOE_OK)
+        library_failed("moe_gemm_dx", st);
+    const int64_t shape[2] = {rows, K};
+    write_result(a, out, o.dtype, dx, 2, shape);
+    write_bound(a, ORACLE_DX, &ri, N, K, dyd, wd, twd, &o, 2, shape);
+    return 0;
+}
+
+static int run_gemm_dw(const args *a)
+{
+    check_backend(a);
+    const char *x_path = need(a, "--x"), *dy_path = need(a, "--dy"), *out = need(a, "--out");
+    const char *tw_path = get(a, "--topk-weights"), *w_path = get(a, "--w");
+    const char *dtw_out = get(a, "--out-topk-weights-grad");
+    routing_in ri;
+    load_routing(a, &ri);
+    moe_gemm_options o;
+    gemm_options(a, &ri, &o);
+    o.dw_fp32 = get(a, "--dw-fp32") != NULL;
+    if (dtw_out != NULL && w_path == NULL)
+        die("--out-topk-weights-grad needs --w W.npy (it recomputes X . W[e]^T)");
+    if (dtw_out != NULL)
+        require_gather(&ri, "--out-topk-weights-grad");
+    if (w_path != NULL && dtw_out == NULL)
+        die("--w is only used by --out-topk-weights-grad; give both or neither");
+
+    npy_array x, dy, tw = {0}, w = {0};
+    load(x_path, &x);
+    load(dy_path, &dy);
+    if (tw_path)
+        load(tw_path, &tw);
+    if (w_path)
+        load(w_path, &w);
+    const npy_array *arrays[] = {&x, &dy, tw_path ? &tw : NULL, w_path ? &w : NULL};
+    const char *paths[] = {x_path, dy_path, tw_path, w_path};
+    o.dtype = choose_dtype(a, arrays, paths, 4);
+
+    if (x.h.ndim < 2)
+        die("%s: expected a matrix of shape (rows, K), found %s %s", x_path, shape_text(&x.h), npy_type_name(x.h.type));
+    if (dy.h.ndim < 2)
+        die("%s: expected a matrix of shape (M, N), found %s %s", dy_path, shape_text(&dy.h), npy_type_name(dy.h.type));
+    const int64_t K = x.h.shape[x.h.ndim - 1], N = dy.h.shape[dy.h.ndim - 1];
+    char why[1024], buf[256];
+    snprintf(why, sizeof why, "%s", rows_why(&ri, o.permute_x, "--permute-x", buf, sizeof buf));
+    check_matrix(x_path, &x, o.permute_x ? ri.T : ri.M, K, 1, why);
+    snprintf(why, sizeof why, "M = %lld rows, the sum of %s", (long long)ri.M, ri.m_path);
+    check_matrix(dy_path, &dy, ri.M, N, 1, why);
+    if (tw_path)
+        check_topk_weights(tw_path, &tw, &ri);
+    if (w_path) {
+        snprintf(why, sizeof why, "E from %s, N from %s, K from %s", ri.m_path, dy_path, x_path);
+        check_weights_nk(w_path, &w, ri.E, N, K, why);
+    }
+
+    void *xd = convert(x_path, &x, o.dtype), *dyd = convert(dy_path, &dy, o.dtype);
+    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
+    const moe_dtype dw_dtype = o.dw_fp32 ? MOE_F32 : o.dtype;
+    void *dw = xmalloc(elements(ri.E, N, K), moe_dtype_size(dw_dtype));
+    moe_status st = moe_gemm_dw(MOE_BACKEND_REF, &ri.r, N, K, xd, dyd, twd, dw, &o);
+    if (st != MOE_OK)
+        library_failed("moe_gemm_dw", st);
+    const int64_t shape[3] = {ri.E, N, K};
+    write_result(a, out, dw_dtype, dw, 3, shape);
+    write_bound(a, ORACLE_DW, &ri, N, K, xd, dyd, twd, &o, 3, shape);
+
+    if (dtw_out != NULL) {
+        void *wd = convert(w_path, &w, o.dtype);
+        void *dtw = xmalloc((size_t)ri.M, moe_dtype_size(dw_dtype));
+        st = moe_gemm_topk_weights_grad(MOE_BACKEND_REF, &ri.r, N, K, xd, wd, dyd, dtw, &o);
+        if (st != MOE_OK)
+            library_failed("moe_gemm_topk_weights_grad", st);
+        int64_t tshape[2] = {ri.T, ri.k};
+        int tndim = 2;
+        if (tw_path && tw.h.ndim == 1) {
+            tshape[0] = ri.M;
+            tndim = 1;
+        }
+        write_result(a, dtw_out, dw_dtype, dtw, tndim, tshape);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * route
+ * ------------------------------------------------------------------------------------------------- */
+static char *join_path(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = xmalloc(n, 1);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static void make_dirs(const char *path)
+{
+    char *copy = join_path(path, "");
+    for (char *p = copy + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        struct stat st;
+        if (mkdir(copy, 0777) != 0 && (errno != EEXIST || stat(copy, &st) != 0 || !S_ISDIR(st.st_mode)))
+            die("%s: cannot create the folder: %s", copy, strerror(errno == EEXIST ? ENOTDIR : errno));
+        *p = '/';
+    }
+    free(copy);
+}
+
+static int run_route(const args *a)
+{
+    static const char *const later[] = {"--block-size", "--dropping", "--padding"};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
+        if (get(a, later[i]) != NULL)
+            die("%s is not yet available: the blockwise layout (token_position_to_id.npy, block_to_expert.npy) "
+                "arrives with the MLP API. Without it, moe route writes m_sizes.npy, gather_indices.npy and "
+                "scatter_indices.npy", later[i]);
+    const char *ids_path = need(a, "--topk-ids"), *dir = need(a, "--out");
+    const int64_t E = parse_int_arg("--experts", need(a, "--experts"), 1);
+    npy_array ids;
+    load(ids_path, &ids);
+    if (ids.h.ndim != 1 && ids.h.ndim != 2)
+        die("%s: expected topk ids of shape (T, k) or (T,), found %s %s", ids_path, shape_text(&ids.h),
+            npy_type_name(ids.h.type));
+    const int64_t T = ids.h.shape[0], k = ids.h.ndim == 2 ? ids.h.shape[1] : 1;
+    if (k < 1 && T > 0)
+        die("%s: expected topk ids of shape (T, k) with k >= 1, found %s %s", ids_path, shape_text(&ids.h),
+            npy_type_name(ids.h.type));
+    int64_t *topk_ids = convert_int(ids_path, &ids);
+    const int64_t M = T * k;
+    int64_t *m_sizes = xmalloc((size_t)E, sizeof(int64_t));
+    int64_t *gather = xmalloc((size_t)M, sizeof(int64_t)), *scatter = xmalloc((size_t)M, sizeof(int64_t));
+    moe_status st = moe_routing_from_topk(T, k, E, topk_ids, m_sizes, gather, scatter);
+    if (st != MOE_OK)
+        die("%s: %s (--experts %lld)", ids_path, moe_last_error(), (long long)E);
+    make_dirs(dir);
+    char *p = join_path(dir, "m_sizes.npy");
+    write_array(p, NPY_T_I64, 1, &E, m_sizes);
+    free(p);
+    p = join_path(dir, "gather_indices.npy");
+    write_array(p, NPY_T_I64, 1, &M, gather);
+    free(p);
+    p = join_path(dir, "scatter_indices.npy");
+    write_array(p, NPY_T_I64, 1, &M, scatter);
+    free(p);
+    printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,
+           (long long)k, (long long)E, (long long)M, (long long)k);
+    return 0;
+}
+
+static int run_mlp(const args *a)
+{
+    die("not yet available: the blockwise MoE MLP API (SEMANTICS section 3) is being written; this "
+        "subcommand arrives with it (see moe %s --help)", a->cmd->name);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * compare
+ * ------------------------------------------------------------------------------------------------- */
+typedef enum tol_mode { TOL_ROUNDING, TOL_REDUCTION, TOL_BOUND, TOL_EXACT, TOL_ABSREL } tol_mode;
+
+typedef struct compare_cfg {
+    int have_dtype;
+    const char *dtype_name; /* f32 f16 bf16 f64 */
+    tol_mode mode;
+    int64_t length;
+    double atol, rtol;
+    const char *bound; /* file or folder */
+} compare_cfg;
+
+typedef struct tol_dtype {
+    const char *name;
+    double u, eta;
+    moe_dtype pattern; /* how uint16 patterns decode */
+    int exact;
+} tol_dtype;
+
+static tol_dtype dtype_by_name(const char *name)
+{
+    if (strcmp(name, "f64") == 0 || strcmp(name, "float64") == 0)
+        return (tol_dtype){"f64", 0x1p-53, 0x1p-1074, MOE_BF16, 0};
+    moe_dtype d;
+    if (!parse_dtype(name, &d))
+        die("--dtype %s: expected f32, f16, bf16 or f64", name);
+    return (tol_dtype){moe_dtype_name(d), moe_dtype_unit_roundoff(d), oracle_output_rounding(d, 0.0), d, 0};
+}
+
+static tol_dtype infer_compare_dtype(const compare_cfg *cfg, const char *pa, const npy_array *a, const char *pb,
+                                     const npy_array *b)
+{
+    if (npy_type_is_int(a->h.type) && npy_type_is_int(b->h.type))
+        return (tol_dtype){"int", 0, 0, MOE_BF16, 1};
+    const int patterns = npy_type_is_pattern(a->h.type) || npy_type_is_pattern(b->h.type);
+    if (cfg->have_dtype) {
+        tol_dtype dt = dtype_by_name(cfg->dtype_name);
+        if (!patterns || strcmp(dt.name, "bf16") == 0 || strcmp(dt.name, "f16") == 0)
+            return dt;
+    }
+    if (patterns)
+        die("%s: holds %s 16-bit patterns; pass --dtype bf16 or --dtype f16 to say what they are",
+            npy_type_is_pattern(a->h.type) ? pa : pb,
+            npy_type_name(npy_type_is_pattern(a->h.type) ? a->h.type : b->h.type));
+    if (a->h.type == NPY_T_F16 || b->h.type == NPY_T_F16)
+        return dtype_by_name("f16");
+    if (a->h.type == NPY_T_F64 && b->h.type == NPY_T_F64)
+        return dtype_by_name("f64");
+    return dtype_by_name("f32");
+}
+
+static int is_regular(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void print_index(int64_t flat, const npy_header *h)
+{
+    int64_t idx[NPY_MAX_DIMS];
+    for (int d = h->ndim - 1; d >= 0; d--) {
+        idx[d] = h->shape[d] ? flat % h->shape[d] : 0;
+        flat = h->shape[d] ? flat / h->shape[d] : 0;
+    }
+    printf("[");
+    for (int d = 0; d < h->ndim; d++)
+        printf("%s%lld", d ? ", " : "", (long long)idx[d]);
+    printf("]");
+}
+
+static int is_bf16_value(double v)
+{
+    return isnan(v) || (double)moe_bf16_to_f32(npy_f64_to_bf16(v)) == v;
+}
+
+/* Compares one pair; prints its report; returns 0 when within tolerance, 1 otherwise. */
+static int compare_pair(const compare_cfg *cfg, const char *label, const char *pa, const char *pb, const char *pbound)
+{
+    npy_array A, B, bound = {0};
+    load(pa, &A);
+    load(pb, &B);
+    int same_shape = A.h.ndim == B.h.ndim;
+    for (int d = 0; same_shape && d < A.h.ndim; d++)
+        same_shape = A.h.shape[d] == B.h.shape[d];
+    if (!same_shape) {
+        printf("%s\n", label);
+        printf("  shape          %s %s in A, %s %s in B\n  verdict        FAIL (shapes differ)\n", shape_text(&A.h),
+               npy_type_name(A.h.type), shape_text(&B.h), npy_type_name(B.h.type));
+        npy_free(&A);
+        npy_free(&B);
+        return 1;
+    }
+    const tol_dtype dt = infer_compare_dtype(cfg, pa, &A, pb, &B);
+    tol_mode mode = dt.exact ? TOL_EXACT : cfg->mode;
+    if (mode == TOL_BOUND && pbound == NULL)
+        mode = TOL_ROUNDING;
+    if (mode == TOL_BOUND) {
+        load(pbound, &bound);
+        int ok = bound.h.ndim == A.h.ndim && npy_type_is_float(bound.h.type);
+        for (int d = 0; ok && d < A.h.ndim; d++)
+            ok = bound.h.shape[d] == A.h.shape[d];
+        if (!ok)
+            die("%s: expected a floating-point bound of shape %s (the shape of %s), found %s %s", pbound,
+                shape_text(&A.h), pa, shape_text(&bound.h), npy_type_name(bound.h.type));
+    }
+    const double g = mode == TOL_REDUCTION ? oracle_gamma(cfg->length) : 0.0;
+    printf("%s\n", label);
+
+    printf("  shape          %s", shape_text(&A.h));
+    if (A.h.type != B.h.type)
+        printf(" (%s in A, %s in B)", npy_type_name(A.h.type), npy_type_name(B.h.type));
+    printf("\n  tolerance      ");
+    switch (mode) {
+    case TOL_EXACT: printf("exact (%s)\n", dt.exact ? "integer arrays" : "--exact"); break;
+    case TOL_ROUNDING: printf("%s: 2*(u*max(|a|,|b|) + eta), u = %g, eta = %g\n", dt.name, dt.u, dt.eta); break;
+    case TOL_REDUCTION:
+        printf("%s, length %lld: 2*(g*m + u*(m + g*m) + eta), m = max(|a|,|b|), g = gamma(%lld) = %.6g, u = %g\n",
+               dt.name, (long long)cfg->length, (long long)cfg->length, g, dt.u);
+        break;
+    case TOL_BOUND: printf("2 * bound from %s\n", pbound); break;
+    case TOL_ABSREL: printf("atol + rtol*max(|a|,|b|), atol = %g, rtol = %g\n", cfg->atol, cfg->rtol); break;
+    }
+
+    double max_abs = 0, max_rel = 0, worst_ratio = -1, worst_diff = -1, worst_tol = 0;
+    int64_t worst = 0, over = 0;
+    int all_bf16 = 1;
+    for (int64_t i = 0; i < A.h.count; i++) {
+        const double x = npy_get(&A, i, dt.pattern), y = npy_get(&B, i, dt.pattern);
+        double diff, rel;
+        if (x == y || (isnan(x) && isnan(y))) {
+            diff = 0;
+            rel = 0;
+        } else {
+            diff = fabs(x - y);
+            if (isnan(diff))
+                diff = INFINITY;
+            const double m = fmax(fabs(x), fabs(y));
+            rel = isinf(diff) ? INFINITY : diff / m;
+        }
+        const double m = fmax(fabs(x), fabs(y));
+        double tol = 0;
+        switch (mode) {
+        case TOL_EXACT: tol = 0; break;
+        case TOL_ROUNDING: tol = 2 * (dt.u * m + dt.eta); break;
+        case TOL_REDUCTION: tol = 2 * (g * m + dt.u * (m + g * m) + dt.eta); break;
+        case TOL_BOUND: tol = 2 * npy_get(&bound, i, MOE_BF16); break;
+        case TOL_ABSREL: tol = cfg->atol + cfg->rtol * m; break;
+        }
+        if (isnan(tol))
+            tol = 0;
+        const int exceeds = isinf(diff) || !(diff <= tol);
+        const double ratio = diff == 0 ? 0 : isinf(diff) || tol == 0 ? INFINITY : diff / tol;
+        over += exceeds;
+        if (ratio > worst_ratio || (ratio == worst_ratio && diff > worst_diff)) {
+            worst_ratio = ratio;
+            worst_diff = diff;
+            worst_tol = tol;
+            worst = i;
+        }
+        max_abs = fmax(max_abs, diff);
+        max_rel = fmax(max_rel, rel);
+        all_bf16 &= is_bf16_value(x) && is_bf16_value(y);
+    }
+    const int digits = strcmp(dt.name, "f64") == 0 ? 17 : 9;
+    printf("  max abs error  %.6e\n  max rel error  %.6e\n", max_abs, max_rel);
+    if (A.h.count > 0) {
+        printf("  worst element  ");
+        print_index(worst, &A.h);
+        printf("  a = ");
+        printf("%.*g", digits, npy_get(&A, worst, dt.pattern));
+        printf("  b = ");
+        printf("%.*g", digits, npy_get(&B, worst, dt.pattern));
+        printf("  |a-b| = %.6e  tolerance = %.6e\n", worst_diff, worst_tol);
+    } else {
+        printf("  worst element  none (empty)\n");
+    }
+    printf("  verdict        %s (%lld of %lld elements over the tolerance)\n", over ? "FAIL" : "PASS", (long long)over,
+           (long long)A.h.count);
+    if (over && !cfg->have_dtype && mode == TOL_ROUNDING && strcmp(dt.name, "f32") == 0 && all_bf16)
+        printf("  hint           every value of both files is a bf16 value: if these are bf16 results, pass "
+               "--dtype bf16\n");
+    else if (over && mode == TOL_ROUNDING && (strcmp(dt.name, "f32") == 0 || strcmp(dt.name, "f64") == 0))
+        printf("  hint           %s results of a sum taken in another order may differ by more than one "
+               "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm command's "
+               "--bound-out\n", dt.name);
+    npy_free(&A);
+    npy_free(&B);
+    if (mode == TOL_BOUND)
+        npy_free(&bound);
+    return over ? 1 : 0;
+}
+
+static int name_cmp(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
+
+/* The sorted names of the regular *.npy files in a folder. */
+static char **list_npy(const char *dir, size_t *count)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        die("%s: cannot open the folder: %s", dir, strerror(errno));
+    size_t n = 0, cap = 16;
+    char **names = xmalloc(cap, sizeof *names);
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        size_t len = strlen(ent->d_name);
+        if (len < 5 || strcmp(ent->d_name + len - 4, ".npy") != 0)
+            continue;
+        char *full = join_path(dir, ent->d_name);
+        int regular = is_regular(full);
+        free(full);
+        if (!regular)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            char **bigger = realloc(names, cap * sizeof *names);
+            if (bigger == NULL)
+                die("out of memory");
+            names = bigger;
+        }
+        names[n] = xmalloc(len + 1, 1);
+        memcpy(names[n++], ent->d_name, len + 1);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, name_cmp);
+    *count = n;
+    return names;
+}
+
+static int run_compare(const args *a)
+{
+    compare_cfg cfg = {0};
+    cfg.mode = TOL_ROUNDING;
+    const char *s = get(a, "--dtype");
+    if (s != NULL) {
+        (void)dtype_by_name(s); /* refuses a bad name now */
+        cfg.have_dtype = 1;
+        cfg.dtype_name = s;
+    }
+    int modes = 0;
+    if ((s = get(a, "--reduction-length")) != NULL) {
+        cfg.length = parse_int_arg("--reduction-length", s, 1);
+        if (cfg.length >= (int64_t)1 << 24)
+            die("--reduction-length %s: gamma(L) needs L < 2^24", s);
+        cfg.mode = TOL_REDUCTION;
+        modes++;
+    }
+    if ((cfg.bound = get(a, "--bound")) != NULL) {
+        cfg.mode = TOL_BOUND;
+        modes++;
+    }
+    if (get(a, "--exact") != NULL) {
+        cfg.mode = TOL_EXACT;
+        modes++;
+    }
+    const char *atol = get(a, "--atol"), *rtol = get(a, "--rtol");
+    if (atol != NULL || rtol != NULL) {
+        cfg.atol = atol ? parse_double_arg("--atol", atol) : 0;
+        cfg.rtol = rtol ? parse_double_arg("--rtol", rtol) : 0;
+        cfg.mode = TOL_ABSREL;
+        modes++;
+    }
+    if (modes > 1)
+        die("choose one of --reduction-length, --bound, --exact and --atol/--rtol");
+
+    const char *pa = a->pos[0], *pb = a->pos[1];
+    if (is_dir(pa) || is_dir(pb)) {
+        if (!is_dir(pa) || !is_dir(pb))
+            die("%s: compare takes two files or two folders; %s is a %s", is_dir(pa) ? pb : pa,
+                is_dir(pa) ? pa : pb, "folder");
+        if (cfg.bound != NULL && !is_dir(cfg.bound))
+            die("%s: with two folders, --bound must be a folder too", cfg.bound);
+        size_t na, nb;
+        char **names_a = list_npy(pa, &na), **names_b = list_npy(pb, &nb);
+        if (na == 0)
+            die("%s: no .npy files in the folder", pa);
+        int failed = 0, compared = 0, missing = 0;
+        for (size_t i = 0; i < na; i++) {
+            char *fa = join_path(pa, names_a[i]), *fb = join_path(pb, names_a[i]);
+            char *fbound = cfg.bound ? join_path(cfg.bound, names_a[i]) : NULL;
+            if (!is_regular(fb)) {
+                printf("%s\n  verdict        FAIL (missing from %s)\n", names_a[i], pb);
+                missing++;
+                failed++;
+            } else {
+                char label[1024];
+                snprintf(label, sizeof label, "%s", names_a[i]);
+                failed += compare_pair(&cfg, label, fa, fb, fbound && is_regular(fbound) ? fbound : NULL);
+                compared++;
+            }
+            free(fa), free(fb), free(fbound);
+        }
+        for (size_t j = 0; j < nb; j++)
+            if (bsearch(&names_b[j], names_a, na, sizeof *names_a, name_cmp) == NULL)
+                printf("%s\n  only in %s, not compared\n", names_b[j], pb);
+        printf("\nsummary: %d tensor(s) compared, %d over the tolerance or differing in shape, %d missing from %s\n",
+               compared, failed - missing, missing, pb);
+        return failed ? EXIT_MISMATCH : 0;
+    }
+    if (cfg.bound != NULL && is_dir(cfg.bound))
+        die("%s: with two files, --bound must be a file", cfg.bound);
+    char label[2048];
+    snprintf(label, sizeof label, "%s vs %s", pa, pb);
+    return compare_pair(&cfg, label, pa, pb, cfg.bound) ? EXIT_MISMATCH : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * main
+ * ------------------------------------------------------------------------------------------------- */
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        print_usage(stderr);
+        fprintf(stderr, "\nmoe --help documents every command and option.\n");
+        return EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        if (argc > 2 && strcmp(name, "help") == 0) {
+            for (size_t i = 0; i < NCOMMANDS; i++)
+                if (strcmp(commands[i].name, argv[2]) == 0) {
+                    print_command_help(stdout, &commands[i]);
+                    return 0;
+                }
+            die("unknown command '%s' (see moe --help)", argv[2]);
+        }
+        print_full_help(stdout);
+        return 0;
+    }
+    if (strcmp(name, "--version") == 0) {
+        printf("moe (libmoe) %d.%d.%d\n", LIBMOE_VERSION_MAJOR, LIBMOE_VERSION_MINOR, LIBMOE_VERSION_PATCH);
+        return 0;
+    }
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        if (strcmp(commands[i].name, name) != 0)
+            continue;
+        snprintf(current_command, sizeof current_command, "moe %s", name);
+        args a;
+        parse_args(&commands[i], argc - 2, argv + 2, &a);
+        int status = commands[i].run(&a);
+        if (fflush(stdout) != 0)
+            die("cannot write to standard output");
+        return status;
+    }
+    die("unknown command '%s' (see moe --help)", name);
+}

@@ -1,0 +1,175 @@
+#!/bin/sh
+# Every refusal of the moe tool: malformed and unsupported .npy files (Fortran order, big-endian,
+# pickled objects, structured dtypes, truncated, garbage headers, ...), wrong shapes and dtypes, bad
+# routing, missing files and every kind of usage error. Each must exit with status 2, print nothing on
+# stdout and name the offending file (or option) on stderr.
+. "$(dirname "$0")/test_cli_lib.sh"
+
+"$NPY" mk x.npy '<f4' 3,2 1 2 3 4 5 6
+"$NPY" mk w.npy '<f4' 2,2,2 1 0 0 1 1 1 0 2
+"$NPY" mk m.npy '<i8' 2 1 2
+"$NPY" mk dy.npy '<f4' 3,2 1
+# shellcheck disable=SC2317 # called through run_ok and refused
+fwd() { "$MOE" gemm-fwd --w w.npy --m-sizes m.npy --out y.npy "$@"; }
+run_ok "the base problem runs" fwd --x x.npy
+
+# ---- malformed and unsupported files, given as --x ----
+H="'fortran_order': False, 'shape': (3, 2), }"
+raw_npy fortran.npy "{'descr': '<f4', 'fortran_order': True, 'shape': (3, 2), }" 24
+refused "Fortran order" "fortran.npy: " "Fortran-order" -- fwd --x fortran.npy
+raw_npy big.npy "{'descr': '>f4', $H" 24
+refused "big-endian" "big.npy: " "big-endian" "'>f4'" -- fwd --x big.npy
+raw_npy pickled.npy "{'descr': '|O', $H" 48
+refused "pickled objects" "pickled.npy: " "pickled" -- fwd --x pickled.npy
+raw_npy structured.npy "{'descr': [('a', '<f4')], $H" 24
+refused "structured dtype" "structured.npy: " "structured" -- fwd --x structured.npy
+raw_npy complex.npy "{'descr': '<c8', $H" 48
+refused "unsupported dtype" "complex.npy: " "unsupported dtype '<c8'" -- fwd --x complex.npy
+raw_npy truncated.npy "{'descr': '<f4', $H" 20
+refused "truncated data" "truncated.npy: " "truncated" "needs 24 data bytes, the file has 20" -- fwd --x truncated.npy
+raw_npy long.npy "{'descr': '<f4', $H" 28
+refused "bytes after the data" "long.npy: " "4 unexpected bytes after the data" -- fwd --x long.npy
+raw_npy garbage.npy "{'descr': '<f4', $H garbage" 24
+refused "garbage after the header" "garbage.npy: " "malformed .npy header" -- fwd --x garbage.npy
+raw_npy garbage2.npy "print('hello')" 24
+refused "garbage header" "garbage2.npy: " "malformed .npy header: expected '{'" -- fwd --x garbage2.npy
+raw_npy nokey.npy "{'descr': '<f4', 'shape': (3, 2)}" 24
+refused "missing key" "nokey.npy: " "missing key 'fortran_order'" -- fwd --x nokey.npy
+raw_npy v4.npy "{'descr': '<f4', $H" 24 '\004\000'
+refused "format version 4.0" "v4.npy: " "unsupported .npy format version 4.0" -- fwd --x v4.npy
+printf '\223NUMPY\001\000\377\177{' >cut.npy
+refused "file ends inside the header" "cut.npy: " "truncated" -- fwd --x cut.npy
+printf '\223NUM' >short.npy
+refused "file ends inside the magic" "short.npy: " "not a .npy file" -- fwd --x short.npy
+: >empty.npy
+refused "empty file" "empty.npy: " "not a .npy file" -- fwd --x empty.npy
+echo "1 2 3 4 5 6" >text.npy
+refused "text file" "text.npy: " "not a .npy file" -- fwd --x text.npy
+refused "missing file" "nope.npy: cannot open" -- fwd --x nope.npy
+mkdir folder.npy
+refused "a folder" "folder.npy: not a regular file" -- fwd --x folder.npy
+
+# ---- wrong shapes ----
+"$NPY" mk x42.npy '<f4' 4,2 1
+refused "X rows" "x42.npy: expected shape (3, 2)" "M = 3 rows, the sum of m.npy" "found (4, 2) float32" \
+    -- fwd --x x42.npy
+"$NPY" mk x33.npy '<f4' 3,3 1
+refused "X columns" "x33.npy: expected shape (3, 2)" "K = 2 from w.npy" "found (3, 3) float32" -- fwd --x x33.npy
+"$NPY" mk x6.npy '<f4' 6 1
+refused "X 1-d" "x6.npy: expected shape (3, 2)" "found (6,) float32" -- fwd --x x6.npy
+"$NPY" mk x312.npy '<f4' 3,1,2 1 2 3 4 5 6
+run_ok "X with split leading dimensions" fwd --x x312.npy
+"$NPY" mk w22.npy '<f4' 2,2 1
+refused "W 2-d" "w22.npy: expected expert weights of shape (E, N, K) with E = 2 (the length of m.npy)" \
+    "found (2, 2) float32" -- "$MOE" gemm-fwd --x x.npy --w w22.npy --m-sizes m.npy --out y.npy
+"$NPY" mk w322.npy '<f4' 3,2,2 1
+refused "W experts" "w322.npy: expected expert weights" "E = 2" "found (3, 2, 2) float32" \
+    -- "$MOE" gemm-fwd --x x.npy --w w322.npy --m-sizes m.npy --out y.npy
+"$NPY" mk dy33.npy '<f4' 3,3 1
+refused "dY columns" "dy33.npy: expected shape (3, 2)" "N = 2 from w.npy" "found (3, 3) float32" \
+    -- "$MOE" gemm-dx --dy dy33.npy --w w.npy --m-sizes m.npy --out dx.npy
+refused "dY rows for dW" "x42.npy: expected shape (3, 2)" "found (4, 2) float32" \
+    -- "$MOE" gemm-dw --x x.npy --dy x42.npy --m-sizes m.npy --out dw.npy
+refused "X 1-d for dW" "x6.npy: expected a matrix" "found (6,) float32" \
+    -- "$MOE" gemm-dw --x x6.npy --dy dy.npy --m-sizes m.npy --out dw.npy
+"$NPY" mk m2d.npy '<i8' 1,2 1 2
+refused "m_sizes 2-d" "m2d.npy: expected m_sizes of shape (E,)" "found (1, 2) int64" \
+    -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m2d.npy --out y.npy
+
+# an empty input (K = 0) that claims a huge output: refused before any allocation
+"$NPY" mk mbig.npy '<i8' 1 1099511627776
+"$NPY" mk xbig.npy '<f4' 1099511627776,0
+"$NPY" mk wbig.npy '<f4' 1,1099511627776,0
+refused "output past 64 bits" "an output of 1099511627776 x 1099511627776 x 1 elements is too large" \
+    -- "$MOE" gemm-fwd --x xbig.npy --w wbig.npy --m-sizes mbig.npy --out y.npy
+
+# ---- wrong dtypes ----
+"$NPY" mk mf.npy '<f4' 2 1 2
+refused "float m_sizes" "mf.npy: expected an int32 or int64 array, found float32" \
+    -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes mf.npy --out y.npy
+"$NPY" mk xi.npy '<i8' 3,2 1
+refused "integer X" "xi.npy: expected a floating-point array" "found (3, 2) int64" -- fwd --x xi.npy
+refused "integer X with --dtype" "xi.npy: expected a floating-point array" -- fwd --x xi.npy --dtype bf16
+"$NPY" mk xu.npy '<u2' 3,2 16256
+refused "uint16 X without --dtype" "xu.npy: holds uint16 16-bit patterns" "--dtype bf16" -- fwd --x xu.npy
+refused "uint16 X with --dtype f32" "xu.npy: holds uint16 16-bit patterns" -- fwd --x xu.npy --dtype f32
+run_ok "uint16 X with --dtype bf16" fwd --x xu.npy --dtype bf16
+"$NPY" mk xv.npy '<V2' 3,2 16256
+refused "void16 X without --dtype" "xv.npy: holds void16" -- fwd --x xv.npy
+
+# ---- routing ----
+"$NPY" mk g.npy '<i8' 3 0 1 2
+"$NPY" mk g_dup.npy '<i8' 3 0 0 2
+"$NPY" mk g_big.npy '<i4' 3 0 1 3
+"$NPY" mk g4.npy '<i8' 4 0 1 2 3
+"$NPY" mk m_neg.npy '<i8' 2 -1 4
+"$NPY" mk tw_bad.npy '<f4' 2 1
+"$NPY" mk x_tok.npy '<f4' 2,2 1
+refused "gather without --topk" "--gather needs --topk" -- fwd --x x.npy --gather g.npy
+refused "--permute-x without gather" "--permute-x needs --gather" -- fwd --x x.npy --permute-x
+refused "--permute-y without gather" "--permute-y needs --gather" -- fwd --x x.npy --permute-y
+refused "--topk-weights without gather" "--topk-weights needs --gather" -- fwd --x x.npy --topk-weights tw_bad.npy
+refused "--reduce-topk without gather" "--reduce-topk needs --gather" \
+    -- "$MOE" gemm-dx --dy dy.npy --w w.npy --m-sizes m.npy --reduce-topk --out dx.npy
+refused "gather repeats" "g_dup.npy: " "repeats an earlier entry" -- fwd --x x.npy --gather g_dup.npy --topk 1
+refused "gather out of range" "g_big.npy: " "gather_indices[2] = 3" -- fwd --x x.npy --gather g_big.npy --topk 1
+refused "gather length" "g4.npy: expected gather_indices of shape (3,)" "found (4,) int64" \
+    -- fwd --x x.npy --gather g4.npy --topk 1
+refused "negative m_sizes" "m_neg.npy: m_sizes[0] = -1, expected >= 0" \
+    -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m_neg.npy --out y.npy
+refused "--topk 0" "--topk 0: expected an integer >= 1" -- fwd --x x.npy --topk 0
+refused "--topk not a number" "--topk two: expected an integer >= 1" -- fwd --x x.npy --topk two
+refused "--topk does not divide M" "m.npy: the rows sum to M = 3, which --topk 2 does not divide" -- fwd --x x.npy --topk 2
+refused "topk weights shape" "tw_bad.npy: expected topk weights of shape (3,) or (3, 1)" "found (2,) float32" \
+    -- fwd --x x.npy --gather g.npy --topk 1 --topk-weights tw_bad.npy
+refused "permute-x rows" "x42.npy: expected shape (3, 2)" "T = 3 tokens because of --permute-x" \
+    -- fwd --x x42.npy --gather g.npy --topk 1 --permute-x
+refused "topk-weights grad without --w" "--out-topk-weights-grad needs --w" \
+    -- "$MOE" gemm-dw --x x.npy --dy dy.npy --m-sizes m.npy --gather g.npy --topk 1 --out dw.npy --out-topk-weights-grad d.npy
+refused "--w without topk-weights grad" "--w is only used by --out-topk-weights-grad" \
+    -- "$MOE" gemm-dw --x x.npy --dy dy.npy --m-sizes m.npy --w w.npy --out dw.npy
+refused "topk-weights grad without gather" "--out-topk-weights-grad needs --gather" \
+    -- "$MOE" gemm-dw --x x.npy --dy dy.npy --m-sizes m.npy --w w.npy --out dw.npy --out-topk-weights-grad d.npy
+refused "topk-weights grad: W shape" "w322.npy: expected expert weights of shape (2, 2, 2)" \
+    -- "$MOE" gemm-dw --x x.npy --dy dy.npy --m-sizes m.npy --gather g.npy --topk 1 --w w322.npy --out dw.npy \
+    --out-topk-weights-grad d.npy
+
+# ---- route ----
+"$NPY" mk ids.npy '<i8' 2,2 0 1 1 3
+"$NPY" mk ids_f.npy '<f4' 2,2 0
+"$NPY" mk ids_3d.npy '<i8' 1,2,2 0
+refused "route id out of range" "ids.npy: " "topk_ids[1][1] = 3" -- "$MOE" route --topk-ids ids.npy --experts 3 --out r
+refused "route float ids" "ids_f.npy: expected an int32 or int64 array, found float32" \
+    -- "$MOE" route --topk-ids ids_f.npy --experts 3 --out r
+refused "route 3-d ids" "ids_3d.npy: expected topk ids of shape (T, k) or (T,)" \
+    -- "$MOE" route --topk-ids ids_3d.npy --experts 4 --out r
+refused "route --experts 0" "--experts 0: expected an integer >= 1" -- "$MOE" route --topk-ids ids.npy --experts 0 --out r
+refused "route --block-size" "--block-size is not yet available" "MLP API" \
+    -- "$MOE" route --topk-ids ids.npy --experts 4 --block-size 4 --out r
+refused "route --dropping" "--dropping is not yet available" -- "$MOE" route --topk-ids ids.npy --experts 4 --dropping --out r
+refused "route --padding" "--padding is not yet available" -- "$MOE" route --topk-ids ids.npy --experts 4 --padding row --out r
+: >file
+refused "route into a file" "file: cannot create the folder" -- "$MOE" route --topk-ids ids.npy --experts 4 --out file/r
+
+# ---- usage ----
+refused "unknown option" "moe gemm-fwd: unknown option '--bogus'" -- fwd --x x.npy --bogus
+refused "unknown option=value" "unknown option '--bogus'" -- fwd --x x.npy --bogus=1
+refused "single-dash option" "unknown option '-x'" -- fwd -x x.npy
+refused "missing --out" "missing required option --out Y.npy" -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy
+refused "missing --x" "missing required option --x X.npy" -- "$MOE" gemm-fwd --w w.npy --m-sizes m.npy --out y.npy
+refused "missing --m-sizes" "missing required option --m-sizes M.npy" -- "$MOE" gemm-dx --dy dy.npy --w w.npy --out y.npy
+refused "option twice" "option --x is given twice" -- fwd --x x.npy --x x.npy
+refused "flag with a value" "option --permute-x takes no value" -- fwd --x x.npy --permute-x=1
+refused "option without its value" "option --out needs a value" -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --out
+refused "stray argument" "unexpected argument 'extra'" -- fwd --x x.npy extra
+refused "bad --dtype" "--dtype f64: expected f32, f16 or bf16" -- fwd --x x.npy --dtype f64
+refused "--backend cuda" "--backend cuda is not yet available in the CLI" -- fwd --x x.npy --backend cuda
+refused "--backend foo" "--backend foo: expected ref or cuda" -- fwd --x x.npy --backend foo
+refused "output folder missing" "no/such/folder/y.npy: cannot create" \
+    -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --out no/such/folder/y.npy
+refused "unknown command" "unknown command 'frobnicate'" -- "$MOE" frobnicate
+refused "help for an unknown command" "unknown command 'frobnicate'" -- "$MOE" help frobnicate
+refused "no command" "usage: moe COMMAND" -- "$MOE"
+run_ok "gemm-fwd with --backend ref and --opt=value spelling" fwd --x=x.npy --backend=ref
+
+finish

@@ -1,0 +1,107 @@
+# Sourced by tests/test_cli_*.sh (POSIX sh): the programs, a scratch folder and the check helpers.
+# Run from the build folder (make check does); MOE and NPY may point elsewhere.
+MOE=${MOE:-./cli/moe}
+NPY=${NPY:-./tests/test_cli_npy}
+for prog in "$MOE" "$NPY"; do
+    if [ ! -x "$prog" ]; then
+        echo "missing $prog: run from the build folder after make"
+        exit 99
+    fi
+done
+case $MOE in /*) ;; *) MOE=$(pwd)/$MOE ;; esac
+case $NPY in /*) ;; *) NPY=$(pwd)/$NPY ;; esac
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/test_cli.XXXXXX") || exit 99
+trap 'rm -rf "$TMP"' EXIT
+cd "$TMP" || exit 99
+passed=0
+failed=0
+
+bad() {
+    failed=$((failed + 1))
+    echo "FAIL: $*"
+    sed 's/^/  | /' out err 2>/dev/null | head -40
+}
+
+# run_status DESC STATUS CMD...: CMD must exit with STATUS (its output lands in ./out and ./err).
+run_status() {
+    desc=$1
+    want=$2
+    shift 2
+    "$@" >out 2>err
+    got=$?
+    if [ "$got" -eq "$want" ]; then
+        passed=$((passed + 1))
+    else
+        bad "$desc: exit $got, expected $want: $*"
+    fi
+}
+
+run_ok() {
+    desc=$1
+    shift
+    run_status "$desc" 0 "$@"
+}
+
+# has DESC FILE TEXT...: FILE (out or err) contains every TEXT.
+has() {
+    desc=$1
+    file=$2
+    shift 2
+    for text in "$@"; do
+        if ! grep -qF -- "$text" "$file"; then
+            bad "$desc: $file lacks \"$text\""
+            return
+        fi
+    done
+    passed=$((passed + 1))
+}
+
+# refused DESC TEXT... -- CMD...: CMD exits with status 2, prints nothing to stdout and every TEXT to
+# stderr (TEXT usually includes the file name).
+refused() {
+    desc=$1
+    shift
+    : >words
+    while [ "$1" != "--" ]; do
+        printf '%s\n' "$1" >>words
+        shift
+    done
+    shift
+    "$@" >out 2>err
+    got=$?
+    if [ "$got" -ne 2 ]; then
+        bad "$desc: exit $got, expected 2: $*"
+        return
+    fi
+    if [ -s out ]; then
+        bad "$desc: wrote to stdout: $*"
+        return
+    fi
+    while IFS= read -r text; do
+        if ! grep -qF -- "$text" err; then
+            bad "$desc: stderr lacks \"$text\": $*"
+            return
+        fi
+    done <words
+    passed=$((passed + 1))
+}
+
+# raw_npy FILE HEADER NBYTES [VERSION_BYTES]: a .npy file with a hand-written header dict (plus a newline)
+# and NBYTES zero data bytes; VERSION_BYTES default '\001\000' (format 1.0).
+raw_npy() {
+    len=$((${#2} + 1))
+    # shellcheck disable=SC2059 # the formats carry the version and length bytes as octal escapes
+    {
+        printf '\223NUMPY'
+        printf "${4:-\\001\\000}"
+        printf "\\$(printf %o $((len % 256)))\\$(printf %o $((len / 256)))"
+        printf '%s\n' "$2"
+        if [ "$3" -gt 0 ]; then dd if=/dev/zero bs="$3" count=1 2>/dev/null; fi
+    } >"$1"
+}
+
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit $?
+}
