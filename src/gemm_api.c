@@ -7,7 +7,7 @@
 
 enum gemm_op { OP_FWD, OP_DX, OP_DW, OP_TOPK_GRAD, OP_BWD };
 
-/* One tensor argument for the pointer, size and overlap checks. */
+/* One array argument for the pointer, size and overlap checks. */
 typedef struct tensor_arg {
     const char *name;
     const void *data;
@@ -15,7 +15,10 @@ typedef struct tensor_arg {
     int64_t cols;
     moe_dtype dtype;
     int is_output;
+    int is_index;     /* an int64 array of the routing (dtype unused) */
 } tensor_arg;
+
+static int64_t element_bytes(const tensor_arg *t) { return t->is_index ? 8 : (int64_t)moe_dtype_size(t->dtype); }
 
 static const moe_gemm_options default_options; /* all zero: f32, no fusion, overwrite */
 
@@ -23,9 +26,9 @@ static moe_status check_tensor(const char *op, const tensor_arg *t, int64_t *byt
 {
     int64_t elements = 0;
     if (!moe_mul_ok(t->rows, t->cols, &elements) ||
-        !moe_mul_ok(elements, (int64_t)moe_dtype_size(t->dtype), bytes) || (uint64_t)*bytes > SIZE_MAX)
+        !moe_mul_ok(elements, element_bytes(t), bytes) || (uint64_t)*bytes > SIZE_MAX)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: %s is %" PRId64 " x %" PRId64 " %s elements, past 64-bit sizes",
-                        op, t->name, t->rows, t->cols, moe_dtype_name(t->dtype));
+                        op, t->name, t->rows, t->cols, t->is_index ? "int64" : moe_dtype_name(t->dtype));
     if (elements > 0 && t->data == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but has %" PRId64 " x %" PRId64 " elements", op,
                         t->name, t->rows, t->cols);
@@ -123,15 +126,24 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
     return MOE_OK;
 }
 
-static moe_status check_tensors(const char *op, const tensor_arg *args, int count)
+/* Checks the op's tensors, and that no output overlaps another argument, the routing arrays included
+ * (a kernel reading gather_indices must never see them overwritten). */
+static moe_status check_tensors(const char *op, const moe_gemm_problem *p, const tensor_arg *args, int count)
 {
-    int64_t bytes[8];
-    for (int i = 0; i < count; i++) {
-        moe_status status = check_tensor(op, &args[i], &bytes[i]);
+    enum { MAX_ARGS = 8 };
+    tensor_arg all[MAX_ARGS + 2];
+    int64_t bytes[MAX_ARGS + 2];
+    for (int i = 0; i < count; i++)
+        all[i] = args[i];
+    all[count] = (tensor_arg){"routing.m_sizes", p->m_sizes, p->num_experts, 1, MOE_F32, 0, 1};
+    all[count + 1] = (tensor_arg){"routing.gather_indices", p->gather_indices,
+                                  p->gather_indices != NULL ? p->rows : 0, 1, MOE_F32, 0, 1};
+    for (int i = 0; i < count + 2; i++) {
+        moe_status status = check_tensor(op, &all[i], &bytes[i]);
         if (status != MOE_OK)
             return status;
     }
-    return check_overlaps(op, args, bytes, count);
+    return check_overlaps(op, all, bytes, count + 2);
 }
 
 static const moe_dispatch *backend_table(const char *op, moe_backend backend)
@@ -177,12 +189,12 @@ moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t
     if (status != MOE_OK)
         return status;
     const tensor_arg args[] = {
-        {"x", x, x_rows(&p), K, p.dtype, 0},
-        {"w", w, p.num_experts * N, K, p.dtype, 0},
-        {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0},
-        {"y", y, p.rows, N, p.dtype, 1},
+        {"x", x, x_rows(&p), K, p.dtype, 0, 0},
+        {"w", w, p.num_experts * N, K, p.dtype, 0, 0},
+        {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0, 0},
+        {"y", y, p.rows, N, p.dtype, 1, 0},
     };
-    status = check_tensors(op, args, 4);
+    status = check_tensors(op, &p, args, 4);
     return status != MOE_OK ? status : table->gemm_fwd(&p, x, w, topk_weights, y);
 }
 
@@ -190,36 +202,36 @@ static moe_status dx_tensors(const char *op, const moe_gemm_problem *p, const vo
                              const void *topk_weights, const void *dx)
 {
     const tensor_arg args[] = {
-        {"dy", dy, p->rows, p->N, p->dtype, 0},
-        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0},
-        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0},
-        {"dx", dx, p->reduce_topk ? p->num_tokens : p->rows, p->K, p->dtype, 1},
+        {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
+        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0, 0},
+        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
+        {"dx", dx, p->reduce_topk ? p->num_tokens : p->rows, p->K, p->dtype, 1, 0},
     };
-    return check_tensors(op, args, 4);
+    return check_tensors(op, p, args, 4);
 }
 
 static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *dy,
                              const void *topk_weights, const void *dw)
 {
     const tensor_arg args[] = {
-        {"x", x, x_rows(p), p->K, p->dtype, 0},
-        {"dy", dy, p->rows, p->N, p->dtype, 0},
-        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0},
-        {"dw", dw, p->num_experts * p->N, p->K, p->dw_dtype, 1},
+        {"x", x, x_rows(p), p->K, p->dtype, 0, 0},
+        {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
+        {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
+        {"dw", dw, p->num_experts * p->N, p->K, p->dw_dtype, 1, 0},
     };
-    return check_tensors(op, args, 4);
+    return check_tensors(op, p, args, 4);
 }
 
 static moe_status topk_grad_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *dy, const void *d_topk_weights)
 {
     const tensor_arg args[] = {
-        {"x", x, x_rows(p), p->K, p->dtype, 0},
-        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0},
-        {"dy", dy, p->rows, p->N, p->dtype, 0},
-        {"d_topk_weights", d_topk_weights, p->rows, 1, p->dw_dtype, 1},
+        {"x", x, x_rows(p), p->K, p->dtype, 0, 0},
+        {"w", w, p->num_experts * p->N, p->K, p->dtype, 0, 0},
+        {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
+        {"d_topk_weights", d_topk_weights, p->rows, 1, p->dw_dtype, 1, 0},
     };
-    return check_tensors(op, args, 4);
+    return check_tensors(op, p, args, 4);
 }
 
 moe_status moe_gemm_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
@@ -288,11 +300,11 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
         return status;
     /* the outputs of one call must not overlap each other either (outputs not computed count as empty) */
     const tensor_arg outs[] = {
-        {"dx", dx, want_dx ? (p.reduce_topk ? p.num_tokens : p.rows) : 0, K, p.dtype, 1},
-        {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1},
-        {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1},
+        {"dx", dx, want_dx ? (p.reduce_topk ? p.num_tokens : p.rows) : 0, K, p.dtype, 1, 0},
+        {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1, 0},
+        {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1, 0},
     };
-    if ((status = check_tensors(op, outs, 3)) != MOE_OK)
+    if ((status = check_tensors(op, &p, outs, 3)) != MOE_OK)
         return status;
 
     if (want_dx && (status = table->gemm_dx(&p, dy, w, topk_weights, dx)) != MOE_OK)

@@ -3,3 +3,15 @@ TEST_LIBS = libmoe.la proptest/liboracle.la -lm
 check_PROGRAMS += tests/test_gemm_oracle
 tests_test_gemm_oracle_LDADD = $(TEST_LIBS)
 TESTS += tests/test_gemm_oracle
+
+# The foundation unit tests: conversions, routing, every GEMM op x mode x dtype x option on edge routings,
+# argument validation, thread-count independence.
+check_PROGRAMS += tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
+TESTS += tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
+tests_test_dtype_LDADD = $(TEST_LIBS)
+tests_test_routing_LDADD = $(TEST_LIBS)
+tests_test_gemm_modes_LDADD = $(TEST_LIBS)
+tests_test_bad_input_LDADD = $(TEST_LIBS)
+tests_test_threads_LDADD = $(TEST_LIBS)
+# Also compare the naive and blocked reference twins bit for bit (needs ref/gemm_blocked.c):
+#tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
