@@ -1,0 +1,795 @@
+/*
+ * The blockwise MoE MLP, CPU reference: forward with checkpoints and the full backward
+ * (SEMANTICS section 3, specs/MLP.md).  The float32 operation order is written in mlp_ref.h.
+ *
+ * Structure.  The valid positions of the layout are numbered s = 0 .. V-1 in ascending position
+ * ("slots").  Work is done expert by expert: the slots of one expert are gathered into float32 tiles,
+ * the projections run as two small GEMM kernels (mm_nn: activations . weight; mm_wn: weight .
+ * activations^T, for the products with a transposed weight), both with the inner loop across output
+ * columns and every sum in ascending order, and the expert's weight and bias gradients
+ * are written by the thread that owns the expert.  Per-slot contributions to token rows (forward
+ * output, d_hidden) go to a float32 scratch indexed by slot and are summed per token afterwards in
+ * ascending slot order, each token row by one thread.  No atomics; every float32 sum has an order fixed
+ * by the layout alone, so results do not depend on the thread count.
+ */
+#include "mlp_ref.h"
+#include "moe_ref.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+/* OpenMP pragmas that vanish (without an unknown-pragma warning) when built without OpenMP */
+#ifdef _OPENMP
+#include <omp.h>
+#define MLP_PRAGMA(text) _Pragma(#text)
+#define MLP_OMP(...) MLP_PRAGMA(omp __VA_ARGS__)
+#else
+#define MLP_OMP(...)
+#endif
+#define MLP_SIMD MLP_OMP(simd)
+
+enum { NC = 128, PC = 64, RC = 64 };
+
+/* ---------------------------------------------------------------------------------------------------
+ * element conversion (inline for the hot loops; bf16 -> f32 is a shift)
+ * ------------------------------------------------------------------------------------------------- */
+static inline float bf16_to_f32(uint16_t bits)
+{
+    uint32_t u = (uint32_t)bits << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* = moe_f32_to_bf16 of ref/dtype.c (round to nearest even, NaN kept quiet), inlined for the gradient
+ * stores */
+static inline uint16_t f32_to_bf16(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Stores count float32 values as elements first .. first + count - 1 of a dtype tensor (one rounding). */
+static void store_row(moe_dtype dtype, void *base, int64_t first, const float *v, int64_t count)
+{
+    switch (dtype) {
+    case MOE_F32: memcpy((float *)base + first, v, (size_t)count * sizeof(float)); return;
+    case MOE_BF16: {
+        uint16_t *dst = (uint16_t *)base + first;
+        for (int64_t i = 0; i < count; i++)
+            dst[i] = f32_to_bf16(v[i]);
+        return;
+    }
+    case MOE_F16: {
+        uint16_t *dst = (uint16_t *)base + first;
+        for (int64_t i = 0; i < count; i++)
+            dst[i] = moe_f32_to_f16(v[i]);
+        return;
+    }
+    }
+}
+
+/* count elements starting at element `first` of a dtype tensor as float32 into out (or, for f32, a
+ * pointer straight into the tensor). */
+static const float *row_f32(moe_dtype dtype, const void *base, int64_t first, int64_t count, float *out)
+{
+    switch (dtype) {
+    case MOE_F32: return (const float *)base + first;
+    case MOE_BF16: {
+        const uint16_t *src = (const uint16_t *)base + first;
+        for (int64_t i = 0; i < count; i++)
+            out[i] = bf16_to_f32(src[i]);
+        return out;
+    }
+    case MOE_F16: {
+        const uint16_t *src = (const uint16_t *)base + first;
+        for (int64_t i = 0; i < count; i++)
+            out[i] = moe_f16_to_f32(src[i]);
+        return out;
+    }
+    }
+    return out;
+}
+
+static void load_f32(moe_dtype dtype, const void *base, int64_t first, int64_t count, float *out)
+{
+    const float *src = row_f32(dtype, base, first, count, out);
+    if (src != out)
+        memcpy(out, src, (size_t)count * sizeof(float));
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * the two GEMM kernels
+ * ------------------------------------------------------------------------------------------------- */
+
+/* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} A[i*ars + p*acs] * B(p, j)   for i < m, j < n,
+ * B(p, j) = element boff + p*ldb + j of a tensor of dtype bdt.  bbuf holds PC*NC floats.
+ * Each B element is converted once per call; the inner loop runs across output columns. */
+static void mm_nn(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars, int64_t acs, moe_dtype bdt,
+                  const void *B, int64_t boff, int64_t ldb, float *C, int64_t ldc, float *bbuf)
+{
+    for (int64_t j0 = 0; j0 < n; j0 += NC) {
+        const int64_t nc = n - j0 < NC ? n - j0 : NC;
+        for (int64_t i = 0; i < m; i++) {
+            float *c = C + i * ldc + j0;
+            for (int64_t j = 0; j < nc; j++)
+                c[j] = 0.0f;
+        }
+        for (int64_t p0 = 0; p0 < kk; p0 += PC) {
+            const int64_t pc = kk - p0 < PC ? kk - p0 : PC;
+            const float *bb;
+            int64_t ldbb;
+            if (bdt == MOE_F32) {
+                bb = (const float *)B + boff + p0 * ldb + j0;
+                ldbb = ldb;
+            } else {
+                for (int64_t q = 0; q < pc; q++)
+                    row_f32(bdt, B, boff + (p0 + q) * ldb + j0, nc, bbuf + q * NC);
+                bb = bbuf;
+                ldbb = NC;
+            }
+            for (int64_t i = 0; i < m; i++) {
+                float *restrict c = C + i * ldc + j0;
+                const float *a = A + i * ars + p0 * acs;
+                int64_t q = 0;
+                for (; q + 4 <= pc; q += 4) {
+                    const float a0 = a[q * acs], a1 = a[(q + 1) * acs], a2 = a[(q + 2) * acs],
+                                a3 = a[(q + 3) * acs];
+                    const float *restrict b0 = bb + q * ldbb, *restrict b1 = b0 + ldbb,
+                                          *restrict b2 = b1 + ldbb, *restrict b3 = b2 + ldbb;
+                    MLP_SIMD
+                    for (int64_t j = 0; j < nc; j++)
+                        c[j] = (((c[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
+                }
+                for (; q < pc; q++) {
+                    const float a0 = a[q * acs];
+                    const float *restrict b0 = bb + q * ldbb;
+                    MLP_SIMD
+                    for (int64_t j = 0; j < nc; j++)
+                        c[j] = c[j] + a0 * b0[j];
+                }
+            }
+        }
+    }
+}
+
+/* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} W(i, p) * B[p*ldb + j]   for i < m, j < n,
+ * W(i, p) = element woff + i*ldw + p of a tensor of dtype wdt (a weight, each row converted once into
+ * wrow, kk floats); B float32.  The backward's "activation . weight^T" products run as
+ * (weight . activation^T)^T through this kernel so that the inner loop stays across output columns. */
+static void mm_wn(int64_t m, int64_t n, int64_t kk, moe_dtype wdt, const void *W, int64_t woff, int64_t ldw,
+                  const float *B, int64_t ldb, float *C, int64_t ldc, float *wrow)
+{
+    for (int64_t i = 0; i < m; i++) {
+        const float *w = row_f32(wdt, W, woff + i * ldw, kk, wrow);
+        for (int64_t j0 = 0; j0 < n; j0 += NC) {
+            const int64_t nc = n - j0 < NC ? n - j0 : NC;
+            float *restrict c = C + i * ldc + j0;
+            for (int64_t j = 0; j < nc; j++)
+                c[j] = 0.0f;
+            int64_t p = 0;
+            for (; p + 4 <= kk; p += 4) {
+                const float w0 = w[p], w1 = w[p + 1], w2 = w[p + 2], w3 = w[p + 3];
+                const float *restrict b0 = B + p * ldb + j0, *restrict b1 = b0 + ldb, *restrict b2 = b1 + ldb,
+                                      *restrict b3 = b2 + ldb;
+                MLP_SIMD
+                for (int64_t j = 0; j < nc; j++)
+                    c[j] = (((c[j] + w0 * b0[j]) + w1 * b1[j]) + w2 * b2[j]) + w3 * b3[j];
+            }
+            for (; p < kk; p++) {
+                const float w0 = w[p];
+                const float *restrict b0 = B + p * ldb + j0;
+                MLP_SIMD
+                for (int64_t j = 0; j < nc; j++)
+                    c[j] = c[j] + w0 * b0[j];
+            }
+        }
+    }
+}
+
+/* dst[j*m + i] = src[i*lds + j] for i < m, j < n (float32). */
+static void transpose(int64_t m, int64_t n, const float *src, int64_t lds, float *dst)
+{
+    enum { TB = 32 };
+    for (int64_t i0 = 0; i0 < m; i0 += TB)
+        for (int64_t j0 = 0; j0 < n; j0 += TB)
+            for (int64_t i = i0; i < m && i < i0 + TB; i++)
+                for (int64_t j = j0; j < n && j < j0 + TB; j++)
+                    dst[j * m + i] = src[i * lds + j];
+}
+
+/* sum_{i ascending} a[i] * b[i] */
+static float dot_seq(const float *a, const float *b, int64_t n)
+{
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        acc = acc + a[i] * b[i];
+    return acc;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * activations and clamps
+ * ------------------------------------------------------------------------------------------------- */
+static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static const float SWISH_ALPHA = 1.702f;
+static const float SQRT_HALF = 0.70710678118654752440f;
+static const float INV_SQRT_2PI = 0.39894228040143267794f;
+static const float SQRT_2_OVER_PI = 0.79788456080286535588f;
+static const float GELU_TANH_C = 0.044715f;
+
+static inline float act_value(moe_mlp_activation act, float x)
+{
+    switch (act) {
+    case MOE_ACT_SILU: return x * sigmoidf_(x);
+    case MOE_ACT_GELU: return 0.5f * x * (1.0f + erff(x * SQRT_HALF));
+    case MOE_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x)));
+    case MOE_ACT_SWISH: return x * sigmoidf_(SWISH_ALPHA * x);
+    }
+    return x;
+}
+
+static inline float act_derivative(moe_mlp_activation act, float x)
+{
+    switch (act) {
+    case MOE_ACT_SILU: {
+        const float s = sigmoidf_(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case MOE_ACT_GELU:
+        return 0.5f * (1.0f + erff(x * SQRT_HALF)) + x * (INV_SQRT_2PI * expf(-0.5f * x * x));
+    case MOE_ACT_GELU_TANH: {
+        const float x2 = x * x;
+        const float t = tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x2 * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * x2);
+    }
+    case MOE_ACT_SWISH: {
+        const float s = sigmoidf_(SWISH_ALPHA * x);
+        return s * (1.0f + SWISH_ALPHA * x * (1.0f - s));
+    }
+    }
+    return 1.0f;
+}
+
+/* Clamps keep NaN (a comparison with NaN is false). */
+static inline float clamp_(float v, int has_lo, float lo, int has_hi, float hi)
+{
+    if (has_lo && v < lo)
+        v = lo;
+    if (has_hi && v > hi)
+        v = hi;
+    return v;
+}
+
+/* The limit as the checkpoint stores it: a clamped value is stored as round(limit). */
+static float round_to(moe_dtype dtype, float v)
+{
+    switch (dtype) {
+    case MOE_F16: return moe_f16_to_f32(moe_f32_to_f16(v));
+    case MOE_BF16: return moe_bf16_to_f32(moe_f32_to_bf16(v));
+    case MOE_F32: break;
+    }
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * slots: valid positions numbered in ascending position, grouped by expert and by token
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct slot_index {
+    int64_t count;           /* V */
+    int64_t *pos;            /* [V] position of slot s */
+    int64_t *token;          /* [V] */
+    int64_t *expert_start;   /* [E+1] */
+    int64_t *expert_slots;   /* [V] slots by expert, ascending within */
+    int64_t *token_start;    /* [T+1] */
+    int64_t *token_slots;    /* [V] slots by token, ascending within */
+    int64_t *block_start;    /* [E+1] */
+    int64_t *expert_blocks;  /* [N] blocks by expert, ascending within */
+    int64_t max_slots;       /* most slots of one expert */
+} slot_index;
+
+static void free_index(slot_index *x)
+{
+    free(x->pos);
+    free(x->token);
+    free(x->expert_start);
+    free(x->expert_slots);
+    free(x->token_start);
+    free(x->token_slots);
+    free(x->block_start);
+    free(x->expert_blocks);
+}
+
+static int is_token(const moe_mlp_problem *p, int64_t id) { return id >= 0 && id < p->T; }
+
+static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
+{
+    memset(x, 0, sizeof *x);
+    const int64_t NB = p->N * p->B, E = p->E, T = p->T, N = p->N;
+    const int64_t *ids = p->token_position_to_id, *b2e = p->block_to_expert;
+    int64_t V = 0;
+    for (int64_t q = 0; q < NB; q++)
+        V += is_token(p, ids[q]);
+    x->count = V;
+    x->pos = malloc(((size_t)V + 1) * sizeof(int64_t));
+    x->token = malloc(((size_t)V + 1) * sizeof(int64_t));
+    x->expert_start = calloc((size_t)E + 1, sizeof(int64_t));
+    x->expert_slots = malloc(((size_t)V + 1) * sizeof(int64_t));
+    x->token_start = calloc((size_t)T + 1, sizeof(int64_t));
+    x->token_slots = malloc(((size_t)V + 1) * sizeof(int64_t));
+    x->block_start = calloc((size_t)E + 1, sizeof(int64_t));
+    x->expert_blocks = malloc(((size_t)N + 1) * sizeof(int64_t));
+    int64_t *cursor = malloc(((size_t)(E > T ? E : T) + 1) * sizeof(int64_t));
+    if (!x->pos || !x->token || !x->expert_start || !x->expert_slots || !x->token_start || !x->token_slots ||
+        !x->block_start || !x->expert_blocks || !cursor) {
+        free(cursor);
+        free_index(x);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the slot index of %" PRId64 " positions",
+                        p->op, NB);
+    }
+    int64_t s = 0;
+    for (int64_t q = 0; q < NB; q++) {
+        if (!is_token(p, ids[q]))
+            continue;
+        x->pos[s] = q;
+        x->token[s] = ids[q];
+        x->expert_start[b2e[q / p->B] + 1]++;
+        x->token_start[ids[q] + 1]++;
+        s++;
+    }
+    for (int64_t e = 0; e < E; e++) {
+        x->max_slots = x->expert_start[e + 1] > x->max_slots ? x->expert_start[e + 1] : x->max_slots;
+        x->expert_start[e + 1] += x->expert_start[e];
+    }
+    for (int64_t t = 0; t < T; t++)
+        x->token_start[t + 1] += x->token_start[t];
+    memcpy(cursor, x->expert_start, (size_t)E * sizeof(int64_t));
+    for (s = 0; s < V; s++)
+        x->expert_slots[cursor[b2e[x->pos[s] / p->B]]++] = s;
+    memcpy(cursor, x->token_start, (size_t)T * sizeof(int64_t));
+    for (s = 0; s < V; s++)
+        x->token_slots[cursor[x->token[s]]++] = s;
+    for (int64_t n = 0; n < N; n++)
+        x->block_start[b2e[n] + 1]++;
+    for (int64_t e = 0; e < E; e++)
+        x->block_start[e + 1] += x->block_start[e];
+    memcpy(cursor, x->block_start, (size_t)E * sizeof(int64_t));
+    for (int64_t n = 0; n < N; n++)
+        x->expert_blocks[cursor[b2e[n]]++] = n;
+    free(cursor);
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * per-thread workspaces
+ * ------------------------------------------------------------------------------------------------- */
+static int max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Threads for a call: one for small problems (below ~2^18 multiply-adds the fork/join costs more than
+ * it saves, and on a loaded machine a barrier can wait a whole time slice).  The result does not
+ * depend on the choice. */
+static int threads_for(int64_t slots, int64_t H, int64_t I)
+{
+    const double work = (double)slots * (double)(H + 1) * (double)(I + 1) * 3.0;
+    return work < 262144.0 ? 1 : max_threads();
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* One float32 arena per thread, carved into named pieces. */
+typedef struct arena {
+    float *base;
+    size_t per_thread;
+} arena;
+
+static int arena_alloc(arena *a, int threads, size_t floats_per_thread)
+{
+    a->base = NULL;
+    if (floats_per_thread > (SIZE_MAX / sizeof(float) - 64) / (size_t)threads)
+        return 0;
+    /* round up to a cache line so that threads never share one */
+    a->per_thread = (floats_per_thread + 15) / 16 * 16 + 16;
+    a->base = malloc((size_t)threads * a->per_thread * sizeof(float));
+    return a->base != NULL;
+}
+
+static float *carve(float **cursor, int64_t count)
+{
+    float *piece = *cursor;
+    *cursor += (count + 15) / 16 * 16;
+    return piece;
+}
+
+/* malloc of count floats (at least one); NULL when the size is past any real memory */
+static float *alloc_floats(int64_t a, int64_t b)
+{
+    if ((double)a * (double)b > 0x1p60)
+        return NULL;
+    return malloc(((size_t)a * (size_t)b + 1) * sizeof(float));
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c)
+{
+    int64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+/* Gathers the float32 rows `tok[i]` (i < n) of a [rows][H] tensor into dst[n][H]. */
+static void gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, const int64_t *tok, int64_t n,
+                        int64_t H, float *dst)
+{
+    for (int64_t i = 0; i < n; i++)
+        load_f32(dtype, src, tok[slots[i]] * H, H, dst + i * H);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * forward
+ * ------------------------------------------------------------------------------------------------- */
+moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
+                           const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
+                           void *gate_up_ckpt_T, void *down_ckpt)
+{
+    const int64_t E = p->E, B = p->B, H = p->H, I = p->I, I2 = 2 * p->I, T = p->T;
+    const moe_dtype dt = p->dtype;
+    const int on_i = p->affinity == MOE_AFFINITY_ON_I;
+    slot_index x;
+    moe_status status = build_index(p, &x);
+    if (status != MOE_OK)
+        return status;
+    const int64_t n_max = x.max_slots;
+    const int threads = threads_for(x.count, H, I);
+    /* per thread: X, D [n][H]; GU [n][2I]; M [n][I]; (ON_I: M0 [n][I], D0 [n][H]); a [n]; bias rows
+     * [2I + H]; bbuf */
+    const double need = (double)n_max * (double)(2 * H + I2 + I + (on_i ? I + H : 0) + 2) + (double)(I2 + H);
+    const size_t per_thread = need > 0x1p60 ? SIZE_MAX
+                              : (size_t)n_max * (size_t)(2 * H + I2 + I + (on_i ? I + H : 0) + 2) +
+                                    (size_t)(I2 + H) + PC * NC + 16 * 12;
+    arena ws;
+    float *contrib = alloc_floats(x.count, H);
+    if (contrib == NULL || !arena_alloc(&ws, threads, per_thread)) {
+        free(contrib);
+        free_index(&x);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the float32 workspace (%" PRId64
+                        " slots, H = %" PRId64 ", I = %" PRId64 ")", p->op, x.count, H, I);
+    }
+
+    MLP_OMP(parallel num_threads(threads))
+    {
+        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *X = carve(&cur, n_max * H), *D = carve(&cur, n_max * H), *GU = carve(&cur, n_max * I2);
+        float *M = carve(&cur, n_max * I), *M0 = on_i ? carve(&cur, n_max * I) : NULL;
+        float *D0 = on_i ? carve(&cur, n_max * H) : NULL;
+        float *a = carve(&cur, n_max), *bgu = carve(&cur, I2), *bd = carve(&cur, H);
+        float *bbuf = carve(&cur, PC * NC);
+        const int write_d0 = on_i && down_ckpt != NULL;
+
+        MLP_OMP(for schedule(dynamic, 1))
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t *slots = x.expert_slots + x.expert_start[e];
+            const int64_t n = x.expert_start[e + 1] - x.expert_start[e];
+
+            /* padding positions of this expert's blocks: checkpoints +0 */
+            for (int64_t q = x.block_start[e]; q < x.block_start[e + 1]; q++) {
+                const int64_t blk = x.expert_blocks[q];
+                for (int64_t b = 0; b < B; b++) {
+                    if (is_token(p, p->token_position_to_id[blk * B + b]))
+                        continue;
+                    if (gate_up_ckpt_T != NULL)
+                        for (int64_t i = 0; i < I2; i++)
+                            moe_ref_store(dt, gate_up_ckpt_T, (blk * I2 + i) * B + b, 0.0f);
+                    if (down_ckpt != NULL)
+                        for (int64_t h = 0; h < H; h++)
+                            moe_ref_store(dt, down_ckpt, (blk * B + b) * H + h, 0.0f);
+                }
+            }
+            if (n == 0)
+                continue;
+
+            gather_rows(dt, hidden, slots, x.token, n, H, X);
+            for (int64_t i = 0; i < n; i++)
+                a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
+            if (p->bias) {
+                load_f32(dt, b_gu, e * I2, I2, bgu);
+                load_f32(dt, b_d, e * H, H, bd);
+            }
+
+            /* gate/up projection, bias, clamp, checkpoint */
+            mm_nn(n, I2, H, X, H, 1, dt, w_gu, e * H * I2, I2, GU, I2, bbuf);
+            for (int64_t i = 0; i < n; i++) {
+                float *gu = GU + i * I2;
+                const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
+                for (int64_t j = 0; j < I2; j++) {
+                    float v = p->bias ? gu[j] + bgu[j] : gu[j];
+                    v = j < I ? clamp_(v, p->has_nl_lo, p->nl_lo, p->has_nl_hi, p->nl_hi)
+                              : clamp_(v, p->has_lin_lo, p->lin_lo, p->has_lin_hi, p->lin_hi);
+                    gu[j] = v;
+                    if (gate_up_ckpt_T != NULL)
+                        moe_ref_store(dt, gate_up_ckpt_T, (blk * I2 + j) * B + b, v);
+                }
+                float *m = M + i * I;
+                for (int64_t j = 0; j < I; j++)
+                    m[j] = act_value(p->activation, gu[j]) * gu[I + j];
+                if (on_i) {
+                    if (write_d0)
+                        memcpy(M0 + i * I, m, (size_t)I * sizeof(float));
+                    for (int64_t j = 0; j < I; j++)
+                        m[j] = m[j] * a[i];
+                }
+            }
+
+            /* down projection and bias */
+            mm_nn(n, H, I, M, I, 1, dt, w_d, e * I * H, H, D, H, bbuf);
+            if (write_d0)
+                mm_nn(n, H, I, M0, I, 1, dt, w_d, e * I * H, H, D0, H, bbuf);
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t s = slots[i], pos = x.pos[s];
+                float *d = D + i * H, *c = contrib + (size_t)s * (size_t)H;
+                if (!on_i) {
+                    if (p->bias)
+                        for (int64_t h = 0; h < H; h++)
+                            d[h] = d[h] + bd[h];
+                    if (down_ckpt != NULL)
+                        store_row(dt, down_ckpt, pos * H, d, H);
+                    for (int64_t h = 0; h < H; h++)
+                        c[h] = a[i] * d[h];
+                } else {
+                    for (int64_t h = 0; h < H; h++)
+                        c[h] = p->bias ? d[h] + a[i] * bd[h] : d[h];
+                    if (write_d0) {
+                        float *d0 = D0 + i * H;
+                        if (p->bias)
+                            for (int64_t h = 0; h < H; h++)
+                                d0[h] = d0[h] + bd[h];
+                        store_row(dt, down_ckpt, pos * H, d0, H);
+                    }
+                }
+            }
+        }
+
+        /* token rows: the sum of the token's slot contributions in ascending slot order */
+        MLP_OMP(for schedule(static))
+        for (int64_t t = 0; t < p->token_rows; t++) {
+            float *acc = X; /* reuse: n_max >= 1 whenever a token has a slot */
+            const int64_t first = t < T ? x.token_start[t] : 0, last = t < T ? x.token_start[t + 1] : 0;
+            if (first == last) {
+                for (int64_t h = 0; h < H; h++)
+                    moe_ref_store(dt, out, t * H + h, 0.0f);
+                continue;
+            }
+            const float *c0 = contrib + (size_t)x.token_slots[first] * (size_t)H;
+            memcpy(acc, c0, (size_t)H * sizeof(float));
+            for (int64_t q = first + 1; q < last; q++) {
+                const float *c = contrib + (size_t)x.token_slots[q] * (size_t)H;
+                MLP_SIMD
+                for (int64_t h = 0; h < H; h++)
+                    acc[h] = acc[h] + c[h];
+            }
+            store_row(dt, out, t * H, acc, H);
+        }
+    }
+
+    free(contrib);
+    free(ws.base);
+    free_index(&x);
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * backward
+ * ------------------------------------------------------------------------------------------------- */
+
+/* Writes count float32 values to a gradient (old + value with accumulate), one rounding each.  v is
+ * scratch and is overwritten. */
+static void store_grad(const moe_mlp_problem *p, void *dst, int64_t first, float *v, int64_t count)
+{
+    if (p->accumulate)
+        for (int64_t i = 0; i < count; i++)
+            v[i] = moe_ref_load(p->grad_dtype, dst, first + i) + v[i];
+    store_row(p->grad_dtype, dst, first, v, count);
+}
+
+moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
+                           const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
+                           const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
+                           void *d_w_gu, void *d_w_d, void *d_b_gu, void *d_b_d)
+{
+    const int64_t E = p->E, B = p->B, H = p->H, I = p->I, I2 = 2 * p->I, T = p->T;
+    const moe_dtype dt = p->dtype;
+    const int on_i = p->affinity == MOE_AFFINITY_ON_I;
+    const int recompute_d = down_ckpt == NULL; /* only allowed with ON_I */
+    slot_index x;
+    moe_status status = build_index(p, &x);
+    if (status != MOE_OK)
+        return status;
+    const int64_t n_max = x.max_slots, wide = max3(H, I2, 1);
+    const int threads = threads_for(x.count, H, I);
+    /* per thread: X, G, Dk, dD [n][H]; GU, dGU [n][2I]; M, dM [n][I]; a [n]; transposed in/out [wide][n];
+     * C [RC][wide]; wrow [wide]; bias row [H]; bbuf; per-token expert row [E] */
+    const double need = (double)n_max * (double)(4 * H + 2 * I2 + 2 * I + 1 + 2 * wide) +
+                        (double)(RC + 1) * (double)wide + (double)E;
+    const size_t per_thread = need > 0x1p60 ? SIZE_MAX
+                              : (size_t)n_max * (size_t)(4 * H + 2 * I2 + 2 * I + 1 + 2 * wide) +
+                                    (size_t)(RC + 1) * wide + (size_t)H + PC * NC + (size_t)E + 16 * 15;
+    arena ws;
+    float *dx_slot = alloc_floats(x.count, H);
+    float *da_slot = alloc_floats(x.count, 1);
+    if (dx_slot == NULL || da_slot == NULL || !arena_alloc(&ws, threads, per_thread)) {
+        free(dx_slot);
+        free(da_slot);
+        free_index(&x);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the float32 workspace (%" PRId64
+                        " slots, H = %" PRId64 ", I = %" PRId64 ")", p->op, x.count, H, I);
+    }
+    const float nl_lo = round_to(dt, p->nl_lo), nl_hi = round_to(dt, p->nl_hi);
+    const float lin_lo = round_to(dt, p->lin_lo), lin_hi = round_to(dt, p->lin_hi);
+
+    MLP_OMP(parallel num_threads(threads))
+    {
+        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *X = carve(&cur, n_max * H), *G = carve(&cur, n_max * H), *Dk = carve(&cur, n_max * H);
+        float *dD = carve(&cur, n_max * H), *Tin = carve(&cur, n_max * wide), *Tout = carve(&cur, n_max * wide);
+        float *GU = carve(&cur, n_max * I2), *dGU = carve(&cur, n_max * I2);
+        float *M = carve(&cur, n_max * I), *dM = carve(&cur, n_max * I), *a = carve(&cur, n_max);
+        float *C = carve(&cur, RC * wide), *brow = carve(&cur, wide), *bd = carve(&cur, H);
+        float *bbuf = carve(&cur, PC * NC), *row_e = carve(&cur, E);
+
+        MLP_OMP(for schedule(dynamic, 1))
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t *slots = x.expert_slots + x.expert_start[e];
+            const int64_t n = x.expert_start[e + 1] - x.expert_start[e];
+
+            /* gather: x, G, a, checkpoints */
+            gather_rows(dt, hidden, slots, x.token, n, H, X);
+            gather_rows(dt, out_grad, slots, x.token, n, H, G);
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
+                a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
+                for (int64_t j = 0; j < I2; j++)
+                    GU[i * I2 + j] = moe_ref_load(dt, gate_up_ckpt_T, (blk * I2 + j) * B + b);
+                if (!recompute_d)
+                    load_f32(dt, down_ckpt, pos * H, H, Dk + i * H);
+            }
+
+            /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
+            for (int64_t i = 0; i < n; i++)
+                for (int64_t j = 0; j < I; j++)
+                    M[i * I + j] = act_value(p->activation, GU[i * I2 + j]) * GU[i * I2 + I + j];
+            if (recompute_d && n > 0) {
+                mm_nn(n, H, I, M, I, 1, dt, w_d, e * I * H, H, Dk, H, bbuf);
+                if (p->bias) {
+                    load_f32(dt, b_d, e * H, H, bd);
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t h = 0; h < H; h++)
+                            Dk[i * H + h] = Dk[i * H + h] + bd[h];
+                }
+            }
+
+            /* affinity gradient and dD */
+            for (int64_t i = 0; i < n; i++) {
+                da_slot[slots[i]] = dot_seq(G + i * H, Dk + i * H, H);
+                for (int64_t h = 0; h < H; h++)
+                    dD[i * H + h] = a[i] * G[i * H + h];
+                if (on_i)
+                    for (int64_t j = 0; j < I; j++)
+                        M[i * I + j] = M[i * I + j] * a[i];
+            }
+            /* the down-projection input gradient as the forward applied a: ON_H dD = a*G against the
+             * unscaled m; ON_I G against the scaled m */
+            const float *dDsrc = on_i ? G : dD;
+
+            /* dW_d[e] = M^T . dDsrc, in chunks of RC rows;  db_d[e] = sum dD (= sum a*G either way) */
+            for (int64_t i0 = 0; i0 < I; i0 += RC) {
+                const int64_t rc = I - i0 < RC ? I - i0 : RC;
+                mm_nn(rc, H, n, M + i0, 1, I, MOE_F32, dDsrc, 0, H, C, H, bbuf);
+                store_grad(p, d_w_d, (e * I + i0) * H, C, rc * H);
+            }
+            if (p->bias) {
+                for (int64_t h = 0; h < H; h++)
+                    C[h] = 0.0f;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t h = 0; h < H; h++)
+                        C[h] = C[h] + dD[i * H + h];
+                store_grad(p, d_b_d, e * H, C, H);
+            }
+
+            /* dM = dD . W_d[e]^T  (ON_I: a * (G . W_d^T)), computed as (W_d[e] . dD^T)^T */
+            if (n > 0) {
+                transpose(n, H, dDsrc, H, Tin);
+                mm_wn(I, n, H, dt, w_d, e * I * H, H, Tin, n, Tout, n, brow);
+                transpose(I, n, Tout, n, dM);
+            }
+            for (int64_t i = 0; i < n; i++) {
+                const float *g = GU + i * I2, *u = g + I;
+                float *dg = dGU + i * I2, *du = dg + I, *dm = dM + i * I;
+                for (int64_t j = 0; j < I; j++) {
+                    const float dmj = on_i ? a[i] * dm[j] : dm[j];
+                    const int g_free = (!p->has_nl_lo || nl_lo < g[j]) && (!p->has_nl_hi || g[j] < nl_hi);
+                    const int u_free = (!p->has_lin_lo || lin_lo < u[j]) && (!p->has_lin_hi || u[j] < lin_hi);
+                    dg[j] = g_free ? (dmj * u[j]) * act_derivative(p->activation, g[j]) : 0.0f;
+                    du[j] = u_free ? dmj * act_value(p->activation, g[j]) : 0.0f;
+                }
+            }
+
+            /* dW_gu[e] = X^T . dGU in chunks of RC rows;  db_gu[e] = sum dGU */
+            for (int64_t h0 = 0; h0 < H; h0 += RC) {
+                const int64_t rc = H - h0 < RC ? H - h0 : RC;
+                mm_nn(rc, I2, n, X + h0, 1, H, MOE_F32, dGU, 0, I2, C, I2, bbuf);
+                store_grad(p, d_w_gu, (e * H + h0) * I2, C, rc * I2);
+            }
+            if (p->bias) {
+                for (int64_t j = 0; j < I2; j++)
+                    C[j] = 0.0f;
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t j = 0; j < I2; j++)
+                        C[j] = C[j] + dGU[i * I2 + j];
+                store_grad(p, d_b_gu, e * I2, C, I2);
+            }
+
+            /* per-slot dX = dGU . W_gu[e]^T, computed as (W_gu[e] . dGU^T)^T */
+            if (n > 0) {
+                transpose(n, I2, dGU, I2, Tin);
+                mm_wn(H, n, I2, dt, w_gu, e * H * I2, I2, Tin, n, Tout, n, brow);
+                for (int64_t i = 0; i < n; i++) {
+                    float *dst = dx_slot + (size_t)slots[i] * (size_t)H;
+                    for (int64_t h = 0; h < H; h++)
+                        dst[h] = Tout[h * n + i];
+                }
+            }
+        }
+
+        /* token rows of d_hidden and d_affinities */
+        MLP_OMP(for schedule(static))
+        for (int64_t t = 0; t < p->token_rows; t++) {
+            float *acc = brow; /* wide >= H */
+            const int64_t first = t < T ? x.token_start[t] : 0, last = t < T ? x.token_start[t + 1] : 0;
+            for (int64_t h = 0; h < H; h++)
+                acc[h] = 0.0f;
+            for (int64_t q = first; q < last; q++) {
+                const float *c = dx_slot + (size_t)x.token_slots[q] * (size_t)H;
+                if (q == first) {
+                    memcpy(acc, c, (size_t)H * sizeof(float));
+                    continue;
+                }
+                MLP_SIMD
+                for (int64_t h = 0; h < H; h++)
+                    acc[h] = acc[h] + c[h];
+            }
+            store_row(dt, d_hidden, t * H, acc, H);
+            if (t >= T)
+                continue;
+            for (int64_t e = 0; e < E; e++)
+                row_e[e] = 0.0f;
+            for (int64_t q = first; q < last; q++) {
+                const int64_t s = x.token_slots[q];
+                row_e[p->block_to_expert[x.pos[s] / B]] = da_slot[s];
+            }
+            for (int64_t e = 0; e < E; e++)
+                moe_ref_store(dt, d_affinities, t * E + e, row_e[e]);
+        }
+    }
+
+    free(dx_slot);
+    free(da_slot);
+    free(ws.base);
+    free_index(&x);
+    return MOE_OK;
+}

@@ -1,0 +1,81 @@
+/*
+ * The blockwise MoE MLP reference (ref/mlp.c, ref/mlp_layout.c) and what the front end (src/mlp_api.c)
+ * hands it.  Contract as in moe_internal.h: everything is validated before a kernel runs; each output
+ * element is written exactly once, by one thread, in an order that does not depend on the thread count.
+ *
+ * Float32 operation order of the reference (acc starts at +0.0f; every sum, "dot" included, adds its
+ * terms one by one in ascending index order):
+ *
+ *   forward, per slot s (token t, expert e, affinity a), slots of an expert in ascending position:
+ *     gu[j]   = (sum_{h ascending} x[h] * W_gu[e][h][j]) + b_gu[e][j]        j < 2I (gate: j < I)
+ *     g, u    clamped (gate: non-linear limits, up: linear limits); checkpointed (one rounding)
+ *     m[i]    = act(g[i]) * u[i]                 (ON_I: then * a)
+ *     d[h]    = (sum_{i ascending} m[i] * W_d[e][i][h]) + b_d[e][h]          (ON_I: + a * b_d[e][h])
+ *     down checkpoint = d (ON_I: recomputed from the unscaled m)
+ *     c[h]    = a * d[h]                         (ON_I: d[h] itself)
+ *   out[t][h] = sum of c over the token's slots in ascending position, rounded once.
+ *
+ *   backward, per slot s, from the rounded checkpoints g, u (and d):
+ *     dA      = dot(G, d)
+ *     dD      = a * G
+ *     ON_H:   m = act(g) * u,            dM[i] = dot(dD, W_d[e][i][:]),  dW_d uses (m, dD)
+ *     ON_I:   m = (act(g) * u) * a,      dM[i] = a * dot(G, W_d[e][i][:]), dW_d uses (m, G)
+ *     dg      = ((dM * u) * act'(g)) masked,  du = (dM * act(g)) masked
+ *     dW_d[e][i][h]  = sum_{slots ascending} m[i] * dD[h] (ON_I: G[h]);   db_d[e][h] = sum dD[h]
+ *     dW_gu[e][h][j] = sum_{slots ascending} x[h] * dgu[j];  db_gu[e][j] = sum dgu[j]
+ *     dx_s[h] = dot(dgu, W_gu[e][h][:]);  d_hidden[t] = sum of dx_s over the token's slots, ascending
+ *   with accumulate, a weight/bias gradient element is old + sum.  Every output is rounded once.
+ */
+#ifndef LIBMOE_MLP_REF_H
+#define LIBMOE_MLP_REF_H
+
+#include "moe_internal.h"
+#include "moe_mlp.h"
+
+/* A validated MLP call. */
+typedef struct moe_mlp_problem {
+    const char *op;
+    int64_t T;                 /* tokens */
+    int64_t E;                 /* experts */
+    int64_t N;                 /* blocks */
+    int64_t B;                 /* block size (resolved: never 0) */
+    int64_t H;
+    int64_t I;
+    int64_t token_rows;        /* rows of hidden/out/out_grad/d_hidden: T, or T + 1 with MOE_MLP_PAD_ROW */
+    const int64_t *block_to_expert;
+    const int64_t *token_position_to_id;
+    moe_dtype dtype;           /* every tensor but the weight/bias gradients */
+    moe_dtype grad_dtype;      /* d_w_gu, d_w_d, d_b_gu, d_b_d */
+    moe_mlp_activation activation;
+    moe_mlp_affinity affinity;
+    int bias;
+    int accumulate;
+    int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
+    float lin_lo, lin_hi, nl_lo, nl_hi;
+} moe_mlp_problem;
+
+/* Checks a layout's dimensions, pointers and contents for block size B and the padding convention;
+ * with `overwrite`, also that each token occupies at most one position.  `op` prefixes messages. */
+moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
+                                    moe_mlp_padding padding, int overwrite);
+
+/* The builders behind moe_mlp_layout_num_blocks / moe_mlp_layout_build (arguments checked there). */
+moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids);
+int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
+                                 const int64_t *topk_ids);
+moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
+                                    int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
+                                    const int64_t *topk_ids, const void *topk_weights, int64_t N,
+                                    int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
+                                    int64_t *num_dropped);
+
+/* The reference forward and backward (shapes in moe_mlp.h). */
+moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
+                           const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
+                           void *gate_up_ckpt_T, void *down_ckpt);
+moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
+                           const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
+                           const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
+                           void *d_w_gu, void *d_w_d, void *d_b_gu, void *d_b_d);
+
+#endif /* LIBMOE_MLP_REF_H */

@@ -1,0 +1,336 @@
+/* Public blockwise MoE MLP entry points: validate every argument, then run the reference.
+ * (The MLP is not in the dispatch table yet: MOE_BACKEND_REF calls ref/mlp.c directly and
+ * MOE_BACKEND_CUDA answers MOE_ERR_UNSUPPORTED.) */
+#include "mlp_ref.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+
+static const moe_mlp_options default_options; /* all zero: f32, B = 128, SiLU, ON_H, skip padding */
+
+/* One tensor argument; dtype MOE_INT64 marks the int64 index arrays of the layout builder. */
+#define MOE_INT64 ((moe_dtype)-1)
+typedef struct tensor_arg {
+    const char *name;
+    const void *data;
+    int64_t rows;
+    int64_t cols;
+    moe_dtype dtype;
+    int is_output;
+} tensor_arg;
+
+static int64_t element_bytes(moe_dtype dtype) { return dtype == MOE_INT64 ? 8 : (int64_t)moe_dtype_size(dtype); }
+
+static moe_status check_tensor(const char *op, const tensor_arg *t, int64_t *bytes)
+{
+    int64_t elements = 0;
+    if (t->rows < 0 || !moe_mul_ok(t->rows, t->cols, &elements) ||
+        !moe_mul_ok(elements, element_bytes(t->dtype), bytes) || (uint64_t)*bytes > SIZE_MAX)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: %s is %" PRId64 " x %" PRId64 " %s elements, past 64-bit sizes",
+                        op, t->name, t->rows, t->cols, t->dtype == MOE_INT64 ? "int64" : moe_dtype_name(t->dtype));
+    if (elements > 0 && t->data == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but has %" PRId64 " x %" PRId64 " elements", op,
+                        t->name, t->rows, t->cols);
+    return MOE_OK;
+}
+
+/* Sizes, NULLs, then: no output overlaps any other argument. */
+static moe_status check_tensors(const char *op, const tensor_arg *args, int count)
+{
+    int64_t bytes[24];
+    for (int i = 0; i < count; i++) {
+        moe_status status = check_tensor(op, &args[i], &bytes[i]);
+        if (status != MOE_OK)
+            return status;
+        if (args[i].data == NULL)
+            bytes[i] = 0;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!args[i].is_output || bytes[i] == 0)
+            continue;
+        uintptr_t lo = (uintptr_t)args[i].data, hi = lo + (uintptr_t)bytes[i];
+        for (int j = 0; j < count; j++) {
+            if (j == i || bytes[j] == 0)
+                continue;
+            uintptr_t other_lo = (uintptr_t)args[j].data, other_hi = other_lo + (uintptr_t)bytes[j];
+            if (lo < other_hi && other_lo < hi)
+                return moe_fail(MOE_ERR_INVALID_OPTION, "%s: output %s overlaps %s %s", op, args[i].name,
+                                args[j].is_output ? "output" : "input", args[j].name);
+        }
+    }
+    return MOE_OK;
+}
+
+static const char *clamp_name(int which)
+{
+    static const char *const names[4] = {"linear_clamp_lower_limit", "linear_clamp_upper_limit",
+                                         "non_linear_clamp_lower_limit", "non_linear_clamp_upper_limit"};
+    return names[which];
+}
+
+/* Options every MLP entry point shares.  *B gets the resolved block size. */
+static moe_status check_options(const char *op, const moe_mlp_options *o, int64_t *B)
+{
+    if (o->dtype != MOE_F32 && o->dtype != MOE_F16 && o->dtype != MOE_BF16)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %d, expected MOE_F32, MOE_F16 or MOE_BF16",
+                        op, (int)o->dtype);
+    if (o->block_size < 0)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.block_size = %" PRId64
+                        ", expected >= 1 (or 0 for the default %d)", op, o->block_size,
+                        MOE_MLP_DEFAULT_BLOCK_SIZE);
+    *B = o->block_size == 0 ? MOE_MLP_DEFAULT_BLOCK_SIZE : o->block_size;
+    if ((unsigned)o->activation > (unsigned)MOE_ACT_SWISH)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected MOE_ACT_SILU, "
+                        "MOE_ACT_GELU, MOE_ACT_GELU_TANH or MOE_ACT_SWISH", op, (int)o->activation);
+    if ((unsigned)o->affinity > (unsigned)MOE_AFFINITY_ON_I)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.affinity = %d, expected MOE_AFFINITY_ON_H or "
+                        "MOE_AFFINITY_ON_I", op, (int)o->affinity);
+    if ((unsigned)o->padding > (unsigned)MOE_MLP_PAD_ROW)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.padding = %d, expected MOE_MLP_PAD_SKIP or "
+                        "MOE_MLP_PAD_ROW", op, (int)o->padding);
+    const int has[4] = {o->has_linear_clamp_lower_limit, o->has_linear_clamp_upper_limit,
+                        o->has_non_linear_clamp_lower_limit, o->has_non_linear_clamp_upper_limit};
+    const float limit[4] = {o->linear_clamp_lower_limit, o->linear_clamp_upper_limit,
+                            o->non_linear_clamp_lower_limit, o->non_linear_clamp_upper_limit};
+    for (int c = 0; c < 4; c++)
+        if (has[c] && !isfinite(limit[c]))
+            return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.%s = %g, expected a finite value", op,
+                            clamp_name(c), (double)limit[c]);
+    for (int c = 0; c < 4; c += 2)
+        if (has[c] && has[c + 1] && !(limit[c] <= limit[c + 1]))
+            return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.%s = %g > options.%s = %g, expected lower <= upper",
+                            op, clamp_name(c), (double)limit[c], clamp_name(c + 1), (double)limit[c + 1]);
+    return MOE_OK;
+}
+
+/* Backend, options, layout and dimensions; fills the problem. */
+static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_layout *layout, int64_t H,
+                          int64_t I, const moe_mlp_options **opt, moe_mlp_problem *p)
+{
+    moe_clear_error();
+    if (*opt == NULL)
+        *opt = &default_options;
+    const moe_mlp_options *o = *opt;
+    if (backend == MOE_BACKEND_CUDA)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no blockwise MoE MLP yet, use "
+                        "MOE_BACKEND_REF", op);
+    if (backend != MOE_BACKEND_REF)
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d is not a libmoe backend", op, (int)backend);
+    int64_t B = 0;
+    moe_status status = check_options(op, o, &B);
+    if (status != MOE_OK)
+        return status;
+    if (H < 0 || I < 0)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: hidden_size = %" PRId64 ", intermediate_size = %" PRId64
+                        ", expected both >= 0", op, H, I);
+    status = moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0);
+    if (status != MOE_OK)
+        return status;
+    const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks;
+    int64_t I2 = 0, EH = 0, EI2 = 0, EHI2 = 0, NB = 0, NBH = 0, NBI2 = 0;
+    if (!moe_mul_ok(I, 2, &I2) || !moe_mul_ok(E, H, &EH) || !moe_mul_ok(E, I2, &EI2) || !moe_mul_ok(EH, I2, &EHI2) ||
+        !moe_mul_ok(N, B, &NB) || !moe_mul_ok(NB, H, &NBH) || !moe_mul_ok(NB, I2, &NBI2) ||
+        (uint64_t)I2 > SIZE_MAX / 64 || (uint64_t)H > SIZE_MAX / 64)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: E*H*2I = %" PRId64 "*%" PRId64 "*2*%" PRId64 " or N*B*max(H, 2I)"
+                        " with N = %" PRId64 ", B = %" PRId64 " overflows 64 bits", op, E, H, I, N, B);
+
+    p->op = op;
+    p->T = T;
+    p->E = E;
+    p->N = N;
+    p->B = B;
+    p->H = H;
+    p->I = I;
+    p->token_rows = o->padding == MOE_MLP_PAD_ROW ? T + 1 : T;
+    p->block_to_expert = layout->block_to_expert;
+    p->token_position_to_id = layout->token_position_to_id;
+    p->dtype = o->dtype;
+    p->grad_dtype = o->grad_fp32 ? MOE_F32 : o->dtype;
+    p->activation = o->activation;
+    p->affinity = o->affinity;
+    p->bias = o->bias != 0;
+    p->accumulate = o->accumulate != 0;
+    p->has_lin_lo = o->has_linear_clamp_lower_limit != 0;
+    p->has_lin_hi = o->has_linear_clamp_upper_limit != 0;
+    p->has_nl_lo = o->has_non_linear_clamp_lower_limit != 0;
+    p->has_nl_hi = o->has_non_linear_clamp_upper_limit != 0;
+    p->lin_lo = o->linear_clamp_lower_limit;
+    p->lin_hi = o->linear_clamp_upper_limit;
+    p->nl_lo = o->non_linear_clamp_lower_limit;
+    p->nl_hi = o->non_linear_clamp_upper_limit;
+    return MOE_OK;
+}
+
+moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
+                       int64_t intermediate_size, const void *hidden, const void *affinities,
+                       const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
+                       void *gate_up_ckpt_T, void *down_ckpt, const moe_mlp_options *options)
+{
+    static const char op[] = "moe_mlp_fwd";
+    moe_mlp_problem p;
+    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p);
+    if (status != MOE_OK)
+        return status;
+    if (options->accumulate)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.accumulate applies to moe_mlp_bwd only", op);
+    if (options->grad_fp32)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.grad_fp32 applies to moe_mlp_bwd only", op);
+    if (!p.bias && (b_gu != NULL || b_d != NULL))
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s is given but options.bias is 0 (expected NULL)", op,
+                        b_gu != NULL ? "b_gu" : "b_d");
+    const int64_t H = p.H, I = p.I, E = p.E, NB = p.N * p.B;
+    const tensor_arg args[] = {
+        {"hidden", hidden, p.token_rows, H, p.dtype, 0},
+        {"affinities", affinities, p.T, E, p.dtype, 0},
+        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0},
+        {"w_d", w_d, E * I, H, p.dtype, 0},
+        {"b_gu", b_gu, p.bias ? E : 0, 2 * I, p.dtype, 0},
+        {"b_d", b_d, p.bias ? E : 0, H, p.dtype, 0},
+        {"out", out, p.token_rows, H, p.dtype, 1},
+        {"gate_up_ckpt_T", gate_up_ckpt_T, gate_up_ckpt_T ? p.N * 2 * I : 0, p.B, p.dtype, 1},
+        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1},
+    };
+    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    return status != MOE_OK ? status
+                            : moe_ref_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T,
+                                              down_ckpt);
+}
+
+moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
+                       int64_t intermediate_size, const void *hidden, const void *affinities,
+                       const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
+                       const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
+                       void *d_w_gu, void *d_w_d, void *d_b_gu, void *d_b_d, const moe_mlp_options *options)
+{
+    static const char op[] = "moe_mlp_bwd";
+    moe_mlp_problem p;
+    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p);
+    if (status != MOE_OK)
+        return status;
+    const int64_t H = p.H, I = p.I, E = p.E, NB = p.N * p.B;
+    const int on_i = p.affinity == MOE_AFFINITY_ON_I;
+    if (!on_i && down_ckpt == NULL && NB * H > 0)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: down_ckpt is NULL, expected the forward's down checkpoint "
+                        "(only MOE_AFFINITY_ON_I can do without it)", op);
+    if (!p.bias && (d_b_gu != NULL || d_b_d != NULL))
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s is given but options.bias is 0 (expected NULL)", op,
+                        d_b_gu != NULL ? "d_b_gu" : "d_b_d");
+    const int need_b_d = p.bias && on_i && down_ckpt == NULL;
+    const tensor_arg args[] = {
+        {"hidden", hidden, p.token_rows, H, p.dtype, 0},
+        {"affinities", affinities, p.T, E, p.dtype, 0},
+        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0},
+        {"w_d", w_d, E * I, H, p.dtype, 0},
+        {"b_d", need_b_d ? b_d : NULL, need_b_d ? E : 0, H, p.dtype, 0},
+        {"gate_up_ckpt_T", gate_up_ckpt_T, p.N * 2 * I, p.B, p.dtype, 0},
+        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 0},
+        {"out_grad", out_grad, p.token_rows, H, p.dtype, 0},
+        {"d_hidden", d_hidden, p.token_rows, H, p.dtype, 1},
+        {"d_affinities", d_affinities, p.T, E, p.dtype, 1},
+        {"d_w_gu", d_w_gu, E * H, 2 * I, p.grad_dtype, 1},
+        {"d_w_d", d_w_d, E * I, H, p.grad_dtype, 1},
+        {"d_b_gu", d_b_gu, p.bias ? E : 0, 2 * I, p.grad_dtype, 1},
+        {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1},
+    };
+    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    return status != MOE_OK ? status
+                            : moe_ref_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt,
+                                              out_grad, d_hidden, d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
+}
+
+/* ---- layouts ---- */
+
+moe_status moe_mlp_layout_validate(const moe_mlp_layout *layout, const moe_mlp_options *options)
+{
+    static const char op[] = "moe_mlp_layout_validate";
+    moe_clear_error();
+    if (options == NULL)
+        options = &default_options;
+    int64_t B = 0;
+    moe_status status = check_options(op, options, &B);
+    if (status != MOE_OK)
+        return status;
+    return moe_ref_mlp_check_layout(op, layout, B, options->padding, options->tensor_update_overwrite != 0);
+}
+
+static moe_status check_kind(const char *op, moe_mlp_layout_kind kind)
+{
+    if (kind != MOE_MLP_DROPLESS && kind != MOE_MLP_DROPPING)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: kind = %d, expected MOE_MLP_DROPLESS or MOE_MLP_DROPPING",
+                        op, (int)kind);
+    return MOE_OK;
+}
+
+moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                     int64_t num_experts, const int64_t *topk_ids,
+                                     const moe_mlp_options *options, int64_t *num_blocks)
+{
+    static const char op[] = "moe_mlp_layout_num_blocks";
+    moe_clear_error();
+    if (options == NULL)
+        options = &default_options;
+    int64_t B = 0;
+    moe_status status = check_options(op, options, &B);
+    if (status == MOE_OK)
+        status = check_kind(op, kind);
+    if (status == MOE_OK)
+        status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    if (status != MOE_OK)
+        return status;
+    if (num_blocks == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
+    int64_t N = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
+    if (N < 0)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
+    *num_blocks = N;
+    return MOE_OK;
+}
+
+moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                int64_t num_experts, const int64_t *topk_ids, const void *topk_weights,
+                                int64_t num_blocks, int64_t *block_to_expert, int64_t *token_position_to_id,
+                                void *affinities, int64_t *num_dropped, const moe_mlp_options *options)
+{
+    static const char op[] = "moe_mlp_layout_build";
+    moe_clear_error();
+    if (options == NULL)
+        options = &default_options;
+    int64_t B = 0;
+    moe_status status = check_options(op, options, &B);
+    if (status == MOE_OK)
+        status = check_kind(op, kind);
+    if (status == MOE_OK)
+        status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    if (status != MOE_OK)
+        return status;
+    if ((topk_weights == NULL) != (affinities == NULL))
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but %s is not, expected both or neither", op,
+                        topk_weights == NULL ? "topk_weights" : "affinities",
+                        topk_weights == NULL ? "affinities" : "topk_weights");
+    const int64_t N = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
+    if (N < 0)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
+    if (num_blocks != N)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_blocks = %" PRId64 ", expected %" PRId64
+                        " (moe_mlp_layout_num_blocks) for this routing and block size %" PRId64, op, num_blocks,
+                        N, B);
+    int64_t NB = 0;
+    if (!moe_mul_ok(N, B, &NB) || (uint64_t)NB > SIZE_MAX / 8)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op, N, B);
+    const int64_t M = num_tokens * topk, TE = num_tokens * num_experts;
+    const tensor_arg args[] = {
+        {"topk_ids", topk_ids, M, 1, MOE_INT64, 0},
+        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0},
+        {"block_to_expert", block_to_expert, N, 1, MOE_INT64, 1},
+        {"token_position_to_id", token_position_to_id, NB, 1, MOE_INT64, 1},
+        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1},
+        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_INT64, 1},
+    };
+    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    if (status != MOE_OK)
+        return status;
+    return moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,
+                                    options->dtype, topk_ids, topk_weights, N, block_to_expert,
+                                    token_position_to_id, affinities, num_dropped);
+}

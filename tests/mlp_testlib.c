@@ -1,0 +1,882 @@
+/* Test support for the blockwise MoE MLP; see mlp_testlib.h and specs/MLP.md ("Error bound"). */
+#include "mlp_testlib.h"
+
+#include <math.h>
+#include <string.h>
+
+#define U32 0x1p-24
+#define ETA32 0x1p-149       /* half the smallest float32 subnormal, rounded up */
+#define L1_ACT 1.13          /* max |act'| over all four activations (SiLU/Swish 1.0998, GELU 1.1290) */
+#define L2_ACT 0.86          /* max |act''| (SiLU 0.5, GELU 0.798, Swish 0.851) */
+#define FD_STEP 0x1p-16
+#define PI_ 3.14159265358979323846
+
+void *mt_xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+static double *dalloc(int64_t n) { return mt_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)); }
+
+double mt_load(moe_dtype dtype, const void *base, int64_t i) { return oracle_load(dtype, base, i); }
+
+int64_t mt_count_wgu(const mt_case *c) { return c->E * c->H * 2 * c->I; }
+int64_t mt_count_wd(const mt_case *c) { return c->E * c->I * c->H; }
+
+/* ---------------------------------------------------------------------------------------------------
+ * activations in float64
+ * ------------------------------------------------------------------------------------------------- */
+static double sigmoid64(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static double act64(moe_mlp_activation a, double x)
+{
+    switch (a) {
+    case MOE_ACT_SILU: return x * sigmoid64(x);
+    case MOE_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    case MOE_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / PI_) * (x + 0.044715 * x * x * x)));
+    case MOE_ACT_SWISH: return x * sigmoid64(1.702 * x);
+    }
+    abort();
+}
+
+static double dact64(moe_mlp_activation a, double x)
+{
+    switch (a) {
+    case MOE_ACT_SILU: {
+        double s = sigmoid64(x);
+        return s * (1.0 + x * (1.0 - s));
+    }
+    case MOE_ACT_GELU: return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * PI_);
+    case MOE_ACT_GELU_TANH: {
+        double c = sqrt(2.0 / PI_), t = tanh(c * (x + 0.044715 * x * x * x));
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+    }
+    case MOE_ACT_SWISH: {
+        double s = sigmoid64(1.702 * x);
+        return s * (1.0 + 1.702 * x * (1.0 - s));
+    }
+    }
+    abort();
+}
+
+static double clamp64(double v, int has_lo, double lo, int has_hi, double hi)
+{
+    if (has_lo && v < lo)
+        v = lo;
+    if (has_hi && v > hi)
+        v = hi;
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * case generation
+ * ------------------------------------------------------------------------------------------------- */
+static int is_tok(const mt_case *c, int64_t id) { return id >= 0 && id < c->T; }
+static int64_t pos_expert(const mt_case *c, int64_t p) { return c->b2e[p / c->B]; }
+
+static void make_layout(mt_case *c, int mode, oracle_rng *rng)
+{
+    moe_mlp_options o = c->opt;
+    const moe_mlp_layout_kind kind = mode == MT_DROPPING ? MOE_MLP_DROPPING : MOE_MLP_DROPLESS;
+    int64_t N = -1;
+    CHECK(moe_mlp_layout_num_blocks(kind, c->T, c->k, c->E, c->topk_ids, &o, &N) == MOE_OK, "num_blocks: %s",
+          moe_last_error());
+    const int extra = mode == MT_SHUFFLED;
+    c->N = N + extra;
+    c->b2e = mt_xmalloc((size_t)(c->N + 1) * sizeof(int64_t));
+    c->ids = mt_xmalloc((size_t)(c->N * c->B + 1) * sizeof(int64_t));
+    CHECK(moe_mlp_layout_build(kind, c->T, c->k, c->E, c->topk_ids, NULL, N, c->b2e, c->ids, NULL, &c->dropped,
+                               &o) == MOE_OK,
+          "build: %s", moe_last_error());
+    if (extra) {
+        const int64_t pad = o.padding == MOE_MLP_PAD_ROW ? c->T : -1, B = c->B;
+        c->b2e[N] = (int64_t)oracle_rng_below(rng, (uint64_t)c->E);
+        for (int64_t b = 0; b < B; b++)
+            c->ids[N * B + b] = pad;
+        /* permute blocks (Fisher-Yates) and shuffle slots inside each block */
+        int64_t *tmp = mt_xmalloc((size_t)B * sizeof(int64_t));
+        for (int64_t n = c->N - 1; n > 0; n--) {
+            int64_t m = (int64_t)oracle_rng_below(rng, (uint64_t)n + 1), te = c->b2e[n];
+            c->b2e[n] = c->b2e[m];
+            c->b2e[m] = te;
+            memcpy(tmp, c->ids + n * B, (size_t)B * sizeof(int64_t));
+            memcpy(c->ids + n * B, c->ids + m * B, (size_t)B * sizeof(int64_t));
+            memcpy(c->ids + m * B, tmp, (size_t)B * sizeof(int64_t));
+        }
+        for (int64_t n = 0; n < c->N; n++)
+            for (int64_t b = B - 1; b > 0; b--) {
+                int64_t m = (int64_t)oracle_rng_below(rng, (uint64_t)b + 1), t = c->ids[n * B + b];
+                c->ids[n * B + b] = c->ids[n * B + m];
+                c->ids[n * B + m] = t;
+            }
+        free(tmp);
+    }
+    c->layout = (moe_mlp_layout){c->T, c->E, c->N, c->b2e, c->ids};
+    CHECK(moe_mlp_layout_validate(&c->layout, &o) == MOE_OK, "validate: %s", moe_last_error());
+}
+
+static void fill(oracle_rng *rng, const mt_case *c, void **dst, double **copy, int64_t count)
+{
+    *dst = mt_xmalloc((size_t)(count > 0 ? count : 1) * moe_dtype_size(c->opt.dtype));
+    *copy = dalloc(count);
+    oracle_fill(rng, c->opt.dtype, *dst, count, 0);
+    for (int64_t i = 0; i < count; i++)
+        (*copy)[i] = oracle_load(c->opt.dtype, *dst, i);
+}
+
+static void set_nan(const mt_case *c, void *dst, double *copy, int64_t i)
+{
+    oracle_poison(c->opt.dtype, (char *)dst + (size_t)i * moe_dtype_size(c->opt.dtype), 1);
+    copy[i] = NAN;
+}
+
+void mt_case_init_routing(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
+                          const int64_t *topk_ids, const moe_mlp_options *opt, int mode)
+{
+    memset(c, 0, sizeof *c);
+    c->seed = seed;
+    c->T = T, c->E = E, c->k = k, c->H = H, c->I = I;
+    c->opt = *opt;
+    c->B = opt->block_size ? opt->block_size : MOE_MLP_DEFAULT_BLOCK_SIZE;
+    c->T1 = opt->padding == MOE_MLP_PAD_ROW ? T + 1 : T;
+    oracle_rng rng = {seed ^ 0x5eedULL};
+    c->topk_ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    memcpy(c->topk_ids, topk_ids, (size_t)(T * k) * sizeof(int64_t));
+    make_layout(c, mode, &rng);
+
+    fill(&rng, c, &c->hidden, &c->x, c->T1 * H);
+    fill(&rng, c, &c->aff, &c->A, T * E);
+    fill(&rng, c, &c->w_gu, &c->wgu, E * H * 2 * I);
+    fill(&rng, c, &c->w_d, &c->wd, E * I * H);
+    fill(&rng, c, &c->b_gu, &c->bgu, E * 2 * I);
+    fill(&rng, c, &c->b_d, &c->bd, E * H);
+    fill(&rng, c, &c->G, &c->g, c->T1 * H);
+    if (c->T1 > T)
+        for (int64_t h = 0; h < H; h++) {
+            set_nan(c, c->hidden, c->x, T * H + h);
+            set_nan(c, c->G, c->g, T * H + h);
+        }
+    /* affinities of pairs outside the layout: NaN (never read) */
+    unsigned char *used = calloc((size_t)(T * E + 1), 1);
+    for (int64_t p = 0; p < c->N * c->B; p++)
+        if (is_tok(c, c->ids[p]))
+            used[c->ids[p] * E + pos_expert(c, p)] = 1;
+    for (int64_t i = 0; i < T * E; i++)
+        if (!used[i])
+            set_nan(c, c->aff, c->A, i);
+    free(used);
+}
+
+void mt_case_init(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
+                  const moe_mlp_options *opt, int mode)
+{
+    oracle_rng rng = {seed};
+    int64_t *ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    int64_t *perm = mt_xmalloc((size_t)E * sizeof(int64_t));
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t e = 0; e < E; e++)
+            perm[e] = e;
+        for (int64_t j = 0; j < k; j++) { /* partial Fisher-Yates: k distinct experts */
+            int64_t m = j + (int64_t)oracle_rng_below(&rng, (uint64_t)(E - j)), te = perm[j];
+            perm[j] = perm[m];
+            perm[m] = te;
+            ids[t * k + j] = perm[j];
+        }
+    }
+    mt_case_init_routing(c, seed, T, E, k, H, I, ids, opt, mode);
+    free(ids);
+    free(perm);
+}
+
+void mt_case_free(mt_case *c)
+{
+    void *ps[] = {c->topk_ids, c->b2e, c->ids, c->hidden, c->aff, c->w_gu, c->w_d, c->b_gu, c->b_d, c->G,
+                  c->x, c->A, c->wgu, c->wd, c->bgu, c->bd, c->g};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        free(ps[i]);
+    memset(c, 0, sizeof *c);
+}
+
+static void scale_input(const mt_case *c, void *buf, double *copy, int64_t n, double factor)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(copy[i]))
+            continue;
+        const float v = (float)(copy[i] * factor);
+        switch (c->opt.dtype) {
+        case MOE_F32: ((float *)buf)[i] = v; break;
+        case MOE_F16: ((uint16_t *)buf)[i] = moe_f32_to_f16(v); break;
+        case MOE_BF16: ((uint16_t *)buf)[i] = moe_f32_to_bf16(v); break;
+        }
+        copy[i] = oracle_load(c->opt.dtype, buf, i);
+    }
+}
+
+void mt_case_scale_weights(mt_case *c)
+{
+    scale_input(c, c->w_gu, c->wgu, c->E * c->H * 2 * c->I, 1.0 / sqrt((double)(c->H > 1 ? c->H : 1)));
+    scale_input(c, c->w_d, c->wd, c->E * c->I * c->H, 1.0 / sqrt((double)(c->I > 1 ? c->I : 1)));
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * the float64 forward (from SEMANTICS section 3) and its loss
+ * ------------------------------------------------------------------------------------------------- */
+static void limits(const mt_case *c, int *has, double *lim)
+{
+    has[0] = c->opt.has_linear_clamp_lower_limit, lim[0] = c->opt.linear_clamp_lower_limit;
+    has[1] = c->opt.has_linear_clamp_upper_limit, lim[1] = c->opt.linear_clamp_upper_limit;
+    has[2] = c->opt.has_non_linear_clamp_lower_limit, lim[2] = c->opt.non_linear_clamp_lower_limit;
+    has[3] = c->opt.has_non_linear_clamp_upper_limit, lim[3] = c->opt.non_linear_clamp_upper_limit;
+}
+
+typedef struct params64 {
+    double *x, *A, *wgu, *wd, *bgu, *bd;
+} params64;
+
+static void forward64(const mt_case *c, const params64 *q, double *out, double *m)
+{
+    const int64_t H = c->H, I = c->I, E = c->E;
+    int has[4];
+    double lim[4];
+    limits(c, has, lim);
+    for (int64_t i = 0; i < c->T1 * H; i++)
+        out[i] = 0.0;
+    for (int64_t p = 0; p < c->N * c->B; p++) {
+        const int64_t t = c->ids[p];
+        if (!is_tok(c, t))
+            continue;
+        const int64_t e = pos_expert(c, p);
+        const double a = q->A[t * E + e];
+        for (int64_t i = 0; i < I; i++) {
+            double g = c->opt.bias ? q->bgu[(e * 2 + 0) * I + i] : 0.0;
+            double u = c->opt.bias ? q->bgu[(e * 2 + 1) * I + i] : 0.0;
+            for (int64_t h = 0; h < H; h++) {
+                g += q->x[t * H + h] * q->wgu[((e * H + h) * 2 + 0) * I + i];
+                u += q->x[t * H + h] * q->wgu[((e * H + h) * 2 + 1) * I + i];
+            }
+            g = clamp64(g, has[2], lim[2], has[3], lim[3]);
+            u = clamp64(u, has[0], lim[0], has[1], lim[1]);
+            m[i] = act64(c->opt.activation, g) * u;
+        }
+        for (int64_t h = 0; h < H; h++) {
+            double d = c->opt.bias ? q->bd[e * H + h] : 0.0;
+            for (int64_t i = 0; i < I; i++)
+                d += m[i] * q->wd[(e * I + i) * H + h];
+            out[t * H + h] += a * d;
+        }
+    }
+}
+
+static params64 case_params(const mt_case *c)
+{
+    return (params64){c->x, c->A, c->wgu, c->wd, c->bgu, c->bd};
+}
+
+void mt_forward64(const mt_case *c, double *out)
+{
+    double *m = dalloc(c->I);
+    params64 q = case_params(c);
+    forward64(c, &q, out, m);
+    free(m);
+}
+
+static double loss64(const mt_case *c, const params64 *q, double *out, double *m)
+{
+    forward64(c, q, out, m);
+    double L = 0.0;
+    for (int64_t i = 0; i < c->T * c->H; i++)
+        L += c->g[i] * out[i];
+    return L;
+}
+
+/* Central differences of L over every element of `arr` (NaN elements: never read, gradient 0). */
+static void fd_array(const mt_case *c, params64 *q, double *arr, int64_t count, double *grad, double *out,
+                     double *m)
+{
+    for (int64_t i = 0; i < count; i++) {
+        const double old = arr[i];
+        if (isnan(old)) {
+            grad[i] = 0.0;
+            continue;
+        }
+        arr[i] = old + FD_STEP;
+        const double lp = loss64(c, q, out, m);
+        arr[i] = old - FD_STEP;
+        const double lm = loss64(c, q, out, m);
+        arr[i] = old;
+        grad[i] = (lp - lm) / (2.0 * FD_STEP);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * running error arithmetic
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct ev {
+    double v, e;
+} ev;
+
+typedef struct acc_t {
+    double v, mag, prop;
+    int64_t n;
+} acc_t;
+
+static ev ex(double v) { return (ev){v, 0.0}; }
+
+/* fl32(x*y) from computed operands */
+static ev mul(ev x, ev y)
+{
+    const double prop = fabs(x.v) * y.e + fabs(y.v) * x.e + x.e * y.e;
+    return (ev){x.v * y.v, prop + U32 * (fabs(x.v * y.v) + prop) + ETA32};
+}
+
+static void acc_prod(acc_t *a, ev x, ev y)
+{
+    a->v += x.v * y.v;
+    a->mag += (fabs(x.v) + x.e) * (fabs(y.v) + y.e);
+    a->prop += fabs(x.v) * y.e + fabs(y.v) * x.e + x.e * y.e;
+    a->n++;
+}
+
+static void acc_term(acc_t *a, ev x)
+{
+    a->v += x.v;
+    a->mag += fabs(x.v) + x.e;
+    a->prop += x.e;
+    a->n++;
+}
+
+/* Any float32 summation order of n rounded terms: |error| <= gamma(n) * sum |terms| (SEMANTICS 4);
+ * the last term bounds this double computation's own rounding; n*ETA32 bounds underflow. */
+static ev acc_done(const acc_t *a)
+{
+    return (ev){a->v, a->prop + oracle_gamma(a->n) * a->mag + (double)a->n * (0x1p-52 * a->mag + ETA32)};
+}
+
+/* One rounding to a dtype (a float32 value stored as f32 is exact). */
+static ev rnd(ev x, moe_dtype dt)
+{
+    if (dt == MOE_F32)
+        return x;
+    return (ev){x.v, x.e + moe_dtype_unit_roundoff(dt) * (fabs(x.v) + x.e) + (dt == MOE_F16 ? 0x1p-25 : 0x1p-134)};
+}
+
+/* act in float32 at a computed argument: Lipschitz part + evaluation error.  Each activation is
+ * at most ~10 float32 operations and a libm call (<= 2 ulp) on quantities bounded by |x| + x^2;
+ * 32 u (|x| + x^2) bounds their accumulated error with room to spare (specs/MLP.md). */
+static ev act_ev(moe_mlp_activation a, ev g)
+{
+    const double x = fabs(g.v) + g.e;
+    return (ev){act64(a, g.v), L1_ACT * g.e + 32.0 * U32 * (x + x * x) + ETA32};
+}
+
+/* act' in float32: SiLU, Swish and GELU are sums of products of O(1) factors (sigmoid, erf, exp) and
+ * x, so their evaluation error is below 32 u (1 + |x|); GELU_Tanh's second term carries the cubic
+ * 0.5 x (1 - t^2) c (1 + 0.134 x^2), whose absolute error grows like |x|^3 (bounded by 0.1 |x|^3
+ * times the same 32 u). */
+static ev dact_ev(moe_mlp_activation a, ev g)
+{
+    const double x = fabs(g.v) + g.e;
+    const double cubic = a == MOE_ACT_GELU_TANH ? 0.1 * x * x * x : 0.0;
+    return (ev){dact64(a, g.v), L2_ACT * g.e + 32.0 * U32 * (1.0 + x + cubic)};
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * the analytic expectation of every output
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct expect {
+    ev *out, *ckpt_gu, *ckpt_d;   /* out [T1*H]; ckpt_gu [N*2I*B]; ckpt_d [N*B*H] */
+    ev *dx, *da, *dwgu, *dwd, *dbgu, *dbd;
+} expect;
+
+static ev *evalloc(int64_t n)
+{
+    ev *p = mt_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(ev));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = ex(0.0);
+    return p;
+}
+
+static void expect_free(expect *x)
+{
+    free(x->out), free(x->ckpt_gu), free(x->ckpt_d), free(x->dx), free(x->da), free(x->dwgu), free(x->dwd);
+    free(x->dbgu), free(x->dbd);
+}
+
+/* old_*: the gradient buffers' contents before the call (accumulate), as double, or NULL. */
+static void compute_expect(const mt_case *c, const double *old_wgu, const double *old_wd, const double *old_bgu,
+                           const double *old_bd, int down_ckpt_in_bwd, expect *X)
+{
+    const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, B = c->B, NB = c->N * c->B, T = c->T;
+    const moe_dtype dt = c->opt.dtype, gdt = c->opt.grad_fp32 ? MOE_F32 : dt;
+    const int on_i = c->opt.affinity == MOE_AFFINITY_ON_I, bias = c->opt.bias;
+    const moe_mlp_activation act = c->opt.activation;
+    int has[4];
+    double lim[4];
+    limits(c, has, lim);
+    X->out = evalloc(c->T1 * H), X->ckpt_gu = evalloc(c->N * I2 * B), X->ckpt_d = evalloc(NB * H);
+    X->dx = evalloc(c->T1 * H), X->da = evalloc(T * E), X->dwgu = evalloc(E * H * I2), X->dwd = evalloc(E * I * H);
+    X->dbgu = evalloc(E * I2), X->dbd = evalloc(E * H);
+
+    /* per position quantities */
+    ev *c_out = evalloc(NB * H), *dx_s = evalloc(NB * H), *dgu = evalloc(NB * I2), *mw = evalloc(NB * I);
+    ev *dsrc = evalloc(NB * H), *dD = evalloc(NB * H);
+    ev *gF = evalloc(I2), *gB = evalloc(I2), *mF = evalloc(I), *mF0 = evalloc(I), *mB0 = evalloc(I);
+    ev *d_bwd = evalloc(H), *dM = evalloc(I);
+    int *free_mask = mt_xmalloc((size_t)(I2 + 1) * sizeof(int));
+    for (int64_t p = 0; p < NB; p++) {
+        const int64_t t = c->ids[p];
+        if (!is_tok(c, t))
+            continue;
+        const int64_t e = pos_expert(c, p), blk = p / B, b = p % B;
+        const double a = c->A[t * E + e];
+        for (int64_t j = 0; j < I2; j++) {
+            acc_t s = {0};
+            for (int64_t h = 0; h < H; h++)
+                acc_prod(&s, ex(c->x[t * H + h]), ex(c->wgu[(e * H + h) * I2 + j]));
+            if (bias)
+                acc_term(&s, ex(c->bgu[e * I2 + j]));
+            ev v = acc_done(&s);
+            const int lo = j < I ? 2 : 0;
+            v.v = clamp64(v.v, has[lo], lim[lo], has[lo + 1], lim[lo + 1]);
+            free_mask[j] = (!has[lo] || lim[lo] < v.v) && (!has[lo + 1] || v.v < lim[lo + 1]);
+            gF[j] = v;
+            gB[j] = rnd(v, dt);
+            X->ckpt_gu[(blk * I2 + j) * B + b] = gB[j];
+        }
+        for (int64_t i = 0; i < I; i++) {
+            mF0[i] = mul(act_ev(act, gF[i]), gF[I + i]);
+            mF[i] = on_i ? mul(mF0[i], ex(a)) : mF0[i];
+            mB0[i] = mul(act_ev(act, gB[i]), gB[I + i]);
+            mw[p * I + i] = on_i ? mul(mB0[i], ex(a)) : mB0[i];
+        }
+        for (int64_t h = 0; h < H; h++) {
+            acc_t s = {0}, s0 = {0}, sb = {0};
+            for (int64_t i = 0; i < I; i++) {
+                acc_prod(&s, mF[i], ex(c->wd[(e * I + i) * H + h]));
+                acc_prod(&s0, mF0[i], ex(c->wd[(e * I + i) * H + h]));
+                acc_prod(&sb, mB0[i], ex(c->wd[(e * I + i) * H + h]));
+            }
+            if (bias) {
+                acc_term(&s, on_i ? mul(ex(a), ex(c->bd[e * H + h])) : ex(c->bd[e * H + h]));
+                acc_term(&s0, ex(c->bd[e * H + h]));
+                acc_term(&sb, ex(c->bd[e * H + h]));
+            }
+            const ev dfwd = acc_done(&s), ckpt = rnd(acc_done(&s0), dt);
+            X->ckpt_d[p * H + h] = ckpt;
+            c_out[p * H + h] = on_i ? dfwd : mul(ex(a), dfwd);
+            d_bwd[h] = (on_i && !down_ckpt_in_bwd) ? acc_done(&sb) : ckpt;
+            dD[p * H + h] = mul(ex(a), ex(c->g[t * H + h]));
+            dsrc[p * H + h] = on_i ? ex(c->g[t * H + h]) : dD[p * H + h];
+        }
+        {
+            acc_t s = {0};
+            for (int64_t h = 0; h < H; h++)
+                acc_prod(&s, ex(c->g[t * H + h]), d_bwd[h]);
+            X->da[t * E + e] = rnd(acc_done(&s), dt);
+        }
+        for (int64_t i = 0; i < I; i++) {
+            acc_t s = {0};
+            for (int64_t h = 0; h < H; h++)
+                acc_prod(&s, dsrc[p * H + h], ex(c->wd[(e * I + i) * H + h]));
+            dM[i] = on_i ? mul(ex(a), acc_done(&s)) : acc_done(&s);
+            dgu[p * I2 + i] = free_mask[i] ? mul(mul(dM[i], gB[I + i]), dact_ev(act, gB[i])) : ex(0.0);
+            dgu[p * I2 + I + i] = free_mask[I + i] ? mul(dM[i], act_ev(act, gB[i])) : ex(0.0);
+        }
+        for (int64_t h = 0; h < H; h++) {
+            acc_t s = {0};
+            for (int64_t j = 0; j < I2; j++)
+                acc_prod(&s, dgu[p * I2 + j], ex(c->wgu[(e * H + h) * I2 + j]));
+            dx_s[p * H + h] = acc_done(&s);
+        }
+    }
+
+    /* token rows */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            acc_t so = {0}, sx = {0};
+            for (int64_t p = 0; p < NB; p++)
+                if (c->ids[p] == t) {
+                    acc_term(&so, c_out[p * H + h]);
+                    acc_term(&sx, dx_s[p * H + h]);
+                }
+            X->out[t * H + h] = rnd(acc_done(&so), dt);
+            X->dx[t * H + h] = rnd(acc_done(&sx), dt);
+        }
+    /* expert rows (positions of an expert in any order: the bound does not depend on it) */
+    for (int64_t e = 0; e < E; e++) {
+        for (int64_t i = 0; i < I; i++)
+            for (int64_t h = 0; h < H; h++) {
+                acc_t s = {0};
+                for (int64_t p = 0; p < NB; p++)
+                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
+                        acc_prod(&s, mw[p * I + i], dsrc[p * H + h]);
+                if (old_wd)
+                    acc_term(&s, ex(old_wd[(e * I + i) * H + h]));
+                X->dwd[(e * I + i) * H + h] = rnd(acc_done(&s), gdt);
+            }
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t j = 0; j < I2; j++) {
+                acc_t s = {0};
+                for (int64_t p = 0; p < NB; p++)
+                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
+                        acc_prod(&s, ex(c->x[c->ids[p] * H + h]), dgu[p * I2 + j]);
+                if (old_wgu)
+                    acc_term(&s, ex(old_wgu[(e * H + h) * I2 + j]));
+                X->dwgu[(e * H + h) * I2 + j] = rnd(acc_done(&s), gdt);
+            }
+        if (bias) {
+            for (int64_t h = 0; h < H; h++) {
+                acc_t s = {0};
+                for (int64_t p = 0; p < NB; p++)
+                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
+                        acc_term(&s, dD[p * H + h]);
+                if (old_bd)
+                    acc_term(&s, ex(old_bd[e * H + h]));
+                X->dbd[e * H + h] = rnd(acc_done(&s), gdt);
+            }
+            for (int64_t j = 0; j < I2; j++) {
+                acc_t s = {0};
+                for (int64_t p = 0; p < NB; p++)
+                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
+                        acc_term(&s, dgu[p * I2 + j]);
+                if (old_bgu)
+                    acc_term(&s, ex(old_bgu[e * I2 + j]));
+                X->dbgu[e * I2 + j] = rnd(acc_done(&s), gdt);
+            }
+        }
+    }
+    free(c_out), free(dx_s), free(dgu), free(mw), free(dsrc), free(dD), free(gF), free(gB), free(mF);
+    free(mF0), free(mB0), free(d_bwd), free(dM), free(free_mask);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * clamp placement
+ * ------------------------------------------------------------------------------------------------- */
+typedef struct vb {
+    double v, e;
+} vb;
+
+static int cmp_vb(const void *a, const void *b)
+{
+    double x = ((const vb *)a)->v, y = ((const vb *)b)->v;
+    return x < y ? -1 : x > y;
+}
+
+static double round_dt(moe_dtype dt, double v)
+{
+    switch (dt) {
+    case MOE_F16: return moe_f16_to_f32(moe_f32_to_f16((float)v));
+    case MOE_BF16: return moe_bf16_to_f32(moe_f32_to_bf16((float)v));
+    case MOE_F32: break;
+    }
+    return (float)v;
+}
+
+/* A limit near quantile q in a gap: returns 1 and *lim, with the share of values below it in *below. */
+static int place_limit(const vb *s, int64_t n, double q, moe_dtype dt, double *lim, double *below)
+{
+    const double u = moe_dtype_unit_roundoff(dt);
+    const int64_t target = (int64_t)(q * (double)(n - 1));
+    for (int64_t off = 0; off < n; off++) {
+        for (int sign = -1; sign <= 1; sign += 2) {
+            const int64_t j = target + sign * off;
+            if (j < 0 || j + 1 >= n || (off == 0 && sign == 1))
+                continue;
+            const double cand = round_dt(dt, 0.5 * (s[j].v + s[j + 1].v));
+            const double m_lo = s[j].e + u * (fabs(s[j].v) + s[j].e) + 2 * u * fabs(cand) + 1e-3;
+            const double m_hi = s[j + 1].e + u * (fabs(s[j + 1].v) + s[j + 1].e) + 2 * u * fabs(cand) + 1e-3;
+            if (cand - s[j].v > m_lo && s[j + 1].v - cand > m_hi) {
+                *lim = cand;
+                *below = (double)(j + 1) / (double)n;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int mt_choose_clamps(mt_case *c, int mask)
+{
+    const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, NB = c->N * c->B;
+    int64_t n = 0;
+    for (int64_t p = 0; p < NB; p++)
+        n += is_tok(c, c->ids[p]);
+    vb *vals[2] = {mt_xmalloc((size_t)(n * I + 1) * sizeof(vb)), mt_xmalloc((size_t)(n * I + 1) * sizeof(vb))};
+    int64_t cnt = 0;
+    for (int64_t p = 0; p < NB; p++) {
+        const int64_t t = c->ids[p];
+        if (!is_tok(c, t))
+            continue;
+        const int64_t e = pos_expert(c, p);
+        for (int64_t j = 0; j < I2; j++) {
+            acc_t s = {0};
+            for (int64_t h = 0; h < H; h++)
+                acc_prod(&s, ex(c->x[t * H + h]), ex(c->wgu[(e * H + h) * I2 + j]));
+            if (c->opt.bias)
+                acc_term(&s, ex(c->bgu[e * I2 + j]));
+            const ev v = acc_done(&s);
+            vals[j < I ? 1 : 0][cnt * I + (j % I)] = (vb){v.v, v.e};
+        }
+        cnt++;
+        (void)E;
+    }
+    int ok = 1;
+    for (int w = 0; w < 2 && ok; w++) { /* 0: linear (u), 1: non-linear (g) */
+        qsort(vals[w], (size_t)(n * I), sizeof(vb), cmp_vb);
+        double lo = 0, hi = 0, below_lo = 0, below_hi = 0;
+        const int want_lo = mask & (w ? MT_NL_LO : MT_LIN_LO), want_hi = mask & (w ? MT_NL_HI : MT_LIN_HI);
+        if (want_lo && !place_limit(vals[w], n * I, 0.25, c->opt.dtype, &lo, &below_lo))
+            ok = 0;
+        if (ok && want_hi && !place_limit(vals[w], n * I, 0.75, c->opt.dtype, &hi, &below_hi))
+            ok = 0;
+        if (ok && want_lo && want_hi && !(lo < hi))
+            ok = 0;
+        if (!ok)
+            break;
+        if (w == 0) {
+            c->opt.has_linear_clamp_lower_limit = want_lo != 0, c->opt.linear_clamp_lower_limit = (float)lo;
+            c->opt.has_linear_clamp_upper_limit = want_hi != 0, c->opt.linear_clamp_upper_limit = (float)hi;
+            c->clamp_fraction[0] = want_lo ? below_lo : 0, c->clamp_fraction[1] = want_hi ? 1 - below_hi : 0;
+        } else {
+            c->opt.has_non_linear_clamp_lower_limit = want_lo != 0, c->opt.non_linear_clamp_lower_limit = (float)lo;
+            c->opt.has_non_linear_clamp_upper_limit = want_hi != 0, c->opt.non_linear_clamp_upper_limit = (float)hi;
+            c->clamp_fraction[2] = want_lo ? below_lo : 0, c->clamp_fraction[3] = want_hi ? 1 - below_hi : 0;
+        }
+    }
+    free(vals[0]);
+    free(vals[1]);
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * running the reference and checking
+ * ------------------------------------------------------------------------------------------------- */
+static void *talloc(moe_dtype dt, int64_t n)
+{
+    void *p = mt_xmalloc((size_t)(n > 0 ? n : 1) * moe_dtype_size(dt));
+    oracle_poison(dt, p, n);
+    return p;
+}
+
+void mt_result_free(mt_result *r)
+{
+    void *ps[] = {r->out, r->ckpt_gu, r->ckpt_d, r->d_hidden, r->d_aff, r->d_wgu, r->d_wd, r->d_bgu, r->d_bd};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        free(ps[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* Compares got[i] with the analytic want[i] (within want.e) and, when fd is non-NULL, with the finite
+ * difference fd[i] + base[i] (within want.e + the finite-difference error fd_err). */
+static int64_t compare(const mt_case *c, const char *label, moe_dtype dt, const void *got, const ev *want,
+                       const double *fd, const double *base, double fd_err, int64_t count, int checks)
+{
+    int64_t bad = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const double gv = oracle_load(dt, got, i), wv = want[i].v, bound = want[i].e;
+        const double fv = fd ? fd[i] + (base ? base[i] : 0.0) : wv;
+        int fail = !isfinite(gv) && isfinite(wv);
+        if ((checks & MT_CHECK_BOUND) && fabs(gv - wv) > bound)
+            fail = 1;
+        if ((checks & MT_CHECK_FD) && fd) {
+            if (fabs(gv - fv) > bound + fd_err)
+                fail = 1;
+            if (fabs(wv - fv) > fd_err)
+                fail = 2;
+        }
+        if (fail) {
+            if (bad < 6)
+                fprintf(stderr,
+                        "  %s[%lld]: got %.9g, analytic %.9g, finite difference %.9g, bound %.3g (+fd %.3g)%s "
+                        "[seed %llu]\n",
+                        label, (long long)i, gv, wv, fv, bound, fd_err,
+                        fail == 2 ? " (analytic vs finite difference)" : "", (unsigned long long)c->seed);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static void describe(const mt_case *c, FILE *f)
+{
+    const moe_mlp_options *o = &c->opt;
+    fprintf(f, "case seed %llu: T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld N=%lld dtype=%s act=%d aff=%s bias=%d "
+            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d\n",
+            (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
+            (long long)c->I, (long long)c->B, (long long)c->N, moe_dtype_name(o->dtype), (int)o->activation,
+            o->affinity ? "ON_I" : "ON_H", o->bias, o->padding ? "row" : "skip", o->has_linear_clamp_lower_limit,
+            o->has_linear_clamp_upper_limit, o->has_non_linear_clamp_lower_limit,
+            o->has_non_linear_clamp_upper_limit, o->tensor_update_overwrite, o->accumulate, o->grad_fp32);
+}
+
+static double *to_double(moe_dtype dt, const void *src, int64_t n)
+{
+    double *d = dalloc(n);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = oracle_load(dt, src, i);
+    return d;
+}
+
+int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *res)
+{
+    const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, NB = c->N * c->B, T = c->T;
+    const moe_dtype dt = c->opt.dtype, gdt = c->opt.grad_fp32 ? MOE_F32 : dt;
+    const int bias = c->opt.bias;
+    mt_result r;
+    r.out = talloc(dt, c->T1 * H);
+    r.ckpt_gu = talloc(dt, c->N * I2 * c->B);
+    r.ckpt_d = talloc(dt, NB * H);
+    r.d_hidden = talloc(dt, c->T1 * H);
+    r.d_aff = talloc(dt, T * E);
+    r.d_wgu = talloc(gdt, E * H * I2);
+    r.d_wd = talloc(gdt, E * I * H);
+    r.d_bgu = bias ? talloc(gdt, E * I2) : NULL;
+    r.d_bd = bias ? talloc(gdt, E * H) : NULL;
+    double *old[4] = {NULL, NULL, NULL, NULL};
+    if (c->opt.accumulate) {
+        oracle_rng rng = {c->seed * 7 + 3};
+        void *bufs[4] = {r.d_wgu, r.d_wd, r.d_bgu, r.d_bd};
+        const int64_t counts[4] = {E * H * I2, E * I * H, E * I2, E * H};
+        for (int q = 0; q < 4; q++)
+            if (bufs[q]) {
+                oracle_fill(&rng, gdt, bufs[q], counts[q], 0);
+                old[q] = to_double(gdt, bufs[q], counts[q]);
+            }
+    }
+
+    moe_mlp_options fo = c->opt;
+    fo.accumulate = 0;
+    fo.grad_fp32 = 0;
+    moe_status st = moe_mlp_fwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                                bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
+    if (st != MOE_OK) {
+        describe(c, stderr);
+        CHECK(0, "moe_mlp_fwd: %s (%s)", moe_strerror(st), moe_last_error());
+    }
+    st = moe_mlp_bwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                     bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
+                     r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
+    if (st != MOE_OK) {
+        describe(c, stderr);
+        CHECK(0, "moe_mlp_bwd: %s (%s)", moe_strerror(st), moe_last_error());
+    }
+
+    expect X;
+    compute_expect(c, old[0], old[1], old[2], old[3], down_ckpt_in_bwd, &X);
+
+    /* finite differences of L = <G, out> */
+    double *fd_x = NULL, *fd_a = NULL, *fd_wgu = NULL, *fd_wd = NULL, *fd_bgu = NULL, *fd_bd = NULL;
+    double fd_err = 0.0;
+    if (checks & MT_CHECK_FD) {
+        params64 q = case_params(c); /* its arrays are perturbed and restored */
+        double *out = dalloc(c->T1 * H), *m = dalloc(I);
+        fd_x = dalloc(c->T1 * H), fd_a = dalloc(T * E), fd_wgu = dalloc(E * H * I2), fd_wd = dalloc(E * I * H);
+        fd_bgu = dalloc(E * I2), fd_bd = dalloc(E * H);
+        fd_array(c, &q, q.x, c->T1 * H, fd_x, out, m);
+        fd_array(c, &q, q.A, T * E, fd_a, out, m);
+        fd_array(c, &q, q.wgu, E * H * I2, fd_wgu, out, m);
+        fd_array(c, &q, q.wd, E * I * H, fd_wd, out, m);
+        if (bias) {
+            fd_array(c, &q, q.bgu, E * I2, fd_bgu, out, m);
+            fd_array(c, &q, q.bd, E * H, fd_bd, out, m);
+        }
+        /* finite-difference error: the rounding of L (depth ~ H + 3I + k terms, magnitude Lmag) divided
+         * by the step, plus the truncation step^2/6 * |L'''|; for data in [-1, 1) every third
+         * derivative is a sum of at most k*H*I terms each below 8 (specs/MLP.md) */
+        double lmag = 0.0;
+        for (int64_t i = 0; i < T * H; i++)
+            lmag += fabs(c->g[i]) * (fabs(X.out[i].v) + 1.0);
+        fd_err = 4.0 * (double)(H + 3 * I + c->k + 8) * 0x1p-53 * lmag / FD_STEP +
+                 (double)(c->k * (H + 1) * (I + 1)) * 8.0 / 6.0 * FD_STEP * FD_STEP;
+        free(out);
+        free(m);
+    }
+
+    int64_t bad = 0;
+    const int bchk = checks & MT_CHECK_BOUND;
+    bad += compare(c, "out", dt, r.out, X.out, NULL, NULL, 0, c->T1 * H, bchk);
+    /* checkpoints: analytic value within bound (padding positions exactly +0 via a zero bound) */
+    bad += compare(c, "gate_up_ckpt_T", dt, r.ckpt_gu, X.ckpt_gu, NULL, NULL, 0, c->N * I2 * c->B, bchk);
+    bad += compare(c, "down_ckpt", dt, r.ckpt_d, X.ckpt_d, NULL, NULL, 0, NB * H, bchk);
+    bad += compare(c, "d_hidden", dt, r.d_hidden, X.dx, fd_x, NULL, fd_err, c->T1 * H, checks);
+    bad += compare(c, "d_affinities", dt, r.d_aff, X.da, fd_a, NULL, fd_err, T * E, checks);
+    bad += compare(c, "d_w_gu", gdt, r.d_wgu, X.dwgu, fd_wgu, old[0], fd_err, E * H * I2, checks);
+    bad += compare(c, "d_w_d", gdt, r.d_wd, X.dwd, fd_wd, old[1], fd_err, E * I * H, checks);
+    if (bias) {
+        bad += compare(c, "d_b_gu", gdt, r.d_bgu, X.dbgu, fd_bgu, old[2], fd_err, E * I2, checks);
+        bad += compare(c, "d_b_d", gdt, r.d_bd, X.dbd, fd_bd, old[3], fd_err, E * H, checks);
+    }
+    if (bad)
+        describe(c, stderr);
+    expect_free(&X);
+    free(fd_x), free(fd_a), free(fd_wgu), free(fd_wd), free(fd_bgu), free(fd_bd);
+    for (int q = 0; q < 4; q++)
+        free(old[q]);
+    if (res)
+        *res = r;
+    else
+        mt_result_free(&r);
+    return bad;
+}
+
+int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                           const char *what)
+{
+    expect X1, X2;
+    compute_expect(c1, NULL, NULL, NULL, NULL, 1, &X1);
+    compute_expect(c2, NULL, NULL, NULL, NULL, 1, &X2);
+    const int64_t H = c1->H, I2 = 2 * c1->I, E = c1->E, T = c1->T;
+    const moe_dtype dt = c1->opt.dtype, gdt = c1->opt.grad_fp32 ? MOE_F32 : dt;
+    struct {
+        const char *name;
+        moe_dtype dt;
+        const void *a, *b;
+        const ev *ea, *eb;
+        int64_t n;
+    } items[] = {
+        {"out", dt, r1->out, r2->out, X1.out, X2.out, T * H},
+        {"d_hidden", dt, r1->d_hidden, r2->d_hidden, X1.dx, X2.dx, T * H},
+        {"d_affinities", dt, r1->d_aff, r2->d_aff, X1.da, X2.da, T * E},
+        {"d_w_gu", gdt, r1->d_wgu, r2->d_wgu, X1.dwgu, X2.dwgu, E * H * I2},
+        {"d_w_d", gdt, r1->d_wd, r2->d_wd, X1.dwd, X2.dwd, E * c1->I * H},
+        {"d_b_gu", gdt, r1->d_bgu, r2->d_bgu, X1.dbgu, X2.dbgu, c1->opt.bias ? E * I2 : 0},
+        {"d_b_d", gdt, r1->d_bd, r2->d_bd, X1.dbd, X2.dbd, c1->opt.bias ? E * H : 0},
+    };
+    int64_t bad = 0;
+    for (size_t k = 0; k < sizeof items / sizeof items[0]; k++)
+        for (int64_t i = 0; i < items[k].n; i++) {
+            const double a = oracle_load(items[k].dt, items[k].a, i), b = oracle_load(items[k].dt, items[k].b, i);
+            const double bound = items[k].ea[i].e + items[k].eb[i].e;
+            if (!(fabs(a - b) <= bound)) {
+                if (bad < 6 && what != NULL)
+                    fprintf(stderr, "  %s: %s[%lld]: %.9g vs %.9g, |diff| %.3g > bound %.3g [seed %llu]\n", what,
+                            items[k].name, (long long)i, a, b, fabs(a - b), bound, (unsigned long long)c1->seed);
+                bad++;
+            }
+        }
+    expect_free(&X1);
+    expect_free(&X2);
+    return bad;
+}
+
+int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts)
+{
+    const size_t es = moe_dtype_size(c->opt.dtype);
+    const size_t gs = c->opt.grad_fp32 ? 4 : es;
+    const int64_t H = c->H, I2 = 2 * c->I, E = c->E;
+#define SAME(a, b, bytes) (memcmp((a), (b), (bytes)) == 0)
+    int same = SAME(r1->out, r2->out, (size_t)(c->T1 * H) * es) &&
+               SAME(r1->d_hidden, r2->d_hidden, (size_t)(c->T1 * H) * es) &&
+               SAME(r1->d_aff, r2->d_aff, (size_t)(c->T * E) * es) &&
+               SAME(r1->d_wgu, r2->d_wgu, (size_t)(E * H * I2) * gs) &&
+               SAME(r1->d_wd, r2->d_wd, (size_t)(E * c->I * H) * gs);
+    if (c->opt.bias)
+        same = same && SAME(r1->d_bgu, r2->d_bgu, (size_t)(E * I2) * gs) && SAME(r1->d_bd, r2->d_bd, (size_t)(E * H) * gs);
+    if (with_ckpts)
+        same = same && SAME(r1->ckpt_gu, r2->ckpt_gu, (size_t)(c->N * I2 * c->B) * es) &&
+               SAME(r1->ckpt_d, r2->ckpt_d, (size_t)(c->N * c->B * H) * es);
+#undef SAME
+    return same;
+}

@@ -1,0 +1,117 @@
+/*
+ * Test support for the blockwise MoE MLP (tests/test_mlp_*.c), independent of ref/mlp.c:
+ *
+ *   - a float64 forward of SEMANTICS section 3 written from the spec, and central finite differences
+ *     of the loss L = <G, out> through it (the gradients every test checks against);
+ *   - a float64 analytic forward/backward in "running error" arithmetic: every quantity carries its
+ *     exact value (from the same rounded inputs) and a bound on the error a correct float32
+ *     reference may have in it, composed from the dot-product bound of SEMANTICS section 4
+ *     (specs/MLP.md, "Error bound", derives each rule);
+ *   - a random case generator (routing, layouts, inputs, clamp limits placed in gaps of the data).
+ */
+#ifndef LIBMOE_MLP_TESTLIB_H
+#define LIBMOE_MLP_TESTLIB_H
+
+#include "moe.h"
+#include "moe_mlp.h"
+#include "oracle.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CHECK(cond, ...)                                                                             \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
+            fprintf(stderr, __VA_ARGS__);                                                            \
+            fprintf(stderr, "\n");                                                                   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+void *mt_xmalloc(size_t bytes);
+
+/* How the case's layout is made. */
+enum mt_layout_mode {
+    MT_DROPLESS = 0,     /* moe_mlp_layout_build, dropless */
+    MT_DROPPING = 1,     /* moe_mlp_layout_build, dropping (capacity B) */
+    MT_SHUFFLED = 2      /* dropless, then blocks permuted, slots shuffled, an empty block added */
+};
+
+/* Which clamp limits a case sets (bit mask). */
+enum { MT_LIN_LO = 1, MT_LIN_HI = 2, MT_NL_LO = 4, MT_NL_HI = 8 };
+
+typedef struct mt_case {
+    uint64_t seed;
+    int64_t T, E, k, H, I, B, N, T1;
+    moe_mlp_options opt;
+    int64_t *topk_ids;            /* [T*k] */
+    int64_t *b2e, *ids;           /* the layout arrays */
+    moe_mlp_layout layout;
+    int64_t dropped;
+    /* inputs in opt.dtype; hidden/out_grad row T (pad-row convention) and the affinities of pairs
+     * outside the layout are NaN: the reference must never read them */
+    void *hidden, *aff, *w_gu, *w_d, *b_gu, *b_d, *G;
+    /* the same values as double */
+    double *x, *A, *wgu, *wd, *bgu, *bd, *g;
+    /* clamp statistics of the case (filled by mt_choose_clamps) */
+    double clamp_fraction[4];     /* lin lo, lin hi, nl lo, nl hi: share of elements clamped */
+} mt_case;
+
+/* Makes a random case: distinct experts per token, uniform [-1, 1) inputs rounded to opt->dtype,
+ * layout per `mode`; opt->block_size must be set.  Clamp limits are not set (mt_choose_clamps). */
+void mt_case_init(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
+                  const moe_mlp_options *opt, int mode);
+/* Same, with caller-given routing (topk_ids[T*k]) and the dropless builder. */
+void mt_case_init_routing(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
+                          const int64_t *topk_ids, const moe_mlp_options *opt, int mode);
+void mt_case_free(mt_case *c);
+
+/* Scales w_gu by 1/sqrt(H) and w_d by 1/sqrt(I) (re-rounded to the dtype), keeping pre-activations
+ * O(1) on wide shapes.  Call before mt_choose_clamps. */
+void mt_case_scale_weights(mt_case *c);
+
+/* Sets the clamp limits in `mask` at quantiles of the data (lower ~25%, upper ~75%) in gaps wide
+ * enough that no element lies within its error bound (+1e-3) of a limit; each limit is exactly
+ * representable in the dtype.  Returns 0 if no such placement exists. */
+int mt_choose_clamps(mt_case *c, int mask);
+
+/* The float64 forward: out[T1][H] (row T zero). */
+void mt_forward64(const mt_case *c, double *out);
+
+/* Results of one reference run (allocated by mt_run). */
+typedef struct mt_result {
+    void *out, *ckpt_gu, *ckpt_d;
+    void *d_hidden, *d_aff, *d_wgu, *d_wd, *d_bgu, *d_bd;
+} mt_result;
+
+/* Checks of mt_run (bit mask). */
+enum { MT_CHECK_FD = 1, MT_CHECK_BOUND = 2 };
+
+/* Runs moe_mlp_fwd then moe_mlp_bwd on the case (outputs poisoned with NaN first; with accumulate,
+ * the gradients start from random contents), checks every output against the float64 analytic
+ * value within its derived bound and every gradient against central finite differences (bound +
+ * finite-difference error), and returns the number of mismatches (printed to stderr with the seed).
+ * `res` (if non-NULL) receives the outputs; free with mt_result_free.  `down_ckpt_in_bwd`: pass the
+ * down checkpoint to the backward (required for ON_H). */
+int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *res);
+void mt_result_free(mt_result *r);
+
+/* Element counts of the case's tensors. */
+int64_t mt_count_wgu(const mt_case *c);
+int64_t mt_count_wd(const mt_case *c);
+
+/* Largest |a - b| / (bound_a + bound_b) style comparison of two result sets of the same case (e.g.
+ * ON_H vs ON_I, two block sizes): compares every gradient and the output element by element with the
+ * sum of both analytic bounds; returns mismatches (printed, labelled `what`, unless what is NULL). */
+int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                           const char *what);
+
+/* Bitwise equality of two result sets (sizes from c). */
+int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts);
+
+/* Number of elements of the case's gradient tensors, etc. (for tests poking at results) */
+double mt_load(moe_dtype dtype, const void *base, int64_t i);
+
+#endif /* LIBMOE_MLP_TESTLIB_H */
