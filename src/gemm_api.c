@@ -7,52 +7,7 @@
 
 enum gemm_op { OP_FWD, OP_DX, OP_DW, OP_TOPK_GRAD, OP_BWD };
 
-/* One array argument for the pointer, size and overlap checks. */
-typedef struct tensor_arg {
-    const char *name;
-    const void *data;
-    int64_t rows;
-    int64_t cols;
-    moe_dtype dtype;
-    int is_output;
-    int is_index;     /* an int64 array of the routing (dtype unused) */
-} tensor_arg;
-
-static int64_t element_bytes(const tensor_arg *t) { return t->is_index ? 8 : (int64_t)moe_dtype_size(t->dtype); }
-
 static const moe_gemm_options default_options; /* all zero: f32, no fusion, overwrite */
-
-static moe_status check_tensor(const char *op, const tensor_arg *t, int64_t *bytes)
-{
-    int64_t elements = 0;
-    if (!moe_mul_ok(t->rows, t->cols, &elements) ||
-        !moe_mul_ok(elements, element_bytes(t), bytes) || (uint64_t)*bytes > SIZE_MAX)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: %s is %" PRId64 " x %" PRId64 " %s elements, past 64-bit sizes",
-                        op, t->name, t->rows, t->cols, t->is_index ? "int64" : moe_dtype_name(t->dtype));
-    if (elements > 0 && t->data == NULL)
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but has %" PRId64 " x %" PRId64 " elements", op,
-                        t->name, t->rows, t->cols);
-    return MOE_OK;
-}
-
-/* Outputs must not overlap any other argument: a kernel never reads what it overwrites. */
-static moe_status check_overlaps(const char *op, const tensor_arg *args, const int64_t *bytes, int count)
-{
-    for (int i = 0; i < count; i++) {
-        if (!args[i].is_output || bytes[i] == 0)
-            continue;
-        uintptr_t lo = (uintptr_t)args[i].data, hi = lo + (uintptr_t)bytes[i];
-        for (int j = 0; j < count; j++) {
-            if (j == i || bytes[j] == 0)
-                continue;
-            uintptr_t other_lo = (uintptr_t)args[j].data, other_hi = other_lo + (uintptr_t)bytes[j];
-            if (lo < other_hi && other_lo < hi)
-                return moe_fail(MOE_ERR_INVALID_OPTION, "%s: output %s overlaps %s %s", op, args[i].name,
-                                args[j].is_output ? "output" : "input", args[j].name);
-        }
-    }
-    return MOE_OK;
-}
 
 /* Validates dimensions, options and routing, and fills the problem description. */
 static moe_status build_problem(const char *op, enum gemm_op which, const moe_dispatch *table,
@@ -128,22 +83,16 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
 
 /* Checks the op's tensors, and that no output overlaps another argument, the routing arrays included
  * (a kernel reading gather_indices must never see them overwritten). */
-static moe_status check_tensors(const char *op, const moe_gemm_problem *p, const tensor_arg *args, int count)
+static moe_status check_tensors(const char *op, const moe_gemm_problem *p, const moe_array_arg *args, int count)
 {
     enum { MAX_ARGS = 8 };
-    tensor_arg all[MAX_ARGS + 2];
-    int64_t bytes[MAX_ARGS + 2];
+    moe_array_arg all[MAX_ARGS + 2];
     for (int i = 0; i < count; i++)
         all[i] = args[i];
-    all[count] = (tensor_arg){"routing.m_sizes", p->m_sizes, p->num_experts, 1, MOE_F32, 0, 1};
-    all[count + 1] = (tensor_arg){"routing.gather_indices", p->gather_indices,
+    all[count] = (moe_array_arg){"routing.m_sizes", p->m_sizes, p->num_experts, 1, MOE_F32, 0, 1};
+    all[count + 1] = (moe_array_arg){"routing.gather_indices", p->gather_indices,
                                   p->gather_indices != NULL ? p->rows : 0, 1, MOE_F32, 0, 1};
-    for (int i = 0; i < count + 2; i++) {
-        moe_status status = check_tensor(op, &all[i], &bytes[i]);
-        if (status != MOE_OK)
-            return status;
-    }
-    return check_overlaps(op, all, bytes, count + 2);
+    return moe_check_arrays(op, all, count + 2);
 }
 
 static const moe_dispatch *backend_table(const char *op, moe_backend backend)
@@ -188,7 +137,7 @@ moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t
     moe_status status = prepare(op, OP_FWD, backend, routing, N, K, topk_weights, &options, &table, &p);
     if (status != MOE_OK)
         return status;
-    const tensor_arg args[] = {
+    const moe_array_arg args[] = {
         {"x", x, x_rows(&p), K, p.dtype, 0, 0},
         {"w", w, p.num_experts * N, K, p.dtype, 0, 0},
         {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0, 0},
@@ -201,7 +150,7 @@ moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t
 static moe_status dx_tensors(const char *op, const moe_gemm_problem *p, const void *dy, const void *w,
                              const void *topk_weights, const void *dx)
 {
-    const tensor_arg args[] = {
+    const moe_array_arg args[] = {
         {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
         {"w", w, p->num_experts * p->N, p->K, p->dtype, 0, 0},
         {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
@@ -213,7 +162,7 @@ static moe_status dx_tensors(const char *op, const moe_gemm_problem *p, const vo
 static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *dy,
                              const void *topk_weights, const void *dw)
 {
-    const tensor_arg args[] = {
+    const moe_array_arg args[] = {
         {"x", x, x_rows(p), p->K, p->dtype, 0, 0},
         {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
         {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
@@ -225,7 +174,7 @@ static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const vo
 static moe_status topk_grad_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *dy, const void *d_topk_weights)
 {
-    const tensor_arg args[] = {
+    const moe_array_arg args[] = {
         {"x", x, x_rows(p), p->K, p->dtype, 0, 0},
         {"w", w, p->num_experts * p->N, p->K, p->dtype, 0, 0},
         {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
@@ -299,7 +248,7 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
     if (want_dtopk && (status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights)) != MOE_OK)
         return status;
     /* the outputs of one call must not overlap each other either (outputs not computed count as empty) */
-    const tensor_arg outs[] = {
+    const moe_array_arg outs[] = {
         {"dx", dx, want_dx ? (p.reduce_topk ? p.num_tokens : p.rows) : 0, K, p.dtype, 1, 0},
         {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1, 0},
         {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1, 0},

@@ -9,59 +9,6 @@
 
 static const moe_mlp_options default_options; /* all zero: f32, B = 128, SiLU, ON_H, skip padding */
 
-/* One tensor argument; dtype MOE_INT64 marks the int64 index arrays of the layout builder. */
-#define MOE_INT64 ((moe_dtype)-1)
-typedef struct tensor_arg {
-    const char *name;
-    const void *data;
-    int64_t rows;
-    int64_t cols;
-    moe_dtype dtype;
-    int is_output;
-} tensor_arg;
-
-static int64_t element_bytes(moe_dtype dtype) { return dtype == MOE_INT64 ? 8 : (int64_t)moe_dtype_size(dtype); }
-
-static moe_status check_tensor(const char *op, const tensor_arg *t, int64_t *bytes)
-{
-    int64_t elements = 0;
-    if (t->rows < 0 || !moe_mul_ok(t->rows, t->cols, &elements) ||
-        !moe_mul_ok(elements, element_bytes(t->dtype), bytes) || (uint64_t)*bytes > SIZE_MAX)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: %s is %" PRId64 " x %" PRId64 " %s elements, past 64-bit sizes",
-                        op, t->name, t->rows, t->cols, t->dtype == MOE_INT64 ? "int64" : moe_dtype_name(t->dtype));
-    if (elements > 0 && t->data == NULL)
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but has %" PRId64 " x %" PRId64 " elements", op,
-                        t->name, t->rows, t->cols);
-    return MOE_OK;
-}
-
-/* Sizes, NULLs, then: no output overlaps any other argument. */
-static moe_status check_tensors(const char *op, const tensor_arg *args, int count)
-{
-    int64_t bytes[24];
-    for (int i = 0; i < count; i++) {
-        moe_status status = check_tensor(op, &args[i], &bytes[i]);
-        if (status != MOE_OK)
-            return status;
-        if (args[i].data == NULL)
-            bytes[i] = 0;
-    }
-    for (int i = 0; i < count; i++) {
-        if (!args[i].is_output || bytes[i] == 0)
-            continue;
-        uintptr_t lo = (uintptr_t)args[i].data, hi = lo + (uintptr_t)bytes[i];
-        for (int j = 0; j < count; j++) {
-            if (j == i || bytes[j] == 0)
-                continue;
-            uintptr_t other_lo = (uintptr_t)args[j].data, other_hi = other_lo + (uintptr_t)bytes[j];
-            if (lo < other_hi && other_lo < hi)
-                return moe_fail(MOE_ERR_INVALID_OPTION, "%s: output %s overlaps %s %s", op, args[i].name,
-                                args[j].is_output ? "output" : "input", args[j].name);
-        }
-    }
-    return MOE_OK;
-}
-
 static const char *clamp_name(int which)
 {
     static const char *const names[4] = {"linear_clamp_lower_limit", "linear_clamp_upper_limit",
@@ -180,18 +127,18 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s is given but options.bias is 0 (expected NULL)", op,
                         b_gu != NULL ? "b_gu" : "b_d");
     const int64_t H = p.H, I = p.I, E = p.E, NB = p.N * p.B;
-    const tensor_arg args[] = {
-        {"hidden", hidden, p.token_rows, H, p.dtype, 0},
-        {"affinities", affinities, p.T, E, p.dtype, 0},
-        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0},
-        {"w_d", w_d, E * I, H, p.dtype, 0},
-        {"b_gu", b_gu, p.bias ? E : 0, 2 * I, p.dtype, 0},
-        {"b_d", b_d, p.bias ? E : 0, H, p.dtype, 0},
-        {"out", out, p.token_rows, H, p.dtype, 1},
-        {"gate_up_ckpt_T", gate_up_ckpt_T, gate_up_ckpt_T ? p.N * 2 * I : 0, p.B, p.dtype, 1},
-        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1},
+    const moe_array_arg args[] = {
+        {"hidden", hidden, p.token_rows, H, p.dtype, 0, 0},
+        {"affinities", affinities, p.T, E, p.dtype, 0, 0},
+        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0, 0},
+        {"w_d", w_d, E * I, H, p.dtype, 0, 0},
+        {"b_gu", b_gu, p.bias ? E : 0, 2 * I, p.dtype, 0, 0},
+        {"b_d", b_d, p.bias ? E : 0, H, p.dtype, 0, 0},
+        {"out", out, p.token_rows, H, p.dtype, 1, 0},
+        {"gate_up_ckpt_T", gate_up_ckpt_T, gate_up_ckpt_T ? p.N * 2 * I : 0, p.B, p.dtype, 1, 0},
+        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1, 0},
     };
-    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     return status != MOE_OK ? status
                             : moe_ref_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T,
                                               down_ckpt);
@@ -217,23 +164,23 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s is given but options.bias is 0 (expected NULL)", op,
                         d_b_gu != NULL ? "d_b_gu" : "d_b_d");
     const int need_b_d = p.bias && on_i && down_ckpt == NULL;
-    const tensor_arg args[] = {
-        {"hidden", hidden, p.token_rows, H, p.dtype, 0},
-        {"affinities", affinities, p.T, E, p.dtype, 0},
-        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0},
-        {"w_d", w_d, E * I, H, p.dtype, 0},
-        {"b_d", need_b_d ? b_d : NULL, need_b_d ? E : 0, H, p.dtype, 0},
-        {"gate_up_ckpt_T", gate_up_ckpt_T, p.N * 2 * I, p.B, p.dtype, 0},
-        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 0},
-        {"out_grad", out_grad, p.token_rows, H, p.dtype, 0},
-        {"d_hidden", d_hidden, p.token_rows, H, p.dtype, 1},
-        {"d_affinities", d_affinities, p.T, E, p.dtype, 1},
-        {"d_w_gu", d_w_gu, E * H, 2 * I, p.grad_dtype, 1},
-        {"d_w_d", d_w_d, E * I, H, p.grad_dtype, 1},
-        {"d_b_gu", d_b_gu, p.bias ? E : 0, 2 * I, p.grad_dtype, 1},
-        {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1},
+    const moe_array_arg args[] = {
+        {"hidden", hidden, p.token_rows, H, p.dtype, 0, 0},
+        {"affinities", affinities, p.T, E, p.dtype, 0, 0},
+        {"w_gu", w_gu, E * H, 2 * I, p.dtype, 0, 0},
+        {"w_d", w_d, E * I, H, p.dtype, 0, 0},
+        {"b_d", need_b_d ? b_d : NULL, need_b_d ? E : 0, H, p.dtype, 0, 0},
+        {"gate_up_ckpt_T", gate_up_ckpt_T, p.N * 2 * I, p.B, p.dtype, 0, 0},
+        {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 0, 0},
+        {"out_grad", out_grad, p.token_rows, H, p.dtype, 0, 0},
+        {"d_hidden", d_hidden, p.token_rows, H, p.dtype, 1, 0},
+        {"d_affinities", d_affinities, p.T, E, p.dtype, 1, 0},
+        {"d_w_gu", d_w_gu, E * H, 2 * I, p.grad_dtype, 1, 0},
+        {"d_w_d", d_w_d, E * I, H, p.grad_dtype, 1, 0},
+        {"d_b_gu", d_b_gu, p.bias ? E : 0, 2 * I, p.grad_dtype, 1, 0},
+        {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1, 0},
     };
-    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     return status != MOE_OK ? status
                             : moe_ref_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt,
                                               out_grad, d_hidden, d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
@@ -319,15 +266,15 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
     if (!moe_mul_ok(N, B, &NB) || (uint64_t)NB > SIZE_MAX / 8)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op, N, B);
     const int64_t M = num_tokens * topk, TE = num_tokens * num_experts;
-    const tensor_arg args[] = {
-        {"topk_ids", topk_ids, M, 1, MOE_INT64, 0},
-        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0},
-        {"block_to_expert", block_to_expert, N, 1, MOE_INT64, 1},
-        {"token_position_to_id", token_position_to_id, NB, 1, MOE_INT64, 1},
-        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1},
-        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_INT64, 1},
+    const moe_array_arg args[] = {
+        {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},
+        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0, 0},
+        {"block_to_expert", block_to_expert, N, 1, MOE_F32, 1, 1},
+        {"token_position_to_id", token_position_to_id, NB, 1, MOE_F32, 1, 1},
+        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1, 0},
+        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_F32, 1, 1},
     };
-    status = check_tensors(op, args, (int)(sizeof args / sizeof args[0]));
+    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
     return moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,

@@ -37,6 +37,21 @@ void moe_clear_error(void);
 /* Multiplies non-negative int64 values, failing (returns 0 and leaves *out alone) on overflow. */
 int moe_mul_ok(int64_t a, int64_t b, int64_t *out);
 
+/* One array argument of an entry point, for the checks every entry point shares. */
+typedef struct moe_array_arg {
+    const char *name;   /* as the caller knows it, for messages ("x", "routing.gather_indices") */
+    const void *data;
+    int64_t rows;
+    int64_t cols;
+    moe_dtype dtype;    /* element type (ignored for index arrays) */
+    int is_output;
+    int is_index;       /* an int64 index array */
+} moe_array_arg;
+
+/* Checks that each array's byte size is representable, that no array with elements is NULL, and that
+ * no output overlaps any other array (a kernel never reads what it overwrites).  count <= 32. */
+moe_status moe_check_arrays(const char *op, const moe_array_arg *args, int count);
+
 /* A grouped GEMM call after validation.  Row counts and dimensions are all >= 0 and every product of
  * them used for indexing fits in int64 and in size_t bytes. */
 typedef struct moe_gemm_problem {
