@@ -90,5 +90,7 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
                                    const void *topk_weights, void *dx);
 moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
                                    const void *topk_weights, void *dw);
+moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                                  const void *dy, void *d_topk_weights);
 
 #endif /* LIBMOE_REF_H */

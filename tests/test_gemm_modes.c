@@ -202,13 +202,13 @@ static moe_gemm_problem problem_of(const setup *s, const combo *c, const moe_gem
     return p;
 }
 
-enum { TWIN_FWD, TWIN_DX, TWIN_DW };
+enum { TWIN_FWD, TWIN_DX, TWIN_DW, TWIN_TOPK };
 
 /* Runs the naive and the blocked twin on the same old contents; they must agree bit for bit. */
 static void check_twins(const setup *s, const combo *c, const moe_gemm_options *o, int which, const void *old,
                         int64_t count, moe_dtype out_dtype)
 {
-    static const char *names[] = {"fwd", "dx", "dw"};
+    static const char *names[] = {"fwd", "dx", "dw", "topk_weights_grad"};
     const moe_gemm_problem p = problem_of(s, c, o);
     const size_t bytes = (size_t)count * moe_dtype_size(out_dtype);
     const void *weights = c->weights ? s->tw : NULL;
@@ -225,9 +225,13 @@ static void check_twins(const setup *s, const combo *c, const moe_gemm_options *
         sa = moe_ref_gemm_dx_naive(&p, s->dy, s->w, weights, a);
         sb = moe_ref_gemm_dx_blocked(&p, s->dy, s->w, weights, b);
         break;
-    default:
+    case TWIN_DW:
         sa = moe_ref_gemm_dw_naive(&p, s->x, s->dy, weights, a);
         sb = moe_ref_gemm_dw_blocked(&p, s->x, s->dy, weights, b);
+        break;
+    default:
+        sa = moe_ref_gemm_topk_weights_grad(&p, s->x, s->w, s->dy, a);
+        sb = moe_ref_gemm_topk_weights_grad_blocked(&p, s->x, s->w, s->dy, b);
         break;
     }
     CHECK(sa == MOE_OK && sb == MOE_OK, "twins %s: naive %d, blocked %d (%s): %s", names[which], (int)sa, (int)sb,
@@ -343,6 +347,9 @@ static void run_topk_grad(setup *s, const combo *c)
         return;
     oracle_gemm_topk_weights_grad(&r, s->N, s->K, s->x, s->w, s->dy, s->old, &o, s->value, s->bound);
     check_against_oracle(s, c, "topk_weights_grad", "dtopk", out_dtype, s->out, s->value, s->bound, count);
+#ifdef MOE_TEST_BLOCKED
+    check_twins(s, c, &o, TWIN_TOPK, s->old, count, out_dtype);
+#endif
 }
 
 /* moe_gemm_bwd against the single ops: equal bits for what it computes, untouched bytes (or NULL

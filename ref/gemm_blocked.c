@@ -1,0 +1,883 @@
+/*
+ * The grouped GEMM, blocked twin: the same contract as ref/gemm_naive.c and, for every output element,
+ * the same float32 operations in the same order (moe_ref.h), so the two agree bit for bit.  It is faster
+ * because of three things, none of which changes an element's arithmetic:
+ *
+ *   1. Inputs are converted to float32 once per packed tile, not once per multiply (bf16/f16 loads and
+ *      stores are inlined bit operations giving exactly the bits of ref/dtype.c).
+ *   2. Cache blocking.  Every op is one tiled product  C[i][j] = sum_p A[p][i] * B[p][j]  over a
+ *      reduction index p that runs in ascending order:
+ *
+ *        op    A side (rows i, <= MB per tile)           B side (cols j, <= NB)     reduction p
+ *        fwd   x[xrow(r)][c]        i = expert row r     W[e][n][c]   j = n         c = 0 .. K-1
+ *        dX    dy[yrow(r)][n]       i = expert row r     W[e][n][c]   j = c         n = 0 .. N-1
+ *        dW    wt(r)*dy[yrow(r)][n] i = n                x[xrow(r)][c] j = c        r in expert e, ascending
+ *        dtopk as fwd (C = the y_n), then per row acc += dy[yrow(r)][n] * y_n over the NB-column chunks
+ *              in ascending n, all chunks of a row in one work item
+ *
+ *      A work item is one output tile: an A block (rows of one expert) x a B block.  The reduction is
+ *      cut into blocks of KB; for each block the item packs A into MR-row groups laid out [p][MR] and B
+ *      into NR-column panels laid out [p][NR] (fwd transposes W here, with SSE2 4x4 transposes where
+ *      available), then the micro-kernel adds that block's products into the item's float32
+ *      accumulator tile.  The tile stays in memory between reduction blocks, so each element's sum
+ *      simply continues where it stopped: one acc per element, starting at +0.0f, one `acc += a * b`
+ *      per p in ascending p, nothing reassociated.
+ *   3. The micro-kernel vectorises ACROSS OUTPUT ELEMENTS: each SIMD lane is a different output column
+ *      j, so a vector `acc += a_i * b[j..j+NR)` is NR independent scalar `acc += a * b` steps.  GCC/clang
+ *      vector extensions make this explicit (16-byte vectors: SSE2 on x86-64, NEON on aarch64; a scalar
+ *      loop elsewhere); on x86 a 32-byte AVX2 copy of the same kernel is picked at run time when the CPU
+ *      has AVX2 (__builtin_cpu_supports; the library itself is built for the baseline ISA).  No FMA is
+ *      ever used: GCC's -std=c11 implies -ffp-contract=off, clang gets `#pragma STDC FP_CONTRACT OFF`,
+ *      and the AVX2 target does not include FMA; every product is rounded before its add, as in the
+ *      naive twin.  The element-wise loops (conversions, stores) are written as fixed 8-wide chunks so
+ *      that -O2 vectorises them too.
+ *
+ * After the last reduction block, the per-element tail of moe_ref.h follows: v = acc; v = wt * v (fwd,
+ * dX with topk weights); v = old + v (accumulate); one rounding to the output dtype.  dX with
+ * reduce_topk writes each slot's v (after its weight) into a float32 scratch indexed by slot, a column
+ * chunk at a time (at most REDUCE_SCRATCH_BYTES), and then each token t sums its slots t*k+0 ..
+ * t*k+k-1 in order from +0.0f.
+ *
+ * Padding: A groups and B panels are zero-padded to MR rows / NR columns; the padded lanes compute
+ * throw-away values that are never stored.
+ *
+ * Parallelism: OpenMP threads take whole work items (output tiles; dX reduce_topk: whole token rows;
+ * dtopk: whole row blocks), so every output element is computed and written by exactly one thread, with
+ * no atomics; the tiling does not depend on the thread count, so neither do the results.  Each thread
+ * mallocs its own pack and accumulator buffers (about 290 KiB) before any output is written; if an
+ * allocation fails, no output has been touched and the call returns MOE_ERR_OUT_OF_MEMORY.  All index
+ * arithmetic is int64_t.
+ *
+ * NaN results: when the inputs hold NaNs, which NaN an operation returns is not specified by IEEE 754
+ * and depends on the compiler's operand order, so a NaN output may differ from the naive twin's in its
+ * sign or payload bits (never in being NaN).  Every non-NaN output is bit for bit the same.
+ */
+#include "moe_ref.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__SSE2__) && !defined(MOE_REF_NO_VECTOR)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
+/* No a*b+c contraction into FMA: GCC's -std=c11 already implies -ffp-contract=off; clang needs this. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#ifdef _OPENMP
+#define MOE_OMP(directive) _Pragma(#directive)
+#else
+#define MOE_OMP(directive)
+#endif
+
+#if defined(__clang__)
+#define MOE_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__) && __GNUC__ >= 8
+#define MOE_UNROLL _Pragma("GCC unroll 16")
+#else
+#define MOE_UNROLL
+#endif
+
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(MOE_REF_NO_VECTOR)
+#define MOE_HAVE_VECTOR_EXT 1
+#endif
+#if defined(MOE_HAVE_VECTOR_EXT) && (defined(__x86_64__) || defined(__i386__)) && !defined(MOE_REF_NO_AVX2)
+#define MOE_HAVE_AVX2_KERNEL 1
+#endif
+
+/* Tiling.  MR x NR is the micro-tile; MB x NB the output tile of one work item; KB the reduction block.
+ * Per thread: A pack MB*KB, B pack NB*KB, the accumulator MB*NB and one row of floats (96 + 128 + 48
+ * KiB + 512 B). */
+enum {
+    MR = 6,   /* A rows per micro-tile (the AVX2 kernel does 6; the 16-byte kernel two halves of 3) */
+    NR = 16,  /* B columns per micro-tile */
+    MB = 96,  /* A rows per work item, a multiple of MR */
+    NB = 128, /* B columns per work item, a multiple of NR */
+    KB = 256  /* reduction block */
+};
+
+/* Bytes of float32 scratch that dX with reduce_topk may hold for its slot rows (at least one NB-wide
+ * column chunk is always used).  Overridable for tests of the chunking. */
+#ifndef MOE_REF_REDUCE_SCRATCH_BYTES
+#define MOE_REF_REDUCE_SCRATCH_BYTES ((int64_t)64 << 20)
+#endif
+#define REDUCE_SCRATCH_BYTES ((int64_t)(MOE_REF_REDUCE_SCRATCH_BYTES))
+
+/* A hint to fetch the cache line at addr (the packs read W and X rows a few steps ahead). */
+#if defined(__GNUC__) || defined(__clang__)
+#define MOE_PREFETCH(addr) __builtin_prefetch(addr)
+#else
+#define MOE_PREFETCH(addr) ((void)(addr))
+#endif
+
+/* ---- exact conversions to float32, inlined (the same bits as moe_bf16_to_f32 / moe_f16_to_f32) ---- */
+
+static inline float bits_to_float(uint32_t bits)
+{
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static inline float bf16_to_float(uint16_t bits) { return bits_to_float((uint32_t)bits << 16); }
+
+static inline float f16_to_float(uint16_t bits)
+{
+    const uint32_t sign = (uint32_t)(bits & 0x8000u) << 16;
+    const uint32_t exponent = (bits >> 10) & 0x1fu;
+    const uint32_t mantissa = bits & 0x3ffu;
+    if (exponent == 0x1fu)
+        return bits_to_float(sign | 0x7f800000u | (mantissa << 13));
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * 0x1p-24f;
+        uint32_t magnitude_bits;
+        memcpy(&magnitude_bits, &magnitude, sizeof magnitude_bits);
+        return bits_to_float(sign | magnitude_bits);
+    }
+    return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+/* float -> bf16 / f16, round to nearest even: the same bits as moe_f32_to_bf16 / moe_f32_to_f16 */
+static inline uint16_t float_to_bf16(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline uint16_t float_to_f16(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+    if (magnitude >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (magnitude < 0x38800000u) {
+        float scaled = bits_to_float(magnitude) * 0x1p24f;
+        volatile float rounded = scaled + 0x1p23f;
+        return (uint16_t)(sign | (uint16_t)(rounded - 0x1p23f));
+    }
+    uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
+    rounded -= 112u << 23;
+    return (uint16_t)(sign | (rounded >> 13));
+}
+
+/* for (i = 0; i < count; i++) BODY, as 8-wide chunks plus a tail: GCC's -O2 vectoriser takes loops
+ * of a known trip count, so the chunks become SIMD code (the operations per element are unchanged). */
+#define MOE_FOR_CHUNKED(i, count, BODY)                                                             \
+    do {                                                                                           \
+        const int64_t moe_count_ = (count);                                                        \
+        int64_t moe_base_ = 0;                                                                     \
+        for (; moe_base_ + 8 <= moe_count_; moe_base_ += 8)                                        \
+            for (int moe_u_ = 0; moe_u_ < 8; moe_u_++) {                                           \
+                const int64_t i = moe_base_ + moe_u_;                                              \
+                BODY;                                                                              \
+            }                                                                                      \
+        for (; moe_base_ < moe_count_; moe_base_++) {                                              \
+            const int64_t i = moe_base_;                                                           \
+            BODY;                                                                                  \
+        }                                                                                          \
+    } while (0)
+
+/* out[i * stride] = element (first + i) of src as float, for i < count. */
+static inline void load_span(moe_dtype dtype, const void *src, int64_t first, int64_t count, float *out,
+                             int64_t stride)
+{
+    switch (dtype) {
+    case MOE_BF16: {
+        const uint16_t *s = (const uint16_t *)src + first;
+        if (stride == 1)
+            MOE_FOR_CHUNKED(i, count, out[i] = bf16_to_float(s[i]));
+        else
+            for (int64_t i = 0; i < count; i++)
+                out[i * stride] = bf16_to_float(s[i]);
+        return;
+    }
+    case MOE_F16: {
+        const uint16_t *s = (const uint16_t *)src + first;
+        for (int64_t i = 0; i < count; i++)
+            out[i * stride] = f16_to_float(s[i]);
+        return;
+    }
+    case MOE_F32:
+        break;
+    }
+    const float *s = (const float *)src + first;
+    if (stride == 1)
+        memcpy(out, s, (size_t)count * sizeof *out);
+    else
+        for (int64_t i = 0; i < count; i++)
+            out[i * stride] = s[i];
+}
+
+/* panel[q * NR + j] = element (first + j * ld + q) of src as float, for q < kb, j < NR: the transpose
+ * of NR source rows.  bf16 and f32 go through SSE2 4x4 transposes where available (pure data
+ * movement: the same bits as the scalar loop). */
+static void load_transposed_panel(moe_dtype dtype, const void *src, int64_t first, int64_t ld, int64_t kb,
+                                  float *panel)
+{
+    int64_t q = 0;
+#if defined(__SSE2__) && !defined(MOE_REF_NO_VECTOR)
+    if (dtype == MOE_BF16 || dtype == MOE_F32) {
+        const __m128i zero = _mm_setzero_si128();
+        for (; q + 4 <= kb; q += 4) {
+            for (int j = 0; j < NR; j += 4) {
+                __m128 r0, r1, r2, r3;
+                if (dtype == MOE_BF16) {
+                    const uint16_t *s = (const uint16_t *)src + first + j * ld + q;
+                    /* 4 bf16 -> the upper halves of 4 32-bit lanes: exactly bf16_to_float */
+                    r0 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)s)));
+                    r1 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)(s + ld))));
+                    r2 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)(s + 2 * ld))));
+                    r3 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)(s + 3 * ld))));
+                } else {
+                    const float *s = (const float *)src + first + j * ld + q;
+                    r0 = _mm_loadu_ps(s);
+                    r1 = _mm_loadu_ps(s + ld);
+                    r2 = _mm_loadu_ps(s + 2 * ld);
+                    r3 = _mm_loadu_ps(s + 3 * ld);
+                }
+                _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+                _mm_storeu_ps(panel + (q + 0) * NR + j, r0);
+                _mm_storeu_ps(panel + (q + 1) * NR + j, r1);
+                _mm_storeu_ps(panel + (q + 2) * NR + j, r2);
+                _mm_storeu_ps(panel + (q + 3) * NR + j, r3);
+            }
+        }
+    }
+#endif
+    if (q < kb)
+        for (int j = 0; j < NR; j++)
+            load_span(dtype, src, first + j * ld + q, kb - q, panel + q * NR + j, NR);
+}
+
+/* The tail of moe_ref.h for count consecutive elements of out from base: v = old + v with
+ * accumulate, then one rounding (gemm_naive.c's finish, with the conversions inlined). */
+static void store_row(moe_dtype dtype, void *out, int64_t base, const float *v, int64_t count, int accumulate)
+{
+    switch (dtype) {
+    case MOE_BF16: {
+        uint16_t *o = (uint16_t *)out + base;
+        if (accumulate)
+            MOE_FOR_CHUNKED(j, count, o[j] = float_to_bf16(bf16_to_float(o[j]) + v[j]));
+        else
+            MOE_FOR_CHUNKED(j, count, o[j] = float_to_bf16(v[j]));
+        return;
+    }
+    case MOE_F16: {
+        uint16_t *o = (uint16_t *)out + base;
+        if (accumulate)
+            for (int64_t j = 0; j < count; j++)
+                o[j] = float_to_f16(f16_to_float(o[j]) + v[j]);
+        else
+            for (int64_t j = 0; j < count; j++)
+                o[j] = float_to_f16(v[j]);
+        return;
+    }
+    case MOE_F32:
+        break;
+    }
+    float *o = (float *)out + base;
+    if (accumulate)
+        MOE_FOR_CHUNKED(j, count, o[j] = o[j] + v[j]);
+    else
+        memcpy(o, v, (size_t)count * sizeof *o);
+}
+
+/* ---- micro-kernels: c[i][j] += a[p][i] * b[p][j] for p = 0 .. kb-1 in order, i < MR, j < NR ----
+ * a is a packed group [kb][MR], b a packed panel [kb][NR], c the accumulator tile with row stride ldc.
+ * With `first`, the accumulators start at +0.0f instead of being loaded from c (the first reduction
+ * block).  rows (1 .. MR) is how many of the MR rows are real; a kernel may compute padded ones too. */
+typedef void (*micro_kernel)(int64_t kb, int first, int rows, const float *restrict a,
+                             const float *restrict b, float *restrict c, int64_t ldc);
+
+#ifdef MOE_HAVE_VECTOR_EXT
+typedef float moe_v4f __attribute__((vector_size(16)));
+
+/* rows h0 .. h0+2 of the group, with 16-byte vectors: 12 accumulators of 4 lanes */
+static inline void kernel_v4_half(int64_t kb, int first, int h0, const float *restrict a,
+                                  const float *restrict b, float *restrict c, int64_t ldc)
+{
+    enum { H = 3, V = NR / 4 };
+    moe_v4f acc[H][V];
+    MOE_UNROLL
+    for (int i = 0; i < H; i++) {
+        MOE_UNROLL
+        for (int v = 0; v < V; v++) {
+            if (first)
+                acc[i][v] = (moe_v4f){0.0f, 0.0f, 0.0f, 0.0f};
+            else
+                memcpy(&acc[i][v], c + (h0 + i) * ldc + 4 * v, sizeof acc[i][v]);
+        }
+    }
+    for (int64_t p = 0; p < kb; p++) {
+        moe_v4f bv[V];
+        MOE_UNROLL
+        for (int v = 0; v < V; v++)
+            memcpy(&bv[v], b + p * NR + 4 * v, sizeof bv[v]);
+        MOE_UNROLL
+        for (int i = 0; i < H; i++) {
+            const float av = a[p * MR + h0 + i];
+            MOE_UNROLL
+            for (int v = 0; v < V; v++)
+                acc[i][v] += av * bv[v];
+        }
+    }
+    MOE_UNROLL
+    for (int i = 0; i < H; i++) {
+        MOE_UNROLL
+        for (int v = 0; v < V; v++)
+            memcpy(c + (h0 + i) * ldc + 4 * v, &acc[i][v], sizeof acc[i][v]);
+    }
+}
+
+static void kernel_v4(int64_t kb, int first, int rows, const float *restrict a, const float *restrict b,
+                      float *restrict c, int64_t ldc)
+{
+    kernel_v4_half(kb, first, 0, a, b, c, ldc);
+    if (rows > 3)
+        kernel_v4_half(kb, first, 3, a, b, c, ldc);
+}
+#else
+static void kernel_scalar(int64_t kb, int first, int rows, const float *restrict a, const float *restrict b,
+                          float *restrict c, int64_t ldc)
+{
+    for (int i = 0; i < rows; i++)
+        for (int64_t p = 0; p < kb; p++) {
+            if (first && p == 0)
+                for (int j = 0; j < NR; j++)
+                    c[i * ldc + j] = 0.0f;
+            const float av = a[p * MR + i];
+            for (int j = 0; j < NR; j++)
+                c[i * ldc + j] += av * b[p * NR + j];
+        }
+}
+#endif
+
+#ifdef MOE_HAVE_AVX2_KERNEL
+/* The same kernel with 32-byte vectors (AVX2, no FMA): 12 accumulators of 8 lanes. */
+__attribute__((target("avx2"))) static void kernel_avx2(int64_t kb, int first, int rows,
+                                                        const float *restrict a, const float *restrict b,
+                                                        float *restrict c, int64_t ldc)
+{
+    typedef float v8f __attribute__((vector_size(32)));
+    enum { V = NR / 8 };
+    (void)rows;
+    v8f acc[MR][V];
+    MOE_UNROLL
+    for (int i = 0; i < MR; i++) {
+        MOE_UNROLL
+        for (int v = 0; v < V; v++) {
+            if (first)
+                acc[i][v] = (v8f){0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            else
+                memcpy(&acc[i][v], c + i * ldc + 8 * v, sizeof acc[i][v]);
+        }
+    }
+    for (int64_t p = 0; p < kb; p++) {
+        v8f bv[V];
+        MOE_UNROLL
+        for (int v = 0; v < V; v++)
+            memcpy(&bv[v], b + p * NR + 8 * v, sizeof bv[v]);
+        MOE_UNROLL
+        for (int i = 0; i < MR; i++) {
+            const float av = a[p * MR + i];
+            MOE_UNROLL
+            for (int v = 0; v < V; v++)
+                acc[i][v] += av * bv[v];
+        }
+    }
+    MOE_UNROLL
+    for (int i = 0; i < MR; i++) {
+        MOE_UNROLL
+        for (int v = 0; v < V; v++)
+            memcpy(c + i * ldc + 8 * v, &acc[i][v], sizeof acc[i][v]);
+    }
+}
+#endif
+
+/* The kernel for this CPU (chosen by the calling thread, before any parallel region). */
+static micro_kernel pick_kernel(void)
+{
+#ifdef MOE_HAVE_AVX2_KERNEL
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        return kernel_avx2;
+#endif
+#ifdef MOE_HAVE_VECTOR_EXT
+    return kernel_v4;
+#else
+    return kernel_scalar;
+#endif
+}
+
+/* ---- the problem, its work items and the per-thread scratch ---- */
+
+enum op_kind { OP_FWD, OP_DX, OP_DW, OP_TOPK }; /* OP_TOPK: the topk-weight gradient, fwd's tiles */
+
+/* An A block: rows [i0, i0+mi) of expert e (fwd, dX: expert-order rows; dW: n). */
+typedef struct a_block {
+    int64_t e, i0, mi;
+} a_block;
+
+typedef struct gemm_ctx {
+    const moe_gemm_problem *p;
+    enum op_kind kind;
+    const void *a_src;        /* fwd: x, dX: dy, dW: dy */
+    const void *b_src;        /* fwd: w, dX: w,  dW: x  */
+    const void *topk_weights; /* or NULL */
+    const void *dy;           /* OP_TOPK: dy */
+    void *out;                /* y, dx, dw or d_topk_weights */
+    const int64_t *offsets;   /* [E+1] */
+    micro_kernel kernel;
+    /* dX with reduce_topk: v of slot s, column c lands in slot_values[s * slot_width + c - chunk0] */
+    float *slot_values;
+    int64_t slot_width, chunk0;
+} gemm_ctx;
+
+typedef struct thread_scratch {
+    float *a, *b, *acc, *row; /* packs, accumulator tile [MB][NB], one converted row of MB or NB */
+} thread_scratch;
+
+static int scratch_alloc(thread_scratch *s)
+{
+    s->a = malloc((size_t)MB * KB * sizeof(float));
+    s->b = malloc((size_t)NB * KB * sizeof(float));
+    s->acc = malloc((size_t)MB * NB * sizeof(float));
+    s->row = malloc((size_t)(MB > NB ? MB : NB) * sizeof(float));
+    return s->a != NULL && s->b != NULL && s->acc != NULL && s->row != NULL;
+}
+
+static void scratch_free(thread_scratch *s)
+{
+    free(s->a);
+    free(s->b);
+    free(s->acc);
+    free(s->row);
+}
+
+static inline int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
+{
+    return p->gather_indices != NULL ? p->gather_indices[r] : r;
+}
+
+static inline int64_t x_row(const moe_gemm_problem *p, int64_t r)
+{
+    return p->permute_x ? slot_of_row(p, r) / p->topk : r;
+}
+
+static inline int64_t y_row(const moe_gemm_problem *p, int64_t r)
+{
+    return p->permute_y ? slot_of_row(p, r) : r;
+}
+
+static inline float topk_weight(const gemm_ctx *g, int64_t r)
+{
+    return moe_ref_load(g->p->dtype, g->topk_weights, slot_of_row(g->p, r));
+}
+
+/* Spreads a converted row v[0 .. count) over the lanes of consecutive packed groups or panels: element
+ * j goes to dst[(j / width) * stride + j % width]; the lanes past count in the last one become 0. */
+static inline void spread_row(const float *restrict v, int64_t count, int width, float *restrict dst,
+                              int64_t stride)
+{
+    int64_t j0 = 0;
+    for (; j0 + width <= count; j0 += width, dst += stride)
+        for (int j = 0; j < width; j++) /* a fixed-size copy once inlined */
+            dst[j] = v[j0 + j];
+    if (j0 < count) {
+        for (int j = 0; j < width; j++)
+            dst[j] = j0 + j < count ? v[j0 + j] : 0.0f;
+    }
+}
+
+/* Packs A rows [0, mi) of block ab, reduction indices [p0, p0+kb), into groups [g][kb][MR]. */
+static void pack_a(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb, float *a, float *row)
+{
+    const moe_gemm_problem *p = g->p;
+    if (g->kind == OP_DW) {
+        /* a[q][i] = wt(r) * dy[yrow(r)][n0 + i], r = offsets[e] + p0 + q: one dy row segment per q */
+        for (int64_t q = 0; q < kb; q++) {
+            const int64_t r = g->offsets[ab->e] + p0 + q;
+            load_span(p->dtype, g->a_src, y_row(p, r) * p->N + ab->i0, ab->mi, row, 1);
+            if (g->topk_weights != NULL) {
+                const float wt = topk_weight(g, r);
+                for (int64_t i = 0; i < ab->mi; i++)
+                    row[i] = wt * row[i];
+            }
+            spread_row(row, ab->mi, MR, a + q * MR, kb * MR);
+        }
+        return;
+    }
+    /* fwd, topk: a[q][i] = x[xrow(r)][p0 + q];  dX: a[q][i] = dy[yrow(r)][p0 + q];  r = i0 + i */
+    const int64_t groups = (ab->mi + MR - 1) / MR;
+    for (int64_t i = 0; i < groups * MR; i++) {
+        float *lane = a + (i / MR) * kb * MR + i % MR;
+        if (i >= ab->mi) {
+            for (int64_t q = 0; q < kb; q++)
+                lane[q * MR] = 0.0f;
+            continue;
+        }
+        const int64_t r = ab->i0 + i;
+        const int64_t first = g->kind == OP_DX ? y_row(p, r) * p->N + p0 : x_row(p, r) * p->K + p0;
+        load_span(p->dtype, g->a_src, first, kb, lane, MR);
+    }
+}
+
+/* Packs B columns [j0, j0+nj), reduction indices [p0, p0+kb), into panels [h][kb][NR]. */
+static void pack_b(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t p0, int64_t kb,
+                   float *b, float *row)
+{
+    const moe_gemm_problem *p = g->p;
+    if (g->kind == OP_FWD || g->kind == OP_TOPK) {
+        /* b[q][j] = W[e][j0 + j][p0 + q]: the transpose of a W block */
+        const int64_t panels = (nj + NR - 1) / NR;
+        for (int64_t h = 0; h < panels; h++) {
+            float *panel = b + h * kb * NR;
+            const int64_t first = (ab->e * p->N + j0 + h * NR) * p->K + p0;
+            if (nj - h * NR >= NR) {
+                load_transposed_panel(p->dtype, g->b_src, first, p->K, kb, panel);
+                continue;
+            }
+            for (int64_t j = 0; j < NR; j++) {
+                if (j < nj - h * NR) {
+                    load_span(p->dtype, g->b_src, first + j * p->K, kb, panel + j, NR);
+                } else {
+                    for (int64_t q = 0; q < kb; q++)
+                        panel[q * NR + j] = 0.0f;
+                }
+            }
+        }
+        return;
+    }
+    /* dX: b[q][j] = W[e][p0 + q][j0 + j];  dW: b[q][j] = x[xrow(r)][j0 + j], r = offsets[e] + p0 + q.
+     * The row segments are short and a row apart (often a page apart), so each is fetched ahead. */
+    enum { AHEAD = 8 };
+    const size_t es = moe_dtype_size(p->dtype);
+    for (int64_t q = 0; q < kb; q++) {
+        if (q + AHEAD < kb) {
+            const int64_t qa = p0 + q + AHEAD;
+            const int64_t ahead = g->kind == OP_DX ? (ab->e * p->N + qa) * p->K + j0
+                                                   : x_row(p, g->offsets[ab->e] + qa) * p->K + j0;
+            const char *line = (const char *)g->b_src + (size_t)ahead * es;
+            for (size_t off = 0; off < (size_t)nj * es; off += 64)
+                MOE_PREFETCH(line + off);
+        }
+        const int64_t first = g->kind == OP_DX ? (ab->e * p->N + p0 + q) * p->K + j0
+                                               : x_row(p, g->offsets[ab->e] + p0 + q) * p->K + j0;
+        load_span(p->dtype, g->b_src, first, nj, row, 1);
+        spread_row(row, nj, NR, b + q * NR, kb * NR);
+    }
+}
+
+/* The per-element tail of moe_ref.h for the tile's real elements (acc is scratch: weighted in place). */
+static void store_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, float *acc)
+{
+    const moe_gemm_problem *p = g->p;
+    for (int64_t i = 0; i < ab->mi; i++) {
+        float *v = acc + i * NB;
+        if (g->kind == OP_DW) {
+            store_row(p->dw_dtype, g->out, (ab->e * p->N + ab->i0 + i) * p->K + j0, v, nj, p->accumulate);
+            continue;
+        }
+        const int64_t r = ab->i0 + i;
+        if (g->topk_weights != NULL) {
+            const float wt = topk_weight(g, r);
+            for (int64_t j = 0; j < nj; j++)
+                v[j] = wt * v[j];
+        }
+        if (g->kind == OP_DX && p->reduce_topk)
+            memcpy(g->slot_values + slot_of_row(p, r) * g->slot_width + (j0 - g->chunk0), v,
+                   (size_t)nj * sizeof *v);
+        else if (g->kind == OP_FWD)
+            store_row(p->dtype, g->out, y_row(p, r) * p->N + j0, v, nj, p->accumulate);
+        else
+            store_row(p->dtype, g->out, (p->permute_x ? slot_of_row(p, r) : r) * p->K + j0, v, nj,
+                      p->accumulate);
+    }
+}
+
+/* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L. */
+static void compute_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t L,
+                         thread_scratch *s)
+{
+    const int64_t groups = (ab->mi + MR - 1) / MR, panels = (nj + NR - 1) / NR;
+    if (L == 0) /* an empty reduction (K or N is 0, or dW of an empty expert): every acc stays +0.0f */
+        for (int64_t i = 0; i < ab->mi; i++)
+            for (int64_t j = 0; j < nj; j++)
+                s->acc[i * NB + j] = 0.0f;
+    for (int64_t p0 = 0; p0 < L; p0 += KB) {
+        const int64_t kb = L - p0 < KB ? L - p0 : KB;
+        pack_a(g, ab, p0, kb, s->a, s->row);
+        pack_b(g, ab, j0, nj, p0, kb, s->b, s->row);
+        for (int64_t h = 0; h < panels; h++)
+            for (int64_t gi = 0; gi < groups; gi++) {
+                const int rows = (int)(ab->mi - gi * MR < MR ? ab->mi - gi * MR : MR);
+                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+                          s->acc + gi * MR * NB + h * NR, NB);
+            }
+    }
+}
+
+/* Every item of A blocks x B columns [jlo, jhi) (an orphaned worksharing loop: call it from every thread
+ * of a parallel region). */
+static void run_items(const gemm_ctx *g, const a_block *blocks, int64_t block_count, int64_t jlo, int64_t jhi,
+                      thread_scratch *s)
+{
+    const int64_t chunks = (jhi - jlo + NB - 1) / NB;
+    const int64_t items = block_count * chunks;
+    MOE_OMP(omp for schedule(dynamic, 1))
+    for (int64_t it = 0; it < items; it++) {
+        const a_block *ab = &blocks[it / chunks];
+        const int64_t j0 = jlo + (it % chunks) * NB;
+        const int64_t nj = jhi - j0 < NB ? jhi - j0 : NB;
+        const int64_t L = g->kind == OP_FWD ? g->p->K
+                          : g->kind == OP_DX ? g->p->N
+                                             : g->offsets[ab->e + 1] - g->offsets[ab->e];
+        compute_tile(g, ab, j0, nj, L, s);
+        store_tile(g, ab, j0, nj, s->acc);
+    }
+}
+
+/* ---- setup shared by the ops ---- */
+
+typedef struct gemm_setup {
+    int64_t *offsets;
+    a_block *blocks;
+    int64_t block_count;
+} gemm_setup;
+
+static void setup_free(gemm_setup *st)
+{
+    free(st->offsets);
+    free(st->blocks);
+}
+
+/* Offsets and A blocks: expert-order row blocks (fwd, dX) or (expert, n) blocks (dW). */
+static moe_status setup(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st)
+{
+    const int64_t E = p->num_experts;
+    st->blocks = NULL;
+    st->block_count = 0;
+    st->offsets = malloc(((size_t)E + 1) * sizeof *st->offsets);
+    if (st->offsets == NULL)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert offsets", p->op, E + 1);
+    moe_ref_expert_offsets(E, p->m_sizes, st->offsets);
+    int64_t count = 0;
+    for (int64_t e = 0; e < E; e++)
+        count += kind == OP_DW ? (p->N + MB - 1) / MB : (p->m_sizes[e] + MB - 1) / MB;
+    st->blocks = malloc(((size_t)count + 1) * sizeof *st->blocks);
+    if (st->blocks == NULL) {
+        setup_free(st);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " work blocks", p->op, count);
+    }
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t lo = kind == OP_DW ? 0 : st->offsets[e];
+        const int64_t hi = kind == OP_DW ? p->N : st->offsets[e + 1];
+        for (int64_t i0 = lo; i0 < hi; i0 += MB) {
+            a_block *ab = &st->blocks[st->block_count++];
+            ab->e = e;
+            ab->i0 = i0;
+            ab->mi = hi - i0 < MB ? hi - i0 : MB;
+        }
+    }
+    return MOE_OK;
+}
+
+static moe_status out_of_scratch(const moe_gemm_problem *p)
+{
+    return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the per-thread tile buffers (%zu bytes each)",
+                    p->op, (size_t)(MB * KB + NB * KB + MB * NB + (MB > NB ? MB : NB)) * sizeof(float));
+}
+
+/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items. */
+static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
+{
+    int failed = 0;
+    MOE_OMP(omp parallel)
+    {
+        thread_scratch s;
+        if (!scratch_alloc(&s)) {
+            MOE_OMP(omp atomic write)
+            failed = 1;
+        }
+        MOE_OMP(omp barrier)
+        int stop;
+        MOE_OMP(omp atomic read)
+        stop = failed;
+        if (!stop)
+            run_items(g, st->blocks, st->block_count, 0, columns, &s);
+        scratch_free(&s);
+    }
+    return failed ? out_of_scratch(g->p) : MOE_OK;
+}
+
+moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                    const void *topk_weights, void *y)
+{
+    gemm_setup st;
+    moe_status status = setup(p, OP_FWD, &st);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
+    status = run_plain(&g, &st, p->N);
+    setup_free(&st);
+    return status;
+}
+
+moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
+                                   const void *topk_weights, void *dw)
+{
+    gemm_setup st;
+    moe_status status = setup(p, OP_DW, &st);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
+    status = run_plain(&g, &st, p->K);
+    setup_free(&st);
+    return status;
+}
+
+moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
+                                   const void *topk_weights, void *dx)
+{
+    gemm_setup st;
+    moe_status status = setup(p, OP_DX, &st);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
+    if (!p->reduce_topk) {
+        status = run_plain(&g, &st, p->K);
+        setup_free(&st);
+        return status;
+    }
+
+    /* reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
+     * the in-order sum of its k slots.  The chunk is as wide as REDUCE_SCRATCH_BYTES allows. */
+    const int64_t M = p->rows, K = p->K, T = p->num_tokens, k = p->topk;
+    int64_t width = K;
+    if (M > 0 && width > REDUCE_SCRATCH_BYTES / ((int64_t)sizeof(float) * M)) {
+        width = REDUCE_SCRATCH_BYTES / ((int64_t)sizeof(float) * M) / NB * NB;
+        if (width < NB)
+            width = NB;
+    }
+    g.slot_width = width;
+    g.slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
+    if (g.slot_values == NULL) {
+        setup_free(&st);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
+                        " float32 slot values of reduce_topk", p->op, M, width);
+    }
+    int failed = 0;
+    MOE_OMP(omp parallel)
+    {
+        thread_scratch s;
+        if (!scratch_alloc(&s)) {
+            MOE_OMP(omp atomic write)
+            failed = 1;
+        }
+        MOE_OMP(omp barrier)
+        int stop;
+        MOE_OMP(omp atomic read)
+        stop = failed;
+        if (!stop) {
+            for (int64_t c0 = 0; c0 < K; c0 += width) {
+                const int64_t cw = K - c0 < width ? K - c0 : width;
+                MOE_OMP(omp single)
+                g.chunk0 = c0;
+                /* (the single's closing barrier publishes chunk0; run_items ends with a barrier too) */
+                run_items(&g, st.blocks, st.block_count, c0, c0 + cw, &s);
+                MOE_OMP(omp for schedule(static))
+                for (int64_t t = 0; t < T; t++)
+                    for (int64_t cb = 0; cb < cw; cb += NB) {
+                        const int64_t n = cw - cb < NB ? cw - cb : NB;
+                        for (int64_t c = 0; c < n; c++)
+                            s.row[c] = 0.0f;
+                        for (int64_t j = 0; j < k; j++) {
+                            const float *v = g.slot_values + (t * k + j) * width + cb;
+                            for (int64_t c = 0; c < n; c++)
+                                s.row[c] += v[c];
+                        }
+                        store_row(p->dtype, dx, t * K + c0 + cb, s.row, n, p->accumulate);
+                    }
+            }
+        }
+        scratch_free(&s);
+    }
+    free(g.slot_values);
+    setup_free(&st);
+    return failed ? out_of_scratch(p) : MOE_OK;
+}
+
+/* The topk-weight gradient of an expert-order row block: for each row, acc += dy[yrow(r)][n] * y_n in
+ * ascending n, where the y_n of an NB-column chunk are the fwd tile's accumulators (the same sum,
+ * from +0.0f over ascending c, as gemm_naive.c's y_value).  The chunks run in ascending order inside
+ * one item, so each row's acc is one sequential sum. */
+static void run_topk_item(const gemm_ctx *g, const a_block *ab, thread_scratch *s)
+{
+    const moe_gemm_problem *p = g->p;
+    float acc[MB];
+    for (int64_t i = 0; i < ab->mi; i++)
+        acc[i] = 0.0f;
+    for (int64_t j0 = 0; j0 < p->N; j0 += NB) {
+        const int64_t nj = p->N - j0 < NB ? p->N - j0 : NB;
+        compute_tile(g, ab, j0, nj, p->K, s);
+        for (int64_t i = 0; i < ab->mi; i++) {
+            const int64_t r = ab->i0 + i;
+            const float *y = s->acc + i * NB;
+            load_span(p->dtype, g->dy, y_row(p, r) * p->N + j0, nj, s->row, 1);
+            float sum = acc[i];
+            for (int64_t j = 0; j < nj; j++)
+                sum += s->row[j] * y[j];
+            acc[i] = sum;
+        }
+    }
+    for (int64_t i = 0; i < ab->mi; i++)
+        store_row(p->dw_dtype, g->out, slot_of_row(p, ab->i0 + i), &acc[i], 1, p->accumulate);
+}
+
+/* The blocked twin of moe_ref_gemm_topk_weights_grad (gemm_naive.c).  Its prototype belongs next to
+ * the other blocked twins in moe_ref.h; until it is there it is declared here and in ref_backend.c. */
+moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                                  const void *dy, void *d_topk_weights);
+
+moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                                  const void *dy, void *d_topk_weights)
+{
+    gemm_setup st;
+    moe_status status = setup(p, OP_TOPK, &st);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
+    int failed = 0;
+    MOE_OMP(omp parallel)
+    {
+        thread_scratch s;
+        if (!scratch_alloc(&s)) {
+            MOE_OMP(omp atomic write)
+            failed = 1;
+        }
+        MOE_OMP(omp barrier)
+        int stop;
+        MOE_OMP(omp atomic read)
+        stop = failed;
+        if (!stop) {
+            MOE_OMP(omp for schedule(dynamic, 1))
+            for (int64_t b = 0; b < st.block_count; b++)
+                run_topk_item(&g, &st.blocks[b], &s);
+        }
+        scratch_free(&s);
+    }
+    setup_free(&st);
+    return failed ? out_of_scratch(p) : MOE_OK;
+}
