@@ -7,6 +7,7 @@
  * tolerance, 2 any error (bad usage, unreadable or refused file, refused call); errors go to stderr.
  */
 #include "moe.h"
+#include "moe_mlp.h"
 #include "npy.h"
 #include "oracle.h"
 
@@ -78,7 +79,6 @@ typedef struct command {
     const opt *opts;     /* terminated by {NULL} */
     int positionals;     /* exact number of positional arguments */
     int (*run)(const struct args *);
-    int unavailable;     /* not yet available: only --help works */
 } command;
 
 typedef struct args {
@@ -181,9 +181,25 @@ static const opt route_opts[] = {
      "folder to write m_sizes.npy (E,), gather_indices.npy (M,) and scatter_indices.npy (M,) into, all "
      "int64; created if missing. gather_indices is the stable sort of the flattened ids by expert; "
      "scatter_indices its inverse."},
-    {"--block-size", "B", "blockwise layout for the MLP: not yet available (needs the MLP API; exits with status 2)."},
-    {"--dropping", NULL, "dropping layout (one block of capacity B per expert): not yet available."},
-    {"--padding", "skip|row", "empty-slot convention of the blockwise layout: not yet available."},
+    {"--block-size", "B",
+     "also write the blockwise layout of the MoE MLP (moe_mlp_layout_build) with blocks of B >= 1 "
+     "positions: token_position_to_id.npy (N*B,) and block_to_expert.npy (N,), int64, the files "
+     "`moe mlp-fwd` and `moe mlp-bwd` read. Blocks are ordered by expert, tokens ascend within an "
+     "expert. Dropless (the default): ceil(m_e / B) blocks per expert, none for an expert without "
+     "tokens; the last block of an expert is padded at the tail. Prints N."},
+    {"--dropping", NULL,
+     "dropping layout instead: exactly one block of capacity B per expert (N = E); an expert keeps its "
+     "first B tokens in ascending order and drops the others. Prints the number of dropped (token, "
+     "expert) pairs. B is --block-size, default 128."},
+    {"--padding", "skip|row",
+     "how an empty position of token_position_to_id is marked: skip (default) -1, row T (the MLP's "
+     "token tensors then have T + 1 rows). Needs --block-size or --dropping."},
+    {"--topk-weights", "TW.npy",
+     "the router's weights, shape (T, k) (or (T*k,)), floating: also write expert_affinities_masked.npy "
+     "(T*E,), A[t*E + e] = the weight of every (token, expert) pair the layout holds, 0 for every other "
+     "pair (dropped pairs included). Float32 unless --raw. Needs --block-size or --dropping."},
+    OPT_DTYPE,
+    OPT_RAW,
     {NULL, NULL, NULL},
 };
 
@@ -205,14 +221,65 @@ static const opt compare_opts[] = {
     {NULL, NULL, NULL},
 };
 
-static const opt mlp_opts[] = {{NULL, NULL, NULL}};
+#define OPT_MLP                                                                                        \
+    {"--block-size", "B",                                                                              \
+     "positions per block B >= 1. Default: token_position_to_id's length / the number of blocks (its "  \
+     "second dimension when it is (N, B)); 128 when there are no blocks. When given, the files must "   \
+     "agree with it."},                                                                                \
+    {"--activation", "silu|gelu|gelu_tanh|swish",                                                      \
+     "the gate's activation (NKI ActFnType): silu x*sigmoid(x) (default); gelu 0.5x(1 + erf(x/sqrt2)); " \
+     "gelu_tanh the tanh approximation; swish x*sigmoid(1.702x) (the gpt-oss gate)."},               \
+    {"--affinity-on", "h|i",                                                                           \
+     "where the routing affinity a is applied: h (default, NKI's) out += a*d; i m = act(g)*u*a, out += " \
+     "m . W_d + a*b_d (same function, other rounding)."},                                              \
+    {"--bias", NULL,                                                                                   \
+     "use the biases gate_up_proj_bias.npy (E, 2, I) and down_proj_bias.npy (E, H). Without it the "    \
+     "bias files are not read, even when present."},                                                   \
+    {"--clamp", "NL_LO,NL_HI,LIN_LO,LIN_HI",                                                           \
+     "clamp limits (NKI ClampLimits): exactly four comma-separated fields, an empty field = no bound "  \
+     "(e.g. --clamp ,7,-7,7 for gpt-oss). NL clamps the gate g (non-linear), LIN the up projection u "   \
+     "(linear), after the bias; each set bound must be finite, lower <= upper. The backward passes a "  \
+     "gradient only where lower < value < upper on the checkpointed value."},                          \
+    {"--padding", "skip|row",                                                                          \
+     "the padding mark of token_position_to_id: skip (default) -1; row T, and hidden_states, output, "  \
+     "output_hidden_states_grad and hidden_states_grad have T + 1 rows (row T is never read and is "    \
+     "written 0)."},                                                                                   \
+    {"--no-accumulate", NULL,                                                                          \
+     "NKI's is_tensor_update_accumulating=False (options.tensor_update_overwrite): a promise that "      \
+     "each token occupies at most one position (top-1), checked against token_position_to_id. The "     \
+     "results are bitwise the same as without it. (It has nothing to do with accumulating weight "     \
+     "gradients: mlp-bwd always writes fresh gradients.)"},                                            \
+    OPT_DTYPE,                                                                                         \
+    OPT_BACKEND,                                                                                       \
+    OPT_RAW
+
+static const opt mlp_fwd_opts[] = {
+    {"--in", "DIR", "folder of the inputs, NKI's parameter names (see above)."},
+    {"--out", "DIR",
+     "folder to write output.npy and the checkpoints into (created if missing; may be --in, so that "
+     "mlp-bwd --in finds the checkpoints there)."},
+    OPT_MLP,
+    {NULL, NULL, NULL},
+};
+
+static const opt mlp_bwd_opts[] = {
+    {"--in", "DIR", "folder of the inputs, NKI's parameter names (see above)."},
+    {"--out", "DIR", "folder to write the gradients into (created if missing)."},
+    OPT_MLP,
+    {"--grad-fp32", NULL,
+     "write the weight and bias gradients rounded to float32 instead of the computation dtype "
+     "(options.grad_fp32). Without it they are rounded to the computation dtype, also when written as "
+     "float32."},
+    {NULL, NULL, NULL},
+};
 
 static int run_gemm_fwd(const args *a);
 static int run_gemm_dx(const args *a);
 static int run_gemm_dw(const args *a);
 static int run_route(const args *a);
 static int run_compare(const args *a);
-static int run_mlp(const args *a);
+static int run_mlp_fwd(const args *a);
+static int run_mlp_bwd(const args *a);
 
 static const command commands[] = {
     {"gemm-fwd",
@@ -221,14 +288,14 @@ static const command commands[] = {
      "grouped GEMM forward: Y = X . W[e]^T per expert (moe_gemm_fwd)",
      "For expert-order row r of expert e: y_r = xsrc_r . W[e]^T, accumulated in float32 and rounded once "
      "(SEMANTICS section 2). Rows [off_e, off_e + m_e) belong to expert e.",
-     gemm_fwd_opts, 0, run_gemm_fwd, 0},
+     gemm_fwd_opts, 0, run_gemm_fwd},
     {"gemm-dx",
      "--dy DY.npy --w W.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
      "[--topk-weights TW.npy] [--reduce-topk] [--dtype ...] [--backend ...] --out DX.npy [--raw] [--bound-out B.npy]",
      "grouped GEMM input gradient: dX = dY . W[e] per expert (moe_gemm_dx)",
      "The routing flags describe the forward whose gradient this is: --permute-y reads dY in slot order, "
      "--permute-x writes dX in slot order, --topk-weights scales each dY source row.",
-     gemm_dx_opts, 0, run_gemm_dx, 0},
+     gemm_dx_opts, 0, run_gemm_dx},
     {"gemm-dw",
      "--x X.npy --dy DY.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
      "[--topk-weights TW.npy] [--dw-fp32] [--dtype ...] [--backend ...] --out DW.npy "
@@ -236,13 +303,17 @@ static const command commands[] = {
      "grouped GEMM weight gradient: dW[e] = sum over rows of dY^T (x) X (moe_gemm_dw)",
      "dW[e] sums, over the rows r of expert e, dysrc_r^T (x) xsrc_r, with the sources chosen by the "
      "forward's routing flags; float32 accumulation over all rows of the expert, one rounding.",
-     gemm_dw_opts, 0, run_gemm_dw, 0},
-    {"route", "--topk-ids IDS.npy --experts E --out DIR",
-     "routing arrays from the router's top-k choices (moe_routing_from_topk)",
-     "Writes the routing the gemm commands read (--m-sizes DIR/m_sizes.npy --gather "
-     "DIR/gather_indices.npy --topk k). The blockwise MLP layout (--block-size, --dropping, --padding, "
-     "token_position_to_id.npy, block_to_expert.npy) arrives with the MLP API and is refused for now.",
-     route_opts, 0, run_route, 0},
+     gemm_dw_opts, 0, run_gemm_dw},
+    {"route",
+     "--topk-ids IDS.npy --experts E [--block-size B] [--dropping] [--padding skip|row] "
+     "[--topk-weights TW.npy [--dtype ...] [--raw]] --out DIR",
+     "routing arrays and MLP block layouts from the router's top-k choices",
+     "Writes the routing the gemm commands read (moe_routing_from_topk: --m-sizes DIR/m_sizes.npy "
+     "--gather DIR/gather_indices.npy --topk k). With --block-size or --dropping also the blockwise layout "
+     "the mlp commands read (moe_mlp_layout_build: token_position_to_id.npy, block_to_expert.npy, and "
+     "with --topk-weights expert_affinities_masked.npy), and prints the number of blocks N and, for "
+     "--dropping, the number of dropped (token, expert) pairs.",
+     route_opts, 0, run_route},
     {"compare", "A B [--dtype f32|f16|bf16|f64] [--reduction-length L | --bound B.npy | --exact | --atol X --rtol X]",
      "compare two .npy files, or every .npy file of folder A with the same name in folder B",
      "Prints per tensor its shape, the max abs error |a-b|, the max relative error |a-b|/max(|a|,|b|), "
@@ -258,25 +329,56 @@ static const command commands[] = {
      "sum of |terms| and so is exact where terms cancel).\n\n"
      "NaN equals NaN at the same place; a NaN against a number, and an Inf against anything else, fail. "
      "Files in B that A does not have are listed and not compared.",
-     compare_opts, 2, run_compare, 0},
-    {"mlp-fwd", "--in DIR --out DIR [mlp options]",
-     "blockwise MoE MLP forward: NOT YET AVAILABLE (exits with status 2)",
-     "Not yet available: it arrives with the blockwise MoE MLP API (SEMANTICS section 3). Planned: "
-     "--in DIR holds NKI-named inputs (hidden_states.npy, expert_affinities_masked.npy, "
-     "gate_up_proj_weight.npy, down_proj_weight.npy, gate_up_proj_bias.npy, down_proj_bias.npy, "
-     "token_position_to_id.npy, block_to_expert.npy); --out DIR gets output.npy and the checkpoints "
-     "gate_up_proj_act_checkpoint_T.npy and down_proj_act_checkpoint.npy. mlp options: --block-size B "
-     "--activation silu|gelu|gelu_tanh|swish --affinity-on h|i --bias --clamp NL_LO,NL_HI,LIN_LO,LIN_HI "
-     "--padding skip|row --no-accumulate.",
-     mlp_opts, 0, run_mlp, 1},
-    {"mlp-bwd", "--in DIR --out DIR [mlp options]",
-     "blockwise MoE MLP backward: NOT YET AVAILABLE (exits with status 2)",
-     "Not yet available: it arrives with the blockwise MoE MLP API (SEMANTICS section 3). Planned: --in "
-     "DIR holds the forward's inputs, output_hidden_states_grad.npy and the checkpoints; --out DIR gets "
-     "hidden_states_grad.npy, expert_affinities_masked_grad.npy, gate_up_proj_weight_grad.npy, "
-     "down_proj_weight_grad.npy, gate_up_proj_bias_grad.npy and down_proj_bias_grad.npy. Same mlp "
-     "options as mlp-fwd.",
-     mlp_opts, 0, run_mlp, 1},
+     compare_opts, 2, run_compare},
+    {"mlp-fwd",
+     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
+     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
+     "[--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
+     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
+     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
+     "m . W_d[e] (+ b_d[e]); out_t += a*d (SEMANTICS section 3, specs/MLP.md). Padding positions are "
+     "empty; rows of tokens in no block are 0.\n\n"
+     "--in DIR holds (NKI's parameter names; T tokens, E experts, H hidden, I intermediate, N blocks of "
+     "B positions; T1 = T + 1 with --padding row, else T):\n"
+     "  hidden_states.npy (T1, H)\n"
+     "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E)\n"
+     "  gate_up_proj_weight.npy (E, H, 2, I): [:, :, 0] gate, [:, :, 1] up\n"
+     "  down_proj_weight.npy (E, I, H)\n"
+     "  gate_up_proj_bias.npy (E, 2, I), down_proj_bias.npy (E, H): only with --bias\n"
+     "  token_position_to_id.npy (N*B,) or (N, B), int32/int64: a token, or the padding mark\n"
+     "  block_to_expert.npy (N,), int32/int64\n"
+     "(`moe route --block-size B --topk-weights TW.npy` writes the last three). Extra trailing "
+     "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert). --out DIR gets:\n"
+     "  output.npy (T1, H)\n"
+     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
+     "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
+     "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
+     "the others before anything is written.",
+     mlp_fwd_opts, 0, run_mlp_fwd},
+    {"mlp-bwd",
+     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
+     "[--padding skip|row] [--no-accumulate] [--grad-fp32] [--dtype ...] [--backend ...] [--raw]",
+     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
+     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
+     "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
+     "unless --raw, and without --dtype float32 inputs mean an f32 run.\n\n"
+     "--in DIR holds the forward's inputs (hidden_states.npy, expert_affinities_masked.npy, "
+     "gate_up_proj_weight.npy, down_proj_weight.npy, token_position_to_id.npy, block_to_expert.npy; "
+     "gate_up_proj_bias.npy is not needed, down_proj_bias.npy only with --bias --affinity-on i and no "
+     "down checkpoint) and:\n"
+     "  output_hidden_states_grad.npy (T1, H): the gradient of output\n"
+     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B)\n"
+     "  down_proj_act_checkpoint.npy (N, B, H): optional with --affinity-on i (then recomputed)\n"
+     "--out DIR gets:\n"
+     "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
+     "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
+     "every pair of the layout, 0 for every other\n"
+     "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
+     "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
+     "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
+     "NumPy).",
+     mlp_bwd_opts, 0, run_mlp_bwd},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -424,8 +526,6 @@ static void parse_args(const command *c, int argc, char **argv, args *a)
             print_command_help(stdout, c);
             exit(0);
         }
-        if (c->unavailable)
-            continue;
         if (!only_positional && strcmp(s, "--") == 0) {
             only_positional = 1;
             continue;
@@ -460,8 +560,6 @@ static void parse_args(const command *c, int argc, char **argv, args *a)
             die("unexpected argument '%s' (see moe %s --help)", s, c->name);
         a->pos[a->npos++] = s;
     }
-    if (c->unavailable)
-        return;
     if (a->npos != c->positionals)
         die("expected %d file or folder arguments, got %d (see moe %s --help)", c->positionals, a->npos, c->name);
 }
@@ -944,16 +1042,151 @@ static void make_dirs(const char *path)
     free(copy);
 }
 
+static int is_regular(const char *path);
+static int is_dir(const char *path);
+
+/* ---------------------------------------------------------------------------------------------------
+ * Shapes with NKI's trailing 1s, and the MLP options
+ * ------------------------------------------------------------------------------------------------- */
+/* h's shape is dims (ndim of them), possibly followed by extra dimensions of size 1. */
+static int shape_is(const npy_header *h, int ndim, const int64_t *dims)
+{
+    if (h->ndim < ndim)
+        return 0;
+    for (int d = 0; d < ndim; d++)
+        if (h->shape[d] != dims[d])
+            return 0;
+    for (int d = ndim; d < h->ndim; d++)
+        if (h->shape[d] != 1)
+            return 0;
+    return 1;
+}
+
+static void check_shape(const char *path, const npy_array *arr, int ndim, const int64_t *dims, const char *what,
+                        const char *why)
+{
+    if (shape_is(&arr->h, ndim, dims))
+        return;
+    char want[512];
+    die("%s: expected %s of shape %s (%s), found %s %s", path, what, npy_format_shape(want, sizeof want, ndim, dims),
+        why, shape_text(&arr->h), npy_type_name(arr->h.type));
+}
+
+static void check_index_array(const char *path, const npy_array *arr)
+{
+    if (!npy_type_is_int(arr->h.type))
+        die("%s: expected an int32 or int64 array, found %s %s", path, shape_text(&arr->h), npy_type_name(arr->h.type));
+}
+
+static int64_t parse_block_size(const args *a)
+{
+    const char *s = get(a, "--block-size");
+    return s ? parse_int_arg("--block-size", s, 1) : MOE_MLP_DEFAULT_BLOCK_SIZE;
+}
+
+static moe_mlp_padding parse_padding(const args *a)
+{
+    const char *s = get(a, "--padding");
+    if (s == NULL || strcmp(s, "skip") == 0)
+        return MOE_MLP_PAD_SKIP;
+    if (strcmp(s, "row") == 0)
+        return MOE_MLP_PAD_ROW;
+    die("--padding %s: expected skip (empty positions hold -1) or row (they hold T)", s);
+}
+
+static void parse_clamp(const char *s, moe_mlp_options *o)
+{
+    static const char *const names[4] = {"NL_LO", "NL_HI", "LIN_LO", "LIN_HI"};
+    float v[4] = {0};
+    int has[4] = {0};
+    const char *p = s;
+    for (int f = 0; f < 4; f++) {
+        const char *comma = strchr(p, ',');
+        if ((f < 3 && comma == NULL) || (f == 3 && comma != NULL))
+            die("--clamp %s: expected exactly 4 comma-separated fields NL_LO,NL_HI,LIN_LO,LIN_HI (an empty field "
+                "= no bound, e.g. ,7,-7,7)", s);
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char buf[64];
+        if (len >= sizeof buf)
+            die("--clamp %s: field %s is too long", s, names[f]);
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (len > 0) {
+            char *end;
+            v[f] = strtof(buf, &end);
+            if (*end != '\0' || end == buf || !isfinite(v[f]))
+                die("--clamp %s: field %s = '%s' is not a finite number (an empty field = no bound)", s, names[f], buf);
+            has[f] = 1;
+        }
+        p = comma ? comma + 1 : p + len;
+    }
+    for (int pair = 0; pair < 4; pair += 2)
+        if (has[pair] && has[pair + 1] && v[pair] > v[pair + 1])
+            die("--clamp %s: %s = %g is above %s = %g", s, names[pair], (double)v[pair], names[pair + 1],
+                (double)v[pair + 1]);
+    o->has_non_linear_clamp_lower_limit = has[0];
+    o->has_non_linear_clamp_upper_limit = has[1];
+    o->has_linear_clamp_lower_limit = has[2];
+    o->has_linear_clamp_upper_limit = has[3];
+    o->non_linear_clamp_lower_limit = v[0];
+    o->non_linear_clamp_upper_limit = v[1];
+    o->linear_clamp_lower_limit = v[2];
+    o->linear_clamp_upper_limit = v[3];
+}
+
+/* Every mlp option but the dtype (chosen from the files). */
+static void mlp_options(const args *a, moe_mlp_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->block_size = parse_block_size(a);
+    const char *s = get(a, "--activation");
+    if (s == NULL || strcmp(s, "silu") == 0)
+        o->activation = MOE_ACT_SILU;
+    else if (strcmp(s, "gelu") == 0)
+        o->activation = MOE_ACT_GELU;
+    else if (strcmp(s, "gelu_tanh") == 0)
+        o->activation = MOE_ACT_GELU_TANH;
+    else if (strcmp(s, "swish") == 0)
+        o->activation = MOE_ACT_SWISH;
+    else
+        die("--activation %s: expected silu, gelu, gelu_tanh or swish", s);
+    s = get(a, "--affinity-on");
+    if (s == NULL || strcmp(s, "h") == 0 || strcmp(s, "H") == 0)
+        o->affinity = MOE_AFFINITY_ON_H;
+    else if (strcmp(s, "i") == 0 || strcmp(s, "I") == 0)
+        o->affinity = MOE_AFFINITY_ON_I;
+    else
+        die("--affinity-on %s: expected h (out += a*d) or i (m = act(g)*u*a)", s);
+    o->padding = parse_padding(a);
+    o->bias = get(a, "--bias") != NULL;
+    if ((s = get(a, "--clamp")) != NULL)
+        parse_clamp(s, o);
+    o->tensor_update_overwrite = get(a, "--no-accumulate") != NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * route
+ * ------------------------------------------------------------------------------------------------- */
 static int run_route(const args *a)
 {
-    static const char *const later[] = {"--block-size", "--dropping", "--padding"};
-    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++)
-        if (get(a, later[i]) != NULL)
-            die("%s is not yet available: the blockwise layout (token_position_to_id.npy, block_to_expert.npy) "
-                "arrives with the MLP API. Without it, moe route writes m_sizes.npy, gather_indices.npy and "
-                "scatter_indices.npy", later[i]);
     const char *ids_path = need(a, "--topk-ids"), *dir = need(a, "--out");
     const int64_t E = parse_int_arg("--experts", need(a, "--experts"), 1);
+    const int blockwise = get(a, "--block-size") != NULL || get(a, "--dropping") != NULL;
+    const char *tw_path = get(a, "--topk-weights");
+    if (!blockwise) {
+        static const char *const layout_only[] = {"--padding", "--topk-weights", "--dtype", "--raw"};
+        for (size_t i = 0; i < sizeof layout_only / sizeof layout_only[0]; i++)
+            if (get(a, layout_only[i]) != NULL)
+                die("%s belongs to the blockwise layout: give --block-size B (or --dropping) too", layout_only[i]);
+    } else if (tw_path == NULL && (get(a, "--dtype") != NULL || get(a, "--raw") != NULL)) {
+        die("%s is for expert_affinities_masked.npy: give --topk-weights TW.npy too",
+            get(a, "--dtype") != NULL ? "--dtype" : "--raw");
+    }
+    moe_mlp_options mo = {0};
+    mo.block_size = parse_block_size(a);
+    mo.padding = parse_padding(a);
+    const moe_mlp_layout_kind kind = get(a, "--dropping") != NULL ? MOE_MLP_DROPPING : MOE_MLP_DROPLESS;
+
     npy_array ids;
     load(ids_path, &ids);
     if (ids.h.ndim != 1 && ids.h.ndim != 2)
@@ -970,6 +1203,35 @@ static int run_route(const args *a)
     moe_status st = moe_routing_from_topk(T, k, E, topk_ids, m_sizes, gather, scatter);
     if (st != MOE_OK)
         die("%s: %s (--experts %lld)", ids_path, moe_last_error(), (long long)E);
+
+    /* the blockwise layout: everything is checked and built before the first file is written */
+    npy_array tw = {0};
+    void *twd = NULL, *aff = NULL;
+    int64_t N = 0, dropped = 0, *b2e = NULL, *tpti = NULL;
+    if (blockwise) {
+        if (tw_path != NULL) {
+            load(tw_path, &tw);
+            const npy_array *arrays[] = {&tw};
+            const char *paths[] = {tw_path};
+            mo.dtype = choose_dtype(a, arrays, paths, 1);
+            check_floating(tw_path, &tw);
+            const int64_t flat[1] = {M}, tk[2] = {T, k};
+            if (!shape_is(&tw.h, 1, flat) && !shape_is(&tw.h, 2, tk))
+                die("%s: expected topk weights of shape (%lld, %lld) or (%lld,) (those of %s), found %s %s", tw_path,
+                    (long long)T, (long long)k, (long long)M, ids_path, shape_text(&tw.h), npy_type_name(tw.h.type));
+            twd = convert(tw_path, &tw, mo.dtype);
+            aff = xmalloc(elements(T, E, 1), moe_dtype_size(mo.dtype));
+        }
+        st = moe_mlp_layout_num_blocks(kind, T, k, E, topk_ids, &mo, &N);
+        if (st != MOE_OK)
+            die("%s: %s", ids_path, moe_last_error());
+        b2e = xmalloc((size_t)N, sizeof *b2e);
+        tpti = xmalloc(elements(N, mo.block_size, 1), sizeof *tpti);
+        st = moe_mlp_layout_build(kind, T, k, E, topk_ids, twd, N, b2e, tpti, aff, &dropped, &mo);
+        if (st != MOE_OK)
+            die("%s: %s", ids_path, moe_last_error());
+    }
+
     make_dirs(dir);
     char *p = join_path(dir, "m_sizes.npy");
     write_array(p, NPY_T_I64, 1, &E, m_sizes);
@@ -982,13 +1244,288 @@ static int run_route(const args *a)
     free(p);
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,
            (long long)k, (long long)E, (long long)M, (long long)k);
+    if (!blockwise)
+        return 0;
+    const int64_t NB = N * mo.block_size, TE = T * E;
+    p = join_path(dir, "token_position_to_id.npy");
+    write_array(p, NPY_T_I64, 1, &NB, tpti);
+    free(p);
+    p = join_path(dir, "block_to_expert.npy");
+    write_array(p, NPY_T_I64, 1, &N, b2e);
+    free(p);
+    if (aff != NULL) {
+        p = join_path(dir, "expert_affinities_masked.npy");
+        write_result(a, p, mo.dtype, aff, 1, &TE);
+        free(p);
+    }
+    int64_t empty = 0;
+    for (int64_t i = 0; i < NB; i++)
+        empty += tpti[i] < 0 || tpti[i] >= T;
+    printf("blocks: N = %lld blocks of B = %lld positions (%s, padding %s: empty positions hold %lld), %lld of "
+           "%lld positions empty (use --block-size %lld%s)\n",
+           (long long)N, (long long)mo.block_size, kind == MOE_MLP_DROPPING ? "dropping" : "dropless",
+           mo.padding == MOE_MLP_PAD_ROW ? "row" : "skip", mo.padding == MOE_MLP_PAD_ROW ? (long long)T : -1LL,
+           (long long)empty, (long long)NB, (long long)mo.block_size,
+           mo.padding == MOE_MLP_PAD_ROW ? " --padding row" : "");
+    if (kind == MOE_MLP_DROPPING)
+        printf("dropped: %lld (token, expert) pairs past the capacity of %lld tokens per expert\n", (long long)dropped,
+               (long long)mo.block_size);
     return 0;
 }
 
-static int run_mlp(const args *a)
+/* ---------------------------------------------------------------------------------------------------
+ * mlp-fwd, mlp-bwd
+ * ------------------------------------------------------------------------------------------------- */
+enum mlp_file {
+    F_HIDDEN, F_AFF, F_WGU, F_WD, F_BGU, F_BD, F_TPTI, F_B2E, F_OUT_GRAD, F_CKPT_GU, F_CKPT_D, F_COUNT
+};
+static const char *const mlp_file_names[F_COUNT] = {
+    "hidden_states.npy", "expert_affinities_masked.npy", "gate_up_proj_weight.npy", "down_proj_weight.npy",
+    "gate_up_proj_bias.npy", "down_proj_bias.npy", "token_position_to_id.npy", "block_to_expert.npy",
+    "output_hidden_states_grad.npy", "gate_up_proj_act_checkpoint_T.npy", "down_proj_act_checkpoint.npy",
+};
+
+typedef struct mlp_in {
+    moe_mlp_options o;
+    char *path[F_COUNT];
+    npy_array arr[F_COUNT];
+    int have[F_COUNT];
+    void *data[F_COUNT]; /* converted: floats to o.dtype, indices to int64 */
+    int64_t T, T1, E, H, I, N, B;
+    int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
+    int64_t aff_shape[NPY_MAX_DIMS];
+    moe_mlp_layout layout;
+} mlp_in;
+
+/* Loads the files of --in marked in `want` (2: required, 1: read when present), checks every shape
+ * against the others, converts them to the computation dtype (floats) or int64 (indices), and validates
+ * the layout.  m->o holds the parsed mlp options (mlp_options); the dtype and block size are set here.
+ * Nothing is written. */
+static void mlp_load(const args *a, mlp_in *m, const int *want)
 {
-    die("not yet available: the blockwise MoE MLP API (SEMANTICS section 3) is being written; this "
-        "subcommand arrives with it (see moe %s --help)", a->cmd->name);
+    const char *dir = need(a, "--in");
+    if (!is_dir(dir))
+        die("--in %s: not a folder (it holds the .npy files named after NKI's parameters, see moe %s --help)", dir,
+            a->cmd->name);
+    for (int f = 0; f < F_COUNT; f++) {
+        m->path[f] = join_path(dir, mlp_file_names[f]);
+        if (want[f] == 2 || (want[f] == 1 && is_regular(m->path[f]))) {
+            load(m->path[f], &m->arr[f]);
+            m->have[f] = 1;
+        }
+    }
+    const npy_array *floats[F_COUNT];
+    const char *float_paths[F_COUNT];
+    int nf = 0;
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!m->have[f])
+            continue;
+        if (f == F_TPTI || f == F_B2E) {
+            check_index_array(m->path[f], &m->arr[f]);
+            continue;
+        }
+        check_floating(m->path[f], &m->arr[f]);
+        floats[nf] = &m->arr[f];
+        float_paths[nf++] = m->path[f];
+    }
+    m->o.dtype = choose_dtype(a, floats, float_paths, nf);
+
+    /* E, H, I from gate_up_proj_weight; N from block_to_expert; B from token_position_to_id or --block-size */
+    const npy_header *wgu = &m->arr[F_WGU].h;
+    const char *pw = m->path[F_WGU];
+    if (wgu->ndim < 4 || wgu->shape[2] != 2 || !shape_is(wgu, 4, wgu->shape))
+        die("%s: expected gate_up_proj_weight of shape (E, H, 2, I), found %s %s", pw, shape_text(wgu),
+            npy_type_name(wgu->type));
+    m->E = wgu->shape[0], m->H = wgu->shape[1], m->I = wgu->shape[3];
+    if (m->E < 1)
+        die("%s: expected at least one expert (E >= 1), found %s %s", pw, shape_text(wgu), npy_type_name(wgu->type));
+    char why[1024];
+    snprintf(why, sizeof why, "E, I and H from %s", pw);
+    const int64_t s_wd[3] = {m->E, m->I, m->H};
+    check_shape(m->path[F_WD], &m->arr[F_WD], 3, s_wd, "down_proj_weight", why);
+
+    const npy_header *b2e = &m->arr[F_B2E].h;
+    if (b2e->ndim < 1 || !shape_is(b2e, 1, b2e->shape))
+        die("%s: expected block_to_expert of shape (N,) or (N, 1), found %s %s", m->path[F_B2E], shape_text(b2e),
+            npy_type_name(b2e->type));
+    m->N = b2e->shape[0];
+    const npy_header *tp = &m->arr[F_TPTI].h;
+    const char *ptp = m->path[F_TPTI];
+    const int given_b = get(a, "--block-size") != NULL;
+    if (given_b)
+        m->B = m->o.block_size;
+    else if (m->N > 0 && tp->ndim >= 2 && tp->shape[0] == m->N && tp->shape[1] >= 1 && shape_is(tp, 2, tp->shape))
+        m->B = tp->shape[1]; /* (N, B) */
+    else if (m->N > 0 && tp->ndim >= 1 && tp->shape[0] > 0 && tp->shape[0] % m->N == 0 && shape_is(tp, 1, tp->shape))
+        m->B = tp->shape[0] / m->N; /* (N*B,) */
+    else
+        m->B = MOE_MLP_DEFAULT_BLOCK_SIZE;
+    m->o.block_size = m->B;
+    const int64_t nb[1] = {m->N * m->B}, n_b[2] = {m->N, m->B};
+    (void)elements(m->N, m->B, 1); /* refuses N*B past 64 bits */
+    if (!given_b && m->N > 0 && !shape_is(tp, 1, nb) && !shape_is(tp, 2, n_b))
+        die("%s: expected token_position_to_id of shape (N*B,) or (N, B) with N = %lld blocks from %s and a "
+            "block size B >= 1, found %s %s", ptp, (long long)m->N, m->path[F_B2E], shape_text(tp),
+            npy_type_name(tp->type));
+    if (!shape_is(tp, 1, nb) && !shape_is(tp, 2, n_b))
+        die("%s: expected token_position_to_id of shape (%lld,) or (%lld, %lld) (N = %lld blocks from %s, B = %lld %s), "
+            "found %s %s", ptp, (long long)nb[0], (long long)m->N, (long long)m->B, (long long)m->N, m->path[F_B2E],
+            (long long)m->B, given_b ? "from --block-size" : "(the default: there are no blocks)", shape_text(tp),
+            npy_type_name(tp->type));
+
+    /* T from hidden_states */
+    const npy_header *hs = &m->arr[F_HIDDEN].h;
+    const char *phs = m->path[F_HIDDEN];
+    const int row = m->o.padding == MOE_MLP_PAD_ROW;
+    if (hs->ndim < 2 || hs->shape[1] != m->H || !shape_is(hs, 2, hs->shape) || (row && hs->shape[0] < 1))
+        die("%s: expected hidden_states of shape (%s, %lld) (H = %lld from %s%s), found %s %s", phs,
+            row ? "T + 1" : "T", (long long)m->H, (long long)m->H, pw,
+            row ? "; with --padding row, row T is the padding row" : "", shape_text(hs), npy_type_name(hs->type));
+    m->T1 = hs->shape[0];
+    m->T = m->T1 - row;
+    if (m->T > 0 && m->E > INT64_MAX / m->T)
+        die("%s: T*E overflows", phs);
+
+    const int64_t te[1] = {m->T * m->E}, t_e[2] = {m->T, m->E};
+    const npy_header *ah = &m->arr[F_AFF].h;
+    if (!shape_is(ah, 1, te) && !shape_is(ah, 2, t_e))
+        die("%s: expected expert_affinities_masked of shape (%lld,), (%lld, 1) or (%lld, %lld) (T*E with T = %lld "
+            "tokens from %s%s, E = %lld from %s), found %s %s", m->path[F_AFF], (long long)te[0], (long long)te[0],
+            (long long)m->T, (long long)m->E, (long long)m->T, phs, row ? " less the padding row" : "",
+            (long long)m->E, pw, shape_text(ah), npy_type_name(ah->type));
+    m->aff_ndim = ah->ndim;
+    memcpy(m->aff_shape, ah->shape, sizeof m->aff_shape);
+    if (m->have[F_BGU]) {
+        const int64_t s[3] = {m->E, 2, m->I};
+        snprintf(why, sizeof why, "E and I from %s", pw);
+        check_shape(m->path[F_BGU], &m->arr[F_BGU], 3, s, "gate_up_proj_bias", why);
+    }
+    if (m->have[F_BD]) {
+        const int64_t s[2] = {m->E, m->H};
+        snprintf(why, sizeof why, "E and H from %s", pw);
+        check_shape(m->path[F_BD], &m->arr[F_BD], 2, s, "down_proj_bias", why);
+    }
+    if (m->have[F_OUT_GRAD]) {
+        snprintf(why, sizeof why, "the shape of %s", phs);
+        const int64_t s[2] = {m->T1, m->H};
+        check_shape(m->path[F_OUT_GRAD], &m->arr[F_OUT_GRAD], 2, s, "output_hidden_states_grad", why);
+    }
+    if (m->have[F_CKPT_GU]) {
+        snprintf(why, sizeof why, "N from %s, I from %s, B = %lld", m->path[F_B2E], pw, (long long)m->B);
+        const int64_t s[4] = {m->N, 2, m->I, m->B};
+        check_shape(m->path[F_CKPT_GU], &m->arr[F_CKPT_GU], 4, s, "gate_up_proj_act_checkpoint_T", why);
+    }
+    if (m->have[F_CKPT_D]) {
+        snprintf(why, sizeof why, "N from %s, B = %lld, H from %s", m->path[F_B2E], (long long)m->B, pw);
+        const int64_t s[3] = {m->N, m->B, m->H};
+        check_shape(m->path[F_CKPT_D], &m->arr[F_CKPT_D], 3, s, "down_proj_act_checkpoint", why);
+    }
+
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!m->have[f])
+            continue;
+        if (f == F_TPTI || f == F_B2E)
+            m->data[f] = convert_int(m->path[f], &m->arr[f]);
+        else
+            m->data[f] = convert(m->path[f], &m->arr[f], m->o.dtype);
+        npy_free(&m->arr[f]);
+        m->arr[f].data = NULL;
+    }
+    m->layout = (moe_mlp_layout){m->T, m->E, m->N, m->data[F_B2E], m->data[F_TPTI]};
+    if (moe_mlp_layout_validate(&m->layout, &m->o) != MOE_OK)
+        die("%s, %s: %s", ptp, m->path[F_B2E], moe_last_error());
+}
+
+static void mlp_write(const args *a, const char *dir, const char *name, moe_dtype dtype, const void *data, int ndim,
+                      const int64_t *shape)
+{
+    char *p = join_path(dir, name);
+    write_result(a, p, dtype, data, ndim, shape);
+    free(p);
+}
+/* The files both directions read: the forward's inputs (biases only with --bias). */
+static void mlp_begin(const args *a, mlp_in *m, int *want)
+{
+    check_backend(a);
+    memset(m, 0, sizeof *m);
+    mlp_options(a, &m->o);
+    want[F_HIDDEN] = want[F_AFF] = want[F_WGU] = want[F_WD] = want[F_TPTI] = want[F_B2E] = 2;
+}
+
+static int run_mlp_fwd(const args *a)
+{
+    const char *out = need(a, "--out");
+    mlp_in m;
+    int want[F_COUNT] = {0};
+    mlp_begin(a, &m, want);
+    if (m.o.bias)
+        want[F_BGU] = want[F_BD] = 2;
+    mlp_load(a, &m, want);
+    const size_t es = moe_dtype_size(m.o.dtype);
+    void *y = xmalloc(elements(m.T1, m.H, 1), es);
+    void *ckpt_gu = xmalloc(elements(m.N, 2 * m.I, m.B), es), *ckpt_d = xmalloc(elements(m.N, m.B, m.H), es);
+    moe_status st = moe_mlp_fwd(MOE_BACKEND_REF, &m.layout, m.H, m.I, m.data[F_HIDDEN], m.data[F_AFF], m.data[F_WGU],
+                                m.data[F_WD], m.data[F_BGU], m.data[F_BD], y, ckpt_gu, ckpt_d, &m.o);
+    if (st != MOE_OK)
+        library_failed("moe_mlp_fwd", st);
+    make_dirs(out);
+    const int64_t s_y[2] = {m.T1, m.H}, s_gu[4] = {m.N, 2, m.I, m.B}, s_d[3] = {m.N, m.B, m.H};
+    mlp_write(a, out, "output.npy", m.o.dtype, y, 2, s_y);
+    mlp_write(a, out, "gate_up_proj_act_checkpoint_T.npy", m.o.dtype, ckpt_gu, 4, s_gu);
+    mlp_write(a, out, "down_proj_act_checkpoint.npy", m.o.dtype, ckpt_d, 3, s_d);
+    printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s\n",
+           (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
+           moe_dtype_name(m.o.dtype));
+    return 0;
+}
+
+static int run_mlp_bwd(const args *a)
+{
+    const char *out = need(a, "--out");
+    mlp_in m;
+    int want[F_COUNT] = {0};
+    mlp_begin(a, &m, want);
+    want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
+    if (m.o.affinity == MOE_AFFINITY_ON_I) {
+        /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
+        char *ckpt_d = join_path(need(a, "--in"), mlp_file_names[F_CKPT_D]);
+        want[F_CKPT_D] = 1;
+        if (m.o.bias && !is_regular(ckpt_d))
+            want[F_BD] = 2;
+        free(ckpt_d);
+    } else {
+        want[F_CKPT_D] = 2;
+    }
+    mlp_load(a, &m, want);
+    m.o.grad_fp32 = get(a, "--grad-fp32") != NULL;
+    const moe_dtype gdt = m.o.grad_fp32 ? MOE_F32 : m.o.dtype;
+    const int bias = m.o.bias;
+    const size_t es = moe_dtype_size(m.o.dtype), gs = moe_dtype_size(gdt);
+    void *dh = xmalloc(elements(m.T1, m.H, 1), es), *da = xmalloc(elements(m.T, m.E, 1), es);
+    void *dwgu = xmalloc(elements(m.E, m.H, 2 * m.I), gs), *dwd = xmalloc(elements(m.E, m.I, m.H), gs);
+    void *dbgu = bias ? xmalloc(elements(m.E, 2, m.I), gs) : NULL;
+    void *dbd = bias ? xmalloc(elements(m.E, m.H, 1), gs) : NULL;
+    moe_status st = moe_mlp_bwd(MOE_BACKEND_REF, &m.layout, m.H, m.I, m.data[F_HIDDEN], m.data[F_AFF], m.data[F_WGU],
+                                m.data[F_WD], m.data[F_BD], m.data[F_CKPT_GU], m.data[F_CKPT_D], m.data[F_OUT_GRAD],
+                                dh, da, dwgu, dwd, dbgu, dbd, &m.o);
+    if (st != MOE_OK)
+        library_failed("moe_mlp_bwd", st);
+    make_dirs(out);
+    const int64_t s_h[2] = {m.T1, m.H}, s_wgu[4] = {m.E, m.H, 2, m.I}, s_wd[3] = {m.E, m.I, m.H};
+    const int64_t s_bgu[3] = {m.E, 2, m.I}, s_bd[2] = {m.E, m.H};
+    mlp_write(a, out, "hidden_states_grad.npy", m.o.dtype, dh, 2, s_h);
+    mlp_write(a, out, "expert_affinities_masked_grad.npy", m.o.dtype, da, m.aff_ndim, m.aff_shape);
+    mlp_write(a, out, "gate_up_proj_weight_grad.npy", gdt, dwgu, 4, s_wgu);
+    mlp_write(a, out, "down_proj_weight_grad.npy", gdt, dwd, 3, s_wd);
+    if (bias) {
+        mlp_write(a, out, "gate_up_proj_bias_grad.npy", gdt, dbgu, 3, s_bgu);
+        mlp_write(a, out, "down_proj_bias_grad.npy", gdt, dbd, 2, s_bd);
+    }
+    printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s\n",
+           (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
+           moe_dtype_name(m.o.dtype), m.o.grad_fp32 ? ", weight gradients float32" : "",
+           m.have[F_CKPT_D] ? "" : ", d recomputed (no down checkpoint)");
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 # tests/cli.mk: tests of the moe command-line tool (issue 6).
-# test_cli_npy: unit tests of cli/npy.c, and the helper the scripts use to make .npy files (no numpy).
+# test_cli_npy: unit tests of cli/npy.c, and the helper the scripts use to make .npy files (no numpy);
+# its genmlp mode makes MLP cases with tests/mlp_testlib.c (MLP_TESTLIB, tests/mlp.mk).
 check_PROGRAMS += tests/test_cli_npy
-tests_test_cli_npy_SOURCES = tests/test_cli_npy.c cli/npy.c cli/npy.h
+tests_test_cli_npy_SOURCES = tests/test_cli_npy.c cli/npy.c cli/npy.h $(MLP_TESTLIB)
 tests_test_cli_npy_LDADD = libmoe.la proptest/liboracle.la -lm
 tests_test_cli_npy_LDFLAGS = $(AM_LDFLAGS) -no-install
-CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_compare.sh tests/test_cli_errors.sh
+CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_mlp.sh tests/test_cli_compare.sh tests/test_cli_errors.sh
 TESTS += tests/test_cli_npy $(CLI_SH_TESTS)
 EXTRA_DIST += $(CLI_SH_TESTS) tests/test_cli_lib.sh

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Every refusal of the moe tool: malformed and unsupported .npy files (Fortran order, big-endian,
 # pickled objects, structured dtypes, truncated, garbage headers, ...), wrong shapes and dtypes, bad
-# routing, missing files and every kind of usage error. Each must exit with status 2, print nothing on
-# stdout and name the offending file (or option) on stderr.
+# routing and block layouts, missing files, bad mlp options and every kind of usage error. Each must
+# exit with status 2, print nothing on stdout and name the offending file (or option) on stderr.
 . "$(dirname "$0")/test_cli_lib.sh"
 
 "$NPY" mk x.npy '<f4' 3,2 1 2 3 4 5 6
@@ -144,12 +144,189 @@ refused "route float ids" "ids_f.npy: expected an int32 or int64 array, found fl
 refused "route 3-d ids" "ids_3d.npy: expected topk ids of shape (T, k) or (T,)" \
     -- "$MOE" route --topk-ids ids_3d.npy --experts 4 --out r
 refused "route --experts 0" "--experts 0: expected an integer >= 1" -- "$MOE" route --topk-ids ids.npy --experts 0 --out r
-refused "route --block-size" "--block-size is not yet available" "MLP API" \
-    -- "$MOE" route --topk-ids ids.npy --experts 4 --block-size 4 --out r
-refused "route --dropping" "--dropping is not yet available" -- "$MOE" route --topk-ids ids.npy --experts 4 --dropping --out r
-refused "route --padding" "--padding is not yet available" -- "$MOE" route --topk-ids ids.npy --experts 4 --padding row --out r
+# the blockwise layout
+"$NPY" mk ids_ok.npy '<i8' 2,2 0 1 1 2
+"$NPY" mk ids_dup.npy '<i8' 2,2 0 1 1 1
+"$NPY" mk tw.npy '<f4' 2,2 0.5
+"$NPY" mk tw3.npy '<f4' 3 0.5
+"$NPY" mk tw_i.npy '<i4' 2,2 1
+"$NPY" mk tw_u.npy '<u2' 2,2 16256
+r() { "$MOE" route --topk-ids ids_ok.npy --experts 3 --out r "$@"; }
+run_ok "route --block-size runs" r --block-size 2 --topk-weights tw.npy
+refused "route --padding without a layout" "--padding belongs to the blockwise layout: give --block-size B" \
+    -- r --padding row
+refused "route --topk-weights without a layout" "--topk-weights belongs to the blockwise layout" -- r --topk-weights tw.npy
+refused "route --dtype without weights" "--dtype is for expert_affinities_masked.npy: give --topk-weights" \
+    -- r --block-size 2 --dtype bf16
+refused "route --raw without weights" "--raw is for expert_affinities_masked.npy" -- r --block-size 2 --raw
+refused "route --block-size 0" "--block-size 0: expected an integer >= 1" -- r --block-size 0
+refused "route --padding bad" "--padding middle: expected skip (empty positions hold -1) or row (they hold T)" \
+    -- r --block-size 2 --padding middle
+refused "route topk weights shape" "tw3.npy: expected topk weights of shape (2, 2) or (4,) (those of ids_ok.npy)" \
+    "found (3,) float32" -- r --block-size 2 --topk-weights tw3.npy
+refused "route integer topk weights" "tw_i.npy: expected a floating-point array" -- r --block-size 2 --topk-weights tw_i.npy
+refused "route uint16 weights without --dtype" "tw_u.npy: holds uint16 16-bit patterns" \
+    -- r --block-size 2 --topk-weights tw_u.npy
+refused "route missing topk weights" "nope.npy: cannot open" -- r --block-size 2 --topk-weights nope.npy
+refused "route expert twice in a row" "ids_dup.npy: " "topk_ids[1][1] = 1" \
+    -- "$MOE" route --topk-ids ids_dup.npy --experts 3 --block-size 2 --out r
+refused "route layout id out of range" "ids.npy: " "topk_ids[1][1] = 3" \
+    -- "$MOE" route --topk-ids ids.npy --experts 3 --block-size 2 --dropping --out r
 : >file
 refused "route into a file" "file: cannot create the folder" -- "$MOE" route --topk-ids ids.npy --experts 4 --out file/r
+
+# ---- mlp-fwd, mlp-bwd ----
+# T = 2 tokens, E = 2 experts, H = 2, I = 1, one block of B = 2 positions holding tokens 0 and 1 for expert 0
+mkdir m
+"$NPY" mk m/hidden_states.npy '<f4' 2,2 1 -1 0.5 2
+"$NPY" mk m/expert_affinities_masked.npy '<f4' 4 1 0.5
+"$NPY" mk m/gate_up_proj_weight.npy '<f4' 2,2,2,1 1 -0.5 0.25 2
+"$NPY" mk m/down_proj_weight.npy '<f4' 2,1,2 1 -1
+"$NPY" mk m/token_position_to_id.npy '<i8' 2 0 1
+"$NPY" mk m/block_to_expert.npy '<i8' 1 0
+"$NPY" mk m/output_hidden_states_grad.npy '<f4' 2,2 1 2
+run_ok "mlp-fwd runs" "$MOE" mlp-fwd --in m --out m
+run_ok "mlp-bwd runs" "$MOE" mlp-bwd --in m --out g
+# variant NAME: a copy of m to break one file of
+variant() {
+    rm -rf "$1"
+    cp -r m "$1"
+}
+# shellcheck disable=SC2317 # called through refused
+mfwd() { "$MOE" mlp-fwd --out o "$@"; }
+# shellcheck disable=SC2317
+mbwd() { "$MOE" mlp-bwd --out o "$@"; }
+# wrong shapes: the file, the expected and the found shape
+variant v_wd
+"$NPY" mk v_wd/down_proj_weight.npy '<f4' 2,2,2 1
+refused "down_proj_weight shape" "v_wd/down_proj_weight.npy: expected down_proj_weight of shape (2, 1, 2)" \
+    "E, I and H from v_wd/gate_up_proj_weight.npy" "found (2, 2, 2) float32" -- mfwd --in v_wd
+variant v_wgu
+"$NPY" mk v_wgu/gate_up_proj_weight.npy '<f4' 2,2,3,1 1
+refused "gate_up_proj_weight shape" "v_wgu/gate_up_proj_weight.npy: expected gate_up_proj_weight of shape (E, H, 2, I)" \
+    "found (2, 2, 3, 1) float32" -- mfwd --in v_wgu
+variant v_h
+"$NPY" mk v_h/hidden_states.npy '<f4' 2,3 1
+refused "hidden_states shape" "v_h/hidden_states.npy: expected hidden_states of shape (T, 2)" "found (2, 3) float32" \
+    -- mfwd --in v_h
+variant v_aff
+"$NPY" mk v_aff/expert_affinities_masked.npy '<f4' 5 1
+refused "affinities shape" "v_aff/expert_affinities_masked.npy: expected expert_affinities_masked of shape (4,), (4, 1) or (2, 2)" \
+    "T = 2 tokens from v_aff/hidden_states.npy" "found (5,) float32" -- mfwd --in v_aff
+refused "--padding row: T + 1 rows" "m/expert_affinities_masked.npy: expected expert_affinities_masked of shape (2,)" \
+    "less the padding row" "found (4,) float32" -- mfwd --in m --padding row
+variant v_tp
+"$NPY" mk v_tp/token_position_to_id.npy '<i8' 3 0
+"$NPY" mk v_tp/block_to_expert.npy '<i8' 2 0 1
+refused "token_position_to_id length" "v_tp/token_position_to_id.npy: expected token_position_to_id of shape (N*B,) or (N, B)" \
+    "N = 2 blocks from v_tp/block_to_expert.npy" "found (3,) int64" -- mfwd --in v_tp
+refused "--block-size against the files" "m/token_position_to_id.npy: expected token_position_to_id of shape (1,) or (1, 1)" \
+    "B = 1 from --block-size" "found (2,) int64" -- mfwd --in m --block-size 1
+variant v_b2e
+"$NPY" mk v_b2e/block_to_expert.npy '<i8' 1,2 0
+refused "block_to_expert shape" "v_b2e/block_to_expert.npy: expected block_to_expert of shape (N,) or (N, 1)" \
+    "found (1, 2) int64" -- mfwd --in v_b2e
+variant v_bias
+"$NPY" mk v_bias/gate_up_proj_bias.npy '<f4' 2,2 1
+"$NPY" mk v_bias/down_proj_bias.npy '<f4' 2,2 1
+refused "gate_up_proj_bias shape" "v_bias/gate_up_proj_bias.npy: expected gate_up_proj_bias of shape (2, 2, 1)" \
+    "found (2, 2) float32" -- mfwd --in v_bias --bias
+"$NPY" mk v_bias/gate_up_proj_bias.npy '<f4' 2,2,1 1
+"$NPY" mk v_bias/down_proj_bias.npy '<f4' 2,1 1
+refused "down_proj_bias shape" "v_bias/down_proj_bias.npy: expected down_proj_bias of shape (2, 2)" "found (2, 1) float32" \
+    -- mfwd --in v_bias --bias
+variant v_g
+"$NPY" mk v_g/output_hidden_states_grad.npy '<f4' 3,2 1
+refused "output grad shape" "v_g/output_hidden_states_grad.npy: expected output_hidden_states_grad of shape (2, 2)" \
+    "found (3, 2) float32" -- mbwd --in v_g
+variant v_ck
+"$NPY" mk v_ck/gate_up_proj_act_checkpoint_T.npy '<f4' 1,2,2,2 1
+refused "gate/up checkpoint shape" "v_ck/gate_up_proj_act_checkpoint_T.npy: expected gate_up_proj_act_checkpoint_T of shape (1, 2, 1, 2)" \
+    "found (1, 2, 2, 2) float32" -- mbwd --in v_ck
+variant v_cd
+"$NPY" mk v_cd/down_proj_act_checkpoint.npy '<f4' 1,2,1 1
+refused "down checkpoint shape" "v_cd/down_proj_act_checkpoint.npy: expected down_proj_act_checkpoint of shape (1, 2, 2)" \
+    "found (1, 2, 1) float32" -- mbwd --in v_cd
+# wrong dtypes
+variant v_hi
+"$NPY" mk v_hi/hidden_states.npy '<i8' 2,2 1
+refused "integer hidden_states" "v_hi/hidden_states.npy: expected a floating-point array" "found (2, 2) int64" -- mfwd --in v_hi
+variant v_bf
+"$NPY" mk v_bf/block_to_expert.npy '<f4' 1 0
+refused "float block_to_expert" "v_bf/block_to_expert.npy: expected an int32 or int64 array, found (1,) float32" \
+    -- mfwd --in v_bf
+variant v_hu
+"$NPY" mk v_hu/hidden_states.npy '<u2' 2,2 16256
+refused "uint16 hidden_states without --dtype" "v_hu/hidden_states.npy: holds uint16 16-bit patterns" "--dtype bf16" \
+    -- mfwd --in v_hu
+# missing files and folders
+variant v_nh
+rm v_nh/hidden_states.npy
+refused "missing hidden_states" "v_nh/hidden_states.npy: cannot open" -- mfwd --in v_nh
+refused "missing biases" "m/gate_up_proj_bias.npy: cannot open" -- mfwd --in m --bias
+variant v_nc
+rm v_nc/gate_up_proj_act_checkpoint_T.npy
+refused "missing gate/up checkpoint" "v_nc/gate_up_proj_act_checkpoint_T.npy: cannot open" -- mbwd --in v_nc
+rm v_nc/down_proj_act_checkpoint.npy
+"$NPY" mk v_nc/gate_up_proj_act_checkpoint_T.npy '<f4' 1,2,1,2 1
+refused "missing down checkpoint" "v_nc/down_proj_act_checkpoint.npy: cannot open" -- mbwd --in v_nc
+run_ok "--affinity-on i: the down checkpoint is optional" "$MOE" mlp-bwd --in v_nc --out ok --affinity-on i
+refused "--affinity-on i --bias without it: the down bias" "v_nc/down_proj_bias.npy: cannot open" \
+    -- mbwd --in v_nc --affinity-on i --bias
+refused "--in missing" "--in nope: not a folder" -- mfwd --in nope
+refused "--in a file" "--in m/hidden_states.npy: not a folder" -- mfwd --in m/hidden_states.npy
+refused "missing --in" "missing required option --in DIR" -- "$MOE" mlp-fwd --out o
+refused "missing --out" "missing required option --out DIR" -- "$MOE" mlp-bwd --in m
+# ids out of range and broken layouts
+variant v_id
+"$NPY" mk v_id/token_position_to_id.npy '<i8' 2 0 5
+refused "token id out of range" "v_id/token_position_to_id.npy, v_id/block_to_expert.npy: " \
+    "token_position_to_id[1] = 5 (block 0, slot 1), expected a token in [0, 2) or the padding mark -1" -- mfwd --in v_id
+variant v_row
+"$NPY" mk v_row/hidden_states.npy '<f4' 3,2 1
+"$NPY" mk v_row/output_hidden_states_grad.npy '<f4' 3,2 1
+"$NPY" mk v_row/token_position_to_id.npy '<i8' 2 0 2
+run_ok "--padding row: T + 1 rows, id T marks a padding position" "$MOE" mlp-fwd --in v_row --out v_row --padding row
+"$NPY" mk v_row/token_position_to_id.npy '<i8' 2 0 -1
+refused "skip mark with --padding row" "v_row/token_position_to_id.npy, v_row/block_to_expert.npy: " \
+    "token_position_to_id[1] = -1 (block 0, slot 1), expected a token in [0, 2) or the padding mark 2" \
+    -- mbwd --in v_row --padding row
+variant v_ex
+"$NPY" mk v_ex/block_to_expert.npy '<i8' 1 2
+refused "expert out of range" "v_ex/token_position_to_id.npy, v_ex/block_to_expert.npy: " \
+    "block_to_expert[0] = 2, expected an expert in [0, 2)" -- mfwd --in v_ex
+variant v_pair
+"$NPY" mk v_pair/token_position_to_id.npy '<i8' 2 1 1
+refused "a pair twice" "v_pair/token_position_to_id.npy" "both place token 1 with expert 0" -- mfwd --in v_pair
+variant v_top2
+"$NPY" mk v_top2/token_position_to_id.npy '<i8' 4 0 1 0 1
+"$NPY" mk v_top2/block_to_expert.npy '<i8' 2 0 1
+run_ok "top-2 layout runs" "$MOE" mlp-fwd --in v_top2 --out ok
+refused "--no-accumulate with a token twice" "v_top2/token_position_to_id.npy" \
+    "tensor_update_overwrite is set but token 0 sits at layout.token_position_to_id[0] and [2]" \
+    -- mfwd --in v_top2 --no-accumulate
+# bad options
+refused "--clamp 3 fields" "--clamp 1,2,3: expected exactly 4 comma-separated fields NL_LO,NL_HI,LIN_LO,LIN_HI" \
+    -- mfwd --in m --clamp 1,2,3
+refused "--clamp 5 fields" "--clamp 1,2,3,4,5: expected exactly 4 comma-separated fields" -- mfwd --in m --clamp 1,2,3,4,5
+refused "--clamp empty" "--clamp : expected exactly 4 comma-separated fields" -- mfwd --in m --clamp ""
+refused "--clamp not a number" "--clamp a,,,: field NL_LO = 'a' is not a finite number" -- mfwd --in m --clamp a,,,
+refused "--clamp trailing junk" "--clamp ,,,1x: field LIN_HI = '1x' is not a finite number" -- mfwd --in m --clamp ,,,1x
+refused "--clamp inf" "--clamp ,inf,,: field NL_HI = 'inf' is not a finite number" -- mfwd --in m --clamp ,inf,,
+refused "--clamp nan" "--clamp ,,nan,: field LIN_LO = 'nan' is not a finite number" -- mfwd --in m --clamp ,,nan,
+refused "--clamp past float" "--clamp ,,,1e50: field LIN_HI = '1e50' is not a finite number" -- mfwd --in m --clamp ,,,1e50
+refused "--clamp NL lower above upper" "--clamp 2,1,,: NL_LO = 2 is above NL_HI = 1" -- mfwd --in m --clamp 2,1,,
+refused "--clamp LIN lower above upper" "--clamp ,,3,-3: LIN_LO = 3 is above LIN_HI = -3" -- mbwd --in m --clamp ,,3,-3
+run_ok "--clamp with every field empty" "$MOE" mlp-fwd --in m --out ok --clamp ,,,
+refused "--activation" "--activation relu: expected silu, gelu, gelu_tanh or swish" -- mfwd --in m --activation relu
+refused "--affinity-on" "--affinity-on x: expected h (out += a*d) or i (m = act(g)*u*a)" -- mbwd --in m --affinity-on x
+refused "--padding" "--padding middle: expected skip (empty positions hold -1) or row (they hold T)" \
+    -- mfwd --in m --padding middle
+refused "mlp --block-size 0" "--block-size 0: expected an integer >= 1" -- mfwd --in m --block-size 0
+refused "mlp --dtype" "--dtype f64: expected f32, f16 or bf16" -- mfwd --in m --dtype f64
+refused "mlp --backend cuda" "--backend cuda is not yet available in the CLI" -- mbwd --in m --backend cuda
+refused "--grad-fp32 is the backward's" "unknown option '--grad-fp32'" -- mfwd --in m --grad-fp32
+if [ -e o ]; then bad "a refused mlp command created its --out folder o"; fi
 
 # ---- usage ----
 refused "unknown option" "moe gemm-fwd: unknown option '--bogus'" -- fwd --x x.npy --bogus

@@ -100,6 +100,19 @@ raw_npy() {
     } >"$1"
 }
 
+# raw_is DESC FILE DTYPE SHAPE: FILE (written with --raw) holds DTYPE's own encoding ('<f4' f32, '<f2'
+# f16, '<u2' bf16 patterns) with the shape SHAPE, e.g. "(14, 5)".
+raw_is() {
+    case $3 in
+    f32) descr='<f4' ;;
+    f16) descr='<f2' ;;
+    bf16) descr='<u2' ;;
+    *) descr="unknown dtype $3" ;;
+    esac
+    run_ok "$1: info" "$NPY" info "$2"
+    has "$1" out "$descr $4"
+}
+
 finish() {
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]

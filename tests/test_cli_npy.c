@@ -12,11 +12,16 @@
  *   test_cli_npy info FILE                prints "DESCR SHAPE", e.g. "<u2 (3, 4)"
  *   test_cli_npy gen DIR SEED DTYPE       a random grouped GEMM problem in DIR and the outputs of the
  *                                         library called directly (see gen() below)
+ *   test_cli_npy genmlp DIR SEED DTYPE    random blockwise MoE MLP problems in DIR/CASE/, one per set of
+ *                                         mlp options, and the library's outputs (see gen_mlp() below)
  */
 #include "moe.h"
+#include "moe_mlp.h"
 #include "../cli/npy.h"
+#include "mlp_testlib.h"
 #include "oracle.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +32,7 @@
 
 static int failures;
 
+#undef CHECK /* mlp_testlib.h's exits; this file counts failures */
 #define CHECK(cond, ...)                                                                             \
     do {                                                                                             \
         if (!(cond)) {                                                                               \
@@ -518,6 +524,18 @@ static void save_result(const char *dir, const char *name, moe_dtype dtype, int 
     free(f);
 }
 
+static int parse_dtype_name(const char *name, moe_dtype *dtype)
+{
+    static const char *const names[] = {"f32", "f16", "bf16"};
+    static const moe_dtype dtypes[] = {MOE_F32, MOE_F16, MOE_BF16};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *dtype = dtypes[i];
+            return 1;
+        }
+    return 0;
+}
+
 static void must(moe_status status, const char *what)
 {
     if (status != MOE_OK) {
@@ -544,13 +562,7 @@ static void must(moe_status status, const char *what)
 static int gen(const char *dir, uint64_t seed, const char *dtype_name)
 {
     moe_dtype dtype;
-    if (strcmp(dtype_name, "f32") == 0)
-        dtype = MOE_F32;
-    else if (strcmp(dtype_name, "f16") == 0)
-        dtype = MOE_F16;
-    else if (strcmp(dtype_name, "bf16") == 0)
-        dtype = MOE_BF16;
-    else {
+    if (!parse_dtype_name(dtype_name, &dtype)) {
         fprintf(stderr, "gen: unknown dtype %s\n", dtype_name);
         return 2;
     }
@@ -666,6 +678,295 @@ static int gen(const char *dir, uint64_t seed, const char *dtype_name)
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * genmlp: blockwise MoE MLP cases for tests/test_cli_mlp.sh
+ * ------------------------------------------------------------------------------------------------- */
+/* One set of mlp options; every option of `moe route`, `moe mlp-fwd` and `moe mlp-bwd` is in one. */
+typedef struct mlp_cli_case {
+    const char *name;
+    int64_t k;                      /* experts per token */
+    int dropping;                   /* moe route --dropping */
+    moe_mlp_activation activation;
+    moe_mlp_affinity affinity;
+    moe_mlp_padding padding;
+    int bias;
+    int clamp_mask;                 /* MT_LIN_LO | ... : the limits set (mt_choose_clamps) */
+    int overwrite;                  /* --no-accumulate (top-1 only) */
+    int grad_fp32;
+    int no_down_ckpt;               /* the backward runs without down_proj_act_checkpoint.npy (ON_I) */
+    int nki_shapes;                 /* in/ holds the layout in NKI's shapes: (N, B), (N, 1), (T*E, 1) */
+    int give_block_size;            /* pass --block-size to the mlp commands (else inferred) */
+} mlp_cli_case;
+
+static const mlp_cli_case mlp_cli_cases[] = {
+    {"1_base", 2, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 0, 0, 0, 0, 0, 0, 0},
+    {"2_gelu_bias_on_i_row", 2, 0, MOE_ACT_GELU, MOE_AFFINITY_ON_I, MOE_MLP_PAD_ROW, 1, 0, 0, 0, 0, 0, 1},
+    {"3_gelu_tanh_clamp_dropping", 2, 1, MOE_ACT_GELU_TANH, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 0,
+     MT_NL_HI | MT_LIN_LO | MT_LIN_HI, 0, 1, 0, 0, 1},
+    {"4_swish_clamp_recompute", 2, 0, MOE_ACT_SWISH, MOE_AFFINITY_ON_I, MOE_MLP_PAD_ROW, 1, MT_NL_LO | MT_NL_HI, 0, 0,
+     1, 0, 1},
+    {"5_top1_no_accumulate_nki", 1, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 1, 0, 1, 1, 0, 1, 0},
+};
+
+/* The library's forward and backward outputs for one options struct. */
+typedef struct mlp_outputs {
+    void *out, *ckpt_gu, *ckpt_d, *d_hidden, *d_aff, *d_wgu, *d_wd, *d_bgu, *d_bd;
+} mlp_outputs;
+
+static void mlp_outputs_run(const mt_case *c, const moe_mlp_options *opt, int down_ckpt_in_bwd, mlp_outputs *r)
+{
+    const size_t es = moe_dtype_size(opt->dtype), gs = opt->grad_fp32 ? 4 : es;
+    const int64_t T1 = c->T1, H = c->H, I = c->I, E = c->E, N = c->N, B = c->B;
+    r->out = xmalloc((size_t)(T1 * H) * es);
+    r->ckpt_gu = xmalloc((size_t)(N * 2 * I * B) * es);
+    r->ckpt_d = xmalloc((size_t)(N * B * H) * es);
+    r->d_hidden = xmalloc((size_t)(T1 * H) * es);
+    r->d_aff = xmalloc((size_t)(c->T * E) * es);
+    r->d_wgu = xmalloc((size_t)(E * H * 2 * I) * gs);
+    r->d_wd = xmalloc((size_t)(E * I * H) * gs);
+    r->d_bgu = opt->bias ? xmalloc((size_t)(E * 2 * I) * gs) : NULL;
+    r->d_bd = opt->bias ? xmalloc((size_t)(E * H) * gs) : NULL;
+    moe_mlp_options fwd = *opt;
+    fwd.grad_fp32 = 0;
+    const void *b_gu = opt->bias ? c->b_gu : NULL, *b_d = opt->bias ? c->b_d : NULL;
+    must(moe_mlp_fwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d, b_gu, b_d, r->out,
+                     r->ckpt_gu, r->ckpt_d, &fwd), "mlp fwd");
+    must(moe_mlp_bwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d, b_d, r->ckpt_gu,
+                     down_ckpt_in_bwd ? r->ckpt_d : NULL, c->G, r->d_hidden, r->d_aff, r->d_wgu, r->d_wd, r->d_bgu,
+                     r->d_bd, opt), "mlp bwd");
+}
+
+static void mlp_outputs_free(mlp_outputs *r)
+{
+    void *ps[] = {r->out, r->ckpt_gu, r->ckpt_d, r->d_hidden, r->d_aff, r->d_wgu, r->d_wd, r->d_bgu, r->d_bd};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        free(ps[i]);
+}
+
+/* Fails gen unless turning off the option `what` changes the output or a gradient: a CLI that dropped
+ * the option would then go unnoticed by the bit-for-bit comparison. */
+static void require_effect(const mt_case *c, const mlp_outputs *with, const moe_mlp_options *without,
+                           int down_ckpt_in_bwd, const char *what)
+{
+    mlp_outputs r;
+    mlp_outputs_run(c, without, down_ckpt_in_bwd, &r);
+    const size_t es = moe_dtype_size(c->opt.dtype), gs = c->opt.grad_fp32 ? 4 : es;
+    const int same = memcmp(r.out, with->out, (size_t)(c->T1 * c->H) * es) == 0 &&
+                     memcmp(r.d_hidden, with->d_hidden, (size_t)(c->T1 * c->H) * es) == 0 &&
+                     memcmp(r.d_wgu, with->d_wgu, (size_t)mt_count_wgu(c) * gs) == 0;
+    mlp_outputs_free(&r);
+    if (same) {
+        fprintf(stderr, "genmlp: %s has no effect on this case (seed %llu): choose another seed\n", what,
+                (unsigned long long)c->seed);
+        exit(2);
+    }
+}
+
+static void make_dir(const char *dir, const char *sub, char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s", dir, sub);
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+        perror(path);
+        exit(2);
+    }
+}
+
+static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "swish"};
+
+/* --clamp NL_LO,NL_HI,LIN_LO,LIN_HI of the options (an empty field for an unset limit). */
+static void clamp_flag(const moe_mlp_options *o, char *buf, size_t size)
+{
+    const int has[4] = {o->has_non_linear_clamp_lower_limit, o->has_non_linear_clamp_upper_limit,
+                        o->has_linear_clamp_lower_limit, o->has_linear_clamp_upper_limit};
+    const float lim[4] = {o->non_linear_clamp_lower_limit, o->non_linear_clamp_upper_limit,
+                          o->linear_clamp_lower_limit, o->linear_clamp_upper_limit};
+    size_t n = (size_t)snprintf(buf, size, " --clamp ");
+    for (int f = 0; f < 4; f++) {
+        if (has[f])
+            n += (size_t)snprintf(buf + n, size - n, "%.9g", (double)lim[f]); /* round-trips the float */
+        if (f < 3)
+            n += (size_t)snprintf(buf + n, size - n, ",");
+    }
+}
+
+/*
+ * genmlp DIR SEED DTYPE: for every case of mlp_cli_cases, T = 7 tokens, E = 4 experts, H = 5, I = 3,
+ * B = 3, in DIR/CASE/:
+ *   ids.npy (T,k) int32, tw.npy (T,k): the routing `moe route` gets
+ *   layout/  token_position_to_id.npy, block_to_expert.npy, expert_affinities_masked.npy: what
+ *            `moe route --block-size 3 [--dropping] [--padding row] --topk-weights tw.npy` must write
+ *            (moe_mlp_layout_build called directly)
+ *   in/      hidden_states.npy, gate_up_proj_weight.npy, down_proj_weight.npy, output_hidden_states_grad.npy,
+ *            the biases with --bias, and for nki_shapes the layout in NKI's shapes (the other cases take
+ *            route's); hidden row T and the affinities of pairs outside the layout are NaN (never read)
+ *   want_fwd/ output.npy and the two checkpoints, want_bwd/ every gradient: the library's results,
+ *            float32 files like the CLI writes
+ *   case.sh  route_flags, mlp_flags, bwd_flags, no_down_ckpt, n_bwd (gradients written): the CLI flags
+ * Inputs are '<f4' (f32), '<f2' (f16) or '<u2' bf16 patterns (bf16).  Every option a case sets is
+ * checked to change the results (require_effect).
+ */
+static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
+{
+    moe_dtype dtype;
+    if (!parse_dtype_name(dtype_name, &dtype)) {
+        fprintf(stderr, "genmlp: unknown dtype %s\n", dtype_name);
+        return 2;
+    }
+    mkdir(dir, 0777);
+    enum { T = 7, E = 4, H = 5, I = 3, B = 3 };
+    const npy_type in_type = dtype == MOE_F32 ? NPY_T_F32 : dtype == MOE_F16 ? NPY_T_F16 : NPY_T_U16;
+    const size_t es = moe_dtype_size(dtype);
+    for (size_t ci = 0; ci < sizeof mlp_cli_cases / sizeof mlp_cli_cases[0]; ci++) {
+        const mlp_cli_case *cc = &mlp_cli_cases[ci];
+        char cdir[1024], sub[1100], flags[512];
+        make_dir(dir, cc->name, cdir, sizeof cdir);
+        moe_mlp_options opt = {0};
+        opt.dtype = dtype;
+        opt.block_size = B;
+        opt.activation = cc->activation;
+        opt.affinity = cc->affinity;
+        opt.padding = cc->padding;
+        opt.bias = cc->bias;
+        opt.tensor_update_overwrite = cc->overwrite;
+        mt_case c;
+        mt_case_init(&c, seed + ci, T, E, cc->k, H, I, &opt, cc->dropping ? MT_DROPPING : MT_DROPLESS);
+        mt_case_scale_weights(&c);
+        if (cc->clamp_mask && !mt_choose_clamps(&c, cc->clamp_mask)) {
+            fprintf(stderr, "genmlp: %s: no clamp limits fit the data (seed %llu)\n", cc->name,
+                    (unsigned long long)seed);
+            return 2;
+        }
+        c.opt.grad_fp32 = cc->grad_fp32;
+        const int64_t k = cc->k, NB = c.N * B, TE = (int64_t)T * E;
+
+        /* the routing and the layout `moe route` must build from it */
+        int32_t ids32[T * 2];
+        void *tw = xmalloc((size_t)(T * k) * es);
+        oracle_rng rng = {seed ^ (0x7717 + ci)};
+        oracle_fill(&rng, dtype, tw, T * k, 0); /* dropped pairs keep these */
+        for (int64_t s = 0; s < T * k; s++) {
+            ids32[s] = (int32_t)c.topk_ids[s];
+            const int64_t a = s / k * E + c.topk_ids[s];
+            if (!isnan(c.A[a]))
+                memcpy((char *)tw + s * (int64_t)es, (const char *)c.aff + a * (int64_t)es, es);
+        }
+        int64_t *b2e = xmalloc((size_t)c.N * 8), *tpti = xmalloc((size_t)NB * 8), dropped = 0;
+        void *aff = xmalloc((size_t)TE * es);
+        must(moe_mlp_layout_build(cc->dropping ? MOE_MLP_DROPPING : MOE_MLP_DROPLESS, T, k, E, c.topk_ids, tw, c.N,
+                                  b2e, tpti, aff, &dropped, &c.opt), "layout");
+        if (memcmp(b2e, c.b2e, (size_t)c.N * 8) != 0 || memcmp(tpti, c.ids, (size_t)NB * 8) != 0) {
+            fprintf(stderr, "genmlp: %s: the layout differs from the test library's\n", cc->name);
+            return 2;
+        }
+        if (cc->dropping && dropped == 0) {
+            fprintf(stderr, "genmlp: %s: no pair dropped (seed %llu)\n", cc->name, (unsigned long long)seed);
+            return 2;
+        }
+        const int64_t s_tk[2] = {T, k}, s_nb[1] = {NB}, s_n[1] = {c.N}, s_te[1] = {TE};
+        save(cdir, "ids.npy", NPY_T_I32, 2, s_tk, ids32);
+        save(cdir, "tw.npy", in_type, 2, s_tk, tw);
+        make_dir(cdir, "layout", sub, sizeof sub);
+        save(sub, "token_position_to_id.npy", NPY_T_I64, 1, s_nb, tpti);
+        save(sub, "block_to_expert.npy", NPY_T_I64, 1, s_n, b2e);
+        save_result(sub, "expert_affinities_masked.npy", dtype, 0, 1, s_te, aff);
+
+        /* the inputs */
+        make_dir(cdir, "in", sub, sizeof sub);
+        const int64_t s_h[2] = {c.T1, H}, s_wgu[4] = {E, H, 2, I}, s_wd[3] = {E, I, H}, s_bgu[3] = {E, 2, I},
+                      s_bd[2] = {E, H};
+        save(sub, "hidden_states.npy", in_type, 2, s_h, c.hidden);
+        save(sub, "gate_up_proj_weight.npy", in_type, 4, s_wgu, c.w_gu);
+        save(sub, "down_proj_weight.npy", in_type, 3, s_wd, c.w_d);
+        save(sub, "output_hidden_states_grad.npy", in_type, 2, s_h, c.G);
+        if (cc->bias) {
+            save(sub, "gate_up_proj_bias.npy", in_type, 3, s_bgu, c.b_gu);
+            save(sub, "down_proj_bias.npy", in_type, 2, s_bd, c.b_d);
+        }
+        const int64_t s_aff_nki[2] = {TE, 1};
+        if (cc->nki_shapes) {
+            int32_t *tpti32 = xmalloc((size_t)NB * 4), *b2e32 = xmalloc((size_t)c.N * 4);
+            for (int64_t p = 0; p < NB; p++)
+                tpti32[p] = (int32_t)tpti[p];
+            for (int64_t n = 0; n < c.N; n++)
+                b2e32[n] = (int32_t)b2e[n];
+            const int64_t s_n_b[2] = {c.N, B}, s_n1[2] = {c.N, 1};
+            save(sub, "token_position_to_id.npy", NPY_T_I32, 2, s_n_b, tpti32);
+            save(sub, "block_to_expert.npy", NPY_T_I32, 2, s_n1, b2e32);
+            save(sub, "expert_affinities_masked.npy", in_type, 2, s_aff_nki, c.aff);
+            free(tpti32), free(b2e32);
+        }
+
+        /* the library's results, and the options are shown to matter */
+        const int down_in_bwd = !cc->no_down_ckpt;
+        mlp_outputs r;
+        mlp_outputs_run(&c, &c.opt, down_in_bwd, &r);
+        moe_mlp_options off = c.opt;
+        if (cc->activation != MOE_ACT_SILU) {
+            off.activation = MOE_ACT_SILU;
+            require_effect(&c, &r, &off, down_in_bwd, "--activation");
+            off = c.opt;
+        }
+        if (cc->bias) {
+            off.bias = 0;
+            require_effect(&c, &r, &off, down_in_bwd, "--bias");
+            off = c.opt;
+        }
+        if (cc->clamp_mask) {
+            off.has_linear_clamp_lower_limit = off.has_linear_clamp_upper_limit = 0;
+            off.has_non_linear_clamp_lower_limit = off.has_non_linear_clamp_upper_limit = 0;
+            require_effect(&c, &r, &off, down_in_bwd, "--clamp");
+            off = c.opt;
+        }
+        const moe_dtype gdt = cc->grad_fp32 ? MOE_F32 : dtype;
+        const int64_t s_gu[4] = {c.N, 2, I, B}, s_d[3] = {c.N, B, H};
+        make_dir(cdir, "want_fwd", sub, sizeof sub);
+        save_result(sub, "output.npy", dtype, 0, 2, s_h, r.out);
+        save_result(sub, "gate_up_proj_act_checkpoint_T.npy", dtype, 0, 4, s_gu, r.ckpt_gu);
+        save_result(sub, "down_proj_act_checkpoint.npy", dtype, 0, 3, s_d, r.ckpt_d);
+        make_dir(cdir, "want_bwd", sub, sizeof sub);
+        save_result(sub, "hidden_states_grad.npy", dtype, 0, 2, s_h, r.d_hidden);
+        if (cc->nki_shapes)
+            save_result(sub, "expert_affinities_masked_grad.npy", dtype, 0, 2, s_aff_nki, r.d_aff);
+        else
+            save_result(sub, "expert_affinities_masked_grad.npy", dtype, 0, 1, s_te, r.d_aff);
+        save_result(sub, "gate_up_proj_weight_grad.npy", gdt, 0, 4, s_wgu, r.d_wgu);
+        save_result(sub, "down_proj_weight_grad.npy", gdt, 0, 3, s_wd, r.d_wd);
+        if (cc->bias) {
+            save_result(sub, "gate_up_proj_bias_grad.npy", gdt, 0, 3, s_bgu, r.d_bgu);
+            save_result(sub, "down_proj_bias_grad.npy", gdt, 0, 2, s_bd, r.d_bd);
+        }
+
+        /* the CLI flags of this case */
+        snprintf(sub, sizeof sub, "%s/case.sh", cdir);
+        FILE *f = fopen(sub, "w");
+        if (f == NULL) {
+            perror(sub);
+            return 2;
+        }
+        const char *pad = cc->padding == MOE_MLP_PAD_ROW ? " --padding row" : "";
+        fprintf(f, "# written by test_cli_npy genmlp: the moe flags of case %s\n", cc->name);
+        fprintf(f, "route_flags='--block-size %d%s%s'\n", B, cc->dropping ? " --dropping" : "", pad);
+        int n = snprintf(flags, sizeof flags, "--activation %s --affinity-on %s%s%s", act_names[cc->activation],
+                         cc->affinity == MOE_AFFINITY_ON_I ? "i" : "h", pad, cc->bias ? " --bias" : "");
+        if (cc->give_block_size)
+            n += snprintf(flags + n, sizeof flags - (size_t)n, " --block-size %d", B);
+        if (cc->overwrite)
+            n += snprintf(flags + n, sizeof flags - (size_t)n, " --no-accumulate");
+        if (cc->clamp_mask)
+            clamp_flag(&c.opt, flags + n, sizeof flags - (size_t)n);
+        fprintf(f, "mlp_flags='%s'\n", flags);
+        fprintf(f, "bwd_flags='%s'\n", cc->grad_fp32 ? "--grad-fp32" : "");
+        fprintf(f, "no_down_ckpt=%d\n", cc->no_down_ckpt);
+        fprintf(f, "n_bwd=%d\n", cc->bias ? 6 : 4);
+        fclose(f);
+
+        mlp_outputs_free(&r);
+        free(tw), free(b2e), free(tpti), free(aff);
+        mt_case_free(&c);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "mk") == 0)
@@ -674,8 +975,11 @@ int main(int argc, char **argv)
         return info(argv[2]);
     if (argc == 5 && strcmp(argv[1], "gen") == 0)
         return gen(argv[2], strtoull(argv[3], NULL, 0), argv[4]);
+    if (argc == 5 && strcmp(argv[1], "genmlp") == 0)
+        return gen_mlp(argv[2], strtoull(argv[3], NULL, 0), argv[4]);
     if (argc > 1) {
-        fprintf(stderr, "usage: test_cli_npy [mk FILE DESCR SHAPE [v1|v2|v3] VALUE... | info FILE | gen DIR SEED DTYPE]\n");
+        fprintf(stderr, "usage: test_cli_npy [mk FILE DESCR SHAPE [v1|v2|v3] VALUE... | info FILE | gen DIR SEED DTYPE | "
+                        "genmlp DIR SEED DTYPE]\n");
         return 2;
     }
     test_round_trips();

@@ -1,7 +1,8 @@
 #!/bin/sh
-# One run of every moe subcommand: the grouped GEMM commands on a random problem in every dtype and
-# every routing mode, checked bit for bit against the library called directly (test_cli_npy gen);
-# small problems with known answers; route against known routings; the help of every command.
+# One run of every grouped GEMM subcommand: on a random problem in every dtype and every routing mode,
+# checked bit for bit against the library called directly (test_cli_npy gen); small problems with
+# known answers; route against known routings; the help of every command. The MLP subcommands and
+# route's blockwise layout: test_cli_mlp.sh.
 . "$(dirname "$0")/test_cli_lib.sh"
 
 # ---- known answers (inputs written with format 1.0 headers) ----
@@ -96,12 +97,7 @@ for dt in f32 f16 bf16; do
     run_ok "gemm-fwd --raw $dt" "$MOE" gemm-fwd --x "$d/x_tok.npy" --w "$d/w.npy" $g --permute-x --permute-y \
         --topk-weights "$d/tw.npy" $dtflag --raw --out "$d/y_raw.npy" --bound-out "$d/y_bound.npy"
     run_ok "gemm-fwd --raw $dt = library" "$MOE" compare --exact --dtype "$dt" "$d/y_raw_111.npy" "$d/y_raw.npy"
-    run_ok "info raw $dt" "$NPY" info "$d/y_raw.npy"
-    case $dt in
-    f32) has "--raw f32 descr" out "<f4 (14, 5)" ;;
-    f16) has "--raw f16 descr" out "<f2 (14, 5)" ;;
-    bf16) has "--raw bf16 descr" out "<u2 (14, 5)" ;;
-    esac
+    raw_is "gemm-fwd --raw $dt descr" "$d/y_raw.npy" "$dt" "(14, 5)"
     # --bound-out: the oracle's bound, float64
     run_ok "--bound-out $dt = oracle" "$MOE" compare --exact "$d/y_bound_111.npy" "$d/y_bound.npy"
     run_ok "compare --bound $dt" "$MOE" compare --dtype "$dt" --bound "$d/y_bound.npy" "$d/y_111.npy" "$d/y_raw.npy"
@@ -115,10 +111,6 @@ done
 # ---- compare, folder against folder ----
 run_ok "compare folders" "$MOE" compare f16 f16
 has "compare folders summary" out "summary:" "0 over the tolerance"
-
-# ---- mlp: not yet available ----
-refused "mlp-fwd" "not yet available" -- "$MOE" mlp-fwd --in a --out b
-refused "mlp-bwd" "not yet available" -- "$MOE" mlp-bwd --in a --out b
 
 # ---- help documents every flag ----
 run_ok "moe --help" "$MOE" --help
@@ -137,10 +129,17 @@ check_help gemm-dx --dy --w --m-sizes --gather --topk --permute-x --permute-y --
     --backend --out --raw
 check_help gemm-dw --x --dy --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dw-fp32 --dtype \
     --backend --out --w --out-topk-weights-grad --raw
-check_help route --topk-ids --experts --block-size --dropping --padding --out m_sizes.npy gather_indices.npy
+check_help route --topk-ids --experts --block-size --dropping --padding --topk-weights --dtype --raw --out m_sizes.npy \
+    gather_indices.npy token_position_to_id.npy block_to_expert.npy expert_affinities_masked.npy
 check_help compare --dtype --reduction-length --bound --exact --atol --rtol "Exit status 1" "2*(u*max(|a|,|b|) + eta)"
-check_help mlp-fwd "Not yet available" --block-size --activation --affinity-on --bias --clamp --padding --no-accumulate
-check_help mlp-bwd "Not yet available"
+check_help mlp-fwd --in --out --block-size --activation --affinity-on --bias --clamp --padding --no-accumulate --dtype \
+    --backend --raw hidden_states.npy expert_affinities_masked.npy gate_up_proj_weight.npy down_proj_weight.npy \
+    gate_up_proj_bias.npy down_proj_bias.npy token_position_to_id.npy block_to_expert.npy output.npy \
+    gate_up_proj_act_checkpoint_T.npy down_proj_act_checkpoint.npy
+check_help mlp-bwd --in --out --block-size --activation --affinity-on --bias --clamp --padding --no-accumulate \
+    --grad-fp32 --dtype --backend --raw output_hidden_states_grad.npy hidden_states_grad.npy \
+    expert_affinities_masked_grad.npy gate_up_proj_weight_grad.npy down_proj_weight_grad.npy \
+    gate_up_proj_bias_grad.npy down_proj_bias_grad.npy
 run_ok "moe help compare" "$MOE" help compare
 has "moe help compare" out "usage: moe compare"
 run_ok "moe --version" "$MOE" --version
