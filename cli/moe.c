@@ -41,6 +41,59 @@ static _Noreturn void die(const char *fmt, ...)
     exit(EXIT_USAGE);
 }
 
+/* Every heap block the tool holds is owned by this registry and freed at exit (also after die()), so
+ * that the tool is leak-free under AddressSanitizer: xmalloc and own() register, xrealloc moves, xfree
+ * unregisters. */
+static void **owned;
+static size_t num_owned, cap_owned;
+
+static void free_owned(void)
+{
+    for (size_t i = 0; i < num_owned; i++)
+        free(owned[i]);
+    free(owned);
+    owned = NULL;
+    num_owned = cap_owned = 0;
+}
+
+static void own(void *p)
+{
+    if (p == NULL)
+        return;
+    if (num_owned == cap_owned) {
+        size_t cap = cap_owned ? 2 * cap_owned : 64;
+        void **bigger = realloc(owned, cap * sizeof *owned);
+        if (bigger == NULL) {
+            free(p);
+            die("out of memory");
+        }
+        if (owned == NULL)
+            atexit(free_owned);
+        owned = bigger;
+        cap_owned = cap;
+    }
+    owned[num_owned++] = p;
+}
+
+/* The registry slot of p (the newest first: blocks are mostly freed soon after they are made). */
+static size_t owned_slot(const void *p)
+{
+    for (size_t i = num_owned; i-- > 0;)
+        if (owned[i] == p)
+            return i;
+    fprintf(stderr, "moe: internal error: freeing a block the tool does not own\n");
+    abort();
+}
+
+static void xfree(void *p)
+{
+    if (p == NULL)
+        return;
+    const size_t i = owned_slot(p);
+    owned[i] = owned[--num_owned];
+    free(p);
+}
+
 static void *xmalloc(size_t count, size_t size)
 {
     if (size != 0 && count > SIZE_MAX / size)
@@ -49,7 +102,20 @@ static void *xmalloc(size_t count, size_t size)
     void *p = malloc(bytes ? bytes : 1);
     if (p == NULL)
         die("out of memory (%zu bytes)", bytes);
+    own(p);
     return p;
+}
+
+static void *xrealloc(void *p, size_t count, size_t size)
+{
+    if (size != 0 && count > SIZE_MAX / size)
+        die("out of memory (%zu x %zu bytes)", count, size);
+    const size_t i = owned_slot(p), bytes = count * size;
+    void *bigger = realloc(p, bytes != 0 ? bytes : 1);
+    if (bigger == NULL)
+        die("out of memory (%zu bytes)", bytes);
+    owned[i] = bigger;
+    return bigger;
 }
 
 /* a * b * c elements, refusing products past 64 bits (e.g. an (M, 0) input with a huge M) */
@@ -624,6 +690,14 @@ static void load(const char *path, npy_array *array)
     char err[NPY_ERROR_SIZE];
     if (npy_read(path, array, err, sizeof err) != 0)
         die("%s", err);
+    own(array->data);
+}
+
+/* Frees what load() read. */
+static void release(npy_array *array)
+{
+    xfree(array->data);
+    array->data = NULL;
 }
 
 /* Refuses an array that is not [rows][cols] (split leading dimensions allowed when `split`). */
@@ -715,7 +789,7 @@ static void load_routing(const args *a, routing_in *ri)
             npy_type_name(m.h.type));
     ri->E = m.h.count;
     ri->m_sizes = convert_int(ri->m_path, &m);
-    npy_free(&m);
+    release(&m);
     for (int64_t e = 0; e < ri->E; e++) {
         if (ri->m_sizes[e] < 0)
             die("%s: m_sizes[%lld] = %lld, expected >= 0", ri->m_path, (long long)e, (long long)ri->m_sizes[e]);
@@ -735,7 +809,7 @@ static void load_routing(const args *a, routing_in *ri)
             die("%s: expected gather_indices of shape (%lld,) (M = the sum of %s), found %s %s", ri->g_path,
                 (long long)ri->M, ri->m_path, shape_text(&g.h), npy_type_name(g.h.type));
         ri->gather = convert_int(ri->g_path, &g);
-        npy_free(&g);
+        release(&g);
     }
     ri->r = (moe_routing){ri->T, ri->k, ri->E, ri->m_sizes, ri->gather};
     if (ri->gather != NULL && moe_routing_validate(&ri->r, 1) != MOE_OK)
@@ -777,7 +851,7 @@ static void write_result(const args *a, const char *path, moe_dtype dtype, const
         f[i] = dtype == MOE_F16 ? moe_f16_to_f32(bits) : moe_bf16_to_f32(bits);
     }
     write_array(path, NPY_T_F32, ndim, shape, f);
-    free(f);
+    xfree(f);
 }
 
 static void library_failed(const char *call, moe_status status)
@@ -805,8 +879,8 @@ static void write_bound(const args *a, enum oracle_op op, const routing_in *ri, 
     else
         oracle_gemm_dw(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
     write_array(path, NPY_T_F64, ndim, shape, bound);
-    free(value);
-    free(bound);
+    xfree(value);
+    xfree(bound);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -1039,7 +1113,7 @@ static void make_dirs(const char *path)
             die("%s: cannot create the folder: %s", copy, strerror(errno == EEXIST ? ENOTDIR : errno));
         *p = '/';
     }
-    free(copy);
+    xfree(copy);
 }
 
 static int is_regular(const char *path);
@@ -1235,13 +1309,13 @@ static int run_route(const args *a)
     make_dirs(dir);
     char *p = join_path(dir, "m_sizes.npy");
     write_array(p, NPY_T_I64, 1, &E, m_sizes);
-    free(p);
+    xfree(p);
     p = join_path(dir, "gather_indices.npy");
     write_array(p, NPY_T_I64, 1, &M, gather);
-    free(p);
+    xfree(p);
     p = join_path(dir, "scatter_indices.npy");
     write_array(p, NPY_T_I64, 1, &M, scatter);
-    free(p);
+    xfree(p);
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,
            (long long)k, (long long)E, (long long)M, (long long)k);
     if (!blockwise)
@@ -1249,14 +1323,14 @@ static int run_route(const args *a)
     const int64_t NB = N * mo.block_size, TE = T * E;
     p = join_path(dir, "token_position_to_id.npy");
     write_array(p, NPY_T_I64, 1, &NB, tpti);
-    free(p);
+    xfree(p);
     p = join_path(dir, "block_to_expert.npy");
     write_array(p, NPY_T_I64, 1, &N, b2e);
-    free(p);
+    xfree(p);
     if (aff != NULL) {
         p = join_path(dir, "expert_affinities_masked.npy");
         write_result(a, p, mo.dtype, aff, 1, &TE);
-        free(p);
+        xfree(p);
     }
     int64_t empty = 0;
     for (int64_t i = 0; i < NB; i++)
@@ -1428,7 +1502,7 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
             m->data[f] = convert_int(m->path[f], &m->arr[f]);
         else
             m->data[f] = convert(m->path[f], &m->arr[f], m->o.dtype);
-        npy_free(&m->arr[f]);
+        release(&m->arr[f]);
         m->arr[f].data = NULL;
     }
     m->layout = (moe_mlp_layout){m->T, m->E, m->N, m->data[F_B2E], m->data[F_TPTI]};
@@ -1441,7 +1515,7 @@ static void mlp_write(const args *a, const char *dir, const char *name, moe_dtyp
 {
     char *p = join_path(dir, name);
     write_result(a, p, dtype, data, ndim, shape);
-    free(p);
+    xfree(p);
 }
 /* The files both directions read: the forward's inputs (biases only with --bias). */
 static void mlp_begin(const args *a, mlp_in *m, int *want)
@@ -1492,7 +1566,7 @@ static int run_mlp_bwd(const args *a)
         want[F_CKPT_D] = 1;
         if (m.o.bias && !is_regular(ckpt_d))
             want[F_BD] = 2;
-        free(ckpt_d);
+        xfree(ckpt_d);
     } else {
         want[F_CKPT_D] = 2;
     }
@@ -1624,8 +1698,8 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
         printf("%s\n", label);
         printf("  shape          %s %s in A, %s %s in B\n  verdict        FAIL (shapes differ)\n", shape_text(&A.h),
                npy_type_name(A.h.type), shape_text(&B.h), npy_type_name(B.h.type));
-        npy_free(&A);
-        npy_free(&B);
+        release(&A);
+        release(&B);
         return 1;
     }
     const tol_dtype dt = infer_compare_dtype(cfg, pa, &A, pb, &B);
@@ -1721,10 +1795,10 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
         printf("  hint           %s results of a sum taken in another order may differ by more than one "
                "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm command's "
                "--bound-out\n", dt.name);
-    npy_free(&A);
-    npy_free(&B);
+    release(&A);
+    release(&B);
     if (mode == TOL_BOUND)
-        npy_free(&bound);
+        release(&bound);
     return over ? 1 : 0;
 }
 
@@ -1745,15 +1819,12 @@ static char **list_npy(const char *dir, size_t *count)
             continue;
         char *full = join_path(dir, ent->d_name);
         int regular = is_regular(full);
-        free(full);
+        xfree(full);
         if (!regular)
             continue;
         if (n == cap) {
             cap *= 2;
-            char **bigger = realloc(names, cap * sizeof *names);
-            if (bigger == NULL)
-                die("out of memory");
-            names = bigger;
+            names = xrealloc(names, cap, sizeof *names);
         }
         names[n] = xmalloc(len + 1, 1);
         memcpy(names[n++], ent->d_name, len + 1);
@@ -1825,7 +1896,7 @@ static int run_compare(const args *a)
                 failed += compare_pair(&cfg, label, fa, fb, fbound && is_regular(fbound) ? fbound : NULL);
                 compared++;
             }
-            free(fa), free(fb), free(fbound);
+            xfree(fa), xfree(fb), xfree(fbound);
         }
         for (size_t j = 0; j < nb; j++)
             if (bsearch(&names_b[j], names_a, na, sizeof *names_a, name_cmp) == NULL)
