@@ -719,6 +719,10 @@ static double *to_double(moe_dtype dt, const void *src, int64_t n)
     return d;
 }
 
+mt_fwd_fn mt_mlp_fwd = moe_mlp_fwd;
+mt_bwd_fn mt_mlp_bwd = moe_mlp_bwd;
+moe_backend mt_backend = MOE_BACKEND_REF;
+
 int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *res)
 {
     const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, NB = c->N * c->B, T = c->T;
@@ -749,15 +753,15 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     moe_mlp_options fo = c->opt;
     fo.accumulate = 0;
     fo.grad_fp32 = 0;
-    moe_status st = moe_mlp_fwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
-                                bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
+    moe_status st = mt_mlp_fwd(mt_backend, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                               bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
     if (st != MOE_OK) {
         describe(c, stderr);
         CHECK(0, "moe_mlp_fwd: %s (%s)", moe_strerror(st), moe_last_error());
     }
-    st = moe_mlp_bwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
-                     bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
-                     r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
+    st = mt_mlp_bwd(mt_backend, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                    bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
+                    r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
     if (st != MOE_OK) {
         describe(c, stderr);
         CHECK(0, "moe_mlp_bwd: %s (%s)", moe_strerror(st), moe_last_error());
