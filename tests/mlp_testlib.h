@@ -120,8 +120,9 @@ int64_t mt_count_wgu(const mt_case *c);
 int64_t mt_count_wd(const mt_case *c);
 
 /* Largest |a - b| / (bound_a + bound_b) style comparison of two result sets of the same case (e.g.
- * ON_H vs ON_I, two block sizes): compares every gradient and the output element by element with the
- * sum of both analytic bounds; returns mismatches (printed, labelled `what`, unless what is NULL). */
+ * ON_H vs ON_I, two block sizes, two backends): compares every gradient and the output element by
+ * element with the sum of both analytic bounds (with accumulate, from mt_run's starting contents of
+ * each case's gradients); returns mismatches (printed, labelled `what`, unless what is NULL). */
 int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
                            const char *what);
 
