@@ -8,3 +8,14 @@ else
 EXTRA_DIST += bench/moe_bench.c
 endif
 EXTRA_DIST += bench/device-run.sh
+
+# The CUDA blockwise MoE MLP timing (bench/mlp_gpu_time.c) and its device script.
+if MOE_CUDA
+noinst_PROGRAMS += bench/mlp-gpu-time
+bench_mlp_gpu_time_SOURCES = bench/mlp_gpu_time.c
+bench_mlp_gpu_time_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+bench_mlp_gpu_time_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+else
+EXTRA_DIST += bench/mlp_gpu_time.c
+endif
+EXTRA_DIST += bench/device-run-mlp.sh

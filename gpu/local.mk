@@ -2,6 +2,9 @@
 # .cu files become libtool objects through build-aux/nvcc-lt (libtool does not know nvcc).
 MOE_CUDA_SRCS = gpu/cuda_backend.cu gpu/gemm_cuda.cu
 MOE_CUDA_HDRS = gpu/cuda_check.cuh gpu/gemm_cuda.cuh gpu/gemm_sm90.cuh
+# the blockwise MoE MLP (gpu/mlp_cuda.h is C, included by src/mlp_api.c)
+MOE_CUDA_SRCS += gpu/mlp_cuda.cu
+MOE_CUDA_HDRS += gpu/mlp_cuda.h
 EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
 
 if MOE_CUDA
@@ -25,3 +28,7 @@ mostlyclean-local: mostlyclean-cuda
 mostlyclean-cuda:
 	-rm -rf gpu/.libs gpu/*.o gpu/*.lo
 .PHONY: mostlyclean-cuda
+
+if MOE_CUDA
+gpu/mlp_cuda.lo: $(top_srcdir)/ref/mlp_ref.h $(top_srcdir)/include/moe_mlp.h
+endif

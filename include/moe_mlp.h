@@ -4,7 +4,8 @@
  * The exact math is SEMANTICS.md section 3; every decision it leaves open is written in specs/MLP.md.
  * The conventions of moe.h hold here too: dense row-major tensors of options.dtype (f16/bf16 as uint16_t
  * bit patterns), float32 accumulation with one rounding per output element, int64_t indices, host
- * pointers for MOE_BACKEND_REF, every argument validated before any output is touched, and on failure a
+ * pointers for MOE_BACKEND_REF and device pointers (the layout arrays too) for MOE_BACKEND_CUDA, every
+ * argument validated before any output is touched, and on failure a
  * status other than MOE_OK with a message in moe_last_error() naming the argument, the index and what
  * was expected.  An all-zero moe_mlp_options (or a NULL pointer to one) is the default: f32, block
  * size 128, SiLU, affinity on H, skip padding (-1), no bias, no clamps, accumulating token updates,
@@ -100,7 +101,7 @@ typedef struct moe_mlp_options {
                                         buffers (float32 add, one rounding); d_hidden and d_affinities
                                         are always overwritten */
     int grad_fp32;                   /* moe_mlp_bwd: d_w_gu, d_w_d, d_b_gu, d_b_d are float32 */
-    void *stream;                    /* CUDA backend (not yet available): the cudaStream_t */
+    void *stream;                    /* MOE_BACKEND_CUDA: the cudaStream_t to run on (NULL = default) */
 } moe_mlp_options;
 
 /* A block layout: which expert each block serves and which token sits at each position.
@@ -146,7 +147,11 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
 moe_status moe_mlp_layout_validate(const moe_mlp_layout *layout, const moe_mlp_options *options);
 
 /* ----------------------------------------------------------------------------------------------------
- * Forward and backward.  MOE_BACKEND_CUDA answers MOE_ERR_UNSUPPORTED for now.
+ * Forward and backward.  MOE_BACKEND_CUDA (gpu/mlp_cuda.cu) takes device pointers, runs on
+ * options.stream and returns without waiting; it checks the layout's contents on the device and, on a
+ * violation, writes nothing and reports the reference's status and message through
+ * moe_backend_synchronize(MOE_BACKEND_CUDA, stream).  Results have the reference's contract (not its
+ * bits: the float32 summation orders differ) and are bitwise reproducible run to run.
  * -------------------------------------------------------------------------------------------------- */
 
 /* out = the blockwise MoE MLP of hidden.  b_gu and b_d must be given exactly when options.bias is set.

@@ -12,3 +12,15 @@ TESTS += proptest/test_gpu_gemm
 else
 EXTRA_DIST += proptest/test_gpu_gemm.c
 endif
+
+# GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of tests/ with the
+# GPU behind its mt_mlp_fwd/mt_mlp_bwd hooks; exit 77 (skip) where no device is visible.
+if MOE_CUDA
+check_PROGRAMS += proptest/test_gpu_mlp
+proptest_test_gpu_mlp_SOURCES = proptest/test_gpu_mlp.c tests/mlp_testlib.c tests/mlp_testlib.h
+proptest_test_gpu_mlp_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
+proptest_test_gpu_mlp_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+TESTS += proptest/test_gpu_mlp
+else
+EXTRA_DIST += proptest/test_gpu_mlp.c
+endif

@@ -12,8 +12,7 @@ static const char *padding_name(moe_mlp_padding padding)
     return padding == MOE_MLP_PAD_ROW ? "MOE_MLP_PAD_ROW" : "MOE_MLP_PAD_SKIP";
 }
 
-moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
-                                    moe_mlp_padding padding, int overwrite)
+moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *layout, int64_t B)
 {
     if (layout == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: layout is NULL", op);
@@ -37,6 +36,16 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
     if (NB > 0 && layout->token_position_to_id == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: layout.token_position_to_id is NULL but has %" PRId64
                         " positions", op, NB);
+    return MOE_OK;
+}
+
+moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
+                                    moe_mlp_padding padding, int overwrite)
+{
+    const moe_status shape = moe_ref_mlp_check_layout_shape(op, layout, B);
+    if (shape != MOE_OK)
+        return shape;
+    const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks, NB = N * B;
     const int64_t *b2e = layout->block_to_expert, *ids = layout->token_position_to_id;
     for (int64_t n = 0; n < N; n++)
         if (b2e[n] < 0 || b2e[n] >= E)

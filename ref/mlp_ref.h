@@ -52,7 +52,14 @@ typedef struct moe_mlp_problem {
     int accumulate;
     int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
     float lin_lo, lin_hi, nl_lo, nl_hi;
+    int overwrite;             /* options.tensor_update_overwrite (checked by the layout check) */
+    moe_mlp_padding padding;
+    void *stream;              /* MOE_BACKEND_CUDA: the cudaStream_t */
 } moe_mlp_problem;
+
+/* Checks a layout's dimensions and pointers (not its contents) for block size B: what the front end can
+ * check of a device-resident layout (MOE_BACKEND_CUDA checks the contents on the device). */
+moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *layout, int64_t B);
 
 /* Checks a layout's dimensions, pointers and contents for block size B and the padding convention;
  * with `overwrite`, also that each token occupies at most one position.  `op` prefixes messages. */

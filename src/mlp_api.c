@@ -1,7 +1,11 @@
-/* Public blockwise MoE MLP entry points: validate every argument, then run the reference.
- * (The MLP is not in the dispatch table yet: MOE_BACKEND_REF calls ref/mlp.c directly and
- * MOE_BACKEND_CUDA answers MOE_ERR_UNSUPPORTED.) */
+/* Public blockwise MoE MLP entry points: validate every argument, then run the reference
+ * (MOE_BACKEND_REF, host pointers, ref/mlp.c) or the CUDA kernels (MOE_BACKEND_CUDA, device pointers,
+ * gpu/mlp_cuda.cu; the layout's contents are checked on the device there, errors reported by
+ * moe_backend_synchronize).  The MLP is not in the dispatch table (moe_dispatch). */
 #include "mlp_ref.h"
+#ifdef MOE_HAVE_CUDA
+#include "../gpu/mlp_cuda.h"
+#endif
 
 #include <inttypes.h>
 #include <math.h>
@@ -59,11 +63,15 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     if (*opt == NULL)
         *opt = &default_options;
     const moe_mlp_options *o = *opt;
-    if (backend == MOE_BACKEND_CUDA)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no blockwise MoE MLP yet, use "
-                        "MOE_BACKEND_REF", op);
-    if (backend != MOE_BACKEND_REF)
+    if (backend != MOE_BACKEND_REF && backend != MOE_BACKEND_CUDA)
         return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d is not a libmoe backend", op, (int)backend);
+    if (backend == MOE_BACKEND_CUDA) {
+        const moe_dispatch *table = moe_dispatch_for(backend);
+        if (table == NULL)
+            return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend cuda was not built into this libmoe", op);
+        if (!table->available())
+            return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend cuda is built in but cannot run here (no device?)", op);
+    }
     int64_t B = 0;
     moe_status status = check_options(op, o, &B);
     if (status != MOE_OK)
@@ -71,7 +79,10 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     if (H < 0 || I < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: hidden_size = %" PRId64 ", intermediate_size = %" PRId64
                         ", expected both >= 0", op, H, I);
-    status = moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0);
+    /* a device layout's contents are checked on the device (gpu/mlp_cuda.cu) */
+    status = backend == MOE_BACKEND_CUDA
+                 ? moe_ref_mlp_check_layout_shape(op, layout, B)
+                 : moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0);
     if (status != MOE_OK)
         return status;
     const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks;
@@ -106,6 +117,9 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     p->lin_hi = o->linear_clamp_upper_limit;
     p->nl_lo = o->non_linear_clamp_lower_limit;
     p->nl_hi = o->non_linear_clamp_upper_limit;
+    p->overwrite = o->tensor_update_overwrite != 0;
+    p->padding = o->padding;
+    p->stream = o->stream;
     return MOE_OK;
 }
 
@@ -139,9 +153,13 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1, 0},
     };
     status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
-    return status != MOE_OK ? status
-                            : moe_ref_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T,
-                                              down_ckpt);
+    if (status != MOE_OK)
+        return status;
+#ifdef MOE_HAVE_CUDA
+    if (backend == MOE_BACKEND_CUDA)
+        return moe_cuda_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T, down_ckpt);
+#endif
+    return moe_ref_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T, down_ckpt);
 }
 
 moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
@@ -181,9 +199,15 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1, 0},
     };
     status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
-    return status != MOE_OK ? status
-                            : moe_ref_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt,
-                                              out_grad, d_hidden, d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
+    if (status != MOE_OK)
+        return status;
+#ifdef MOE_HAVE_CUDA
+    if (backend == MOE_BACKEND_CUDA)
+        return moe_cuda_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad,
+                                d_hidden, d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
+#endif
+    return moe_ref_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad, d_hidden,
+                           d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
 }
 
 /* ---- layouts ---- */

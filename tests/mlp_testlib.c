@@ -719,6 +719,28 @@ static double *to_double(moe_dtype dt, const void *src, int64_t n)
     return d;
 }
 
+/* With accumulate: the starting contents of d_w_gu, d_w_d, d_b_gu, d_b_d (the non-NULL ones of bufs, of
+ * the gradient dtype), random from the case's seed, written into bufs and returned as doubles in old
+ * (free them); without accumulate old stays NULL. */
+static void start_grads(const mt_case *c, void *bufs[4], double *old[4])
+{
+    const int64_t H = c->H, I = c->I, I2 = 2 * c->I, E = c->E;
+    const moe_dtype gdt = c->opt.grad_fp32 ? MOE_F32 : c->opt.dtype;
+    if (!c->opt.accumulate)
+        return;
+    oracle_rng rng = {c->seed * 7 + 3};
+    const int64_t counts[4] = {E * H * I2, E * I * H, E * I2, E * H};
+    for (int q = 0; q < 4; q++)
+        if (bufs[q]) {
+            oracle_fill(&rng, gdt, bufs[q], counts[q], 0);
+            old[q] = to_double(gdt, bufs[q], counts[q]);
+        }
+}
+
+mt_fwd_fn mt_mlp_fwd = moe_mlp_fwd;
+mt_bwd_fn mt_mlp_bwd = moe_mlp_bwd;
+moe_backend mt_backend = MOE_BACKEND_REF;
+
 int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *res)
 {
     const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, NB = c->N * c->B, T = c->T;
@@ -735,29 +757,21 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     r.d_bgu = bias ? talloc(gdt, E * I2) : NULL;
     r.d_bd = bias ? talloc(gdt, E * H) : NULL;
     double *old[4] = {NULL, NULL, NULL, NULL};
-    if (c->opt.accumulate) {
-        oracle_rng rng = {c->seed * 7 + 3};
-        void *bufs[4] = {r.d_wgu, r.d_wd, r.d_bgu, r.d_bd};
-        const int64_t counts[4] = {E * H * I2, E * I * H, E * I2, E * H};
-        for (int q = 0; q < 4; q++)
-            if (bufs[q]) {
-                oracle_fill(&rng, gdt, bufs[q], counts[q], 0);
-                old[q] = to_double(gdt, bufs[q], counts[q]);
-            }
-    }
+    void *bufs[4] = {r.d_wgu, r.d_wd, r.d_bgu, r.d_bd};
+    start_grads(c, bufs, old);
 
     moe_mlp_options fo = c->opt;
     fo.accumulate = 0;
     fo.grad_fp32 = 0;
-    moe_status st = moe_mlp_fwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
-                                bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
+    moe_status st = mt_mlp_fwd(mt_backend, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                               bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
     if (st != MOE_OK) {
         describe(c, stderr);
         CHECK(0, "moe_mlp_fwd: %s (%s)", moe_strerror(st), moe_last_error());
     }
-    st = moe_mlp_bwd(MOE_BACKEND_REF, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
-                     bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
-                     r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
+    st = mt_mlp_bwd(mt_backend, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
+                    bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
+                    r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
     if (st != MOE_OK) {
         describe(c, stderr);
         CHECK(0, "moe_mlp_bwd: %s (%s)", moe_strerror(st), moe_last_error());
@@ -824,9 +838,29 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
 int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
                            const char *what)
 {
+    /* with accumulate, each result started from mt_run's contents for its case (the rounding of
+     * old + sum is part of the bound) */
     expect X1, X2;
-    compute_expect(c1, NULL, NULL, NULL, NULL, 1, &X1);
-    compute_expect(c2, NULL, NULL, NULL, NULL, 1, &X2);
+    double *old1[4] = {NULL, NULL, NULL, NULL}, *old2[4] = {NULL, NULL, NULL, NULL};
+    const moe_dtype gdt1 = c1->opt.grad_fp32 ? MOE_F32 : c1->opt.dtype;
+    const moe_dtype gdt2 = c2->opt.grad_fp32 ? MOE_F32 : c2->opt.dtype;
+    const int64_t n1[4] = {mt_count_wgu(c1), mt_count_wd(c1), c1->opt.bias ? c1->E * 2 * c1->I : 0,
+                           c1->opt.bias ? c1->E * c1->H : 0};
+    const int64_t n2[4] = {mt_count_wgu(c2), mt_count_wd(c2), c2->opt.bias ? c2->E * 2 * c2->I : 0,
+                           c2->opt.bias ? c2->E * c2->H : 0};
+    void *tmp1[4], *tmp2[4];
+    for (int q = 0; q < 4; q++) {
+        tmp1[q] = q < 2 || c1->opt.bias ? talloc(gdt1, n1[q]) : NULL;
+        tmp2[q] = q < 2 || c2->opt.bias ? talloc(gdt2, n2[q]) : NULL;
+    }
+    start_grads(c1, tmp1, old1);
+    start_grads(c2, tmp2, old2);
+    compute_expect(c1, old1[0], old1[1], old1[2], old1[3], 1, &X1);
+    compute_expect(c2, old2[0], old2[1], old2[2], old2[3], 1, &X2);
+    for (int q = 0; q < 4; q++) {
+        free(tmp1[q]), free(tmp2[q]);
+        free(old1[q]), free(old2[q]);
+    }
     const int64_t H = c1->H, I2 = 2 * c1->I, E = c1->E, T = c1->T;
     const moe_dtype dt = c1->opt.dtype, gdt = c1->opt.grad_fp32 ? MOE_F32 : dt;
     struct {

@@ -80,6 +80,23 @@ int mt_choose_clamps(mt_case *c, int mask);
 /* The float64 forward: out[T1][H] (row T zero). */
 void mt_forward64(const mt_case *c, double *out);
 
+/* What mt_run calls: moe_mlp_fwd / moe_mlp_bwd with MOE_BACKEND_REF and host pointers by default.  A
+ * test of another backend (proptest/test_gpu_mlp.c) points these at wrappers of the same signature that
+ * copy the host arrays to the device, run there and copy every output back. */
+typedef moe_status (*mt_fwd_fn)(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
+                                int64_t intermediate_size, const void *hidden, const void *affinities,
+                                const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
+                                void *gate_up_ckpt_T, void *down_ckpt, const moe_mlp_options *options);
+typedef moe_status (*mt_bwd_fn)(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
+                                int64_t intermediate_size, const void *hidden, const void *affinities,
+                                const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
+                                const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
+                                void *d_w_gu, void *d_w_d, void *d_b_gu, void *d_b_d,
+                                const moe_mlp_options *options);
+extern mt_fwd_fn mt_mlp_fwd;
+extern mt_bwd_fn mt_mlp_bwd;
+extern moe_backend mt_backend;
+
 /* Results of one reference run (allocated by mt_run). */
 typedef struct mt_result {
     void *out, *ckpt_gu, *ckpt_d;
@@ -103,8 +120,9 @@ int64_t mt_count_wgu(const mt_case *c);
 int64_t mt_count_wd(const mt_case *c);
 
 /* Largest |a - b| / (bound_a + bound_b) style comparison of two result sets of the same case (e.g.
- * ON_H vs ON_I, two block sizes): compares every gradient and the output element by element with the
- * sum of both analytic bounds; returns mismatches (printed, labelled `what`, unless what is NULL). */
+ * ON_H vs ON_I, two block sizes, two backends): compares every gradient and the output element by
+ * element with the sum of both analytic bounds (with accumulate, from mt_run's starting contents of
+ * each case's gradients); returns mismatches (printed, labelled `what`, unless what is NULL). */
 int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
                            const char *what);
 

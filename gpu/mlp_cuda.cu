@@ -1,0 +1,1032 @@
+// CUDA blockwise MoE MLP: forward with checkpoints and the full backward (SEMANTICS section 3,
+// specs/MLP.md; the contract is in gpu/mlp_cuda.h).  The CPU reference (ref/mlp.c) is the oracle.
+//
+// One call is a fixed sequence of kernels on options.stream, nothing synchronised with the host:
+//
+//   layout check (every call)
+//     init_kernel          pair_pos[T*E] = tok_first[T] = NONE, the error reports = NONE
+//     check_kernel         block_to_expert / token ids in range; pair_pos[t*E+e] = min position of the pair
+//                          (integer atomicMin: the result does not depend on the schedule)
+//     repeat_kernel        a position that is not its pair's minimum repeats the pair (and likewise for
+//                          a token under tensor_update_overwrite); the smallest such position is reported
+//     finalize_kernel      picks the first error in the reference's order (block_to_expert, ids, pairs,
+//                          top-1), sets this call's status word and the sticky record; every later
+//                          kernel returns at once when the status word is set, so nothing is written
+//     expert_lists_kernel  expert_blocks: the blocks of each expert in ascending block order
+//   forward
+//     GateUp tiles         per block: X_b . W_gu[e] (gate and up columns of the same i in one tile), bias,
+//                          clamp, gate_up_ckpt_T, m = act(g)*u (ON_I: *a) -> M scratch
+//     Down tiles           per block: M . W_d[e], bias, down_ckpt, per-position contribution a*d (ON_I:
+//                          d + a*b_d) -> contrib scratch; ON_I with a down checkpoint: a second pass from
+//                          the unscaled m (M0) writes the checkpoint
+//     token_rows_kernel    out[t] = the contributions of t's positions summed in ascending expert order
+//   backward
+//     Dm tiles             per block: dM = (a*G) . W_d[e]^T (ON_I: a * (G . W_d^T)); epilogue from the
+//                          rounded checkpoint: m -> M, masked dg, du -> dGU scratch
+//     (ON_I without a down checkpoint: Down tiles from M0 recompute d -> Dre scratch)
+//     dot_kernel           da[pos] = <G, d>
+//     Dx tiles             per block: dGU . W_gu[e]^T -> contrib scratch (one row per position)
+//     DwD / DwGu tiles     per expert: M^T . (a*G) and X^T . dGU over the expert's positions, in
+//                          ascending position order; one CTA owns an output tile (no atomics)
+//     bias_grad_kernel     db_d, db_gu: column sums over the expert's positions, ascending
+//     token_rows_kernel    d_hidden rows (ascending expert order);  daff_kernel: d_affinities rows
+//
+// Every GEMM-shaped step runs through one SIMT fp32 tile engine (tile_kernel<Op>): 64 x 64 output
+// tiles, K staged 16 deep through shared memory as float32 (inputs of any dtype converted on load),
+// 256 threads each owning 4 x 4 outputs and accumulating with fp32 FMA in ascending k.  The Op supplies
+// the tile decomposition, the two operand element loaders (gathers, affinity scaling, zero for padding)
+// and the epilogue.  Each output element is produced by exactly one thread with a reduction order fixed
+// by the layout, so results are bitwise reproducible.  (Tensor cores for bf16/f16 are future work.)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cuda_check.cuh"
+#include "mlp_cuda.h"
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Elements, activations
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float ld(moe_dtype dtype, const void *base, int64_t i)
+{
+    if (dtype == MOE_F32)
+        return static_cast<const float *>(base)[i];
+    if (dtype == MOE_F16)
+        return __half2float(static_cast<const __half *>(base)[i]);
+    return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
+}
+
+// One round-to-nearest-even conversion (NaN and Inf kept).
+__device__ __forceinline__ void st(moe_dtype dtype, void *base, int64_t i, float v)
+{
+    if (dtype == MOE_F32)
+        static_cast<float *>(base)[i] = v;
+    else if (dtype == MOE_F16)
+        static_cast<__half *>(base)[i] = __float2half_rn(v);
+    else
+        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+constexpr float SWISH_ALPHA = 1.702f;
+constexpr float SQRT_HALF = 0.70710678118654752440f;
+constexpr float INV_SQRT_2PI = 0.39894228040143267794f;
+constexpr float SQRT_2_OVER_PI = 0.79788456080286535588f;
+constexpr float GELU_TANH_C = 0.044715f;
+
+// The formulas of ref/mlp.c (same float32 operation order; libm differs by <= 2 ulp).
+__device__ __forceinline__ float act_value(int act, float x)
+{
+    switch (act) {
+    case MOE_ACT_SILU: return x * sigmoid(x);
+    case MOE_ACT_GELU: return 0.5f * x * (1.0f + erff(x * SQRT_HALF));
+    case MOE_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x)));
+    default: return x * sigmoid(SWISH_ALPHA * x);
+    }
+}
+
+__device__ __forceinline__ float act_derivative(int act, float x)
+{
+    switch (act) {
+    case MOE_ACT_SILU: {
+        const float s = sigmoid(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+    case MOE_ACT_GELU: return 0.5f * (1.0f + erff(x * SQRT_HALF)) + x * (INV_SQRT_2PI * expf(-0.5f * x * x));
+    case MOE_ACT_GELU_TANH: {
+        const float x2 = x * x;
+        const float t = tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x2 * x));
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * x2);
+    }
+    default: {
+        const float s = sigmoid(SWISH_ALPHA * x);
+        return s * (1.0f + SWISH_ALPHA * x * (1.0f - s));
+    }
+    }
+}
+
+// Comparisons keep NaN (not clamped).
+__device__ __forceinline__ float clamp_value(float v, int has_lo, float lo, int has_hi, float hi)
+{
+    if (has_lo && v < lo)
+        v = lo;
+    if (has_hi && v > hi)
+        v = hi;
+    return v;
+}
+
+// ------------------------------------------------------------------------------------------------
+// The call as the kernels see it
+// ------------------------------------------------------------------------------------------------
+constexpr long long NONE = LLONG_MAX; // "no position" in pair_pos / tok_first / the reports
+
+enum ErrorKind : int { ERR_NONE = 0, ERR_EXPERT = 1, ERR_TOKEN = 2, ERR_PAIR = 3, ERR_TOP1 = 4 };
+enum Report : int { REP_EXPERT = 0, REP_TOKEN = 1, REP_PAIR = 2, REP_TOP1 = 3, REPORTS = 4 };
+
+struct DeviceError {
+    int kind;        // ErrorKind
+    int op;          // 0 = moe_mlp_fwd, 1 = moe_mlp_bwd
+    long long index; // the block (ERR_EXPERT) or position
+    long long value; // its block_to_expert / token id
+    long long other; // ERR_PAIR, ERR_TOP1: the earlier position of the same pair / token
+    long long expert;
+    long long T, E, B, pad;
+};
+
+__device__ DeviceError g_mlp_sticky_error;
+
+struct MlpArgs {
+    moe_dtype dt;  // every tensor but the weight/bias gradients
+    moe_dtype gdt; // d_w_gu, d_w_d, d_b_gu, d_b_d
+    int64_t T, E, N, B, H, I, NB, token_rows, pad;
+    int act, on_i, bias, accumulate, overwrite, op;
+    int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
+    float lin_lo, lin_hi, nl_lo, nl_hi; // forward: the limits; backward: rounded to dt (mask limits)
+    const int64_t *b2e, *ids;
+    const void *hidden, *aff, *w_gu, *w_d, *b_gu, *b_d, *out_grad, *ckpt_gu_in, *ckpt_d_in;
+    void *out, *ckpt_gu, *ckpt_d, *d_hidden, *d_aff, *d_wgu, *d_wd, *d_bgu, *d_bd;
+    // workspace
+    int *status;
+    long long *reports;   // [REPORTS]
+    long long *pair_pos;  // [T*E]
+    long long *tok_first; // [T] (tensor_update_overwrite only)
+    int64_t *expert_start;  // [E+1]
+    int64_t *expert_blocks; // [N]
+    float *M;       // [NB][I]  m as the down projection uses it (ON_I: scaled by a)
+    float *M0;      // [NB][I]  unscaled m (ON_I: forward with a down checkpoint; backward recomputing d)
+    float *contrib; // [NB][H]  per-position rows: a*d (forward), dX (backward)
+    float *dGU;     // [NB][2I]
+    float *Dre;     // [NB][H]  recomputed d (ON_I backward without a down checkpoint)
+    float *da;      // [NB]
+};
+
+__device__ __forceinline__ int64_t token_of(const MlpArgs &g, int64_t pos)
+{
+    const int64_t id = g.ids[pos];
+    return id >= 0 && id < g.T ? id : -1;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Layout check and lists
+// ------------------------------------------------------------------------------------------------
+__global__ void init_kernel(MlpArgs g)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t i = first; i < g.T * g.E; i += stride)
+        g.pair_pos[i] = NONE;
+    if (g.tok_first != nullptr)
+        for (int64_t i = first; i < g.T; i += stride)
+            g.tok_first[i] = NONE;
+    if (first < REPORTS)
+        g.reports[first] = NONE;
+    if (first == 0)
+        *g.status = ERR_NONE;
+}
+
+__global__ void check_kernel(MlpArgs g)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t n = first; n < g.N; n += stride)
+        if (g.b2e[n] < 0 || g.b2e[n] >= g.E)
+            atomicMin(&g.reports[REP_EXPERT], (long long)n);
+    for (int64_t p = first; p < g.NB; p += stride) {
+        const int64_t id = g.ids[p], e = g.b2e[p / g.B];
+        if (id == g.pad)
+            continue;
+        if (id < 0 || id >= g.T) {
+            atomicMin(&g.reports[REP_TOKEN], (long long)p);
+            continue;
+        }
+        if (e < 0 || e >= g.E)
+            continue;
+        atomicMin(&g.pair_pos[id * g.E + e], (long long)p);
+        if (g.tok_first != nullptr)
+            atomicMin(&g.tok_first[id], (long long)p);
+    }
+}
+
+__global__ void repeat_kernel(MlpArgs g)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t p = first; p < g.NB; p += stride) {
+        const int64_t id = g.ids[p], e = g.b2e[p / g.B];
+        if (id < 0 || id >= g.T || e < 0 || e >= g.E)
+            continue;
+        if (g.pair_pos[id * g.E + e] != p)
+            atomicMin(&g.reports[REP_PAIR], (long long)p);
+        if (g.tok_first != nullptr && g.tok_first[id] != p)
+            atomicMin(&g.reports[REP_TOP1], (long long)p);
+    }
+}
+
+__global__ void finalize_kernel(MlpArgs g)
+{
+    if (threadIdx.x != 0 || blockIdx.x != 0)
+        return;
+    DeviceError err = {};
+    for (int r = 0; r < REPORTS && err.kind == ERR_NONE; r++) {
+        const long long at = g.reports[r];
+        if (at == NONE)
+            continue;
+        err.kind = r + 1;
+        err.index = at;
+        if (r == REP_EXPERT) {
+            err.value = g.b2e[at];
+            continue;
+        }
+        err.value = g.ids[at];
+        if (r == REP_PAIR) {
+            err.expert = g.b2e[at / g.B];
+            err.other = g.pair_pos[err.value * g.E + err.expert];
+        } else if (r == REP_TOP1) {
+            err.other = g.tok_first[err.value];
+        }
+    }
+    *g.status = err.kind;
+    if (err.kind == ERR_NONE)
+        return;
+    err.op = g.op, err.T = g.T, err.E = g.E, err.B = g.B, err.pad = g.pad;
+    if (atomicCAS(&g_mlp_sticky_error.kind, 0, -1) == 0) { // claim the record, then publish it
+        DeviceError *rec = &g_mlp_sticky_error;
+        rec->op = err.op, rec->index = err.index, rec->value = err.value, rec->other = err.other;
+        rec->expert = err.expert, rec->T = err.T, rec->E = err.E, rec->B = err.B, rec->pad = err.pad;
+        __threadfence();
+        atomicExch(&rec->kind, err.kind);
+    }
+}
+
+// One CTA of 32 warps.  expert_start[e] .. expert_start[e+1]-1 index expert_blocks, which lists the
+// blocks of expert e in ascending order (warp ballots over the blocks in order: no atomics).
+constexpr int LIST_THREADS = 1024;
+__global__ void __launch_bounds__(LIST_THREADS) expert_lists_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = LIST_THREADS / 32;
+    for (int64_t e = warp; e < g.E; e += warps) {
+        int64_t count = 0;
+        for (int64_t n0 = 0; n0 < g.N; n0 += 32) {
+            const bool mine = n0 + lane < g.N && g.b2e[n0 + lane] == e;
+            count += __popc(__ballot_sync(0xffffffffu, mine));
+        }
+        if (lane == 0)
+            g.expert_start[e + 1] = count;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        g.expert_start[0] = 0;
+        for (int64_t e = 0; e < g.E; e++)
+            g.expert_start[e + 1] += g.expert_start[e];
+    }
+    __syncthreads();
+    for (int64_t e = warp; e < g.E; e += warps) {
+        int64_t next = g.expert_start[e];
+        for (int64_t n0 = 0; n0 < g.N; n0 += 32) {
+            const bool mine = n0 + lane < g.N && g.b2e[n0 + lane] == e;
+            const unsigned bits = __ballot_sync(0xffffffffu, mine);
+            if (mine)
+                g.expert_blocks[next + __popc(bits & ((1u << lane) - 1u))] = n0 + lane;
+            next += __popc(bits);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The tile engine
+// ------------------------------------------------------------------------------------------------
+constexpr int BM = 64, BN = 64, BK = 16, THREADS = 256;
+
+// Per-tile facts.  Row-tiled ops (one block n, rows = slots i0.. of it): n, e, i0 = first slot, j0 =
+// first output column, qlen = reduction length.  Expert ops (one expert e, rows = weight rows i0..,
+// reduction over the expert's positions): eb0 = expert_start[e].
+struct TileCoord {
+    int64_t n, e, i0, j0, qlen, eb0;
+};
+
+// Positions of the tile's rows (row-tiled ops) or of the current reduction chunk (expert ops).
+struct Rows {
+    int64_t pos[BM]; // -1 past the end
+    int64_t tok[BM]; // -1 for padding (or past the end)
+    float a[BM];     // A[tok][e] (0 for padding)
+};
+
+__device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Row-tiled decomposition: per block ceil(B/BM) row tiles x col_tiles, column tiles fastest.
+__device__ __forceinline__ TileCoord row_tile(const MlpArgs &g, int64_t tile, int64_t col_tiles, int64_t col_width,
+                                              int64_t qlen)
+{
+    const int64_t row_tiles = cdiv(g.B, BM);
+    TileCoord t;
+    t.n = tile / (row_tiles * col_tiles);
+    const int64_t local = tile % (row_tiles * col_tiles);
+    t.i0 = local / col_tiles * BM;
+    t.j0 = local % col_tiles * col_width;
+    t.e = g.b2e[t.n];
+    t.qlen = qlen;
+    t.eb0 = 0;
+    return t;
+}
+
+// Expert decomposition: per expert row_tiles x col_tiles, row tiles fastest.
+__device__ __forceinline__ TileCoord expert_tile(const MlpArgs &g, int64_t tile, int64_t rows, int64_t cols)
+{
+    const int64_t row_tiles = cdiv(rows, BM), col_tiles = cdiv(cols, BN);
+    TileCoord t;
+    t.e = tile / (row_tiles * col_tiles);
+    const int64_t local = tile % (row_tiles * col_tiles);
+    t.i0 = local % row_tiles * BM;
+    t.j0 = local / row_tiles * BN;
+    t.n = -1;
+    t.eb0 = g.expert_start[t.e];
+    t.qlen = (g.expert_start[t.e + 1] - t.eb0) * g.B;
+    return t;
+}
+
+// Fills rows.{pos,tok,a}[i] for the slots i0 + i (i < count) of block n (row ops).
+__device__ __forceinline__ void fill_block_rows(const MlpArgs &g, const TileCoord &t, Rows &rows)
+{
+    for (int i = threadIdx.x; i < BM; i += blockDim.x) {
+        const int64_t b = t.i0 + i;
+        int64_t pos = -1, tok = -1;
+        float a = 0.0f;
+        if (b < g.B) {
+            pos = t.n * g.B + b;
+            tok = token_of(g, pos);
+            if (tok >= 0)
+                a = ld(g.dt, g.aff, tok * g.E + t.e);
+        }
+        rows.pos[i] = pos, rows.tok[i] = tok, rows.a[i] = a;
+    }
+}
+
+// Fills rows for the reduction chunk q0 .. q0+BK-1 of an expert op (q = local position index).
+__device__ __forceinline__ void fill_expert_chunk(const MlpArgs &g, const TileCoord &t, int64_t q0, Rows &rows)
+{
+    for (int q = threadIdx.x; q < BK; q += blockDim.x) {
+        const int64_t qq = q0 + q;
+        int64_t pos = -1, tok = -1;
+        float a = 0.0f;
+        if (qq < t.qlen) {
+            pos = g.expert_blocks[t.eb0 + qq / g.B] * g.B + qq % g.B;
+            tok = token_of(g, pos);
+            if (tok >= 0)
+                a = ld(g.dt, g.aff, tok * g.E + t.e);
+        }
+        rows.pos[q] = pos, rows.tok[q] = tok, rows.a[q] = a;
+    }
+}
+
+// Op interface (all static __device__):
+//   A_QC, B_QC          whether A(i, q) / B(q, j) is contiguous along q (picks the coalescing order)
+//   coord(g, tile)      the TileCoord of a tile (the host computes the tile count)
+//   EXPERT              true: fill_expert_chunk per K chunk (rows = the chunk); false: fill_block_rows once
+//   a(g, t, rows, i, q, ql), b(g, t, rows, q, j, ql)   operands as float (0 outside), ql = q - q0
+//   epilogue(g, t, rows, acc, tx, ty)   thread (tx, ty) owns rows ty + 16u, columns tx + 16v
+template <class Op>
+__global__ void __launch_bounds__(THREADS) tile_kernel(MlpArgs g, int64_t tiles)
+{
+    __shared__ float sa[BK][BM + 4];
+    __shared__ float sb[BK][BN + 4];
+    __shared__ Rows rows;
+    if (*g.status != ERR_NONE)
+        return;
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = Op::coord(g, tile);
+        if (!Op::EXPERT)
+            fill_block_rows(g, t, rows);
+        float acc[4][4] = {};
+        for (int64_t q0 = 0; q0 < t.qlen; q0 += BK) {
+            if (Op::EXPERT)
+                fill_expert_chunk(g, t, q0, rows);
+            __syncthreads();
+            for (int idx = threadIdx.x; idx < BK * BM; idx += THREADS) {
+                const int i = Op::A_QC ? idx / BK : idx % BM, q = Op::A_QC ? idx % BK : idx / BM;
+                sa[q][i] = q0 + q < t.qlen ? Op::a(g, t, rows, i, q0 + q, q) : 0.0f;
+            }
+            for (int idx = threadIdx.x; idx < BK * BN; idx += THREADS) {
+                const int j = Op::B_QC ? idx / BK : idx % BN, q = Op::B_QC ? idx % BK : idx / BN;
+                sb[q][j] = q0 + q < t.qlen ? Op::b(g, t, rows, q0 + q, j, q) : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < BK; q++) {
+                float av[4], bv[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    av[u] = sa[q][ty + 16 * u];
+                    bv[u] = sb[q][tx + 16 * u];
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++)
+                        acc[u][v] = fmaf(av[u], bv[v], acc[u][v]);
+            }
+            __syncthreads();
+        }
+        __syncthreads(); // rows visible to the epilogue (also when qlen == 0)
+        Op::epilogue(g, t, rows, acc, tx, ty);
+        __syncthreads(); // rows are refilled by the next tile
+    }
+}
+
+// ---- forward: gate/up projection.  A tile covers 32 values of i: columns 0..31 the gate (j = i),
+// 32..63 the up projection (j = I + i), so that the thread owning g[i] also owns u[i].
+struct OpGateUp {
+    static constexpr bool A_QC = true, B_QC = false, EXPERT = false;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return row_tile(g, tile, cdiv(g.I, 32), 32, g.H); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &, const Rows &rows, int i, int64_t h, int)
+    {
+        return rows.tok[i] >= 0 ? ld(g.dt, g.hidden, rows.tok[i] * g.H + h) : 0.0f;
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t h, int c, int)
+    {
+        const int64_t i = t.j0 + (c & 31);
+        if (i >= g.I)
+            return 0.0f;
+        return ld(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + (c < 32 ? i : g.I + i));
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
+                                    int tx, int ty)
+    {
+        const int64_t I = g.I, I2 = 2 * g.I;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int r = ty + 16 * u;
+            const int64_t b = t.i0 + r, pos = rows.pos[r], tok = rows.tok[r];
+            if (b >= g.B)
+                continue;
+#pragma unroll
+            for (int v = 0; v < 2; v++) {
+                const int64_t i = t.j0 + tx + 16 * v;
+                if (i >= I)
+                    continue;
+                const int64_t ck_g = (t.n * I2 + i) * g.B + b, ck_u = (t.n * I2 + I + i) * g.B + b;
+                if (tok < 0) { // padding: checkpoints +0, nothing else
+                    if (g.ckpt_gu != nullptr) {
+                        st(g.dt, g.ckpt_gu, ck_g, 0.0f);
+                        st(g.dt, g.ckpt_gu, ck_u, 0.0f);
+                    }
+                    continue;
+                }
+                float gv = acc[u][v], uv = acc[u][v + 2];
+                if (g.bias) {
+                    gv = gv + ld(g.dt, g.b_gu, t.e * I2 + i);
+                    uv = uv + ld(g.dt, g.b_gu, t.e * I2 + I + i);
+                }
+                gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
+                uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
+                if (g.ckpt_gu != nullptr) {
+                    st(g.dt, g.ckpt_gu, ck_g, gv);
+                    st(g.dt, g.ckpt_gu, ck_u, uv);
+                }
+                float m = act_value(g.act, gv) * uv;
+                if (g.on_i) {
+                    if (g.M0 != nullptr)
+                        g.M0[pos * I + i] = m;
+                    m = m * rows.a[r];
+                }
+                g.M[pos * I + i] = m;
+            }
+        }
+    }
+};
+
+// ---- down projection M . W_d[e] (forward and the backward's recomputation of d)
+enum DownMode : int { DOWN_FORWARD = 0, DOWN_CKPT_FROM_M0 = 1, DOWN_RECOMPUTE = 2 };
+
+template <int MODE>
+struct OpDown {
+    static constexpr bool A_QC = true, B_QC = false, EXPERT = false;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return row_tile(g, tile, cdiv(g.H, BN), BN, g.I); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &, const Rows &rows, int i, int64_t q, int)
+    {
+        if (rows.tok[i] < 0)
+            return 0.0f;
+        const float *m = MODE == DOWN_FORWARD ? g.M : g.M0;
+        return m[rows.pos[i] * g.I + q];
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t q, int j, int)
+    {
+        const int64_t h = t.j0 + j;
+        return h < g.H ? ld(g.dt, g.w_d, (t.e * g.I + q) * g.H + h) : 0.0f;
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
+                                    int tx, int ty)
+    {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int r = ty + 16 * u;
+            const int64_t b = t.i0 + r, pos = rows.pos[r], tok = rows.tok[r];
+            if (b >= g.B)
+                continue;
+            const float a = rows.a[r];
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int64_t h = t.j0 + tx + 16 * v;
+                if (h >= g.H)
+                    continue;
+                const float bd = g.bias ? ld(g.dt, g.b_d, t.e * g.H + h) : 0.0f;
+                const float d = g.bias ? acc[u][v] + bd : acc[u][v];
+                if (MODE == DOWN_RECOMPUTE) {
+                    if (tok >= 0)
+                        g.Dre[pos * g.H + h] = d;
+                } else if (MODE == DOWN_CKPT_FROM_M0) {
+                    st(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
+                } else if (!g.on_i) {
+                    if (g.ckpt_d != nullptr)
+                        st(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
+                    if (tok >= 0)
+                        g.contrib[pos * g.H + h] = a * d;
+                } else if (tok >= 0) {
+                    g.contrib[pos * g.H + h] = g.bias ? acc[u][v] + a * bd : acc[u][v];
+                }
+            }
+        }
+    }
+};
+
+// dD = a * G (ON_H: the down-projection gradient input; ON_I: db_d's terms), or G itself (ON_I's dM and
+// dW_d input).
+__device__ __forceinline__ float scaled_grad(const MlpArgs &g, int64_t tok, float a, int64_t h, bool scale)
+{
+    const float G = ld(g.dt, g.out_grad, tok * g.H + h);
+    return scale ? a * G : G;
+}
+
+// ---- backward: dM = dD . W_d[e]^T, then the gate/up gradients in the epilogue
+struct OpDm {
+    static constexpr bool A_QC = true, B_QC = true, EXPERT = false;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return row_tile(g, tile, cdiv(g.I, BN), BN, g.H); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &, const Rows &rows, int i, int64_t h, int)
+    {
+        return rows.tok[i] >= 0 ? scaled_grad(g, rows.tok[i], rows.a[i], h, !g.on_i) : 0.0f;
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t h, int j, int)
+    {
+        const int64_t i = t.j0 + j;
+        return i < g.I ? ld(g.dt, g.w_d, (t.e * g.I + i) * g.H + h) : 0.0f;
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
+                                    int tx, int ty)
+    {
+        const int64_t I = g.I, I2 = 2 * g.I;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int r = ty + 16 * u;
+            const int64_t b = t.i0 + r, pos = rows.pos[r], tok = rows.tok[r];
+            if (b >= g.B || tok < 0)
+                continue;
+            const float a = rows.a[r];
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int64_t i = t.j0 + tx + 16 * v;
+                if (i >= I)
+                    continue;
+                const float dm = g.on_i ? a * acc[u][v] : acc[u][v];
+                const float gv = ld(g.dt, g.ckpt_gu_in, (t.n * I2 + i) * g.B + b);
+                const float uv = ld(g.dt, g.ckpt_gu_in, (t.n * I2 + I + i) * g.B + b);
+                const float ag = act_value(g.act, gv);
+                const float m0 = ag * uv;
+                if (g.M0 != nullptr)
+                    g.M0[pos * I + i] = m0;
+                g.M[pos * I + i] = g.on_i ? m0 * a : m0;
+                const bool g_free = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
+                const bool u_free = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
+                g.dGU[pos * I2 + i] = g_free ? (dm * uv) * act_derivative(g.act, gv) : 0.0f;
+                g.dGU[pos * I2 + I + i] = u_free ? dm * ag : 0.0f;
+            }
+        }
+    }
+};
+
+// ---- backward: per-position dX = dGU . W_gu[e]^T
+struct OpDx {
+    static constexpr bool A_QC = true, B_QC = true, EXPERT = false;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return row_tile(g, tile, cdiv(g.H, BN), BN, 2 * g.I); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &, const Rows &rows, int i, int64_t j, int)
+    {
+        return rows.tok[i] >= 0 ? g.dGU[rows.pos[i] * 2 * g.I + j] : 0.0f;
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t j, int c, int)
+    {
+        const int64_t h = t.j0 + c;
+        return h < g.H ? ld(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + j) : 0.0f;
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
+                                    int tx, int ty)
+    {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int r = ty + 16 * u;
+            if (t.i0 + r >= g.B || rows.tok[r] < 0)
+                continue;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int64_t h = t.j0 + tx + 16 * v;
+                if (h < g.H)
+                    g.contrib[rows.pos[r] * g.H + h] = acc[u][v];
+            }
+        }
+    }
+};
+
+// One weight-gradient element: overwritten, or round(old + sum) with accumulate.
+__device__ __forceinline__ void store_grad(const MlpArgs &g, void *dst, int64_t index, float v)
+{
+    if (g.accumulate)
+        v = ld(g.gdt, dst, index) + v;
+    st(g.gdt, dst, index, v);
+}
+
+// ---- backward: dW_d[e] = M^T . dD over the expert's positions (ON_I: (a*m)^T . G)
+struct OpDwD {
+    static constexpr bool A_QC = false, B_QC = false, EXPERT = true;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return expert_tile(g, tile, g.I, g.H); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &t, const Rows &rows, int i, int64_t, int ql)
+    {
+        const int64_t iw = t.i0 + i;
+        return rows.tok[ql] >= 0 && iw < g.I ? g.M[rows.pos[ql] * g.I + iw] : 0.0f;
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &rows, int64_t, int j, int ql)
+    {
+        const int64_t h = t.j0 + j;
+        return rows.tok[ql] >= 0 && h < g.H ? scaled_grad(g, rows.tok[ql], rows.a[ql], h, !g.on_i) : 0.0f;
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &, const float (&acc)[4][4], int tx,
+                                    int ty)
+    {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int64_t i = t.i0 + ty + 16 * u, h = t.j0 + tx + 16 * v;
+                if (i < g.I && h < g.H)
+                    store_grad(g, g.d_wd, (t.e * g.I + i) * g.H + h, acc[u][v]);
+            }
+    }
+};
+
+// ---- backward: dW_gu[e] = X^T . dGU over the expert's positions
+struct OpDwGu {
+    static constexpr bool A_QC = false, B_QC = false, EXPERT = true;
+    static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return expert_tile(g, tile, g.H, 2 * g.I); }
+    static __device__ float a(const MlpArgs &g, const TileCoord &t, const Rows &rows, int i, int64_t, int ql)
+    {
+        const int64_t h = t.i0 + i;
+        return rows.tok[ql] >= 0 && h < g.H ? ld(g.dt, g.hidden, rows.tok[ql] * g.H + h) : 0.0f;
+    }
+    static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &rows, int64_t, int j, int ql)
+    {
+        const int64_t jj = t.j0 + j;
+        return rows.tok[ql] >= 0 && jj < 2 * g.I ? g.dGU[rows.pos[ql] * 2 * g.I + jj] : 0.0f;
+    }
+    static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &, const float (&acc)[4][4], int tx,
+                                    int ty)
+    {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int64_t h = t.i0 + ty + 16 * u, j = t.j0 + tx + 16 * v;
+                if (h < g.H && j < 2 * g.I)
+                    store_grad(g, g.d_wgu, (t.e * g.H + h) * 2 * g.I + j, acc[u][v]);
+            }
+    }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Element-wise kernels
+// ------------------------------------------------------------------------------------------------
+#define GRID_STRIDE(var, count)                                                                     \
+    for (int64_t var = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; var < (count);               \
+         var += (int64_t)gridDim.x * blockDim.x)
+
+// dst[t][h] = sum over the token's positions in ascending expert order of rows[pos][h]; +0 for tokens
+// in no block and for the pad row.  (out in the forward, d_hidden in the backward.)
+__global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    GRID_STRIDE(idx, g.token_rows * g.H)
+    {
+        const int64_t t = idx / g.H, h = idx % g.H;
+        float acc = 0.0f;
+        if (t < g.T) {
+            const long long *pairs = g.pair_pos + t * g.E;
+            bool first = true;
+            for (int64_t e = 0; e < g.E; e++) {
+                const long long pos = pairs[e];
+                if (pos == NONE)
+                    continue;
+                const float c = rows[pos * g.H + h];
+                acc = first ? c : acc + c;
+                first = false;
+            }
+        }
+        st(g.dt, dst, idx, acc);
+    }
+}
+
+// da[pos] = <G[tok], d[pos]> (d from the down checkpoint or recomputed), one warp per position, lanes
+// over strided h then a fixed butterfly: deterministic.
+__global__ void dot_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t pos = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; pos < g.NB; pos += warps) {
+        const int64_t tok = token_of(g, pos);
+        if (tok < 0)
+            continue;
+        float sum = 0.0f;
+        for (int64_t h = lane; h < g.H; h += 32) {
+            const float d = g.ckpt_d_in != nullptr ? ld(g.dt, g.ckpt_d_in, pos * g.H + h) : g.Dre[pos * g.H + h];
+            sum = fmaf(ld(g.dt, g.out_grad, tok * g.H + h), d, sum);
+        }
+        for (int off = 16; off > 0; off /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0)
+            g.da[pos] = sum;
+    }
+}
+
+// d_affinities[t*E + e] = da of the pair's position, +0 for pairs outside the layout.
+__global__ void daff_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    GRID_STRIDE(idx, g.T * g.E)
+    {
+        const long long pos = g.pair_pos[idx];
+        st(g.dt, g.d_aff, idx, pos == NONE ? 0.0f : g.da[pos]);
+    }
+}
+
+// db_d[e][h] = sum a*G[tok][h], db_gu[e][j] = sum dGU[pos][j], over the expert's positions ascending.
+__global__ void bias_grad_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int64_t cols = g.H + 2 * g.I;
+    GRID_STRIDE(idx, g.E * cols)
+    {
+        const int64_t e = idx / cols, c = idx % cols;
+        float sum = 0.0f;
+        for (int64_t q = g.expert_start[e]; q < g.expert_start[e + 1]; q++) {
+            const int64_t n = g.expert_blocks[q];
+            for (int64_t b = 0; b < g.B; b++) {
+                const int64_t pos = n * g.B + b, tok = token_of(g, pos);
+                if (tok < 0)
+                    continue;
+                sum = sum + (c < g.H ? scaled_grad(g, tok, ld(g.dt, g.aff, tok * g.E + e), c, true)
+                                     : g.dGU[pos * 2 * g.I + (c - g.H)]);
+            }
+        }
+        if (c < g.H)
+            store_grad(g, g.d_bd, e * g.H + c, sum);
+        else
+            store_grad(g, g.d_bgu, e * 2 * g.I + (c - g.H), sum);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------------
+int sm_count()
+{
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 132;
+    return sms;
+}
+
+unsigned grid_for(int64_t work, int64_t per_block, int64_t cap)
+{
+    int64_t blocks = (work + per_block - 1) / per_block;
+    if (blocks > cap)
+        blocks = cap;
+    return (unsigned)(blocks < 1 ? 1 : blocks);
+}
+
+// Host copies of the tile counts (the device functions above compute the same).
+int64_t host_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+template <class Op>
+moe_status launch_tiles(const MlpArgs &g, int64_t tiles, cudaStream_t stream)
+{
+    if (tiles <= 0)
+        return MOE_OK;
+    tile_kernel<Op><<<grid_for(tiles, 1, (int64_t)sm_count() * 16), THREADS, 0, stream>>>(g, tiles);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+float round_to(moe_dtype dtype, float v)
+{
+    if (dtype == MOE_F16)
+        return __half2float(__float2half_rn(v));
+    if (dtype == MOE_BF16)
+        return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
+}
+
+// The call's device workspace: one allocation, carved in 256-byte aligned pieces.
+struct Carver {
+    size_t bytes = 0;
+    size_t take(int64_t count, size_t elem)
+    {
+        const size_t at = bytes;
+        bytes += ((size_t)(count > 0 ? count : 0) * elem + 255) / 256 * 256;
+        return at;
+    }
+};
+
+MlpArgs base_args(const moe_mlp_problem *p, int op)
+{
+    MlpArgs g = {};
+    g.dt = p->dtype, g.gdt = p->grad_dtype;
+    g.T = p->T, g.E = p->E, g.N = p->N, g.B = p->B, g.H = p->H, g.I = p->I, g.NB = p->N * p->B;
+    g.token_rows = p->token_rows;
+    g.pad = p->padding == MOE_MLP_PAD_ROW ? p->T : -1;
+    g.act = (int)p->activation, g.on_i = p->affinity == MOE_AFFINITY_ON_I, g.bias = p->bias;
+    g.accumulate = p->accumulate, g.overwrite = p->overwrite, g.op = op;
+    g.has_lin_lo = p->has_lin_lo, g.has_lin_hi = p->has_lin_hi, g.has_nl_lo = p->has_nl_lo, g.has_nl_hi = p->has_nl_hi;
+    g.lin_lo = p->lin_lo, g.lin_hi = p->lin_hi, g.nl_lo = p->nl_lo, g.nl_hi = p->nl_hi;
+    g.b2e = p->block_to_expert, g.ids = p->token_position_to_id;
+    return g;
+}
+
+// Runs the layout check and the expert lists (the first kernels of every call).
+moe_status launch_layout(const MlpArgs &g, cudaStream_t stream)
+{
+    const int64_t cap = (int64_t)sm_count() * 8;
+    const int64_t most = g.T * g.E > g.NB ? g.T * g.E : g.NB;
+    init_kernel<<<grid_for(most > (int64_t)REPORTS ? most : (int64_t)REPORTS, 256, cap), 256, 0, stream>>>(g);
+    check_kernel<<<grid_for(g.NB > g.N ? g.NB : g.N, 256, cap), 256, 0, stream>>>(g);
+    repeat_kernel<<<grid_for(g.NB, 256, cap), 256, 0, stream>>>(g);
+    finalize_kernel<<<1, 32, 0, stream>>>(g);
+    expert_lists_kernel<<<1, LIST_THREADS, 0, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+// Allocates the workspace, points g at it, runs body(g), frees (stream-ordered).
+template <class Body>
+moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int64_t nM0, int64_t nContrib,
+                          int64_t nDGU, int64_t nDre, int64_t nDa, Body body)
+{
+    cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+    Carver c;
+    const size_t o_status = c.take(1 + REPORTS, 8); // status word, then the reports at +8
+    const size_t o_pairs = c.take(g.T * g.E, 8);
+    const size_t o_first = c.take(g.overwrite ? g.T : 0, 8);
+    const size_t o_start = c.take(g.E + 1, 8);
+    const size_t o_blocks = c.take(g.N, 8);
+    const size_t o_M = c.take(nM, 4), o_M0 = c.take(nM0, 4), o_contrib = c.take(nContrib, 4);
+    const size_t o_dgu = c.take(nDGU, 4), o_dre = c.take(nDre, 4), o_da = c.take(nDa, 4);
+    unsigned char *ws = nullptr;
+    cudaError_t err = cudaMallocAsync(&ws, c.bytes, stream);
+    if (err != cudaSuccess)
+        return moe_fail(err == cudaErrorMemoryAllocation ? MOE_ERR_OUT_OF_MEMORY : MOE_ERR_DEVICE,
+                        "%s: cudaMallocAsync of the %zu-byte workspace failed: %s", p->op, c.bytes,
+                        cudaGetErrorString(err));
+    g.status = reinterpret_cast<int *>(ws + o_status);
+    g.reports = reinterpret_cast<long long *>(ws + o_status + 8);
+    g.pair_pos = reinterpret_cast<long long *>(ws + o_pairs);
+    g.tok_first = g.overwrite ? reinterpret_cast<long long *>(ws + o_first) : nullptr;
+    g.expert_start = reinterpret_cast<int64_t *>(ws + o_start);
+    g.expert_blocks = reinterpret_cast<int64_t *>(ws + o_blocks);
+    g.M = reinterpret_cast<float *>(ws + o_M);
+    g.M0 = nM0 > 0 ? reinterpret_cast<float *>(ws + o_M0) : nullptr;
+    g.contrib = reinterpret_cast<float *>(ws + o_contrib);
+    g.dGU = reinterpret_cast<float *>(ws + o_dgu);
+    g.Dre = reinterpret_cast<float *>(ws + o_dre);
+    g.da = reinterpret_cast<float *>(ws + o_da);
+    moe_status status = launch_layout(g, stream);
+    if (status == MOE_OK)
+        status = body(g, stream);
+    err = cudaFreeAsync(ws, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", p->op, cudaGetErrorString(err));
+    return status;
+}
+
+moe_status token_rows(const MlpArgs &g, const float *rows, void *dst, cudaStream_t stream)
+{
+    if (g.token_rows * g.H == 0)
+        return MOE_OK;
+    token_rows_kernel<<<grid_for(g.token_rows * g.H, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g, rows, dst);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+} // namespace
+
+// Forward.  Writes: out (all token_rows rows), gate_up_ckpt_T and down_ckpt when given (every position).
+moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const void *affinities, const void *w_gu,
+                            const void *w_d, const void *b_gu, const void *b_d, void *out, void *gate_up_ckpt_T,
+                            void *down_ckpt)
+{
+    MlpArgs g = base_args(p, 0);
+    g.hidden = hidden, g.aff = affinities, g.w_gu = w_gu, g.w_d = w_d, g.b_gu = b_gu, g.b_d = b_d;
+    g.out = out, g.ckpt_gu = gate_up_ckpt_T, g.ckpt_d = down_ckpt;
+    const int64_t NB = g.NB, H = g.H, I = g.I;
+    const bool ckpt_from_m0 = g.on_i && down_ckpt != nullptr;
+    return with_workspace(p, g, NB * I, ckpt_from_m0 ? NB * I : 0, NB * H, 0, 0, 0,
+                          [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+        const int64_t rt = host_cdiv(a.B, BM);
+        moe_status s = launch_tiles<OpGateUp>(a, a.N * rt * host_cdiv(I, 32), stream);
+        if (s == MOE_OK)
+            s = launch_tiles<OpDown<DOWN_FORWARD>>(a, a.N * rt * host_cdiv(H, BN), stream);
+        if (s == MOE_OK && ckpt_from_m0)
+            s = launch_tiles<OpDown<DOWN_CKPT_FROM_M0>>(a, a.N * rt * host_cdiv(H, BN), stream);
+        if (s == MOE_OK)
+            s = token_rows(a, a.contrib, a.out, stream);
+        return s;
+    });
+}
+
+// Backward.  Writes: d_hidden (all rows), d_affinities (all T*E), d_w_gu, d_w_d, d_b_gu, d_b_d (every
+// element; old + sum with accumulate).
+moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities, const void *w_gu,
+                            const void *w_d, const void *b_d, const void *gate_up_ckpt_T, const void *down_ckpt,
+                            const void *out_grad, void *d_hidden, void *d_affinities, void *d_w_gu, void *d_w_d,
+                            void *d_b_gu, void *d_b_d)
+{
+    MlpArgs g = base_args(p, 1);
+    // the masks compare the checkpointed value with the limit as the checkpoint stores it (specs/MLP.md)
+    g.lin_lo = round_to(p->dtype, p->lin_lo), g.lin_hi = round_to(p->dtype, p->lin_hi);
+    g.nl_lo = round_to(p->dtype, p->nl_lo), g.nl_hi = round_to(p->dtype, p->nl_hi);
+    g.hidden = hidden, g.aff = affinities, g.w_gu = w_gu, g.w_d = w_d, g.b_d = b_d;
+    g.ckpt_gu_in = gate_up_ckpt_T, g.ckpt_d_in = down_ckpt, g.out_grad = out_grad;
+    g.d_hidden = d_hidden, g.d_aff = d_affinities, g.d_wgu = d_w_gu, g.d_wd = d_w_d, g.d_bgu = d_b_gu, g.d_bd = d_b_d;
+    const int64_t NB = g.NB, H = g.H, I = g.I, E = g.E;
+    const bool recompute = down_ckpt == nullptr; // ON_I only (the front end checked)
+    return with_workspace(p, g, NB * I, recompute ? NB * I : 0, NB * H, NB * 2 * I, recompute ? NB * H : 0, NB,
+                          [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+        const int64_t rt = host_cdiv(a.B, BM), cap = (int64_t)sm_count() * 16;
+        moe_status s = launch_tiles<OpDm>(a, a.N * rt * host_cdiv(I, BN), stream);
+        if (s == MOE_OK && recompute)
+            s = launch_tiles<OpDown<DOWN_RECOMPUTE>>(a, a.N * rt * host_cdiv(H, BN), stream);
+        if (s != MOE_OK)
+            return s;
+        if (NB > 0)
+            dot_kernel<<<grid_for(NB * 32, 256, cap), 256, 0, stream>>>(a);
+        if (a.T * E > 0)
+            daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
+        MOE_CUDA_CHECK(cudaGetLastError());
+        s = launch_tiles<OpDx>(a, a.N * rt * host_cdiv(H, BN), stream);
+        if (s == MOE_OK)
+            s = token_rows(a, a.contrib, a.d_hidden, stream);
+        if (s == MOE_OK)
+            s = launch_tiles<OpDwD>(a, E * host_cdiv(I, BM) * host_cdiv(H, BN), stream);
+        if (s == MOE_OK)
+            s = launch_tiles<OpDwGu>(a, E * host_cdiv(H, BM) * host_cdiv(2 * I, BN), stream);
+        if (s == MOE_OK && a.bias && E * (H + 2 * I) > 0) {
+            bias_grad_kernel<<<grid_for(E * (H + 2 * I), 256, cap), 256, 0, stream>>>(a);
+            MOE_CUDA_CHECK(cudaGetLastError());
+        }
+        return s;
+    });
+}
+
+moe_status moe_cuda_mlp_take_error(void)
+{
+    DeviceError record;
+    MOE_CUDA_CHECK(cudaMemcpyFromSymbol(&record, g_mlp_sticky_error, sizeof record));
+    if (record.kind == ERR_NONE)
+        return MOE_OK;
+    const DeviceError cleared = {};
+    MOE_CUDA_CHECK(cudaMemcpyToSymbol(g_mlp_sticky_error, &cleared, sizeof cleared));
+    const char *op = record.op == 0 ? "moe_mlp_fwd" : "moe_mlp_bwd";
+    static const char where[] = "(CUDA, detected on the device; the call wrote nothing)";
+    switch (record.kind) {
+    case ERR_EXPERT:
+        return moe_fail(MOE_ERR_INVALID_INDEX, "%s %s: layout.block_to_expert[%lld] = %lld, expected an expert in "
+                        "[0, %lld)", op, where, record.index, record.value, record.E);
+    case ERR_TOKEN:
+        return moe_fail(MOE_ERR_INVALID_INDEX, "%s %s: layout.token_position_to_id[%lld] = %lld (block %lld, slot "
+                        "%lld), expected a token in [0, %lld) or the padding mark %lld of %s", op, where,
+                        record.index, record.value, record.index / record.B, record.index % record.B, record.T,
+                        record.pad, record.pad < 0 ? "MOE_MLP_PAD_SKIP" : "MOE_MLP_PAD_ROW");
+    case ERR_PAIR:
+        return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: layout.token_position_to_id[%lld] and [%lld] both place "
+                        "token %lld with expert %lld, expected each (token, expert) pair at most once", op, where,
+                        record.other, record.index, record.value, record.expert);
+    case ERR_TOP1:
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s %s: options.tensor_update_overwrite is set but token %lld sits "
+                        "at layout.token_position_to_id[%lld] and [%lld], expected each token at most once (top-1)",
+                        op, where, record.value, record.other, record.index);
+    }
+    return moe_fail(MOE_ERR_DEVICE, "%s %s: unknown device error record %d", op, where, record.kind);
+}

@@ -1,0 +1,418 @@
+/* CUDA blockwise MoE MLP properties (skipped with exit 77 where no CUDA device is visible):
+ *   1. the full option cross of tests/test_mlp_grad.c: activation (4) x affinity (2) x bias (2) x clamp
+ *      subset (16) x dtype (f32, f16, bf16) x padding (2) x accumulate (2) = 3072 cases (or the first
+ *      `cases` of them), with at random: shape (some past the 64-wide tiles), block size (1 .. 128,
+ *      multiples of 16 and not), layout (dropless, dropping, shuffled caller-made with an empty block),
+ *      topk, tensor_update_overwrite (top-1), grad_fp32 and, with ON_I, whether the backward gets the down
+ *      checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
+ *      value within the error bound tests/mlp_testlib.c derives for any correct float32 implementation
+ *      (specs/MLP.md "Error bound"; small cases also against float64 finite differences), and against the
+ *      CPU reference (MOE_BACKEND_REF) of the same case within the sum of both bounds;
+ *   2. the same call twice gives bitwise the same outputs, checkpoints and gradients;
+ *   3. invalid device layouts (block_to_expert out of range, a token id out of range or the other
+ *      padding mark, a (token, expert) pair twice, a token twice under tensor_update_overwrite) are
+ *      detected on the device and reported by moe_backend_synchronize with the reference's status codes
+ *      and a message naming the position, and no output byte is written; the next call is clean.
+ * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
+ * usage: test_gpu_mlp [seed] [cases] */
+#include "mlp_testlib.h"
+
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#define CUDA_CHECK(call)                                                                             \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
+    } while (0)
+
+/* ---- device copies of host arrays ---- */
+
+/* A device copy of `bytes` bytes of host (NULL stays NULL, so "not given" is preserved). */
+static void *up(const void *host, size_t bytes)
+{
+    if (host == NULL)
+        return NULL;
+    void *dev = NULL;
+    CUDA_CHECK(cudaMalloc(&dev, bytes ? bytes : 16));
+    if (bytes)
+        CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    return dev;
+}
+
+/* Copies a device output back over its host array (when the call succeeded) and frees it. */
+static void down(void *host, void *dev, size_t bytes, int copy)
+{
+    if (dev == NULL)
+        return;
+    if (copy && bytes)
+        CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(dev));
+}
+
+typedef struct sizes {
+    size_t es, gs;         /* element sizes: dtype, gradient dtype */
+    int64_t T1, NB, N, B, E, H, I;
+} sizes;
+
+static sizes sizes_of(const moe_mlp_layout *l, int64_t H, int64_t I, const moe_mlp_options *o)
+{
+    sizes s;
+    s.es = moe_dtype_size(o->dtype);
+    s.gs = o->grad_fp32 ? 4 : s.es;
+    s.B = o->block_size ? o->block_size : MOE_MLP_DEFAULT_BLOCK_SIZE;
+    s.N = l->num_blocks, s.NB = s.N * s.B, s.E = l->num_experts, s.H = H, s.I = I;
+    s.T1 = l->num_tokens + (o->padding == MOE_MLP_PAD_ROW);
+    return s;
+}
+
+/* The layout with its arrays on the device. */
+static moe_mlp_layout layout_up(const moe_mlp_layout *l, const sizes *s)
+{
+    moe_mlp_layout d = *l;
+    d.block_to_expert = up(l->block_to_expert, (size_t)s->N * 8);
+    d.token_position_to_id = up(l->token_position_to_id, (size_t)s->NB * 8);
+    return d;
+}
+
+static void layout_free(moe_mlp_layout *d)
+{
+    down(NULL, (void *)d->block_to_expert, 0, 0);
+    down(NULL, (void *)d->token_position_to_id, 0, 0);
+}
+
+/* moe_mlp_fwd on the GPU with host arguments (the signature of mt_fwd_fn): uploads everything (the
+ * outputs too, so that elements the kernels do not write keep their poison), runs, synchronises (device
+ * errors come back here) and downloads the outputs. */
+static moe_status gpu_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_t H, int64_t I,
+                          const void *hidden, const void *aff, const void *w_gu, const void *w_d, const void *b_gu,
+                          const void *b_d, void *out, void *ckpt_gu, void *ckpt_d, const moe_mlp_options *o)
+{
+    const sizes s = sizes_of(layout, H, I, o);
+    const int64_t T = layout->num_tokens, E = s.E;
+    moe_mlp_layout dl = layout_up(layout, &s);
+    const size_t b_x = (size_t)(s.T1 * H) * s.es, b_a = (size_t)(T * E) * s.es;
+    const size_t b_wgu = (size_t)(E * H * 2 * I) * s.es, b_wd = (size_t)(E * I * H) * s.es;
+    const size_t b_bgu = (size_t)(E * 2 * I) * s.es, b_bd = (size_t)(E * H) * s.es;
+    const size_t b_cgu = (size_t)(s.N * 2 * I * s.B) * s.es, b_cd = (size_t)(s.NB * H) * s.es;
+    void *dx = up(hidden, b_x), *da = up(aff, b_a), *dwgu = up(w_gu, b_wgu), *dwd = up(w_d, b_wd);
+    void *dbgu = up(b_gu, b_bgu), *dbd = up(b_d, b_bd);
+    void *dout = up(out, b_x), *dcgu = up(ckpt_gu, b_cgu), *dcd = up(ckpt_d, b_cd);
+    moe_status st = moe_mlp_fwd(backend, &dl, H, I, dx, da, dwgu, dwd, dbgu, dbd, dout, dcgu, dcd, o);
+    if (st == MOE_OK)
+        st = moe_backend_synchronize(backend, o ? o->stream : NULL);
+    const int ok = st == MOE_OK;
+    down(out, dout, b_x, ok), down(ckpt_gu, dcgu, b_cgu, ok), down(ckpt_d, dcd, b_cd, ok);
+    down(NULL, dx, 0, 0), down(NULL, da, 0, 0), down(NULL, dwgu, 0, 0), down(NULL, dwd, 0, 0);
+    down(NULL, dbgu, 0, 0), down(NULL, dbd, 0, 0);
+    layout_free(&dl);
+    return st;
+}
+
+static moe_status gpu_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_t H, int64_t I,
+                          const void *hidden, const void *aff, const void *w_gu, const void *w_d, const void *b_d,
+                          const void *ckpt_gu, const void *ckpt_d, const void *out_grad, void *d_hidden,
+                          void *d_aff, void *d_wgu, void *d_wd, void *d_bgu, void *d_bd, const moe_mlp_options *o)
+{
+    const sizes s = sizes_of(layout, H, I, o);
+    const int64_t T = layout->num_tokens, E = s.E;
+    moe_mlp_layout dl = layout_up(layout, &s);
+    const size_t b_x = (size_t)(s.T1 * H) * s.es, b_a = (size_t)(T * E) * s.es;
+    const size_t b_wgu = (size_t)(E * H * 2 * I) * s.es, b_wd = (size_t)(E * I * H) * s.es;
+    const size_t b_bd = (size_t)(E * H) * s.es;
+    const size_t b_cgu = (size_t)(s.N * 2 * I * s.B) * s.es, b_cd = (size_t)(s.NB * H) * s.es;
+    const size_t g_wgu = (size_t)(E * H * 2 * I) * s.gs, g_wd = (size_t)(E * I * H) * s.gs;
+    const size_t g_bgu = (size_t)(E * 2 * I) * s.gs, g_bd = (size_t)(E * H) * s.gs;
+    void *dx = up(hidden, b_x), *da = up(aff, b_a), *dwgu = up(w_gu, b_wgu), *dwd = up(w_d, b_wd);
+    void *dbd = up(b_d, b_bd), *dcgu = up(ckpt_gu, b_cgu), *dcd = up(ckpt_d, b_cd), *dg = up(out_grad, b_x);
+    void *ddx = up(d_hidden, b_x), *dda = up(d_aff, b_a), *ddwgu = up(d_wgu, g_wgu), *ddwd = up(d_wd, g_wd);
+    void *ddbgu = up(d_bgu, g_bgu), *ddbd = up(d_bd, g_bd);
+    moe_status st = moe_mlp_bwd(backend, &dl, H, I, dx, da, dwgu, dwd, dbd, dcgu, dcd, dg, ddx, dda, ddwgu, ddwd,
+                                ddbgu, ddbd, o);
+    if (st == MOE_OK)
+        st = moe_backend_synchronize(backend, o ? o->stream : NULL);
+    const int ok = st == MOE_OK;
+    down(d_hidden, ddx, b_x, ok), down(d_aff, dda, b_a, ok), down(d_wgu, ddwgu, g_wgu, ok);
+    down(d_wd, ddwd, g_wd, ok), down(d_bgu, ddbgu, g_bgu, ok), down(d_bd, ddbd, g_bd, ok);
+    void *inputs[] = {dx, da, dwgu, dwd, dbd, dcgu, dcd, dg};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+        down(NULL, inputs[i], 0, 0);
+    layout_free(&dl);
+    return st;
+}
+
+static void use_gpu(void)
+{
+    mt_mlp_fwd = gpu_fwd;
+    mt_mlp_bwd = gpu_bwd;
+    mt_backend = MOE_BACKEND_CUDA;
+}
+
+static void use_ref(void)
+{
+    mt_mlp_fwd = moe_mlp_fwd;
+    mt_mlp_bwd = moe_mlp_bwd;
+    mt_backend = MOE_BACKEND_REF;
+}
+
+/* ---- 1 and 2: the option cross ---- */
+
+static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_checks)
+{
+    oracle_rng rng = {base};
+    int64_t bad = 0, done = 0;
+    for (int index = 0; index < 3072 && index < cases; index++) {
+        const int combo = index % 256, pass = index / 256; /* every combo first, then the dtype passes */
+        mt_case c;
+        int placed = 0, wide = 0;
+        for (int attempt = 0; attempt < 50 && !placed; attempt++) {
+            moe_mlp_options o = {0};
+            o.activation = (moe_mlp_activation)(combo & 3);
+            o.affinity = (moe_mlp_affinity)((combo >> 2) & 1);
+            o.bias = (combo >> 3) & 1;
+            const int clamps = combo >> 4;
+            o.dtype = (moe_dtype)((pass + combo) % 3);
+            o.padding = (moe_mlp_padding)((pass / 3) % 2);
+            o.accumulate = (pass / 6) % 2;
+            static const int64_t blocks[] = {1, 2, 3, 5, 8, 16, 17, 32, 64, 65, 128};
+            o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
+            wide = oracle_rng_below(&rng, 12) == 0; /* past the 64-wide tiles and the 16-deep K chunks */
+            const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, wide ? 4 : 6);
+            const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 3 ? E : 3));
+            const int64_t T = (wide ? 20 : 2) + (int64_t)oracle_rng_below(&rng, wide ? 60 : 12);
+            const int64_t H = wide ? 65 + (int64_t)oracle_rng_below(&rng, 80) : 1 + (int64_t)oracle_rng_below(&rng, 20);
+            const int64_t I = wide ? 33 + (int64_t)oracle_rng_below(&rng, 50) : 1 + (int64_t)oracle_rng_below(&rng, 12);
+            o.tensor_update_overwrite = k == 1 && oracle_rng_below(&rng, 2);
+            o.grad_fp32 = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+            const int mode = (int)oracle_rng_below(&rng, 3);
+            const uint64_t seed = base * 1000003ULL + (uint64_t)index * 101 + (uint64_t)attempt;
+            mt_case_init(&c, seed, T, E, k, H, I, &o, mode);
+            if (wide)
+                mt_case_scale_weights(&c);
+            if (clamps == 0 || mt_choose_clamps(&c, clamps))
+                placed = 1;
+            else
+                mt_case_free(&c);
+        }
+        CHECK(placed, "case %d: no clamp placement found", index);
+        const int down_in_bwd = c.opt.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
+        /* finite differences on the small cases, one in four (the analytic values they validate are
+         * checked against them exhaustively by tests/test_mlp_grad) */
+        const int checks = MT_CHECK_BOUND | (!wide && index % 4 == 0 ? MT_CHECK_FD : 0);
+        mt_result gpu, ref;
+        use_gpu();
+        int64_t b = mt_run(&c, checks, down_in_bwd, &gpu);
+        use_ref();
+        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
+        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU vs CPU reference");
+        if (index % 6 == 0) {
+            mt_result again;
+            use_gpu();
+            mt_run(&c, 0, down_in_bwd, &again);
+            if (!mt_results_identical(&c, &gpu, &again, 1)) {
+                fprintf(stderr, "case %d (seed %llu): two GPU runs differ\n", index, (unsigned long long)c.seed);
+                b++;
+            }
+            mt_result_free(&again);
+            (*determinism_checks)++;
+        }
+        if (b)
+            fprintf(stderr, "case %d (combo %d pass %d%s): %lld mismatches\n", index, combo, pass, wide ? ", wide" : "",
+                    (long long)b);
+        bad += b;
+        done++;
+        mt_result_free(&gpu);
+        mt_result_free(&ref);
+        mt_case_free(&c);
+        if (done % 500 == 0)
+            fprintf(stderr, "  %lld cases ...\n", (long long)done);
+    }
+    printf("option cross: %lld cases, %lld mismatches\n", (long long)done, (long long)bad);
+    return bad;
+}
+
+/* ---- 3: invalid device layouts ---- */
+
+/* Runs fwd and bwd on the GPU with the given layout arrays (host copies; the wrappers upload them) and
+ * checks the status moe_backend_synchronize reports and its message (naming the op and `needle`). */
+static int64_t expect_layout_error(const char *label, const mt_case *c, const int64_t *b2e, const int64_t *ids,
+                                   int overwrite, moe_status want, const char *needle)
+{
+    int64_t bad = 0;
+    moe_mlp_options o = c->opt;
+    o.tensor_update_overwrite = overwrite;
+    o.accumulate = 0, o.grad_fp32 = 0, o.bias = 0;
+    moe_mlp_layout l = c->layout;
+    l.block_to_expert = b2e, l.token_position_to_id = ids;
+    const sizes s = sizes_of(&l, c->H, c->I, &o);
+    const size_t sz[7] = {(size_t)(s.T1 * c->H) * s.es, (size_t)(s.N * 2 * c->I * s.B) * s.es,
+                          (size_t)(s.NB * c->H) * s.es, (size_t)(s.T1 * c->H) * s.es, (size_t)(c->T * c->E) * s.es,
+                          (size_t)(c->E * c->H * 2 * c->I) * s.es, (size_t)(c->E * c->I * c->H) * s.es};
+    void *buf[7];
+    for (int q = 0; q < 7; q++) {
+        buf[q] = mt_xmalloc(sz[q] + 1);
+        oracle_poison(c->opt.dtype, buf[q], (int64_t)(sz[q] / s.es));
+    }
+    for (int which = 0; which < 2; which++) {
+        const moe_status st =
+            which == 0 ? gpu_fwd(MOE_BACKEND_CUDA, &l, c->H, c->I, c->hidden, c->aff, c->w_gu, c->w_d, NULL, NULL,
+                                 buf[0], buf[1], buf[2], &o)
+                       : gpu_bwd(MOE_BACKEND_CUDA, &l, c->H, c->I, c->hidden, c->aff, c->w_gu, c->w_d, NULL, buf[1],
+                                 buf[2], c->G, buf[3], buf[4], buf[5], buf[6], NULL, NULL, &o);
+        const char *msg = moe_last_error();
+        const char *opname = which == 0 ? "moe_mlp_fwd" : "moe_mlp_bwd";
+        const int message_ok = want == MOE_OK || (strstr(msg, needle) != NULL && strstr(msg, opname) != NULL);
+        if (st != want || !message_ok) {
+            fprintf(stderr, "  %s (%s): status %d (%s), want %d; message \"%s\" (want \"%s\")\n", label, opname,
+                    (int)st, moe_strerror(st), (int)want, msg, needle);
+            bad++;
+        }
+    }
+    for (int q = 0; q < 7; q++)
+        free(buf[q]);
+    return bad;
+}
+
+/* Runs fwd and bwd with an invalid layout on device buffers and checks that every output buffer on the
+ * device still holds its poison afterwards (no byte written). */
+static int64_t device_untouched(const mt_case *c, const int64_t *b2e, const int64_t *ids)
+{
+    moe_mlp_options o = c->opt;
+    o.accumulate = 0, o.grad_fp32 = 0, o.bias = 0;
+    moe_mlp_layout l = c->layout;
+    l.block_to_expert = b2e, l.token_position_to_id = ids;
+    const sizes s = sizes_of(&l, c->H, c->I, &o);
+    moe_mlp_layout dl = layout_up(&l, &s);
+    const size_t bx = (size_t)(s.T1 * c->H) * s.es, bgu = (size_t)(s.N * 2 * c->I * s.B) * s.es;
+    const size_t bd = (size_t)(s.NB * c->H) * s.es, ba = (size_t)(c->T * c->E) * s.es;
+    const size_t bwgu = (size_t)(c->E * c->H * 2 * c->I) * s.es, bwd = (size_t)(c->E * c->I * c->H) * s.es;
+    const size_t sz[7] = {bx, bgu, bd, bx, ba, bwgu, bwd};
+    void *host[7], *dev[7];
+    for (int q = 0; q < 7; q++) {
+        host[q] = mt_xmalloc(sz[q] + 1);
+        oracle_poison(c->opt.dtype, host[q], (int64_t)(sz[q] / s.es));
+        dev[q] = up(host[q], sz[q]);
+    }
+    void *dxh = up(c->hidden, bx), *da = up(c->aff, ba), *dwgu = up(c->w_gu, bwgu), *dwd = up(c->w_d, bwd);
+    void *dg = up(c->G, bx), *ckgu = up(host[1], bgu), *ckd = up(host[2], bd);
+    int64_t bad = 0;
+    moe_status st = moe_mlp_fwd(MOE_BACKEND_CUDA, &dl, c->H, c->I, dxh, da, dwgu, dwd, NULL, NULL, dev[0], dev[1],
+                                dev[2], &o);
+    bad += st != MOE_OK; /* the call itself queues the work; the error comes from the synchronisation */
+    bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK;
+    st = moe_mlp_bwd(MOE_BACKEND_CUDA, &dl, c->H, c->I, dxh, da, dwgu, dwd, NULL, ckgu, ckd, dg, dev[3], dev[4], dev[5],
+                     dev[6], NULL, NULL, &o);
+    bad += st != MOE_OK;
+    bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK;
+    bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) != MOE_OK; /* reported once, then forgotten */
+    for (int q = 0; q < 7; q++) {
+        unsigned char *back = mt_xmalloc(sz[q] + 1);
+        if (sz[q])
+            CUDA_CHECK(cudaMemcpy(back, dev[q], sz[q], cudaMemcpyDeviceToHost));
+        if (memcmp(back, host[q], sz[q]) != 0) {
+            fprintf(stderr, "  device output %d was written by a call with an invalid layout\n", q);
+            bad++;
+        }
+        free(back);
+        free(host[q]);
+        down(NULL, dev[q], 0, 0);
+    }
+    void *rest[] = {dxh, da, dwgu, dwd, dg, ckgu, ckd};
+    for (int q = 0; q < 7; q++)
+        down(NULL, rest[q], 0, 0);
+    layout_free(&dl);
+    return bad;
+}
+
+static int64_t bad_layouts(uint64_t seed)
+{
+    int64_t bad = 0, checks = 0;
+    for (int padding = 0; padding < 2; padding++) {
+        moe_mlp_options o = {0};
+        o.dtype = MOE_BF16;
+        o.block_size = 4;
+        o.padding = (moe_mlp_padding)padding;
+        mt_case c;
+        mt_case_init(&c, seed + (uint64_t)padding, 9, 3, 2, 5, 3, &o, MT_DROPLESS);
+        const int64_t N = c.N, NB = c.N * c.B, T = c.T, E = c.E;
+        int64_t *b2e = mt_xmalloc((size_t)N * 8), *ids = mt_xmalloc((size_t)NB * 8);
+        const int64_t other_pad = padding ? -1 : T;
+#define RESET() (memcpy(b2e, c.b2e, (size_t)N * 8), memcpy(ids, c.ids, (size_t)NB * 8))
+        char needle[160];
+        /* a valid call first: passes, and leaves no error behind */
+        RESET();
+        bad += expect_layout_error("valid layout", &c, b2e, ids, 0, MOE_OK, "");
+        checks++;
+        RESET();
+        b2e[N - 1] = E;
+        snprintf(needle, sizeof needle, "layout.block_to_expert[%lld] = %lld", (long long)(N - 1), (long long)E);
+        bad += expect_layout_error("expert out of range", &c, b2e, ids, 0, MOE_ERR_INVALID_INDEX, needle);
+        bad += device_untouched(&c, b2e, ids);
+        checks++;
+        RESET();
+        b2e[0] = -3;
+        bad += expect_layout_error("negative expert", &c, b2e, ids, 0, MOE_ERR_INVALID_INDEX, "= -3");
+        checks++;
+        const int64_t targets[3] = {T + 1, other_pad, -7};
+        for (int q = 0; q < 3; q++) {
+            RESET();
+            ids[NB - 1] = targets[q];
+            snprintf(needle, sizeof needle, "layout.token_position_to_id[%lld] = %lld", (long long)(NB - 1),
+                     (long long)targets[q]);
+            bad += expect_layout_error("token id out of range", &c, b2e, ids, 0, MOE_ERR_INVALID_INDEX, needle);
+            checks++;
+        }
+        /* both an expert and a token error: the expert error is reported (the reference's order) */
+        RESET();
+        ids[0] = T + 9;
+        b2e[N - 1] = E + 2;
+        bad += expect_layout_error("two errors", &c, b2e, ids, 0, MOE_ERR_INVALID_INDEX, "layout.block_to_expert");
+        checks++;
+        /* a pair twice: copy position 0's token into another slot of a block of the same expert */
+        RESET();
+        int64_t dup = -1;
+        for (int64_t p = 1; p < NB && dup < 0; p++)
+            if (b2e[p / c.B] == b2e[0] && ids[p] != ids[0])
+                dup = p;
+        if (dup > 0) {
+            ids[dup] = ids[0];
+            snprintf(needle, sizeof needle, "[0] and [%lld] both place token %lld with expert %lld", (long long)dup,
+                     (long long)ids[0], (long long)b2e[0]);
+            bad += expect_layout_error("pair twice", &c, b2e, ids, 0, MOE_ERR_INVALID_ROUTING, needle);
+            bad += device_untouched(&c, b2e, ids);
+            checks++;
+        }
+        /* top-1 promised but a token sits twice (this layout is top-2) */
+        RESET();
+        bad += expect_layout_error("top-1 broken", &c, b2e, ids, 1, MOE_ERR_INVALID_OPTION,
+                                   "options.tensor_update_overwrite is set but token");
+        checks++;
+        /* and a valid call after all the errors is clean */
+        RESET();
+        bad += expect_layout_error("valid layout again", &c, b2e, ids, 0, MOE_OK, "");
+        checks++;
+#undef RESET
+        free(b2e);
+        free(ids);
+        mt_case_free(&c);
+    }
+    printf("invalid layouts: %lld checks, %lld failures\n", (long long)checks, (long long)bad);
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
+    const int cases = argc > 2 ? atoi(argv[2]) : 3072;
+    printf("seed %llu, %d cases\n", (unsigned long long)seed, cases);
+    if (!moe_backend_available(MOE_BACKEND_CUDA)) {
+        printf("SKIP: no CUDA backend or device (%s)\n", moe_last_error());
+        return 77;
+    }
+    int64_t determinism = 0;
+    int64_t bad = option_cross(seed, cases, &determinism);
+    printf("determinism: %lld repeated cases compared bit for bit\n", (long long)determinism);
+    bad += bad_layouts(seed);
+    printf("%s\n", bad == 0 ? "PASS" : "FAIL");
+    return bad == 0 ? 0 : 1;
+}
