@@ -397,7 +397,7 @@ const pt_op pt_ops[] = {
     {"gemm-bad", "one invalid argument: the right status, a message, every output byte untouched", 0, pt_gemm_bad},
     {"mlp", "MLP forward + backward vs the float64 running-error bound (specs/MLP.md), finite differences on "
             "tiny cases", 0, pt_mlp},
-    {"mlp-meta", "MLP: block size independence, affinity on H == on I, padding conventions agree, experts "
+    {"mlp-meta", "MLP: block size independence, affinity on H == on I, top-1 overwrite == accumulate, experts "
                  "without tokens get exact zero gradients", 0, pt_mlp_meta},
 #ifdef MOE_FUZZ_CUDA
     {"gpu-gemm", "CUDA vs reference and oracle for every op/mode/dtype; bitwise equal on exact values; "
