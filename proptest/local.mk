@@ -2,15 +2,29 @@
 noinst_LTLIBRARIES += proptest/liboracle.la
 proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
 
+# moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
+bin_PROGRAMS += proptest/moe-fuzz
+proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c \
+	tests/mlp_testlib.c tests/mlp_testlib.h
+proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
+proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
+# make check: a fixed-seed budget plus the committed regression file
+TESTS += proptest/check-fuzz.sh
+EXTRA_DIST += proptest/check-fuzz.sh proptest/regressions.txt proptest/README.md
+
 # GPU properties: built and run when CUDA is configured; exit 77 (skip) where no device is visible.
 if MOE_CUDA
+proptest_moe_fuzz_SOURCES += proptest/pt_gpu.c
+proptest_moe_fuzz_CPPFLAGS += $(CUDA_CPPFLAGS) -DMOE_FUZZ_CUDA
+proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
 proptest_test_gpu_gemm_SOURCES = proptest/test_gpu_gemm.c
 proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 proptest_test_gpu_gemm_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_gemm
 else
-EXTRA_DIST += proptest/test_gpu_gemm.c
+EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c
 endif
 
 # GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of tests/ with the

@@ -22,6 +22,8 @@ static double *dalloc(int64_t n) { return mt_xmalloc((size_t)(n > 0 ? n : 1) * s
 
 double mt_load(moe_dtype dtype, const void *base, int64_t i) { return oracle_load(dtype, base, i); }
 
+double mt_worst_ratio;
+
 int64_t mt_count_wgu(const mt_case *c) { return c->E * c->H * 2 * c->I; }
 int64_t mt_count_wd(const mt_case *c) { return c->E * c->I * c->H; }
 
@@ -680,6 +682,13 @@ static int64_t compare(const mt_case *c, const char *label, moe_dtype dt, const 
         int fail = !isfinite(gv) && isfinite(wv);
         if ((checks & MT_CHECK_BOUND) && fabs(gv - wv) > bound)
             fail = 1;
+        if (checks & MT_CHECK_BOUND) {
+            double ratio = bound > 0 ? fabs(gv - wv) / bound : (gv == wv ? 0.0 : INFINITY);
+            if (isnan(ratio))
+                ratio = INFINITY;
+            if (ratio > mt_worst_ratio)
+                mt_worst_ratio = ratio;
+        }
         if ((checks & MT_CHECK_FD) && fd) {
             if (fabs(gv - fv) > bound + fd_err)
                 fail = 1;

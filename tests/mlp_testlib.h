@@ -129,6 +129,10 @@ int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case
 /* Bitwise equality of two result sets (sizes from c). */
 int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts);
 
+/* The largest |got - analytic| / bound that mt_run's bound checks have seen (infinite where a
+ * non-finite value met a finite expectation); the caller resets it. */
+extern double mt_worst_ratio;
+
 /* Number of elements of the case's gradient tensors, etc. (for tests poking at results) */
 double mt_load(moe_dtype dtype, const void *base, int64_t i);
 
