@@ -110,7 +110,7 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
 
 /* Checks a caller-made host routing: dimensions, m_e >= 0, sum m_e == T*k, and (when require_gather is
  * non-zero, or gather_indices is non-NULL) that gather_indices is a permutation of [0, T*k).
- * Allocates a T*k-bit scratch set for the permutation check (MOE_ERR_OUT_OF_MEMORY if that fails). */
+ * Allocates a T*k-byte scratch set for the permutation check (MOE_ERR_OUT_OF_MEMORY if that fails). */
 moe_status moe_routing_validate(const moe_routing *routing, int require_gather);
 
 /* ----------------------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@
 
 #include <string.h>
 
+#ifdef __FRAMAC__
+#include "routing.acsl" /* specs/: the ACSL logic of routings (Frama-C only) */
+#endif
+
 /* Reads element i of a tensor of the given dtype as float (exact). */
 static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
 {
@@ -64,13 +68,41 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
 
 /* Checks routing contents on the host: m_sizes[e] >= 0, sum == rows, and, when need_gather, that
  * gather_indices is a permutation of [0, rows).  `op` prefixes the message. */
+/*@ requires experts: num_experts >= 1;
+    requires rows: rows >= 0;
+    requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
+    requires gather: need_gather != 0 && rows > 0 ==> \valid_read(gather_indices + (0 .. rows - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
+              (need_gather != 0 ==> is_permutation(gather_indices, rows));
+    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
+              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+              \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
 
 /* offsets[E+1]: offsets[e] = sum_{j<e} m_sizes[j].  The caller guarantees a validated routing. */
+/*@ requires experts: 0 <= num_experts < INT64_MAX;
+    requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
+    requires offsets: \valid(offsets + (0 .. num_experts));
+    requires separated: \separated(m_sizes + (0 .. num_experts - 1), offsets + (0 .. num_experts));
+    requires validated: sizes_nonneg(m_sizes, num_experts) && msum(m_sizes, num_experts) <= INT64_MAX;
+    terminates \true;
+    assigns offsets[0 .. num_experts] \from m_sizes[0 .. num_experts - 1];
+    ensures prefix_sums: \forall integer e; 0 <= e <= num_experts ==> offsets[e] == \old(msum(m_sizes, e));
+    ensures sorted: sorted_offsets(offsets, num_experts); */
 void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t *offsets);
 
 /* The expert owning expert-order row r (offsets[e] <= r < offsets[e+1]; empty experts skipped). */
+/*@ requires experts: num_experts >= 1;
+    requires offsets: \valid_read(offsets + (0 .. num_experts));
+    requires sorted: sorted_offsets(offsets, num_experts);
+    requires row: offsets[0] <= row < offsets[num_experts];
+    terminates \true;
+    assigns \nothing;
+    ensures expert: 0 <= \result < num_experts;
+    ensures owns_row: offsets[\result] <= row < offsets[\result + 1]; */
 int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64_t row);
 
 /* ---- the grouped GEMM, naive twin (ref/gemm_naive.c) ---- */

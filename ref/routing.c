@@ -4,53 +4,103 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
-                                 const int64_t *gather_indices, int need_gather)
+/* The m_sizes half of moe_ref_check_routing: m_sizes[e] >= 0 and sum == rows (no scratch). */
+/*@ requires experts: num_experts >= 1;
+    requires rows: rows >= 0;
+    requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> sizes_ok(m_sizes, num_experts, rows);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_sizes(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes)
 {
     int64_t total = 0;
+    /*@ loop invariant bounds: 0 <= e <= num_experts;
+        loop invariant nonneg: sizes_nonneg(m_sizes, e);
+        loop invariant total: total == msum(m_sizes, e) && 0 <= total <= rows;
+        loop assigns e, total;
+        loop variant num_experts - e; */
     for (int64_t e = 0; e < num_experts; e++) {
         if (m_sizes[e] < 0)
             return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.m_sizes[%" PRId64 "] = %" PRId64
                             ", expected >= 0", op, e, m_sizes[e]);
-        if (m_sizes[e] > rows - total)
+        if (m_sizes[e] > rows - total) {
+            /*@ ghost lemma_msum_monotone((int64_t *)m_sizes, e + 1, num_experts); */
             return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.m_sizes[0..%" PRId64 "] sums past T*k = %"
                             PRId64 " (expected sum(m_sizes) == T*k)", op, e, rows);
+        }
         total += m_sizes[e];
     }
     if (total != rows)
         return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: sum(routing.m_sizes) = %" PRId64
                         ", expected T*k = %" PRId64, op, total, rows);
-    if (!need_gather || rows == 0)
-        return MOE_OK;
+    return MOE_OK;
+}
 
-    unsigned char *seen = calloc((size_t)rows / 8 + 1, 1);
-    if (seen == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the %" PRId64
-                        "-bit permutation check of routing.gather_indices", op, rows);
-    moe_status status = MOE_OK;
+/* The permutation half of moe_ref_check_routing.
+ *   gather_indices [rows]   the routing's gather indices
+ *   seen           [rows]   zeroed scratch: seen[s] != 0 once slot s has been met
+ * (One byte per slot rather than one bit: the same answers, and WP proves it without bit reasoning.) */
+/*@ requires rows: 0 < rows;
+    requires gather: \valid_read(gather_indices + (0 .. rows - 1));
+    requires seen: \valid(seen + (0 .. rows - 1));
+    requires zeroed: \forall integer i; 0 <= i < rows ==> seen[i] == 0;
+    requires separated: \separated(seen + (0 .. rows - 1), gather_indices + (0 .. rows - 1));
+    terminates \true;
+    assigns seen[0 .. rows - 1], moe_error_model;
+    ensures accepts_exactly_permutations: \result == MOE_OK <==> is_permutation(gather_indices, rows);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_permutation(const char *op, int64_t rows, const int64_t *gather_indices,
+                                    unsigned char *seen)
+{
+    /*@ loop invariant bounds: 0 <= r <= rows;
+        loop invariant in_range: in_range(gather_indices, r, 0, rows);
+        loop invariant injective: injective(gather_indices, r);
+        loop invariant marked: \forall integer s; 0 <= s < rows ==>
+          (seen[s] != 0 <==> (\exists integer q; 0 <= q < r && gather_indices[q] == s));
+        loop assigns r, seen[0 .. rows - 1];
+        loop variant rows - r; */
     for (int64_t r = 0; r < rows; r++) {
         int64_t slot = gather_indices[r];
-        if (slot < 0 || slot >= rows) {
-            status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.gather_indices[%" PRId64 "] = %" PRId64
-                              ", expected a slot in [0, %" PRId64 ")", op, r, slot, rows);
-            break;
-        }
-        unsigned char bit = (unsigned char)(1u << (slot & 7));
-        if (seen[slot >> 3] & bit) {
-            status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.gather_indices[%" PRId64 "] = %" PRId64
-                              " repeats an earlier entry (expected a permutation of [0, %" PRId64 "))",
-                              op, r, slot, rows);
-            break;
-        }
-        seen[slot >> 3] |= bit;
+        if (slot < 0 || slot >= rows)
+            return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.gather_indices[%" PRId64 "] = %" PRId64
+                            ", expected a slot in [0, %" PRId64 ")", op, r, slot, rows);
+        if (seen[slot])
+            return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: routing.gather_indices[%" PRId64 "] = %" PRId64
+                            " repeats an earlier entry (expected a permutation of [0, %" PRId64 "))",
+                            op, r, slot, rows);
+        seen[slot] = 1;
     }
+    return MOE_OK;
+}
+
+/* Not proved by WP (it allocates: WP 25 has no model of calloc/free); its two halves above are. */
+moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
+                                 const int64_t *gather_indices, int need_gather)
+{
+    moe_status status = check_sizes(op, num_experts, rows, m_sizes);
+    if (status != MOE_OK || !need_gather || rows == 0)
+        return status;
+    unsigned char *seen = calloc((size_t)rows, 1);
+    if (seen == NULL)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the %" PRId64
+                        "-byte permutation check of routing.gather_indices", op, rows);
+    status = check_permutation(op, rows, gather_indices, seen);
     free(seen);
     return status;
 }
 
 void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t *offsets)
 {
+    /*@ ghost lemma_msum_monotone_all((int64_t *)m_sizes, 0, num_experts); */
     offsets[0] = 0;
+    /* msum is read in the pre-state (\at Pre): the loop writes int64 memory, and restating msum after a
+     * write would need a framing induction */
+    /*@ loop invariant bounds: 0 <= e <= num_experts;
+        loop invariant prefix_sums: \forall integer k; 0 <= k <= e ==> offsets[k] == \at(msum(m_sizes, k), Pre);
+        loop invariant sorted: sorted_offsets(offsets, e);
+        loop assigns e, offsets[1 .. num_experts];
+        loop variant num_experts - e; */
     for (int64_t e = 0; e < num_experts; e++)
         offsets[e + 1] = offsets[e] + m_sizes[e];
 }
@@ -59,6 +109,11 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
 {
     /* the last e with offsets[e] <= row: binary search over [0, E) */
     int64_t lo = 0, hi = num_experts - 1;
+    /*@ loop invariant bounds: 0 <= lo <= hi <= num_experts - 1;
+        loop invariant low: offsets[lo] <= row;
+        loop invariant high: row < offsets[hi + 1];
+        loop assigns lo, hi;
+        loop variant hi - lo; */
     while (lo < hi) {
         int64_t mid = lo + (hi - lo + 1) / 2;
         if (offsets[mid] <= row)
@@ -69,6 +124,13 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
     return lo;
 }
 
+/*@ requires rows_valid: \valid(rows);
+    terminates \true;
+    assigns *rows, moe_error_model;
+    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
+      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
+       num_tokens * topk <= SIZE_MAX / 8);
+    ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
 static moe_status check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
                                      int64_t *rows)
 {
@@ -83,6 +145,58 @@ static moe_status check_routing_dims(const char *op, int64_t num_tokens, int64_t
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
                         " overflows", op, num_tokens, topk);
     return MOE_OK;
+}
+
+/* The counting sort of moe_routing_from_topk, on checked arguments.
+ *   topk_ids        [rows]   expert of each slot, in [0, E)
+ *   m_sizes         [E]      out: slots per expert
+ *   gather_indices  [rows]   out: slots sorted by expert, stably
+ *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices
+ *   next            [E + 1]  scratch: the next free row of each expert */
+/*@ requires dims: 0 <= rows && 1 <= num_experts && rows <= INT64_MAX / 2 && num_experts <= INT64_MAX / 2;
+    requires ids: \valid_read(topk_ids + (0 .. rows - 1)) && in_range(topk_ids, rows, 0, num_experts);
+    requires m_sizes: \valid(m_sizes + (0 .. num_experts - 1));
+    requires gather: \valid(gather_indices + (0 .. rows - 1));
+    requires scatter: scatter_indices == \null || \valid(scatter_indices + (0 .. rows - 1));
+    requires next: \valid(next + (0 .. num_experts));
+    requires separated: \separated(topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
+                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
+    requires separated_scatter: scatter_indices != \null ==> \separated(scatter_indices + (0 .. rows - 1),
+                                   topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
+                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
+    terminates \true;
+    assigns m_sizes[0 .. num_experts - 1], gather_indices[0 .. rows - 1], next[0 .. num_experts];
+    assigns scatter_indices[0 .. rows - 1];
+    ensures counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, rows, e);
+    ensures sizes_ok: sizes_ok(m_sizes, num_experts, rows); */
+static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
+                          int64_t *gather_indices, int64_t *scatter_indices, int64_t *next)
+{
+    /*@ loop invariant bounds: 0 <= e <= num_experts;
+        loop invariant zero: \forall integer j; 0 <= j < e ==> m_sizes[j] == 0;
+        loop assigns e, m_sizes[0 .. num_experts - 1];
+        loop variant num_experts - e; */
+    for (int64_t e = 0; e < num_experts; e++)
+        m_sizes[e] = 0;
+    /*@ loop invariant bounds: 0 <= s <= rows;
+        loop invariant counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, s, e);
+        loop invariant total: msum(m_sizes, num_experts) == s;
+        loop assigns s, m_sizes[0 .. num_experts - 1];
+        loop variant rows - s; */
+    for (int64_t s = 0; s < rows; s++)
+        m_sizes[topk_ids[s]]++;
+    moe_ref_expert_offsets(num_experts, m_sizes, next);
+    /*@ loop invariant bounds: 0 <= s <= rows;
+        loop invariant cursor: \forall integer e; 0 <= e < num_experts ==>
+          next[e] == msum(m_sizes, e) + count_eq(topk_ids, s, e);
+        loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
+        loop variant rows - s; */
+    for (int64_t s = 0; s < rows; s++) {
+        int64_t r = next[topk_ids[s]]++;
+        gather_indices[r] = s;
+        if (scatter_indices != NULL)
+            scatter_indices[s] = r;
+    }
 }
 
 moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
@@ -113,21 +227,20 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
     if (next == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert counters", op,
                         num_experts);
-    for (int64_t e = 0; e < num_experts; e++)
-        m_sizes[e] = 0;
-    for (int64_t s = 0; s < rows; s++)
-        m_sizes[topk_ids[s]]++;
-    moe_ref_expert_offsets(num_experts, m_sizes, next);
-    for (int64_t s = 0; s < rows; s++) {
-        int64_t r = next[topk_ids[s]]++;
-        gather_indices[r] = s;
-        if (scatter_indices != NULL)
-            scatter_indices[s] = r;
-    }
+    counting_sort(rows, num_experts, topk_ids, m_sizes, gather_indices, scatter_indices, next);
     free(next);
     return MOE_OK;
 }
 
+/*@ requires routing: routing == \null || \valid_read(routing);
+    requires arrays: routing != \null ==> \valid_read(routing->m_sizes + (0 .. routing->num_experts - 1)) &&
+      \valid_read(routing->gather_indices + (0 .. routing->num_tokens * routing->topk - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_only_wellformed: \result == MOE_OK ==> routing != \null &&
+      sizes_ok(routing->m_sizes, routing->num_experts, routing->num_tokens * routing->topk) &&
+      (require_gather != 0 || routing->gather_indices != \null ==>
+         is_permutation(routing->gather_indices, routing->num_tokens * routing->topk)); */
 moe_status moe_routing_validate(const moe_routing *routing, int require_gather)
 {
     static const char op[] = "moe_routing_validate";

@@ -1,3 +1,29 @@
-# specs/: semantics decisions and (later) the ACSL logic and Frama-C/WP setup.
-EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md
-EXTRA_DIST += specs/PROPTEST.md
+# specs/: semantics decisions, the ACSL logic and the Frama-C/WP proof run (issue 5).
+EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md specs/README.md specs/VERIFY-SUMMARY.md \
+	specs/routing.acsl specs/verify.sh specs/PROPTEST.md
+DISTCLEANFILES += specs/verify-config.sh
+
+# make verify: prove every listed reference function with Frama-C/WP (specs/verify.sh has the pinned
+# flags and the list), write the per-function summary to specs/VERIFY-SUMMARY.md and fail on any
+# unproved goal.  The session, logs and why3 configuration stay in the build folder (specs/wp/).
+if MOE_FRAMAC
+verify:
+	FRAMAC='$(FRAMAC)' WHY3='$(WHY3)' $(SHELL) $(srcdir)/specs/verify.sh $(srcdir) specs/wp specs/wp/VERIFY-SUMMARY.md
+	@if [ -w $(srcdir)/specs ]; then cp specs/wp/VERIFY-SUMMARY.md $(srcdir)/specs/VERIFY-SUMMARY.md && \
+	  echo "verify: summary written to $(srcdir)/specs/VERIFY-SUMMARY.md"; fi
+else
+verify:
+	@echo "make verify: configure did not find Frama-C, why3, z3 and cvc4 (see the configure summary)" >&2
+	@exit 1
+endif
+.PHONY: verify
+
+clean-local: clean-verify
+clean-verify:
+	-rm -rf specs/wp tests/verify-wp tests/verify-broken
+.PHONY: clean-verify
+
+# make check runs the proofs (skipped, exit 77, without Frama-C) and the broken-bound demonstration.
+VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh
+TESTS += $(VERIFY_TESTS)
+EXTRA_DIST += $(VERIFY_TESTS)

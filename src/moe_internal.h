@@ -22,8 +22,17 @@
 
 #include <stdint.h>
 
+#ifdef __FRAMAC__
+/* Frama-C only: the thread-local last-error message of src/errors.c, as one abstract ghost location, so
+ * that contracts can say which functions may change it (specs/README.md). */
+/*@ ghost int moe_error_model; */
+#endif
+
 /* Records a formatted message for moe_last_error() and returns `status`.  The message is prefixed with
  * the function that failed; file and line go into the message when MOE_DEBUG_LOCATIONS is set. */
+/*@ terminates \true;
+    assigns moe_error_model \from status;
+    ensures returns_status: \result == status; */
 moe_status moe_fail_at(const char *file, int line, moe_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
@@ -32,9 +41,23 @@ moe_status moe_fail_at(const char *file, int line, moe_status status, const char
 #define moe_fail(status, ...) moe_fail_at(__FILE__, __LINE__, (status), __VA_ARGS__)
 
 /* Clears the last error of this thread (called on entry of every public function). */
+/*@ terminates \true;
+    assigns moe_error_model; */
 void moe_clear_error(void);
 
 /* Multiplies non-negative int64 values, failing (returns 0 and leaves *out alone) on overflow. */
+/*@ requires out_valid: \valid(out);
+    terminates \true;
+    assigns *out \from a, b;
+    behavior fits:
+      assumes 0 <= a && 0 <= b && a * b <= INT64_MAX;
+      ensures ok: \result == 1 && *out == a * b;
+    behavior fails:
+      assumes a < 0 || b < 0 || a * b > INT64_MAX;
+      assigns \nothing;
+      ensures failed: \result == 0;
+    complete behaviors;
+    disjoint behaviors; */
 int moe_mul_ok(int64_t a, int64_t b, int64_t *out);
 
 /* One array argument of an entry point, for the checks every entry point shares. */
