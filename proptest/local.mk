@@ -12,6 +12,8 @@ proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
 # make check: a fixed-seed budget plus the committed regression file
 TESTS += proptest/check-fuzz.sh
 EXTRA_DIST += proptest/check-fuzz.sh proptest/regressions.txt proptest/README.md
+# mutation testing (proptest/README.md, "Mutation testing"): shipped, not run by make check (too slow)
+EXTRA_DIST += proptest/mutants.sh
 
 # GPU properties: built and run when CUDA is configured; exit 77 (skip) where no device is visible.
 if MOE_CUDA
