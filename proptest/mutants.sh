@@ -147,7 +147,7 @@ m_reduce_topk_order() {
                             const float *v = g.slot_values'
 }
 m_duplicate_gather() {
-    edit ref/routing.c 'if (seen[slot >> 3] & bit) {' 'if (0 && (seen[slot >> 3] & bit)) {'
+    edit ref/routing.c '        if (seen[slot])' '        if (0 && seen[slot])'
 }
 m_layout_pad_mark() {
     edit ref/mlp_layout.c '    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
