@@ -748,27 +748,28 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
     return r == CUDA_SUCCESS;
 }
 
-// The sm90 kernel's tensor maps: W [E][N][K] as 3-D (fwd: box {64 k, 256 n}; dX: box {64 c, 64 n}) and, where
-// rows are contiguous (g->tma_rows is set then), the row operands as 2-D [M][cols] (fwd: X, box {64, 128};
-// dX: dY, box {64, 128}; dW: dY and X, boxes {64, 64}).  False: no W map, take the sm80 family.
-bool encode_sm90_maps(const moe_gemm_problem *p, int op, const void *a, const void *b, GemmArgs *g, CUtensorMap *w_map,
-                      CUtensorMap *rows_a_map, CUtensorMap *rows_b_map)
+// The sm90 kernel's tensor maps for tiles of bm rows: W [E][N][K] as 3-D (fwd: box {64 k, h_bn(bm) n}; dX:
+// box {64 c, 64 n}) and, where rows are contiguous (g->tma_rows is set then), the row operands as 2-D
+// [M][cols] (fwd: X, box {64, bm}; dX: dY, box {64, bm}; dW: dY and X, boxes {64, 64}).  False: no W map,
+// take the sm80 family.
+bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, const void *a, const void *b, GemmArgs *g,
+                      CUtensorMap *w_map, CUtensorMap *rows_a_map, CUtensorMap *rows_b_map)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
         const uint64_t dims[3] = {K, N, E}, strides[2] = {K * 2, N * K * 2};
-        const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)H_BN : 64u, 1};
+        const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)h_bn(bm) : 64u, 1};
         if (!encode_tensor_map(w_map, p->dtype, b, 3, dims, strides, box))
             return false;
     }
     g->tma_rows = 0;
     if (op == OP_FWD && !p->permute_x) {
         const uint64_t dims[2] = {K, M}, strides[1] = {K * 2};
-        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)H_BM};
+        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
         g->tma_rows = encode_tensor_map(rows_a_map, p->dtype, a, 2, dims, strides, box);
     } else if (op == OP_DX && !p->permute_y) {
         const uint64_t dims[2] = {N, M}, strides[1] = {N * 2};
-        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)H_BM};
+        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
         g->tma_rows = encode_tensor_map(rows_a_map, p->dtype, a, 2, dims, strides, box);
     } else if (op == OP_DW && !p->permute_x && !p->permute_y) {
         const uint64_t dims_a[2] = {N, M}, strides_a[1] = {N * 2}, dims_b[2] = {K, M}, strides_b[1] = {K * 2};
@@ -783,11 +784,24 @@ struct Sm90Maps {
     CUtensorMap w, rows_a, rows_b;
 };
 
-template <typename T>
-moe_status launch_sm90(int op, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
+// Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
+// expert: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
+int sm90_tile_rows(const moe_gemm_problem *p, int op)
 {
-    auto kernel = op == OP_FWD ? sm90_gemm_kernel<T, OP_FWD> : op == OP_DX ? sm90_gemm_kernel<T, OP_DX>
-                                                                          : sm90_gemm_kernel<T, OP_DW>;
+    if (op == OP_DW)
+        return 128;
+    const char *forced = getenv("MOE_SM90_TILE_ROWS");
+    if (forced != NULL && (atoi(forced) == 128 || atoi(forced) == 256))
+        return atoi(forced);
+    return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
+}
+
+template <typename T>
+moe_status launch_sm90(int op, int bm, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
+{
+    auto kernel = op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128>
+                : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256> : sm90_gemm_kernel<T, OP_FWD, 128>)
+                               : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256> : sm90_gemm_kernel<T, OP_DX, 128>);
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
     int64_t grid = device_sm_count(); // persistent: one CTA per SM
     if (grid > max_tiles)
@@ -844,13 +858,14 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
     memset(&maps, 0, sizeof maps);
     GemmArgs g = {};
-    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, a, b, &g, &maps.w, &maps.rows_a, &maps.rows_b)) {
+    const int sm90_bm = sm90_tile_rows(p, op);
+    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, &g, &maps.w, &maps.rows_a, &maps.rows_b)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         family = FAMILY_SM80;
     }
-    const int BM = family == FAMILY_SM90 ? H_BM : use_tc ? TC_BM : SIMT_BM;
-    const int BN = family == FAMILY_SM90 ? H_BN : use_tc ? TC_BN : SIMT_BN;
+    const int BM = family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
+    const int BN = family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
     const int64_t col_tiles = (cols_j + BN - 1) / BN;
     const int reduce = op == OP_DX && p->reduce_topk;
 
@@ -901,8 +916,8 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         const int64_t max_tiles = op == OP_DW ? E * ((p->N + BM - 1) / BM) * col_tiles : (M / BM + E) * col_tiles;
         if (max_tiles > 0 && cols_j > 0) {
             if (family == FAMILY_SM90)
-                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, g, maps, max_tiles, stream)
-                                              : launch_sm90<__half>(op, g, maps, max_tiles, stream);
+                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, sm90_bm, g, maps, max_tiles, stream)
+                                              : launch_sm90<__half>(op, sm90_bm, g, maps, max_tiles, stream);
             else if (family == FAMILY_SM80)
                 status = p->dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
                                               : launch_tc<__half>(op, g, max_tiles, stream);

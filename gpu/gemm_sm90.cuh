@@ -8,10 +8,11 @@
 //     partial k-step come by cp.async, 16 bytes per thread, zero-filled past the expert's rows.  Each
 //     stage has a `full` mbarrier (128 cp.async arrivals + thread 0's arrival, which carries the TMA
 //     byte count) and an `empty` mbarrier (one arrival per consumer warp).
-//   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes rows 64w .. 64w+63 of the
-//     128 x 256 output tile with wgmma.m64n256k16 (128 fp32 accumulators per thread), then each warp
-//     writes its 16 rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
-//     accumulate, one rounding) while the producer is already loading the next tile.
+//   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
+//     (see the tile shapes below) with wgmma (128 fp32 accumulators per thread), then each warp writes
+//     its rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
+//     accumulate, one rounding) while the producer is already loading the next tile.  An m64 block
+//     whose rows all lie past the expert's end issues no MMAs.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
@@ -22,20 +23,27 @@
 //                                       rows); k16 step = +32 bytes.
 //   MN-major tile [MN/64][K 64][MN 64]: (k, mn) at (mn / 64) * 8192 + k * 128 + swizzle; descriptor
 //                                       LBO = 8192 (next 64 MN), SBO = 1024 (next 8 K rows); k16 step = +2048.
-// fwd: A K-major (X rows, box {64 k, 128 rows}),  B K-major (W[e] rows n, box {64 k, 256 n})     trans 0, 0
-// dX:  A K-major (dY rows, box {64 n, 128 rows}), B MN-major (W[e][n][c], 4 boxes {64 c, 64 n})  trans 0, 1
+// fwd: A K-major (X rows, box {64 k, BM rows}),  B K-major (W[e] rows n, box {64 k, BN n})       trans 0, 0
+// dX:  A K-major (dY rows, box {64 n, BM rows}), B MN-major (W[e][n][c], BN/64 boxes {64 c, 64 n}) trans 0, 1
 // dW:  A MN-major (dY rows, 2 boxes {64 n, 64 rows}), B MN-major (X rows, 4 boxes {64 c, 64 rows}) trans 1, 1
 #ifndef LIBMOE_GEMM_SM90_CUH
 #define LIBMOE_GEMM_SM90_CUH
 
-constexpr int H_BM = 128, H_BN = 256, H_BK = 64, H_STAGES = 4;
+// Tile shapes, BM x BN with BM * BN = 32768 (a stage holds 48 KiB either way):
+//   128 x 256: each consumer warpgroup one m64n256 block.  dW always (N x K tiles, reduction over the
+//              expert's rows); fwd and dX when experts are large (rows per expert > H_WIDE_ROWS).
+//   256 x 128: each consumer warpgroup two m64n128 blocks.  fwd and dX when experts are small (DeepSeek-V3
+//              at T = 4096: 128 rows): one tile covers a typical expert, so its W block is read from DRAM
+//              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
+//              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
+constexpr int H_WIDE_ROWS = 192;
+__host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
+constexpr int H_BK = 64, H_STAGES = 4;
 constexpr int H_PRODUCERS = 128, H_CONSUMERS = 256, H_THREADS = H_PRODUCERS + H_CONSUMERS;
-constexpr int H_A_BYTES = H_BM * H_BK * 2;                            // 16 KiB
-constexpr int H_B_BYTES = H_BN * H_BK * 2;                            // 32 KiB
-constexpr int H_STAGE_BYTES = H_A_BYTES + H_B_BYTES;
+constexpr int H_STAGE_BYTES = (128 + 256) * H_BK * 2;                 // A then B, 48 KiB
 constexpr int H_BARRIER_OFFSET = H_STAGES * H_STAGE_BYTES;            // full[S], empty[S], 8 bytes each
-constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8;   // producer row table, int64 [S][128]
-constexpr int H_EPI_OFFSET = H_ROWS_OFFSET + H_STAGES * 128 * 8;    // epilogue staging, fp32 [8 warps][16][40]
+constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8;   // producer row table, int64 [512]
+constexpr int H_EPI_OFFSET = H_ROWS_OFFSET + 512 * 8;                // epilogue staging, fp32 [8 warps][16][40]
 constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
 constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_EPI_OFFSET + (size_t)(H_CONSUMERS / 32) * 16 * H_EPI_LD * 4;
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
@@ -123,20 +131,62 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, %0;\
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
-template <typename T, int TRANS_A, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n256k16(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d)
+#define MOE_WGMMA_M64N128K16(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+// d += A(desc_a) * B(desc_b) for one 64 x N x 16 step (N = 256: d[128], N = 128: d[64]).
+template <typename T, int N, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d)
 {
-    if (std::is_same<T, __nv_bfloat16>::value)
-        MOE_WGMMA_M64N256K16("bf16");
-    else
-        MOE_WGMMA_M64N256K16("f16");
+    if constexpr (N == 256) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value)
+            MOE_WGMMA_M64N256K16("bf16");
+        else
+            MOE_WGMMA_M64N256K16("f16");
+    } else {
+        static_assert(N == 128, "wgmma m64n128 or m64n256");
+        if constexpr (std::is_same<T, __nv_bfloat16>::value)
+            MOE_WGMMA_M64N128K16("bf16");
+        else
+            MOE_WGMMA_M64N128K16("f16");
+    }
 }
 #undef MOE_WGMMA_M64N256K16
+#undef MOE_WGMMA_M64N128K16
 
-// Writes a consumer warp's 16 x 256 slice of the tile: d[4j + 2h + {0, 1}] is (row lane/4 + 8h of the
+// One k-step (H_BK) of MMAs for the first NB m64 blocks of a consumer warpgroup: A blocks of 64 rows
+// (K-major) or 64 n (MN-major) at a_addr + 8192 b, B at b_addr.
+template <typename T, int NB, int BN, int TRANS_A, int TRANS_B, int MB>
+__device__ __forceinline__ void h_mma_step(float (&d)[MB][BN / 2], uint32_t a_addr, uint32_t b_addr)
+{
+    fence_proxy_async(); // A may have come through cp.async (generic proxy); wgmma reads via the async proxy
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < H_BK / 16; kk++) {
+        const uint64_t db = TRANS_B == 0 ? smem_descriptor(b_addr + kk * 32, 16, 1024)
+                                         : smem_descriptor(b_addr + kk * 2048, 8192, 1024);
+#pragma unroll
+        for (int h = 0; h < NB; h++) {
+            const uint32_t block = a_addr + h * 8192;
+            const uint64_t da = TRANS_A == 0 ? smem_descriptor(block + kk * 32, 16, 1024)
+                                             : smem_descriptor(block + kk * 2048, 8192, 1024);
+            wgmma_m64k16<T, BN, TRANS_A, TRANS_B>(d[h], da, db, 1);
+        }
+    }
+    wgmma_commit();
+}
+
+// Writes a consumer warp's 16 x BN slice of an m64 block: d[4j + 2h + {0, 1}] is (row lane/4 + 8h of the
 // warp, column 8j + 2(lane%4) + {0, 1}).  Per 32-column chunk the warp stages its fp32 values in shared
 // memory (`stage`, 16 x H_EPI_LD floats), then each lane writes 8 consecutive columns of output row
 // out_row[h] (-1: none) with 16-byte stores.  Order of moe_ref.h: v = acc; v = w * v; v = old + v; one rounding.
+template <int BN>
 __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const TileCoord &t, const float *d, float *stage,
                                                    const int64_t *out_row, const float *row_weight, bool weighted)
 {
@@ -144,7 +194,7 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
     const int64_t ld = g.op == OP_FWD ? g.N : g.K;
     const moe_dtype out_dtype = g.out_is_workspace ? MOE_F32 : g.out_dtype;
 #pragma unroll
-    for (int c = 0; c < H_BN / 32; c++) {
+    for (int c = 0; c < BN / 32; c++) {
         if (t.j0 + 32 * c >= g.cols_j)
             break;
         __syncwarp();
@@ -169,7 +219,7 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 }
 #endif
 
-template <typename T, int OP>
+template <typename T, int OP, int BM>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap rows_a_map,
                      const __grid_constant__ CUtensorMap rows_b_map)
@@ -182,6 +232,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
+    constexpr int BN = h_bn(BM);
+    constexpr int A_BYTES = BM * H_BK * 2, B_BYTES = BN * H_BK * 2;
+    constexpr int M_BLOCKS = BM / 128; // m64 blocks per consumer warpgroup
+    static_assert(A_BYTES + B_BYTES == H_STAGE_BYTES, "stage size");
     if (*g.ws.status != 0)
         return;
     if (threadIdx.x == 0) {
@@ -193,7 +247,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         fence_proxy_async();
     }
     __syncthreads();
-    const int64_t tiles = total_tiles(g, H_BM, H_BN);
+    const int64_t tiles = total_tiles(g, BM, BN);
 
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer warpgroup
@@ -204,24 +258,26 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
         int64_t tile_count = 0;
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, tile_count++) {
-            const TileCoord t = tile_coord(g, tile, H_BM, H_BN);
+            const TileCoord t = tile_coord(g, tile, BM, BN);
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
             const int64_t base = g.ws.offsets[t.e];
             // fwd, dX with gathered rows: source rows of A for this tile (-1 past m_e), double-buffered by
             // tile parity
-            int64_t *tile_rows = row_table + (tile_count & 1) * H_BM;
+            int64_t *tile_rows = row_table + (tile_count & 1) * BM;
             if (OP != OP_DW && !g.tma_rows) {
-                const int64_t gi = t.i0 + p;
-                tile_rows[p] = gi < t.rows ? (OP == OP_DX ? y_row(g, base + gi) : x_row(g, base + gi)) : -1;
+                for (int i = p; i < BM; i += H_PRODUCERS) {
+                    const int64_t gi = t.i0 + i;
+                    tile_rows[i] = gi < t.rows ? (OP == OP_DX ? y_row(g, base + gi) : x_row(g, base + gi)) : -1;
+                }
                 producer_sync();
             }
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % H_STAGES);
                 const uint32_t bar = full_bar + 8 * s;
                 mbar_wait(empty_bar + 8 * s, ((it / H_STAGES) & 1) ^ 1);
-                unsigned char *sa = smem + s * H_STAGE_BYTES, *sb = sa + H_A_BYTES;
-                const uint32_t sa_addr = smem_base + s * H_STAGE_BYTES, sb_addr = sa_addr + H_A_BYTES;
+                unsigned char *sa = smem + s * H_STAGE_BYTES, *sb = sa + A_BYTES;
+                const uint32_t sa_addr = smem_base + s * H_STAGE_BYTES, sb_addr = sa_addr + A_BYTES;
                 const int64_t q0 = step * H_BK;
                 if (g.sm90_skip & 4) {
                     cp_async_arrive_noinc(bar);
@@ -234,41 +290,42 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 const bool dw_by_tma = OP == OP_DW && g.tma_rows && q0 + H_BK <= qlen;
                 if (p == 0) {
                     if (OP == OP_FWD) {
-                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : H_B_BYTES);
+                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
                         if (g.tma_rows) // X rows base + i0 ..: rows past m_e belong to the next expert, never stored
                             tma_load_2d(sa_addr, &rows_a_map, bar, (int)q0, (int)(base + t.i0));
                         tma_load_3d(sb_addr, &w_map, bar, (int)q0, (int)t.j0, (int)t.e);
                     } else if (OP == OP_DX) {
-                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : H_B_BYTES);
+                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
                         if (g.tma_rows)
                             tma_load_2d(sa_addr, &rows_a_map, bar, (int)q0, (int)(base + t.i0));
 #pragma unroll
-                        for (int a = 0; a < H_BN / 64; a++)
+                        for (int a = 0; a < BN / 64; a++)
                             tma_load_3d(sb_addr + a * 8192, &w_map, bar, (int)(t.j0 + 64 * a), (int)q0, (int)t.e);
                     } else if (dw_by_tma) {
                         mbar_arrive_expect_tx(bar, H_STAGE_BYTES);
 #pragma unroll
-                        for (int a = 0; a < H_BM / 64; a++)
+                        for (int a = 0; a < BM / 64; a++)
                             tma_load_2d(sa_addr + a * 8192, &rows_a_map, bar, (int)(t.i0 + 64 * a), (int)(base + q0));
 #pragma unroll
-                        for (int a = 0; a < H_BN / 64; a++)
+                        for (int a = 0; a < BN / 64; a++)
                             tma_load_2d(sb_addr + a * 8192, &rows_b_map, bar, (int)(t.j0 + 64 * a), (int)(base + q0));
                     } else {
                         mbar_arrive(bar);
                     }
                 }
-                if (OP != OP_DW && !g.tma_rows) { // A K-major, 128 rows x 8 chunks: thread p copies chunk p % 8 of 8 rows
+                if (OP != OP_DW && !g.tma_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
                     const int kc = p & 7;
                     const int64_t lda = OP == OP_DX ? g.N : g.K;
                     const bool k_ok = q0 + kc * 8 < qlen;
 #pragma unroll
-                    for (int u = 0; u < 8; u++) {
+                    for (int u = 0; u < BM / 16; u++) {
                         const int i = (p >> 3) + 16 * u;
                         const int64_t row = tile_rows[i];
                         const bool ok = row >= 0 && k_ok;
                         cp_async16(sa + kmajor_offset(i, kc), ok ? A + row * lda + q0 + kc * 8 : A, ok);
                     }
                 } else if (OP == OP_DW && !dw_by_tma) {
+                    static_assert(OP != OP_DW || (BM == 128 && BN == 256), "dW's cp.async layout");
                     int64_t *rows = row_table + s * 128; // [0, 64): dY rows, [64, 128): X rows of this k-step
                     const int64_t q = q0 + (p & 63);
                     rows[p] = q < qlen ? (p < 64 ? y_row(g, base + q) : x_row(g, base + q)) : -1;
@@ -299,32 +356,33 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET) + (threadIdx.x / 32 - 4) * 16 * H_EPI_LD;
         uint32_t it = 0;
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const TileCoord t = tile_coord(g, tile, H_BM, H_BN);
+            const TileCoord t = tile_coord(g, tile, BM, BN);
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
-            // rows 64wg .. 64wg+63 all past the expert's last row: this warpgroup skips the MMAs
-            // (the other one then has the tensor cores alone) but still releases the stages
-            const bool active = OP == OP_DW || t.i0 + wg * 64 < t.rows;
-            float d[128];
+            // an m64 block whose rows are all past the expert's last row skips its MMAs (the other blocks
+            // then have the tensor cores to themselves); the stages are still released
+            bool active[M_BLOCKS];
 #pragma unroll
-            for (int i = 0; i < 128; i++)
-                d[i] = 0.0f;
+            for (int h = 0; h < M_BLOCKS; h++)
+                active[h] = OP == OP_DW || t.i0 + (wg * M_BLOCKS + h) * 64 < t.rows;
+            float d[M_BLOCKS][BN / 2];
+#pragma unroll
+            for (int h = 0; h < M_BLOCKS; h++)
+#pragma unroll
+                for (int i = 0; i < BN / 2; i++)
+                    d[h][i] = 0.0f;
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % H_STAGES);
                 mbar_wait(full_bar + 8 * s, (it / H_STAGES) & 1);
-                if (active && !(g.sm90_skip & 2)) {
-                    fence_proxy_async(); // A came through cp.async (generic proxy); wgmma reads via the async proxy
-                    const uint32_t a_addr = smem_base + s * H_STAGE_BYTES, b_addr = a_addr + H_A_BYTES;
-                    wgmma_fence();
-#pragma unroll
-                    for (int kk = 0; kk < H_BK / 16; kk++) {
-                        const uint64_t da = TRANS_A == 0 ? smem_descriptor(a_addr + wg * 8192 + kk * 32, 16, 1024)
-                                                         : smem_descriptor(a_addr + wg * 8192 + kk * 2048, 8192, 1024);
-                        const uint64_t db = TRANS_B == 0 ? smem_descriptor(b_addr + kk * 32, 16, 1024)
-                                                         : smem_descriptor(b_addr + kk * 2048, 8192, 1024);
-                        wgmma_m64n256k16<T, TRANS_A, TRANS_B>(d, da, db, 1);
-                    }
-                    wgmma_commit();
+                if (!(g.sm90_skip & 2)) {
+                    const uint32_t a_addr = smem_base + s * H_STAGE_BYTES + wg * M_BLOCKS * 8192;
+                    const uint32_t b_addr = smem_base + s * H_STAGE_BYTES + A_BYTES;
+                    // one straight-line batch per pattern of active blocks (a wgmma under a per-block
+                    // condition makes ptxas serialise them all)
+                    if (active[M_BLOCKS - 1])
+                        h_mma_step<T, M_BLOCKS, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr);
+                    else if (M_BLOCKS > 1 && active[0])
+                        h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr);
                 }
                 wgmma_wait<1>(); // the previous k-step's group is done: its stage goes back to the producer
                 if (step > 0 && lane == 0)
@@ -334,27 +392,30 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             if (steps > 0 && lane == 0)
                 mbar_arrive(empty_bar + 8 * ((it - 1) % H_STAGES));
 
-            // epilogue, straight from the accumulators
-            const int r0 = wg * 64 + warp_in_wg * 16 + lane / 4;
-            int64_t out_row[2];
-            float row_weight[2] = {1.0f, 1.0f};
+            // epilogue: each warp writes its 16 rows of each m64 block
             const bool weighted = OP != OP_DW && g.weights != nullptr;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t gi = t.i0 + r0 + 8 * h;
-                if (gi >= t.rows) {
-                    out_row[h] = -1;
-                } else if (OP == OP_DW) {
-                    out_row[h] = t.e * g.N + gi;
-                } else {
-                    const int64_t r = g.ws.offsets[t.e] + gi;
-                    out_row[h] = OP == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
-                    if (weighted)
-                        row_weight[h] = load_as_float(g.dtype, g.weights, slot_of(g, r));
+            for (int b = 0; b < M_BLOCKS; b++) {
+                const int r0 = (wg * M_BLOCKS + b) * 64 + warp_in_wg * 16 + lane / 4;
+                int64_t out_row[2];
+                float row_weight[2] = {1.0f, 1.0f};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t gi = t.i0 + r0 + 8 * h;
+                    if (gi >= t.rows) {
+                        out_row[h] = -1;
+                    } else if (OP == OP_DW) {
+                        out_row[h] = t.e * g.N + gi;
+                    } else {
+                        const int64_t r = g.ws.offsets[t.e] + gi;
+                        out_row[h] = OP == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
+                        if (weighted)
+                            row_weight[h] = load_as_float(g.dtype, g.weights, slot_of(g, r));
+                    }
                 }
+                if (!(g.sm90_skip & 1))
+                    h_store_warp_slice<BN>(g, t, d[b], epi_stage, out_row, row_weight, weighted);
             }
-            if (!(g.sm90_skip & 1))
-                h_store_warp_slice(g, t, d, epi_stage, out_row, row_weight, weighted);
         }
     }
 #else
