@@ -161,7 +161,8 @@ struct GemmArgs {
     int out_is_workspace;   // reduce_topk (fp32 [M][K] slot order) or topk grad partials
     int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
     int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
-    int sm90_skip;          // timing experiments only (MOE_SM90_SKIP, results wrong): 1 stores, 2 MMAs, 4 loads
+    int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
+                            // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
     Workspace ws;
 };
 
@@ -316,11 +317,17 @@ __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t
     }
 }
 
-__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v)
+// streaming: evict-first stores (st.global.cs), so that an output written once does not push the
+// operands that other tiles still read out of L2.
+__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v, bool streaming = false)
 {
     if (dtype == MOE_F32) {
-        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+        const float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+        if (streaming)
+            __stcs(p, lo), __stcs(p + 1, hi);
+        else
+            p[0] = lo, p[1] = hi;
         return;
     }
     uint32_t words[4];
@@ -335,7 +342,12 @@ __device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, c
         }
         words[u] = (uint32_t)lo | ((uint32_t)hi << 16);
     }
-    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(words[0], words[1], words[2], words[3]);
+    uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i);
+    const uint4 packed = make_uint4(words[0], words[1], words[2], words[3]);
+    if (streaming)
+        __stcs(p, packed);
+    else
+        *p = packed;
 }
 
 // Finishes 8 consecutive outputs at `index` of g.out (element type out_dtype) from their fp32 values v:
@@ -355,7 +367,7 @@ __device__ __forceinline__ void finish8(const GemmArgs &g, float *v, bool weight
         for (int u = 0; u < 8; u++)
             v[u] = old[u] + v[u];
     }
-    store8(out_dtype, g.out, index, v);
+    store8(out_dtype, g.out, index, v, !(g.sm90_skip & 8));
 }
 
 template <int BM, int BN, int LDC>
@@ -748,41 +760,37 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
     return r == CUDA_SUCCESS;
 }
 
-// The sm90 kernel's tensor maps for tiles of bm rows: W [E][N][K] as 3-D (fwd: box {64 k, h_bn(bm) n}; dX:
-// box {64 c, 64 n}) and, where rows are contiguous (g->tma_rows is set then), the row operands as 2-D
-// [M][cols] (fwd: X, box {64, bm}; dX: dY, box {64, bm}; dW: dY and X, boxes {64, 64}).  False: no W map,
-// take the sm80 family.
+// The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows; sets g->tma_rows when
+// the row operands are contiguous and got their maps.  False: no W map, take the sm80 family.
 bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, const void *a, const void *b, GemmArgs *g,
-                      CUtensorMap *w_map, CUtensorMap *rows_a_map, CUtensorMap *rows_b_map)
+                      Sm90Maps *maps)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
         const uint64_t dims[3] = {K, N, E}, strides[2] = {K * 2, N * K * 2};
         const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)h_bn(bm) : 64u, 1};
-        if (!encode_tensor_map(w_map, p->dtype, b, 3, dims, strides, box))
+        if (!encode_tensor_map(&maps->w, p->dtype, b, 3, dims, strides, box))
             return false;
     }
     g->tma_rows = 0;
     if (op == OP_FWD && !p->permute_x) {
         const uint64_t dims[2] = {K, M}, strides[1] = {K * 2};
         const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
-        g->tma_rows = encode_tensor_map(rows_a_map, p->dtype, a, 2, dims, strides, box);
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims, strides, box);
     } else if (op == OP_DX && !p->permute_y) {
         const uint64_t dims[2] = {N, M}, strides[1] = {N * 2};
         const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
-        g->tma_rows = encode_tensor_map(rows_a_map, p->dtype, a, 2, dims, strides, box);
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims, strides, box);
     } else if (op == OP_DW && !p->permute_x && !p->permute_y) {
         const uint64_t dims_a[2] = {N, M}, strides_a[1] = {N * 2}, dims_b[2] = {K, M}, strides_b[1] = {K * 2};
-        const uint32_t box[2] = {64, (uint32_t)H_BK};
-        g->tma_rows = encode_tensor_map(rows_a_map, p->dtype, a, 2, dims_a, strides_a, box) &&
-                      encode_tensor_map(rows_b_map, p->dtype, b, 2, dims_b, strides_b, box);
+        const uint32_t box[2] = {64, (uint32_t)H_BK}, box8[2] = {64, 8};
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims_a, strides_a, box) &&
+                      encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box) &&
+                      encode_tensor_map(&maps->rows8_a, p->dtype, a, 2, dims_a, strides_a, box8) &&
+                      encode_tensor_map(&maps->rows8_b, p->dtype, b, 2, dims_b, strides_b, box8);
     }
     return true;
 }
-
-struct Sm90Maps {
-    CUtensorMap w, rows_a, rows_b;
-};
 
 // Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
 // expert: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
@@ -806,7 +814,7 @@ moe_status launch_sm90(int op, int bm, const GemmArgs &g, const Sm90Maps &maps, 
     int64_t grid = device_sm_count(); // persistent: one CTA per SM
     if (grid > max_tiles)
         grid = max_tiles;
-    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g, maps.w, maps.rows_a, maps.rows_b);
+    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g, maps);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -859,7 +867,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     memset(&maps, 0, sizeof maps);
     GemmArgs g = {};
     const int sm90_bm = sm90_tile_rows(p, op);
-    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, &g, &maps.w, &maps.rows_a, &maps.rows_b)) {
+    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, &g, &maps)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         family = FAMILY_SM80;

@@ -37,12 +37,21 @@
 //              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
 //              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
 constexpr int H_WIDE_ROWS = 192;
+
+// The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
+// (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
+// as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
+// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b).
+struct Sm90Maps {
+    CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b;
+};
 __host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
 constexpr int H_BK = 64, H_STAGES = 4;
 constexpr int H_PRODUCERS = 128, H_CONSUMERS = 256, H_THREADS = H_PRODUCERS + H_CONSUMERS;
 constexpr int H_STAGE_BYTES = (128 + 256) * H_BK * 2;                 // A then B, 48 KiB
 constexpr int H_BARRIER_OFFSET = H_STAGES * H_STAGE_BYTES;            // full[S], empty[S], 8 bytes each
-constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8;   // producer row table, int64 [512]
+// then the tail barrier (dW's last k-step), 8 bytes + 8 of padding
+constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8 + 16; // producer row table, int64 [512]
 constexpr int H_EPI_OFFSET = H_ROWS_OFFSET + 512 * 8;                // epilogue staging, fp32 [8 warps][16][40]
 constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
 constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_EPI_OFFSET + (size_t)(H_CONSUMERS / 32) * 16 * H_EPI_LD * 4;
@@ -101,12 +110,26 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar)
 {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// TMA: the box at coordinates (c0 innermost, c1, c2) of a 3-D tensor map into shared memory at dst.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2)
+// TMA: the box at coordinates (c0 innermost, c1, c2) of a 3-D tensor map into shared memory at dst, with
+// an L2 cache policy (createpolicy).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
+                                            uint64_t policy)
 {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
-                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
                  : "memory");
+}
+// L2 policies for the W tiles: evict_last keeps a W block for the other row tiles of its expert, which
+// read it a little later; evict_normal for the experiments that switch the hint off.
+__device__ __forceinline__ uint64_t l2_policy(bool keep)
+{
+    uint64_t policy;
+    if (keep)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
 }
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1)
 {
@@ -221,14 +244,14 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 
 template <typename T, int OP, int BM>
 __global__ void __launch_bounds__(H_THREADS, 1)
-    sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ CUtensorMap w_map, const __grid_constant__ CUtensorMap rows_a_map,
-                     const __grid_constant__ CUtensorMap rows_b_map)
+    sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + H_BARRIER_OFFSET, empty_bar = full_bar + H_STAGES * 8;
+    const uint32_t tail_bar = empty_bar + H_STAGES * 8;
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
@@ -243,6 +266,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             mbar_init(full_bar + 8 * s, H_PRODUCERS + 1); // 128 cp.async arrivals + thread 0's (expect_tx) arrival
             mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32);
         }
+        mbar_init(tail_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
@@ -255,7 +279,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const int p = threadIdx.x;
         const T *A = static_cast<const T *>(g.a);
         const T *B = static_cast<const T *>(g.b);
+        const uint64_t w_policy = l2_policy(!(g.sm90_skip & 16));
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
+        uint32_t tails = 0; // dW tail steps loaded through tail_bar (its phase parity)
         int64_t tile_count = 0;
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, tile_count++) {
             const TileCoord t = tile_coord(g, tile, BM, BN);
@@ -285,33 +311,61 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         mbar_arrive(bar);
                     continue;
                 }
-                // dW reads whole 64-row steps of the expert by TMA; the last, partial one by cp.async
-                // (zero past the expert's rows, which a box would read from the next expert)
+                // dW reads whole 64-row steps of the expert by TMA in 64-row boxes; the last, partial one
+                // in 8-row boxes plus zeros (below), or by cp.async when the rows are gathered
                 const bool dw_by_tma = OP == OP_DW && g.tma_rows && q0 + H_BK <= qlen;
                 if (p == 0) {
                     if (OP == OP_FWD) {
                         mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
                         if (g.tma_rows) // X rows base + i0 ..: rows past m_e belong to the next expert, never stored
-                            tma_load_2d(sa_addr, &rows_a_map, bar, (int)q0, (int)(base + t.i0));
-                        tma_load_3d(sb_addr, &w_map, bar, (int)q0, (int)t.j0, (int)t.e);
+                            tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
+                        tma_load_3d(sb_addr, &maps.w, bar, (int)q0, (int)t.j0, (int)t.e, w_policy);
                     } else if (OP == OP_DX) {
                         mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
                         if (g.tma_rows)
-                            tma_load_2d(sa_addr, &rows_a_map, bar, (int)q0, (int)(base + t.i0));
+                            tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
 #pragma unroll
                         for (int a = 0; a < BN / 64; a++)
-                            tma_load_3d(sb_addr + a * 8192, &w_map, bar, (int)(t.j0 + 64 * a), (int)q0, (int)t.e);
+                            tma_load_3d(sb_addr + a * 8192, &maps.w, bar, (int)(t.j0 + 64 * a), (int)q0, (int)t.e,
+                                        w_policy);
                     } else if (dw_by_tma) {
                         mbar_arrive_expect_tx(bar, H_STAGE_BYTES);
 #pragma unroll
                         for (int a = 0; a < BM / 64; a++)
-                            tma_load_2d(sa_addr + a * 8192, &rows_a_map, bar, (int)(t.i0 + 64 * a), (int)(base + q0));
+                            tma_load_2d(sa_addr + a * 8192, &maps.rows_a, bar, (int)(t.i0 + 64 * a), (int)(base + q0));
 #pragma unroll
                         for (int a = 0; a < BN / 64; a++)
-                            tma_load_2d(sb_addr + a * 8192, &rows_b_map, bar, (int)(t.j0 + 64 * a), (int)(base + q0));
+                            tma_load_2d(sb_addr + a * 8192, &maps.rows_b, bar, (int)(t.j0 + 64 * a), (int)(base + q0));
                     } else {
                         mbar_arrive(bar);
                     }
+                }
+                if (OP == OP_DW && g.tma_rows && !dw_by_tma) {
+                    // dW's last k-step, r < 64 rows left: 8-row boxes through the tail barrier, then zeros
+                    // over rows r .. 63 of every 64-column block (the boxes' rows past r belong to the next
+                    // expert); generic-proxy stores, hence the proxy fence before the arrival on `bar`
+                    const int r = (int)(qlen - q0), groups = (r + 7) / 8, blocks = BM / 64 + BN / 64;
+                    if (p == 0) {
+                        mbar_arrive_expect_tx(tail_bar, (uint32_t)(groups * blocks * 1024));
+                        for (int g8 = 0; g8 < groups; g8++) {
+#pragma unroll
+                            for (int a = 0; a < BM / 64; a++)
+                                tma_load_2d(sa_addr + a * 8192 + g8 * 1024, &maps.rows8_a, tail_bar, (int)(t.i0 + 64 * a),
+                                            (int)(base + q0 + 8 * g8));
+#pragma unroll
+                            for (int a = 0; a < BN / 64; a++)
+                                tma_load_2d(sb_addr + a * 8192 + g8 * 1024, &maps.rows8_b, tail_bar, (int)(t.j0 + 64 * a),
+                                            (int)(base + q0 + 8 * g8));
+                        }
+                    }
+                    mbar_wait(tail_bar, tails & 1);
+                    tails++;
+                    for (int idx = p; idx < (H_BK - r) * blocks * 8; idx += H_PRODUCERS) {
+                        const int chunk = idx % 8, blk = (idx / 8) % blocks, row = r + idx / (8 * blocks);
+                        unsigned char *dst = (blk < BM / 64 ? sa + blk * 8192 : sb + (blk - BM / 64) * 8192) + row * 128 + chunk * 16;
+                        *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+                    }
+                    fence_proxy_async();
                 }
                 if (OP != OP_DW && !g.tma_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
                     const int kc = p & 7;
@@ -324,7 +378,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         const bool ok = row >= 0 && k_ok;
                         cp_async16(sa + kmajor_offset(i, kc), ok ? A + row * lda + q0 + kc * 8 : A, ok);
                     }
-                } else if (OP == OP_DW && !dw_by_tma) {
+                } else if (OP == OP_DW && !g.tma_rows) {
                     static_assert(OP != OP_DW || (BM == 128 && BN == 256), "dW's cp.async layout");
                     int64_t *rows = row_table + s * 128; // [0, 64): dY rows, [64, 128): X rows of this k-step
                     const int64_t q = q0 + (p & 63);
@@ -345,7 +399,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         cp_async16(sb + mnmajor_offset(k, mc), ok ? B + row * g.K + t.j0 + mc * 8 : B, ok);
                     }
                 }
-                cp_async_arrive_noinc(bar);
+                if (g.tma_rows)
+                    mbar_arrive(bar); // (release: orders dW's tail zeros before the consumers' acquire)
+                else
+                    cp_async_arrive_noinc(bar);
             }
         }
     } else {
@@ -419,7 +476,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         }
     }
 #else
-    (void)g, (void)w_map, (void)rows_a_map, (void)rows_b_map; // compiled for another target: never launched (see sm90_path_available)
+    (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
 #endif
 }
 
