@@ -186,9 +186,10 @@ __device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t desc_a, uint64_t
 // One k-step (H_BK) of MMAs for the first NB m64 blocks of a consumer warpgroup: A blocks of 64 rows
 // (K-major) or 64 n (MN-major) at a_addr + 8192 b, B at b_addr.
 template <typename T, int NB, int BN, int TRANS_A, int TRANS_B, int MB>
-__device__ __forceinline__ void h_mma_step(float (&d)[MB][BN / 2], uint32_t a_addr, uint32_t b_addr)
+__device__ __forceinline__ void h_mma_step(float (&d)[MB][BN / 2], uint32_t a_addr, uint32_t b_addr, bool by_cp_async)
 {
-    fence_proxy_async(); // A may have come through cp.async (generic proxy); wgmma reads via the async proxy
+    if (by_cp_async)
+        fence_proxy_async(); // the stage came through cp.async (generic proxy); wgmma reads via the async proxy
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < H_BK / 16; kk++) {
@@ -437,9 +438,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     // one straight-line batch per pattern of active blocks (a wgmma under a per-block
                     // condition makes ptxas serialise them all)
                     if (active[M_BLOCKS - 1])
-                        h_mma_step<T, M_BLOCKS, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr);
+                        h_mma_step<T, M_BLOCKS, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
                     else if (M_BLOCKS > 1 && active[0])
-                        h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr);
+                        h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
                 }
                 wgmma_wait<1>(); // the previous k-step's group is done: its stage goes back to the producer
                 if (step > 0 && lane == 0)
