@@ -12,13 +12,16 @@
 // Output tiles are owned by exactly one CTA, which reduces over q in a fixed order: results are bitwise
 // reproducible run to run (no float atomics anywhere).
 //
-// Paths: TensorCoreGemm (bf16/f16 inputs, fp32 accumulation, WMMA 16x16x16 on sm_80+, cp.async
-// 3-stage pipeline; needs N % 8 == 0, K % 8 == 0 and 16-byte aligned tensors) and SimtGemm (true fp32
-// FFMA; used for f32 inputs, for dW with fused topk weights (the weight multiplies dY in fp32 before the
-// product, which a 16-bit tensor-core operand cannot hold), and for shapes the tensor-core path cannot
-// take).
+// Paths (families): sm90 (gemm_sm90.cuh: Hopper, warp-specialised wgmma kernel fed by TMA and cp.async,
+// 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: WMMA 16x16x16 on sm_80+, cp.async 3-stage
+// pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
+// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors; and SIMT (true fp32 FFMA; used for
+// f32 inputs, for dW with fused topk weights (the weight multiplies dY in fp32 before the product, which
+// a 16-bit tensor-core operand cannot hold), and for shapes the tensor-core paths cannot take).
+#include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 #include <mma.h>
 
 #include <stdint.h>
@@ -157,6 +160,9 @@ struct GemmArgs {
     void *out;              // Y, dX, dW, or an fp32 workspace
     int out_is_workspace;   // reduce_topk (fp32 [M][K] slot order) or topk grad partials
     int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
+    int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
+    int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
+                            // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
     Workspace ws;
 };
 
@@ -311,11 +317,17 @@ __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t
     }
 }
 
-__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v)
+// streaming: evict-first stores (st.global.cs), so that an output written once does not push the
+// operands that other tiles still read out of L2.
+__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v, bool streaming = false)
 {
     if (dtype == MOE_F32) {
-        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
+        const float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
+        if (streaming)
+            __stcs(p, lo), __stcs(p + 1, hi);
+        else
+            p[0] = lo, p[1] = hi;
         return;
     }
     uint32_t words[4];
@@ -330,7 +342,32 @@ __device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, c
         }
         words[u] = (uint32_t)lo | ((uint32_t)hi << 16);
     }
-    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i) = make_uint4(words[0], words[1], words[2], words[3]);
+    uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i);
+    const uint4 packed = make_uint4(words[0], words[1], words[2], words[3]);
+    if (streaming)
+        __stcs(p, packed);
+    else
+        *p = packed;
+}
+
+// Finishes 8 consecutive outputs at `index` of g.out (element type out_dtype) from their fp32 values v:
+// v = w * v (when weighted), v = old + v (accumulate, not into a workspace), one rounding, 16-byte store.
+__device__ __forceinline__ void finish8(const GemmArgs &g, float *v, bool weighted, float w, moe_dtype out_dtype,
+                                        int64_t index)
+{
+    if (weighted) {
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = w * v[u];
+    }
+    if (g.accumulate && !g.out_is_workspace) {
+        float old[8];
+        load8(out_dtype, g.out, index, old);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = old[u] + v[u];
+    }
+    store8(out_dtype, g.out, index, v, !(g.sm90_skip & 8));
 }
 
 template <int BM, int BN, int LDC>
@@ -364,21 +401,7 @@ __device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const
 #pragma unroll
         for (int u = 0; u < 8; u++)
             v[u] = tile_c[i * LDC + j + u];
-        if (g.weights && g.op != OP_DW) {
-            const float w = row_weight[i];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = w * v[u];
-        }
-        const int64_t index = out_row * ld + gj;
-        if (g.accumulate && !g.out_is_workspace) {
-            float old[8];
-            load8(out_dtype, g.out, index, old);
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = old[u] + v[u];
-        }
-        store8(out_dtype, g.out, index, v);
+        finish8(g, v, g.weights && g.op != OP_DW, row_weight[i], out_dtype, out_row * ld + gj);
     }
 }
 
@@ -674,6 +697,8 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 // Kernel family for a call.  MOE_CUDA_KERNEL=auto (default) | sm80 | simt forces a family, so tests can
 // exercise every path on one GPU; a forced family still falls back when it cannot take the shape.
+// MOE_CUDA_KERNEL=sm90 is auto, except that a refused TMA descriptor is an error instead of a quiet
+// fallback to sm80 (so a test run proves the Hopper path took its shapes).
 enum KernelFamily { FAMILY_SIMT, FAMILY_SM80, FAMILY_SM90 };
 
 // The sm_90a kernels exist only when the build targets 90a and the device is compute capability 9.0.
@@ -700,18 +725,96 @@ bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, con
     return true;
 }
 
-template <typename T>
-moe_status launch_sm90(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+// TMA descriptor (cuTensorMapEncodeTiled, reached through the runtime's driver entry point) of a dense
+// 16-bit tensor of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1.., box
+// `box` elements, with the 128-byte swizzle of gemm_sm90.cuh; reads past the edges fill zeros.
+// Returns false when the driver has no encoder or rejects the shape.
+bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                       const uint64_t *strides, const uint32_t *box)
 {
-    auto kernel = op == OP_FWD ? sm90_gemm_kernel<T, OP_FWD> : op == OP_DX ? sm90_gemm_kernel<T, OP_DX>
-                                                                          : sm90_gemm_kernel<T, OP_DW>;
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    static bool looked_up = false;
+    if (!looked_up) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                cudaSuccess && found == cudaDriverEntryPointSuccess)
+            encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+        looked_up = true;
+    }
+    if (encode == nullptr)
+        return false;
+    cuuint64_t d[3], st[2];
+    cuuint32_t b[3], element_strides[3] = {1, 1, 1};
+    for (int i = 0; i < rank; i++) {
+        if (dims[i] == 0 || dims[i] > (1ull << 31))
+            return false;
+        d[i] = dims[i], b[i] = box[i];
+        if (i > 0)
+            st[i - 1] = strides[i - 1];
+    }
+    const CUresult r = encode(map, dtype == MOE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                              (cuuint32_t)rank, const_cast<void *>(base), d, st, b, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+// The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows; sets g->tma_rows when
+// the row operands are contiguous and got their maps.  False: no W map, take the sm80 family.
+bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, const void *a, const void *b, GemmArgs *g,
+                      Sm90Maps *maps)
+{
+    const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
+    if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
+        const uint64_t dims[3] = {K, N, E}, strides[2] = {K * 2, N * K * 2};
+        const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)h_bn(bm) : 64u, 1};
+        if (!encode_tensor_map(&maps->w, p->dtype, b, 3, dims, strides, box))
+            return false;
+    }
+    g->tma_rows = 0;
+    if (op == OP_FWD && !p->permute_x) {
+        const uint64_t dims[2] = {K, M}, strides[1] = {K * 2};
+        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims, strides, box);
+    } else if (op == OP_DX && !p->permute_y) {
+        const uint64_t dims[2] = {N, M}, strides[1] = {N * 2};
+        const uint32_t box[2] = {(uint32_t)H_BK, (uint32_t)bm};
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims, strides, box);
+    } else if (op == OP_DW && !p->permute_x && !p->permute_y) {
+        const uint64_t dims_a[2] = {N, M}, strides_a[1] = {N * 2}, dims_b[2] = {K, M}, strides_b[1] = {K * 2};
+        const uint32_t box[2] = {64, (uint32_t)H_BK}, box8[2] = {64, 8};
+        g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims_a, strides_a, box) &&
+                      encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box) &&
+                      encode_tensor_map(&maps->rows8_a, p->dtype, a, 2, dims_a, strides_a, box8) &&
+                      encode_tensor_map(&maps->rows8_b, p->dtype, b, 2, dims_b, strides_b, box8);
+    }
+    return true;
+}
+
+// Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
+// expert: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
+int sm90_tile_rows(const moe_gemm_problem *p, int op)
+{
+    if (op == OP_DW)
+        return 128;
+    const char *forced = getenv("MOE_SM90_TILE_ROWS");
+    if (forced != NULL && (atoi(forced) == 128 || atoi(forced) == 256))
+        return atoi(forced);
+    return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
+}
+
+template <typename T>
+moe_status launch_sm90(int op, int bm, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
+{
+    auto kernel = op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128>
+                : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256> : sm90_gemm_kernel<T, OP_FWD, 128>)
+                               : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256> : sm90_gemm_kernel<T, OP_DX, 128>);
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
-    int per_sm = 0;
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, H_THREADS, H_SMEM_BYTES));
-    int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
+    int64_t grid = device_sm_count(); // persistent: one CTA per SM
     if (grid > max_tiles)
         grid = max_tiles;
-    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g);
+    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g, maps);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -760,8 +863,17 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     KernelFamily family = !use_tc ? FAMILY_SIMT
                         : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
                             ? FAMILY_SM90 : FAMILY_SM80;
-    static_assert(TC_BM == H_BM && TC_BN == H_BN, "the tensor-core families share one tiling");
-    const int BM = use_tc ? TC_BM : SIMT_BM, BN = use_tc ? TC_BN : SIMT_BN;
+    Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
+    memset(&maps, 0, sizeof maps);
+    GemmArgs g = {};
+    const int sm90_bm = sm90_tile_rows(p, op);
+    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, &g, &maps)) {
+        if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
+            return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
+        family = FAMILY_SM80;
+    }
+    const int BM = family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
+    const int BN = family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
     const int64_t col_tiles = (cols_j + BN - 1) / BN;
     const int reduce = op == OP_DX && p->reduce_topk;
 
@@ -796,7 +908,6 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
             break;
         }
 
-        GemmArgs g = {};
         g.op = op;
         g.dtype = p->dtype;
         g.out_dtype = (op == OP_DW || op == OP_TOPK_GRAD) ? p->dw_dtype : p->dtype;
@@ -808,12 +919,13 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         g.out = (op == OP_TOPK_GRAD || reduce) ? static_cast<void *>(ws + partial_offset) : out;
         g.out_is_workspace = op == OP_TOPK_GRAD || reduce;
         g.partial_stride = col_tiles;
+        g.sm90_skip = getenv("MOE_SM90_SKIP") ? atoi(getenv("MOE_SM90_SKIP")) : 0;
         g.ws = w;
         const int64_t max_tiles = op == OP_DW ? E * ((p->N + BM - 1) / BM) * col_tiles : (M / BM + E) * col_tiles;
         if (max_tiles > 0 && cols_j > 0) {
             if (family == FAMILY_SM90)
-                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, g, max_tiles, stream)
-                                              : launch_sm90<__half>(op, g, max_tiles, stream);
+                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, sm90_bm, g, maps, max_tiles, stream)
+                                              : launch_sm90<__half>(op, sm90_bm, g, maps, max_tiles, stream);
             else if (family == FAMILY_SM80)
                 status = p->dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
                                               : launch_tc<__half>(op, g, max_tiles, stream);

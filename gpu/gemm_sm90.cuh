@@ -1,44 +1,77 @@
-// Hopper (sm_90a) tensor-core path of gpu/gemm_cuda.cu: wgmma with operands in 128-byte-swizzled
-// shared memory, filled by a 4-stage cp.async pipeline (cp.async rather than TMA because rows are
-// gathered: permute_x, permute_y and per-expert row ranges).  Included by gemm_cuda.cu only.
+// Hopper (sm_90a) tensor-core path of gpu/gemm_cuda.cu, included by gemm_cuda.cu only.
 //
-// CTA tile 128 x 128, BK = 64, two consumer warpgroups; warpgroup w computes rows 64w .. 64w+63 with
-// wgmma.m64n128k16 (fp32 accumulators in 64 registers per thread).  3 stages and at most 128
-// registers per thread let two CTAs share an SM, so one's epilogue overlaps the other's main loop.
+// A warp-specialised persistent kernel: one CTA per SM, 384 threads in three warpgroups.
+//   warpgroup 0 (producer, 56 registers): fills a 4-stage shared-memory ring.  The weight tile W[e]
+//     (fwd, dX) is a box of the 3-D tensor [E][N][K] loaded by TMA (cp.async.bulk.tensor), zero-filled
+//     past N and K.  Rows of X / dY come by TMA too when they are contiguous (g.tma_rows: no permute on
+//     that operand; 2-D maps over [rows][cols]); gathered rows (permute_x, permute_y) and dW's last,
+//     partial k-step come by cp.async, 16 bytes per thread, zero-filled past the expert's rows.  Each
+//     stage has a `full` mbarrier (128 cp.async arrivals + thread 0's arrival, which carries the TMA
+//     byte count) and an `empty` mbarrier (one arrival per consumer warp).
+//   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
+//     (see the tile shapes below) with wgmma (128 fp32 accumulators per thread), then each warp writes
+//     its rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
+//     accumulate, one rounding) while the producer is already loading the next tile.  An m64 block
+//     whose rows all lie past the expert's end issues no MMAs.
+// Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
+// tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
+// tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
 //
-// Shared-memory layouts (16-byte chunk c of 128-byte row r inside a 1024-byte atom sits at chunk c ^ r):
-//   K-major tile  [MN 128][K 64]:  atom = 8 MN-rows x 64 K-elements; atoms stacked along MN.
-//                 descriptor: SBO = 1024 (next 8 MN-rows), LBO unused; k16 step = +32 bytes.
-//   MN-major tile [K 64][MN 128]:  atom = 8 K-rows x 64 MN-elements; layout [k group 8][MN atom 2][atom].
-//                 descriptor: LBO = 1024 (next 64 MN-elements), SBO = 2048 (next 8 K-rows);
-//                 k16 step = +4096 bytes (two k groups).
-// fwd: A K-major (X rows), B K-major (W[e] rows n)      -> trans-a 0, trans-b 0
-// dX:  A K-major (dY rows), B MN-major (W[e][n][c])     -> trans-a 0, trans-b 1
-// dW:  A MN-major (dY rows, i = n), B MN-major (X rows) -> trans-a 1, trans-b 1
+// Shared-memory layouts, 128-byte swizzle (16-byte chunk c of 128-byte row r sits at chunk c ^ (r & 7),
+// the pattern TMA's SWIZZLE_128B writes into a 1024-byte aligned box):
+//   K-major tile  [MN][K 64]:           (mn, k) at mn * 128 + swizzle; descriptor SBO = 1024 (next 8 MN
+//                                       rows); k16 step = +32 bytes.
+//   MN-major tile [MN/64][K 64][MN 64]: (k, mn) at (mn / 64) * 8192 + k * 128 + swizzle; descriptor
+//                                       LBO = 8192 (next 64 MN), SBO = 1024 (next 8 K rows); k16 step = +2048.
+// fwd: A K-major (X rows, box {64 k, BM rows}),  B K-major (W[e] rows n, box {64 k, BN n})       trans 0, 0
+// dX:  A K-major (dY rows, box {64 n, BM rows}), B MN-major (W[e][n][c], BN/64 boxes {64 c, 64 n}) trans 0, 1
+// dW:  A MN-major (dY rows, 2 boxes {64 n, 64 rows}), B MN-major (X rows, 4 boxes {64 c, 64 rows}) trans 1, 1
 #ifndef LIBMOE_GEMM_SM90_CUH
 #define LIBMOE_GEMM_SM90_CUH
 
-constexpr int H_BM = 128, H_BN = 128, H_BK = 64, H_STAGES = 3, H_THREADS = 256;
-constexpr int H_TILE_BYTES = H_BM * H_BK * 2;            // 16 KiB per operand tile
-constexpr int H_STAGE_BYTES = 2 * H_TILE_BYTES;          // A then B
-constexpr int H_LDC = H_BN + 4; // fp32 C tile staged over the pipeline buffers for the epilogue
-static_assert((size_t)H_BM * H_LDC * 4 <= (size_t)H_STAGES * H_STAGE_BYTES, "C tile fits the stages");
-constexpr size_t H_SMEM_BYTES = (size_t)H_STAGES * H_STAGE_BYTES + 1024 /* alignment */ + H_BM * 12 /* rows */;
+// Tile shapes, BM x BN with BM * BN = 32768 (a stage holds 48 KiB either way):
+//   128 x 256: each consumer warpgroup one m64n256 block.  dW always (N x K tiles, reduction over the
+//              expert's rows); fwd and dX when experts are large (rows per expert > H_WIDE_ROWS).
+//   256 x 128: each consumer warpgroup two m64n128 blocks.  fwd and dX when experts are small (DeepSeek-V3
+//              at T = 4096: 128 rows): one tile covers a typical expert, so its W block is read from DRAM
+//              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
+//              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
+constexpr int H_WIDE_ROWS = 192;
+
+// The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
+// (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
+// as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
+// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b).
+struct Sm90Maps {
+    CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b;
+};
+__host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
+constexpr int H_BK = 64, H_STAGES = 4;
+constexpr int H_PRODUCERS = 128, H_CONSUMERS = 256, H_THREADS = H_PRODUCERS + H_CONSUMERS;
+constexpr int H_STAGE_BYTES = (128 + 256) * H_BK * 2;                 // A then B, 48 KiB
+constexpr int H_BARRIER_OFFSET = H_STAGES * H_STAGE_BYTES;            // full[S], empty[S], 8 bytes each
+// then the tail barrier (dW's last k-step), 8 bytes + 8 of padding
+constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8 + 16; // producer row table, int64 [512]
+constexpr int H_EPI_OFFSET = H_ROWS_OFFSET + 512 * 8;                // epilogue staging, fp32 [8 warps][16][40]
+constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
+constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_EPI_OFFSET + (size_t)(H_CONSUMERS / 32) * 16 * H_EPI_LD * 4;
+constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
+static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_SM90A_DEVICE 1
 #endif
 
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` (0..7) inside a 1024-byte swizzle atom.
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) { return (uint32_t)(row * 128 + ((chunk ^ row) * 16)); }
+// Offset of (mn, 16-byte k chunk) in a K-major tile.
+__device__ __forceinline__ uint32_t kmajor_offset(int mn, int kchunk)
+{
+    return (uint32_t)(mn * 128 + ((kchunk ^ (mn & 7)) * 16));
+}
 
-// Offset of (mn, k-chunk) in a K-major tile: mn 0..127, k chunk 0..7 (8 elements each).
-__device__ __forceinline__ uint32_t kmajor_offset(int mn, int kchunk) { return (uint32_t)((mn >> 3) * 1024) + swizzled(mn & 7, kchunk); }
-
-// Offset of (k, mn-chunk) in an MN-major tile: k 0..63, mn chunk 0..15.
+// Offset of (k, 16-byte mn chunk) in an MN-major tile.
 __device__ __forceinline__ uint32_t mnmajor_offset(int k, int mnchunk)
 {
-    return (uint32_t)((k >> 3) * 2048 + (mnchunk >> 3) * 1024) + swizzled(k & 7, mnchunk & 7);
+    return (uint32_t)((mnchunk >> 3) * 8192 + k * 128 + (((mnchunk & 7) ^ (k & 7)) * 16));
 }
 
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t smem_addr, uint32_t lbo, uint32_t sbo)
@@ -53,151 +86,398 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// d += A(desc_a) * B(desc_b) for one 64 x 128 x 16 step; scale_d = 0 starts from zero.
-template <typename T, int TRANS_A, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n128k16(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d)
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 {
-    if (std::is_same<T, __nv_bfloat16>::value) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Blocks until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred done;\nMOE_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra MOE_WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed (counted in the init).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar)
+{
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// TMA: the box at coordinates (c0 innermost, c1, c2) of a 3-D tensor map into shared memory at dst, with
+// an L2 cache policy (createpolicy).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2,
+                                            uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+                 : "memory");
+}
+// L2 policies for the W tiles: evict_last keeps a W block for the other row tiles of its expert, which
+// read it a little later; evict_normal for the experiments that switch the hint off.
+__device__ __forceinline__ uint64_t l2_policy(bool keep)
+{
+    uint64_t policy;
+    if (keep)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+    else
+        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+                 : "memory");
+}
+// Named barrier 1: the producer warpgroup alone.
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(H_PRODUCERS) : "memory"); }
+
+// d += A(desc_a) * B(desc_b) for one 64 x 256 x 16 step (scale_d = 0 would start from zero).
+#define MOE_WGMMA_M64N256K16(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %131, %132;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+#define MOE_WGMMA_M64N128K16(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+// d += A(desc_a) * B(desc_b) for one 64 x N x 16 step (N = 256: d[128], N = 128: d[64]).
+template <typename T, int N, int TRANS_A, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t desc_a, uint64_t desc_b, int scale_d)
+{
+    if constexpr (N == 256) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value)
+            MOE_WGMMA_M64N256K16("bf16");
+        else
+            MOE_WGMMA_M64N256K16("f16");
     } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+        static_assert(N == 128, "wgmma m64n128 or m64n256");
+        if constexpr (std::is_same<T, __nv_bfloat16>::value)
+            MOE_WGMMA_M64N128K16("bf16");
+        else
+            MOE_WGMMA_M64N128K16("f16");
+    }
+}
+#undef MOE_WGMMA_M64N256K16
+#undef MOE_WGMMA_M64N128K16
+
+// One k-step (H_BK) of MMAs for the first NB m64 blocks of a consumer warpgroup: A blocks of 64 rows
+// (K-major) or 64 n (MN-major) at a_addr + 8192 b, B at b_addr.
+template <typename T, int NB, int BN, int TRANS_A, int TRANS_B, int MB>
+__device__ __forceinline__ void h_mma_step(float (&d)[MB][BN / 2], uint32_t a_addr, uint32_t b_addr, bool by_cp_async)
+{
+    if (by_cp_async)
+        fence_proxy_async(); // the stage came through cp.async (generic proxy); wgmma reads via the async proxy
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < H_BK / 16; kk++) {
+        const uint64_t db = TRANS_B == 0 ? smem_descriptor(b_addr + kk * 32, 16, 1024)
+                                         : smem_descriptor(b_addr + kk * 2048, 8192, 1024);
+#pragma unroll
+        for (int h = 0; h < NB; h++) {
+            const uint32_t block = a_addr + h * 8192;
+            const uint64_t da = TRANS_A == 0 ? smem_descriptor(block + kk * 32, 16, 1024)
+                                             : smem_descriptor(block + kk * 2048, 8192, 1024);
+            wgmma_m64k16<T, BN, TRANS_A, TRANS_B>(d[h], da, db, 1);
+        }
+    }
+    wgmma_commit();
+}
+
+// Writes a consumer warp's 16 x BN slice of an m64 block: d[4j + 2h + {0, 1}] is (row lane/4 + 8h of the
+// warp, column 8j + 2(lane%4) + {0, 1}).  Per 32-column chunk the warp stages its fp32 values in shared
+// memory (`stage`, 16 x H_EPI_LD floats), then each lane writes 8 consecutive columns of output row
+// out_row[h] (-1: none) with 16-byte stores.  Order of moe_ref.h: v = acc; v = w * v; v = old + v; one rounding.
+template <int BN>
+__device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const TileCoord &t, const float *d, float *stage,
+                                                   const int64_t *out_row, const float *row_weight, bool weighted)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t ld = g.op == OP_FWD ? g.N : g.K;
+    const moe_dtype out_dtype = g.out_is_workspace ? MOE_F32 : g.out_dtype;
+#pragma unroll
+    for (int c = 0; c < BN / 32; c++) {
+        if (t.j0 + 32 * c >= g.cols_j)
+            break;
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                *reinterpret_cast<float2 *>(stage + (lane / 4 + 8 * h) * H_EPI_LD + 8 * jj + 2 * (lane % 4)) =
+                    make_float2(d[4 * (4 * c + jj) + 2 * h], d[4 * (4 * c + jj) + 2 * h + 1]);
+        __syncwarp();
+        const int64_t gj = t.j0 + 32 * c + 8 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (out_row[h] < 0 || gj >= g.cols_j)
+                continue;
+            const float *src = stage + (lane / 4 + 8 * h) * H_EPI_LD + 8 * (lane % 4);
+            const float4 lo = *reinterpret_cast<const float4 *>(src), hi = *reinterpret_cast<const float4 *>(src + 4);
+            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            finish8(g, v, weighted, row_weight[h], out_dtype, out_row[h] * ld + gj);
+        }
     }
 }
 #endif
 
-// Issues the cp.async copies of one pipeline stage (reduction elements q0 .. q0+63).
-template <typename T, int OP>
-__device__ __forceinline__ void h_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
-                                             unsigned char *stage, const int64_t *a_rows)
-{
-    const T *A = static_cast<const T *>(g.a);
-    const T *B = static_cast<const T *>(g.b);
-    unsigned char *sa = stage, *sb = stage + H_TILE_BYTES;
-    const int64_t base = g.ws.offsets[t.e];
-    // 1024 chunks of 16 bytes per operand tile: 4 per thread
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int c = threadIdx.x + u * H_THREADS;
-        if (OP != OP_DW) { // A K-major: row i (a_rows), k chunk
-            const int i = c >> 3, kc = c & 7;
-            const bool ok = a_rows[i] >= 0 && q0 + kc * 8 < qlen;
-            const int64_t lda = OP == OP_DX ? g.N : g.K;
-            cp_async16(sa + kmajor_offset(i, kc), ok ? A + a_rows[i] * lda + q0 + kc * 8 : A, ok);
-        } else { // A MN-major: k = expert row q, mn chunk over n
-            const int k = c >> 4, mc = c & 15;
-            const bool ok = q0 + k < qlen && t.i0 + mc * 8 < g.N;
-            cp_async16(sa + mnmajor_offset(k, mc), ok ? A + y_row(g, base + q0 + k) * g.N + t.i0 + mc * 8 : A, ok);
-        }
-        if (OP == OP_FWD) { // B K-major: row j = n of W[e]
-            const int j = c >> 3, kc = c & 7;
-            const bool ok = t.j0 + j < g.cols_j && q0 + kc * 8 < qlen;
-            cp_async16(sb + kmajor_offset(j, kc), ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 8 : B, ok);
-        } else if (OP == OP_DX) { // B MN-major: k = n, mn chunk over c of W[e][n][c]
-            const int k = c >> 4, mc = c & 15;
-            const bool ok = q0 + k < qlen && t.j0 + mc * 8 < g.cols_j;
-            cp_async16(sb + mnmajor_offset(k, mc), ok ? B + (t.e * g.N + q0 + k) * g.K + t.j0 + mc * 8 : B, ok);
-        } else { // dW, B MN-major: k = expert row, mn chunk over c of X
-            const int k = c >> 4, mc = c & 15;
-            const bool ok = q0 + k < qlen && t.j0 + mc * 8 < g.cols_j;
-            cp_async16(sb + mnmajor_offset(k, mc), ok ? B + x_row(g, base + q0 + k) * g.K + t.j0 + mc * 8 : B, ok);
-        }
-    }
-}
-
-template <typename T, int OP>
-__global__ void __launch_bounds__(H_THREADS, 2) sm90_gemm_kernel(GemmArgs g)
+template <typename T, int OP, int BM>
+__global__ void __launch_bounds__(H_THREADS, 1)
+    sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
     extern __shared__ unsigned char smem_raw[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (size_t)H_STAGES * H_STAGE_BYTES);
-    float *row_weight = reinterpret_cast<float *>(a_rows + H_BM);
-    float *tile_c = reinterpret_cast<float *>(smem);
-    if (*g.ws.status != 0)
-        return;
+    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t full_bar = smem_base + H_BARRIER_OFFSET, empty_bar = full_bar + H_STAGES * 8;
+    const uint32_t tail_bar = empty_bar + H_STAGES * 8;
+    int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
-    const int wg = threadIdx.x / 128, lane_in_wg = threadIdx.x % 128;
-    const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
-    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+    constexpr int BN = h_bn(BM);
+    constexpr int A_BYTES = BM * H_BK * 2, B_BYTES = BN * H_BK * 2;
+    constexpr int M_BLOCKS = BM / 128; // m64 blocks per consumer warpgroup
+    static_assert(A_BYTES + B_BYTES == H_STAGE_BYTES, "stage size");
+    if (*g.ws.status != 0)
+        return;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < H_STAGES; s++) {
+            mbar_init(full_bar + 8 * s, H_PRODUCERS + 1); // 128 cp.async arrivals + thread 0's (expect_tx) arrival
+            mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32);
+        }
+        mbar_init(tail_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_proxy_async();
+    }
+    __syncthreads();
+    const int64_t tiles = total_tiles(g, BM, BN);
 
-    const int64_t tiles = total_tiles(g, H_BM, H_BN);
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const TileCoord t = tile_coord(g, tile, H_BM, H_BN);
-        const int64_t qlen = reduction_length(g, t.e);
-        if (OP != OP_DW) {
-            for (int i = threadIdx.x; i < H_BM; i += H_THREADS) {
-                const int64_t r = g.ws.offsets[t.e] + t.i0 + i;
-                a_rows[i] = t.i0 + i < t.rows ? (OP == OP_DX ? y_row(g, r) : x_row(g, r)) : -1;
+    if (threadIdx.x < H_PRODUCERS) {
+        // ------------------------------------------------------------------ producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
+        const int p = threadIdx.x;
+        const T *A = static_cast<const T *>(g.a);
+        const T *B = static_cast<const T *>(g.b);
+        const uint64_t w_policy = l2_policy(!(g.sm90_skip & 16));
+        uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
+        uint32_t tails = 0; // dW tail steps loaded through tail_bar (its phase parity)
+        int64_t tile_count = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, tile_count++) {
+            const TileCoord t = tile_coord(g, tile, BM, BN);
+            const int64_t qlen = reduction_length(g, t.e);
+            const int64_t steps = (qlen + H_BK - 1) / H_BK;
+            const int64_t base = g.ws.offsets[t.e];
+            // fwd, dX with gathered rows: source rows of A for this tile (-1 past m_e), double-buffered by
+            // tile parity
+            int64_t *tile_rows = row_table + (tile_count & 1) * BM;
+            if (OP != OP_DW && !g.tma_rows) {
+                for (int i = p; i < BM; i += H_PRODUCERS) {
+                    const int64_t gi = t.i0 + i;
+                    tile_rows[i] = gi < t.rows ? (OP == OP_DX ? y_row(g, base + gi) : x_row(g, base + gi)) : -1;
+                }
+                producer_sync();
+            }
+            for (int64_t step = 0; step < steps; step++, it++) {
+                const int s = (int)(it % H_STAGES);
+                const uint32_t bar = full_bar + 8 * s;
+                mbar_wait(empty_bar + 8 * s, ((it / H_STAGES) & 1) ^ 1);
+                unsigned char *sa = smem + s * H_STAGE_BYTES, *sb = sa + A_BYTES;
+                const uint32_t sa_addr = smem_base + s * H_STAGE_BYTES, sb_addr = sa_addr + A_BYTES;
+                const int64_t q0 = step * H_BK;
+                if (g.sm90_skip & 4) {
+                    cp_async_arrive_noinc(bar);
+                    if (p == 0)
+                        mbar_arrive(bar);
+                    continue;
+                }
+                // dW reads whole 64-row steps of the expert by TMA in 64-row boxes; the last, partial one
+                // in 8-row boxes plus zeros (below), or by cp.async when the rows are gathered
+                const bool dw_by_tma = OP == OP_DW && g.tma_rows && q0 + H_BK <= qlen;
+                if (p == 0) {
+                    if (OP == OP_FWD) {
+                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
+                        if (g.tma_rows) // X rows base + i0 ..: rows past m_e belong to the next expert, never stored
+                            tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
+                        tma_load_3d(sb_addr, &maps.w, bar, (int)q0, (int)t.j0, (int)t.e, w_policy);
+                    } else if (OP == OP_DX) {
+                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
+                        if (g.tma_rows)
+                            tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
+#pragma unroll
+                        for (int a = 0; a < BN / 64; a++)
+                            tma_load_3d(sb_addr + a * 8192, &maps.w, bar, (int)(t.j0 + 64 * a), (int)q0, (int)t.e,
+                                        w_policy);
+                    } else if (dw_by_tma) {
+                        mbar_arrive_expect_tx(bar, H_STAGE_BYTES);
+#pragma unroll
+                        for (int a = 0; a < BM / 64; a++)
+                            tma_load_2d(sa_addr + a * 8192, &maps.rows_a, bar, (int)(t.i0 + 64 * a), (int)(base + q0));
+#pragma unroll
+                        for (int a = 0; a < BN / 64; a++)
+                            tma_load_2d(sb_addr + a * 8192, &maps.rows_b, bar, (int)(t.j0 + 64 * a), (int)(base + q0));
+                    } else {
+                        mbar_arrive(bar);
+                    }
+                }
+                if (OP == OP_DW && g.tma_rows && !dw_by_tma) {
+                    // dW's last k-step, r < 64 rows left: 8-row boxes through the tail barrier, then zeros
+                    // over rows r .. 63 of every 64-column block (the boxes' rows past r belong to the next
+                    // expert); generic-proxy stores, hence the proxy fence before the arrival on `bar`
+                    const int r = (int)(qlen - q0), groups = (r + 7) / 8, blocks = BM / 64 + BN / 64;
+                    if (p == 0) {
+                        mbar_arrive_expect_tx(tail_bar, (uint32_t)(groups * blocks * 1024));
+                        for (int g8 = 0; g8 < groups; g8++) {
+#pragma unroll
+                            for (int a = 0; a < BM / 64; a++)
+                                tma_load_2d(sa_addr + a * 8192 + g8 * 1024, &maps.rows8_a, tail_bar, (int)(t.i0 + 64 * a),
+                                            (int)(base + q0 + 8 * g8));
+#pragma unroll
+                            for (int a = 0; a < BN / 64; a++)
+                                tma_load_2d(sb_addr + a * 8192 + g8 * 1024, &maps.rows8_b, tail_bar, (int)(t.j0 + 64 * a),
+                                            (int)(base + q0 + 8 * g8));
+                        }
+                    }
+                    mbar_wait(tail_bar, tails & 1);
+                    tails++;
+                    for (int idx = p; idx < (H_BK - r) * blocks * 8; idx += H_PRODUCERS) {
+                        const int chunk = idx % 8, blk = (idx / 8) % blocks, row = r + idx / (8 * blocks);
+                        unsigned char *dst = (blk < BM / 64 ? sa + blk * 8192 : sb + (blk - BM / 64) * 8192) + row * 128 + chunk * 16;
+                        *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
+                    }
+                    fence_proxy_async();
+                }
+                if (OP != OP_DW && !g.tma_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
+                    const int kc = p & 7;
+                    const int64_t lda = OP == OP_DX ? g.N : g.K;
+                    const bool k_ok = q0 + kc * 8 < qlen;
+#pragma unroll
+                    for (int u = 0; u < BM / 16; u++) {
+                        const int i = (p >> 3) + 16 * u;
+                        const int64_t row = tile_rows[i];
+                        const bool ok = row >= 0 && k_ok;
+                        cp_async16(sa + kmajor_offset(i, kc), ok ? A + row * lda + q0 + kc * 8 : A, ok);
+                    }
+                } else if (OP == OP_DW && !g.tma_rows) {
+                    static_assert(OP != OP_DW || (BM == 128 && BN == 256), "dW's cp.async layout");
+                    int64_t *rows = row_table + s * 128; // [0, 64): dY rows, [64, 128): X rows of this k-step
+                    const int64_t q = q0 + (p & 63);
+                    rows[p] = q < qlen ? (p < 64 ? y_row(g, base + q) : x_row(g, base + q)) : -1;
+                    producer_sync();
+#pragma unroll
+                    for (int u = 0; u < 8; u++) { // A MN-major [k 64][n 128]: 16 chunks per k row
+                        const int c = p + H_PRODUCERS * u, k = c >> 4, mc = c & 15;
+                        const int64_t row = rows[k];
+                        const bool ok = row >= 0 && t.i0 + mc * 8 < g.N;
+                        cp_async16(sa + mnmajor_offset(k, mc), ok ? A + row * g.N + t.i0 + mc * 8 : A, ok);
+                    }
+#pragma unroll
+                    for (int u = 0; u < 16; u++) { // B MN-major [k 64][c 256]: 32 chunks per k row
+                        const int c = p + H_PRODUCERS * u, k = c >> 5, mc = c & 31;
+                        const int64_t row = rows[64 + k];
+                        const bool ok = row >= 0 && t.j0 + mc * 8 < g.cols_j;
+                        cp_async16(sb + mnmajor_offset(k, mc), ok ? B + row * g.K + t.j0 + mc * 8 : B, ok);
+                    }
+                }
+                if (g.tma_rows)
+                    mbar_arrive(bar); // (release: orders dW's tail zeros before the consumers' acquire)
+                else
+                    cp_async_arrive_noinc(bar);
             }
         }
-        __syncthreads();
-
-        float d[64];
+    } else {
+        // ------------------------------------------------------------------ consumer warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
+        const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
+        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
+        float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET) + (threadIdx.x / 32 - 4) * 16 * H_EPI_LD;
+        uint32_t it = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const TileCoord t = tile_coord(g, tile, BM, BN);
+            const int64_t qlen = reduction_length(g, t.e);
+            const int64_t steps = (qlen + H_BK - 1) / H_BK;
+            // an m64 block whose rows are all past the expert's last row skips its MMAs (the other blocks
+            // then have the tensor cores to themselves); the stages are still released
+            bool active[M_BLOCKS];
 #pragma unroll
-        for (int i = 0; i < 64; i++)
-            d[i] = 0.0f;
-        const int64_t steps = (qlen + H_BK - 1) / H_BK;
+            for (int h = 0; h < M_BLOCKS; h++)
+                active[h] = OP == OP_DW || t.i0 + (wg * M_BLOCKS + h) * 64 < t.rows;
+            float d[M_BLOCKS][BN / 2];
 #pragma unroll
-        for (int s = 0; s < H_STAGES - 1; s++) {
-            if (s < steps)
-                h_load_stage<T, OP>(g, t, s * H_BK, qlen, smem + s * H_STAGE_BYTES, a_rows);
-            cp_async_commit();
-        }
-        for (int64_t step = 0; step < steps; step++) {
-            cp_async_wait<H_STAGES - 2>();
-            fence_proxy_async();       // cp.async wrote through the generic proxy; wgmma reads via the async one
-            __syncthreads();           // every thread's copies of stage `step` landed
-            const int s = (int)(step % H_STAGES);
-            const uint32_t a_addr = smem_base + s * H_STAGE_BYTES;
-            const uint32_t b_addr = a_addr + H_TILE_BYTES;
-            wgmma_fence();
+            for (int h = 0; h < M_BLOCKS; h++)
 #pragma unroll
-            for (int kk = 0; kk < H_BK / 16; kk++) {
-                uint64_t da, db;
-                if (TRANS_A == 0)
-                    da = smem_descriptor(a_addr + wg * 8 * 1024 + kk * 32, 16, 1024);
-                else
-                    da = smem_descriptor(a_addr + wg * 1024 + kk * 4096, 1024, 2048);
-                if (TRANS_B == 0)
-                    db = smem_descriptor(b_addr + kk * 32, 16, 1024);
-                else
-                    db = smem_descriptor(b_addr + kk * 4096, 1024, 2048);
-                wgmma_m64n128k16<T, TRANS_A, TRANS_B>(d, da, db, 1);
+                for (int i = 0; i < BN / 2; i++)
+                    d[h][i] = 0.0f;
+            for (int64_t step = 0; step < steps; step++, it++) {
+                const int s = (int)(it % H_STAGES);
+                mbar_wait(full_bar + 8 * s, (it / H_STAGES) & 1);
+                if (!(g.sm90_skip & 2)) {
+                    const uint32_t a_addr = smem_base + s * H_STAGE_BYTES + wg * M_BLOCKS * 8192;
+                    const uint32_t b_addr = smem_base + s * H_STAGE_BYTES + A_BYTES;
+                    // one straight-line batch per pattern of active blocks (a wgmma under a per-block
+                    // condition makes ptxas serialise them all)
+                    if (active[M_BLOCKS - 1])
+                        h_mma_step<T, M_BLOCKS, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
+                    else if (M_BLOCKS > 1 && active[0])
+                        h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
+                }
+                wgmma_wait<1>(); // the previous k-step's group is done: its stage goes back to the producer
+                if (step > 0 && lane == 0)
+                    mbar_arrive(empty_bar + 8 * ((it - 1) % H_STAGES));
             }
-            wgmma_commit();
-            wgmma_wait<1>();           // this warpgroup's step-1 group is done; step's stays in flight
-            __syncthreads();           // ... and so is every warpgroup's: stage (step-1) may be refilled
-            const int64_t next = step + H_STAGES - 1; // refills the stage consumed at step - 1
-            if (next < steps)
-                h_load_stage<T, OP>(g, t, next * H_BK, qlen, smem + (int)(next % H_STAGES) * H_STAGE_BYTES, a_rows);
-            cp_async_commit();
-        }
-        wgmma_wait<0>();
-        cp_async_wait<0>();
+            wgmma_wait<0>();
+            if (steps > 0 && lane == 0)
+                mbar_arrive(empty_bar + 8 * ((it - 1) % H_STAGES));
 
-        __syncthreads(); // every warpgroup is done with the stages: they now hold the fp32 C tile
-        // accumulator fragment: d[4j + {0,1,2,3}] = (row r0, col 8j + c0 + {0,1}), (row r0 + 8, same cols)
-        const int r0 = wg * 64 + warp_in_wg * 16 + lane / 4, c0 = (lane % 4) * 2;
+            // epilogue: each warp writes its 16 rows of each m64 block
+            const bool weighted = OP != OP_DW && g.weights != nullptr;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            *reinterpret_cast<float2 *>(tile_c + r0 * H_LDC + 8 * j + c0) = make_float2(d[4 * j + 0], d[4 * j + 1]);
-            *reinterpret_cast<float2 *>(tile_c + (r0 + 8) * H_LDC + 8 * j + c0) = make_float2(d[4 * j + 2], d[4 * j + 3]);
+            for (int b = 0; b < M_BLOCKS; b++) {
+                const int r0 = (wg * M_BLOCKS + b) * 64 + warp_in_wg * 16 + lane / 4;
+                int64_t out_row[2];
+                float row_weight[2] = {1.0f, 1.0f};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t gi = t.i0 + r0 + 8 * h;
+                    if (gi >= t.rows) {
+                        out_row[h] = -1;
+                    } else if (OP == OP_DW) {
+                        out_row[h] = t.e * g.N + gi;
+                    } else {
+                        const int64_t r = g.ws.offsets[t.e] + gi;
+                        out_row[h] = OP == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
+                        if (weighted)
+                            row_weight[h] = load_as_float(g.dtype, g.weights, slot_of(g, r));
+                    }
+                }
+                if (!(g.sm90_skip & 1))
+                    h_store_warp_slice<BN>(g, t, d[b], epi_stage, out_row, row_weight, weighted);
+            }
         }
-        __syncthreads();
-        epilogue_vectorised<H_BM, H_BN, H_LDC>(g, t, tile_c, a_rows, row_weight);
-        __syncthreads(); // a_rows and the stages are reused by the next tile
     }
 #else
-    (void)g; // compiled for another target: never launched (see sm90_path_available)
+    (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
 #endif
 }
 
