@@ -31,32 +31,10 @@
 #include <type_traits>
 
 #include "cuda_check.cuh"
+#include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
 
 namespace {
-
-// ------------------------------------------------------------------------------------------------
-// Element types
-// ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ float load_as_float(moe_dtype dtype, const void *base, int64_t i)
-{
-    if (dtype == MOE_F32)
-        return static_cast<const float *>(base)[i];
-    if (dtype == MOE_F16)
-        return __half2float(static_cast<const __half *>(base)[i]);
-    return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
-}
-
-// Round-to-nearest-even store; NaN and Inf kept (the cuda_fp16/bf16 conversions are RN).
-__device__ __forceinline__ void store_from_float(moe_dtype dtype, void *base, int64_t i, float v)
-{
-    if (dtype == MOE_F32)
-        static_cast<float *>(base)[i] = v;
-    else if (dtype == MOE_F16)
-        static_cast<__half *>(base)[i] = __float2half_rn(v);
-    else
-        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
-}
 
 // ------------------------------------------------------------------------------------------------
 // Device-side routing check.  Each call owns a small workspace; its `status` word makes the GEMM

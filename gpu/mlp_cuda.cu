@@ -45,33 +45,14 @@
 #include <stdio.h>
 
 #include "cuda_check.cuh"
+#include "dtype_cuda.cuh"
 #include "mlp_cuda.h"
 
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// Elements, activations
+// Activations (element loads and stores: dtype_cuda.cuh)
 // ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ float ld(moe_dtype dtype, const void *base, int64_t i)
-{
-    if (dtype == MOE_F32)
-        return static_cast<const float *>(base)[i];
-    if (dtype == MOE_F16)
-        return __half2float(static_cast<const __half *>(base)[i]);
-    return __bfloat162float(static_cast<const __nv_bfloat16 *>(base)[i]);
-}
-
-// One round-to-nearest-even conversion (NaN and Inf kept).
-__device__ __forceinline__ void st(moe_dtype dtype, void *base, int64_t i, float v)
-{
-    if (dtype == MOE_F32)
-        static_cast<float *>(base)[i] = v;
-    else if (dtype == MOE_F16)
-        static_cast<__half *>(base)[i] = __float2half_rn(v);
-    else
-        static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
-}
-
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 constexpr float SWISH_ALPHA = 1.702f;
@@ -360,7 +341,7 @@ __device__ __forceinline__ void fill_block_rows(const MlpArgs &g, const TileCoor
             pos = t.n * g.B + b;
             tok = token_of(g, pos);
             if (tok >= 0)
-                a = ld(g.dt, g.aff, tok * g.E + t.e);
+                a = load_as_float(g.dt, g.aff, tok * g.E + t.e);
         }
         rows.pos[i] = pos, rows.tok[i] = tok, rows.a[i] = a;
     }
@@ -377,7 +358,7 @@ __device__ __forceinline__ void fill_expert_chunk(const MlpArgs &g, const TileCo
             pos = g.expert_blocks[t.eb0 + qq / g.B] * g.B + qq % g.B;
             tok = token_of(g, pos);
             if (tok >= 0)
-                a = ld(g.dt, g.aff, tok * g.E + t.e);
+                a = load_as_float(g.dt, g.aff, tok * g.E + t.e);
         }
         rows.pos[q] = pos, rows.tok[q] = tok, rows.a[q] = a;
     }
@@ -445,14 +426,14 @@ struct OpGateUp {
     static __device__ TileCoord coord(const MlpArgs &g, int64_t tile) { return row_tile(g, tile, cdiv(g.I, 32), 32, g.H); }
     static __device__ float a(const MlpArgs &g, const TileCoord &, const Rows &rows, int i, int64_t h, int)
     {
-        return rows.tok[i] >= 0 ? ld(g.dt, g.hidden, rows.tok[i] * g.H + h) : 0.0f;
+        return rows.tok[i] >= 0 ? load_as_float(g.dt, g.hidden, rows.tok[i] * g.H + h) : 0.0f;
     }
     static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t h, int c, int)
     {
         const int64_t i = t.j0 + (c & 31);
         if (i >= g.I)
             return 0.0f;
-        return ld(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + (c < 32 ? i : g.I + i));
+        return load_as_float(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + (c < 32 ? i : g.I + i));
     }
     static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
                                     int tx, int ty)
@@ -472,21 +453,21 @@ struct OpGateUp {
                 const int64_t ck_g = (t.n * I2 + i) * g.B + b, ck_u = (t.n * I2 + I + i) * g.B + b;
                 if (tok < 0) { // padding: checkpoints +0, nothing else
                     if (g.ckpt_gu != nullptr) {
-                        st(g.dt, g.ckpt_gu, ck_g, 0.0f);
-                        st(g.dt, g.ckpt_gu, ck_u, 0.0f);
+                        store_from_float(g.dt, g.ckpt_gu, ck_g, 0.0f);
+                        store_from_float(g.dt, g.ckpt_gu, ck_u, 0.0f);
                     }
                     continue;
                 }
                 float gv = acc[u][v], uv = acc[u][v + 2];
                 if (g.bias) {
-                    gv = gv + ld(g.dt, g.b_gu, t.e * I2 + i);
-                    uv = uv + ld(g.dt, g.b_gu, t.e * I2 + I + i);
+                    gv = gv + load_as_float(g.dt, g.b_gu, t.e * I2 + i);
+                    uv = uv + load_as_float(g.dt, g.b_gu, t.e * I2 + I + i);
                 }
                 gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
                 uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
                 if (g.ckpt_gu != nullptr) {
-                    st(g.dt, g.ckpt_gu, ck_g, gv);
-                    st(g.dt, g.ckpt_gu, ck_u, uv);
+                    store_from_float(g.dt, g.ckpt_gu, ck_g, gv);
+                    store_from_float(g.dt, g.ckpt_gu, ck_u, uv);
                 }
                 float m = act_value(g.act, gv) * uv;
                 if (g.on_i) {
@@ -517,7 +498,7 @@ struct OpDown {
     static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t q, int j, int)
     {
         const int64_t h = t.j0 + j;
-        return h < g.H ? ld(g.dt, g.w_d, (t.e * g.I + q) * g.H + h) : 0.0f;
+        return h < g.H ? load_as_float(g.dt, g.w_d, (t.e * g.I + q) * g.H + h) : 0.0f;
     }
     static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
                                     int tx, int ty)
@@ -534,16 +515,16 @@ struct OpDown {
                 const int64_t h = t.j0 + tx + 16 * v;
                 if (h >= g.H)
                     continue;
-                const float bd = g.bias ? ld(g.dt, g.b_d, t.e * g.H + h) : 0.0f;
+                const float bd = g.bias ? load_as_float(g.dt, g.b_d, t.e * g.H + h) : 0.0f;
                 const float d = g.bias ? acc[u][v] + bd : acc[u][v];
                 if (MODE == DOWN_RECOMPUTE) {
                     if (tok >= 0)
                         g.Dre[pos * g.H + h] = d;
                 } else if (MODE == DOWN_CKPT_FROM_M0) {
-                    st(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
+                    store_from_float(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
                 } else if (!g.on_i) {
                     if (g.ckpt_d != nullptr)
-                        st(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
+                        store_from_float(g.dt, g.ckpt_d, pos * g.H + h, tok >= 0 ? d : 0.0f);
                     if (tok >= 0)
                         g.contrib[pos * g.H + h] = a * d;
                 } else if (tok >= 0) {
@@ -558,7 +539,7 @@ struct OpDown {
 // dW_d input).
 __device__ __forceinline__ float scaled_grad(const MlpArgs &g, int64_t tok, float a, int64_t h, bool scale)
 {
-    const float G = ld(g.dt, g.out_grad, tok * g.H + h);
+    const float G = load_as_float(g.dt, g.out_grad, tok * g.H + h);
     return scale ? a * G : G;
 }
 
@@ -573,7 +554,7 @@ struct OpDm {
     static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t h, int j, int)
     {
         const int64_t i = t.j0 + j;
-        return i < g.I ? ld(g.dt, g.w_d, (t.e * g.I + i) * g.H + h) : 0.0f;
+        return i < g.I ? load_as_float(g.dt, g.w_d, (t.e * g.I + i) * g.H + h) : 0.0f;
     }
     static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
                                     int tx, int ty)
@@ -592,8 +573,8 @@ struct OpDm {
                 if (i >= I)
                     continue;
                 const float dm = g.on_i ? a * acc[u][v] : acc[u][v];
-                const float gv = ld(g.dt, g.ckpt_gu_in, (t.n * I2 + i) * g.B + b);
-                const float uv = ld(g.dt, g.ckpt_gu_in, (t.n * I2 + I + i) * g.B + b);
+                const float gv = load_as_float(g.dt, g.ckpt_gu_in, (t.n * I2 + i) * g.B + b);
+                const float uv = load_as_float(g.dt, g.ckpt_gu_in, (t.n * I2 + I + i) * g.B + b);
                 const float ag = act_value(g.act, gv);
                 const float m0 = ag * uv;
                 if (g.M0 != nullptr)
@@ -619,7 +600,7 @@ struct OpDx {
     static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &, int64_t j, int c, int)
     {
         const int64_t h = t.j0 + c;
-        return h < g.H ? ld(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + j) : 0.0f;
+        return h < g.H ? load_as_float(g.dt, g.w_gu, (t.e * g.H + h) * 2 * g.I + j) : 0.0f;
     }
     static __device__ void epilogue(const MlpArgs &g, const TileCoord &t, const Rows &rows, const float (&acc)[4][4],
                                     int tx, int ty)
@@ -643,8 +624,8 @@ struct OpDx {
 __device__ __forceinline__ void store_grad(const MlpArgs &g, void *dst, int64_t index, float v)
 {
     if (g.accumulate)
-        v = ld(g.gdt, dst, index) + v;
-    st(g.gdt, dst, index, v);
+        v = load_as_float(g.gdt, dst, index) + v;
+    store_from_float(g.gdt, dst, index, v);
 }
 
 // ---- backward: dW_d[e] = M^T . dD over the expert's positions (ON_I: (a*m)^T . G)
@@ -682,7 +663,7 @@ struct OpDwGu {
     static __device__ float a(const MlpArgs &g, const TileCoord &t, const Rows &rows, int i, int64_t, int ql)
     {
         const int64_t h = t.i0 + i;
-        return rows.tok[ql] >= 0 && h < g.H ? ld(g.dt, g.hidden, rows.tok[ql] * g.H + h) : 0.0f;
+        return rows.tok[ql] >= 0 && h < g.H ? load_as_float(g.dt, g.hidden, rows.tok[ql] * g.H + h) : 0.0f;
     }
     static __device__ float b(const MlpArgs &g, const TileCoord &t, const Rows &rows, int64_t, int j, int ql)
     {
@@ -732,7 +713,7 @@ __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
                 first = false;
             }
         }
-        st(g.dt, dst, idx, acc);
+        store_from_float(g.dt, dst, idx, acc);
     }
 }
 
@@ -750,8 +731,8 @@ __global__ void dot_kernel(MlpArgs g)
             continue;
         float sum = 0.0f;
         for (int64_t h = lane; h < g.H; h += 32) {
-            const float d = g.ckpt_d_in != nullptr ? ld(g.dt, g.ckpt_d_in, pos * g.H + h) : g.Dre[pos * g.H + h];
-            sum = fmaf(ld(g.dt, g.out_grad, tok * g.H + h), d, sum);
+            const float d = g.ckpt_d_in != nullptr ? load_as_float(g.dt, g.ckpt_d_in, pos * g.H + h) : g.Dre[pos * g.H + h];
+            sum = fmaf(load_as_float(g.dt, g.out_grad, tok * g.H + h), d, sum);
         }
         for (int off = 16; off > 0; off /= 2)
             sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -768,7 +749,7 @@ __global__ void daff_kernel(MlpArgs g)
     GRID_STRIDE(idx, g.T * g.E)
     {
         const long long pos = g.pair_pos[idx];
-        st(g.dt, g.d_aff, idx, pos == NONE ? 0.0f : g.da[pos]);
+        store_from_float(g.dt, g.d_aff, idx, pos == NONE ? 0.0f : g.da[pos]);
     }
 }
 
@@ -788,7 +769,7 @@ __global__ void bias_grad_kernel(MlpArgs g)
                 const int64_t pos = n * g.B + b, tok = token_of(g, pos);
                 if (tok < 0)
                     continue;
-                sum = sum + (c < g.H ? scaled_grad(g, tok, ld(g.dt, g.aff, tok * g.E + e), c, true)
+                sum = sum + (c < g.H ? scaled_grad(g, tok, load_as_float(g.dt, g.aff, tok * g.E + e), c, true)
                                      : g.dGU[pos * 2 * g.I + (c - g.H)]);
             }
         }

@@ -15,3 +15,4 @@ tests_test_bad_input_LDADD = $(TEST_LIBS)
 tests_test_threads_LDADD = $(TEST_LIBS)
 # Also compare the naive and blocked reference twins bit for bit (needs ref/gemm_blocked.c):
 tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
+noinst_HEADERS += tests/check.h

@@ -25,19 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long failures, checks;
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        checks++;                                                                                    \
-        if (!(cond)) {                                                                               \
-            if (++failures <= 60) {                                                                  \
-                fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
-                fprintf(stderr, __VA_ARGS__);                                                        \
-                fprintf(stderr, "\n");                                                               \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
+#define CHECK_MAX_PRINTED 60
+#include "check.h"
 
 enum op { OP_FWD, OP_DX, OP_DW, OP_TOPK, OP_BWD, OP_COUNT };
 static const char *const OP_NAMES[] = {"moe_gemm_fwd", "moe_gemm_dx", "moe_gemm_dw", "moe_gemm_topk_weights_grad",

@@ -23,18 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long failures;
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            if (++failures <= 40) {                                                                  \
-                fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
-                fprintf(stderr, __VA_ARGS__);                                                        \
-                fprintf(stderr, "\n");                                                               \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
+#include "check.h"
 
 /* ---- independent models of the two 16-bit formats ---- */
 

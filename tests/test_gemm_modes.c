@@ -39,29 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long failures, checks;
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        checks++;                                                                                    \
-        if (!(cond)) {                                                                               \
-            if (++failures <= 40) {                                                                  \
-                fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
-                fprintf(stderr, __VA_ARGS__);                                                        \
-                fprintf(stderr, "\n");                                                               \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
+#include "check.h"
 
 static uint64_t seed;
 static oracle_rng rng;

@@ -19,18 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static long failures;
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            if (++failures <= 40) {                                                                  \
-                fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
-                fprintf(stderr, __VA_ARGS__);                                                        \
-                fprintf(stderr, "\n");                                                               \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng_state;
 static uint64_t next_random(void)
@@ -41,16 +30,6 @@ static uint64_t next_random(void)
     return z ^ (z >> 31);
 }
 static int64_t below(int64_t n) { return n <= 1 ? 0 : (int64_t)(next_random() % (uint64_t)n); }
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
 
 enum { POISON = 0xA7 };
 

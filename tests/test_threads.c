@@ -22,29 +22,7 @@
 #include <omp.h>
 #endif
 
-static long failures, checks;
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        checks++;                                                                                    \
-        if (!(cond)) {                                                                               \
-            if (++failures <= 40) {                                                                  \
-                fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                                \
-                fprintf(stderr, __VA_ARGS__);                                                        \
-                fprintf(stderr, "\n");                                                               \
-            }                                                                                        \
-        }                                                                                            \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(2);
-    }
-    return p;
-}
+#include "check.h"
 
 #ifdef _OPENMP
 static const int thread_counts[] = {1, 2};
