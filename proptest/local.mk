@@ -5,7 +5,7 @@ proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c \
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h \
 	tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
 proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
@@ -17,7 +17,7 @@ EXTRA_DIST += proptest/mutants.sh
 
 # GPU properties: built and run when CUDA is configured; exit 77 (skip) where no device is visible.
 if MOE_CUDA
-proptest_moe_fuzz_SOURCES += proptest/pt_gpu.c
+proptest_moe_fuzz_SOURCES += proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h
 proptest_moe_fuzz_CPPFLAGS += $(CUDA_CPPFLAGS) -DMOE_FUZZ_CUDA
 proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
@@ -26,7 +26,7 @@ proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 proptest_test_gpu_gemm_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_gemm
 else
-EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c
+EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h
 endif
 
 # GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of tests/ with the

@@ -382,6 +382,7 @@ void pt_mlp(pt_case *c);
 void pt_mlp_meta(pt_case *c);
 #ifdef MOE_FUZZ_CUDA
 void pt_gpu_gemm(pt_case *c);
+void pt_gpu_mlp(pt_case *c);
 #endif
 
 const pt_op pt_ops[] = {
@@ -402,6 +403,8 @@ const pt_op pt_ops[] = {
 #ifdef MOE_FUZZ_CUDA
     {"gpu-gemm", "CUDA vs reference and oracle for every op/mode/dtype; bitwise equal on exact values; "
                  "bitwise deterministic on repeat", 1, pt_gpu_gemm},
+    {"gpu-mlp", "CUDA MLP fwd+bwd (every option) vs the float64 bound and the CPU reference; bitwise deterministic; "
+                "invalid device layouts reported by moe_backend_synchronize, outputs untouched", 1, pt_gpu_mlp},
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -11,13 +11,13 @@
 #include "pt_gemm.h"
 
 #include "oracle.h"
+#include "pt_cuda.h"
 
-#include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int cuda_ok(pt_case *c, cudaError_t err, const char *what)
+int pt_cuda_ok(pt_case *c, cudaError_t err, const char *what)
 {
     if (err == cudaSuccess)
         return 1;
@@ -25,16 +25,28 @@ static int cuda_ok(pt_case *c, cudaError_t err, const char *what)
     return 0;
 }
 
-static void *device_copy(pt_case *c, const void *host, size_t bytes)
+void *pt_device_copy(pt_case *c, const void *host, size_t bytes)
 {
     void *dev = NULL;
-    if (!cuda_ok(c, cudaMalloc(&dev, bytes ? bytes : 16), "cudaMalloc"))
+    if (!pt_cuda_ok(c, cudaMalloc(&dev, bytes ? bytes : 16), "cudaMalloc"))
         return NULL;
-    if (bytes && host && !cuda_ok(c, cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device")) {
+    if (bytes && host && !pt_cuda_ok(c, cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device")) {
         cudaFree(dev);
         return NULL;
     }
     return dev;
+}
+
+int pt_device_download(pt_case *c, void *host, const void *dev, size_t bytes)
+{
+    return bytes == 0 || pt_cuda_ok(c, cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+}
+
+void pt_device_free_all(void *const *ptrs, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (ptrs[i])
+            cudaFree(ptrs[i]);
 }
 
 /* Runs op on the GPU into a device buffer initialised from `init` (output bytes); copies it to `host`. */
@@ -43,13 +55,13 @@ static int gpu_run(pt_case *c, const gcase *g, enum gop op, const void *init, si
     const size_t es = moe_dtype_size(g->opt.dtype);
     gcase d = *g; /* the same case with device pointers */
     int ok = 0;
-    void *dm = device_copy(c, g->m_sizes, (size_t)g->E * sizeof(int64_t));
-    void *dg = device_copy(c, g->gather, (size_t)g->M * sizeof(int64_t));
-    void *dx = device_copy(c, g->x, (size_t)(gcase_x_rows(g) * g->K) * es);
-    void *dw = device_copy(c, g->w, (size_t)(g->E * g->N * g->K) * es);
-    void *ddy = device_copy(c, g->dy, (size_t)(g->M * g->N) * es);
-    void *dtw = g->tw ? device_copy(c, g->tw, (size_t)g->M * es) : NULL;
-    void *dout = device_copy(c, init, bytes);
+    void *dm = pt_device_copy(c, g->m_sizes, (size_t)g->E * sizeof(int64_t));
+    void *dg = pt_device_copy(c, g->gather, (size_t)g->M * sizeof(int64_t));
+    void *dx = pt_device_copy(c, g->x, (size_t)(gcase_x_rows(g) * g->K) * es);
+    void *dw = pt_device_copy(c, g->w, (size_t)(g->E * g->N * g->K) * es);
+    void *ddy = pt_device_copy(c, g->dy, (size_t)(g->M * g->N) * es);
+    void *dtw = g->tw ? pt_device_copy(c, g->tw, (size_t)g->M * es) : NULL;
+    void *dout = pt_device_copy(c, init, bytes);
     if (c->outcome != PT_FAIL) {
         d.r.m_sizes = dm;
         d.r.gather_indices = g->r.gather_indices ? dg : NULL;
@@ -64,14 +76,12 @@ static int gpu_run(pt_case *c, const gcase *g, enum gop op, const void *init, si
             if (st != MOE_OK)
                 pt_fail(c, "device-error", "gpu %s: moe_backend_synchronize: %s: %s", gop_name(op), moe_strerror(st),
                         moe_last_error());
-            else if (cuda_ok(c, cudaMemcpy(host, dout, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host"))
+            else if (pt_device_download(c, host, dout, bytes))
                 ok = 1;
         }
     }
     void *ps[] = {dm, dg, dx, dw, ddy, dtw, dout};
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
-        if (ps[i])
-            cudaFree(ps[i]);
+    pt_device_free_all(ps, sizeof ps / sizeof ps[0]);
     return ok;
 }
 

@@ -8,7 +8,7 @@
  */
 #include "pt.h"
 #include "pt_gen.h"
-#include "mlp_testlib.h"
+#include "pt_mlp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,17 +22,7 @@ static const int64_t block_sizes[] = {1, 2, 3, 4, 5, 8, 16, 128};
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-typedef struct mlp_draw {
-    int64_t T, E, k, H, I;
-    int64_t *ids;
-    moe_mlp_options opt;
-    int layout_mode;     /* MT_DROPLESS / MT_DROPPING / MT_SHUFFLED */
-    int clamp_mask;
-    uint64_t seed;
-    int down_ckpt_in_bwd;
-} mlp_draw;
-
-static void mlp_generate(pt_case *c, mlp_draw *d)
+void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
 {
     pt_source *s = c->src;
     memset(d, 0, sizeof *d);
@@ -100,7 +90,7 @@ static void mlp_generate(pt_case *c, mlp_draw *d)
 }
 
 /* Builds the test library's case (layout, inputs, clamp limits in gaps of the data). */
-static void mlp_build(const mlp_draw *d, const moe_mlp_options *opt, int layout_mode, mt_case *m)
+void pt_mlp_build(const pt_mlp_draw *d, const moe_mlp_options *opt, int layout_mode, mt_case *m)
 {
     mt_case_init_routing(m, d->seed, d->T, d->E, d->k, d->H, d->I, d->ids, opt, layout_mode);
     if (d->H > 16 || d->I > 16)
@@ -117,7 +107,7 @@ static int fd_affordable(const mt_case *m)
     return params * forward <= 4e6;
 }
 
-static int64_t run_checked(pt_case *c, const mt_case *m, int checks, int down_ckpt, mt_result *res, const char *what)
+int64_t pt_mlp_run_checked(pt_case *c, const mt_case *m, int checks, int down_ckpt, mt_result *res, const char *what)
 {
     mt_worst_ratio = 0.0;
     const int64_t bad = mt_run(m, checks, down_ckpt, res);
@@ -130,13 +120,13 @@ static int64_t run_checked(pt_case *c, const mt_case *m, int checks, int down_ck
 
 void pt_mlp(pt_case *c)
 {
-    mlp_draw d;
-    mlp_generate(c, &d);
+    pt_mlp_draw d;
+    pt_mlp_generate(c, &d);
     mt_case m;
-    mlp_build(&d, &d.opt, d.layout_mode, &m);
+    pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     const int checks = MT_CHECK_BOUND | (fd_affordable(&m) ? MT_CHECK_FD : 0);
     pt_describe(c, " N=%lld%s", (long long)m.N, checks & MT_CHECK_FD ? " +fd" : "");
-    run_checked(c, &m, checks, d.down_ckpt_in_bwd, NULL, "mlp");
+    pt_mlp_run_checked(c, &m, checks, d.down_ckpt_in_bwd, NULL, "mlp");
     mt_case_free(&m);
     free(d.ids);
 }
@@ -176,8 +166,8 @@ void pt_mlp_meta(pt_case *c)
     const int relation = pt_pick(c->src, 4);
     static const char *const names[4] = {"block-size", "affinity-H-vs-I", "empty-expert", "overwrite"};
     pt_describe(c, "relation %s: ", names[relation]);
-    mlp_draw d;
-    mlp_generate(c, &d);
+    pt_mlp_draw d;
+    pt_mlp_generate(c, &d);
     d.opt.accumulate = 0; /* the comparisons below bound the two results without prior gradient contents */
     moe_mlp_options o1 = d.opt, o2 = d.opt;
     int mode1 = d.layout_mode, mode2 = d.layout_mode;
@@ -203,13 +193,13 @@ void pt_mlp_meta(pt_case *c)
     }
     mt_case m1, m2;
     mt_result r1, r2;
-    mlp_build(&d, &o1, mode1, &m1);
-    run_checked(c, &m1, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r1, names[relation]);
+    pt_mlp_build(&d, &o1, mode1, &m1);
+    pt_mlp_run_checked(c, &m1, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r1, names[relation]);
     if (relation == 2) {
         empty_expert_zero_grads(c, &m1, &r1);
     } else {
         /* the second case has the same inputs: the clamp limits of the first are reused */
-        mlp_build(&d, &o2, mode2, &m2);
+        pt_mlp_build(&d, &o2, mode2, &m2);
         m2.opt.has_linear_clamp_lower_limit = m1.opt.has_linear_clamp_lower_limit;
         m2.opt.has_linear_clamp_upper_limit = m1.opt.has_linear_clamp_upper_limit;
         m2.opt.has_non_linear_clamp_lower_limit = m1.opt.has_non_linear_clamp_lower_limit;
@@ -218,7 +208,7 @@ void pt_mlp_meta(pt_case *c)
         m2.opt.linear_clamp_upper_limit = m1.opt.linear_clamp_upper_limit;
         m2.opt.non_linear_clamp_lower_limit = m1.opt.non_linear_clamp_lower_limit;
         m2.opt.non_linear_clamp_upper_limit = m1.opt.non_linear_clamp_upper_limit;
-        run_checked(c, &m2, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r2, names[relation]);
+        pt_mlp_run_checked(c, &m2, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r2, names[relation]);
         if (relation == 3) {
             if (!mt_results_identical(&m1, &r1, &r2, 1))
                 pt_fail(c, "overwrite", "top-1 with tensor_update_overwrite differs bitwise from accumulating updates");
