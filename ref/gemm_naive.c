@@ -4,6 +4,14 @@
 
 #include <stdlib.h>
 
+/* OpenMP directives as _Pragma (as in gemm_blocked.c and mlp.c): the same compiled code as `#pragma omp`,
+ * and Frama-C's parser, which rejects `#pragma omp` in statement position, reads it. */
+#ifdef _OPENMP
+#define NAIVE_OMP(directive) _Pragma(#directive)
+#else
+#define NAIVE_OMP(directive)
+#endif
+
 /* offsets[E+1] of a validated problem, or NULL after recording MOE_ERR_OUT_OF_MEMORY. */
 static int64_t *expert_offsets(const moe_gemm_problem *p)
 {
@@ -50,7 +58,7 @@ moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, cons
     int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
-#pragma omp parallel for schedule(static)
+NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t r = 0; r < M; r++) {
         const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
         const int64_t xr = x_row(p, r), yr = y_row(p, r);
@@ -75,7 +83,7 @@ moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, cons
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     if (!p->reduce_topk) {
-#pragma omp parallel for schedule(static)
+NAIVE_OMP(omp parallel for schedule(static))
         for (int64_t r = 0; r < M; r++) {
             const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
             const int64_t dyr = y_row(p, r);
@@ -102,7 +110,7 @@ moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, cons
     for (int64_t r = 0; r < M; r++)
         row_of_slot[p->gather_indices[r]] = r;
     const int64_t T = p->num_tokens, k = p->topk;
-#pragma omp parallel for schedule(static)
+NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t t = 0; t < T; t++) {
         for (int64_t c = 0; c < K; c++) {
             float sum = 0.0f;
@@ -133,7 +141,7 @@ moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     /* each thread owns whole (expert, n) rows of dW */
-#pragma omp parallel for schedule(static)
+NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t en = 0; en < E * N; en++) {
         const int64_t e = en / N, n = en % N;
         for (int64_t c = 0; c < K; c++) {
@@ -158,7 +166,7 @@ moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void 
     int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
-#pragma omp parallel for schedule(static)
+NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t r = 0; r < M; r++) {
         const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
         const int64_t xr = x_row(p, r), dyr = y_row(p, r);

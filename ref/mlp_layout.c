@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*@ terminates \true;
+    assigns \nothing; */
 static const char *padding_name(moe_mlp_padding padding)
 {
     return padding == MOE_MLP_PAD_ROW ? "MOE_MLP_PAD_ROW" : "MOE_MLP_PAD_SKIP";
@@ -39,19 +41,36 @@ moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *
     return MOE_OK;
 }
 
-moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
-                                    moe_mlp_padding padding, int overwrite)
+/* The part of moe_ref_mlp_check_layout that needs no scratch: every block's expert in [0, E), every
+ * position's token in [0, T) or the padding mark pad.
+ *   block_to_expert      [N]      the layout's expert of each block
+ *   token_position_to_id [N * B]  the layout's token of each position
+ *   pad                           T (MOE_MLP_PAD_ROW) or -1 (MOE_MLP_PAD_SKIP), named by `padding` */
+/*@ requires dims: 0 <= T < INT64_MAX && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
+    requires pad: pad == (padding == MOE_MLP_PAD_ROW ? T : -1);
+    requires b2e: \valid_read(b2e + (0 .. N - 1));
+    requires ids: \valid_read(ids + (0 .. N * B - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> layout_entries_ok(b2e, ids, T, E, N, B, pad);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX; */
+static moe_status check_layout_entries(const char *op, int64_t T, int64_t E, int64_t N, int64_t B,
+                                       moe_mlp_padding padding, int64_t pad, const int64_t *b2e,
+                                       const int64_t *ids)
 {
-    const moe_status shape = moe_ref_mlp_check_layout_shape(op, layout, B);
-    if (shape != MOE_OK)
-        return shape;
-    const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks, NB = N * B;
-    const int64_t *b2e = layout->block_to_expert, *ids = layout->token_position_to_id;
+    const int64_t NB = N * B;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant in_range: in_range(b2e, n, 0, E);
+        loop assigns n;
+        loop variant N - n; */
     for (int64_t n = 0; n < N; n++)
         if (b2e[n] < 0 || b2e[n] >= E)
             return moe_fail(MOE_ERR_INVALID_INDEX, "%s: layout.block_to_expert[%" PRId64 "] = %" PRId64
                             ", expected an expert in [0, %" PRId64 ")", op, n, b2e[n], E);
-    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
+    /*@ loop invariant bounds: 0 <= p <= NB;
+        loop invariant ids_ok: ids_ok(ids, p, T, pad);
+        loop assigns p;
+        loop variant NB - p; */
     for (int64_t p = 0; p < NB; p++) {
         const int64_t id = ids[p];
         if (id != pad && (id < 0 || id >= T))
@@ -60,6 +79,65 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
                             ") or the padding mark %" PRId64 " of %s", op, p, id, p / B, p % B, T, pad,
                             padding_name(padding));
     }
+    return MOE_OK;
+}
+
+/* The tensor_update_overwrite half of moe_ref_mlp_check_layout: each token at most once.
+ *   ids      [NB]  the layout's token of each position (checked: a token or the padding mark)
+ *   seen_pos [T]   scratch: the position where token t was met, or -1 */
+/*@ requires dims: 0 <= T && 0 <= NB;
+    requires pad: pad < 0 || pad >= T;
+    requires ids: \valid_read(ids + (0 .. NB - 1)) && ids_ok(ids, NB, T, pad);
+    requires seen_pos: \valid(seen_pos + (0 .. T - 1));
+    requires separated: \separated(seen_pos + (0 .. T - 1), ids + (0 .. NB - 1));
+    terminates \true;
+    assigns seen_pos[0 .. T - 1], moe_error_model;
+    ensures accepts_exactly_top1: \result == MOE_OK <==>
+      (\forall integer a, b; 0 <= a < b < NB && ids[a] != pad ==> ids[a] != ids[b]);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_OPTION; */
+static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64_t pad, const int64_t *ids,
+                                    int64_t *seen_pos)
+{
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant cleared: \forall integer u; 0 <= u < t ==> seen_pos[u] == -1;
+        loop assigns t, seen_pos[0 .. T - 1];
+        loop variant T - t; */
+    for (int64_t t = 0; t < T; t++)
+        seen_pos[t] = -1;
+    /*@ loop invariant bounds: 0 <= p <= NB;
+        loop invariant once: \forall integer a, b; 0 <= a < b < p && ids[a] != pad ==> ids[a] != ids[b];
+        loop invariant seen: \forall integer u; 0 <= u < T ==>
+          (seen_pos[u] == -1 && (\forall integer q; 0 <= q < p ==> ids[q] != u)) ||
+          (0 <= seen_pos[u] < p && ids[seen_pos[u]] == u);
+        loop assigns p, seen_pos[0 .. T - 1];
+        loop variant NB - p; */
+    for (int64_t p = 0; p < NB; p++) {
+        const int64_t t = ids[p];
+        if (t == pad)
+            continue;
+        if (seen_pos[t] >= 0)
+            return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.tensor_update_overwrite is set but token %"
+                            PRId64 " sits at layout.token_position_to_id[%" PRId64 "] and [%" PRId64
+                            "], expected each token at most once (top-1)", op, t, seen_pos[t], p);
+        seen_pos[t] = p;
+    }
+    return MOE_OK;
+}
+
+/* Not proved by WP (it allocates); check_layout_entries and check_tokens_once are.  The (token, expert)
+ * pair check below is tested only (tests/test_mlp_layout, proptest). */
+moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
+                                    moe_mlp_padding padding, int overwrite)
+{
+    const moe_status shape = moe_ref_mlp_check_layout_shape(op, layout, B);
+    if (shape != MOE_OK)
+        return shape;
+    const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks, NB = N * B;
+    const int64_t *b2e = layout->block_to_expert, *ids = layout->token_position_to_id;
+    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
+    moe_status status = check_layout_entries(op, T, E, N, B, padding, pad, b2e, ids);
+    if (status != MOE_OK)
+        return status;
 
     /* each (token, expert) pair at most once: visit the blocks expert by expert and remember, per token,
      * the last expert it was seen with and where */
@@ -67,7 +145,6 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
     int64_t *order = malloc(((size_t)N + 1) * sizeof(int64_t));
     int64_t *seen_expert = malloc(((size_t)T + 1) * sizeof(int64_t));
     int64_t *seen_pos = malloc(((size_t)T + 1) * sizeof(int64_t));
-    moe_status status = MOE_OK;
     if (start == NULL || order == NULL || seen_expert == NULL || seen_pos == NULL) {
         status = moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory to check a layout of %" PRId64 " tokens and %"
                           PRId64 " blocks", op, T, N);
@@ -97,27 +174,71 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
             seen_pos[t] = p;
         }
     }
-    if (status == MOE_OK && overwrite) {
-        for (int64_t t = 0; t < T; t++)
-            seen_pos[t] = -1;
-        for (int64_t p = 0; p < NB; p++) {
-            const int64_t t = ids[p];
-            if (t == pad)
-                continue;
-            if (seen_pos[t] >= 0) {
-                status = moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.tensor_update_overwrite is set but token %"
-                                  PRId64 " sits at layout.token_position_to_id[%" PRId64 "] and [%" PRId64
-                                  "], expected each token at most once (top-1)", op, t, seen_pos[t], p);
-                break;
-            }
-            seen_pos[t] = p;
-        }
-    }
+    if (status == MOE_OK && overwrite)
+        status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
 done:
     free(start);
     free(order);
     free(seen_expert);
     free(seen_pos);
+    return status;
+}
+
+/* The contents half of moe_ref_mlp_check_topk: every id an expert in [0, E), distinct within a token.
+ *   topk_ids [T * k]  the experts of each token
+ *   last     [E]      scratch: the last token seen with expert e, or -1 */
+/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && T * k <= INT64_MAX;
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1));
+    requires last: \valid(last + (0 .. E - 1));
+    requires separated: \separated(last + (0 .. E - 1), topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns last[0 .. E - 1], moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> topk_ok(topk_ids, T, k, E);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids,
+                                 int64_t *last)
+{
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant cleared: \forall integer x; 0 <= x < e ==> last[x] == -1;
+        loop assigns e, last[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++)
+        last[e] = -1;
+    moe_status status = MOE_OK;
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant ok_prefix: status == MOE_OK ==> in_range(topk_ids, t * k, 0, E) && topk_distinct(topk_ids, t, k);
+        loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
+        loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
+        loop invariant last: status == MOE_OK ==> \forall integer x; 0 <= x < E ==> last[x] < t;
+        loop assigns t, status, last[0 .. E - 1], moe_error_model;
+        loop variant T - t; */
+    for (int64_t t = 0; t < T && status == MOE_OK; t++) {
+        /*@ assert row_fits: 0 <= t * k && (t + 1) * k <= T * k && t * k + k == (t + 1) * k; */
+        /*@ loop invariant bounds: 0 <= j <= k;
+            loop invariant ok_row: status == MOE_OK ==> in_range(topk_ids, t * k + j, 0, E) &&
+              (\forall integer a, b; 0 <= a < b < j ==> topk_ids[t * k + a] != topk_ids[t * k + b]);
+            loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
+            loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
+            loop invariant last_row: status == MOE_OK ==> \forall integer x; 0 <= x < E ==>
+              last[x] <= t && (last[x] == t <==> \exists integer a; 0 <= a < j && topk_ids[t * k + a] == x);
+            loop assigns j, status, last[0 .. E - 1], moe_error_model;
+            loop variant k - j; */
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t e = topk_ids[t * k + j];
+            if (e < 0 || e >= E) {
+                status = moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                                  ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
+                break;
+            }
+            if (last[e] == t) {
+                status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                                  " repeats an expert of the same token, expected distinct experts per token",
+                                  op, t, j, e);
+                break;
+            }
+            last[e] = t;
+        }
+    }
     return status;
 }
 
@@ -142,38 +263,61 @@ moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t 
     int64_t *last = malloc(((size_t)E + 1) * sizeof(int64_t));
     if (last == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
-    for (int64_t e = 0; e < E; e++)
-        last[e] = -1;
-    moe_status status = MOE_OK;
-    for (int64_t t = 0; t < T && status == MOE_OK; t++) {
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t e = topk_ids[t * k + j];
-            if (e < 0 || e >= E) {
-                status = moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
-                break;
-            }
-            if (last[e] == t) {
-                status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  " repeats an expert of the same token, expected distinct experts per token",
-                                  op, t, j, e);
-                break;
-            }
-            last[e] = t;
-        }
-    }
+    const moe_status status = check_topk_ids(op, T, k, E, topk_ids, last);
     free(last);
     return status;
 }
 
+/* m[e] = the number of topk ids equal to e.
+ *   ids [T * k]  checked topk ids;  m [E]  out */
+/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && T * k <= INT64_MAX;
+    requires ids: \valid_read(ids + (0 .. T * k - 1)) && in_range(ids, T * k, 0, E);
+    requires m: \valid(m + (0 .. E - 1));
+    requires separated: \separated(m + (0 .. E - 1), ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns m[0 .. E - 1];
+    ensures bounded: \forall integer e; 0 <= e < E ==> 0 <= m[e] <= T * k; */
 static void count_per_expert(int64_t T, int64_t k, int64_t E, const int64_t *ids, int64_t *m)
 {
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant zero: \forall integer x; 0 <= x < e ==> m[x] == 0;
+        loop assigns e, m[0 .. E - 1];
+        loop variant E - e; */
     for (int64_t e = 0; e < E; e++)
         m[e] = 0;
+    /*@ loop invariant bounds: 0 <= s <= T * k;
+        loop invariant bounded: \forall integer x; 0 <= x < E ==> 0 <= m[x] <= s;
+        loop assigns s, m[0 .. E - 1];
+        loop variant T * k - s; */
     for (int64_t s = 0; s < T * k; s++)
         m[ids[s]]++;
 }
 
+/* The blocks of a dropless layout: sum_e ceil(m[e] / B).  m [E]: tokens per expert. */
+/*@ requires dims: 1 <= E && 1 <= B;
+    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
+    terminates \true;
+    assigns \nothing;
+    ensures blocks: \result == nblocks(m, E, B); */
+static int64_t dropless_blocks(int64_t E, int64_t B, const int64_t *m)
+{
+    /*@ ghost lemma_nblocks_le_msum((int64_t *)m, E, B); */
+    /*@ ghost lemma_msum_monotone_all((int64_t *)m, 0, E); */
+    int64_t N = 0;
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant blocks: N == nblocks(m, e, B);
+        loop assigns e, N;
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++) {
+        /*@ assert step: nblocks(m, e + 1, B) == N + ceil_div(m[e], B) && 0 <= ceil_div(m[e], B) &&
+              nblocks(m, e + 1, B) <= msum(m, e + 1) && msum(m, e + 1) <= msum(m, E); */
+        N += m[e] / B + (m[e] % B != 0);
+    }
+    return N;
+}
+
+/* Not proved by WP (it allocates); count_per_expert and dropless_blocks are, given that the counts sum to
+ * T * k (not proved: the framing of msum over the counting loop; tested by tests/test_mlp_layout). */
 int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
                                  const int64_t *topk_ids)
 {
@@ -183,13 +327,65 @@ int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k,
     if (m == NULL)
         return -1;
     count_per_expert(T, k, E, topk_ids, m);
-    int64_t N = 0;
-    for (int64_t e = 0; e < E; e++)
-        N += m[e] / B + (m[e] % B != 0);
+    const int64_t N = dropless_blocks(E, B, m);
     free(m);
     return N;
 }
 
+/* Assigns the blocks to experts in expert order and each expert's first position: expert e gets
+ * ceil(m[e] / B) blocks (one with MOE_MLP_DROPPING), after those of e - 1.  Returns the block count.
+ *   m [E]  tokens per expert;  block_to_expert [N]  out;  cursor [E]  out: first position of expert e */
+/*@ requires dims: 1 <= E && 1 <= B && E * B <= INT64_MAX;
+    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
+    requires fits: kind != MOE_MLP_DROPPING ==> nblocks(m, E, B) * B <= INT64_MAX;
+    requires b2e: \valid(block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    requires cursor: \valid(cursor + (0 .. E - 1));
+    requires separated: \separated(m + (0 .. E - 1), cursor + (0 .. E - 1),
+      block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    terminates \true;
+    assigns block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1], cursor[0 .. E - 1];
+    ensures blocks: \result == (kind == MOE_MLP_DROPPING ? E : \old(nblocks(m, E, B)));
+    ensures experts: in_range(block_to_expert, \result, 0, E);
+    ensures dropping: kind == MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+      block_to_expert[e] == e && cursor[e] == e * B;
+    ensures dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+      cursor[e] == \old(nblocks(m, e, B)) * B &&
+      (\forall integer n; \old(nblocks(m, e, B)) <= n < \old(nblocks(m, e + 1, B)) ==> block_to_expert[n] == e); */
+static int64_t assign_blocks(moe_mlp_layout_kind kind, int64_t E, int64_t B, const int64_t *m,
+                             int64_t *block_to_expert, int64_t *cursor)
+{
+    /*@ ghost lemma_nblocks_le_msum((int64_t *)m, E, B); */
+    /*@ ghost lemma_nblocks_monotone((int64_t *)m, E, B); */
+    int64_t block = 0;
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant block: \forall integer x; x == e ==>
+          block == (kind == MOE_MLP_DROPPING ? x : \at(nblocks(m, x, B), Pre));
+        loop invariant experts: in_range(block_to_expert, block, 0, E);
+        loop invariant dropping: kind == MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
+          block_to_expert[x] == x && cursor[x] == x * B;
+        loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
+          cursor[x] == \at(nblocks(m, x, B), Pre) * B &&
+          (\forall integer n; \at(nblocks(m, x, B), Pre) <= n < \at(nblocks(m, x + 1, B), Pre) ==>
+             block_to_expert[n] == x);
+        loop assigns e, block, block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : \at(nblocks(m, E, B), Pre)) - 1],
+                     cursor[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t blocks = kind == MOE_MLP_DROPPING ? 1 : m[e] / B + (m[e] % B != 0);
+        /*@ loop invariant bounds: 0 <= q <= blocks;
+            loop invariant mine: \forall integer n; block <= n < block + q ==> block_to_expert[n] == e;
+            loop assigns q, block_to_expert[block .. block + blocks - 1];
+            loop variant blocks - q; */
+        for (int64_t q = 0; q < blocks; q++)
+            block_to_expert[block + q] = e;
+        cursor[e] = block * B;
+        block += blocks;
+    }
+    return block;
+}
+
+/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert and assign_blocks
+ * are.  The placement loop is tested (tests/test_mlp_layout, proptest). */
 moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                     int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
@@ -205,14 +401,7 @@ moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, in
     }
     count_per_expert(T, k, E, topk_ids, m);
     /* cursor[e]: the next position of expert e; the blocks of expert e follow those of e - 1 */
-    int64_t block = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t blocks = kind == MOE_MLP_DROPPING ? 1 : m[e] / B + (m[e] % B != 0);
-        for (int64_t q = 0; q < blocks; q++)
-            block_to_expert[block + q] = e;
-        cursor[e] = block * B;
-        block += blocks;
-    }
+    const int64_t block = assign_blocks(kind, E, B, m, block_to_expert, cursor);
     (void)N; /* == block, checked by the caller */
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
     for (int64_t p = 0; p < block * B; p++)

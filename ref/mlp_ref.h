@@ -32,6 +32,10 @@
 #include "moe_internal.h"
 #include "moe_mlp.h"
 
+#ifdef __FRAMAC__
+#include "mlp_layout.acsl" /* specs/: the ACSL logic of block layouts (Frama-C only) */
+#endif
+
 /* A validated MLP call. */
 typedef struct moe_mlp_problem {
     const char *op;
@@ -59,6 +63,16 @@ typedef struct moe_mlp_problem {
 
 /* Checks a layout's dimensions and pointers (not its contents) for block size B: what the front end can
  * check of a device-resident layout (MOE_BACKEND_CUDA checks the contents on the device). */
+/*@ requires layout: layout == \null || \valid_read(layout);
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_exactly_valid_shapes: \result == MOE_OK <==> layout != \null &&
+      layout->num_tokens >= 0 && layout->num_experts >= 1 && layout->num_blocks >= 0 && B >= 1 &&
+      layout->num_blocks * B <= INT64_MAX && layout->num_tokens * layout->num_experts <= INT64_MAX &&
+      layout->num_tokens < INT64_MAX && layout->num_blocks * B <= SIZE_MAX / 16 &&
+      layout->num_tokens <= SIZE_MAX / 16 && layout->num_experts <= SIZE_MAX / 16 &&
+      (layout->num_blocks > 0 ==> layout->block_to_expert != \null) &&
+      (layout->num_blocks * B > 0 ==> layout->token_position_to_id != \null); */
 moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *layout, int64_t B);
 
 /* Checks a layout's dimensions, pointers and contents for block size B and the padding convention;

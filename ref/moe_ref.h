@@ -32,6 +32,7 @@
 
 #ifdef __FRAMAC__
 #include "routing.acsl" /* specs/: the ACSL logic of routings (Frama-C only) */
+#include "gemm.acsl"    /* specs/: the grouped GEMM over the reals (Frama-C only) */
 #endif
 
 /* Reads element i of a tensor of the given dtype as float (exact). */
@@ -106,6 +107,18 @@ void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t
 int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64_t row);
 
 /* ---- the grouped GEMM, naive twin (ref/gemm_naive.c) ---- */
+/* The float postcondition below is not proved by WP: tests/contract_check.c mirrors it clause by clause
+ * (moe_ref_check_gemm_fwd_post) and tests/test_contracts checks it at run time, for every dtype (inputs
+ * read through moe_ref_load, u_out of the output dtype).  Behaviours with topk weights or accumulate add
+ * roundings the bound does not cover and are checked by the property tests against the float64 oracle. */
+/*@ behavior plain_f32:
+      assumes plain: p->dtype == MOE_F32 && topk_weights == \null && p->accumulate == 0;
+      ensures fwd_within_bound: \forall integer r, n, e; 0 <= r < p->rows && 0 <= n < p->N &&
+        0 <= e < p->num_experts && msum(p->m_sizes, e) <= r < msum(p->m_sizes, e + 1) ==>
+        within_dot_bound((real)((float *)y)[gemm_y_row(p, r) * p->N + n],
+          dot_xw((float *)x, gemm_x_row(p, r) * p->K, (float *)w, (e * p->N + n) * p->K, p->K),
+          dot_abs((float *)x, gemm_x_row(p, r) * p->K, (float *)w, (e * p->N + n) * p->K, p->K),
+          p->K, unit_f32); */
 moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
                                   const void *topk_weights, void *y);
 moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,

@@ -16,3 +16,10 @@ tests_test_threads_LDADD = $(TEST_LIBS)
 # Also compare the naive and blocked reference twins bit for bit (needs ref/gemm_blocked.c):
 tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
 noinst_HEADERS += tests/check.h
+
+# Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
+# specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
+check_PROGRAMS += tests/test_contracts
+TESTS += tests/test_contracts
+tests_test_contracts_SOURCES = tests/test_contracts.c tests/contract_check.c tests/contract_check.h
+tests_test_contracts_LDADD = $(TEST_LIBS)
