@@ -3,6 +3,13 @@
 # in the build tree; a run starts in milliseconds, which the many short runs of make check need).
 bin_PROGRAMS += cli/moe
 cli_moe_SOURCES = cli/moe.c cli/npy.c cli/npy.h
+cli_moe_CPPFLAGS = $(AM_CPPFLAGS)
 cli_moe_LDADD = libmoe.la proptest/liboracle.la -lm
 cli_moe_LDFLAGS = $(AM_LDFLAGS) -static
-EXTRA_DIST += cli/README.md
+# --backend cuda: device copies of each call's arrays (cli/device.c), only when CUDA is configured
+if MOE_CUDA
+cli_moe_SOURCES += cli/device.c cli/device.h
+cli_moe_CPPFLAGS += $(CUDA_CPPFLAGS) -DMOE_CLI_CUDA
+cli_moe_LDADD += $(CUDA_LIBS)
+endif
+EXTRA_DIST += cli/README.md cli/device.c cli/device.h

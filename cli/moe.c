@@ -10,6 +10,9 @@
 #include "moe_mlp.h"
 #include "npy.h"
 #include "oracle.h"
+#ifdef MOE_CLI_CUDA
+#include "device.h"
+#endif
 
 #include <dirent.h>
 #include <errno.h>
@@ -162,8 +165,10 @@ typedef struct args {
      "(--dtype f16) bit patterns."}
 #define OPT_BACKEND                                                                                    \
     {"--backend", "ref|cuda",                                                                          \
-     "ref (default): the CPU reference. cuda: not yet available in the CLI (exits with status 2): the " \
-     "library's CUDA backend takes device buffers and this tool does not copy to the GPU yet."}
+     "ref (default): the CPU reference. cuda: the library's CUDA kernels on the first GPU: every input " \
+     "is copied to the device, every output buffer is filled with NaN bytes (0xFF) before the call and " \
+     "copied back after it; an error the device detects (e.g. a bad routing index) is a refused call. " \
+     "Exits with status 2 when this build has no CUDA backend or no CUDA device is visible."}
 #define OPT_RAW                                                                                        \
     {"--raw", NULL,                                                                                    \
      "write outputs in the computation dtype instead of float32: f16 as float16 '<f2', bf16 as uint16 " \
@@ -663,15 +668,25 @@ static int parse_dtype(const char *s, moe_dtype *dtype)
     return 1;
 }
 
-static void check_backend(const args *a)
+/* The backend --backend names; dies when it is cuda and this build or this machine cannot run it. */
+static moe_backend get_backend(const args *a)
 {
     const char *b = get(a, "--backend");
     if (b == NULL || strcmp(b, "ref") == 0)
-        return;
-    if (strcmp(b, "cuda") == 0)
-        die("--backend cuda is not yet available in the CLI (the library's CUDA backend takes device "
-            "buffers and this tool does not copy to the GPU yet); use --backend ref");
-    die("--backend %s: expected ref or cuda", b);
+        return MOE_BACKEND_REF;
+    if (strcmp(b, "cuda") != 0)
+        die("--backend %s: expected ref or cuda", b);
+#ifndef MOE_CLI_CUDA
+    die("--backend cuda: this build has no CUDA backend (configure --with-cuda where the CUDA toolkit is "
+        "installed); use --backend ref");
+#else
+    char why[512];
+    if (device_available(why, sizeof why) != 0)
+        die("--backend cuda: no CUDA device available (%s); use --backend ref", why);
+    if (!moe_backend_available(MOE_BACKEND_CUDA))
+        die("--backend cuda: no CUDA device available (moe_backend_available says no); use --backend ref");
+    return MOE_BACKEND_CUDA;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -859,6 +874,88 @@ static void library_failed(const char *call, moe_status status)
     die("%s refused the call: %s (%s)", call, moe_last_error(), moe_strerror(status));
 }
 
+/* One library call on the chosen backend.  With MOE_BACKEND_REF the arrays are the host buffers
+ * themselves.  With MOE_BACKEND_CUDA (device pointers for every array, the routing and layout arrays
+ * too) call_in gives a device copy of an input and call_out a device buffer of NaN bytes (0xFF) for an
+ * output: no call of this tool accumulates into its outputs, so none has contents to upload.  call_end
+ * reports a refused call, waits for the device (an error it detected is a refused call too), copies
+ * the outputs back to their host buffers and frees every device buffer (die() frees them at exit). */
+#define MAX_CALL_OUTPUTS 8
+typedef struct call_output {
+    const char *name;
+    void *host, *dev;
+    size_t bytes;
+} call_output;
+typedef struct lib_call {
+    const char *name; /* the library function */
+    moe_backend backend;
+    int num_out;
+    call_output out[MAX_CALL_OUTPUTS];
+} lib_call;
+
+static void *to_device(const lib_call *c, const void *host, size_t bytes, const char *name)
+{
+#ifdef MOE_CLI_CUDA
+    char err[512];
+    void *dev;
+    if (device_upload(&dev, host, bytes, name, err, sizeof err) != 0)
+        die("%s: %s", c->name, err);
+    return dev;
+#else
+    (void)host, (void)bytes, (void)name;
+    die("%s: internal error: no CUDA backend in this build", c->name);
+#endif
+}
+
+/* The pointer to pass for input `name` (host[0 .. bytes)); NULL stays NULL. */
+static const void *call_in(const lib_call *c, const char *name, const void *host, size_t bytes)
+{
+    if (host == NULL || c->backend == MOE_BACKEND_REF)
+        return host;
+    return to_device(c, host, bytes, name);
+}
+
+/* The pointer to pass for output `name`, which call_end leaves in host[0 .. bytes); NULL stays NULL. */
+static void *call_out(lib_call *c, const char *name, void *host, size_t bytes)
+{
+    if (host == NULL || c->backend == MOE_BACKEND_REF)
+        return host;
+    if (c->num_out == MAX_CALL_OUTPUTS)
+        die("%s: internal error: more than %d outputs", c->name, MAX_CALL_OUTPUTS);
+    void *dev = to_device(c, NULL, bytes, name);
+    c->out[c->num_out++] = (call_output){name, host, dev, bytes};
+    return dev;
+}
+
+/* The routing to pass: its m_sizes and gather_indices through call_in. */
+static moe_routing call_routing(const lib_call *c, const moe_routing *r)
+{
+    moe_routing on = *r;
+    on.m_sizes = call_in(c, "m_sizes", r->m_sizes, elements(r->num_experts, 1, 1) * sizeof(int64_t));
+    on.gather_indices = call_in(c, "gather_indices", r->gather_indices,
+                                elements(r->num_tokens, r->topk, 1) * sizeof(int64_t));
+    return on;
+}
+
+static void call_end(lib_call *c, moe_status status)
+{
+    if (status != MOE_OK)
+        library_failed(c->name, status);
+    if (c->backend == MOE_BACKEND_REF)
+        return;
+#ifdef MOE_CLI_CUDA
+    status = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+    if (status != MOE_OK)
+        die("%s (CUDA) refused the call: %s (%s)", c->name, moe_last_error(), moe_strerror(status));
+    char err[512];
+    for (int i = 0; i < c->num_out; i++)
+        if (device_download(c->out[i].host, c->out[i].dev, c->out[i].bytes, c->out[i].name, err, sizeof err) != 0)
+            die("%s: %s", c->name, err);
+    device_free_all();
+    c->num_out = 0;
+#endif
+}
+
 /* The float64 oracle's bound of every output element, written as float64 (--bound-out). */
 enum oracle_op { ORACLE_FWD, ORACLE_DX, ORACLE_DW };
 static void write_bound(const args *a, enum oracle_op op, const routing_in *ri, int64_t N, int64_t K,
@@ -934,7 +1031,7 @@ static const char *rows_why(const routing_in *ri, int permuted, const char *flag
 
 static int run_gemm_fwd(const args *a)
 {
-    check_backend(a);
+    lib_call c = {"moe_gemm_fwd", get_backend(a), 0, {{0}}};
     const char *x_path = need(a, "--x"), *w_path = need(a, "--w"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights");
     routing_in ri;
@@ -962,10 +1059,13 @@ static int run_gemm_fwd(const args *a)
 
     void *xd = convert(x_path, &x, o.dtype), *wd = convert(w_path, &w, o.dtype);
     void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
-    void *y = xmalloc(elements(ri.M, N, 1), moe_dtype_size(o.dtype));
-    moe_status st = moe_gemm_fwd(MOE_BACKEND_REF, &ri.r, N, K, xd, wd, twd, y, &o);
-    if (st != MOE_OK)
-        library_failed("moe_gemm_fwd", st);
+    const size_t es = moe_dtype_size(o.dtype);
+    void *y = xmalloc(elements(ri.M, N, 1), es);
+    const moe_routing r = call_routing(&c, &ri.r);
+    call_end(&c, moe_gemm_fwd(c.backend, &r, N, K, call_in(&c, "x", xd, elements(x.h.count, es, 1)),
+                              call_in(&c, "w", wd, elements(ri.E, N, K) * es),
+                              call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
+                              call_out(&c, "y", y, elements(ri.M, N, 1) * es), &o));
     const int64_t shape[2] = {ri.M, N};
     write_result(a, out, o.dtype, y, 2, shape);
     write_bound(a, ORACLE_FWD, &ri, N, K, xd, wd, twd, &o, 2, shape);
@@ -974,7 +1074,7 @@ static int run_gemm_fwd(const args *a)
 
 static int run_gemm_dx(const args *a)
 {
-    check_backend(a);
+    lib_call c = {"moe_gemm_dx", get_backend(a), 0, {{0}}};
     const char *dy_path = need(a, "--dy"), *w_path = need(a, "--w"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights");
     routing_in ri;
@@ -1006,10 +1106,13 @@ static int run_gemm_dx(const args *a)
     void *dyd = convert(dy_path, &dy, o.dtype), *wd = convert(w_path, &w, o.dtype);
     void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
     const int64_t rows = o.reduce_topk ? ri.T : ri.M;
-    void *dx = xmalloc(elements(rows, K, 1), moe_dtype_size(o.dtype));
-    moe_status st = moe_gemm_dx(MOE_BACKEND_REF, &ri.r, N, K, dyd, wd, twd, dx, &o);
-    if (st != MOE_OK)
-        library_failed("moe_gemm_dx", st);
+    const size_t es = moe_dtype_size(o.dtype);
+    void *dx = xmalloc(elements(rows, K, 1), es);
+    const moe_routing r = call_routing(&c, &ri.r);
+    call_end(&c, moe_gemm_dx(c.backend, &r, N, K, call_in(&c, "dy", dyd, elements(ri.M, N, 1) * es),
+                             call_in(&c, "w", wd, elements(ri.E, N, K) * es),
+                             call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
+                             call_out(&c, "dx", dx, elements(rows, K, 1) * es), &o));
     const int64_t shape[2] = {rows, K};
     write_result(a, out, o.dtype, dx, 2, shape);
     write_bound(a, ORACLE_DX, &ri, N, K, dyd, wd, twd, &o, 2, shape);
@@ -1018,7 +1121,7 @@ static int run_gemm_dx(const args *a)
 
 static int run_gemm_dw(const args *a)
 {
-    check_backend(a);
+    lib_call c = {"moe_gemm_dw", get_backend(a), 0, {{0}}};
     const char *x_path = need(a, "--x"), *dy_path = need(a, "--dy"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights"), *w_path = get(a, "--w");
     const char *dtw_out = get(a, "--out-topk-weights-grad");
@@ -1065,20 +1168,26 @@ static int run_gemm_dw(const args *a)
     void *xd = convert(x_path, &x, o.dtype), *dyd = convert(dy_path, &dy, o.dtype);
     void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
     const moe_dtype dw_dtype = o.dw_fp32 ? MOE_F32 : o.dtype;
-    void *dw = xmalloc(elements(ri.E, N, K), moe_dtype_size(dw_dtype));
-    moe_status st = moe_gemm_dw(MOE_BACKEND_REF, &ri.r, N, K, xd, dyd, twd, dw, &o);
-    if (st != MOE_OK)
-        library_failed("moe_gemm_dw", st);
+    const size_t es = moe_dtype_size(o.dtype), dws = moe_dtype_size(dw_dtype);
+    const size_t x_bytes = elements(x.h.count, es, 1), dy_bytes = elements(ri.M, N, 1) * es;
+    void *dw = xmalloc(elements(ri.E, N, K), dws);
+    moe_routing r = call_routing(&c, &ri.r);
+    call_end(&c, moe_gemm_dw(c.backend, &r, N, K, call_in(&c, "x", xd, x_bytes), call_in(&c, "dy", dyd, dy_bytes),
+                             call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
+                             call_out(&c, "dw", dw, elements(ri.E, N, K) * dws), &o));
     const int64_t shape[3] = {ri.E, N, K};
     write_result(a, out, dw_dtype, dw, 3, shape);
     write_bound(a, ORACLE_DW, &ri, N, K, xd, dyd, twd, &o, 3, shape);
 
     if (dtw_out != NULL) {
         void *wd = convert(w_path, &w, o.dtype);
-        void *dtw = xmalloc((size_t)ri.M, moe_dtype_size(dw_dtype));
-        st = moe_gemm_topk_weights_grad(MOE_BACKEND_REF, &ri.r, N, K, xd, wd, dyd, dtw, &o);
-        if (st != MOE_OK)
-            library_failed("moe_gemm_topk_weights_grad", st);
+        void *dtw = xmalloc((size_t)ri.M, dws);
+        lib_call g = {"moe_gemm_topk_weights_grad", c.backend, 0, {{0}}};
+        r = call_routing(&g, &ri.r);
+        call_end(&g, moe_gemm_topk_weights_grad(g.backend, &r, N, K, call_in(&g, "x", xd, x_bytes),
+                                                call_in(&g, "w", wd, elements(ri.E, N, K) * es),
+                                                call_in(&g, "dy", dyd, dy_bytes),
+                                                call_out(&g, "d_topk_weights", dtw, elements(ri.M, dws, 1)), &o));
         int64_t tshape[2] = {ri.T, ri.k};
         int tndim = 2;
         if (tw_path && tw.h.ndim == 1) {
@@ -1365,6 +1474,8 @@ typedef struct mlp_in {
     npy_array arr[F_COUNT];
     int have[F_COUNT];
     void *data[F_COUNT]; /* converted: floats to o.dtype, indices to int64 */
+    size_t bytes[F_COUNT]; /* of data[f] */
+    moe_backend backend;
     int64_t T, T1, E, H, I, N, B;
     int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
     int64_t aff_shape[NPY_MAX_DIMS];
@@ -1498,7 +1609,9 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
     for (int f = 0; f < F_COUNT; f++) {
         if (!m->have[f])
             continue;
-        if (f == F_TPTI || f == F_B2E)
+        const int is_index = f == F_TPTI || f == F_B2E;
+        m->bytes[f] = elements(m->arr[f].h.count, is_index ? sizeof(int64_t) : moe_dtype_size(m->o.dtype), 1);
+        if (is_index)
             m->data[f] = convert_int(m->path[f], &m->arr[f]);
         else
             m->data[f] = convert(m->path[f], &m->arr[f], m->o.dtype);
@@ -1517,11 +1630,26 @@ static void mlp_write(const args *a, const char *dir, const char *name, moe_dtyp
     write_result(a, p, dtype, data, ndim, shape);
     xfree(p);
 }
+/* The pointer to pass for input file f of m (NULL when absent). */
+static const void *mlp_in_arg(const lib_call *c, const mlp_in *m, int f)
+{
+    return call_in(c, mlp_file_names[f], m->data[f], m->bytes[f]);
+}
+
+/* m's layout with its arrays through call_in. */
+static moe_mlp_layout mlp_call_layout(const lib_call *c, const mlp_in *m)
+{
+    moe_mlp_layout on = m->layout;
+    on.block_to_expert = mlp_in_arg(c, m, F_B2E);
+    on.token_position_to_id = mlp_in_arg(c, m, F_TPTI);
+    return on;
+}
+
 /* The files both directions read: the forward's inputs (biases only with --bias). */
 static void mlp_begin(const args *a, mlp_in *m, int *want)
 {
-    check_backend(a);
     memset(m, 0, sizeof *m);
+    m->backend = get_backend(a);
     mlp_options(a, &m->o);
     want[F_HIDDEN] = want[F_AFF] = want[F_WGU] = want[F_WD] = want[F_TPTI] = want[F_B2E] = 2;
 }
@@ -1536,12 +1664,15 @@ static int run_mlp_fwd(const args *a)
         want[F_BGU] = want[F_BD] = 2;
     mlp_load(a, &m, want);
     const size_t es = moe_dtype_size(m.o.dtype);
-    void *y = xmalloc(elements(m.T1, m.H, 1), es);
-    void *ckpt_gu = xmalloc(elements(m.N, 2 * m.I, m.B), es), *ckpt_d = xmalloc(elements(m.N, m.B, m.H), es);
-    moe_status st = moe_mlp_fwd(MOE_BACKEND_REF, &m.layout, m.H, m.I, m.data[F_HIDDEN], m.data[F_AFF], m.data[F_WGU],
-                                m.data[F_WD], m.data[F_BGU], m.data[F_BD], y, ckpt_gu, ckpt_d, &m.o);
-    if (st != MOE_OK)
-        library_failed("moe_mlp_fwd", st);
+    const size_t n_y = elements(m.T1, m.H, 1), n_gu = elements(m.N, 2 * m.I, m.B), n_d = elements(m.N, m.B, m.H);
+    void *y = xmalloc(n_y, es), *ckpt_gu = xmalloc(n_gu, es), *ckpt_d = xmalloc(n_d, es);
+    lib_call c = {"moe_mlp_fwd", m.backend, 0, {{0}}};
+    const moe_mlp_layout layout = mlp_call_layout(&c, &m);
+    call_end(&c, moe_mlp_fwd(c.backend, &layout, m.H, m.I, mlp_in_arg(&c, &m, F_HIDDEN), mlp_in_arg(&c, &m, F_AFF),
+                             mlp_in_arg(&c, &m, F_WGU), mlp_in_arg(&c, &m, F_WD), mlp_in_arg(&c, &m, F_BGU),
+                             mlp_in_arg(&c, &m, F_BD), call_out(&c, "output", y, n_y * es),
+                             call_out(&c, "gate_up_proj_act_checkpoint_T", ckpt_gu, n_gu * es),
+                             call_out(&c, "down_proj_act_checkpoint", ckpt_d, n_d * es), &m.o));
     make_dirs(out);
     const int64_t s_y[2] = {m.T1, m.H}, s_gu[4] = {m.N, 2, m.I, m.B}, s_d[3] = {m.N, m.B, m.H};
     mlp_write(a, out, "output.npy", m.o.dtype, y, 2, s_y);
@@ -1575,15 +1706,22 @@ static int run_mlp_bwd(const args *a)
     const moe_dtype gdt = m.o.grad_fp32 ? MOE_F32 : m.o.dtype;
     const int bias = m.o.bias;
     const size_t es = moe_dtype_size(m.o.dtype), gs = moe_dtype_size(gdt);
-    void *dh = xmalloc(elements(m.T1, m.H, 1), es), *da = xmalloc(elements(m.T, m.E, 1), es);
-    void *dwgu = xmalloc(elements(m.E, m.H, 2 * m.I), gs), *dwd = xmalloc(elements(m.E, m.I, m.H), gs);
-    void *dbgu = bias ? xmalloc(elements(m.E, 2, m.I), gs) : NULL;
-    void *dbd = bias ? xmalloc(elements(m.E, m.H, 1), gs) : NULL;
-    moe_status st = moe_mlp_bwd(MOE_BACKEND_REF, &m.layout, m.H, m.I, m.data[F_HIDDEN], m.data[F_AFF], m.data[F_WGU],
-                                m.data[F_WD], m.data[F_BD], m.data[F_CKPT_GU], m.data[F_CKPT_D], m.data[F_OUT_GRAD],
-                                dh, da, dwgu, dwd, dbgu, dbd, &m.o);
-    if (st != MOE_OK)
-        library_failed("moe_mlp_bwd", st);
+    const size_t n_h = elements(m.T1, m.H, 1), n_a = elements(m.T, m.E, 1), n_wgu = elements(m.E, m.H, 2 * m.I);
+    const size_t n_wd = elements(m.E, m.I, m.H), n_bgu = elements(m.E, 2, m.I), n_bd = elements(m.E, m.H, 1);
+    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    void *dbgu = bias ? xmalloc(n_bgu, gs) : NULL;
+    void *dbd = bias ? xmalloc(n_bd, gs) : NULL;
+    lib_call c = {"moe_mlp_bwd", m.backend, 0, {{0}}};
+    const moe_mlp_layout layout = mlp_call_layout(&c, &m);
+    call_end(&c, moe_mlp_bwd(c.backend, &layout, m.H, m.I, mlp_in_arg(&c, &m, F_HIDDEN), mlp_in_arg(&c, &m, F_AFF),
+                             mlp_in_arg(&c, &m, F_WGU), mlp_in_arg(&c, &m, F_WD), mlp_in_arg(&c, &m, F_BD),
+                             mlp_in_arg(&c, &m, F_CKPT_GU), mlp_in_arg(&c, &m, F_CKPT_D),
+                             mlp_in_arg(&c, &m, F_OUT_GRAD), call_out(&c, "hidden_states_grad", dh, n_h * es),
+                             call_out(&c, "expert_affinities_masked_grad", da, n_a * es),
+                             call_out(&c, "gate_up_proj_weight_grad", dwgu, n_wgu * gs),
+                             call_out(&c, "down_proj_weight_grad", dwd, n_wd * gs),
+                             call_out(&c, "gate_up_proj_bias_grad", dbgu, n_bgu * gs),
+                             call_out(&c, "down_proj_bias_grad", dbd, n_bd * gs), &m.o));
     make_dirs(out);
     const int64_t s_h[2] = {m.T1, m.H}, s_wgu[4] = {m.E, m.H, 2, m.I}, s_wd[3] = {m.E, m.I, m.H};
     const int64_t s_bgu[3] = {m.E, 2, m.I}, s_bd[2] = {m.E, m.H};

@@ -13,6 +13,31 @@
 fwd() { "$MOE" gemm-fwd --w w.npy --m-sizes m.npy --out y.npy "$@"; }
 run_ok "the base problem runs" fwd --x x.npy
 
+# --backend cuda where it cannot run (a build without CUDA, or no usable device): status 2, nothing on
+# stdout, and the reason on stderr. Where it can run, the base problem with --backend cuda succeeds and
+# these refusals are skipped (tests/test_cli_cuda.sh checks the GPU's results).
+fwd --x x.npy --backend cuda >out 2>err
+cuda_runs=$?
+# cuda_refused DESC CMD...
+cuda_refused() {
+    desc=$1
+    shift
+    if [ "$cuda_runs" -eq 0 ]; then
+        echo "SKIP: $desc: a CUDA device is usable here"
+        return
+    fi
+    "$@" >out 2>err
+    got=$?
+    if [ "$got" -ne 2 ] || [ -s out ]; then
+        bad "$desc: exit $got (expected 2, nothing on stdout): $*"
+    elif grep -qF -- "--backend cuda: this build has no CUDA backend (configure --with-cuda" err ||
+        grep -qF -- "--backend cuda: no CUDA device available (" err; then
+        passed=$((passed + 1))
+    else
+        bad "$desc: stderr names neither a build without CUDA nor a missing device: $*"
+    fi
+}
+
 # ---- malformed and unsupported files, given as --x ----
 H="'fortran_order': False, 'shape': (3, 2), }"
 raw_npy fortran.npy "{'descr': '<f4', 'fortran_order': True, 'shape': (3, 2), }" 24
@@ -324,7 +349,8 @@ refused "--padding" "--padding middle: expected skip (empty positions hold -1) o
     -- mfwd --in m --padding middle
 refused "mlp --block-size 0" "--block-size 0: expected an integer >= 1" -- mfwd --in m --block-size 0
 refused "mlp --dtype" "--dtype f64: expected f32, f16 or bf16" -- mfwd --in m --dtype f64
-refused "mlp --backend cuda" "--backend cuda is not yet available in the CLI" -- mbwd --in m --backend cuda
+cuda_refused "mlp-bwd --backend cuda" mbwd --in m --backend cuda
+cuda_refused "mlp-fwd --backend cuda" mfwd --in m --backend cuda
 refused "--grad-fp32 is the backward's" "unknown option '--grad-fp32'" -- mfwd --in m --grad-fp32
 if [ -e o ]; then bad "a refused mlp command created its --out folder o"; fi
 
@@ -340,7 +366,7 @@ refused "flag with a value" "option --permute-x takes no value" -- fwd --x x.npy
 refused "option without its value" "option --out needs a value" -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --out
 refused "stray argument" "unexpected argument 'extra'" -- fwd --x x.npy extra
 refused "bad --dtype" "--dtype f64: expected f32, f16 or bf16" -- fwd --x x.npy --dtype f64
-refused "--backend cuda" "--backend cuda is not yet available in the CLI" -- fwd --x x.npy --backend cuda
+cuda_refused "gemm-fwd --backend cuda" fwd --x x.npy --backend cuda
 refused "--backend foo" "--backend foo: expected ref or cuda" -- fwd --x x.npy --backend foo
 refused "output folder missing" "no/such/folder/y.npy: cannot create" \
     -- "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --out no/such/folder/y.npy

@@ -113,6 +113,23 @@ raw_is() {
     has "$1" out "$descr $4"
 }
 
+# gemm_mode D PX PY TW: the flags of one routing mode of the case `test_cli_npy gen` wrote to folder D
+# (PX, PY, TW: 1 for --permute-x, --permute-y, --topk-weights). Sets tag (PX PY TW), x (the input file),
+# flags (mode 000 without the gather, as that needs none) and rflags (always with the gather, for
+# --reduce-topk and --out-topk-weights-grad).
+gemm_mode() {
+    g="--m-sizes $1/m_sizes.npy --gather $1/gather.npy --topk 2"
+    tag=$2$3$4
+    flags="--m-sizes $1/m_sizes.npy"
+    if [ "$tag" != 000 ]; then flags=$g; fi
+    x=$1/x_exp.npy
+    if [ "$2" = 1 ]; then flags="$flags --permute-x"; x=$1/x_tok.npy; fi
+    if [ "$3" = 1 ]; then flags="$flags --permute-y"; fi
+    if [ "$4" = 1 ]; then flags="$flags --topk-weights $1/tw.npy"; fi
+    rflags=$g
+    if [ "$tag" != 000 ]; then rflags=$flags; fi
+}
+
 finish() {
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]

@@ -64,15 +64,7 @@ for dt in f32 f16 bf16; do
     for px in 0 1; do
         for py in 0 1; do
             for tw in 0 1; do
-                tag=$px$py$tw
-                flags="--m-sizes $d/m_sizes.npy"
-                if [ "$tag" != 000 ]; then flags=$g; fi
-                x=$d/x_exp.npy
-                if [ "$px" = 1 ]; then flags="$flags --permute-x"; x=$d/x_tok.npy; fi
-                if [ "$py" = 1 ]; then flags="$flags --permute-y"; fi
-                if [ "$tw" = 1 ]; then flags="$flags --topk-weights $d/tw.npy"; fi
-                rflags=$flags
-                if [ "$tag" = 000 ]; then rflags=$g; fi
+                gemm_mode "$d" "$px" "$py" "$tw"
                 # shellcheck disable=SC2086 # word splitting of the flag lists is intended
                 {
                 run_ok "gemm-fwd $dt $tag" "$MOE" gemm-fwd --x "$x" --w "$d/w.npy" $flags $dtflag --out "$d/out/y_$tag.npy"
@@ -124,7 +116,7 @@ check_help() {
     has "moe --help documents $cmd's flags" full_help "$@"
 }
 check_help gemm-fwd --x --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dtype --backend \
-    --out --raw --bound-out "not yet available in the CLI"
+    --out --raw --bound-out "NaN bytes"
 check_help gemm-dx --dy --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --reduce-topk --dtype \
     --backend --out --raw
 check_help gemm-dw --x --dy --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dw-fp32 --dtype \

@@ -1,0 +1,125 @@
+#!/bin/sh
+# moe --backend cuda against --backend ref, on a GPU machine: every subcommand that takes --backend, in
+# every dtype, on the cases test_cli_ops.sh and test_cli_mlp.sh check bit for bit against the reference.
+# Exit 77 (skip) where --backend cuda cannot run (a build without CUDA, or no usable device).
+# Run from the build folder: sh SRCDIR/tests/test_cli_cuda.sh
+#
+# Tolerances (the GPU sums in another order, so bits may differ):
+#  - gemm-fwd, gemm-dx, gemm-dw: `compare --bound` with the float64 oracle's per-element bound the ref
+#    run writes (--bound-out): each side is within it of the exact result (SEMANTICS section 4).
+#  - the topk-weights gradient (no --bound-out): --reduction-length N*K, the bound of a float32 sum of
+#    N*K products with sum |terms| taken as max(|a|,|b|) (compare --help: it assumes no cancellation).
+#  - mlp-fwd, mlp-bwd (no per-element bound yet): --atol 1e-5, the README walkthrough's float32
+#    tolerance (inputs of order 1, H = 5, I = 3: float32 noise is about 1e-6), plus --rtol 2u of the
+#    dtype: a 16-bit output may round to the neighbouring value on either side.
+. "$(dirname "$0")/test_cli_lib.sh"
+
+# ---- can --backend cuda run here? ----
+"$NPY" mk x.npy '<f4' 3,2 1 2 3 4 5 6
+"$NPY" mk w.npy '<f4' 2,2,2 1 0 0 1 1 1 0 2
+"$NPY" mk m.npy '<i8' 2 1 2
+"$NPY" mk y_want.npy '<f4' 3,2 1 2 7 8 11 12
+"$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --out y.npy --backend cuda >out 2>err
+probe=$?
+if [ "$probe" -eq 2 ] && { grep -qF "this build has no CUDA backend" err || grep -qF "no CUDA device available" err; }; then
+    echo "SKIP: $(cat err)"
+    exit 77
+fi
+if [ "$probe" -ne 0 ]; then
+    bad "gemm-fwd --backend cuda on a known problem: exit $probe"
+    finish
+fi
+passed=$((passed + 1))
+run_ok "cuda known values" "$MOE" compare --exact y_want.npy y.npy
+
+# dims FILE: the numbers of the shape `test_cli_npy info` prints, space-separated
+dims() { "$NPY" info "$1" | sed 's/.*(\(.*\)).*/\1/; s/,/ /g'; }
+
+# ---- grouped GEMMs: every dtype and routing mode ----
+for dt in f32 f16 bf16; do
+    d=$dt
+    run_ok "gen $dt" "$NPY" gen "$d" 20261124 "$dt"
+    dtflag=""
+    if [ "$dt" = bf16 ]; then dtflag="--dtype bf16"; fi
+    mkdir "$d/ref" "$d/cuda"
+    set -- $(dims "$d/dy.npy")
+    N=$2
+    set -- $(dims "$d/x_exp.npy")
+    K=$2
+    for px in 0 1; do
+        for py in 0 1; do
+            for tw in 0 1; do
+                gemm_mode "$d" "$px" "$py" "$tw"
+                for b in ref cuda; do
+                    # shellcheck disable=SC2086 # word splitting of the flag lists is intended
+                    {
+                    run_ok "gemm-fwd $dt $tag $b" "$MOE" gemm-fwd --x "$x" --w "$d/w.npy" $flags $dtflag --backend $b \
+                        --out "$d/$b/y_$tag.npy" --bound-out "$d/$b/y_$tag.bound.npy"
+                    run_ok "gemm-dx $dt $tag $b" "$MOE" gemm-dx --dy "$d/dy.npy" --w "$d/w.npy" $flags $dtflag \
+                        --backend $b --out "$d/$b/dx_$tag.npy" --bound-out "$d/$b/dx_$tag.bound.npy"
+                    run_ok "gemm-dx --reduce-topk $dt $tag $b" "$MOE" gemm-dx --dy "$d/dy.npy" --w "$d/w.npy" $rflags \
+                        --reduce-topk $dtflag --backend $b --out "$d/$b/dxr_$tag.npy" --bound-out "$d/$b/dxr_$tag.bound.npy"
+                    run_ok "gemm-dw $dt $tag $b" "$MOE" gemm-dw --x "$x" --dy "$d/dy.npy" $rflags $dtflag --backend $b \
+                        --out "$d/$b/dw_$tag.npy" --bound-out "$d/$b/dw_$tag.bound.npy" \
+                        --w "$d/w.npy" --out-topk-weights-grad "$d/$b/dtw_$tag.npy"
+                    run_ok "gemm-dw --dw-fp32 $dt $tag $b" "$MOE" gemm-dw --x "$x" --dy "$d/dy.npy" $flags $dtflag \
+                        --dw-fp32 --backend $b --out "$d/$b/dwf_$tag.npy" --bound-out "$d/$b/dwf_$tag.bound.npy"
+                    }
+                done
+                for o in y dx dxr dw dwf; do
+                    run_ok "$o $dt $tag: cuda = ref within the bound" "$MOE" compare --dtype "$dt" \
+                        --bound "$d/ref/${o}_$tag.bound.npy" "$d/ref/${o}_$tag.npy" "$d/cuda/${o}_$tag.npy"
+                done
+                run_ok "dtw $dt $tag: cuda = ref within gamma(N*K)" "$MOE" compare --dtype "$dt" \
+                    --reduction-length $((N * K)) "$d/ref/dtw_$tag.npy" "$d/cuda/dtw_$tag.npy"
+            done
+        done
+    done
+done
+
+# ---- a bad routing is refused with --backend cuda too (the host check runs first) ----
+"$NPY" mk mbad.npy '<i8' 2 1 2
+"$NPY" mk gbad.npy '<i8' 3 0 0 1
+"$NPY" mk twbad.npy '<f4' 3 1 1 1
+run_status "a bad gather with --backend cuda" 2 "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes mbad.npy --gather gbad.npy \
+    --topk 1 --topk-weights twbad.npy --out ybad.npy --backend cuda
+
+# ---- mlp-fwd, mlp-bwd: every genmlp case (every mlp option) in every dtype ----
+for dt in f32 f16 bf16; do
+    run_ok "genmlp $dt" "$NPY" genmlp "mlp_$dt" 20261125 "$dt"
+    rdt=""
+    if [ "$dt" = bf16 ]; then rdt="--dtype bf16"; fi
+    case $dt in f32) rtol=1.2e-7 ;; f16) rtol=9.8e-4 ;; bf16) rtol=7.9e-3 ;; esac # 2u: 2^-23, 2^-10, 2^-7
+    for c in "mlp_$dt"/*/; do
+        c=${c%/}
+        name="$dt ${c#*/}"
+        route_flags="" mlp_flags="" bwd_flags="" no_down_ckpt=""
+        . "./$c/case.sh"
+        # shellcheck disable=SC2086
+        {
+        run_ok "route $name" "$MOE" route --topk-ids "$c/ids.npy" --experts 4 $route_flags \
+            --topk-weights "$c/tw.npy" $rdt --out "$c/route"
+        if [ ! -e "$c/in/block_to_expert.npy" ]; then
+            for f in token_position_to_id block_to_expert expert_affinities_masked; do
+                cp "$c/route/$f.npy" "$c/in/"
+            done
+        fi
+        for b in ref cuda; do
+            mkdir -p "$c/$b"
+            cp "$c"/in/*.npy "$c/$b/"
+            run_ok "mlp-fwd $name $b" "$MOE" mlp-fwd --in "$c/$b" --out "$c/$b" $mlp_flags --dtype "$dt" --backend $b
+            if [ "$no_down_ckpt" = 1 ]; then rm "$c/$b/down_proj_act_checkpoint.npy"; fi
+        done
+        run_ok "mlp-fwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --atol 1e-5 --rtol $rtol "$c/ref" "$c/cuda"
+        # the backward of both from the reference's checkpoints, so that only mlp-bwd is compared
+        for b in ref cuda; do
+            run_ok "mlp-bwd $name $b" "$MOE" mlp-bwd --in "$c/ref" --out "$c/grad_$b" $mlp_flags $bwd_flags --dtype "$dt" \
+                --backend $b
+        done
+        run_ok "mlp-bwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --atol 1e-5 --rtol $rtol "$c/grad_ref" \
+            "$c/grad_cuda"
+        }
+    done
+done
+
+finish
