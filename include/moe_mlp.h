@@ -101,6 +101,12 @@ typedef struct moe_mlp_options {
                                         buffers (float32 add, one rounding); d_hidden and d_affinities
                                         are always overwritten */
     int grad_fp32;                   /* moe_mlp_bwd: d_w_gu, d_w_d, d_b_gu, d_b_d are float32 */
+    /* f16/bf16: the operands of the second-stage GEMMs are rounded once to options.dtype, as NKI, torch
+     * and Unsloth keep them: m before the down projection (forward, and the backward's d_w_d), a*G (the
+     * down-projection gradient, also summed for d_b_d) and dg/du (before d_hidden, d_w_gu and d_b_gu).
+     * Lets MOE_BACKEND_CUDA run every GEMM on tensor cores.  No effect for f32.  Default (0): those
+     * intermediates stay float32 (specs/MLP.md, "Rounded intermediates"). */
+    int round_intermediates;
     void *stream;                    /* MOE_BACKEND_CUDA: the cudaStream_t to run on (NULL = default) */
 } moe_mlp_options;
 
