@@ -2,6 +2,7 @@
 #include "cuda_check.cuh"
 #include "gemm_cuda.cuh"
 #include "mlp_cuda.h"
+#include "routing_cuda.h"
 
 static int cuda_available(void)
 {
@@ -10,11 +11,13 @@ static int cuda_available(void)
 }
 
 // moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the MLP's
-// layout error (each is kept until reported).
+// layout error, then the device builders' topk_ids error (each is kept until reported).
 static moe_status cuda_synchronize(void *stream)
 {
     moe_status status = moe_cuda_synchronize(stream);
-    return status != MOE_OK ? status : moe_cuda_mlp_take_error();
+    if (status == MOE_OK)
+        status = moe_cuda_mlp_take_error();
+    return status != MOE_OK ? status : moe_cuda_routing_take_error();
 }
 
 static moe_dispatch make_cuda_dispatch()

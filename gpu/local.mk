@@ -5,6 +5,9 @@ MOE_CUDA_HDRS = gpu/cuda_check.cuh gpu/dtype_cuda.cuh gpu/gemm_cuda.cuh gpu/gemm
 # the blockwise MoE MLP (gpu/mlp_cuda.h is C, included by src/mlp_api.c)
 MOE_CUDA_SRCS += gpu/mlp_cuda.cu
 MOE_CUDA_HDRS += gpu/mlp_cuda.h
+# routing and MLP layouts built on the device (gpu/routing_cuda.h is C, included by src/)
+MOE_CUDA_SRCS += gpu/routing_cuda.cu
+MOE_CUDA_HDRS += gpu/routing_cuda.h
 EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
 
 if MOE_CUDA
@@ -30,5 +33,5 @@ mostlyclean-cuda:
 .PHONY: mostlyclean-cuda
 
 if MOE_CUDA
-gpu/mlp_cuda.lo: $(top_srcdir)/ref/mlp_ref.h $(top_srcdir)/include/moe_mlp.h
+gpu/mlp_cuda.lo gpu/routing_cuda.lo: $(top_srcdir)/ref/mlp_ref.h $(top_srcdir)/include/moe_mlp.h
 endif

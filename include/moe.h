@@ -133,6 +133,15 @@ int moe_backend_available(moe_backend backend);
 moe_status moe_backend_synchronize(moe_backend backend, void *stream);
 const char *moe_backend_name(moe_backend backend);
 
+/* moe_routing_from_topk on a backend: MOE_BACKEND_REF runs it on host arrays (stream ignored);
+ * MOE_BACKEND_CUDA builds the same outputs, bit for bit, from device arrays on `stream` (a cudaStream_t,
+ * NULL = default) without waiting and without a host round trip.  The ids are checked on the device: an
+ * id out of range makes the call write nothing, and moe_backend_synchronize(MOE_BACKEND_CUDA, stream)
+ * reports MOE_ERR_INVALID_INDEX naming the first one (t, j, value).  The arrays must not overlap. */
+moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                             const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
+                             int64_t *scatter_indices, void *stream);
+
 /* ----------------------------------------------------------------------------------------------------
  * Grouped GEMM (SEMANTICS section 2)
  *

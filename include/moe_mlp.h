@@ -146,6 +146,25 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
                                 int64_t num_blocks, int64_t *block_to_expert, int64_t *token_position_to_id,
                                 void *affinities, int64_t *num_dropped, const moe_mlp_options *options);
 
+/* *num_blocks = an upper bound of N over every routing of T tokens with k distinct experts each:
+ * dropless min(T*k, (T*k + E*(B-1)) / B), dropping E.  The capacity moe_mlp_layout_build_on needs. */
+moe_status moe_mlp_layout_max_blocks(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                     int64_t num_experts, const moe_mlp_options *options, int64_t *num_blocks);
+
+/* moe_mlp_layout_build on a backend, with num_blocks a capacity (>= moe_mlp_layout_max_blocks) so that no
+ * host round trip is needed to size the layout.  Blocks 0 .. U-1 are exactly moe_mlp_layout_build's
+ * layout (U = moe_mlp_layout_num_blocks of the routing); blocks U .. num_blocks-1 serve expert E-1 and
+ * hold only padding (the MLP reads nothing for them).  num_blocks_used (or NULL) receives U; num_dropped
+ * as for moe_mlp_layout_build.  MOE_BACKEND_REF: host arrays, stream ignored.  MOE_BACKEND_CUDA: every
+ * array (num_blocks_used and num_dropped too) on the device, queued on options.stream without waiting;
+ * the ids are checked on the device (in range, distinct within a token) and on a violation nothing is
+ * written and moe_backend_synchronize reports the host builder's status and message. */
+moe_status moe_mlp_layout_build_on(moe_backend backend, moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                   int64_t num_experts, const int64_t *topk_ids, const void *topk_weights,
+                                   int64_t num_blocks, int64_t *block_to_expert, int64_t *token_position_to_id,
+                                   void *affinities, int64_t *num_dropped, int64_t *num_blocks_used,
+                                   const moe_mlp_options *options);
+
 /* Checks a caller-made host layout against options (block size, padding convention,
  * tensor_update_overwrite): dimensions, block_to_expert in range, every id a token or the padding mark,
  * each (token, expert) pair at most once, and with tensor_update_overwrite each token at most once.

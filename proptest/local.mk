@@ -25,6 +25,11 @@ proptest_test_gpu_gemm_SOURCES = proptest/test_gpu_gemm.c
 proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 proptest_test_gpu_gemm_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_gemm
+check_PROGRAMS += proptest/test_gpu_builders
+proptest_test_gpu_builders_SOURCES = tests/test_builders.c tests/check.h
+proptest_test_gpu_builders_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
+proptest_test_gpu_builders_LDADD = libmoe.la $(CUDA_LIBS)
+TESTS += proptest/test_gpu_builders
 else
 EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h
 endif

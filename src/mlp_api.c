@@ -5,6 +5,7 @@
 #include "mlp_ref.h"
 #ifdef MOE_HAVE_CUDA
 #include "../gpu/mlp_cuda.h"
+#include "../gpu/routing_cuda.h"
 #endif
 
 #include <inttypes.h>
@@ -305,4 +306,126 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
     return moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,
                                     options->dtype, topk_ids, topk_weights, N, block_to_expert,
                                     token_position_to_id, affinities, num_dropped);
+}
+
+/* The capacity bound of moe_mlp_layout_max_blocks after the options (B resolved) and kind are checked. */
+static moe_status max_blocks_for(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E,
+                                 int64_t B, int64_t *num_blocks)
+{
+    if (T < 0)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, T);
+    if (k < 0 || (k == 0 && T > 0))
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 ", expected >= 1", op, k);
+    if (E < 1)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_experts = %" PRId64 ", expected >= 1", op, E);
+    if (k > E)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 " > num_experts = %" PRId64
+                        ", expected distinct experts per token", op, k, E);
+    int64_t M = 0, TE = 0;
+    if (!moe_mul_ok(T, k, &M) || !moe_mul_ok(T, E, &TE) || (uint64_t)M > SIZE_MAX / 16 ||
+        (uint64_t)TE > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
+                        " or num_tokens * num_experts overflows", op, T, k);
+    if (kind == MOE_MLP_DROPPING) {
+        *num_blocks = E;
+    } else if (B == 1 || E > (INT64_MAX - M) / (B - 1)) {
+        *num_blocks = M; /* every block holds at least one pair */
+    } else {
+        const int64_t bound = (M + E * (B - 1)) / B;
+        *num_blocks = bound < M ? bound : M;
+    }
+    return MOE_OK;
+}
+
+/* Options, kind and shapes of the capacity entry points; *B the resolved block size, *capacity the bound. */
+static moe_status layout_capacity(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E,
+                                  const moe_mlp_options *options, int64_t *B, int64_t *capacity)
+{
+    moe_status status = check_options(op, options, B);
+    if (status == MOE_OK)
+        status = check_kind(op, kind);
+    if (status == MOE_OK)
+        status = max_blocks_for(op, kind, T, k, E, *B, capacity);
+    return status;
+}
+
+moe_status moe_mlp_layout_max_blocks(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                     int64_t num_experts, const moe_mlp_options *options, int64_t *num_blocks)
+{
+    static const char op[] = "moe_mlp_layout_max_blocks";
+    moe_clear_error();
+    if (num_blocks == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
+    int64_t B = 0;
+    return layout_capacity(op, kind, num_tokens, topk, num_experts, options ? options : &default_options, &B,
+                           num_blocks);
+}
+
+moe_status moe_mlp_layout_build_on(moe_backend backend, moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                   int64_t num_experts, const int64_t *topk_ids, const void *topk_weights,
+                                   int64_t num_blocks, int64_t *block_to_expert, int64_t *token_position_to_id,
+                                   void *affinities, int64_t *num_dropped, int64_t *num_blocks_used,
+                                   const moe_mlp_options *options)
+{
+    static const char op[] = "moe_mlp_layout_build_on";
+    moe_clear_error();
+    if (options == NULL)
+        options = &default_options;
+    int64_t B = 0, capacity = 0;
+    moe_status status = layout_capacity(op, kind, num_tokens, topk, num_experts, options, &B, &capacity);
+    if (status != MOE_OK)
+        return status;
+    const moe_dispatch *table = moe_dispatch_for(backend);
+    if (table == NULL || !table->available())
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) is not available here", op, (int)backend,
+                        moe_backend_name(backend));
+    if (num_blocks < capacity)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_blocks = %" PRId64 ", expected at least %" PRId64
+                        " (moe_mlp_layout_max_blocks) so that every routing fits", op, num_blocks, capacity);
+    if ((topk_weights == NULL) != (affinities == NULL))
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but %s is not, expected both or neither", op,
+                        topk_weights == NULL ? "topk_weights" : "affinities",
+                        topk_weights == NULL ? "affinities" : "topk_weights");
+    int64_t NB = 0;
+    if (!moe_mul_ok(num_blocks, B, &NB) || (uint64_t)NB > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op,
+                        num_blocks, B);
+    const int64_t M = num_tokens * topk, TE = num_tokens * num_experts;
+    const moe_array_arg args[] = {
+        {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},
+        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0, 0},
+        {"block_to_expert", block_to_expert, num_blocks, 1, MOE_F32, 1, 1},
+        {"token_position_to_id", token_position_to_id, NB, 1, MOE_F32, 1, 1},
+        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1, 0},
+        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_F32, 1, 1},
+        {"num_blocks_used", num_blocks_used, num_blocks_used ? 1 : 0, 1, MOE_F32, 1, 1},
+    };
+    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    if (status != MOE_OK)
+        return status;
+    const int64_t pad = options->padding == MOE_MLP_PAD_ROW ? num_tokens : -1;
+#ifdef MOE_HAVE_CUDA
+    if (backend == MOE_BACKEND_CUDA)
+        return moe_cuda_mlp_layout_build(kind, num_tokens, topk, num_experts, B, pad, options->dtype, topk_ids,
+                                         topk_weights, num_blocks, block_to_expert, token_position_to_id,
+                                         affinities, num_dropped, num_blocks_used, options->stream);
+#endif
+    status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    if (status != MOE_OK)
+        return status;
+    const int64_t used = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
+    if (used < 0)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
+    status = moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,
+                                      options->dtype, topk_ids, topk_weights, used, block_to_expert,
+                                      token_position_to_id, affinities, num_dropped);
+    if (status != MOE_OK)
+        return status;
+    for (int64_t n = used; n < num_blocks; n++) /* the capacity's tail: padding blocks of expert E-1 */
+        block_to_expert[n] = num_experts - 1;
+    for (int64_t p = used * B; p < NB; p++)
+        token_position_to_id[p] = pad;
+    if (num_blocks_used != NULL)
+        *num_blocks_used = used;
+    return MOE_OK;
 }

@@ -23,3 +23,9 @@ check_PROGRAMS += tests/test_contracts
 TESTS += tests/test_contracts
 tests_test_contracts_SOURCES = tests/test_contracts.c tests/contract_check.c tests/contract_check.h
 tests_test_contracts_LDADD = $(TEST_LIBS)
+# the builders on a backend (moe_routing_build, moe_mlp_layout_build_on) against the host builders;
+# proptest/test_gpu_builders runs the same source on MOE_BACKEND_CUDA
+check_PROGRAMS += tests/test_builders
+tests_test_builders_SOURCES = tests/test_builders.c tests/check.h
+tests_test_builders_LDADD = libmoe.la
+TESTS += tests/test_builders

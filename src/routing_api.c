@@ -1,0 +1,51 @@
+/* moe_routing_build: moe_routing_from_topk on a backend (host arrays for MOE_BACKEND_REF, device arrays and
+ * a stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu). */
+#include "moe_internal.h"
+#ifdef MOE_HAVE_CUDA
+#include "../gpu/routing_cuda.h"
+#endif
+
+#include <inttypes.h>
+
+moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                             const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
+                             int64_t *scatter_indices, void *stream)
+{
+    static const char op[] = "moe_routing_build";
+    moe_clear_error();
+    const moe_dispatch *table = moe_dispatch_for(backend);
+    if (table == NULL || !table->available())
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) is not available here", op, (int)backend,
+                        moe_backend_name(backend));
+    if (backend == MOE_BACKEND_REF)
+        return moe_routing_from_topk(num_tokens, topk, num_experts, topk_ids, m_sizes, gather_indices,
+                                     scatter_indices);
+    /* the dimension checks of moe_routing_from_topk, then no overlaps (device arrays are not read here) */
+    if (num_tokens < 0)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, num_tokens);
+    if (topk < 0 || (topk == 0 && num_tokens > 0))
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 ", expected >= 1", op, topk);
+    if (num_experts < 1)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_experts = %" PRId64 ", expected >= 1", op, num_experts);
+    int64_t rows = 0;
+    if (!moe_mul_ok(num_tokens, topk, &rows) || (uint64_t)rows > SIZE_MAX / 16 ||
+        (uint64_t)num_experts > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64 " overflows", op,
+                        num_tokens, topk);
+    const moe_array_arg args[] = {
+        {"topk_ids", topk_ids, rows, 1, MOE_F32, 0, 1},
+        {"m_sizes", m_sizes, num_experts, 1, MOE_F32, 1, 1},
+        {"gather_indices", gather_indices, rows, 1, MOE_F32, 1, 1},
+        {"scatter_indices", scatter_indices, scatter_indices ? rows : 0, 1, MOE_F32, 1, 1},
+    };
+    moe_status status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    if (status != MOE_OK)
+        return status;
+#ifdef MOE_HAVE_CUDA
+    return moe_cuda_routing_build(num_tokens, topk, num_experts, topk_ids, m_sizes, gather_indices,
+                                  scatter_indices, stream);
+#else
+    (void)stream;
+    return moe_fail(MOE_ERR_NO_BACKEND, "%s: the CUDA backend was not built", op);
+#endif
+}
