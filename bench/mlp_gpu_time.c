@@ -8,11 +8,20 @@
  * raised) so that the per-call workspace of cudaMallocAsync is not re-mapped every call.  Also checks
  * that every call reports no error and that two backward runs are bitwise equal (d_hidden, d_w_gu).
  *
- * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats] */
+ * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
+ * 0 times the float32-intermediate tile path).
+ *
+ * In the same run (16-bit dtypes), the comparison: the GEMMs of an unfused composition alone, as
+ * cuBLAS grouped calls (cublasGemmGroupedBatchedEx, one group per expert, over the routed rows sorted
+ * by expert): forward = gate/up + down, backward = dM + dX + d_w_d + d_w_gu.  No gathers, activation,
+ * checkpoints or token sums are timed for it, so its time is a lower bound of any such composition.
+ *
+ * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1)] */
 #include "moe.h"
 #include "moe_mlp.h"
 #include "oracle.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
@@ -66,6 +75,157 @@ static void *device_array(moe_dtype dt, int64_t n, int random)
     return dev;
 }
 
+static int cmp_float(const void *a, const void *b);
+
+#define CUBLAS_TRY(call)                                                                             \
+    do {                                                                                             \
+        cublasStatus_t st_ = (call);                                                                 \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                          \
+            fprintf(stderr, "%s: cuBLAS status %d\n", #call, (int)st_);                              \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+/* One cublasGemmGroupedBatchedEx call of E groups (one per expert), column-major: expert e computes
+ * C_e (m x n) = op(A_e) (m x k) . op(B_e) (k x n).  Sizes are host arrays; the arrays of operand
+ * pointers live on the device (dA, dB, dC, copied by grouped_upload). */
+typedef struct grouped_gemm {
+    int count;
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *group_size;
+    float *alpha, *beta;
+    const void **A, **B;
+    void **C;
+    const void **dA, **dB;
+    void **dC;
+} grouped_gemm;
+
+static grouped_gemm grouped_new(int count)
+{
+    grouped_gemm g;
+    g.count = count;
+    g.ta = xmalloc(sizeof(cublasOperation_t) * (size_t)count), g.tb = xmalloc(sizeof(cublasOperation_t) * (size_t)count);
+    g.m = xmalloc(sizeof(int) * (size_t)count), g.n = xmalloc(sizeof(int) * (size_t)count);
+    g.k = xmalloc(sizeof(int) * (size_t)count), g.lda = xmalloc(sizeof(int) * (size_t)count);
+    g.ldb = xmalloc(sizeof(int) * (size_t)count), g.ldc = xmalloc(sizeof(int) * (size_t)count);
+    g.group_size = xmalloc(sizeof(int) * (size_t)count);
+    g.alpha = xmalloc(sizeof(float) * (size_t)count), g.beta = xmalloc(sizeof(float) * (size_t)count);
+    g.A = xmalloc(sizeof(void *) * (size_t)count), g.B = xmalloc(sizeof(void *) * (size_t)count);
+    g.C = xmalloc(sizeof(void *) * (size_t)count);
+    return g;
+}
+
+static void grouped_free(grouped_gemm *g)
+{
+    free(g->ta), free(g->tb), free(g->m), free(g->n), free(g->k), free(g->lda), free(g->ldb), free(g->ldc);
+    free(g->group_size), free(g->alpha), free(g->beta), free((void *)g->A), free((void *)g->B), free(g->C);
+    CUDA_TRY(cudaFree((void *)g->dA));
+    CUDA_TRY(cudaFree((void *)g->dB));
+    CUDA_TRY(cudaFree(g->dC));
+}
+
+static void grouped_upload(grouped_gemm *g)
+{
+    const size_t bytes = sizeof(void *) * (size_t)g->count;
+    CUDA_TRY(cudaMalloc((void **)&g->dA, bytes));
+    CUDA_TRY(cudaMalloc((void **)&g->dB, bytes));
+    CUDA_TRY(cudaMalloc((void **)&g->dC, bytes));
+    CUDA_TRY(cudaMemcpy((void *)g->dA, g->A, bytes, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMemcpy((void *)g->dB, g->B, bytes, cudaMemcpyHostToDevice));
+    CUDA_TRY(cudaMemcpy(g->dC, g->C, bytes, cudaMemcpyHostToDevice));
+}
+
+static void grouped_set(grouped_gemm *g, int e, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                        int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+{
+    g->ta[e] = ta, g->tb[e] = tb, g->m[e] = (int)m, g->n[e] = (int)n, g->k[e] = (int)k;
+    g->A[e] = A, g->lda[e] = (int)lda, g->B[e] = B, g->ldb[e] = (int)ldb, g->C[e] = C, g->ldc[e] = (int)ldc;
+    g->group_size[e] = 1, g->alpha[e] = 1.0f, g->beta[e] = 0.0f;
+}
+
+static void grouped_run(cublasHandle_t handle, const grouped_gemm *g, cudaDataType type)
+{
+    CUBLAS_TRY(cublasGemmGroupedBatchedEx(handle, g->ta, g->tb, g->m, g->n, g->k, g->alpha, g->dA, type, g->lda,
+                                          g->dB, type, g->ldb, g->beta, g->dC, type, g->ldc, g->count,
+                                          g->group_size, CUBLAS_COMPUTE_32F));
+}
+
+/* The cuBLAS comparison (see the top comment): median forward and backward milliseconds. */
+static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int repeats,
+                        double *ms_fwd, double *ms_bwd)
+{
+    int64_t M = 0;
+    for (int64_t e = 0; e < E; e++)
+        M += m_sizes[e];
+    const size_t es = moe_dtype_size(dt);
+    const char *X = device_array(dt, M * H, 1), *S = device_array(dt, M * H, 1);
+    const char *Mi = device_array(dt, M * I, 1), *dGU = device_array(dt, M * 2 * I, 1);
+    const char *Wgu = device_array(dt, E * H * 2 * I, 1), *Wd = device_array(dt, E * I * H, 1);
+    char *GU = device_array(dt, M * 2 * I, 0), *D = device_array(dt, M * H, 0), *dM = device_array(dt, M * I, 0);
+    char *dX = device_array(dt, M * H, 0), *dWd = device_array(dt, E * I * H, 0);
+    char *dWgu = device_array(dt, E * H * 2 * I, 0);
+    grouped_gemm fwd[2] = {grouped_new((int)E), grouped_new((int)E)};
+    grouped_gemm bwd[4] = {grouped_new((int)E), grouped_new((int)E), grouped_new((int)E), grouped_new((int)E)};
+    const cublasOperation_t N_ = CUBLAS_OP_N, T_ = CUBLAS_OP_T;
+    int64_t r0 = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t m = m_sizes[e];
+        const size_t wgu = (size_t)(e * H * 2 * I) * es, wd = (size_t)(e * I * H) * es;
+        /* row-major P [r][c] is column-major P^T (c x r, ld c) */
+        grouped_set(&fwd[0], (int)e, N_, N_, 2 * I, m, H, Wgu + wgu, 2 * I, X + r0 * H * es, H, GU + r0 * 2 * I * es, 2 * I);
+        grouped_set(&fwd[1], (int)e, N_, N_, H, m, I, Wd + wd, H, Mi + r0 * I * es, I, D + r0 * H * es, H);
+        grouped_set(&bwd[0], (int)e, T_, N_, I, m, H, Wd + wd, H, S + r0 * H * es, H, dM + r0 * I * es, I);
+        grouped_set(&bwd[1], (int)e, T_, N_, H, m, 2 * I, Wgu + wgu, 2 * I, dGU + r0 * 2 * I * es, 2 * I,
+                    dX + r0 * H * es, H);
+        grouped_set(&bwd[2], (int)e, N_, T_, H, I, m, S + r0 * H * es, H, Mi + r0 * I * es, I, dWd + wd, H);
+        grouped_set(&bwd[3], (int)e, N_, T_, 2 * I, H, m, dGU + r0 * 2 * I * es, 2 * I, X + r0 * H * es, H,
+                    dWgu + wgu, 2 * I);
+        r0 += m;
+    }
+    for (int q = 0; q < 2; q++)
+        grouped_upload(&fwd[q]);
+    for (int q = 0; q < 4; q++)
+        grouped_upload(&bwd[q]);
+    cublasHandle_t handle;
+    CUBLAS_TRY(cublasCreate(&handle));
+    const cudaDataType type = dt == MOE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    cudaEvent_t start, stop;
+    CUDA_TRY(cudaEventCreate(&start));
+    CUDA_TRY(cudaEventCreate(&stop));
+    float *tf = xmalloc(sizeof(float) * (size_t)repeats), *tb = xmalloc(sizeof(float) * (size_t)repeats);
+    for (int r = -2; r < repeats; r++) {
+        float ms = 0;
+        CUDA_TRY(cudaEventRecord(start, NULL));
+        for (int q = 0; q < 2; q++)
+            grouped_run(handle, &fwd[q], type);
+        CUDA_TRY(cudaEventRecord(stop, NULL));
+        CUDA_TRY(cudaEventSynchronize(stop));
+        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        if (r >= 0)
+            tf[r] = ms;
+        CUDA_TRY(cudaEventRecord(start, NULL));
+        for (int q = 0; q < 4; q++)
+            grouped_run(handle, &bwd[q], type);
+        CUDA_TRY(cudaEventRecord(stop, NULL));
+        CUDA_TRY(cudaEventSynchronize(stop));
+        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        if (r >= 0)
+            tb[r] = ms;
+    }
+    qsort(tf, (size_t)repeats, sizeof(float), cmp_float);
+    qsort(tb, (size_t)repeats, sizeof(float), cmp_float);
+    *ms_fwd = tf[repeats / 2], *ms_bwd = tb[repeats / 2];
+    free(tf), free(tb);
+    for (int q = 0; q < 2; q++)
+        grouped_free(&fwd[q]);
+    for (int q = 0; q < 4; q++)
+        grouped_free(&bwd[q]);
+    CUBLAS_TRY(cublasDestroy(handle));
+    const void *bufs[] = {X, S, Mi, dGU, Wgu, Wd, GU, D, dM, dX, dWd, dWgu};
+    for (size_t q = 0; q < sizeof bufs / sizeof bufs[0]; q++)
+        CUDA_TRY(cudaFree((void *)bufs[q]));
+}
+
 static int cmp_float(const void *a, const void *b)
 {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -87,12 +247,13 @@ int main(int argc, char **argv)
     const char *dname = argc > 7 ? argv[7] : "bf16";
     const int repeats = argc > 8 ? atoi(argv[8]) : 10, warmup = 2;
     const moe_dtype dt = strcmp(dname, "f32") == 0 ? MOE_F32 : strcmp(dname, "f16") == 0 ? MOE_F16 : MOE_BF16;
+    const int round_intermediates = argc > 9 ? atoi(argv[9]) != 0 : dt != MOE_F32;
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA backend or device\n");
         return 77;
     }
     if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1) {
-        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype repeats] with 1 <= k <= E\n");
+        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype repeats round_intermediates] with 1 <= k <= E\n");
         return 2;
     }
     cudaMemPool_t pool;
@@ -123,6 +284,7 @@ int main(int argc, char **argv)
     moe_mlp_options o = {0};
     o.dtype = dt;
     o.block_size = B;
+    o.round_intermediates = round_intermediates;
     int64_t N = 0;
     TRY(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, T, k, E, topk, &o, &N));
     int64_t *b2e = xmalloc((size_t)N * 8), *ids = xmalloc((size_t)(N * B) * 8);
@@ -188,10 +350,26 @@ int main(int argc, char **argv)
     printf("T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s: N=%lld blocks (%lld positions for %lld routed pairs)\n",
            (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, (long long)B, moe_dtype_name(dt),
            (long long)N, (long long)(N * B), (long long)(T * k));
+    printf("intermediates: %s\n", round_intermediates && dt != MOE_F32
+                                      ? "rounded to the dtype (round_intermediates: rows path, tensor-core GEMMs)"
+                                      : "float32 (tile path)");
     printf("forward : median %.3f ms (min %.3f, max %.3f) over %d runs = %.1f TFLOP/s\n", f, ms_fwd[0],
            ms_fwd[repeats - 1], repeats, flop_fwd / (f * 1e-3) / 1e12);
     printf("backward: median %.3f ms (min %.3f, max %.3f) over %d runs = %.1f TFLOP/s\n", b, ms_bwd[0],
            ms_bwd[repeats - 1], repeats, flop_bwd / (b * 1e-3) / 1e12);
     printf("backward outputs (d_hidden, d_w_gu) bitwise equal across runs: %s\n", identical ? "yes" : "NO");
+    if (dt != MOE_F32) {
+        int64_t *m_sizes = xmalloc((size_t)E * 8);
+        for (int64_t e = 0; e < E; e++)
+            m_sizes[e] = 0;
+        for (int64_t i = 0; i < T * k; i++)
+            m_sizes[topk[i]]++;
+        double cf = 0, cb = 0;
+        time_cublas(dt, E, H, I, m_sizes, repeats, &cf, &cb);
+        printf("cuBLAS grouped GEMMs alone (lower bound of an unfused composition): forward %.3f ms = %.1f TFLOP/s, "
+               "backward %.3f ms = %.1f TFLOP/s; libmoe / cuBLAS speed: forward %.2fx, backward %.2fx\n",
+               cf, flop_fwd / (cf * 1e-3) / 1e12, cb, flop_bwd / (cb * 1e-3) / 1e12, cf / f, cb / b);
+        free(m_sizes);
+    }
     return identical ? 0 : 1;
 }

@@ -273,61 +273,9 @@ __device__ __forceinline__ void store_output(const GemmArgs &g, const TileCoord 
 // Vectorised epilogue for the tensor-core families: the fp32 tile is in shared memory (row stride
 // LDC floats); per-row facts are computed once per tile into `row_out` / `row_weight` (shared), then
 // each thread writes 8 consecutive columns of a row with one 16-byte store (two for fp32 outputs).
-// Needs cols_j % 8 == 0 and a 16-byte aligned output (tensor_core_ok checks both).
-__device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t i, float *v)
-{
-    if (dtype == MOE_F32) {
-        const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
-        const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-        return;
-    }
-    const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const unsigned short lo = (unsigned short)(words[u] & 0xffffu), hi = (unsigned short)(words[u] >> 16);
-        if (dtype == MOE_F16) {
-            v[2 * u] = __half2float(__ushort_as_half(lo)), v[2 * u + 1] = __half2float(__ushort_as_half(hi));
-        } else {
-            v[2 * u] = __bfloat162float(__ushort_as_bfloat16(lo)), v[2 * u + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
-        }
-    }
-}
-
-// streaming: evict-first stores (st.global.cs), so that an output written once does not push the
-// operands that other tiles still read out of L2.
-__device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64_t i, const float *v, bool streaming = false)
-{
-    if (dtype == MOE_F32) {
-        float4 *p = reinterpret_cast<float4 *>(static_cast<float *>(base) + i);
-        const float4 lo = make_float4(v[0], v[1], v[2], v[3]), hi = make_float4(v[4], v[5], v[6], v[7]);
-        if (streaming)
-            __stcs(p, lo), __stcs(p + 1, hi);
-        else
-            p[0] = lo, p[1] = hi;
-        return;
-    }
-    uint32_t words[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        unsigned short lo, hi;
-        if (dtype == MOE_F16) {
-            lo = __half_as_ushort(__float2half_rn(v[2 * u])), hi = __half_as_ushort(__float2half_rn(v[2 * u + 1]));
-        } else {
-            lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u]));
-            hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u + 1]));
-        }
-        words[u] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
-    uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i);
-    const uint4 packed = make_uint4(words[0], words[1], words[2], words[3]);
-    if (streaming)
-        __stcs(p, packed);
-    else
-        *p = packed;
-}
-
+// Needs cols_j % 8 == 0 and a 16-byte aligned output (tensor_core_ok checks both); load8 / store8 are
+// in dtype_cuda.cuh.
+//
 // Finishes 8 consecutive outputs at `index` of g.out (element type out_dtype) from their fp32 values v:
 // v = w * v (when weighted), v = old + v (accumulate, not into a workspace), one rounding, 16-byte store.
 __device__ __forceinline__ void finish8(const GemmArgs &g, float *v, bool weighted, float w, moe_dtype out_dtype,
@@ -828,6 +776,57 @@ moe_status launch_simt(const GemmArgs &g, int64_t max_tiles, cudaStream_t stream
     return MOE_OK;
 }
 
+// Which kernel family runs a call, with its tile shape and (sm90) tensor maps.
+struct Plan {
+    KernelFamily family;
+    int bm, bn;
+    Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
+};
+
+// Picks the family for op over problem p (a, b, out: the operands as run_gemm names them) and fills
+// plan and g->tma_rows.  Fails only when MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
+moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *out,
+                     bool weighted, GemmArgs *g, Plan *plan)
+{
+    const char *forced = getenv("MOE_CUDA_KERNEL");
+    const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weighted) &&
+                        !(forced != NULL && strcmp(forced, "simt") == 0);
+    plan->family = !use_tc ? FAMILY_SIMT
+                 : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
+                     ? FAMILY_SM90 : FAMILY_SM80;
+    memset(&plan->maps, 0, sizeof plan->maps);
+    g->tma_rows = 0;
+    const int sm90_bm = sm90_tile_rows(p, op);
+    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, g, &plan->maps)) {
+        if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
+            return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
+        plan->family = FAMILY_SM80;
+    }
+    plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
+    plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
+    return MOE_OK;
+}
+
+// Launches the planned GEMM kernel (g complete); max_tiles bounds the persistent grid.
+moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    if (max_tiles <= 0 || g.cols_j <= 0)
+        return MOE_OK;
+    if (plan.family == FAMILY_SM90)
+        return g.dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, plan.bm, g, plan.maps, max_tiles, stream)
+                                   : launch_sm90<__half>(op, plan.bm, g, plan.maps, max_tiles, stream);
+    if (plan.family == FAMILY_SM80)
+        return g.dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
+                                   : launch_tc<__half>(op, g, max_tiles, stream);
+    return launch_simt(g, max_tiles, stream);
+}
+
+// Upper bound of the tile count (the grid of a persistent launch).
+int64_t max_tiles_of(int op, int64_t E, int64_t M, int64_t N, int bm, int64_t col_tiles)
+{
+    return op == OP_DW ? E * ((N + bm - 1) / bm) * col_tiles : (M / bm + E) * col_tiles;
+}
+
 // Runs one op end to end on the stream: workspace, routing check, GEMM, reduction.
 moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *weights,
                     const void *dy, void *out)
@@ -835,24 +834,13 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     const int64_t E = p->num_experts, M = p->rows;
     const int64_t cols_j = op == OP_FWD || op == OP_TOPK_GRAD ? p->N : p->K;
-    const char *forced = getenv("MOE_CUDA_KERNEL");
-    const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weights != NULL) &&
-                        !(forced != NULL && strcmp(forced, "simt") == 0);
-    KernelFamily family = !use_tc ? FAMILY_SIMT
-                        : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
-                            ? FAMILY_SM90 : FAMILY_SM80;
-    Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
-    memset(&maps, 0, sizeof maps);
     GemmArgs g = {};
-    const int sm90_bm = sm90_tile_rows(p, op);
-    if (family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, &g, &maps)) {
-        if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
-            return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
-        family = FAMILY_SM80;
-    }
-    const int BM = family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
-    const int BN = family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
-    const int64_t col_tiles = (cols_j + BN - 1) / BN;
+    Plan plan;
+    moe_status status = plan_gemm(p, op, a, b, out, weights != NULL, &g, &plan);
+    if (status != MOE_OK)
+        return status;
+    const int BM = plan.bm;
+    const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
     const int reduce = op == OP_DX && p->reduce_topk;
 
     // workspace: offsets, tile starts, bitmap, status, and the fp32 buffer of a reduction
@@ -869,7 +857,6 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     w.tile_start = w.offsets + (E + 1);
     w.seen = reinterpret_cast<unsigned *>(w.tile_start + (E + 1));
     w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
-    moe_status status = MOE_OK;
     do {
         cudaError_t err = cudaMemsetAsync(w.seen, 0, (size_t)bitmap_words * 4 + 16, stream);
         if (err != cudaSuccess) {
@@ -899,19 +886,9 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         g.partial_stride = col_tiles;
         g.sm90_skip = getenv("MOE_SM90_SKIP") ? atoi(getenv("MOE_SM90_SKIP")) : 0;
         g.ws = w;
-        const int64_t max_tiles = op == OP_DW ? E * ((p->N + BM - 1) / BM) * col_tiles : (M / BM + E) * col_tiles;
-        if (max_tiles > 0 && cols_j > 0) {
-            if (family == FAMILY_SM90)
-                status = p->dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, sm90_bm, g, maps, max_tiles, stream)
-                                              : launch_sm90<__half>(op, sm90_bm, g, maps, max_tiles, stream);
-            else if (family == FAMILY_SM80)
-                status = p->dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
-                                              : launch_tc<__half>(op, g, max_tiles, stream);
-            else
-                status = launch_simt(g, max_tiles, stream);
-            if (status != MOE_OK)
-                break;
-        }
+        status = launch_plan(plan, op, g, max_tiles_of(op, E, M, p->N, BM, col_tiles), stream);
+        if (status != MOE_OK)
+            break;
         const unsigned blocks = 1024;
         if (reduce && p->num_tokens * p->K > 0) {
             reduce_topk_kernel<<<blocks, 256, 0, stream>>>(static_cast<const float *>(g.out), p->num_tokens, p->topk,
@@ -930,7 +907,74 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     return status;
 }
 
+// Tile starts of a rows GEMM from trusted offsets: one warp, 32 experts at a time, shuffle prefix sums.
+__global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col_tiles, int64_t rows_per_tile,
+                                  int64_t *tile_start, const int *status)
+{
+    if (blockIdx.x != 0 || threadIdx.x >= 32 || *status != 0)
+        return;
+    const int lane = threadIdx.x;
+    int64_t carried = 0;
+    if (lane == 0)
+        tile_start[0] = 0;
+    for (int64_t e0 = 0; e0 < E; e0 += 32) {
+        const int64_t e = e0 + lane;
+        int64_t tiles = e < E ? (offsets[e + 1] - offsets[e] + rows_per_tile - 1) / rows_per_tile * col_tiles : 0;
+        for (int off = 1; off < 32; off *= 2) { // inclusive scan
+            const int64_t below = __shfl_up_sync(0xffffffffu, tiles, off);
+            if (lane >= off)
+                tiles += below;
+        }
+        if (e < E)
+            tile_start[e + 1] = carried + tiles;
+        carried += __shfl_sync(0xffffffffu, tiles, 31);
+    }
+}
+
 } // namespace
+
+moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
+{
+    static_assert((int)MOE_ROWS_A_WT == (int)OP_FWD && (int)MOE_ROWS_A_W == (int)OP_DX && (int)MOE_ROWS_AT_B == (int)OP_DW,
+                  "op numbering");
+    cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
+    const int op = r->op;
+    moe_gemm_problem p = {};
+    p.op = r->name;
+    p.num_tokens = r->rows, p.topk = 1, p.num_experts = r->E, p.rows = r->rows, p.N = r->N, p.K = r->K;
+    p.dtype = r->dtype, p.dw_dtype = r->out_dtype, p.accumulate = r->accumulate, p.stream = r->stream;
+    GemmArgs g = {};
+    Plan plan;
+    moe_status status = plan_gemm(&p, op, r->a, r->b, r->out, false, &g, &plan);
+    if (status != MOE_OK)
+        return status;
+    const int64_t cols_j = op == OP_FWD ? r->N : r->K;
+    const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
+    int64_t *tile_start = nullptr;
+    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 8, stream));
+    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, plan.bm, tile_start, r->status);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
+    if (status == MOE_OK) {
+        g.op = op;
+        g.dtype = r->dtype, g.out_dtype = r->out_dtype;
+        g.T = r->rows, g.k = 1, g.E = r->E, g.M = r->rows, g.N = r->N, g.K = r->K;
+        g.cols_j = cols_j;
+        g.accumulate = r->accumulate;
+        g.a = r->a, g.b = r->b, g.out = r->out;
+        g.partial_stride = col_tiles;
+        g.ws.offsets = const_cast<int64_t *>(r->offsets);
+        g.ws.tile_start = tile_start;
+        g.ws.seen = nullptr;
+        g.ws.status = const_cast<int *>(r->status);
+        status = launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
+    }
+    err = cudaFreeAsync(tile_start, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
+    return status;
+}
 
 moe_status moe_cuda_gemm_fwd(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
                              void *y)

@@ -46,6 +46,7 @@
 
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
+#include "gemm_cuda.cuh"
 #include "mlp_cuda.h"
 
 namespace {
@@ -145,6 +146,19 @@ struct MlpArgs {
     float *dGU;     // [NB][2I]
     float *Dre;     // [NB][H]  recomputed d (ON_I backward without a down checkpoint)
     float *da;      // [NB]
+    // The rows path (options.round_intermediates, see "Rows path" below): the layout's real positions
+    // grouped by expert, expert e owning rows row_offsets[e] .. row_offsets[e+1]-1
+    int64_t *block_rows;  // [N]    real positions of each block
+    int64_t *block_first; // [N]    the row of each block's first real position
+    int64_t *row_offsets; // [E+1]
+    int64_t *row_pos;     // [NB]   position of each row (rows past row_offsets[E] unused)
+    int64_t *pos_row;     // [NB]   row of each position, -1 for padding; NULL on the tile path
+    void *Xr, *Mr, *M0r, *Sr, *dGUr; // dt rows: hidden, m, unscaled m, down-gradient operand, (dg, du)
+    float *GU, *Dr, *dMr;            // float32 rows: gate/up, down (then a*d or dX), dM
+    int dre_bias;                    // rows path: Dre rows lack the down bias (dot_kernel adds it)
+    int64_t *tok_count;              // [T]    positions of each token
+    int64_t *tok_list;               // [T*E]  their rows (tile path: positions), ascending expert order
+    int64_t *tok_expert;             // [T*E]  the expert of each
 };
 
 __device__ __forceinline__ int64_t token_of(const MlpArgs &g, int64_t pos)
@@ -691,7 +705,48 @@ struct OpDwGu {
     for (int64_t var = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; var < (count);               \
          var += (int64_t)gridDim.x * blockDim.x)
 
-// dst[t][h] = sum over the token's positions in ascending expert order of rows[pos][h]; +0 for tokens
+// V consecutive elements (V = 8: 16-byte vectors, needs aligned tensors and 8 | the row length; V = 1).
+template <int V> __device__ __forceinline__ void load_v(moe_dtype dt, const void *base, int64_t i, float *v)
+{
+    if (V == 8)
+        load8(dt, base, i, v);
+    else
+        v[0] = load_as_float(dt, base, i);
+}
+template <int V> __device__ __forceinline__ void store_v(moe_dtype dt, void *base, int64_t i, const float *v)
+{
+    if (V == 8)
+        store8(dt, base, i, v);
+    else
+        store_from_float(dt, base, i, v[0]);
+}
+
+// tok_count[t] and tok_list[t*E ..]: the rows of token t's positions (pos_row, or the positions on the
+// tile path) in ascending expert order, one warp per token with ballots over pair_pos.
+__global__ void token_lists_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int lane = threadIdx.x % 32;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t t = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; t < g.T; t += warps) {
+        int64_t next = 0;
+        for (int64_t e0 = 0; e0 < g.E; e0 += 32) {
+            const long long pos = e0 + lane < g.E ? g.pair_pos[t * g.E + e0 + lane] : NONE;
+            const unsigned bits = __ballot_sync(0xffffffffu, pos != NONE);
+            if (pos != NONE) {
+                const int64_t j = t * g.E + next + __popc(bits & ((1u << lane) - 1u));
+                g.tok_list[j] = g.pos_row != nullptr ? g.pos_row[pos] : (int64_t)pos;
+                g.tok_expert[j] = e0 + lane;
+            }
+            next += __popc(bits);
+        }
+        if (lane == 0)
+            g.tok_count[t] = next;
+    }
+}
+
+// dst[t][h] = sum over the token's positions in ascending expert order of rows[row][h]; +0 for tokens
 // in no block and for the pad row.  (out in the forward, d_hidden in the backward.)
 __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
 {
@@ -702,37 +757,85 @@ __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
         const int64_t t = idx / g.H, h = idx % g.H;
         float acc = 0.0f;
         if (t < g.T) {
-            const long long *pairs = g.pair_pos + t * g.E;
-            bool first = true;
-            for (int64_t e = 0; e < g.E; e++) {
-                const long long pos = pairs[e];
-                if (pos == NONE)
-                    continue;
-                const float c = rows[pos * g.H + h];
-                acc = first ? c : acc + c;
-                first = false;
+            const int64_t count = g.tok_count[t], *list = g.tok_list + t * g.E;
+            for (int64_t j = 0; j < count; j++) {
+                const float c = rows[list[j] * g.H + h];
+                acc = j == 0 ? c : acc + c;
             }
         }
         store_from_float(g.dt, dst, idx, acc);
     }
 }
 
-// da[pos] = <G[tok], d[pos]> (d from the down checkpoint or recomputed), one warp per position, lanes
-// over strided h then a fixed butterfly: deterministic.
+// Rows path forward: out[t][h] = sum over the token's positions (ascending expert order) of its
+// contribution from the down GEMM's row D: ON_H a*(D + b_d), ON_I D + a*b_d.  V-wide chunks of h.
+template <int V>
+__global__ void token_out_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int64_t H = g.H, chunks = H / V;
+    GRID_STRIDE(idx, g.token_rows * chunks)
+    {
+        const int64_t t = idx / chunks, h = idx % chunks * V;
+        float acc[V];
+        for (int u = 0; u < V; u++)
+            acc[u] = 0.0f;
+        if (t < g.T) {
+            const int64_t count = g.tok_count[t];
+            for (int64_t j = 0; j < count; j++) {
+                const int64_t row = g.tok_list[t * g.E + j], e = g.tok_expert[t * g.E + j];
+                const float a = load_as_float(g.dt, g.aff, t * g.E + e);
+                float c[V], bd[V];
+                load_v<V>(MOE_F32, g.Dr, row * H + h, c);
+                if (g.bias) {
+                    load_v<V>(g.dt, g.b_d, e * H + h, bd);
+                    for (int u = 0; u < V; u++)
+                        c[u] = g.on_i ? c[u] + a * bd[u] : a * (c[u] + bd[u]);
+                } else if (!g.on_i) {
+                    for (int u = 0; u < V; u++)
+                        c[u] = a * c[u];
+                }
+                for (int u = 0; u < V; u++)
+                    acc[u] = j == 0 ? c[u] : acc[u] + c[u];
+            }
+        }
+        store_v<V>(g.dt, g.out, t * H + h, acc);
+    }
+}
+
+// da[pos] = <G[tok], d[pos]>, d from the down checkpoint or recomputed in float32 (ON_I without one: the
+// tile path keeps it by position with the bias, the rows path by row without it).  One warp per
+// position, lanes over V-wide strided chunks of h then a fixed butterfly: deterministic.
+template <int V>
 __global__ void dot_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
         return;
     const int lane = threadIdx.x % 32;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32), H = g.H;
     for (int64_t pos = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; pos < g.NB; pos += warps) {
         const int64_t tok = token_of(g, pos);
         if (tok < 0)
             continue;
+        const int64_t d_row = g.pos_row != nullptr ? g.pos_row[pos] : pos, e = g.b2e[pos / g.B];
         float sum = 0.0f;
-        for (int64_t h = lane; h < g.H; h += 32) {
-            const float d = g.ckpt_d_in != nullptr ? load_as_float(g.dt, g.ckpt_d_in, pos * g.H + h) : g.Dre[pos * g.H + h];
-            sum = fmaf(load_as_float(g.dt, g.out_grad, tok * g.H + h), d, sum);
+        for (int64_t h = lane * (int64_t)V; h < H; h += 32 * V) {
+            float G[V], d[V];
+            load_v<V>(g.dt, g.out_grad, tok * H + h, G);
+            if (g.ckpt_d_in != nullptr) {
+                load_v<V>(g.dt, g.ckpt_d_in, pos * H + h, d);
+            } else {
+                load_v<V>(MOE_F32, g.Dre, d_row * H + h, d);
+                if (g.dre_bias) {
+                    float bd[V];
+                    load_v<V>(g.dt, g.b_d, e * H + h, bd);
+                    for (int u = 0; u < V; u++)
+                        d[u] = d[u] + bd[u];
+                }
+            }
+            for (int u = 0; u < V; u++)
+                sum = fmaf(G[u], d[u], sum);
         }
         for (int off = 16; off > 0; off /= 2)
             sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -771,6 +874,334 @@ __global__ void bias_grad_kernel(MlpArgs g)
                     continue;
                 sum = sum + (c < g.H ? scaled_grad(g, tok, load_as_float(g.dt, g.aff, tok * g.E + e), c, true)
                                      : g.dGU[pos * 2 * g.I + (c - g.H)]);
+            }
+        }
+        if (c < g.H)
+            store_grad(g, g.d_bd, e * g.H + c, sum);
+        else
+            store_grad(g, g.d_bgu, e * 2 * g.I + (c - g.H), sum);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Rows path (options.round_intermediates with f16/bf16): every GEMM on the grouped GEMM's kernels
+// (gemm_cuda.cuh, moe_cuda_rows_gemm: wgmma/TMA on sm_90a, mma on sm_80+), the MLP's own work in
+// elementwise kernels between them.  The layout's real positions are numbered as "rows" grouped by
+// expert (the expert's blocks in ascending order, ascending slot within a block; padding positions get
+// no row), so each GEMM is a plain grouped GEMM over contiguous row ranges:
+//
+//   forward    Xr = hidden rows;  GU = Xr . W_gu (f32);  gate_act: bias, clamps, gate_up_ckpt_T,
+//              Mr = rnd(act(g)*u [*a]);  Dr = Mr . W_d (f32);  down_epilogue: bias, down_ckpt, a*d;
+//              token_rows -> out
+//   backward   Xr;  Sr = rnd(a*G) (ON_I: G);  dMr = Sr . W_d^T (f32);  gate_bwd (from the checkpoint):
+//              Mr = rnd(m [*a]), dGUr = rnd(dg, du);  [ON_I without down_ckpt: Dre = rnd(m) . W_d];
+//              dot/daff -> d_affinities;  dXr = dGUr . W_gu^T (f32) -> token_rows -> d_hidden;
+//              d_w_d = Mr^T . Sr;  d_w_gu = Xr^T . dGUr;  bias sums over the expert's rows
+//
+// rnd = one rounding to the call's dtype (specs/MLP.md, "Rounded intermediates").  Every kernel returns
+// at once while the call's status word is set.  Deterministic: no atomics on values.
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
+{
+    if (dtype == MOE_F16)
+        return __half2float(__float2half_rn(v));
+    if (dtype == MOE_BF16)
+        return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
+}
+
+__device__ __forceinline__ int64_t warp_id_global() { return (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; }
+__device__ __forceinline__ int64_t warps_in_grid() { return (int64_t)gridDim.x * (blockDim.x / 32); }
+__device__ __forceinline__ int64_t rows_total(const MlpArgs &g) { return g.row_offsets[g.E]; }
+
+// block_rows[n] = the real positions of block n (one warp per block).
+__global__ void block_rows_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int lane = threadIdx.x % 32;
+    for (int64_t n = warp_id_global(); n < g.N; n += warps_in_grid()) {
+        int64_t count = 0;
+        for (int64_t b0 = 0; b0 < g.B; b0 += 32) {
+            const bool real = b0 + lane < g.B && token_of(g, n * g.B + b0 + lane) >= 0;
+            count += __popc(__ballot_sync(0xffffffffu, real));
+        }
+        if (lane == 0)
+            g.block_rows[n] = count;
+    }
+}
+
+// row_offsets[e] and block_first[n] (one CTA; each thread walks its experts' block lists in order).
+__global__ void __launch_bounds__(LIST_THREADS) row_offsets_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    for (int64_t e = threadIdx.x; e < g.E; e += blockDim.x) {
+        int64_t total = 0;
+        for (int64_t q = g.expert_start[e]; q < g.expert_start[e + 1]; q++) {
+            const int64_t n = g.expert_blocks[q];
+            g.block_first[n] = total;
+            total += g.block_rows[n];
+        }
+        g.row_offsets[e + 1] = total;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        g.row_offsets[0] = 0;
+        for (int64_t e = 0; e < g.E; e++)
+            g.row_offsets[e + 1] += g.row_offsets[e];
+    }
+    __syncthreads();
+    for (int64_t e = threadIdx.x; e < g.E; e += blockDim.x)
+        for (int64_t q = g.expert_start[e]; q < g.expert_start[e + 1]; q++)
+            g.block_first[g.expert_blocks[q]] += g.row_offsets[e];
+}
+
+// row_pos and pos_row (one warp per block, ballots in slot order).
+__global__ void row_maps_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int lane = threadIdx.x % 32;
+    for (int64_t n = warp_id_global(); n < g.N; n += warps_in_grid()) {
+        int64_t next = g.block_first[n];
+        for (int64_t b0 = 0; b0 < g.B; b0 += 32) {
+            const int64_t pos = n * g.B + b0 + lane;
+            const bool inside = b0 + lane < g.B;
+            const bool real = inside && token_of(g, pos) >= 0;
+            const unsigned bits = __ballot_sync(0xffffffffu, real);
+            if (inside) {
+                const int64_t row = real ? next + __popc(bits & ((1u << lane) - 1u)) : -1;
+                g.pos_row[pos] = row;
+                if (real)
+                    g.row_pos[row] = pos;
+            }
+            next += __popc(bits);
+        }
+    }
+}
+
+__device__ __forceinline__ float row_affinity(const MlpArgs &g, int64_t pos)
+{
+    return load_as_float(g.dt, g.aff, token_of(g, pos) * g.E + g.b2e[pos / g.B]);
+}
+
+// What the elementwise kernels need of a row, computed once per row (64-bit divisions are costly).
+struct RowInfo {
+    int64_t pos, e, tok;
+    int64_t ckpt; // gate_up_ckpt_T index of (half 0, i = 0) for this position: n*2*I*B + b
+    float a;      // A[tok][e]
+};
+
+__device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r)
+{
+    RowInfo ri;
+    ri.pos = g.row_pos[r];
+    const int64_t n = ri.pos / g.B, b = ri.pos - n * g.B;
+    ri.e = g.b2e[n];
+    ri.tok = g.ids[ri.pos];
+    ri.ckpt = n * 2 * g.I * g.B + b;
+    ri.a = load_as_float(g.dt, g.aff, ri.tok * g.E + ri.e);
+    return ri;
+}
+
+
+// dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with scale.  One CTA per row.
+template <int V>
+__global__ void gather_rows_kernel(MlpArgs g, const void *src, void *dst, int scale)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int64_t R = rows_total(g), H = g.H;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const RowInfo ri = row_info(g, r);
+        for (int64_t h = threadIdx.x * (int64_t)V; h < H; h += (int64_t)blockDim.x * V) {
+            if (V == 8 && !scale) {
+                reinterpret_cast<uint4 *>(dst)[(r * H + h) / 8] = reinterpret_cast<const uint4 *>(src)[(ri.tok * H + h) / 8];
+                continue;
+            }
+            float v[V];
+            load_v<V>(g.dt, src, ri.tok * H + h, v);
+            if (scale)
+                for (int u = 0; u < V; u++)
+                    v[u] = ri.a * v[u];
+            store_v<V>(g.dt, dst, r * H + h, v);
+        }
+    }
+}
+
+// Tiles of 32 rows x GATE_SPAN intermediate columns, walked 32 columns at a time; CTA (32, 8).  The
+// checkpoint [N][2][I][B] is read or written with lanes along the slot, everything else with lanes
+// along i, through shared memory.
+constexpr int RT = 32, GATE_SPAN = 256;
+
+// Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
+// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).
+__global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
+    __shared__ RowInfo info[RT];
+    const int64_t R = rows_total(g), I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
+        const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
+        const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
+        __syncthreads();
+        if (ty == 0 && r0 + tx < R)
+            info[tx] = row_info(g, r0 + tx);
+        for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
+            __syncthreads();
+            for (int rr = ty; rr < RT; rr += 8) {
+                const int64_t r = r0 + rr, i = i0 + tx;
+                if (r >= R || i >= I)
+                    continue;
+                const int64_t e = info[rr].e;
+                float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
+                if (g.bias) {
+                    gv = gv + load_as_float(g.dt, g.b_gu, e * 2 * I + i);
+                    uv = uv + load_as_float(g.dt, g.b_gu, e * 2 * I + I + i);
+                }
+                gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
+                uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
+                const float m = act_value(g.act, gv) * uv;
+                store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? m * info[rr].a : m);
+                if (g.M0r != nullptr)
+                    store_from_float(g.dt, g.M0r, r * I + i, m);
+                gs[rr][tx] = gv, us[rr][tx] = uv;
+            }
+            __syncthreads();
+            if (g.ckpt_gu != nullptr)
+                for (int ii = ty; ii < RT; ii += 8) {
+                    const int64_t r = r0 + tx, i = i0 + ii;
+                    if (r >= R || i >= I)
+                        continue;
+                    store_from_float(g.dt, g.ckpt_gu, info[tx].ckpt + i * g.B, gs[tx][ii]);
+                    store_from_float(g.dt, g.ckpt_gu, info[tx].ckpt + (I + i) * g.B, us[tx][ii]);
+                }
+        }
+    }
+}
+
+// +0 at the padding positions of the checkpoints, before the epilogues write the real ones: one CTA per
+// block with padding clears its whole gate_up_ckpt_T slab [2][I][B] (contiguous; 16-byte stores when
+// vec) and its padding rows of down_ckpt.
+__global__ void zero_padding_kernel(MlpArgs g, int vec)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    for (int64_t n = blockIdx.x; n < g.N; n += gridDim.x) {
+        if (g.block_rows[n] == g.B)
+            continue;
+        if (g.ckpt_gu != nullptr) {
+            const int64_t slab = 2 * g.I * g.B, first = n * slab;
+            if (vec) {
+                uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(g.ckpt_gu) + first);
+                for (int64_t q = threadIdx.x; q < slab / 8; q += blockDim.x)
+                    p[q] = make_uint4(0, 0, 0, 0);
+            } else {
+                for (int64_t q = threadIdx.x; q < slab; q += blockDim.x)
+                    store_from_float(g.dt, g.ckpt_gu, first + q, 0.0f);
+            }
+        }
+        if (g.ckpt_d != nullptr)
+            for (int64_t b = 0; b < g.B; b++)
+                if (g.pos_row[n * g.B + b] < 0)
+                    for (int64_t h = threadIdx.x; h < g.H; h += blockDim.x)
+                        store_from_float(g.dt, g.ckpt_d, (n * g.B + b) * g.H + h, 0.0f);
+    }
+}
+
+// The down checkpoint from the down GEMM's rows: ON_H rnd(D + b_d), ON_I rnd(Dre + b_d) (Dre = M0r . W_d).
+// (The contributions to out are formed by token_out_kernel.)  One CTA per row.
+template <int V>
+__global__ void down_ckpt_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int64_t R = rows_total(g), H = g.H;
+    const float *D = g.on_i ? g.Dre : g.Dr;
+    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+        const int64_t pos = g.row_pos[r], e = g.b2e[pos / g.B];
+        for (int64_t h = threadIdx.x * (int64_t)V; h < H; h += (int64_t)blockDim.x * V) {
+            float d[V], bd[V];
+            load_v<V>(MOE_F32, D, r * H + h, d);
+            if (g.bias) {
+                load_v<V>(g.dt, g.b_d, e * H + h, bd);
+                for (int u = 0; u < V; u++)
+                    d[u] = d[u] + bd[u];
+            }
+            store_v<V>(g.dt, g.ckpt_d, pos * H + h, d);
+        }
+    }
+}
+
+// Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
+// recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.
+__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
+    __shared__ RowInfo info[RT];
+    const int64_t R = rows_total(g), I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
+        const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
+        const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
+        __syncthreads();
+        if (ty == 0 && r0 + tx < R)
+            info[tx] = row_info(g, r0 + tx);
+        for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
+            __syncthreads();
+            for (int ii = ty; ii < RT; ii += 8) {
+                const int64_t r = r0 + tx, i = i0 + ii;
+                if (r >= R || i >= I)
+                    continue;
+                gs[tx][ii] = load_as_float(g.dt, g.ckpt_gu_in, info[tx].ckpt + i * g.B);
+                us[tx][ii] = load_as_float(g.dt, g.ckpt_gu_in, info[tx].ckpt + (I + i) * g.B);
+            }
+            __syncthreads();
+            for (int rr = ty; rr < RT; rr += 8) {
+                const int64_t r = r0 + rr, i = i0 + tx;
+                if (r >= R || i >= I)
+                    continue;
+                const float gv = gs[rr][tx], uv = us[rr][tx], a = info[rr].a;
+                const float act = act_value(g.act, gv), m = act * uv;
+                store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? a * m : m);
+                if (g.M0r != nullptr)
+                    store_from_float(g.dt, g.M0r, r * I + i, m);
+                const float dm = g.on_i ? a * g.dMr[r * I + i] : g.dMr[r * I + i];
+                const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
+                const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
+                const float du = pass_u ? dm * act : 0.0f;
+                const float dg = pass_g ? dm * uv * act_derivative(g.act, gv) : 0.0f;
+                store_from_float(g.dt, g.dGUr, r * 2 * I + i, dg);
+                store_from_float(g.dt, g.dGUr, r * 2 * I + I + i, du);
+            }
+        }
+    }
+}
+
+// db_d[e][h] = sum of rnd(a*G) over the expert's rows, db_gu[e][j] = sum of dGUr (ascending rows).
+__global__ void rows_bias_grad_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    const int64_t cols = g.H + 2 * g.I;
+    GRID_STRIDE(idx, g.E * cols)
+    {
+        const int64_t e = idx / cols, c = idx % cols;
+        float sum = 0.0f;
+        for (int64_t r = g.row_offsets[e]; r < g.row_offsets[e + 1]; r++) {
+            if (c >= g.H) {
+                sum = sum + load_as_float(g.dt, g.dGUr, r * 2 * g.I + (c - g.H));
+            } else if (!g.on_i) {
+                sum = sum + load_as_float(g.dt, g.Sr, r * g.H + c); // already rnd(a*G)
+            } else {
+                const float aG = row_affinity(g, g.row_pos[r]) * load_as_float(g.dt, g.Sr, r * g.H + c);
+                sum = sum + round_dev(g.dt, aG);
             }
         }
         if (c < g.H)
@@ -861,10 +1292,78 @@ moe_status launch_layout(const MlpArgs &g, cudaStream_t stream)
     return MOE_OK;
 }
 
-// Allocates the workspace, points g at it, runs body(g), frees (stream-ordered).
+// ------------------------------------------------------------------------------------------------
+// Rows path, host side
+// ------------------------------------------------------------------------------------------------
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+moe_status launch_rows_layout(const MlpArgs &g, cudaStream_t stream)
+{
+    const int64_t cap = (int64_t)sm_count() * 8;
+    block_rows_kernel<<<grid_for(g.N * 32, 256, cap), 256, 0, stream>>>(g);
+    row_offsets_kernel<<<1, LIST_THREADS, 0, stream>>>(g);
+    row_maps_kernel<<<grid_for(g.N * 32, 256, cap), 256, 0, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+// One grouped GEMM over the rows (shapes: gemm_cuda.cuh, MoeRowsGemm).
+moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_dtype, int64_t N, int64_t K,
+                     const void *a, const void *b, void *out, int accumulate, cudaStream_t stream)
+{
+    MoeRowsGemm r = {};
+    r.name = name, r.op = op, r.dtype = g.dt, r.out_dtype = out_dtype;
+    r.E = g.E, r.rows = g.NB, r.N = N, r.K = K;
+    r.offsets = g.row_offsets, r.status = g.status;
+    r.a = a, r.b = b, r.out = out, r.accumulate = accumulate, r.stream = stream;
+    return moe_cuda_rows_gemm(&r);
+}
+
+moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, int scale, cudaStream_t stream)
+{
+    const unsigned grid = grid_for(g.NB, 1, (int64_t)sm_count() * 8);
+    if (g.NB > 0 && g.H > 0) {
+        if (g.H % 8 == 0 && aligned16(src) && aligned16(dst))
+            gather_rows_kernel<8><<<grid, 256, 0, stream>>>(g, src, dst, scale);
+        else
+            gather_rows_kernel<1><<<grid, 256, 0, stream>>>(g, src, dst, scale);
+    }
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+// dot_kernel with 16-byte vectors when every operand allows them.
+moe_status launch_dot(const MlpArgs &g, cudaStream_t stream)
+{
+    if (g.NB == 0)
+        return MOE_OK;
+    const unsigned grid = grid_for(g.NB * 32, 256, (int64_t)sm_count() * 16);
+    const bool vec = g.H % 8 == 0 && aligned16(g.out_grad) &&
+                     (g.ckpt_d_in != nullptr ? aligned16(g.ckpt_d_in) : !g.dre_bias || aligned16(g.b_d));
+    if (vec)
+        dot_kernel<8><<<grid, 256, 0, stream>>>(g);
+    else
+        dot_kernel<1><<<grid, 256, 0, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+unsigned gate_tiles_grid(const MlpArgs &g)
+{
+    return grid_for(host_cdiv(g.NB, RT) * host_cdiv(g.I, GATE_SPAN), 1, (int64_t)sm_count() * 8);
+}
+
+// The rows path's buffers, in elements (dt ones, then float32 ones); all zero on the tile path.
+struct RowsSizes {
+    bool active;
+    int64_t xr, mr, m0r, sr, dgur; // dt
+    int64_t gu, dr, dmr;           // float32
+};
+
+// Allocates the workspace, points g at it, runs the layout kernels and body(g), frees (stream-ordered).
 template <class Body>
 moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int64_t nM0, int64_t nContrib,
-                          int64_t nDGU, int64_t nDre, int64_t nDa, Body body)
+                          int64_t nDGU, int64_t nDre, int64_t nDa, const RowsSizes &rs, Body body)
 {
     cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
     Carver c;
@@ -875,6 +1374,14 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     const size_t o_blocks = c.take(g.N, 8);
     const size_t o_M = c.take(nM, 4), o_M0 = c.take(nM0, 4), o_contrib = c.take(nContrib, 4);
     const size_t o_dgu = c.take(nDGU, 4), o_dre = c.take(nDre, 4), o_da = c.take(nDa, 4);
+    const size_t es = moe_dtype_size(g.dt);
+    const int64_t rows_n = rs.active ? g.N : 0, rows_nb = rs.active ? g.NB : 0;
+    const size_t o_brows = c.take(rows_n, 8), o_bfirst = c.take(rows_n, 8), o_roff = c.take(rs.active ? g.E + 1 : 0, 8);
+    const size_t o_rpos = c.take(rows_nb, 8), o_prow = c.take(rows_nb, 8);
+    const size_t o_tcount = c.take(g.T, 8), o_tlist = c.take(g.T * g.E, 8), o_texp = c.take(g.T * g.E, 8);
+    const size_t o_xr = c.take(rs.xr, es), o_mr = c.take(rs.mr, es), o_m0r = c.take(rs.m0r, es);
+    const size_t o_sr = c.take(rs.sr, es), o_dgur = c.take(rs.dgur, es);
+    const size_t o_gu = c.take(rs.gu, 4), o_dr = c.take(rs.dr, 4), o_dmr = c.take(rs.dmr, 4);
     unsigned char *ws = nullptr;
     cudaError_t err = cudaMallocAsync(&ws, c.bytes, stream);
     if (err != cudaSuccess)
@@ -893,7 +1400,24 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     g.dGU = reinterpret_cast<float *>(ws + o_dgu);
     g.Dre = reinterpret_cast<float *>(ws + o_dre);
     g.da = reinterpret_cast<float *>(ws + o_da);
+    g.tok_count = reinterpret_cast<int64_t *>(ws + o_tcount);
+    g.tok_list = reinterpret_cast<int64_t *>(ws + o_tlist);
+    g.tok_expert = reinterpret_cast<int64_t *>(ws + o_texp);
+    if (rs.active) {
+        g.block_rows = reinterpret_cast<int64_t *>(ws + o_brows);
+        g.block_first = reinterpret_cast<int64_t *>(ws + o_bfirst);
+        g.row_offsets = reinterpret_cast<int64_t *>(ws + o_roff);
+        g.row_pos = reinterpret_cast<int64_t *>(ws + o_rpos);
+        g.pos_row = reinterpret_cast<int64_t *>(ws + o_prow);
+        g.Xr = ws + o_xr, g.Mr = ws + o_mr, g.M0r = rs.m0r > 0 ? ws + o_m0r : nullptr;
+        g.Sr = ws + o_sr, g.dGUr = ws + o_dgur;
+        g.GU = reinterpret_cast<float *>(ws + o_gu);
+        g.Dr = reinterpret_cast<float *>(ws + o_dr);
+        g.dMr = reinterpret_cast<float *>(ws + o_dmr);
+    }
     moe_status status = launch_layout(g, stream);
+    if (status == MOE_OK && rs.active)
+        status = launch_rows_layout(g, stream);
     if (status == MOE_OK)
         status = body(g, stream);
     err = cudaFreeAsync(ws, stream);
@@ -906,6 +1430,8 @@ moe_status token_rows(const MlpArgs &g, const float *rows, void *dst, cudaStream
 {
     if (g.token_rows * g.H == 0)
         return MOE_OK;
+    if (g.T > 0)
+        token_lists_kernel<<<grid_for(g.T * 32, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g);
     token_rows_kernel<<<grid_for(g.token_rows * g.H, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g, rows, dst);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
@@ -923,7 +1449,51 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
     g.out = out, g.ckpt_gu = gate_up_ckpt_T, g.ckpt_d = down_ckpt;
     const int64_t NB = g.NB, H = g.H, I = g.I;
     const bool ckpt_from_m0 = g.on_i && down_ckpt != nullptr;
-    return with_workspace(p, g, NB * I, ckpt_from_m0 ? NB * I : 0, NB * H, 0, 0, 0,
+    if (p->round_intermediates) {
+        RowsSizes rs = {};
+        rs.active = true, rs.xr = NB * H, rs.gu = NB * 2 * I, rs.mr = NB * I, rs.m0r = ckpt_from_m0 ? NB * I : 0;
+        rs.dr = NB * H;
+        return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
+                              [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+            moe_status s = gather_rows(a, a.hidden, a.Xr, 0, stream);
+            if (s == MOE_OK)
+                s = rows_gemm(a, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, a.Xr, a.w_gu, a.GU, 0, stream);
+            if (s != MOE_OK)
+                return s;
+            if ((a.ckpt_gu != nullptr || a.ckpt_d != nullptr) && NB > 0)
+                zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
+                    a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu));
+            if (NB * I > 0)
+                gate_act_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
+            MOE_CUDA_CHECK(cudaGetLastError());
+            s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
+            if (s == MOE_OK && ckpt_from_m0)
+                s = rows_gemm(a, "moe_mlp_fwd (down checkpoint)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
+                              stream);
+            if (s != MOE_OK)
+                return s;
+            const bool vec = H % 8 == 0 && (!a.bias || aligned16(a.b_d));
+            if (NB * H > 0 && a.ckpt_d != nullptr) {
+                const unsigned grid = grid_for(NB, 1, (int64_t)sm_count() * 8);
+                if (vec && aligned16(a.ckpt_d))
+                    down_ckpt_kernel<8><<<grid, 256, 0, stream>>>(a);
+                else
+                    down_ckpt_kernel<1><<<grid, 256, 0, stream>>>(a);
+            }
+            if (a.T > 0)
+                token_lists_kernel<<<grid_for(a.T * 32, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(a);
+            if (a.token_rows * H > 0) {
+                const unsigned grid = grid_for(a.token_rows * H, 256, (int64_t)sm_count() * 16);
+                if (vec && aligned16(a.out))
+                    token_out_kernel<8><<<grid, 256, 0, stream>>>(a);
+                else
+                    token_out_kernel<1><<<grid, 256, 0, stream>>>(a);
+            }
+            MOE_CUDA_CHECK(cudaGetLastError());
+            return MOE_OK;
+        });
+    }
+    return with_workspace(p, g, NB * I, ckpt_from_m0 ? NB * I : 0, NB * H, 0, 0, 0, RowsSizes{},
                           [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
         const int64_t rt = host_cdiv(a.B, BM);
         moe_status s = launch_tiles<OpGateUp>(a, a.N * rt * host_cdiv(I, 32), stream);
@@ -953,16 +1523,63 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
     g.d_hidden = d_hidden, g.d_aff = d_affinities, g.d_wgu = d_w_gu, g.d_wd = d_w_d, g.d_bgu = d_b_gu, g.d_bd = d_b_d;
     const int64_t NB = g.NB, H = g.H, I = g.I, E = g.E;
     const bool recompute = down_ckpt == nullptr; // ON_I only (the front end checked)
+    if (p->round_intermediates) {
+        RowsSizes rs = {};
+        rs.active = true, rs.xr = NB * H, rs.sr = NB * H, rs.mr = NB * I, rs.m0r = recompute ? NB * I : 0;
+        rs.dgur = NB * 2 * I, rs.dmr = NB * I, rs.dr = NB * H;
+        g.dre_bias = recompute && g.bias;
+        return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
+                              [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+            const int64_t cap = (int64_t)sm_count() * 16;
+            moe_status s = gather_rows(a, a.hidden, a.Xr, 0, stream);
+            if (s == MOE_OK)
+                s = gather_rows(a, a.out_grad, a.Sr, !a.on_i, stream);
+            if (s == MOE_OK)
+                s = rows_gemm(a, "moe_mlp_bwd (dM)", MOE_ROWS_A_WT, MOE_F32, I, H, a.Sr, a.w_d, a.dMr, 0, stream);
+            if (s != MOE_OK)
+                return s;
+            if (NB * I > 0)
+                gate_bwd_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
+            MOE_CUDA_CHECK(cudaGetLastError());
+            if (recompute) {
+                s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
+                              stream);
+                if (s != MOE_OK)
+                    return s;
+            }
+            s = launch_dot(a, stream);
+            if (s != MOE_OK)
+                return s;
+            if (a.T * E > 0)
+                daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
+            MOE_CUDA_CHECK(cudaGetLastError());
+            s = rows_gemm(a, "moe_mlp_bwd (dX)", MOE_ROWS_A_WT, MOE_F32, H, 2 * I, a.dGUr, a.w_gu, a.Dr, 0, stream);
+            if (s == MOE_OK)
+                s = token_rows(a, a.Dr, a.d_hidden, stream);
+            if (s == MOE_OK)
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_d)", MOE_ROWS_AT_B, a.gdt, I, H, a.Mr, a.Sr, a.d_wd, a.accumulate,
+                              stream);
+            if (s == MOE_OK)
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_gu)", MOE_ROWS_AT_B, a.gdt, H, 2 * I, a.Xr, a.dGUr, a.d_wgu,
+                              a.accumulate, stream);
+            if (s == MOE_OK && a.bias && E * (H + 2 * I) > 0) {
+                rows_bias_grad_kernel<<<grid_for(E * (H + 2 * I), 256, cap), 256, 0, stream>>>(a);
+                MOE_CUDA_CHECK(cudaGetLastError());
+            }
+            return s;
+        });
+    }
     return with_workspace(p, g, NB * I, recompute ? NB * I : 0, NB * H, NB * 2 * I, recompute ? NB * H : 0, NB,
-                          [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+                          RowsSizes{}, [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
         const int64_t rt = host_cdiv(a.B, BM), cap = (int64_t)sm_count() * 16;
         moe_status s = launch_tiles<OpDm>(a, a.N * rt * host_cdiv(I, BN), stream);
         if (s == MOE_OK && recompute)
             s = launch_tiles<OpDown<DOWN_RECOMPUTE>>(a, a.N * rt * host_cdiv(H, BN), stream);
         if (s != MOE_OK)
             return s;
-        if (NB > 0)
-            dot_kernel<<<grid_for(NB * 32, 256, cap), 256, 0, stream>>>(a);
+        s = launch_dot(a, stream);
+        if (s != MOE_OK)
+            return s;
         if (a.T * E > 0)
             daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
         MOE_CUDA_CHECK(cudaGetLastError());
