@@ -1,6 +1,11 @@
 // CUDA blockwise MoE MLP: forward with checkpoints and the full backward (SEMANTICS section 3,
 // specs/MLP.md; the contract is in gpu/mlp_cuda.h).  The CPU reference (ref/mlp.c) is the oracle.
 //
+// Two paths share the layout check, the token lists and the reductions:
+//   - the tile path (float32 intermediates, the default; every dtype): the kernels listed below;
+//   - the rows path (options.round_intermediates with f16/bf16): every GEMM on the grouped GEMM's
+//     tensor-core kernels over the layout's real positions grouped by expert; see "Rows path" below.
+//
 // One call is a fixed sequence of kernels on options.stream, nothing synchronised with the host:
 //
 //   layout check (every call)
@@ -19,7 +24,8 @@
 //     Down tiles           per block: M . W_d[e], bias, down_ckpt, per-position contribution a*d (ON_I:
 //                          d + a*b_d) -> contrib scratch; ON_I with a down checkpoint: a second pass from
 //                          the unscaled m (M0) writes the checkpoint
-//     token_rows_kernel    out[t] = the contributions of t's positions summed in ascending expert order
+//     token_lists_kernel   each token's positions (rows on the rows path) in ascending expert order
+//     token_rows_kernel    out[t] = the contributions of t's positions summed in that order
 //   backward
 //     Dm tiles             per block: dM = (a*G) . W_d[e]^T (ON_I: a * (G . W_d^T)); epilogue from the
 //                          rounded checkpoint: m -> M, masked dg, du -> dGU scratch
@@ -36,7 +42,7 @@
 // 256 threads each owning 4 x 4 outputs and accumulating with fp32 FMA in ascending k.  The Op supplies
 // the tile decomposition, the two operand element loaders (gathers, affinity scaling, zero for padding)
 // and the epilogue.  Each output element is produced by exactly one thread with a reduction order fixed
-// by the layout, so results are bitwise reproducible.  (Tensor cores for bf16/f16 are future work.)
+// by the layout, so results are bitwise reproducible.  (The rows path uses tensor cores for bf16/f16.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1086,8 +1092,8 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 
 // +0 at the padding positions of the checkpoints, before the epilogues write the real ones: one CTA per
 // block with padding clears its whole gate_up_ckpt_T slab [2][I][B] (contiguous; 16-byte stores when
-// vec) and its padding rows of down_ckpt.
-__global__ void zero_padding_kernel(MlpArgs g, int vec)
+// vec) and its padding rows of down_ckpt (16-byte stores when vec_d).
+__global__ void zero_padding_kernel(MlpArgs g, int vec, int vec_d)
 {
     if (*g.status != ERR_NONE)
         return;
@@ -1105,11 +1111,18 @@ __global__ void zero_padding_kernel(MlpArgs g, int vec)
                     store_from_float(g.dt, g.ckpt_gu, first + q, 0.0f);
             }
         }
-        if (g.ckpt_d != nullptr)
-            for (int64_t b = 0; b < g.B; b++)
-                if (g.pos_row[n * g.B + b] < 0)
-                    for (int64_t h = threadIdx.x; h < g.H; h += blockDim.x)
-                        store_from_float(g.dt, g.ckpt_d, (n * g.B + b) * g.H + h, 0.0f);
+        if (g.ckpt_d != nullptr) { // rows of H elements, 8 at a time when vec_d
+            const int64_t per_row = vec_d ? g.H / 8 : g.H;
+            for (int64_t q = threadIdx.x; q < g.B * per_row; q += blockDim.x) {
+                const int64_t pos = n * g.B + q / per_row, c = q % per_row;
+                if (g.pos_row[pos] >= 0)
+                    continue;
+                if (vec_d)
+                    reinterpret_cast<uint4 *>(g.ckpt_d)[pos * per_row + c] = make_uint4(0, 0, 0, 0);
+                else
+                    store_from_float(g.dt, g.ckpt_d, pos * g.H + c, 0.0f);
+            }
+        }
     }
 }
 
@@ -1462,7 +1475,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 return s;
             if ((a.ckpt_gu != nullptr || a.ckpt_d != nullptr) && NB > 0)
                 zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
-                    a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu));
+                    a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
                 gate_act_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());

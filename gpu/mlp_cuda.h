@@ -14,6 +14,9 @@
  *     overwritten in full (padding positions / untouched rows / pairs outside the layout +0); d_w_gu,
  *     d_w_d, d_b_gu, d_b_d are overwritten, or with p->accumulate become round(old + sum).
  *   - Deterministic: no float atomics; every sum has an order fixed by the layout (see mlp_cuda.cu).
+ *   - p->round_intermediates (f16/bf16 only) selects the rows path: the second-stage GEMM operands are
+ *     rounded to the dtype (specs/MLP.md, "Rounded intermediates") and every GEMM runs on the grouped
+ *     GEMM's kernels (moe_cuda_rows_gemm); otherwise the float32-intermediate tile path.
  */
 #ifndef LIBMOE_MLP_CUDA_H
 #define LIBMOE_MLP_CUDA_H
