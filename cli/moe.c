@@ -320,6 +320,11 @@ static const opt compare_opts[] = {
      "each token occupies at most one position (top-1), checked against token_position_to_id. The "     \
      "results are bitwise the same as without it. (It has nothing to do with accumulating weight "     \
      "gradients: mlp-bwd always writes fresh gradients.)"},                                            \
+    {"--round-intermediates", NULL,                                                                    \
+     "f16/bf16 (options.round_intermediates): round the operands of the second-stage GEMMs once to "    \
+     "the dtype, as NKI and torch keep them: m before the down projection, a*grad (the down "          \
+     "projection's gradient) and the gate/up gradients dg, du. Give it to both mlp-fwd and mlp-bwd. "   \
+     "No effect in f32. Not on --backend cuda yet (refused)."},                                        \
     OPT_DTYPE,                                                                                         \
     OPT_BACKEND,                                                                                       \
     OPT_RAW
@@ -404,7 +409,7 @@ static const command commands[] = {
     {"mlp-fwd",
      "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
      "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
-     "[--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+     "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
      "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
      "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
      "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -429,7 +434,8 @@ static const command commands[] = {
      mlp_fwd_opts, 0, run_mlp_fwd},
     {"mlp-bwd",
      "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
-     "[--padding skip|row] [--no-accumulate] [--grad-fp32] [--dtype ...] [--backend ...] [--raw]",
+     "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--grad-fp32] [--dtype ...] [--backend ...] "
+     "[--raw]",
      "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
      "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
      "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
@@ -1345,6 +1351,15 @@ static void mlp_options(const args *a, moe_mlp_options *o)
     if ((s = get(a, "--clamp")) != NULL)
         parse_clamp(s, o);
     o->tensor_update_overwrite = get(a, "--no-accumulate") != NULL;
+    o->round_intermediates = get(a, "--round-intermediates") != NULL;
+}
+
+/* ", intermediates rounded to bf16" when options.round_intermediates takes effect (f16/bf16), else "". */
+static const char *rounded_note(const moe_mlp_options *o)
+{
+    if (!o->round_intermediates || o->dtype == MOE_F32)
+        return "";
+    return o->dtype == MOE_BF16 ? ", intermediates rounded to bf16" : ", intermediates rounded to f16";
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -1678,9 +1693,9 @@ static int run_mlp_fwd(const args *a)
     mlp_write(a, out, "output.npy", m.o.dtype, y, 2, s_y);
     mlp_write(a, out, "gate_up_proj_act_checkpoint_T.npy", m.o.dtype, ckpt_gu, 4, s_gu);
     mlp_write(a, out, "down_proj_act_checkpoint.npy", m.o.dtype, ckpt_d, 3, s_d);
-    printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s\n",
+    printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
-           moe_dtype_name(m.o.dtype));
+           moe_dtype_name(m.o.dtype), rounded_note(&m.o));
     return 0;
 }
 
@@ -1733,9 +1748,9 @@ static int run_mlp_bwd(const args *a)
         mlp_write(a, out, "gate_up_proj_bias_grad.npy", gdt, dbgu, 3, s_bgu);
         mlp_write(a, out, "down_proj_bias_grad.npy", gdt, dbd, 2, s_bd);
     }
-    printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s\n",
+    printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
-           moe_dtype_name(m.o.dtype), m.o.grad_fp32 ? ", weight gradients float32" : "",
+           moe_dtype_name(m.o.dtype), rounded_note(&m.o), m.o.grad_fp32 ? ", weight gradients float32" : "",
            m.have[F_CKPT_D] ? "" : ", d recomputed (no down checkpoint)");
     return 0;
 }

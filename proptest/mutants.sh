@@ -72,7 +72,9 @@ reduce-topk-order|ref/gemm_blocked.c|dX reduce_topk sums a token slots in revers
 duplicate-gather|ref/routing.c|the routing validator accepts a repeated gather index
 layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1 instead of T (MOE_MLP_PAD_ROW)
 lost-affinity-fwd|ref/mlp.c|MLP forward (affinity on H) adds d instead of a*d to the token row
-gelu-tanh-derivative|ref/mlp.c|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)'
+gelu-tanh-derivative|ref/mlp.c|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
+unrounded-aG|ref/mlp.c|round_intermediates: the down projection gradient operand a*G stays float32 (m, dg, du are rounded)
+affinity-rounded-early|ref/mlp.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)'
 
 m_offsets_off_by_one() {
     edit ref/routing.c 'int64_t r = next[topk_ids[s]]++;' 'int64_t r = ++next[topk_ids[s]];'
@@ -159,6 +161,19 @@ m_lost_affinity_fwd() {
 }
 m_gelu_tanh_derivative() {
     edit ref/mlp.c '(1.0f + 3.0f * GELU_TANH_C * x2)' '(1.0f + GELU_TANH_C * x2)'
+}
+m_unrounded_aG() {
+    edit ref/mlp.c '                round_row(dt, dD, n * H);
+' ''
+}
+m_affinity_rounded_early() {
+    edit ref/mlp.c '                    for (int64_t j = 0; j < I; j++)
+                        m[j] = m[j] * a[i];
+                }' '                    if (p->round_intermediates)
+                        round_row(dt, m, I);
+                    for (int64_t j = 0; j < I; j++)
+                        m[j] = m[j] * a[i];
+                }'
 }
 
 if [ "$list" = 1 ]; then

@@ -77,16 +77,20 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     d->ids = pt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     pt_gen_topk_ids(s, kind, T, k, E, d->ids);
     d->seed = pt_draw(s, 0xffffffffu);
+    /* drawn last, so that the reproducers recorded before the option existed (a missing choice reads as
+     * 0) still make the same cases; f32 ignores it (specs/MLP.md "Rounded intermediates") */
+    d->opt.round_intermediates = pt_bool(s);
     static const char *const acts[4] = {"silu", "gelu", "gelu_tanh", "swish"};
     static const char *const modes[3] = {"dropless", "dropping", "shuffled"};
     pt_describe(c, "%s T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s routing=%s %s affinity=%s%s pad=%s layout=%s "
-                "clamps=%x%s%s%s%s",
+                "clamps=%x%s%s%s%s%s",
                 shape_name, (long long)T, (long long)E, (long long)k, (long long)H, (long long)I,
                 (long long)d->opt.block_size, moe_dtype_name(d->opt.dtype), pt_routing_kind_name(kind),
                 acts[d->opt.activation], d->opt.affinity ? "I" : "H", d->opt.bias ? " bias" : "",
                 d->opt.padding ? "row" : "skip", modes[d->layout_mode], d->clamp_mask,
                 d->opt.accumulate ? " accumulate" : "", d->opt.grad_fp32 ? " grad_fp32" : "",
-                d->opt.tensor_update_overwrite ? " overwrite" : "", d->down_ckpt_in_bwd ? "" : " no-down-ckpt");
+                d->opt.tensor_update_overwrite ? " overwrite" : "", d->down_ckpt_in_bwd ? "" : " no-down-ckpt",
+                d->opt.round_intermediates ? " round-intermediates" : "");
 }
 
 /* Builds the test library's case (layout, inputs, clamp limits in gaps of the data). */
@@ -124,7 +128,10 @@ void pt_mlp(pt_case *c)
     pt_mlp_generate(c, &d);
     mt_case m;
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
-    const int checks = MT_CHECK_BOUND | (fd_affordable(&m) ? MT_CHECK_FD : 0);
+    /* f16/bf16: also every rounding of the spec in its exact place (checkpoints, round_intermediates,
+     * outputs): MT_CHECK_EXACT_ROUNDING */
+    const int checks = MT_CHECK_BOUND | (fd_affordable(&m) ? MT_CHECK_FD : 0) |
+                       (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
     pt_describe(c, " N=%lld%s", (long long)m.N, checks & MT_CHECK_FD ? " +fd" : "");
     pt_mlp_run_checked(c, &m, checks, d.down_ckpt_in_bwd, NULL, "mlp");
     mt_case_free(&m);
@@ -194,7 +201,8 @@ void pt_mlp_meta(pt_case *c)
     mt_case m1, m2;
     mt_result r1, r2;
     pt_mlp_build(&d, &o1, mode1, &m1);
-    pt_mlp_run_checked(c, &m1, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r1, names[relation]);
+    const int checks = MT_CHECK_BOUND | (d.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+    pt_mlp_run_checked(c, &m1, checks, d.down_ckpt_in_bwd, &r1, names[relation]);
     if (relation == 2) {
         empty_expert_zero_grads(c, &m1, &r1);
     } else {
@@ -208,7 +216,7 @@ void pt_mlp_meta(pt_case *c)
         m2.opt.linear_clamp_upper_limit = m1.opt.linear_clamp_upper_limit;
         m2.opt.non_linear_clamp_lower_limit = m1.opt.non_linear_clamp_lower_limit;
         m2.opt.non_linear_clamp_upper_limit = m1.opt.non_linear_clamp_upper_limit;
-        pt_mlp_run_checked(c, &m2, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &r2, names[relation]);
+        pt_mlp_run_checked(c, &m2, checks, d.down_ckpt_in_bwd, &r2, names[relation]);
         if (relation == 3) {
             if (!mt_results_identical(&m1, &r1, &r2, 1))
                 pt_fail(c, "overwrite", "top-1 with tensor_update_overwrite differs bitwise from accumulating updates");

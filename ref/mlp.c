@@ -277,6 +277,24 @@ static float round_to(moe_dtype dtype, float v)
     return v;
 }
 
+/* options.round_intermediates: rounds count float32 values in place to the dtype and back (round to
+ * nearest even; identity for f32), once each: the operands of the second-stage GEMMs (specs/MLP.md,
+ * "Rounded intermediates"). */
+static void round_row(moe_dtype dtype, float *v, int64_t count)
+{
+    switch (dtype) {
+    case MOE_F32: return;
+    case MOE_BF16:
+        for (int64_t i = 0; i < count; i++)
+            v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+        return;
+    case MOE_F16:
+        for (int64_t i = 0; i < count; i++)
+            v[i] = moe_f16_to_f32(moe_f32_to_f16(v[i]));
+        return;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------------
  * slots: valid positions numbered in ascending position, grouped by expert and by token
  * ------------------------------------------------------------------------------------------------- */
@@ -529,11 +547,17 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
                 for (int64_t j = 0; j < I; j++)
                     m[j] = act_value(p->activation, gu[j]) * gu[I + j];
                 if (on_i) {
-                    if (write_d0)
+                    if (write_d0) {
                         memcpy(M0 + i * I, m, (size_t)I * sizeof(float));
+                        if (p->round_intermediates)
+                            round_row(dt, M0 + i * I, I);
+                    }
                     for (int64_t j = 0; j < I; j++)
                         m[j] = m[j] * a[i];
                 }
+                /* the down projection's operand: rnd(m) (ON_I: rnd(act(g)*u*a), from the unrounded product) */
+                if (p->round_intermediates)
+                    round_row(dt, m, I);
             }
 
             /* down projection and bias */
@@ -674,7 +698,15 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                 for (int64_t j = 0; j < I; j++)
                     M[i * I + j] = act_value(p->activation, GU[i * I2 + j]) * GU[i * I2 + I + j];
             if (recompute_d && n > 0) {
-                mm_nn(n, H, I, M, I, 1, dt, w_d, e * I * H, H, Dk, H, bbuf);
+                /* d = rnd(m) . W_d (+ b_d) as the forward's down checkpoint; M itself stays unrounded
+                 * (dW_d rounds a*m, not m); dM is free until the dM GEMM below */
+                const float *Md = M;
+                if (p->round_intermediates) {
+                    memcpy(dM, M, (size_t)(n * I) * sizeof(float));
+                    round_row(dt, dM, n * I);
+                    Md = dM;
+                }
+                mm_nn(n, H, I, Md, I, 1, dt, w_d, e * I * H, H, Dk, H, bbuf);
                 if (p->bias) {
                     load_f32(dt, b_d, e * H, H, bd);
                     for (int64_t i = 0; i < n; i++)
@@ -691,6 +723,12 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                 if (on_i)
                     for (int64_t j = 0; j < I; j++)
                         M[i * I + j] = M[i * I + j] * a[i];
+            }
+            /* round_intermediates: dW_d's operands rnd(m) (ON_I rnd(a*m)) and rnd(a*G); dD is also what
+             * db_d sums and, with ON_H, the dM GEMM's operand */
+            if (p->round_intermediates) {
+                round_row(dt, M, n * I);
+                round_row(dt, dD, n * H);
             }
             /* the down-projection input gradient as the forward applied a: ON_H dD = a*G against the
              * unscaled m; ON_I G against the scaled m */
@@ -728,6 +766,9 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                     du[j] = u_free ? dmj * act_value(p->activation, g[j]) : 0.0f;
                 }
             }
+            /* round_intermediates: rnd(dg), rnd(du) for dW_gu, db_gu and d_hidden */
+            if (p->round_intermediates)
+                round_row(dt, dGU, n * I2);
 
             /* dW_gu[e] = X^T . dGU in chunks of RC rows;  db_gu[e] = sum dGU */
             for (int64_t h0 = 0; h0 < H; h0 += RC) {

@@ -25,6 +25,12 @@
  *     dW_gu[e][h][j] = sum_{slots ascending} x[h] * dgu[j];  db_gu[e][j] = sum dgu[j]
  *     dx_s[h] = dot(dgu, W_gu[e][h][:]);  d_hidden[t] = sum of dx_s over the token's slots, ascending
  *   with accumulate, a weight/bias gradient element is old + sum.  Every output is rounded once.
+ *
+ *   round_intermediates (f16/bf16; specs/MLP.md "Rounded intermediates"), rnd = round to the dtype:
+ *     forward: m[i] = rnd(m[i]) after the line above (ON_I: rnd of the scaled m); the ON_I down
+ *              checkpoint from rnd(act(g) * u)
+ *     backward: ON_I without the down checkpoint: d from rnd(act(g) * u);  after the dA/dD loop
+ *              m = rnd(m) (ON_I: rnd((act(g) * u) * a)) and dD = rnd(a * G);  dg = rnd(dg), du = rnd(du)
  */
 #ifndef LIBMOE_MLP_REF_H
 #define LIBMOE_MLP_REF_H

@@ -103,8 +103,17 @@ typedef struct mt_result {
     void *d_hidden, *d_aff, *d_wgu, *d_wd, *d_bgu, *d_bd;
 } mt_result;
 
-/* Checks of mt_run (bit mask). */
-enum { MT_CHECK_FD = 1, MT_CHECK_BOUND = 2 };
+/* Checks of mt_run (bit mask).
+ *   MT_CHECK_BOUND: every output within the derived bound of its exact value (from the rounded inputs,
+ *     no intermediate rounding; each rounding of the spec widens the bound instead), the bound any
+ *     correct float32 implementation meets, whether it rounds an intermediate or not;
+ *   MT_CHECK_FD: every gradient also against float64 central finite differences;
+ *   MT_CHECK_EXACT_ROUNDING: in addition, every output against a second expectation that applies each
+ *     rounding of the spec (checkpoints, options.round_intermediates, outputs) to its value, with the
+ *     bound the rounding's spread over the operand's interval (0 where no rounding boundary is in it):
+ *     this one fails an implementation that rounds in the wrong place, or not at all, or twice (bound
+ *     check only; meaningful for f16/bf16, the same as MT_CHECK_BOUND for f32). */
+enum { MT_CHECK_FD = 1, MT_CHECK_BOUND = 2, MT_CHECK_EXACT_ROUNDING = 4 };
 
 /* Runs moe_mlp_fwd then moe_mlp_bwd on the case (outputs poisoned with NaN first; with accumulate,
  * the gradients start from random contents), checks every output against the float64 analytic

@@ -80,6 +80,10 @@ for dt in f32 f16 bf16; do
         # the forward writes next to its inputs, where the backward finds the checkpoints
         run_ok "mlp-fwd $name" "$MOE" mlp-fwd --in "$c/in" --out "$c/in" $mlp_flags --dtype "$dt"
         has "mlp-fwd $name summary" out "mlp-fwd: T = 7 tokens, E = 4 experts, H = 5, I = 3" "B = 3, $dt"
+        case "$dt $mlp_flags" in
+        f32*) ;;
+        *--round-intermediates*) has "mlp-fwd $name says it rounds" out "B = 3, $dt, intermediates rounded to $dt" ;;
+        esac
         run_ok "mlp-fwd $name = library" "$MOE" compare --exact "$c/want_fwd" "$c/in"
         has "mlp-fwd $name: 3 files" out "summary: 3 tensor(s) compared, 0 over the tolerance or differing in shape"
         if [ "$no_down_ckpt" = 1 ]; then rm "$c/in/down_proj_act_checkpoint.npy"; fi
@@ -102,6 +106,25 @@ done
 c=mlp_f32/3_gelu_tanh_clamp_dropping
 run_ok "mlp-fwd without --clamp" "$MOE" mlp-fwd --in "$c/in" --out "$c/noclamp" --activation gelu_tanh
 run_status "without --clamp the output differs" 1 "$MOE" compare --exact "$c/want_fwd/output.npy" "$c/noclamp/output.npy"
+# --round-intermediates reaches the library in both directions: without it the bf16 results differ
+# (genmlp made sure the option changes them), and in f32 it changes no bit
+c=mlp_bf16/6_round_intermediates
+. "./$c/case.sh"
+unrounded=$(printf '%s' "$mlp_flags" | sed 's/ --round-intermediates//')
+# shellcheck disable=SC2086
+{
+run_ok "mlp-fwd bf16 without --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $unrounded --dtype bf16
+run_status "without --round-intermediates the forward differs" 1 "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
+run_ok "mlp-bwd bf16 without --round-intermediates" "$MOE" mlp-bwd --in "$c/in" --out "$c/unrounded_grad" $unrounded \
+    --dtype bf16
+run_status "without --round-intermediates the backward differs" 1 "$MOE" compare --exact "$c/want_bwd" \
+    "$c/unrounded_grad"
+c=mlp_f32/6_round_intermediates
+. "./$c/case.sh"
+unrounded=$(printf '%s' "$mlp_flags" | sed 's/ --round-intermediates//')
+run_ok "mlp-fwd f32 without --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $unrounded
+run_ok "f32: --round-intermediates changes no bit" "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
+}
 # f16 inputs (and only those) run in f16 without --dtype
 c=mlp_f16/1_base
 mkdir f16_only

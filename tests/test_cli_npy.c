@@ -696,16 +696,18 @@ typedef struct mlp_cli_case {
     int no_down_ckpt;               /* the backward runs without down_proj_act_checkpoint.npy (ON_I) */
     int nki_shapes;                 /* in/ holds the layout in NKI's shapes: (N, B), (N, 1), (T*E, 1) */
     int give_block_size;            /* pass --block-size to the mlp commands (else inferred) */
+    int round_intermediates;        /* --round-intermediates (no effect in f32) */
 } mlp_cli_case;
 
 static const mlp_cli_case mlp_cli_cases[] = {
-    {"1_base", 2, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 0, 0, 0, 0, 0, 0, 0},
-    {"2_gelu_bias_on_i_row", 2, 0, MOE_ACT_GELU, MOE_AFFINITY_ON_I, MOE_MLP_PAD_ROW, 1, 0, 0, 0, 0, 0, 1},
+    {"1_base", 2, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"2_gelu_bias_on_i_row", 2, 0, MOE_ACT_GELU, MOE_AFFINITY_ON_I, MOE_MLP_PAD_ROW, 1, 0, 0, 0, 0, 0, 1, 0},
     {"3_gelu_tanh_clamp_dropping", 2, 1, MOE_ACT_GELU_TANH, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 0,
-     MT_NL_HI | MT_LIN_LO | MT_LIN_HI, 0, 1, 0, 0, 1},
+     MT_NL_HI | MT_LIN_LO | MT_LIN_HI, 0, 1, 0, 0, 1, 0},
     {"4_swish_clamp_recompute", 2, 0, MOE_ACT_SWISH, MOE_AFFINITY_ON_I, MOE_MLP_PAD_ROW, 1, MT_NL_LO | MT_NL_HI, 0, 0,
-     1, 0, 1},
-    {"5_top1_no_accumulate_nki", 1, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 1, 0, 1, 1, 0, 1, 0},
+     1, 0, 1, 0},
+    {"5_top1_no_accumulate_nki", 1, 0, MOE_ACT_SILU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_SKIP, 1, 0, 1, 1, 0, 1, 0, 0},
+    {"6_round_intermediates", 2, 0, MOE_ACT_GELU, MOE_AFFINITY_ON_H, MOE_MLP_PAD_ROW, 1, MT_LIN_LO, 0, 0, 0, 0, 1, 1},
 };
 
 /* The library's forward and backward outputs for one options struct. */
@@ -828,6 +830,7 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
         opt.padding = cc->padding;
         opt.bias = cc->bias;
         opt.tensor_update_overwrite = cc->overwrite;
+        opt.round_intermediates = cc->round_intermediates;
         mt_case c;
         mt_case_init(&c, seed + ci, T, E, cc->k, H, I, &opt, cc->dropping ? MT_DROPPING : MT_DROPLESS);
         mt_case_scale_weights(&c);
@@ -917,6 +920,11 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
             require_effect(&c, &r, &off, down_in_bwd, "--clamp");
             off = c.opt;
         }
+        if (cc->round_intermediates && dtype != MOE_F32) { /* f32: no effect by definition */
+            off.round_intermediates = 0;
+            require_effect(&c, &r, &off, down_in_bwd, "--round-intermediates");
+            off = c.opt;
+        }
         const moe_dtype gdt = cc->grad_fp32 ? MOE_F32 : dtype;
         const int64_t s_gu[4] = {c.N, 2, I, B}, s_d[3] = {c.N, B, H};
         make_dir(cdir, "want_fwd", sub, sizeof sub);
@@ -954,6 +962,8 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
             n += snprintf(flags + n, sizeof flags - (size_t)n, " --no-accumulate");
         if (cc->clamp_mask)
             clamp_flag(&c.opt, flags + n, sizeof flags - (size_t)n);
+        if (cc->round_intermediates)
+            snprintf(flags + strlen(flags), sizeof flags - strlen(flags), " --round-intermediates");
         fprintf(f, "mlp_flags='%s'\n", flags);
         fprintf(f, "bwd_flags='%s'\n", cc->grad_fp32 ? "--grad-fp32" : "");
         fprintf(f, "no_down_ckpt=%d\n", cc->no_down_ckpt);

@@ -16,7 +16,7 @@ int main(int argc, char **argv)
 {
     const uint64_t base = argc > 1 ? strtoull(argv[1], NULL, 0) : 20260301;
     oracle_rng rng = {base};
-    int64_t bad = 0, cases = 0;
+    int64_t bad = 0, cases = 0, rounded = 0;
     double clamp_share_min = 1.0, clamp_share_max = 0.0;
     for (int combo = 0; combo < 256; combo++) {
         for (int pass = 0; pass < 12; pass++) { /* dtype x padding x accumulate */
@@ -40,6 +40,7 @@ int main(int argc, char **argv)
                 const int64_t I = 1 + (int64_t)oracle_rng_below(&rng, 5);
                 o.tensor_update_overwrite = k == 1 && oracle_rng_below(&rng, 2);
                 o.grad_fp32 = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+                o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
                 const int mode = (int)oracle_rng_below(&rng, 3);
                 const uint64_t seed = base * 1000003ULL + (uint64_t)(combo * 12 + pass) * 101 + (uint64_t)attempt;
                 mt_case_init(&c, seed, T, E, k, H, I, &o, mode);
@@ -58,7 +59,10 @@ int main(int argc, char **argv)
                 clamp_share_max = c.clamp_fraction[w] > clamp_share_max ? c.clamp_fraction[w] : clamp_share_max;
             }
             const int down_in_bwd = c.opt.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
-            const int64_t b = mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, down_in_bwd, NULL);
+            /* f16/bf16: also every rounding of the spec in its exact place (MT_CHECK_EXACT_ROUNDING) */
+            const int exact = c.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0;
+            const int64_t b = mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND | exact, down_in_bwd, NULL);
+            rounded += c.opt.round_intermediates;
             if (b)
                 fprintf(stderr, "combo %d pass %d: %lld mismatches\n", combo, pass, (long long)b);
             bad += b;
@@ -66,7 +70,8 @@ int main(int argc, char **argv)
             mt_case_free(&c);
         }
     }
-    printf("%lld cases, %lld mismatches; clamps bound for %.0f%% .. %.0f%% of the elements\n", (long long)cases,
-           (long long)bad, 100 * clamp_share_min, 100 * clamp_share_max);
+    printf("%lld cases (%lld with round_intermediates), %lld mismatches; clamps bound for %.0f%% .. %.0f%% of the "
+           "elements\n", (long long)cases, (long long)rounded, (long long)bad, 100 * clamp_share_min,
+           100 * clamp_share_max);
     return bad == 0 ? 0 : 1;
 }

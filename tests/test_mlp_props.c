@@ -147,6 +147,7 @@ static moe_mlp_options random_options(oracle_rng *rng, moe_dtype dt)
     o.bias = (int)oracle_rng_below(rng, 2);
     o.padding = (moe_mlp_padding)oracle_rng_below(rng, 2);
     o.block_size = 1 + (int64_t)oracle_rng_below(rng, 4);
+    o.round_intermediates = dt != MOE_F32 && oracle_rng_below(rng, 2);
     return o;
 }
 
@@ -260,10 +261,11 @@ static void test_overwrite(oracle_rng *rng)
 
 static void test_threads(oracle_rng *rng)
 {
-    for (int trial = 0; trial < 4; trial++) {
+    for (int trial = 0; trial < 6; trial++) {
         moe_mlp_options o = random_options(rng, (moe_dtype)(trial % 3));
         o.affinity = (moe_mlp_affinity)(trial & 1);
         o.block_size = 4;
+        o.round_intermediates = trial >= 3; /* f16 and bf16 once with, once without */
         mt_case c;
         /* past the reference's one-thread threshold (~2^18 multiply-adds) */
         mt_case_init(&c, 11000 + (uint64_t)trial, 48, 6, 3, 40, 24, &o, trial % 3);
@@ -279,6 +281,80 @@ static void test_threads(oracle_rng *rng)
         mt_result_free(&r1), mt_result_free(&r2), mt_result_free(&r3), mt_case_free(&c);
     }
     set_threads(2);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * options.round_intermediates (specs/MLP.md, "Rounded intermediates")
+ * ------------------------------------------------------------------------------------------------- */
+
+/* f32: the flag changes no bit (outputs, checkpoints, every gradient), in both affinity placements and
+ * with the backward recomputing d. */
+static void test_round_intermediates_f32(oracle_rng *rng)
+{
+    for (int trial = 0; trial < 6; trial++) {
+        moe_mlp_options o = random_options(rng, MOE_F32);
+        o.affinity = (moe_mlp_affinity)(trial & 1);
+        o.accumulate = trial == 2;
+        mt_case c;
+        mt_case_init(&c, 18000 + (uint64_t)trial, 7, 4, 2, 6, 5, &o, trial % 3);
+        const int down_in_bwd = trial != 3; /* trial 3: ON_I recomputing d */
+        mt_result off, on;
+        EXPECT(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &off) == 0, "f32 without round_intermediates, trial %d", trial);
+        c.opt.round_intermediates = 1;
+        EXPECT(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &on) == 0, "f32 with round_intermediates, trial %d", trial);
+        EXPECT(mt_results_identical(&c, &off, &on, 1), "f32: round_intermediates changed a result, trial %d", trial);
+        mt_result_free(&off), mt_result_free(&on), mt_case_free(&c);
+    }
+}
+
+/* bf16, where the flag must change the results, each value derived by hand.  T = E = k = H = B = 1,
+ * I = 2, SiLU, affinity on H, grad_fp32 (the gradients keep what the intermediates' rounding did):
+ *   x = 1, gate weights 20, 20, up weights 1 + 2^-7, 1: g = 20, 20 and u = 1 + 2^-7, 1 exactly;
+ *   act(20) = 20 sigmoid(20) is exactly 20 in float32 (1 + e^-20 rounds to 1), likewise act'(20) = 1;
+ *   m = 20.15625, 20 (float32 exact); bf16 (ulp 1/8 on [16, 32)) holds 20.125 and 20, not 20.15625;
+ *   W_d = 1, -1: d = m1 - m2 = 0.15625, or with the flag rnd(m1) - rnd(m2) = 0.125;
+ *   a = 1 + 2^-7 (out = a d), G = 1 - 2^-8: a G = 1.003875732421875, rnd(a G) = 1.
+ * Both the flag's and the default's results are checked: each one is a function of the option. */
+static void test_round_intermediates_bf16(void)
+{
+    for (int flag = 0; flag <= 1; flag++) {
+        moe_mlp_options o = {0};
+        o.dtype = MOE_BF16;
+        o.block_size = 1;
+        o.grad_fp32 = 1;
+        o.round_intermediates = flag;
+        mt_case c;
+        mt_case_init(&c, 19000, 1, 1, 1, 1, 2, &o, MT_DROPLESS);
+        /* w_gu[e][h][2][I]: gate i = 0, 1 then up i = 0, 1 */
+        const double wgu[4] = {20.0, 20.0, 1.0 + 0x1p-7, 1.0}, wd[2] = {1.0, -1.0};
+        for (int j = 0; j < 4; j++)
+            set_in(&c, c.w_gu, c.wgu, j, wgu[j]);
+        for (int i = 0; i < 2; i++)
+            set_in(&c, c.w_d, c.wd, i, wd[i]);
+        set_in(&c, c.hidden, c.x, 0, 1.0);
+        set_in(&c, c.aff, c.A, 0, 1.0 + 0x1p-7);
+        set_in(&c, c.G, c.g, 0, 1.0 - 0x1p-8);
+        mt_result r;
+        EXPECT(mt_run(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, 1, &r) == 0, "bf16 hand case, flag %d", flag);
+        const double aG = (1.0 + 0x1p-7) * (1.0 - 0x1p-8), u1 = 1.0 + 0x1p-7;
+        const double dD = flag ? 1.0 : aG;          /* the down-projection gradient operand */
+        const double m1 = flag ? 20.125 : 20.15625; /* dW_d's operand (from the checkpoints) */
+        const double du1 = flag ? 20.0 : (float)(dD * 20.0), dg1 = flag ? u1 : (float)(dD * u1);
+        /* out = rnd(a d): a * 0.125 = 0.1259765625 -> 0.1259765625 (bf16 exact); a * 0.15625 =
+         * 0.157470703125 -> 0.1572265625 */
+        const double want_out = flag ? 0.1259765625 : 0.1572265625;
+        const double got_out = mt_load(MOE_BF16, r.out, 0);
+        EXPECT(got_out == want_out, "bf16 round_intermediates=%d: out %.12g, want %.12g (d = %s)", flag, got_out,
+               want_out, flag ? "rnd(m1) - rnd(m2)" : "m1 - m2");
+        /* d_w_d[e][i][h] (float32): m_i * dD; i = 0 */
+        const double got_wd = mt_load(MOE_F32, r.d_wd, 0), want_wd = (float)(m1 * dD);
+        EXPECT(got_wd == want_wd, "bf16 round_intermediates=%d: d_w_d[0] %.12g, want %.12g", flag, got_wd, want_wd);
+        /* d_w_gu[e][h][c][i] (float32, x = 1): gate i = 0 is dg1, up i = 0 is du1 */
+        const double got_g = mt_load(MOE_F32, r.d_wgu, 0), got_u = mt_load(MOE_F32, r.d_wgu, 2);
+        EXPECT(got_g == dg1 && got_u == du1, "bf16 round_intermediates=%d: d_w_gu gate %.12g up %.12g, want %.12g %.12g",
+               flag, got_g, got_u, dg1, du1);
+        mt_result_free(&r), mt_case_free(&c);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -467,6 +543,8 @@ int main(int argc, char **argv)
     test_block_sizes(&rng);
     test_overwrite(&rng);
     test_threads(&rng);
+    test_round_intermediates_f32(&rng);
+    test_round_intermediates_bf16();
     test_bias_halves();
     test_block_128();
     test_odd_experts();
