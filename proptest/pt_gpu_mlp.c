@@ -321,16 +321,12 @@ void pt_gpu_mlp(pt_case *c)
     const int bad_kind = pt_pick(c->src, BAD_KINDS);
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
-    if (d.opt.round_intermediates && d.opt.dtype != MOE_F32) {
-        /* MOE_BACKEND_CUDA refuses it (MOE_ERR_UNSUPPORTED) until gpu/mlp_cuda.cu implements it */
-        d.opt.round_intermediates = 0;
-        pt_describe(c, " (round-intermediates dropped: not on CUDA yet)");
-    }
     mt_case m;
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     pt_describe(c, " N=%lld", (long long)m.N);
     mt_result gpu, again, ref;
-    const int ran = gpu_run(c, &m, MT_CHECK_BOUND, d.down_ckpt_in_bwd, &gpu, "gpu mlp");
+    const int checks = MT_CHECK_BOUND | (d.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+    const int ran = gpu_run(c, &m, checks, d.down_ckpt_in_bwd, &gpu, "gpu mlp");
     if (ran) {
         mt_run(&m, 0, d.down_ckpt_in_bwd, &ref); /* the CPU reference (its own bound: op mlp) */
         const int64_t bad = mt_compare_results(&m, &gpu, &m, &ref, "GPU vs CPU reference");

@@ -3,8 +3,8 @@
  *      subset (16) x dtype (f32, f16, bf16) x padding (2) x accumulate (2) = 3072 cases (or the first
  *      `cases` of them), with at random: shape (some past the 64-wide tiles), block size (1 .. 128,
  *      multiples of 16 and not), layout (dropless, dropping, shuffled caller-made with an empty block),
- *      topk, tensor_update_overwrite (top-1), grad_fp32 and, with ON_I, whether the backward gets the down
- *      checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
+ *      topk, tensor_update_overwrite (top-1), grad_fp32, round_intermediates (f16/bf16: the rows path) and,
+ *      with ON_I, whether the backward gets the down checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
  *      value within the error bound tests/mlp_testlib.c derives for any correct float32 implementation
  *      (specs/MLP.md "Error bound"; small cases also against float64 finite differences), and against the
  *      CPU reference (MOE_BACKEND_REF) of the same case within the sum of both bounds;
@@ -160,7 +160,7 @@ static void use_ref(void)
 static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_checks)
 {
     oracle_rng rng = {base};
-    int64_t bad = 0, done = 0;
+    int64_t bad = 0, done = 0, rows_path = 0, rows_path_tc = 0;
     for (int index = 0; index < 3072 && index < cases; index++) {
         const int combo = index % 256, pass = index / 256; /* every combo first, then the dtype passes */
         mt_case c;
@@ -180,10 +180,15 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
             const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, wide ? 4 : 6);
             const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 3 ? E : 3));
             const int64_t T = (wide ? 20 : 2) + (int64_t)oracle_rng_below(&rng, wide ? 60 : 12);
-            const int64_t H = wide ? 65 + (int64_t)oracle_rng_below(&rng, 80) : 1 + (int64_t)oracle_rng_below(&rng, 20);
-            const int64_t I = wide ? 33 + (int64_t)oracle_rng_below(&rng, 50) : 1 + (int64_t)oracle_rng_below(&rng, 12);
+            int64_t H = wide ? 65 + (int64_t)oracle_rng_below(&rng, 80) : 1 + (int64_t)oracle_rng_below(&rng, 20);
+            int64_t I = wide ? 33 + (int64_t)oracle_rng_below(&rng, 50) : 1 + (int64_t)oracle_rng_below(&rng, 12);
             o.tensor_update_overwrite = k == 1 && oracle_rng_below(&rng, 2);
             o.grad_fp32 = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+            /* f16/bf16: half the cases on the rows path (tensor-core GEMMs); their H and I are made
+             * multiples of 8 half the time so that the tensor-core families take them */
+            o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+            if (o.round_intermediates && oracle_rng_below(&rng, 2))
+                H = (H + 7) / 8 * 8, I = (I + 7) / 8 * 8;
             const int mode = (int)oracle_rng_below(&rng, 3);
             const uint64_t seed = base * 1000003ULL + (uint64_t)index * 101 + (uint64_t)attempt;
             mt_case_init(&c, seed, T, E, k, H, I, &o, mode);
@@ -198,7 +203,9 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
         const int down_in_bwd = c.opt.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
         /* finite differences on the small cases, one in four (the analytic values they validate are
          * checked against them exhaustively by tests/test_mlp_grad) */
-        const int checks = MT_CHECK_BOUND | (!wide && index % 4 == 0 ? MT_CHECK_FD : 0);
+        /* f16/bf16: also every rounding of the spec in its place (MT_CHECK_EXACT_ROUNDING, specs/MLP.md) */
+        const int checks = MT_CHECK_BOUND | (!wide && index % 4 == 0 ? MT_CHECK_FD : 0) |
+                           (c.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
         mt_result gpu, ref;
         use_gpu();
         int64_t b = mt_run(&c, checks, down_in_bwd, &gpu);
@@ -221,13 +228,17 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
                     (long long)b);
         bad += b;
         done++;
+        rows_path += c.opt.round_intermediates;
+        rows_path_tc += c.opt.round_intermediates && c.H % 8 == 0 && c.I % 8 == 0;
         mt_result_free(&gpu);
         mt_result_free(&ref);
         mt_case_free(&c);
         if (done % 500 == 0)
             fprintf(stderr, "  %lld cases ...\n", (long long)done);
     }
-    printf("option cross: %lld cases, %lld mismatches\n", (long long)done, (long long)bad);
+    printf("option cross: %lld cases, %lld mismatches (%lld on the rows path, round_intermediates; %lld of them "
+           "with H and I multiples of 8)\n", (long long)done, (long long)bad, (long long)rows_path,
+           (long long)rows_path_tc);
     return bad;
 }
 

@@ -77,10 +77,6 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     moe_status status = check_options(op, o, &B);
     if (status != MOE_OK)
         return status;
-    if (backend == MOE_BACKEND_CUDA && o->round_intermediates && o->dtype != MOE_F32)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: options.round_intermediates with %s is not implemented by "
-                        "MOE_BACKEND_CUDA yet (MOE_BACKEND_REF implements it; 0 runs on CUDA)", op,
-                        moe_dtype_name(o->dtype));
     if (H < 0 || I < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: hidden_size = %" PRId64 ", intermediate_size = %" PRId64
                         ", expected both >= 0", op, H, I);
