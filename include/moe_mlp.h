@@ -105,8 +105,7 @@ typedef struct moe_mlp_options {
      * and Unsloth keep them: m before the down projection (forward, and the backward's d_w_d), a*G (the
      * down-projection gradient, also summed for d_b_d) and dg/du (before d_hidden, d_w_gu and d_b_gu).
      * Lets MOE_BACKEND_CUDA run every GEMM on tensor cores.  No effect for f32.  Default (0): those
-     * intermediates stay float32 (specs/MLP.md, "Rounded intermediates").  MOE_BACKEND_REF implements
-     * it; MOE_BACKEND_CUDA refuses it with f16/bf16 (MOE_ERR_UNSUPPORTED) until gpu/mlp_cuda.cu does. */
+     * intermediates stay float32 (specs/MLP.md, "Rounded intermediates"). */
     int round_intermediates;
     void *stream;                    /* MOE_BACKEND_CUDA: the cudaStream_t to run on (NULL = default) */
 } moe_mlp_options;
