@@ -324,7 +324,7 @@ static const opt compare_opts[] = {
      "f16/bf16 (options.round_intermediates): round the operands of the second-stage GEMMs once to "    \
      "the dtype, as NKI and torch keep them: m before the down projection, a*grad (the down "          \
      "projection's gradient) and the gate/up gradients dg, du. Give it to both mlp-fwd and mlp-bwd. "   \
-     "No effect in f32. Not on --backend cuda yet (refused)."},                                        \
+     "No effect in f32. With --backend cuda: every GEMM on tensor cores (the fast path)."},           \
     OPT_DTYPE,                                                                                         \
     OPT_BACKEND,                                                                                       \
     OPT_RAW
