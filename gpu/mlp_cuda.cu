@@ -1042,17 +1042,14 @@ __global__ void gather_rows_kernel(MlpArgs g, const void *src, void *dst, int sc
 constexpr int RT = 32, GATE_SPAN = 256;
 
 // Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
-// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).  DT: the call's dtype (f16 or bf16: the rows path),
-// a template parameter so that the conversions compile to single instructions.
-template <moe_dtype DT>
+// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).
 __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
     __shared__ RowInfo info[RT];
-    constexpr int PER = RT / 8; // rows per thread in phase 1, columns per thread in phase 2
-    const int64_t R = rows_total(g), I = g.I, B = g.B, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    const int64_t R = rows_total(g), I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
         const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
@@ -1060,47 +1057,35 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
         __syncthreads();
         if (ty == 0 && r0 + tx < R)
             info[tx] = row_info(g, r0 + tx);
-        __syncthreads();
-        const float *gu_row[PER];
-        int64_t m_off[PER], bias_off[PER];
-        float a_row[PER];
-        for (int q = 0; q < PER; q++) {
-            const int rr = ty + 8 * q;
-            gu_row[q] = g.GU + (r0 + rr) * 2 * I;
-            m_off[q] = (r0 + rr) * I;
-            bias_off[q] = r0 + rr < R ? info[rr].e * 2 * I : 0;
-            a_row[q] = r0 + rr < R ? info[rr].a : 0.0f;
-        }
-        const int64_t ck = r0 + tx < R ? info[tx].ckpt : 0;
         for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
-            const int64_t i = i0 + tx;
-            for (int q = 0; q < PER; q++) {
-                const int rr = ty + 8 * q;
-                if (r0 + rr >= R || i >= I)
+            __syncthreads();
+            for (int rr = ty; rr < RT; rr += 8) {
+                const int64_t r = r0 + rr, i = i0 + tx;
+                if (r >= R || i >= I)
                     continue;
-                float gv = gu_row[q][i], uv = gu_row[q][I + i];
+                const int64_t e = info[rr].e;
+                float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
                 if (g.bias) {
-                    gv = gv + load_as_float(DT, g.b_gu, bias_off[q] + i);
-                    uv = uv + load_as_float(DT, g.b_gu, bias_off[q] + I + i);
+                    gv = gv + load_as_float(g.dt, g.b_gu, e * 2 * I + i);
+                    uv = uv + load_as_float(g.dt, g.b_gu, e * 2 * I + I + i);
                 }
                 gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
                 uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
                 const float m = act_value(g.act, gv) * uv;
-                store_from_float(DT, g.Mr, m_off[q] + i, g.on_i ? m * a_row[q] : m);
+                store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? m * info[rr].a : m);
                 if (g.M0r != nullptr)
-                    store_from_float(DT, g.M0r, m_off[q] + i, m);
+                    store_from_float(g.dt, g.M0r, r * I + i, m);
                 gs[rr][tx] = gv, us[rr][tx] = uv;
             }
             __syncthreads();
-            if (g.ckpt_gu != nullptr && r0 + tx < R)
-                for (int q = 0; q < PER; q++) {
-                    const int ii = ty + 8 * q;
-                    if (i0 + ii >= I)
+            if (g.ckpt_gu != nullptr)
+                for (int ii = ty; ii < RT; ii += 8) {
+                    const int64_t r = r0 + tx, i = i0 + ii;
+                    if (r >= R || i >= I)
                         continue;
-                    store_from_float(DT, g.ckpt_gu, ck + (i0 + ii) * B, gs[tx][ii]);
-                    store_from_float(DT, g.ckpt_gu, ck + (I + i0 + ii) * B, us[tx][ii]);
+                    store_from_float(g.dt, g.ckpt_gu, info[tx].ckpt + i * g.B, gs[tx][ii]);
+                    store_from_float(g.dt, g.ckpt_gu, info[tx].ckpt + (I + i) * g.B, us[tx][ii]);
                 }
-            __syncthreads();
         }
     }
 }
@@ -1166,17 +1151,14 @@ __global__ void down_ckpt_kernel(MlpArgs g)
 }
 
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
-// recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.  DT as
-// in gate_act_kernel.
-template <moe_dtype DT>
+// recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.
 __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
     __shared__ RowInfo info[RT];
-    constexpr int PER = RT / 8;
-    const int64_t R = rows_total(g), I = g.I, B = g.B, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    const int64_t R = rows_total(g), I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
         const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
@@ -1184,44 +1166,33 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
         __syncthreads();
         if (ty == 0 && r0 + tx < R)
             info[tx] = row_info(g, r0 + tx);
-        __syncthreads();
-        int64_t m_off[PER];
-        float a_row[PER];
-        for (int q = 0; q < PER; q++) {
-            const int rr = ty + 8 * q;
-            m_off[q] = (r0 + rr) * I;
-            a_row[q] = r0 + rr < R ? info[rr].a : 0.0f;
-        }
-        const int64_t ck = r0 + tx < R ? info[tx].ckpt : 0;
         for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
-            if (r0 + tx < R)
-                for (int q = 0; q < PER; q++) {
-                    const int ii = ty + 8 * q;
-                    if (i0 + ii >= I)
-                        continue;
-                    gs[tx][ii] = load_as_float(DT, g.ckpt_gu_in, ck + (i0 + ii) * B);
-                    us[tx][ii] = load_as_float(DT, g.ckpt_gu_in, ck + (I + i0 + ii) * B);
-                }
             __syncthreads();
-            const int64_t i = i0 + tx;
-            for (int q = 0; q < PER; q++) {
-                const int rr = ty + 8 * q;
-                if (r0 + rr >= R || i >= I)
+            for (int ii = ty; ii < RT; ii += 8) {
+                const int64_t r = r0 + tx, i = i0 + ii;
+                if (r >= R || i >= I)
                     continue;
-                const float gv = gs[rr][tx], uv = us[rr][tx], a = a_row[q];
+                gs[tx][ii] = load_as_float(g.dt, g.ckpt_gu_in, info[tx].ckpt + i * g.B);
+                us[tx][ii] = load_as_float(g.dt, g.ckpt_gu_in, info[tx].ckpt + (I + i) * g.B);
+            }
+            __syncthreads();
+            for (int rr = ty; rr < RT; rr += 8) {
+                const int64_t r = r0 + rr, i = i0 + tx;
+                if (r >= R || i >= I)
+                    continue;
+                const float gv = gs[rr][tx], uv = us[rr][tx], a = info[rr].a;
                 const float act = act_value(g.act, gv), m = act * uv;
-                store_from_float(DT, g.Mr, m_off[q] + i, g.on_i ? a * m : m);
+                store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? a * m : m);
                 if (g.M0r != nullptr)
-                    store_from_float(DT, g.M0r, m_off[q] + i, m);
-                const float dm = g.on_i ? a * g.dMr[m_off[q] + i] : g.dMr[m_off[q] + i];
+                    store_from_float(g.dt, g.M0r, r * I + i, m);
+                const float dm = g.on_i ? a * g.dMr[r * I + i] : g.dMr[r * I + i];
                 const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
                 const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
                 const float du = pass_u ? dm * act : 0.0f;
                 const float dg = pass_g ? dm * uv * act_derivative(g.act, gv) : 0.0f;
-                store_from_float(DT, g.dGUr, 2 * m_off[q] + i, dg);
-                store_from_float(DT, g.dGUr, 2 * m_off[q] + I + i, du);
+                store_from_float(g.dt, g.dGUr, r * 2 * I + i, dg);
+                store_from_float(g.dt, g.dGUr, r * 2 * I + I + i, du);
             }
-            __syncthreads();
         }
     }
 }
@@ -1506,8 +1477,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
                     a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
-                (a.dt == MOE_F16 ? gate_act_kernel<MOE_F16> : gate_act_kernel<MOE_BF16>)<<<gate_tiles_grid(a),
-                                                                                     dim3(RT, 8), 0, stream>>>(a);
+                gate_act_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
             s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
             if (s == MOE_OK && ckpt_from_m0)
@@ -1582,8 +1552,7 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if (NB * I > 0)
-                (a.dt == MOE_F16 ? gate_bwd_kernel<MOE_F16> : gate_bwd_kernel<MOE_BF16>)<<<gate_tiles_grid(a),
-                                                                                     dim3(RT, 8), 0, stream>>>(a);
+                gate_bwd_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
                 s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
