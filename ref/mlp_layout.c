@@ -184,6 +184,45 @@ done:
     return status;
 }
 
+/* One token's row of moe_ref_mlp_check_topk: every id an expert in [0, E), no expert twice.
+ *   t         the token (for messages, and the mark left in last[])
+ *   row [k]   topk_ids + t * k: the token's experts
+ *   last [E]  scratch: the last token seen with expert e, every entry < t on entry; on success the
+ *             row's experts are marked t, the others left alone */
+/*@ requires dims: 0 <= t && 0 <= k && 1 <= E;
+    requires row: \valid_read(row + (0 .. k - 1));
+    requires last: \valid(last + (0 .. E - 1));
+    requires separated: \separated(last + (0 .. E - 1), row + (0 .. k - 1));
+    requires earlier: \forall integer x; 0 <= x < E ==> last[x] < t;
+    terminates \true;
+    assigns last[0 .. E - 1], moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> topk_row_ok(row, k, E);
+    ensures marked: \result == MOE_OK ==> \forall integer x; 0 <= x < E ==> last[x] <= t;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_topk_row(const char *op, int64_t t, int64_t k, int64_t E, const int64_t *row,
+                                 int64_t *last)
+{
+    /*@ loop invariant bounds: 0 <= j <= k;
+        loop invariant in_range: in_range(row, j, 0, E);
+        loop invariant distinct: injective(row, j);
+        loop invariant marks: \forall integer x; 0 <= x < E ==>
+          last[x] <= t && (last[x] == t <==> \exists integer a; 0 <= a < j && row[a] == x);
+        loop assigns j, last[0 .. E - 1];
+        loop variant k - j; */
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t e = row[j];
+        if (e < 0 || e >= E)
+            return moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                            ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
+        if (last[e] == t)
+            return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                            " repeats an expert of the same token, expected distinct experts per token",
+                            op, t, j, e);
+        last[e] = t;
+    }
+    return MOE_OK;
+}
+
 /* The contents half of moe_ref_mlp_check_topk: every id an expert in [0, E), distinct within a token.
  *   topk_ids [T * k]  the experts of each token
  *   last     [E]      scratch: the last token seen with expert e, or -1 */
@@ -193,7 +232,7 @@ done:
     requires separated: \separated(last + (0 .. E - 1), topk_ids + (0 .. T * k - 1));
     terminates \true;
     assigns last[0 .. E - 1], moe_error_model;
-    ensures accepts_exactly_wellformed: \result == MOE_OK <==> topk_ok(topk_ids, T, k, E);
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> \old(topk_ok(topk_ids, T, k, E));
     ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX || \result == MOE_ERR_INVALID_ROUTING; */
 static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids,
                                  int64_t *last)
@@ -204,42 +243,25 @@ static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++)
         last[e] = -1;
-    moe_status status = MOE_OK;
     /*@ loop invariant bounds: 0 <= t <= T;
-        loop invariant ok_prefix: status == MOE_OK ==> in_range(topk_ids, t * k, 0, E) && topk_distinct(topk_ids, t, k);
-        loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
-        loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
-        loop invariant last: status == MOE_OK ==> \forall integer x; 0 <= x < E ==> last[x] < t;
-        loop assigns t, status, last[0 .. E - 1], moe_error_model;
+        loop invariant rows_ok: topk_ok{Pre}(topk_ids, t, k, E);
+        loop invariant last: \forall integer x; 0 <= x < E ==> last[x] < t;
+        loop assigns t, last[0 .. E - 1], moe_error_model;
         loop variant T - t; */
-    for (int64_t t = 0; t < T && status == MOE_OK; t++) {
-        /*@ assert row_fits: 0 <= t * k && (t + 1) * k <= T * k && t * k + k == (t + 1) * k; */
-        /*@ loop invariant bounds: 0 <= j <= k;
-            loop invariant ok_row: status == MOE_OK ==> in_range(topk_ids, t * k + j, 0, E) &&
-              (\forall integer a, b; 0 <= a < b < j ==> topk_ids[t * k + a] != topk_ids[t * k + b]);
-            loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
-            loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
-            loop invariant last_row: status == MOE_OK ==> \forall integer x; 0 <= x < E ==>
-              last[x] <= t && (last[x] == t <==> \exists integer a; 0 <= a < j && topk_ids[t * k + a] == x);
-            loop assigns j, status, last[0 .. E - 1], moe_error_model;
-            loop variant k - j; */
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t e = topk_ids[t * k + j];
-            if (e < 0 || e >= E) {
-                status = moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
-                break;
-            }
-            if (last[e] == t) {
-                status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  " repeats an expert of the same token, expected distinct experts per token",
-                                  op, t, j, e);
-                break;
-            }
-            last[e] = t;
+    for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_mul_monotone(t + 1, T, k); */
+        /*@ assert row_fits: 0 <= t * k && t * k + k <= T * k; */
+        const moe_status status = check_topk_row(op, t, k, E, topk_ids + t * k, last);
+        /* the row was read in memory where only last[] changed: its verdict holds in the pre-state */
+        /*@ assert framed_range: in_range(topk_ids + t * k, k, 0, E) <==> in_range{Pre}(topk_ids + t * k, k, 0, E); */
+        /*@ assert framed_distinct: injective(topk_ids + t * k, k) <==> injective{Pre}(topk_ids + t * k, k); */
+        if (status != MOE_OK) {
+            /*@ assert row_bad: !topk_token_ok{Pre}(topk_ids, t, k, E); */
+            return status;
         }
+        /*@ assert row_good: topk_token_ok{Pre}(topk_ids, t, k, E); */
     }
-    return status;
+    return MOE_OK;
 }
 
 moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids)
