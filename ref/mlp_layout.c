@@ -354,60 +354,89 @@ int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k,
     return N;
 }
 
-/* Assigns the blocks to experts in expert order and each expert's first position: expert e gets
- * ceil(m[e] / B) blocks (one with MOE_MLP_DROPPING), after those of e - 1.  Returns the block count.
- *   m [E]  tokens per expert;  block_to_expert [N]  out;  cursor [E]  out: first position of expert e */
+/* MOE_MLP_DROPPING: block e belongs to expert e, whose first position is e * B.  Returns E.
+ *   block_to_expert [E]  out;  cursor [E]  out: first position of expert e */
 /*@ requires dims: 1 <= E && 1 <= B && E * B <= INT64_MAX;
-    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
-    requires fits: kind != MOE_MLP_DROPPING ==> nblocks(m, E, B) * B <= INT64_MAX;
-    requires b2e: \valid(block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    requires b2e: \valid(block_to_expert + (0 .. E - 1));
     requires cursor: \valid(cursor + (0 .. E - 1));
-    requires separated: \separated(m + (0 .. E - 1), cursor + (0 .. E - 1),
-      block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    requires separated: \separated(cursor + (0 .. E - 1), block_to_expert + (0 .. E - 1));
     terminates \true;
-    assigns block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1], cursor[0 .. E - 1];
-    ensures blocks: \result == (kind == MOE_MLP_DROPPING ? E : \old(nblocks(m, E, B)));
+    assigns block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
+    ensures blocks: \result == E;
+    ensures one_block_each: \forall integer e; 0 <= e < E ==> block_to_expert[e] == e && cursor[e] == e * B; */
+static int64_t assign_blocks_dropping(int64_t E, int64_t B, int64_t *block_to_expert, int64_t *cursor)
+{
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant done: \forall integer x; 0 <= x < e ==> block_to_expert[x] == x && cursor[x] == x * B;
+        loop assigns e, block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++) {
+        /*@ ghost lemma_mul_monotone(e, E, B); */
+        block_to_expert[e] = e;
+        cursor[e] = e * B;
+    }
+    return E;
+}
+
+/* A dropless layout: expert e gets ceil(m[e] / B) blocks, after those of e - 1, and its first position is
+ * the first position of its first block.  Returns the block count N = nblocks(m, E, B).
+ *   m [E]  tokens per expert;  block_to_expert [N]  out;  cursor [E]  out
+ *   N      ghost (read by the proof only): the block count, bounding block * B */
+/*@ requires dims: 1 <= E && 1 <= B && 0 <= N && N * B <= INT64_MAX;
+    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
+    requires blocks: N == nblocks(m, E, B);
+    requires b2e: \valid(block_to_expert + (0 .. N - 1));
+    requires cursor: \valid(cursor + (0 .. E - 1));
+    requires separated: \separated(m + (0 .. E - 1), cursor + (0 .. E - 1), block_to_expert + (0 .. N - 1));
+    terminates \true;
+    assigns block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
+    ensures blocks: \result == N;
     ensures experts: in_range(block_to_expert, \result, 0, E);
-    ensures dropping: kind == MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-      block_to_expert[e] == e && cursor[e] == e * B;
-    ensures dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-      cursor[e] == \old(nblocks(m, e, B)) * B &&
-      (\forall integer n; \old(nblocks(m, e, B)) <= n < \old(nblocks(m, e + 1, B)) ==> block_to_expert[n] == e); */
-static int64_t assign_blocks(moe_mlp_layout_kind kind, int64_t E, int64_t B, const int64_t *m,
-                             int64_t *block_to_expert, int64_t *cursor)
+    ensures first_positions: \forall integer e; 0 <= e < E ==> cursor[e] == first_position{Pre}(m, e, B);
+    ensures in_order: \forall integer e, n; 0 <= e < E && in_expert_blocks{Pre}(m, B, e, n) ==>
+      block_to_expert[n] == e; */
+static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, int64_t *block_to_expert,
+                                      int64_t *cursor) /*@ ghost (int64_t N) */
 {
     /*@ ghost lemma_nblocks_le_msum((int64_t *)m, E, B); */
     /*@ ghost lemma_nblocks_monotone((int64_t *)m, E, B); */
+    /*@ ghost lemma_msum_monotone_all((int64_t *)m, 0, E); */
+    /*@ ghost lemma_nblocks_owner((int64_t *)m, E, B); */
     int64_t block = 0;
+    /* nblocks is read in the pre-state ({Pre}): the loop writes int64 memory (see specs/README.md) */
     /*@ loop invariant bounds: 0 <= e <= E;
-        loop invariant block: \forall integer x; x == e ==>
-          block == (kind == MOE_MLP_DROPPING ? x : \at(nblocks(m, x, B), Pre));
-        loop invariant experts: in_range(block_to_expert, block, 0, E);
-        loop invariant dropping: kind == MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
-          block_to_expert[x] == x && cursor[x] == x * B;
-        loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
-          cursor[x] == \at(nblocks(m, x, B), Pre) * B &&
-          (\forall integer n; \at(nblocks(m, x, B), Pre) <= n < \at(nblocks(m, x + 1, B), Pre) ==>
-             block_to_expert[n] == x);
-        loop assigns e, block, block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : \at(nblocks(m, E, B), Pre)) - 1],
-                     cursor[0 .. E - 1];
+        loop invariant block: block == nblocks{Pre}(m, e, B);
+        loop invariant owner: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
+          in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
+        loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
+        loop assigns e, block, block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++) {
-        const int64_t blocks = kind == MOE_MLP_DROPPING ? 1 : m[e] / B + (m[e] % B != 0);
+        /*@ assert step: nblocks{Pre}(m, e + 1, B) == block + ceil_div(m[e], B) && 0 <= ceil_div(m[e], B) &&
+              nblocks{Pre}(m, e + 1, B) <= msum{Pre}(m, e + 1) && msum{Pre}(m, e + 1) <= msum{Pre}(m, E) &&
+              nblocks{Pre}(m, e + 1, B) <= N; */
+        const int64_t blocks = m[e] / B + (m[e] % B != 0);
         /*@ loop invariant bounds: 0 <= q <= blocks;
-            loop invariant mine: \forall integer n; block <= n < block + q ==> block_to_expert[n] == e;
+            loop invariant owner: \forall integer n; 0 <= n < block + q ==> 0 <= block_to_expert[n] <= e &&
+              in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
+            loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
             loop assigns q, block_to_expert[block .. block + blocks - 1];
             loop variant blocks - q; */
-        for (int64_t q = 0; q < blocks; q++)
+        for (int64_t q = 0; q < blocks; q++) {
+            /*@ assert mine: in_expert_blocks{Pre}(m, B, e, block + q); */
             block_to_expert[block + q] = e;
+        }
+        /*@ ghost lemma_mul_monotone(block, N, B); */
         cursor[e] = block * B;
+        /*@ assert first: cursor[e] == first_position{Pre}(m, e, B); */
         block += blocks;
     }
     return block;
 }
 
-/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert and assign_blocks
- * are.  The placement loop is tested (tests/test_mlp_layout, proptest). */
+/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert,
+ * assign_blocks_dropping and assign_blocks_dropless are.  The placement loop is tested (tests/test_mlp_layout,
+ * proptest). */
 moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                     int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
@@ -422,9 +451,12 @@ moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, in
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
     }
     count_per_expert(T, k, E, topk_ids, m);
-    /* cursor[e]: the next position of expert e; the blocks of expert e follow those of e - 1 */
-    const int64_t block = assign_blocks(kind, E, B, m, block_to_expert, cursor);
-    (void)N; /* == block, checked by the caller */
+    /* expert e's blocks follow those of e - 1 (one block each with MOE_MLP_DROPPING); cursor[e]: the next
+     * position of expert e.  N == the block count (checked by the caller): only the proof reads it */
+    (void)N;
+    const int64_t block = kind == MOE_MLP_DROPPING
+                              ? assign_blocks_dropping(E, B, block_to_expert, cursor)
+                              : assign_blocks_dropless(E, B, m, block_to_expert, cursor) /*@ ghost (N) */;
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
     for (int64_t p = 0; p < block * B; p++)
         token_position_to_id[p] = pad;
