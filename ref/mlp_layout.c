@@ -184,6 +184,45 @@ done:
     return status;
 }
 
+/* One token's row of moe_ref_mlp_check_topk: every id an expert in [0, E), no expert twice.
+ *   t         the token (for messages, and the mark left in last[])
+ *   row [k]   topk_ids + t * k: the token's experts
+ *   last [E]  scratch: the last token seen with expert e, every entry < t on entry; on success the
+ *             row's experts are marked t, the others left alone */
+/*@ requires dims: 0 <= t && 0 <= k && 1 <= E;
+    requires row: \valid_read(row + (0 .. k - 1));
+    requires last: \valid(last + (0 .. E - 1));
+    requires separated: \separated(last + (0 .. E - 1), row + (0 .. k - 1));
+    requires earlier: \forall integer x; 0 <= x < E ==> last[x] < t;
+    terminates \true;
+    assigns last[0 .. E - 1], moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> topk_row_ok(row, k, E);
+    ensures marked: \result == MOE_OK ==> \forall integer x; 0 <= x < E ==> last[x] <= t;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_topk_row(const char *op, int64_t t, int64_t k, int64_t E, const int64_t *row,
+                                 int64_t *last)
+{
+    /*@ loop invariant bounds: 0 <= j <= k;
+        loop invariant in_range: in_range(row, j, 0, E);
+        loop invariant distinct: injective(row, j);
+        loop invariant marks: \forall integer x; 0 <= x < E ==>
+          last[x] <= t && (last[x] == t <==> \exists integer a; 0 <= a < j && row[a] == x);
+        loop assigns j, last[0 .. E - 1];
+        loop variant k - j; */
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t e = row[j];
+        if (e < 0 || e >= E)
+            return moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                            ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
+        if (last[e] == t)
+            return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
+                            " repeats an expert of the same token, expected distinct experts per token",
+                            op, t, j, e);
+        last[e] = t;
+    }
+    return MOE_OK;
+}
+
 /* The contents half of moe_ref_mlp_check_topk: every id an expert in [0, E), distinct within a token.
  *   topk_ids [T * k]  the experts of each token
  *   last     [E]      scratch: the last token seen with expert e, or -1 */
@@ -193,7 +232,7 @@ done:
     requires separated: \separated(last + (0 .. E - 1), topk_ids + (0 .. T * k - 1));
     terminates \true;
     assigns last[0 .. E - 1], moe_error_model;
-    ensures accepts_exactly_wellformed: \result == MOE_OK <==> topk_ok(topk_ids, T, k, E);
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==> \old(topk_ok(topk_ids, T, k, E));
     ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_INDEX || \result == MOE_ERR_INVALID_ROUTING; */
 static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids,
                                  int64_t *last)
@@ -204,42 +243,25 @@ static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++)
         last[e] = -1;
-    moe_status status = MOE_OK;
     /*@ loop invariant bounds: 0 <= t <= T;
-        loop invariant ok_prefix: status == MOE_OK ==> in_range(topk_ids, t * k, 0, E) && topk_distinct(topk_ids, t, k);
-        loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
-        loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
-        loop invariant last: status == MOE_OK ==> \forall integer x; 0 <= x < E ==> last[x] < t;
-        loop assigns t, status, last[0 .. E - 1], moe_error_model;
+        loop invariant rows_ok: topk_ok{Pre}(topk_ids, t, k, E);
+        loop invariant last: \forall integer x; 0 <= x < E ==> last[x] < t;
+        loop assigns t, last[0 .. E - 1], moe_error_model;
         loop variant T - t; */
-    for (int64_t t = 0; t < T && status == MOE_OK; t++) {
-        /*@ assert row_fits: 0 <= t * k && (t + 1) * k <= T * k && t * k + k == (t + 1) * k; */
-        /*@ loop invariant bounds: 0 <= j <= k;
-            loop invariant ok_row: status == MOE_OK ==> in_range(topk_ids, t * k + j, 0, E) &&
-              (\forall integer a, b; 0 <= a < b < j ==> topk_ids[t * k + a] != topk_ids[t * k + b]);
-            loop invariant failed: status != MOE_OK ==> !topk_ok(topk_ids, T, k, E);
-            loop invariant status: status == MOE_OK || status == MOE_ERR_INVALID_INDEX || status == MOE_ERR_INVALID_ROUTING;
-            loop invariant last_row: status == MOE_OK ==> \forall integer x; 0 <= x < E ==>
-              last[x] <= t && (last[x] == t <==> \exists integer a; 0 <= a < j && topk_ids[t * k + a] == x);
-            loop assigns j, status, last[0 .. E - 1], moe_error_model;
-            loop variant k - j; */
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t e = topk_ids[t * k + j];
-            if (e < 0 || e >= E) {
-                status = moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  ", expected an expert in [0, %" PRId64 ")", op, t, j, e, E);
-                break;
-            }
-            if (last[e] == t) {
-                status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
-                                  " repeats an expert of the same token, expected distinct experts per token",
-                                  op, t, j, e);
-                break;
-            }
-            last[e] = t;
+    for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_mul_monotone(t + 1, T, k); */
+        /*@ assert row_fits: 0 <= t * k && t * k + k <= T * k; */
+        const moe_status status = check_topk_row(op, t, k, E, topk_ids + t * k, last);
+        /* the row was read in memory where only last[] changed: its verdict holds in the pre-state */
+        /*@ assert framed_range: in_range(topk_ids + t * k, k, 0, E) <==> in_range{Pre}(topk_ids + t * k, k, 0, E); */
+        /*@ assert framed_distinct: injective(topk_ids + t * k, k) <==> injective{Pre}(topk_ids + t * k, k); */
+        if (status != MOE_OK) {
+            /*@ assert row_bad: !topk_token_ok{Pre}(topk_ids, t, k, E); */
+            return status;
         }
+        /*@ assert row_good: topk_token_ok{Pre}(topk_ids, t, k, E); */
     }
-    return status;
+    return MOE_OK;
 }
 
 moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids)
@@ -332,60 +354,89 @@ int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k,
     return N;
 }
 
-/* Assigns the blocks to experts in expert order and each expert's first position: expert e gets
- * ceil(m[e] / B) blocks (one with MOE_MLP_DROPPING), after those of e - 1.  Returns the block count.
- *   m [E]  tokens per expert;  block_to_expert [N]  out;  cursor [E]  out: first position of expert e */
+/* MOE_MLP_DROPPING: block e belongs to expert e, whose first position is e * B.  Returns E.
+ *   block_to_expert [E]  out;  cursor [E]  out: first position of expert e */
 /*@ requires dims: 1 <= E && 1 <= B && E * B <= INT64_MAX;
-    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
-    requires fits: kind != MOE_MLP_DROPPING ==> nblocks(m, E, B) * B <= INT64_MAX;
-    requires b2e: \valid(block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    requires b2e: \valid(block_to_expert + (0 .. E - 1));
     requires cursor: \valid(cursor + (0 .. E - 1));
-    requires separated: \separated(m + (0 .. E - 1), cursor + (0 .. E - 1),
-      block_to_expert + (0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1));
+    requires separated: \separated(cursor + (0 .. E - 1), block_to_expert + (0 .. E - 1));
     terminates \true;
-    assigns block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : nblocks(m, E, B)) - 1], cursor[0 .. E - 1];
-    ensures blocks: \result == (kind == MOE_MLP_DROPPING ? E : \old(nblocks(m, E, B)));
+    assigns block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
+    ensures blocks: \result == E;
+    ensures one_block_each: \forall integer e; 0 <= e < E ==> block_to_expert[e] == e && cursor[e] == e * B; */
+static int64_t assign_blocks_dropping(int64_t E, int64_t B, int64_t *block_to_expert, int64_t *cursor)
+{
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant done: \forall integer x; 0 <= x < e ==> block_to_expert[x] == x && cursor[x] == x * B;
+        loop assigns e, block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++) {
+        /*@ ghost lemma_mul_monotone(e, E, B); */
+        block_to_expert[e] = e;
+        cursor[e] = e * B;
+    }
+    return E;
+}
+
+/* A dropless layout: expert e gets ceil(m[e] / B) blocks, after those of e - 1, and its first position is
+ * the first position of its first block.  Returns the block count N = nblocks(m, E, B).
+ *   m [E]  tokens per expert;  block_to_expert [N]  out;  cursor [E]  out
+ *   N      ghost (read by the proof only): the block count, bounding block * B */
+/*@ requires dims: 1 <= E && 1 <= B && 0 <= N && N * B <= INT64_MAX;
+    requires m: \valid_read(m + (0 .. E - 1)) && sizes_nonneg(m, E) && msum(m, E) <= INT64_MAX;
+    requires blocks: N == nblocks(m, E, B);
+    requires b2e: \valid(block_to_expert + (0 .. N - 1));
+    requires cursor: \valid(cursor + (0 .. E - 1));
+    requires separated: \separated(m + (0 .. E - 1), cursor + (0 .. E - 1), block_to_expert + (0 .. N - 1));
+    terminates \true;
+    assigns block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
+    ensures blocks: \result == N;
     ensures experts: in_range(block_to_expert, \result, 0, E);
-    ensures dropping: kind == MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-      block_to_expert[e] == e && cursor[e] == e * B;
-    ensures dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-      cursor[e] == \old(nblocks(m, e, B)) * B &&
-      (\forall integer n; \old(nblocks(m, e, B)) <= n < \old(nblocks(m, e + 1, B)) ==> block_to_expert[n] == e); */
-static int64_t assign_blocks(moe_mlp_layout_kind kind, int64_t E, int64_t B, const int64_t *m,
-                             int64_t *block_to_expert, int64_t *cursor)
+    ensures first_positions: \forall integer e; 0 <= e < E ==> cursor[e] == first_position{Pre}(m, e, B);
+    ensures in_order: \forall integer e, n; 0 <= e < E && in_expert_blocks{Pre}(m, B, e, n) ==>
+      block_to_expert[n] == e; */
+static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, int64_t *block_to_expert,
+                                      int64_t *cursor) /*@ ghost (int64_t N) */
 {
     /*@ ghost lemma_nblocks_le_msum((int64_t *)m, E, B); */
     /*@ ghost lemma_nblocks_monotone((int64_t *)m, E, B); */
+    /*@ ghost lemma_msum_monotone_all((int64_t *)m, 0, E); */
+    /*@ ghost lemma_nblocks_owner((int64_t *)m, E, B); */
     int64_t block = 0;
+    /* nblocks is read in the pre-state ({Pre}): the loop writes int64 memory (see specs/README.md) */
     /*@ loop invariant bounds: 0 <= e <= E;
-        loop invariant block: \forall integer x; x == e ==>
-          block == (kind == MOE_MLP_DROPPING ? x : \at(nblocks(m, x, B), Pre));
-        loop invariant experts: in_range(block_to_expert, block, 0, E);
-        loop invariant dropping: kind == MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
-          block_to_expert[x] == x && cursor[x] == x * B;
-        loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < e ==>
-          cursor[x] == \at(nblocks(m, x, B), Pre) * B &&
-          (\forall integer n; \at(nblocks(m, x, B), Pre) <= n < \at(nblocks(m, x + 1, B), Pre) ==>
-             block_to_expert[n] == x);
-        loop assigns e, block, block_to_expert[0 .. (kind == MOE_MLP_DROPPING ? E : \at(nblocks(m, E, B), Pre)) - 1],
-                     cursor[0 .. E - 1];
+        loop invariant block: block == nblocks{Pre}(m, e, B);
+        loop invariant owner: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
+          in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
+        loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
+        loop assigns e, block, block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++) {
-        const int64_t blocks = kind == MOE_MLP_DROPPING ? 1 : m[e] / B + (m[e] % B != 0);
+        /*@ assert step: nblocks{Pre}(m, e + 1, B) == block + ceil_div(m[e], B) && 0 <= ceil_div(m[e], B) &&
+              nblocks{Pre}(m, e + 1, B) <= msum{Pre}(m, e + 1) && msum{Pre}(m, e + 1) <= msum{Pre}(m, E) &&
+              nblocks{Pre}(m, e + 1, B) <= N; */
+        const int64_t blocks = m[e] / B + (m[e] % B != 0);
         /*@ loop invariant bounds: 0 <= q <= blocks;
-            loop invariant mine: \forall integer n; block <= n < block + q ==> block_to_expert[n] == e;
+            loop invariant owner: \forall integer n; 0 <= n < block + q ==> 0 <= block_to_expert[n] <= e &&
+              in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
+            loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
             loop assigns q, block_to_expert[block .. block + blocks - 1];
             loop variant blocks - q; */
-        for (int64_t q = 0; q < blocks; q++)
+        for (int64_t q = 0; q < blocks; q++) {
+            /*@ assert mine: in_expert_blocks{Pre}(m, B, e, block + q); */
             block_to_expert[block + q] = e;
+        }
+        /*@ ghost lemma_mul_monotone(block, N, B); */
         cursor[e] = block * B;
+        /*@ assert first: cursor[e] == first_position{Pre}(m, e, B); */
         block += blocks;
     }
     return block;
 }
 
-/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert and assign_blocks
- * are.  The placement loop is tested (tests/test_mlp_layout, proptest). */
+/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert,
+ * assign_blocks_dropping and assign_blocks_dropless are.  The placement loop is tested (tests/test_mlp_layout,
+ * proptest). */
 moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                     int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
@@ -400,9 +451,12 @@ moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, in
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
     }
     count_per_expert(T, k, E, topk_ids, m);
-    /* cursor[e]: the next position of expert e; the blocks of expert e follow those of e - 1 */
-    const int64_t block = assign_blocks(kind, E, B, m, block_to_expert, cursor);
-    (void)N; /* == block, checked by the caller */
+    /* expert e's blocks follow those of e - 1 (one block each with MOE_MLP_DROPPING); cursor[e]: the next
+     * position of expert e.  N == the block count (checked by the caller): only the proof reads it */
+    (void)N;
+    const int64_t block = kind == MOE_MLP_DROPPING
+                              ? assign_blocks_dropping(E, B, block_to_expert, cursor)
+                              : assign_blocks_dropless(E, B, m, block_to_expert, cursor) /*@ ghost (N) */;
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
     for (int64_t p = 0; p < block * B; p++)
         token_position_to_id[p] = pad;

@@ -32,7 +32,7 @@ mkdir -p "$work"
 # has no model of malloc/free) are named in specs/README.md with what checks them instead.
 targets="ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,check_routing_dims,moe_routing_validate
 src/errors.c:moe_mul_ok
-ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,count_per_expert,dropless_blocks"
+ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless"
 
 # why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
 WHY3CONFIG=$work/why3.conf
