@@ -264,7 +264,7 @@ static moe_status check_topk_ids(const char *op, int64_t T, int64_t k, int64_t E
     return MOE_OK;
 }
 
-moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids)
+moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, int64_t E)
 {
     if (T < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, T);
@@ -280,6 +280,15 @@ moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t 
         (uint64_t)TE > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
                         " or num_tokens * num_experts overflows", op, T, k);
+    return MOE_OK;
+}
+
+moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids)
+{
+    const moe_status shape = moe_ref_mlp_check_topk_shape(op, T, k, E);
+    if (shape != MOE_OK)
+        return shape;
+    const int64_t M = T * k;
     if (M > 0 && topk_ids == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: topk_ids is NULL but has %" PRId64 " entries", op, M);
     int64_t *last = malloc(((size_t)E + 1) * sizeof(int64_t));

@@ -88,6 +88,9 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
                                     moe_mlp_padding padding, int overwrite);
 
 /* The builders behind moe_mlp_layout_num_blocks / moe_mlp_layout_build (arguments checked there). */
+/* The dimensions of topk_ids[T][k] for E experts (T >= 0, 1 <= k <= E when T > 0, no overflow of T*k
+ * and T*E); what can be checked of device-resident ids. */
+moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, int64_t E);
 moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids);
 int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
                                  const int64_t *topk_ids);

@@ -312,20 +312,10 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
 static moe_status max_blocks_for(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E,
                                  int64_t B, int64_t *num_blocks)
 {
-    if (T < 0)
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, T);
-    if (k < 0 || (k == 0 && T > 0))
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 ", expected >= 1", op, k);
-    if (E < 1)
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_experts = %" PRId64 ", expected >= 1", op, E);
-    if (k > E)
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 " > num_experts = %" PRId64
-                        ", expected distinct experts per token", op, k, E);
-    int64_t M = 0, TE = 0;
-    if (!moe_mul_ok(T, k, &M) || !moe_mul_ok(T, E, &TE) || (uint64_t)M > SIZE_MAX / 16 ||
-        (uint64_t)TE > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
-                        " or num_tokens * num_experts overflows", op, T, k);
+    const moe_status status = moe_ref_mlp_check_topk_shape(op, T, k, E);
+    if (status != MOE_OK)
+        return status;
+    const int64_t M = T * k; /* checked */
     if (kind == MOE_MLP_DROPPING) {
         *num_blocks = E;
     } else if (B == 1 || E > (INT64_MAX - M) / (B - 1)) {
