@@ -35,7 +35,13 @@
 #include "gemm.acsl"    /* specs/: the grouped GEMM over the reals (Frama-C only) */
 #endif
 
-/* Reads element i of a tensor of the given dtype as float (exact). */
+/* Reads element i of a tensor of the given dtype as float (exact).
+ * Contract trusted, not proved: WP's typed memory model cannot follow the void * -> float * / uint16_t *
+ * casts of the body; callers prove the element's bytes valid (specs/gemm.acsl). */
+/*@ requires dtype: dtype_ok(dtype);
+    requires element: element_readable((char *)base, i, dtype);
+    terminates \true;
+    assigns \nothing; */
 static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
 {
     switch (dtype) {
@@ -46,7 +52,12 @@ static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
     return ((const float *)base)[i];
 }
 
-/* Writes element i of a tensor of the given dtype, rounding to nearest even. */
+/* Writes element i of a tensor of the given dtype, rounding to nearest even.
+ * Contract trusted, not proved (as moe_ref_load): it writes exactly the bytes of element i. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires element: element_writable((char *)base, i, dtype);
+    terminates \true;
+    assigns ((char *)base)[byte_offset(i, dtype) .. byte_offset(i + 1, dtype) - 1]; */
 static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float value)
 {
     switch (dtype) {
@@ -107,11 +118,18 @@ void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t
 int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64_t row);
 
 /* ---- the grouped GEMM, naive twin (ref/gemm_naive.c) ---- */
-/* The float postcondition below is not proved by WP: tests/contract_check.c mirrors it clause by clause
+/* The preconditions are what the front end (src/gemm_api.c) checks.  WP proves the loops of the forward
+ * (gemm_fwd_rows in ref/gemm_naive.c: every index in bounds, no overflow, writes only y) but not this
+ * function, which allocates the expert offsets.
+ * The float postcondition below is not proved by WP: tests/contract_check.c mirrors it clause by clause
  * (moe_ref_check_gemm_fwd_post) and tests/test_contracts checks it at run time, for every dtype (inputs
  * read through moe_ref_load, u_out of the output dtype).  Behaviours with topk weights or accumulate add
  * roundings the bound does not cover and are checked by the property tests against the float64 oracle. */
-/*@ behavior plain_f32:
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    behavior plain_f32:
       assumes plain: p->dtype == MOE_F32 && topk_weights == \null && p->accumulate == 0;
       ensures fwd_within_bound: \forall integer r, n, e; 0 <= r < p->rows && 0 <= n < p->N &&
         0 <= e < p->num_experts && msum(p->m_sizes, e) <= r < msum(p->m_sizes, e + 1) ==>

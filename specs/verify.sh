@@ -8,7 +8,9 @@
 #   SUMMARY  where the Markdown summary goes (default WORKDIR/VERIFY-SUMMARY.md)
 #
 # Environment: FRAMAC, WHY3 (the programs; default: found on PATH); VERIFY_ONLY=fct1,fct2 restricts the
-# run to those functions (the broken-bound test uses it).  Exit status 0 only when every goal is proved.
+# run to those functions (the broken-bound test uses it); VERIFY_JOBS (default 2) files are proved at a
+# time, each by its own frama-c (most of the time goes to WP's goal generation, which is sequential).
+# Exit status 0 only when every goal is proved.
 #
 # Pinned flags (specs/README.md explains each):
 #   -wp -wp-rte                 prove the contracts and the run-time-error assertions RTE inserts
@@ -17,32 +19,13 @@
 #                               operation overflows.  (+nat drops the range facts: overflow goals fail.)
 #   -warn-special-float none    Inf and NaN are legitimate float values of these kernels, not errors
 #   -wp-prover z3,cvc4          Alt-Ergo is not packaged on Debian; both SMT solvers are
-#   -wp-timeout 10 -wp-par 2    per goal, two provers at a time (CI runners have 2 cores)
+#   -wp-timeout 10 -wp-par 2    per goal; each frama-c runs two provers at a time (CI runners have 2 cores)
 #   -wp-cache update            the session cache in WORKDIR lets a re-run skip solved goals
 set -eu
 
-srcdir=$1
-work=$2
-summary=${3:-$work/VERIFY-SUMMARY.md}
-FRAMAC=${FRAMAC:-frama-c}
-WHY3=${WHY3:-why3}
-mkdir -p "$work"
-
-# The functions proved, per file.  Functions of these files that are not listed (they allocate, and WP 25
-# has no model of malloc/free) are named in specs/README.md with what checks them instead.
-targets="ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,check_routing_dims,moe_routing_validate
-src/errors.c:moe_mul_ok
-ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless"
-
-# why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
-WHY3CONFIG=$work/why3.conf
-export WHY3CONFIG
-"$WHY3" config detect -C "$WHY3CONFIG" > "$work/why3-detect.log" 2>&1 || {
-    cat "$work/why3-detect.log" >&2; echo "verify: why3 config detect failed" >&2; exit 1; }
-
-status=0
-: > "$work/goals.txt"
-for target in $targets; do
+# Internal: `verify.sh --one SRCDIR WORKDIR FILE:FCTS` proves one file (run in parallel by the main part).
+if [ "${1:-}" = "--one" ]; then
+    srcdir=$2 work=$3 target=$4
     file=${target%%:*}
     fcts=${target#*:}
     if [ -n "${VERIFY_ONLY:-}" ]; then
@@ -51,19 +34,19 @@ for target in $targets; do
             case ",$VERIFY_ONLY," in *",$f,"*) keep="$keep${keep:+,}$f" ;; esac
         done
         fcts=$keep
-        [ -n "$fcts" ] || continue
+        [ -n "$fcts" ] || exit 0
     fi
-    log=$work/$(echo "$file" | tr '/.' '__').log
+    name=$(echo "$file" | tr '/.' '__')
+    log=$work/$name.log
     echo "verify: $file: $fcts"
     # shellcheck disable=SC2086
     if ! "$FRAMAC" -cpp-extra-args="-I$srcdir/include -I$srcdir/src -I$srcdir/ref -I$srcdir/specs -D_POSIX_C_SOURCE=200809L" -c11 \
         "$srcdir/$file" -wp -wp-rte -wp-fct "$fcts" -wp-model Typed+int -warn-special-float none \
-        -wp-prover z3,cvc4 -wp-timeout 10 -wp-par 2 -wp-session "$work/session" -wp-cache update \
+        -wp-prover z3,cvc4 -wp-timeout 10 -wp-par 2 -wp-session "$work/session/$name" -wp-cache update \
         > "$log" 2>&1; then
         echo "verify: frama-c failed on $file (log: $log):" >&2
         tail -20 "$log" >&2
-        status=1
-        continue
+        exit 1
     fi
     # one line per goal: FILE FUNCTION GOAL STATUS (goal names are [typed_]<function>_<property>)
     for f in $(echo "$fcts" | tr ',' ' '); do
@@ -71,10 +54,40 @@ for target in $targets; do
             while read -r goal rest; do
                 case $rest in *": Valid"*) st=proved ;; *) st=UNPROVED ;; esac
                 echo "$file $f $goal $st"
-            done >> "$work/goals.txt"
-    done
+            done
+    done > "$work/goals-$name.txt"
     grep -E "^\[wp\] Proved goals:" "$log" | sed "s|^|verify: $file: |"
-done
+    exit 0
+fi
+
+srcdir=$1
+work=$2
+summary=${3:-$work/VERIFY-SUMMARY.md}
+FRAMAC=${FRAMAC:-frama-c}
+WHY3=${WHY3:-why3}
+export FRAMAC WHY3
+mkdir -p "$work/session"
+
+# The functions proved, per file.  Functions of these files that are not listed (they allocate, and WP 25
+# has no model of malloc/free) are named in specs/README.md with what checks them instead.  Longest first:
+# VERIFY_JOBS files run at a time, each next file going to the first free slot.
+targets="ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless
+ref/gemm_naive.c:lemma_row_fits,lemma_div_below,slot_of_row,x_row,y_row,finish,gemm_fwd_rows
+ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,check_routing_dims,moe_routing_validate
+src/errors.c:moe_mul_ok"
+
+# why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
+WHY3CONFIG=$work/why3.conf
+export WHY3CONFIG
+"$WHY3" config detect -C "$WHY3CONFIG" > "$work/why3-detect.log" 2>&1 || {
+    cat "$work/why3-detect.log" >&2; echo "verify: why3 config detect failed" >&2; exit 1; }
+
+status=0
+rm -f "$work"/goals-*.txt
+# xargs -P: not POSIX, but in GNU findutils and the BSDs
+# shellcheck disable=SC2086
+printf '%s\n' $targets | xargs -P "${VERIFY_JOBS:-2}" -I '{}' sh "$0" --one "$srcdir" "$work" '{}' || status=1
+cat "$work"/goals-*.txt > "$work/goals.txt" 2> /dev/null || : > "$work/goals.txt"
 
 # A goal name typed_<f>_... also matches a function whose name extends f (f_more): keep the longest.
 sort -u "$work/goals.txt" | awk '
