@@ -93,12 +93,30 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
                 d->opt.round_intermediates ? " round-intermediates" : "");
 }
 
+void pt_mlp_draw_values(pt_case *c, pt_mlp_draw *d)
+{
+    d->value_dist = pt_pick(c->src, MT_VALUE_DISTS);
+    /* large: 2^6..2^10 (pre-activations far past float32 exp's range: |g| ~ 64..1024 and more);
+     * tiny: 2^-10..2^-20 (f16: subnormal and zero hidden rows) */
+    d->value_log2 = d->value_dist == MT_VALUES_LARGE  ? (int)pt_int(c->src, 6, 10)
+                    : d->value_dist == MT_VALUES_TINY ? -(int)pt_int(c->src, 10, 20)
+                                                      : 0;
+}
+
+/* " values=..." of the built case (the scale actually used: f16 may lower it) */
+void pt_mlp_describe_values(pt_case *c, const mt_case *m)
+{
+    if (m->value_dist == MT_VALUES_LARGE || m->value_dist == MT_VALUES_TINY)
+        pt_describe(c, " values=%s(hidden*2^%d)", mt_value_dist_name(m->value_dist), m->value_log2);
+    else if (m->value_dist != MT_VALUES_UNIFORM)
+        pt_describe(c, " values=%s", mt_value_dist_name(m->value_dist));
+}
+
 /* Builds the test library's case (layout, inputs, clamp limits in gaps of the data). */
 void pt_mlp_build(const pt_mlp_draw *d, const moe_mlp_options *opt, int layout_mode, mt_case *m)
 {
     mt_case_init_routing(m, d->seed, d->T, d->E, d->k, d->H, d->I, d->ids, opt, layout_mode);
-    if (d->H > 16 || d->I > 16)
-        mt_case_scale_weights(m);
+    mt_case_set_values(m, d->value_dist, d->value_log2, d->H > 16 || d->I > 16);
     if (d->clamp_mask)
         (void)mt_choose_clamps(m, d->clamp_mask); /* no gap wide enough: that limit stays unset */
 }
@@ -126,12 +144,15 @@ void pt_mlp(pt_case *c)
 {
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
+    pt_mlp_draw_values(c, &d);
     mt_case m;
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     /* f16/bf16: also every rounding of the spec in its exact place (checkpoints, round_intermediates,
-     * outputs): MT_CHECK_EXACT_ROUNDING */
-    const int checks = MT_CHECK_BOUND | (fd_affordable(&m) ? MT_CHECK_FD : 0) |
-                       (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+     * outputs): MT_CHECK_EXACT_ROUNDING.  The finite differences assume |data| <= 1 (their third-
+     * derivative bound, tests/mlp_testlib.c): not for large values. */
+    const int fd = fd_affordable(&m) && d.value_dist != MT_VALUES_LARGE;
+    const int checks = MT_CHECK_BOUND | (fd ? MT_CHECK_FD : 0) | (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+    pt_mlp_describe_values(c, &m);
     pt_describe(c, " N=%lld%s", (long long)m.N, checks & MT_CHECK_FD ? " +fd" : "");
     pt_mlp_run_checked(c, &m, checks, d.down_ckpt_in_bwd, NULL, "mlp");
     mt_case_free(&m);

@@ -1,6 +1,7 @@
 /* Test support for the blockwise MoE MLP; see mlp_testlib.h and specs/MLP.md ("Error bound"). */
 #include "mlp_testlib.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -216,10 +217,77 @@ static void scale_input(const mt_case *c, void *buf, double *copy, int64_t n, do
     }
 }
 
+/* 1/sqrt(fan_in), or its nearest power of two for exact values */
+static double weight_scale(const mt_case *c, int64_t fan_in)
+{
+    const double f = 1.0 / sqrt((double)(fan_in > 1 ? fan_in : 1));
+    return c->value_dist == MT_VALUES_EXACT ? ldexp(1.0, (int)lround(log2(f))) : f;
+}
+
 void mt_case_scale_weights(mt_case *c)
 {
-    scale_input(c, c->w_gu, c->wgu, c->E * c->H * 2 * c->I, 1.0 / sqrt((double)(c->H > 1 ? c->H : 1)));
-    scale_input(c, c->w_d, c->wd, c->E * c->I * c->H, 1.0 / sqrt((double)(c->I > 1 ? c->I : 1)));
+    scale_input(c, c->w_gu, c->wgu, c->E * c->H * 2 * c->I, weight_scale(c, c->H));
+    scale_input(c, c->w_d, c->wd, c->E * c->I * c->H, weight_scale(c, c->I));
+}
+
+const char *mt_value_dist_name(int dist)
+{
+    static const char *const names[MT_VALUE_DISTS] = {"uniform", "exact", "large", "tiny"};
+    return dist >= 0 && dist < MT_VALUE_DISTS ? names[dist] : "?";
+}
+
+/* Every non-NaN element of buf/copy (count of them) redrawn from {0, +-2^-4 .. +-2^0}. */
+static void refill_exact(const mt_case *c, oracle_rng *rng, void *buf, double *copy, int64_t count)
+{
+    const size_t es = moe_dtype_size(c->opt.dtype);
+    for (int64_t i = 0; i < count; i++)
+        if (!isnan(copy[i])) {
+            oracle_fill(rng, c->opt.dtype, (char *)buf + (size_t)i * es, 1, 1);
+            copy[i] = oracle_load(c->opt.dtype, buf, i);
+        }
+}
+
+static double largest_finite(moe_dtype dt) { return dt == MOE_F16 ? 65504.0 : (double)FLT_MAX; }
+
+/* The largest (|value| + bound) / largest finite over every rounding to f16/bf16 in compute_expect since
+ * the last reset (rnd records it): mt_case_set_values keeps it below 1/4. */
+static double rnd_peak;
+
+static double expect_rnd_peak(const mt_case *c);
+
+void mt_case_set_values(mt_case *c, int dist, int log2_scale, int scale_weights)
+{
+    c->value_dist = dist;
+    c->value_log2 = 0;
+    if (dist == MT_VALUES_EXACT) {
+        oracle_rng rng = {c->seed ^ 0xe8ac7ULL};
+        refill_exact(c, &rng, c->hidden, c->x, c->T1 * c->H);
+        refill_exact(c, &rng, c->aff, c->A, c->T * c->E);
+        refill_exact(c, &rng, c->w_gu, c->wgu, mt_count_wgu(c));
+        refill_exact(c, &rng, c->w_d, c->wd, mt_count_wd(c));
+        refill_exact(c, &rng, c->b_gu, c->bgu, c->E * 2 * c->I);
+        refill_exact(c, &rng, c->b_d, c->bd, c->E * c->H);
+        refill_exact(c, &rng, c->G, c->g, c->T1 * c->H);
+    }
+    if (scale_weights)
+        mt_case_scale_weights(c);
+    if (dist != MT_VALUES_LARGE && dist != MT_VALUES_TINY)
+        return;
+    /* powers of two: exact unless an f16 input becomes subnormal (tiny), re-rounded then */
+    const int64_t n = c->T1 * c->H;
+    double *orig = dalloc(n);
+    memcpy(orig, c->x, (size_t)n * sizeof(double));
+    for (int s = log2_scale;; s += s > 0 ? -1 : 1) {
+        memcpy(c->x, orig, (size_t)n * sizeof(double));
+        scale_input(c, c->hidden, c->x, n, ldexp(1.0, s));
+        c->value_log2 = s;
+        if (dist == MT_VALUES_TINY || c->opt.dtype != MOE_F16 || s == 0)
+            break;
+        /* f16 and large: the expectation's own roundings must stay far from overflow */
+        if (expect_rnd_peak(c) <= 0.25)
+            break;
+    }
+    free(orig);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -380,6 +448,7 @@ static ev rnd(ev x, moe_dtype dt, int exact_rounding)
 {
     if (dt == MOE_F32)
         return x;
+    rnd_peak = fmax(rnd_peak, (fabs(x.v) + x.e) / largest_finite(dt));
     if (!exact_rounding)
         return (ev){x.v, x.e + moe_dtype_unit_roundoff(dt) * (fabs(x.v) + x.e) + (dt == MOE_F16 ? 0x1p-25 : 0x1p-134)};
     const double r = round_dt(dt, x.v), lo = round_dt(dt, x.v - x.e), hi = round_dt(dt, x.v + x.e);
@@ -587,6 +656,16 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
     free(mF0), free(mB0), free(d_bwd), free(dM), free(free_mask), free(mF0r), free(mB0r);
 }
 
+/* rnd_peak of the case's analytic expectation (no accumulate contents: they add at most 1) */
+static double expect_rnd_peak(const mt_case *c)
+{
+    expect X;
+    rnd_peak = 0.0;
+    compute_expect(c, NULL, NULL, NULL, NULL, 1, 0, &X);
+    expect_free(&X);
+    return rnd_peak;
+}
+
 /* ---------------------------------------------------------------------------------------------------
  * clamp placement
  * ------------------------------------------------------------------------------------------------- */
@@ -739,13 +818,14 @@ static void describe(const mt_case *c, FILE *f)
 {
     const moe_mlp_options *o = &c->opt;
     fprintf(f, "case seed %llu: T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld N=%lld dtype=%s act=%d aff=%s bias=%d "
-            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d round_intermediates=%d\n",
+            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d round_intermediates=%d values=%s "
+            "(2^%d)\n",
             (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
             (long long)c->I, (long long)c->B, (long long)c->N, moe_dtype_name(o->dtype), (int)o->activation,
             o->affinity ? "ON_I" : "ON_H", o->bias, o->padding ? "row" : "skip", o->has_linear_clamp_lower_limit,
             o->has_linear_clamp_upper_limit, o->has_non_linear_clamp_lower_limit,
             o->has_non_linear_clamp_upper_limit, o->tensor_update_overwrite, o->accumulate, o->grad_fp32,
-            o->round_intermediates);
+            o->round_intermediates, mt_value_dist_name(c->value_dist), c->value_log2);
 }
 
 static double *to_double(moe_dtype dt, const void *src, int64_t n)
