@@ -189,10 +189,41 @@ static void empty_expert_zero_grads(pt_case *c, const mt_case *m, const mt_resul
     free(served);
 }
 
+/* Relabelling (relations 4, 5): the case with its experts (tokens) permuted by a drawn permutation,
+ * checked against its own bound, gives every result at the permuted place: outputs, d_hidden,
+ * d_affinities and the weight and bias gradients within the sum of both bounds.  A dropless case gets
+ * the builder's layout of the relabelled routing (another position order, so other summation orders);
+ * dropping and shuffled layouts are mapped position by position (a rebuilt dropping layout would drop
+ * other pairs when tokens move). */
+static void relabel_relation(pt_case *c, const pt_mlp_draw *d, const mt_case *m1, const mt_result *r1, int tokens,
+                             int checks, const char *name)
+{
+    const int64_t n = tokens ? m1->T : m1->E;
+    int64_t *perm = pt_xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    pt_permutation(c->src, n, perm);
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; i++)
+        moved += perm[i] != i;
+    pt_describe(c, " (%lld of %lld %s moved)", (long long)moved, (long long)n, tokens ? "tokens" : "experts");
+    mt_case m2;
+    mt_result r2;
+    mt_case_relabel(m1, tokens ? perm : NULL, tokens ? NULL : perm, d->layout_mode == MT_DROPLESS, &m2);
+    pt_mlp_run_checked(c, &m2, checks, d->down_ckpt_in_bwd, &r2, name);
+    const int64_t bad = mt_compare_relabelled(m1, r1, &m2, &r2, tokens ? perm : NULL, tokens ? NULL : perm, name);
+    if (bad)
+        pt_fail(c, name, "%lld results differ from the relabelled case's, at the permuted place, by more than the "
+                "sum of both bounds (details below)", (long long)bad);
+    mt_result_free(&r2);
+    mt_case_free(&m2);
+    free(perm);
+}
+
 void pt_mlp_meta(pt_case *c)
 {
-    const int relation = pt_pick(c->src, 4);
-    static const char *const names[4] = {"block-size", "affinity-H-vs-I", "empty-expert", "overwrite"};
+    /* relations appended at the end keep the recorded choices of the older ones */
+    const int relation = pt_pick(c->src, 6);
+    static const char *const names[6] = {"block-size", "affinity-H-vs-I", "empty-expert", "overwrite",
+                                         "relabel-experts", "relabel-tokens"};
     pt_describe(c, "relation %s: ", names[relation]);
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
@@ -226,6 +257,8 @@ void pt_mlp_meta(pt_case *c)
     pt_mlp_run_checked(c, &m1, checks, d.down_ckpt_in_bwd, &r1, names[relation]);
     if (relation == 2) {
         empty_expert_zero_grads(c, &m1, &r1);
+    } else if (relation >= 4) {
+        relabel_relation(c, &d, &m1, &r1, relation == 5, checks, names[relation]);
     } else {
         /* the second case has the same inputs: the clamp limits of the first are reused */
         pt_mlp_build(&d, &o2, mode2, &m2);

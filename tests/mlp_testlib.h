@@ -82,6 +82,14 @@ void mt_case_init(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, in
 void mt_case_init_routing(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
                           const int64_t *topk_ids, const moe_mlp_options *opt, int mode);
 void mt_case_free(mt_case *c);
+/* dst = src with its tokens and experts relabelled: src's token t is dst's token token_map[t], src's
+ * expert e is dst's expert expert_map[e] (permutations; NULL keeps the labels).  Inputs, affinities,
+ * weights, biases, routing and clamp limits move with their labels (the pad row stays row T).  The
+ * layout is src's, mapped (every position keeps its place: block n serves expert_map[b2e[n]]), or
+ * with rebuild_layout the dropless builder's layout of the relabelled routing (another position order,
+ * so other summation orders).  Free with mt_case_free. */
+void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t *expert_map, int rebuild_layout,
+                     mt_case *dst);
 
 /* Redraws the inputs of a case fresh from mt_case_init per `dist` (enum mt_value_dist; NaN entries stay
  * NaN); log2_scale is the s of MT_VALUES_LARGE / MT_VALUES_TINY (ignored otherwise); scale_weights:
@@ -159,6 +167,12 @@ int64_t mt_count_wd(const mt_case *c);
  * each case's gradients); returns mismatches (printed, labelled `what`, unless what is NULL). */
 int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
                            const char *what);
+
+/* mt_compare_results of two cases that differ by a relabelling (mt_case_relabel): element i of c1's
+ * results is compared with its image in c2's labelling, within the sum of both bounds.  token_map[T]:
+ * c1's token t is c2's token token_map[t]; expert_map[E] likewise (NULL: the same labels). */
+int64_t mt_compare_relabelled(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                              const int64_t *token_map, const int64_t *expert_map, const char *what);
 
 /* Bitwise equality of two result sets (sizes from c). */
 int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts);
