@@ -74,7 +74,8 @@ layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1
 lost-affinity-fwd|ref/mlp.c|MLP forward (affinity on H) adds d instead of a*d to the token row
 gelu-tanh-derivative|ref/mlp.c|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
 unrounded-aG|ref/mlp.c|round_intermediates: the down projection gradient operand a*G stays float32 (m, dg, du are rounded)
-affinity-rounded-early|ref/mlp.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)'
+affinity-rounded-early|ref/mlp.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)
+sigmoid-overflow|ref/mlp.c|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
 
 m_offsets_off_by_one() {
     edit ref/routing.c 'int64_t r = next[topk_ids[s]]++;' 'int64_t r = ++next[topk_ids[s]];'
@@ -165,6 +166,9 @@ m_gelu_tanh_derivative() {
 m_unrounded_aG() {
     edit ref/mlp.c '                round_row(dt, dD, n * H);
 ' ''
+}
+m_sigmoid_overflow() {
+    edit ref/mlp.c 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
 }
 m_affinity_rounded_early() {
     edit ref/mlp.c '                    for (int64_t j = 0; j < I; j++)

@@ -321,8 +321,10 @@ void pt_gpu_mlp(pt_case *c)
     const int bad_kind = pt_pick(c->src, BAD_KINDS);
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
+    pt_mlp_draw_values(c, &d); /* last, as in op mlp */
     mt_case m;
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
+    pt_mlp_describe_values(c, &m);
     pt_describe(c, " N=%lld", (long long)m.N);
     mt_result gpu, again, ref;
     const int checks = MT_CHECK_BOUND | (d.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);

@@ -93,12 +93,30 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
                 d->opt.round_intermediates ? " round-intermediates" : "");
 }
 
+void pt_mlp_draw_values(pt_case *c, pt_mlp_draw *d)
+{
+    d->value_dist = pt_pick(c->src, MT_VALUE_DISTS);
+    /* large: 2^6..2^10 (pre-activations far past float32 exp's range: |g| ~ 64..1024 and more);
+     * tiny: 2^-10..2^-20 (f16: subnormal and zero hidden rows) */
+    d->value_log2 = d->value_dist == MT_VALUES_LARGE  ? (int)pt_int(c->src, 6, 10)
+                    : d->value_dist == MT_VALUES_TINY ? -(int)pt_int(c->src, 10, 20)
+                                                      : 0;
+}
+
+/* " values=..." of the built case (the scale actually used: f16 may lower it) */
+void pt_mlp_describe_values(pt_case *c, const mt_case *m)
+{
+    if (m->value_dist == MT_VALUES_LARGE || m->value_dist == MT_VALUES_TINY)
+        pt_describe(c, " values=%s(hidden*2^%d)", mt_value_dist_name(m->value_dist), m->value_log2);
+    else if (m->value_dist != MT_VALUES_UNIFORM)
+        pt_describe(c, " values=%s", mt_value_dist_name(m->value_dist));
+}
+
 /* Builds the test library's case (layout, inputs, clamp limits in gaps of the data). */
 void pt_mlp_build(const pt_mlp_draw *d, const moe_mlp_options *opt, int layout_mode, mt_case *m)
 {
     mt_case_init_routing(m, d->seed, d->T, d->E, d->k, d->H, d->I, d->ids, opt, layout_mode);
-    if (d->H > 16 || d->I > 16)
-        mt_case_scale_weights(m);
+    mt_case_set_values(m, d->value_dist, d->value_log2, d->H > 16 || d->I > 16);
     if (d->clamp_mask)
         (void)mt_choose_clamps(m, d->clamp_mask); /* no gap wide enough: that limit stays unset */
 }
@@ -126,12 +144,15 @@ void pt_mlp(pt_case *c)
 {
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
+    pt_mlp_draw_values(c, &d);
     mt_case m;
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     /* f16/bf16: also every rounding of the spec in its exact place (checkpoints, round_intermediates,
-     * outputs): MT_CHECK_EXACT_ROUNDING */
-    const int checks = MT_CHECK_BOUND | (fd_affordable(&m) ? MT_CHECK_FD : 0) |
-                       (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+     * outputs): MT_CHECK_EXACT_ROUNDING.  The finite differences assume |data| <= 1 (their third-
+     * derivative bound, tests/mlp_testlib.c): not for large values. */
+    const int fd = fd_affordable(&m) && d.value_dist != MT_VALUES_LARGE;
+    const int checks = MT_CHECK_BOUND | (fd ? MT_CHECK_FD : 0) | (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+    pt_mlp_describe_values(c, &m);
     pt_describe(c, " N=%lld%s", (long long)m.N, checks & MT_CHECK_FD ? " +fd" : "");
     pt_mlp_run_checked(c, &m, checks, d.down_ckpt_in_bwd, NULL, "mlp");
     mt_case_free(&m);
@@ -168,10 +189,41 @@ static void empty_expert_zero_grads(pt_case *c, const mt_case *m, const mt_resul
     free(served);
 }
 
+/* Relabelling (relations 4, 5): the case with its experts (tokens) permuted by a drawn permutation,
+ * checked against its own bound, gives every result at the permuted place: outputs, d_hidden,
+ * d_affinities and the weight and bias gradients within the sum of both bounds.  A dropless case gets
+ * the builder's layout of the relabelled routing (another position order, so other summation orders);
+ * dropping and shuffled layouts are mapped position by position (a rebuilt dropping layout would drop
+ * other pairs when tokens move). */
+static void relabel_relation(pt_case *c, const pt_mlp_draw *d, const mt_case *m1, const mt_result *r1, int tokens,
+                             int checks, const char *name)
+{
+    const int64_t n = tokens ? m1->T : m1->E;
+    int64_t *perm = pt_xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    pt_permutation(c->src, n, perm);
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; i++)
+        moved += perm[i] != i;
+    pt_describe(c, " (%lld of %lld %s moved)", (long long)moved, (long long)n, tokens ? "tokens" : "experts");
+    mt_case m2;
+    mt_result r2;
+    mt_case_relabel(m1, tokens ? perm : NULL, tokens ? NULL : perm, d->layout_mode == MT_DROPLESS, &m2);
+    pt_mlp_run_checked(c, &m2, checks, d->down_ckpt_in_bwd, &r2, name);
+    const int64_t bad = mt_compare_relabelled(m1, r1, &m2, &r2, tokens ? perm : NULL, tokens ? NULL : perm, name);
+    if (bad)
+        pt_fail(c, name, "%lld results differ from the relabelled case's, at the permuted place, by more than the "
+                "sum of both bounds (details below)", (long long)bad);
+    mt_result_free(&r2);
+    mt_case_free(&m2);
+    free(perm);
+}
+
 void pt_mlp_meta(pt_case *c)
 {
-    const int relation = pt_pick(c->src, 4);
-    static const char *const names[4] = {"block-size", "affinity-H-vs-I", "empty-expert", "overwrite"};
+    /* relations appended at the end keep the recorded choices of the older ones */
+    const int relation = pt_pick(c->src, 6);
+    static const char *const names[6] = {"block-size", "affinity-H-vs-I", "empty-expert", "overwrite",
+                                         "relabel-experts", "relabel-tokens"};
     pt_describe(c, "relation %s: ", names[relation]);
     pt_mlp_draw d;
     pt_mlp_generate(c, &d);
@@ -205,6 +257,8 @@ void pt_mlp_meta(pt_case *c)
     pt_mlp_run_checked(c, &m1, checks, d.down_ckpt_in_bwd, &r1, names[relation]);
     if (relation == 2) {
         empty_expert_zero_grads(c, &m1, &r1);
+    } else if (relation >= 4) {
+        relabel_relation(c, &d, &m1, &r1, relation == 5, checks, names[relation]);
     } else {
         /* the second case has the same inputs: the clamp limits of the first are reused */
         pt_mlp_build(&d, &o2, mode2, &m2);

@@ -16,10 +16,18 @@ typedef struct pt_mlp_draw {
     int clamp_mask;      /* MT_LIN_LO | ... : the clamp limits to place */
     uint64_t seed;       /* the inputs' seed */
     int down_ckpt_in_bwd; /* the backward gets the down checkpoint (always with ON_H) */
+    int value_dist;      /* enum mt_value_dist (pt_mlp_draw_values; 0, uniform, unless drawn) */
+    int value_log2;      /* the scale 2^s of hidden for MT_VALUES_LARGE / MT_VALUES_TINY */
 } pt_mlp_draw;
 
 /* Draws a case from c's choice stream (shape, routing, every option) and describes it in c->desc. */
 void pt_mlp_generate(pt_case *c, pt_mlp_draw *d);
+/* Draws the value distribution of d (mt_case_set_values): the ops mlp and gpu-mlp call it after
+ * everything else they draw, so reproducers made before it existed (a missing choice reads as 0, the
+ * uniform distribution) keep their cases. */
+void pt_mlp_draw_values(pt_case *c, pt_mlp_draw *d);
+/* Appends " values=..." (the distribution and the scale the built case m uses) to c's description. */
+void pt_mlp_describe_values(pt_case *c, const mt_case *m);
 /* Builds the test library's case of d with options opt and layout mode layout_mode (inputs, layout,
  * clamp limits placed in gaps of the data).  Free with mt_case_free. */
 void pt_mlp_build(const pt_mlp_draw *d, const moe_mlp_options *opt, int layout_mode, mt_case *m);

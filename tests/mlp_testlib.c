@@ -1,6 +1,7 @@
 /* Test support for the blockwise MoE MLP; see mlp_testlib.h and specs/MLP.md ("Error bound"). */
 #include "mlp_testlib.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -201,6 +202,78 @@ void mt_case_free(mt_case *c)
     memset(c, 0, sizeof *c);
 }
 
+/* dst[map(i)] = src[i] for `count` elements of es bytes in blocks of `per` (map NULL: identity) */
+static void move_blocks(const void *src, void *dst, size_t es, int64_t count, int64_t per, const int64_t *map)
+{
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t j = map ? map[i / per] * per + i % per : i;
+        memcpy((char *)dst + (size_t)j * es, (const char *)src + (size_t)i * es, es);
+    }
+}
+
+/* A copy of the buffer (es-byte elements, count of them) with src's elements moved by move_blocks and
+ * elements [count, total) copied in place (the pad row). */
+static void *relabelled_copy(const void *src, size_t es, int64_t count, int64_t total, int64_t per,
+                             const int64_t *map)
+{
+    void *dst = mt_xmalloc((size_t)(total > 0 ? total : 1) * es);
+    move_blocks(src, dst, es, count, per, map);
+    memcpy((char *)dst + (size_t)count * es, (const char *)src + (size_t)count * es, (size_t)(total - count) * es);
+    return dst;
+}
+
+static void make_layout(mt_case *c, int mode, oracle_rng *rng);
+
+void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t *expert_map, int rebuild_layout,
+                     mt_case *dst)
+{
+    const int64_t T = src->T, E = src->E, k = src->k, H = src->H, I = src->I, NB = src->N * src->B;
+    const size_t es = moe_dtype_size(src->opt.dtype), ds = sizeof(double);
+    *dst = *src;
+    dst->topk_ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t e = src->topk_ids[t * k + j];
+            dst->topk_ids[(token_map ? token_map[t] : t) * k + j] = expert_map ? expert_map[e] : e;
+        }
+    if (rebuild_layout) {
+        oracle_rng rng = {src->seed ^ 0x5eedULL};
+        make_layout(dst, MT_DROPLESS, &rng);
+    } else {
+        dst->b2e = mt_xmalloc((size_t)(src->N + 1) * sizeof(int64_t));
+        dst->ids = mt_xmalloc((size_t)(NB + 1) * sizeof(int64_t));
+        for (int64_t n = 0; n < src->N; n++)
+            dst->b2e[n] = expert_map ? expert_map[src->b2e[n]] : src->b2e[n];
+        for (int64_t p = 0; p < NB; p++) {
+            const int64_t t = src->ids[p];
+            dst->ids[p] = is_tok(src, t) && token_map ? token_map[t] : t; /* padding marks stay */
+        }
+        dst->layout = (moe_mlp_layout){T, E, src->N, dst->b2e, dst->ids};
+    }
+    /* token rows (the pad row T stays last), (token, expert) pairs, expert blocks */
+    dst->hidden = relabelled_copy(src->hidden, es, T * H, src->T1 * H, H, token_map);
+    dst->x = relabelled_copy(src->x, ds, T * H, src->T1 * H, H, token_map);
+    dst->G = relabelled_copy(src->G, es, T * H, src->T1 * H, H, token_map);
+    dst->g = relabelled_copy(src->g, ds, T * H, src->T1 * H, H, token_map);
+    dst->aff = mt_xmalloc((size_t)(T * E + 1) * es);
+    dst->A = dalloc(T * E);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t j = (token_map ? token_map[t] : t) * E + (expert_map ? expert_map[e] : e);
+            memcpy((char *)dst->aff + (size_t)j * es, (const char *)src->aff + (size_t)(t * E + e) * es, es);
+            dst->A[j] = src->A[t * E + e];
+        }
+    const int64_t per[4] = {H * 2 * I, I * H, 2 * I, H};
+    const void *sb[4] = {src->w_gu, src->w_d, src->b_gu, src->b_d};
+    const double *sd[4] = {src->wgu, src->wd, src->bgu, src->bd};
+    void **db[4] = {&dst->w_gu, &dst->w_d, &dst->b_gu, &dst->b_d};
+    double **dd[4] = {&dst->wgu, &dst->wd, &dst->bgu, &dst->bd};
+    for (int q = 0; q < 4; q++) {
+        *db[q] = relabelled_copy(sb[q], es, E * per[q], E * per[q], per[q], expert_map);
+        *dd[q] = relabelled_copy(sd[q], ds, E * per[q], E * per[q], per[q], expert_map);
+    }
+}
+
 static void scale_input(const mt_case *c, void *buf, double *copy, int64_t n, double factor)
 {
     for (int64_t i = 0; i < n; i++) {
@@ -216,10 +289,77 @@ static void scale_input(const mt_case *c, void *buf, double *copy, int64_t n, do
     }
 }
 
+/* 1/sqrt(fan_in), or its nearest power of two for exact values */
+static double weight_scale(const mt_case *c, int64_t fan_in)
+{
+    const double f = 1.0 / sqrt((double)(fan_in > 1 ? fan_in : 1));
+    return c->value_dist == MT_VALUES_EXACT ? ldexp(1.0, (int)lround(log2(f))) : f;
+}
+
 void mt_case_scale_weights(mt_case *c)
 {
-    scale_input(c, c->w_gu, c->wgu, c->E * c->H * 2 * c->I, 1.0 / sqrt((double)(c->H > 1 ? c->H : 1)));
-    scale_input(c, c->w_d, c->wd, c->E * c->I * c->H, 1.0 / sqrt((double)(c->I > 1 ? c->I : 1)));
+    scale_input(c, c->w_gu, c->wgu, c->E * c->H * 2 * c->I, weight_scale(c, c->H));
+    scale_input(c, c->w_d, c->wd, c->E * c->I * c->H, weight_scale(c, c->I));
+}
+
+const char *mt_value_dist_name(int dist)
+{
+    static const char *const names[MT_VALUE_DISTS] = {"uniform", "exact", "large", "tiny"};
+    return dist >= 0 && dist < MT_VALUE_DISTS ? names[dist] : "?";
+}
+
+/* Every non-NaN element of buf/copy (count of them) redrawn from {0, +-2^-4 .. +-2^0}. */
+static void refill_exact(const mt_case *c, oracle_rng *rng, void *buf, double *copy, int64_t count)
+{
+    const size_t es = moe_dtype_size(c->opt.dtype);
+    for (int64_t i = 0; i < count; i++)
+        if (!isnan(copy[i])) {
+            oracle_fill(rng, c->opt.dtype, (char *)buf + (size_t)i * es, 1, 1);
+            copy[i] = oracle_load(c->opt.dtype, buf, i);
+        }
+}
+
+static double largest_finite(moe_dtype dt) { return dt == MOE_F16 ? 65504.0 : (double)FLT_MAX; }
+
+/* The largest (|value| + bound) / largest finite over every rounding to f16/bf16 in compute_expect since
+ * the last reset (rnd records it): mt_case_set_values keeps it below 1/4. */
+static double rnd_peak;
+
+static double expect_rnd_peak(const mt_case *c);
+
+void mt_case_set_values(mt_case *c, int dist, int log2_scale, int scale_weights)
+{
+    c->value_dist = dist;
+    c->value_log2 = 0;
+    if (dist == MT_VALUES_EXACT) {
+        oracle_rng rng = {c->seed ^ 0xe8ac7ULL};
+        refill_exact(c, &rng, c->hidden, c->x, c->T1 * c->H);
+        refill_exact(c, &rng, c->aff, c->A, c->T * c->E);
+        refill_exact(c, &rng, c->w_gu, c->wgu, mt_count_wgu(c));
+        refill_exact(c, &rng, c->w_d, c->wd, mt_count_wd(c));
+        refill_exact(c, &rng, c->b_gu, c->bgu, c->E * 2 * c->I);
+        refill_exact(c, &rng, c->b_d, c->bd, c->E * c->H);
+        refill_exact(c, &rng, c->G, c->g, c->T1 * c->H);
+    }
+    if (scale_weights)
+        mt_case_scale_weights(c);
+    if (dist != MT_VALUES_LARGE && dist != MT_VALUES_TINY)
+        return;
+    /* powers of two: exact unless an f16 input becomes subnormal (tiny), re-rounded then */
+    const int64_t n = c->T1 * c->H;
+    double *orig = dalloc(n);
+    memcpy(orig, c->x, (size_t)n * sizeof(double));
+    for (int s = log2_scale;; s += s > 0 ? -1 : 1) {
+        memcpy(c->x, orig, (size_t)n * sizeof(double));
+        scale_input(c, c->hidden, c->x, n, ldexp(1.0, s));
+        c->value_log2 = s;
+        if (dist == MT_VALUES_TINY || c->opt.dtype != MOE_F16 || s == 0)
+            break;
+        /* f16 and large: the expectation's own roundings must stay far from overflow */
+        if (expect_rnd_peak(c) <= 0.25)
+            break;
+    }
+    free(orig);
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -380,6 +520,7 @@ static ev rnd(ev x, moe_dtype dt, int exact_rounding)
 {
     if (dt == MOE_F32)
         return x;
+    rnd_peak = fmax(rnd_peak, (fabs(x.v) + x.e) / largest_finite(dt));
     if (!exact_rounding)
         return (ev){x.v, x.e + moe_dtype_unit_roundoff(dt) * (fabs(x.v) + x.e) + (dt == MOE_F16 ? 0x1p-25 : 0x1p-134)};
     const double r = round_dt(dt, x.v), lo = round_dt(dt, x.v - x.e), hi = round_dt(dt, x.v + x.e);
@@ -587,6 +728,16 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
     free(mF0), free(mB0), free(d_bwd), free(dM), free(free_mask), free(mF0r), free(mB0r);
 }
 
+/* rnd_peak of the case's analytic expectation (no accumulate contents: they add at most 1) */
+static double expect_rnd_peak(const mt_case *c)
+{
+    expect X;
+    rnd_peak = 0.0;
+    compute_expect(c, NULL, NULL, NULL, NULL, 1, 0, &X);
+    expect_free(&X);
+    return rnd_peak;
+}
+
 /* ---------------------------------------------------------------------------------------------------
  * clamp placement
  * ------------------------------------------------------------------------------------------------- */
@@ -739,13 +890,14 @@ static void describe(const mt_case *c, FILE *f)
 {
     const moe_mlp_options *o = &c->opt;
     fprintf(f, "case seed %llu: T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld N=%lld dtype=%s act=%d aff=%s bias=%d "
-            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d round_intermediates=%d\n",
+            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d round_intermediates=%d values=%s "
+            "(2^%d)\n",
             (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
             (long long)c->I, (long long)c->B, (long long)c->N, moe_dtype_name(o->dtype), (int)o->activation,
             o->affinity ? "ON_I" : "ON_H", o->bias, o->padding ? "row" : "skip", o->has_linear_clamp_lower_limit,
             o->has_linear_clamp_upper_limit, o->has_non_linear_clamp_lower_limit,
             o->has_non_linear_clamp_upper_limit, o->tensor_update_overwrite, o->accumulate, o->grad_fp32,
-            o->round_intermediates);
+            o->round_intermediates, mt_value_dist_name(c->value_dist), c->value_log2);
 }
 
 static double *to_double(moe_dtype dt, const void *src, int64_t n)
@@ -910,8 +1062,21 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     return bad;
 }
 
-int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
-                           const char *what)
+/* Where element i of a result tensor of c1 sits in c2's labelling (token_map / expert_map NULL: the
+ * same labels).  kind 0: token rows of `per` elements; 1: (token, expert) pairs [T][E]; 2: expert
+ * blocks of `per` elements. */
+static int64_t relabelled_index(int kind, int64_t per, int64_t E, const int64_t *token_map, const int64_t *expert_map,
+                                int64_t i)
+{
+    switch (kind) {
+    case 0: return token_map ? token_map[i / per] * per + i % per : i;
+    case 1: return (token_map ? token_map[i / E] : i / E) * E + (expert_map ? expert_map[i % E] : i % E);
+    default: return expert_map ? expert_map[i / per] * per + i % per : i;
+    }
+}
+
+static int64_t compare_results_mapped(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                                      const int64_t *token_map, const int64_t *expert_map, const char *what)
 {
     /* with accumulate, each result started from mt_run's contents for its case (the rounding of
      * old + sum is part of the bound) */
@@ -944,30 +1109,46 @@ int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case
         const void *a, *b;
         const ev *ea, *eb;
         int64_t n;
+        int kind;    /* relabelled_index */
+        int64_t per;
     } items[] = {
-        {"out", dt, r1->out, r2->out, X1.out, X2.out, T * H},
-        {"d_hidden", dt, r1->d_hidden, r2->d_hidden, X1.dx, X2.dx, T * H},
-        {"d_affinities", dt, r1->d_aff, r2->d_aff, X1.da, X2.da, T * E},
-        {"d_w_gu", gdt, r1->d_wgu, r2->d_wgu, X1.dwgu, X2.dwgu, E * H * I2},
-        {"d_w_d", gdt, r1->d_wd, r2->d_wd, X1.dwd, X2.dwd, E * c1->I * H},
-        {"d_b_gu", gdt, r1->d_bgu, r2->d_bgu, X1.dbgu, X2.dbgu, c1->opt.bias ? E * I2 : 0},
-        {"d_b_d", gdt, r1->d_bd, r2->d_bd, X1.dbd, X2.dbd, c1->opt.bias ? E * H : 0},
+        {"out", dt, r1->out, r2->out, X1.out, X2.out, T * H, 0, H},
+        {"d_hidden", dt, r1->d_hidden, r2->d_hidden, X1.dx, X2.dx, T * H, 0, H},
+        {"d_affinities", dt, r1->d_aff, r2->d_aff, X1.da, X2.da, T * E, 1, E},
+        {"d_w_gu", gdt, r1->d_wgu, r2->d_wgu, X1.dwgu, X2.dwgu, E * H * I2, 2, H * I2},
+        {"d_w_d", gdt, r1->d_wd, r2->d_wd, X1.dwd, X2.dwd, E * c1->I * H, 2, c1->I * H},
+        {"d_b_gu", gdt, r1->d_bgu, r2->d_bgu, X1.dbgu, X2.dbgu, c1->opt.bias ? E * I2 : 0, 2, I2},
+        {"d_b_d", gdt, r1->d_bd, r2->d_bd, X1.dbd, X2.dbd, c1->opt.bias ? E * H : 0, 2, H},
     };
     int64_t bad = 0;
     for (size_t k = 0; k < sizeof items / sizeof items[0]; k++)
         for (int64_t i = 0; i < items[k].n; i++) {
-            const double a = oracle_load(items[k].dt, items[k].a, i), b = oracle_load(items[k].dt, items[k].b, i);
-            const double bound = items[k].ea[i].e + items[k].eb[i].e;
+            const int64_t j = relabelled_index(items[k].kind, items[k].per, E, token_map, expert_map, i);
+            const double a = oracle_load(items[k].dt, items[k].a, i), b = oracle_load(items[k].dt, items[k].b, j);
+            const double bound = items[k].ea[i].e + items[k].eb[j].e;
             if (!(fabs(a - b) <= bound)) {
                 if (bad < 6 && what != NULL)
-                    fprintf(stderr, "  %s: %s[%lld]: %.9g vs %.9g, |diff| %.3g > bound %.3g [seed %llu]\n", what,
-                            items[k].name, (long long)i, a, b, fabs(a - b), bound, (unsigned long long)c1->seed);
+                    fprintf(stderr, "  %s: %s[%lld] vs [%lld]: %.9g vs %.9g, |diff| %.3g > bound %.3g [seed %llu]\n",
+                            what, items[k].name, (long long)i, (long long)j, a, b, fabs(a - b), bound,
+                            (unsigned long long)c1->seed);
                 bad++;
             }
         }
     expect_free(&X1);
     expect_free(&X2);
     return bad;
+}
+
+int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                           const char *what)
+{
+    return compare_results_mapped(c1, r1, c2, r2, NULL, NULL, what);
+}
+
+int64_t mt_compare_relabelled(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                              const int64_t *token_map, const int64_t *expert_map, const char *what)
+{
+    return compare_results_mapped(c1, r1, c2, r2, token_map, expert_map, what);
 }
 
 int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts)

@@ -57,7 +57,22 @@ typedef struct mt_case {
     double *x, *A, *wgu, *wd, *bgu, *bd, *g;
     /* clamp statistics of the case (filled by mt_choose_clamps) */
     double clamp_fraction[4];     /* lin lo, lin hi, nl lo, nl hi: share of elements clamped */
+    int value_dist;               /* enum mt_value_dist (mt_case_set_values); 0 after mt_case_init */
+    int value_log2;               /* MT_VALUES_LARGE / _TINY: hidden was scaled by 2^value_log2 */
 } mt_case;
+
+/* Value distributions of a case's inputs (mt_case_set_values).  Every one keeps the checks of mt_run
+ * valid: no value or intermediate reaches Inf in the dtype; MT_CHECK_FD assumes |data| <= 1, true for
+ * all but MT_VALUES_LARGE. */
+enum mt_value_dist {
+    MT_VALUES_UNIFORM = 0, /* uniform in [-1, 1), rounded to the dtype (what mt_case_init makes) */
+    MT_VALUES_EXACT,       /* every input in {0, +-2^-4 .. +-2^0} (and wide-shape weights times a power of
+                              two): exact in every dtype, every float32 product and GEMM sum exact */
+    MT_VALUES_LARGE,       /* uniform with hidden times 2^s (s > 0; f16: lowered until nothing overflows) */
+    MT_VALUES_TINY,        /* uniform with hidden times 2^s (s < 0; f16: subnormal and zero inputs) */
+    MT_VALUE_DISTS
+};
+const char *mt_value_dist_name(int dist);
 
 /* Makes a random case: distinct experts per token, uniform [-1, 1) inputs rounded to opt->dtype,
  * layout per `mode`; opt->block_size must be set.  Clamp limits are not set (mt_choose_clamps). */
@@ -67,9 +82,27 @@ void mt_case_init(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, in
 void mt_case_init_routing(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
                           const int64_t *topk_ids, const moe_mlp_options *opt, int mode);
 void mt_case_free(mt_case *c);
+/* dst = src with its tokens and experts relabelled: src's token t is dst's token token_map[t], src's
+ * expert e is dst's expert expert_map[e] (permutations; NULL keeps the labels).  Inputs, affinities,
+ * weights, biases, routing and clamp limits move with their labels (the pad row stays row T).  The
+ * layout is src's, mapped (every position keeps its place: block n serves expert_map[b2e[n]]), or
+ * with rebuild_layout the dropless builder's layout of the relabelled routing (another position order,
+ * so other summation orders).  Free with mt_case_free. */
+void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t *expert_map, int rebuild_layout,
+                     mt_case *dst);
+
+/* Redraws the inputs of a case fresh from mt_case_init per `dist` (enum mt_value_dist; NaN entries stay
+ * NaN); log2_scale is the s of MT_VALUES_LARGE / MT_VALUES_TINY (ignored otherwise); scale_weights:
+ * also mt_case_scale_weights (after the redraw, before the scaling of hidden).  For f16,
+ * MT_VALUES_LARGE lowers s (down to 0 at worst) until every rounding to f16 of the analytic expectation
+ * (outputs, checkpoints, rounded intermediates, magnitude plus bound) stays below a quarter of the
+ * largest finite f16; c->value_log2 holds the s used.  Call right after mt_case_init*, instead of
+ * mt_case_scale_weights, before mt_choose_clamps. */
+void mt_case_set_values(mt_case *c, int dist, int log2_scale, int scale_weights);
 
 /* Scales w_gu by 1/sqrt(H) and w_d by 1/sqrt(I) (re-rounded to the dtype), keeping pre-activations
- * O(1) on wide shapes.  Call before mt_choose_clamps. */
+ * O(1) on wide shapes; for MT_VALUES_EXACT by the nearest power of two instead, so the values stay
+ * exact.  Call before mt_choose_clamps. */
 void mt_case_scale_weights(mt_case *c);
 
 /* Sets the clamp limits in `mask` at quantiles of the data (lower ~25%, upper ~75%) in gaps wide
@@ -134,6 +167,12 @@ int64_t mt_count_wd(const mt_case *c);
  * each case's gradients); returns mismatches (printed, labelled `what`, unless what is NULL). */
 int64_t mt_compare_results(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
                            const char *what);
+
+/* mt_compare_results of two cases that differ by a relabelling (mt_case_relabel): element i of c1's
+ * results is compared with its image in c2's labelling, within the sum of both bounds.  token_map[T]:
+ * c1's token t is c2's token token_map[t]; expert_map[E] likewise (NULL: the same labels). */
+int64_t mt_compare_relabelled(const mt_case *c1, const mt_result *r1, const mt_case *c2, const mt_result *r2,
+                              const int64_t *token_map, const int64_t *expert_map, const char *what);
 
 /* Bitwise equality of two result sets (sizes from c). */
 int mt_results_identical(const mt_case *c, const mt_result *r1, const mt_result *r2, int with_ckpts);
