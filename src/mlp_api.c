@@ -260,6 +260,53 @@ moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_token
     return MOE_OK;
 }
 
+/* The layout builders' affinities: topk_weights ([num_tokens * topk], options.dtype) and affinities
+ * ([num_tokens * num_experts], options.dtype) are given together or not at all. */
+static moe_status check_weights_pairing(const char *op, const void *topk_weights, const void *affinities)
+{
+    if ((topk_weights == NULL) != (affinities == NULL))
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but %s is not, expected both or neither", op,
+                        topk_weights == NULL ? "topk_weights" : "affinities",
+                        topk_weights == NULL ? "affinities" : "topk_weights");
+    return MOE_OK;
+}
+
+/* The arrays of a layout builder (moe_mlp_layout_build, moe_mlp_layout_build_on), after its options, kind,
+ * routing shape and num_blocks are checked.  *NB gets num_blocks * B.
+ *   T, k, E              num_tokens, topk, num_experts (T * k and T * E known to fit in int64)
+ *   B                    the resolved block size
+ *   max_positions        the largest num_blocks * B the builder takes (SIZE_MAX / its bytes per position)
+ *   dtype                options.dtype, the element type of topk_weights and affinities
+ *   topk_ids             [T * k] int64 input
+ *   topk_weights         [T * k] input or NULL
+ *   num_blocks           N, the blocks the layout holds
+ *   block_to_expert      [N] int64 output
+ *   token_position_to_id [N * B] int64 output
+ *   affinities           [T * E] output or NULL
+ *   num_dropped          [1] int64 output or NULL
+ *   num_blocks_used      [1] int64 output or NULL (moe_mlp_layout_build has none: NULL) */
+static moe_status check_layout_arrays(const char *op, int64_t T, int64_t k, int64_t E, int64_t B,
+                                      uint64_t max_positions, moe_dtype dtype, const int64_t *topk_ids,
+                                      const void *topk_weights, int64_t num_blocks, const int64_t *block_to_expert,
+                                      const int64_t *token_position_to_id, const void *affinities,
+                                      const int64_t *num_dropped, const int64_t *num_blocks_used, int64_t *NB)
+{
+    if (!moe_mul_ok(num_blocks, B, NB) || (uint64_t)*NB > max_positions)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op,
+                        num_blocks, B);
+    const int64_t M = T * k, TE = T * E;
+    const moe_array_arg args[] = {
+        {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},
+        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, dtype, 0, 0},
+        {"block_to_expert", block_to_expert, num_blocks, 1, MOE_F32, 1, 1},
+        {"token_position_to_id", token_position_to_id, *NB, 1, MOE_F32, 1, 1},
+        {"affinities", affinities, affinities ? TE : 0, 1, dtype, 1, 0},
+        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_F32, 1, 1},
+        {"num_blocks_used", num_blocks_used, num_blocks_used ? 1 : 0, 1, MOE_F32, 1, 1},
+    };
+    return moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+}
+
 moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
                                 int64_t num_experts, const int64_t *topk_ids, const void *topk_weights,
                                 int64_t num_blocks, int64_t *block_to_expert, int64_t *token_position_to_id,
@@ -277,10 +324,9 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
         status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
     if (status != MOE_OK)
         return status;
-    if ((topk_weights == NULL) != (affinities == NULL))
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but %s is not, expected both or neither", op,
-                        topk_weights == NULL ? "topk_weights" : "affinities",
-                        topk_weights == NULL ? "affinities" : "topk_weights");
+    status = check_weights_pairing(op, topk_weights, affinities);
+    if (status != MOE_OK)
+        return status;
     const int64_t N = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
     if (N < 0)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
@@ -289,18 +335,9 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
                         " (moe_mlp_layout_num_blocks) for this routing and block size %" PRId64, op, num_blocks,
                         N, B);
     int64_t NB = 0;
-    if (!moe_mul_ok(N, B, &NB) || (uint64_t)NB > SIZE_MAX / 8)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op, N, B);
-    const int64_t M = num_tokens * topk, TE = num_tokens * num_experts;
-    const moe_array_arg args[] = {
-        {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},
-        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0, 0},
-        {"block_to_expert", block_to_expert, N, 1, MOE_F32, 1, 1},
-        {"token_position_to_id", token_position_to_id, NB, 1, MOE_F32, 1, 1},
-        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1, 0},
-        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_F32, 1, 1},
-    };
-    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = check_layout_arrays(op, num_tokens, topk, num_experts, B, SIZE_MAX / 8, options->dtype, topk_ids,
+                                 topk_weights, N, block_to_expert, token_position_to_id, affinities, num_dropped,
+                                 NULL, &NB);
     if (status != MOE_OK)
         return status;
     return moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,
@@ -372,25 +409,13 @@ moe_status moe_mlp_layout_build_on(moe_backend backend, moe_mlp_layout_kind kind
     if (num_blocks < capacity)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_blocks = %" PRId64 ", expected at least %" PRId64
                         " (moe_mlp_layout_max_blocks) so that every routing fits", op, num_blocks, capacity);
-    if ((topk_weights == NULL) != (affinities == NULL))
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL but %s is not, expected both or neither", op,
-                        topk_weights == NULL ? "topk_weights" : "affinities",
-                        topk_weights == NULL ? "affinities" : "topk_weights");
+    status = check_weights_pairing(op, topk_weights, affinities);
+    if (status != MOE_OK)
+        return status;
     int64_t NB = 0;
-    if (!moe_mul_ok(num_blocks, B, &NB) || (uint64_t)NB > SIZE_MAX / 16)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op,
-                        num_blocks, B);
-    const int64_t M = num_tokens * topk, TE = num_tokens * num_experts;
-    const moe_array_arg args[] = {
-        {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},
-        {"topk_weights", topk_weights, topk_weights ? M : 0, 1, options->dtype, 0, 0},
-        {"block_to_expert", block_to_expert, num_blocks, 1, MOE_F32, 1, 1},
-        {"token_position_to_id", token_position_to_id, NB, 1, MOE_F32, 1, 1},
-        {"affinities", affinities, affinities ? TE : 0, 1, options->dtype, 1, 0},
-        {"num_dropped", num_dropped, num_dropped ? 1 : 0, 1, MOE_F32, 1, 1},
-        {"num_blocks_used", num_blocks_used, num_blocks_used ? 1 : 0, 1, MOE_F32, 1, 1},
-    };
-    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = check_layout_arrays(op, num_tokens, topk, num_experts, B, SIZE_MAX / 16, options->dtype, topk_ids,
+                                 topk_weights, num_blocks, block_to_expert, token_position_to_id, affinities,
+                                 num_dropped, num_blocks_used, &NB);
     if (status != MOE_OK)
         return status;
     const int64_t pad = options->padding == MOE_MLP_PAD_ROW ? num_tokens : -1;
