@@ -150,6 +150,34 @@ static void grouped_run(cublasHandle_t handle, const grouped_gemm *g, cudaDataTy
                                           g->group_size, CUBLAS_COMPUTE_32F));
 }
 
+/* The grouped calls of one direction, in order: calls[0 .. count-1], all on the default stream. */
+typedef struct grouped_calls {
+    cublasHandle_t handle;
+    const grouped_gemm *calls;
+    int count;
+    cudaDataType type;
+} grouped_calls;
+
+static void run_grouped_calls(const void *context)
+{
+    const grouped_calls *c = context;
+    for (int q = 0; q < c->count; q++)
+        grouped_run(c->handle, &c->calls[q], c->type);
+}
+
+/* Milliseconds between the events start and stop recorded on the default stream around work(context),
+ * after waiting for stop. */
+static float timed_ms(cudaEvent_t start, cudaEvent_t stop, void (*work)(const void *context), const void *context)
+{
+    float ms = 0;
+    CUDA_TRY(cudaEventRecord(start, NULL));
+    work(context);
+    CUDA_TRY(cudaEventRecord(stop, NULL));
+    CUDA_TRY(cudaEventSynchronize(stop));
+    CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
 /* The cuBLAS comparison (see the top comment): median forward and backward milliseconds. */
 static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int repeats,
                         double *ms_fwd, double *ms_bwd)
@@ -193,24 +221,14 @@ static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int
     CUDA_TRY(cudaEventCreate(&start));
     CUDA_TRY(cudaEventCreate(&stop));
     float *tf = xmalloc(sizeof(float) * (size_t)repeats), *tb = xmalloc(sizeof(float) * (size_t)repeats);
+    const grouped_calls fwd_calls = {handle, fwd, 2, type}, bwd_calls = {handle, bwd, 4, type};
     for (int r = -2; r < repeats; r++) {
-        float ms = 0;
-        CUDA_TRY(cudaEventRecord(start, NULL));
-        for (int q = 0; q < 2; q++)
-            grouped_run(handle, &fwd[q], type);
-        CUDA_TRY(cudaEventRecord(stop, NULL));
-        CUDA_TRY(cudaEventSynchronize(stop));
-        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        const float ms_f = timed_ms(start, stop, run_grouped_calls, &fwd_calls);
         if (r >= 0)
-            tf[r] = ms;
-        CUDA_TRY(cudaEventRecord(start, NULL));
-        for (int q = 0; q < 4; q++)
-            grouped_run(handle, &bwd[q], type);
-        CUDA_TRY(cudaEventRecord(stop, NULL));
-        CUDA_TRY(cudaEventSynchronize(stop));
-        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+            tf[r] = ms_f;
+        const float ms_b = timed_ms(start, stop, run_grouped_calls, &bwd_calls);
         if (r >= 0)
-            tb[r] = ms;
+            tb[r] = ms_b;
     }
     qsort(tf, (size_t)repeats, sizeof(float), cmp_float);
     qsort(tb, (size_t)repeats, sizeof(float), cmp_float);
