@@ -235,6 +235,21 @@ static moe_status check_kind(const char *op, moe_mlp_layout_kind kind)
     return MOE_OK;
 }
 
+/* What moe_mlp_layout_num_blocks and moe_mlp_layout_build check first: the options (options not NULL;
+ * *B gets the resolved block size), the kind, and the routing topk_ids [num_tokens * topk] (shape and
+ * expert ids in [0, num_experts), distinct per token). */
+static moe_status check_routing(const char *op, moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
+                                int64_t num_experts, const int64_t *topk_ids, const moe_mlp_options *options,
+                                int64_t *B)
+{
+    moe_status status = check_options(op, options, B);
+    if (status == MOE_OK)
+        status = check_kind(op, kind);
+    if (status == MOE_OK)
+        status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    return status;
+}
+
 moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
                                      int64_t num_experts, const int64_t *topk_ids,
                                      const moe_mlp_options *options, int64_t *num_blocks)
@@ -244,11 +259,7 @@ moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_token
     if (options == NULL)
         options = &default_options;
     int64_t B = 0;
-    moe_status status = check_options(op, options, &B);
-    if (status == MOE_OK)
-        status = check_kind(op, kind);
-    if (status == MOE_OK)
-        status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    moe_status status = check_routing(op, kind, num_tokens, topk, num_experts, topk_ids, options, &B);
     if (status != MOE_OK)
         return status;
     if (num_blocks == NULL)
@@ -317,11 +328,7 @@ moe_status moe_mlp_layout_build(moe_mlp_layout_kind kind, int64_t num_tokens, in
     if (options == NULL)
         options = &default_options;
     int64_t B = 0;
-    moe_status status = check_options(op, options, &B);
-    if (status == MOE_OK)
-        status = check_kind(op, kind);
-    if (status == MOE_OK)
-        status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
+    moe_status status = check_routing(op, kind, num_tokens, topk, num_experts, topk_ids, options, &B);
     if (status != MOE_OK)
         return status;
     status = check_weights_pairing(op, topk_weights, affinities);
