@@ -94,6 +94,20 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
 
+/* Checks the dimensions of a routing: num_tokens >= 0, topk >= 1 (0 only with no tokens), num_experts >= 1,
+ * and num_tokens * topk fits (as a count of int64 entries in a size_t); sets *rows = num_tokens * topk.
+ * MOE_ERR_INVALID_SHAPE or MOE_ERR_OVERFLOW with a message prefixed by `op` otherwise.  Shared by
+ * moe_routing_from_topk, moe_routing_validate (ref/routing.c) and moe_routing_build (src/routing_api.c). */
+/*@ requires rows_valid: \valid(rows);
+    terminates \true;
+    assigns *rows, moe_error_model;
+    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
+      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
+       num_tokens * topk <= SIZE_MAX / 8);
+    ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
+moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                      int64_t *rows);
+
 /* offsets[E+1]: offsets[e] = sum_{j<e} m_sizes[j].  The caller guarantees a validated routing. */
 /*@ requires experts: 0 <= num_experts < INT64_MAX;
     requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
