@@ -153,10 +153,30 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
           p->K, unit_f32); */
 moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
                                   const void *topk_weights, void *y);
+
+/* The backward kernels: preconditions as the forward's (what src/gemm_api.c checks: dx_tensors,
+ * dw_tensors, topk_grad_tensors).  As for the forward, WP proves their loops (gemm_dx_rows,
+ * gemm_dx_reduce_rows, invert_gather, gemm_dw_rows, gemm_topk_grad_rows and the dot helpers in
+ * ref/gemm_naive.c: every index in bounds, no overflow, writes only the output) but not these shells,
+ * which allocate.  Their float results are checked by the property tests against the float64 oracle. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires gather: p->reduce_topk != 0 && p->gather_indices != \null ==>
+      is_permutation(p->gather_indices, p->rows);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx); */
 moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
                                  const void *topk_weights, void *dx);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw); */
 moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
                                  const void *topk_weights, void *dw);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights); */
 moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                           const void *dy, void *d_topk_weights);
 
