@@ -74,6 +74,98 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
     moe_ref_store(dtype, out, index, value);
 }
 
+/* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
+ * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
+ *   x [x rows][K], w [E][N][K] */
+/*@ requires problem: gemm_problem_ok(p);
+    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires w_row: 0 <= w_row < p->num_experts * p->N;
+    terminates \true;
+    assigns \nothing; */
+static float fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
+{
+    const int64_t K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ ghost lemma_row_fits(xr, x_rows, K); */
+    /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= c <= K;
+        loop assigns c, acc;
+        loop variant K - c; */
+    for (int64_t c = 0; c < K; c++)
+        acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
+    return acc;
+}
+
+/* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
+ * (both the per-row and the reduce_topk forms).  dy [M][N], w [E][N][K] */
+/*@ requires problem: gemm_problem_ok(p);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires expert: 0 <= e < p->num_experts;
+    requires dy_row: 0 <= dyr < p->rows;
+    requires column: 0 <= c < p->K;
+    terminates \true;
+    assigns \nothing; */
+static float dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
+                    int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
+        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
+    }
+    return acc;
+}
+
+/* sum over the rows r of expert e, ascending, of (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c], from +0.0f
+ * (without topk weights the factor is dy alone): the accumulation of dw[e][n][c].
+ *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL */
+/*@ requires problem: gemm_problem_ok(p);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires topk_weights: topk_weights != \null ==> tensor_readable((char *)topk_weights, p->rows, p->dtype);
+    requires expert: 0 <= e < p->num_experts;
+    requires feature: 0 <= n < p->N;
+    requires column: 0 <= c < p->K;
+    terminates \true;
+    assigns \nothing; */
+static float dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                    const void *topk_weights, int64_t e, int64_t n, int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
+        loop assigns r, acc;
+        loop variant offsets[e + 1] - r; */
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
+        const int64_t yr = y_row(p, r), xr = x_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, N); */
+        /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
+        if (topk_weights != NULL)
+            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
+        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
+    }
+    return acc;
+}
+
 /* The loops of moe_ref_gemm_fwd_naive on a validated problem, given its expert offsets.
  *   offsets      [E + 1]          moe_ref_expert_offsets of p->m_sizes
  *   x            [x rows][K]      x rows = T with permute_x, else M
@@ -90,12 +182,7 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
 static void gemm_fwd_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *w,
                           const void *topk_weights, void *y)
 {
-    const int64_t M = p->rows, N = p->N, K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : M; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == M || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ assert x: tensor_readable((char *)x, gemm_x_rows(p) * K, p->dtype); */
-    /*@ assert w: tensor_readable((char *)w, p->num_experts * N * K, p->dtype); */
+    const int64_t M = p->rows, N = p->N;
     /*@ assert y: tensor_writable((char *)y, M * N, p->dtype); */
     /*@ loop invariant bounds: 0 <= r <= M;
         loop assigns r, ((char *)y)[0 .. byte_offset(M * N, p->dtype) - 1];
@@ -109,16 +196,8 @@ NAIVE_OMP(omp parallel for schedule(static))
             loop variant N - n; */
         for (int64_t n = 0; n < N; n++) {
             /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-            const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
-            /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
-            /*@ ghost lemma_row_fits(xr, x_rows, K); */
             /*@ ghost lemma_row_fits(yr, M, N); */
-            float acc = 0.0f;
-            /*@ loop invariant bounds: 0 <= c <= K;
-                loop assigns c, acc;
-                loop variant K - c; */
-            for (int64_t c = 0; c < K; c++)
-                acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
+            float acc = fwd_dot(p, x, w, xr, e * N + n);
             if (topk_weights != NULL)
                 acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
             finish(p->dtype, y, yr * N + n, acc, p->accumulate);
@@ -126,7 +205,176 @@ NAIVE_OMP(omp parallel for schedule(static))
     }
 }
 
-/* Not proved by WP (it allocates offsets); gemm_fwd_rows, its loops, is. */
+/* The loops of moe_ref_gemm_dx_naive without reduce_topk: dx row dxr(r) = permute_x ? g_r : r.
+ *   offsets [E + 1], dy [M][N], w [E][N][K], topk_weights [M] or NULL (by slot), dx [M][K] out */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires per_row: p->reduce_topk == 0;
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    terminates \true;
+    assigns ((char *)dx)[0 .. byte_offset(p->rows * p->K, p->dtype) - 1]; */
+static void gemm_dx_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *dy, const void *w,
+                         const void *topk_weights, void *dx)
+{
+    const int64_t M = p->rows, K = p->K;
+    /*@ assert dx: tensor_writable((char *)dx, M * K, p->dtype); */
+    /*@ loop invariant bounds: 0 <= r <= M;
+        loop assigns r, ((char *)dx)[0 .. byte_offset(M * K, p->dtype) - 1];
+        loop variant M - r; */
+NAIVE_OMP(omp parallel for schedule(static))
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+        const int64_t dyr = y_row(p, r);
+        const int64_t dxr = p->permute_x ? slot_of_row(p, r) : r;
+        /*@ ghost lemma_row_fits(dxr, M, K); */
+        /*@ loop invariant bounds: 0 <= c <= K;
+            loop assigns c, ((char *)dx)[0 .. byte_offset(M * K, p->dtype) - 1];
+            loop variant K - c; */
+        for (int64_t c = 0; c < K; c++) {
+            float acc = dx_dot(p, dy, w, e, dyr, c);
+            if (topk_weights != NULL)
+                acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
+            finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
+        }
+    }
+}
+
+/* row_of_slot[gather_indices[r]] = r for r = 0 .. M-1: with a permutation, the inverse of the gather
+ * indices.  row_of_slot [M]: in, every entry a row in [0, M) (the caller zeroes it); out, the inverse. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires gather: p->rows > 0 ==> p->gather_indices != \null;
+    requires row_of_slot: \valid(row_of_slot + (0 .. p->rows - 1)) && in_range(row_of_slot, p->rows, 0, p->rows);
+    requires separated: \separated(row_of_slot + (0 .. p->rows - 1), p, p->gather_indices + (0 .. p->rows - 1));
+    terminates \true;
+    assigns row_of_slot[0 .. p->rows - 1];
+    ensures rows: in_range(row_of_slot, p->rows, 0, p->rows); */
+static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
+{
+    const int64_t M = p->rows;
+    /*@ loop invariant bounds: 0 <= r <= M;
+        loop invariant rows: in_range(row_of_slot, M, 0, M);
+        loop assigns r, row_of_slot[0 .. M - 1];
+        loop variant M - r; */
+    for (int64_t r = 0; r < M; r++)
+        row_of_slot[p->gather_indices[r]] = r;
+}
+
+/* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in
+ * order j = 0 .. k-1 (each slot's dX accumulation times its weight).
+ *   offsets [E + 1], row_of_slot [M] (invert_gather), dy [M][N], w [E][N][K], topk_weights [M] or NULL,
+ *   dx [T][K] out */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires reduce: p->reduce_topk != 0;
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires row_of_slot: \valid_read(row_of_slot + (0 .. p->rows - 1)) &&
+      in_range((int64_t *)row_of_slot, p->rows, 0, p->rows);
+    requires separated: \separated((char *)dx + (0 .. byte_offset(p->num_tokens * p->K, p->dtype) - 1),
+                                   offsets + (0 .. p->num_experts), row_of_slot + (0 .. p->rows - 1));
+    terminates \true;
+    assigns ((char *)dx)[0 .. byte_offset(p->num_tokens * p->K, p->dtype) - 1]; */
+static void gemm_dx_reduce_rows(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                                const void *dy, const void *w, const void *topk_weights, void *dx)
+{
+    const int64_t T = p->num_tokens, k = p->topk, K = p->K;
+    /*@ assert dx: tensor_writable((char *)dx, T * K, p->dtype); */
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop assigns t, ((char *)dx)[0 .. byte_offset(T * K, p->dtype) - 1];
+        loop variant T - t; */
+NAIVE_OMP(omp parallel for schedule(static))
+    for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_row_fits(t, T, K); */
+        /*@ ghost lemma_row_fits(t, T, k); */
+        /*@ loop invariant bounds: 0 <= c <= K;
+            loop assigns c, ((char *)dx)[0 .. byte_offset(T * K, p->dtype) - 1];
+            loop variant K - c; */
+        for (int64_t c = 0; c < K; c++) {
+            float sum = 0.0f;
+            /*@ loop invariant bounds: 0 <= j <= k;
+                loop assigns j, sum;
+                loop variant k - j; */
+            for (int64_t j = 0; j < k; j++) {
+                const int64_t r = row_of_slot[t * k + j];
+                const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+                float acc = dx_dot(p, dy, w, e, y_row(p, r), c);
+                if (topk_weights != NULL)
+                    acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
+                sum += acc;
+            }
+            finish(p->dtype, dx, t * K + c, sum, p->accumulate);
+        }
+    }
+}
+
+/* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
+ *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL, dw [E][N][K] out (dw_dtype) */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)dw + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    terminates \true;
+    assigns ((char *)dw)[0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1]; */
+static void gemm_dw_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                         const void *topk_weights, void *dw)
+{
+    const int64_t E = p->num_experts, N = p->N, K = p->K;
+    /*@ assert dw: tensor_writable((char *)dw, E * N * K, p->dw_dtype); */
+    /*@ loop invariant bounds: 0 <= en <= E * N;
+        loop assigns en, ((char *)dw)[0 .. byte_offset(E * N * K, p->dw_dtype) - 1];
+        loop variant E * N - en; */
+NAIVE_OMP(omp parallel for schedule(static))
+    for (int64_t en = 0; en < E * N; en++) {
+        /*@ assert features: N >= 1; */
+        /*@ ghost lemma_div_below(en, E, N); */
+        /*@ ghost lemma_row_fits(en, E * N, K); */
+        const int64_t e = en / N, n = en % N;
+        /*@ loop invariant bounds: 0 <= c <= K;
+            loop assigns c, ((char *)dw)[0 .. byte_offset(E * N * K, p->dw_dtype) - 1];
+            loop variant K - c; */
+        for (int64_t c = 0; c < K; c++)
+            finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+    }
+}
+
+/* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with
+ * y_n = fwd_dot(x row of r, w[e][n]).
+ *   offsets [E + 1], x [x rows][K], w [E][N][K], dy [M][N], d_topk_weights [M] out (dw_dtype, by slot) */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)d_topk_weights + (0 .. byte_offset(p->rows, p->dw_dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    terminates \true;
+    assigns ((char *)d_topk_weights)[0 .. byte_offset(p->rows, p->dw_dtype) - 1]; */
+static void gemm_topk_grad_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x,
+                                const void *w, const void *dy, void *d_topk_weights)
+{
+    const int64_t M = p->rows, N = p->N;
+    /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, M, p->dw_dtype); */
+    /*@ loop invariant bounds: 0 <= r <= M;
+        loop assigns r, ((char *)d_topk_weights)[0 .. byte_offset(M, p->dw_dtype) - 1];
+        loop variant M - r; */
+NAIVE_OMP(omp parallel for schedule(static))
+    for (int64_t r = 0; r < M; r++) {
+        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+        const int64_t xr = x_row(p, r), dyr = y_row(p, r);
+        /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+        /*@ ghost lemma_row_fits(dyr, M, N); */
+        float acc = 0.0f;
+        /*@ loop invariant bounds: 0 <= n <= N;
+            loop assigns n, acc;
+            loop variant N - n; */
+        for (int64_t n = 0; n < N; n++)
+            acc += moe_ref_load(p->dtype, dy, dyr * N + n) * fwd_dot(p, x, w, xr, e * N + n);
+        finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+    }
+}
+
+/* The public naive kernels: not proved by WP (they allocate the offsets, and dX with reduce_topk the
+ * inverse of the gather indices); the loops above, their whole computation, are. */
 moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
                                   const void *topk_weights, void *y)
 {
@@ -141,56 +389,24 @@ moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, cons
 moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
                                  const void *topk_weights, void *dx)
 {
-    const int64_t M = p->rows, N = p->N, K = p->K;
     int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     if (!p->reduce_topk) {
-NAIVE_OMP(omp parallel for schedule(static))
-        for (int64_t r = 0; r < M; r++) {
-            const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-            const int64_t dyr = y_row(p, r);
-            const int64_t dxr = p->permute_x ? slot_of_row(p, r) : r;
-            for (int64_t c = 0; c < K; c++) {
-                float acc = 0.0f;
-                for (int64_t n = 0; n < N; n++)
-                    acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, (e * N + n) * K + c);
-                if (topk_weights != NULL)
-                    acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-                finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
-            }
-        }
+        gemm_dx_rows(p, offsets, dy, w, topk_weights, dx);
         free(offsets);
         return MOE_OK;
     }
-
-    /* reduce_topk: token t owns output row t and sums its k slots in order j = 0 .. k-1 */
-    int64_t *row_of_slot = malloc((size_t)M * sizeof *row_of_slot + 1);
+    /* zeroed, so that every entry is a row in [0, M) before invert_gather overwrites them all (a
+     * permutation writes each slot once): the precondition of gemm_dx_reduce_rows without a pigeonhole
+     * argument.  One entry more: calloc(0) may return NULL. */
+    int64_t *row_of_slot = calloc((size_t)p->rows + 1, sizeof *row_of_slot);
     if (row_of_slot == NULL) {
         free(offsets);
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the inverse of gather_indices", p->op);
     }
-    for (int64_t r = 0; r < M; r++)
-        row_of_slot[p->gather_indices[r]] = r;
-    const int64_t T = p->num_tokens, k = p->topk;
-NAIVE_OMP(omp parallel for schedule(static))
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t c = 0; c < K; c++) {
-            float sum = 0.0f;
-            for (int64_t j = 0; j < k; j++) {
-                const int64_t r = row_of_slot[t * k + j];
-                const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-                const int64_t dyr = y_row(p, r);
-                float acc = 0.0f;
-                for (int64_t n = 0; n < N; n++)
-                    acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, (e * N + n) * K + c);
-                if (topk_weights != NULL)
-                    acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
-                sum += acc;
-            }
-            finish(p->dtype, dx, t * K + c, sum, p->accumulate);
-        }
-    }
+    invert_gather(p, row_of_slot);
+    gemm_dx_reduce_rows(p, offsets, row_of_slot, dy, w, topk_weights, dx);
     free(row_of_slot);
     free(offsets);
     return MOE_OK;
@@ -199,25 +415,10 @@ NAIVE_OMP(omp parallel for schedule(static))
 moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
                                  const void *topk_weights, void *dw)
 {
-    const int64_t E = p->num_experts, N = p->N, K = p->K;
     int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
-    /* each thread owns whole (expert, n) rows of dW */
-NAIVE_OMP(omp parallel for schedule(static))
-    for (int64_t en = 0; en < E * N; en++) {
-        const int64_t e = en / N, n = en % N;
-        for (int64_t c = 0; c < K; c++) {
-            float acc = 0.0f;
-            for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
-                float dy_value = moe_ref_load(p->dtype, dy, y_row(p, r) * N + n);
-                if (topk_weights != NULL)
-                    dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
-                acc += dy_value * moe_ref_load(p->dtype, x, x_row(p, r) * K + c);
-            }
-            finish(p->dw_dtype, dw, en * K + c, acc, p->accumulate);
-        }
-    }
+    gemm_dw_rows(p, offsets, x, dy, topk_weights, dw);
     free(offsets);
     return MOE_OK;
 }
@@ -225,23 +426,10 @@ NAIVE_OMP(omp parallel for schedule(static))
 moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                           const void *dy, void *d_topk_weights)
 {
-    const int64_t M = p->rows, N = p->N, K = p->K;
     int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
-NAIVE_OMP(omp parallel for schedule(static))
-    for (int64_t r = 0; r < M; r++) {
-        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-        const int64_t xr = x_row(p, r), dyr = y_row(p, r);
-        float acc = 0.0f;
-        for (int64_t n = 0; n < N; n++) {
-            float y_value = 0.0f;
-            for (int64_t c = 0; c < K; c++)
-                y_value += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, (e * N + n) * K + c);
-            acc += moe_ref_load(p->dtype, dy, dyr * N + n) * y_value;
-        }
-        finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
-    }
+    gemm_topk_grad_rows(p, offsets, x, w, dy, d_topk_weights);
     free(offsets);
     return MOE_OK;
 }

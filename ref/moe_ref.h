@@ -94,6 +94,20 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
 
+/* Checks the dimensions of a routing: num_tokens >= 0, topk >= 1 (0 only with no tokens), num_experts >= 1,
+ * and num_tokens * topk fits (as a count of int64 entries in a size_t); sets *rows = num_tokens * topk.
+ * MOE_ERR_INVALID_SHAPE or MOE_ERR_OVERFLOW with a message prefixed by `op` otherwise.  Shared by
+ * moe_routing_from_topk, moe_routing_validate (ref/routing.c) and moe_routing_build (src/routing_api.c). */
+/*@ requires rows_valid: \valid(rows);
+    terminates \true;
+    assigns *rows, moe_error_model;
+    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
+      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
+       num_tokens * topk <= SIZE_MAX / 8);
+    ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
+moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                      int64_t *rows);
+
 /* offsets[E+1]: offsets[e] = sum_{j<e} m_sizes[j].  The caller guarantees a validated routing. */
 /*@ requires experts: 0 <= num_experts < INT64_MAX;
     requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
@@ -139,10 +153,30 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
           p->K, unit_f32); */
 moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
                                   const void *topk_weights, void *y);
+
+/* The backward kernels: preconditions as the forward's (what src/gemm_api.c checks: dx_tensors,
+ * dw_tensors, topk_grad_tensors).  As for the forward, WP proves their loops (gemm_dx_rows,
+ * gemm_dx_reduce_rows, invert_gather, gemm_dw_rows, gemm_topk_grad_rows and the dot helpers in
+ * ref/gemm_naive.c: every index in bounds, no overflow, writes only the output) but not these shells,
+ * which allocate.  Their float results are checked by the property tests against the float64 oracle. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires gather: p->reduce_topk != 0 && p->gather_indices != \null ==>
+      is_permutation(p->gather_indices, p->rows);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx); */
 moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
                                  const void *topk_weights, void *dx);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw); */
 moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
                                  const void *topk_weights, void *dw);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights); */
 moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                           const void *dy, void *d_topk_weights);
 

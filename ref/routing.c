@@ -124,15 +124,8 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
     return lo;
 }
 
-/*@ requires rows_valid: \valid(rows);
-    terminates \true;
-    assigns *rows, moe_error_model;
-    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
-      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
-       num_tokens * topk <= SIZE_MAX / 8);
-    ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
-static moe_status check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
-                                     int64_t *rows)
+moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                      int64_t *rows)
 {
     if (num_tokens < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, num_tokens);
@@ -206,7 +199,7 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
     static const char op[] = "moe_routing_from_topk";
     moe_clear_error();
     int64_t rows = 0;
-    moe_status status = check_routing_dims(op, num_tokens, topk, num_experts, &rows);
+    moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
     if (status != MOE_OK)
         return status;
     if (m_sizes == NULL)
@@ -248,7 +241,8 @@ moe_status moe_routing_validate(const moe_routing *routing, int require_gather)
     if (routing == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing is NULL", op);
     int64_t rows = 0;
-    moe_status status = check_routing_dims(op, routing->num_tokens, routing->topk, routing->num_experts, &rows);
+    moe_status status = moe_ref_check_routing_dims(op, routing->num_tokens, routing->topk, routing->num_experts,
+                                                   &rows);
     if (status != MOE_OK)
         return status;
     if (routing->m_sizes == NULL)

@@ -72,8 +72,8 @@ mkdir -p "$work/session"
 # has no model of malloc/free) are named in specs/README.md with what checks them instead.  Longest first:
 # VERIFY_JOBS files run at a time, each next file going to the first free slot.
 targets="ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless
-ref/gemm_naive.c:lemma_row_fits,lemma_div_below,slot_of_row,x_row,y_row,finish,gemm_fwd_rows
-ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,check_routing_dims,moe_routing_validate
+ref/gemm_naive.c:lemma_row_fits,lemma_div_below,slot_of_row,x_row,y_row,finish,fwd_dot,dx_dot,dw_dot,gemm_fwd_rows,gemm_dx_rows,invert_gather,gemm_dx_reduce_rows,gemm_dw_rows,gemm_topk_grad_rows
+ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_routing_validate
 src/errors.c:moe_mul_ok"
 
 # why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).

@@ -1,6 +1,7 @@
 /* moe_routing_build: moe_routing_from_topk on a backend (host arrays for MOE_BACKEND_REF, device arrays and
  * a stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu). */
 #include "moe_internal.h"
+#include "moe_ref.h"
 #ifdef MOE_HAVE_CUDA
 #include "../gpu/routing_cuda.h"
 #endif
@@ -20,16 +21,13 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
     if (backend == MOE_BACKEND_REF)
         return moe_routing_from_topk(num_tokens, topk, num_experts, topk_ids, m_sizes, gather_indices,
                                      scatter_indices);
-    /* the dimension checks of moe_routing_from_topk, then no overlaps (device arrays are not read here) */
-    if (num_tokens < 0)
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_tokens = %" PRId64 ", expected >= 0", op, num_tokens);
-    if (topk < 0 || (topk == 0 && num_tokens > 0))
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: topk = %" PRId64 ", expected >= 1", op, topk);
-    if (num_experts < 1)
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: num_experts = %" PRId64 ", expected >= 1", op, num_experts);
+    /* the dimension checks of moe_routing_from_topk (proved), a tighter size bound for the device arrays,
+     * then no overlaps (device arrays are not read here) */
     int64_t rows = 0;
-    if (!moe_mul_ok(num_tokens, topk, &rows) || (uint64_t)rows > SIZE_MAX / 16 ||
-        (uint64_t)num_experts > SIZE_MAX / 16)
+    moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
+    if (status != MOE_OK)
+        return status;
+    if ((uint64_t)rows > SIZE_MAX / 16 || (uint64_t)num_experts > SIZE_MAX / 16)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64 " overflows", op,
                         num_tokens, topk);
     const moe_array_arg args[] = {
@@ -38,7 +36,7 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
         {"gather_indices", gather_indices, rows, 1, MOE_F32, 1, 1},
         {"scatter_indices", scatter_indices, scatter_indices ? rows : 0, 1, MOE_F32, 1, 1},
     };
-    moe_status status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
 #ifdef MOE_HAVE_CUDA
