@@ -60,7 +60,8 @@ __device__ DeviceError g_sticky_error;
 
 struct Workspace {
     int64_t *offsets;     // [E+1] expert row offsets
-    int64_t *tile_start;  // [E+1] first tile of each expert (row-tiled ops)
+    int64_t *tile_start;  // [E+1] first tile of each expert (row-tiled ops); paired sm90 kernel: first pair unit
+    int64_t *lone_start;  // [E+1] paired sm90 kernel only (else unused): first lone tile of each expert
     unsigned *seen;       // [M/32+1] permutation bitmap
     int *status;          // this call's status (DeviceErrorKind)
 };
@@ -76,15 +77,27 @@ __device__ void report(int *status, int op, int kind, long long index, long long
     }
 }
 
+// The tiles of an expert with m rows, in tile_start units: row tiles of rows_per_tile times col_tiles; for
+// the paired sm90 kernel (paired != 0) the pairs of row tiles, the odd last row tile counted in lone_tiles.
+__host__ __device__ __forceinline__ int64_t expert_tiles(int64_t m, int64_t rows_per_tile, int64_t col_tiles,
+                                                         int paired, int64_t *lone_tiles)
+{
+    const int64_t row_tiles = (m + rows_per_tile - 1) / rows_per_tile;
+    *lone_tiles = paired ? row_tiles % 2 * col_tiles : 0;
+    return (paired ? row_tiles / 2 : row_tiles) * col_tiles;
+}
+
 // One thread: prefix sums of m_sizes (E is at most a few thousand) and the tile starts.
 __global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M, int64_t tiles_per_row_tile,
-                                   int64_t rows_per_tile, Workspace ws, int op)
+                                   int64_t rows_per_tile, int paired, Workspace ws, int op)
 {
     if (threadIdx.x != 0 || blockIdx.x != 0)
         return;
-    int64_t sum = 0, tiles = 0;
+    int64_t sum = 0, tiles = 0, lone = 0;
     ws.offsets[0] = 0;
     ws.tile_start[0] = 0;
+    if (paired)
+        ws.lone_start[0] = 0;
     for (int64_t e = 0; e < E; e++) {
         int64_t m = m_sizes[e];
         if (m < 0) {
@@ -96,9 +109,13 @@ __global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M,
             return;
         }
         sum += m;
-        tiles += (m + rows_per_tile - 1) / rows_per_tile * tiles_per_row_tile;
+        int64_t lone_tiles;
+        tiles += expert_tiles(m, rows_per_tile, tiles_per_row_tile, paired, &lone_tiles);
+        lone += lone_tiles;
         ws.offsets[e + 1] = sum;
         ws.tile_start[e + 1] = tiles;
+        if (paired)
+            ws.lone_start[e + 1] = lone;
     }
     if (sum != M)
         report(ws.status, op, DEVICE_SIZES_SUM, E, sum);
@@ -158,6 +175,21 @@ struct TileCoord {
     int64_t e, i0, j0, rows; // rows: valid extent of i for this expert
 };
 
+// The expert whose range of a prefix-sum table holds x: the last e in [0, E) with starts[e] <= x (experts
+// without tiles have starts[e] == starts[e + 1] and are skipped over).
+__device__ __forceinline__ int64_t expert_of(const int64_t *starts, int64_t E, int64_t x)
+{
+    int64_t lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= x)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 __device__ __forceinline__ TileCoord tile_coord(const GemmArgs &g, int64_t tile, int BM, int BN)
 {
     TileCoord t;
@@ -171,22 +203,50 @@ __device__ __forceinline__ TileCoord tile_coord(const GemmArgs &g, int64_t tile,
         t.rows = g.N;
         return t;
     }
-    int64_t lo = 0, hi = g.E - 1; // last e with tile_start[e] <= tile
-    while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if (g.ws.tile_start[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    t.e = lo;
-    const int64_t m = g.ws.offsets[lo + 1] - g.ws.offsets[lo];
+    t.e = expert_of(g.ws.tile_start, g.E, tile);
+    const int64_t m = g.ws.offsets[t.e + 1] - g.ws.offsets[t.e];
     const int64_t row_tiles = (m + BM - 1) / BM;
-    int64_t local = tile - g.ws.tile_start[lo];
+    int64_t local = tile - g.ws.tile_start[t.e];
     t.i0 = (local % row_tiles) * BM;
     t.j0 = (local / row_tiles) * BN;
     t.rows = m;
     return t;
+}
+
+// The paired sm90 kernel (gemm_sm90.cuh: clusters of two CTAs), unit -> the tile of the CTA of cluster rank
+// `rank`.  Units [0, tile_start[E]) are pairs of row tiles of one expert: rank r takes row tile 2p + r, and
+// the cluster loads the W block both read once, by multicast (*multicast = true).  The units after them pair
+// two lone tiles (an expert's odd last row tile, usually short), one per CTA, of different experts, each
+// loading its own W block.  rows = 0: no tile (the last unit's rank 1 when the lone tiles are odd in number).
+__device__ __forceinline__ __attribute__((unused)) TileCoord pair_unit_coord(const GemmArgs &g, int64_t unit, int rank, int BM, int BN,
+                                                     bool *multicast)
+{
+    TileCoord t = {0, 0, 0, 0};
+    const int64_t col_tiles = (g.cols_j + BN - 1) / BN;
+    const int64_t pair_units = g.ws.tile_start[g.E];
+    *multicast = unit < pair_units;
+    if (unit < pair_units) {
+        t.e = expert_of(g.ws.tile_start, g.E, unit);
+        t.rows = g.ws.offsets[t.e + 1] - g.ws.offsets[t.e];
+        const int64_t pairs = (t.rows + BM - 1) / BM / 2, local = unit - g.ws.tile_start[t.e];
+        t.i0 = (local % pairs) * 2 * BM + rank * BM;
+        t.j0 = (local / pairs) * BN;
+        return t;
+    }
+    const int64_t lone = (unit - pair_units) * 2 + rank;
+    if (lone >= g.ws.lone_start[g.E])
+        return t;
+    t.e = expert_of(g.ws.lone_start, g.E, lone);
+    t.rows = g.ws.offsets[t.e + 1] - g.ws.offsets[t.e];
+    t.i0 = (t.rows + BM - 1) / BM * BM - BM;
+    t.j0 = (lone - g.ws.lone_start[t.e]) % col_tiles * BN;
+    return t;
+}
+
+// Units of the paired kernel: the pairs, then the lone tiles two at a time.
+__device__ __forceinline__ __attribute__((unused)) int64_t total_pair_units(const GemmArgs &g)
+{
+    return g.ws.tile_start[g.E] + (g.ws.lone_start[g.E] + 1) / 2;
 }
 
 __device__ __forceinline__ int64_t total_tiles(const GemmArgs &g, int BM, int BN)
@@ -686,15 +746,16 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
     return r == CUDA_SUCCESS;
 }
 
-// The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows; sets g->tma_rows when
+// The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows (the paired kernel, cluster 2,
+// loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when
 // the row operands are contiguous and got their maps.  False: no W map, take the sm80 family.
-bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, const void *a, const void *b, GemmArgs *g,
-                      Sm90Maps *maps)
+bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, const void *a, const void *b,
+                      GemmArgs *g, Sm90Maps *maps)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
         const uint64_t dims[3] = {K, N, E}, strides[2] = {K * 2, N * K * 2};
-        const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)h_bn(bm) : 64u, 1};
+        const uint32_t box[3] = {(uint32_t)H_BK, op == OP_FWD ? (uint32_t)(h_bn(bm) / cluster) : 64u, 1};
         if (!encode_tensor_map(&maps->w, p->dtype, b, 3, dims, strides, box))
             return false;
     }
@@ -730,18 +791,55 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op)
     return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
 }
 
-template <typename T>
-moe_status launch_sm90(int op, int bm, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
+// The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row fwd and dX tiles when the
+// experts average at least H_PAIRED_ROWS rows (there most row tiles are pairs of one expert) and the
+// reduction has at least H_PAIRED_REDUCTION elements.  Measured on an H100 (RESULTS.md, 2026-11-23): with
+// 256 rows per expert (Qwen3, T = 4096) the lone tiles (an expert's odd last tile) dominate and the unpaired
+// kernel was faster; with a 768-long reduction (Qwen3 down fwd) the pairs' lock-step cost more than the
+// multicast saved.  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
+int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm)
 {
-    auto kernel = op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128>
-                : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256> : sm90_gemm_kernel<T, OP_FWD, 128>)
-                               : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256> : sm90_gemm_kernel<T, OP_DX, 128>);
+    if (op == OP_DW || bm != 128)
+        return 1;
+    const char *forced = getenv("MOE_SM90_CLUSTER");
+    if (forced != NULL && (atoi(forced) == 1 || atoi(forced) == 2))
+        return atoi(forced);
+    const int64_t reduction = op == OP_FWD ? p->K : p->N;
+    return p->rows >= (int64_t)H_PAIRED_ROWS * p->num_experts && reduction >= H_PAIRED_REDUCTION ? 2 : 1;
+}
+
+template <typename T>
+moe_status launch_sm90(int op, int bm, int cluster, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles,
+                       cudaStream_t stream)
+{
+    auto kernel = op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128, 1>
+                : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256, 1>
+                                  : cluster == 2 ? sm90_gemm_kernel<T, OP_FWD, 128, 2> : sm90_gemm_kernel<T, OP_FWD, 128, 1>)
+                               : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256, 1>
+                                  : cluster == 2 ? sm90_gemm_kernel<T, OP_DX, 128, 2> : sm90_gemm_kernel<T, OP_DX, 128, 1>);
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
-    int64_t grid = device_sm_count(); // persistent: one CTA per SM
-    if (grid > max_tiles)
-        grid = max_tiles;
-    kernel<<<(unsigned)(grid < 1 ? 1 : grid), H_THREADS, H_SMEM_BYTES, stream>>>(g, maps);
-    MOE_CUDA_CHECK(cudaGetLastError());
+    cudaLaunchConfig_t config = {};
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = (unsigned)cluster, attribute[0].val.clusterDim.y = 1, attribute[0].val.clusterDim.z = 1;
+    config.blockDim = dim3(H_THREADS);
+    config.dynamicSmemBytes = H_SMEM_BYTES;
+    config.stream = stream;
+    config.attrs = attribute;
+    config.numAttrs = cluster > 1 ? 1 : 0; // the unpaired kernel: an ordinary launch, no cluster attribute
+    // persistent: one CTA per SM, or as many clusters as can be resident (a cluster's CTAs share a GPC, and a
+    // GPC with an odd number of free SMs leaves one idle); max_tiles bounds the units either way
+    int64_t ctas = device_sm_count();
+    if (cluster > 1) {
+        config.gridDim = dim3((unsigned)(ctas / cluster * cluster));
+        int clusters = 0;
+        MOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+        ctas = (int64_t)(clusters > 0 ? clusters : 1) * cluster;
+    }
+    if (ctas > max_tiles * cluster)
+        ctas = max_tiles * cluster;
+    config.gridDim = dim3((unsigned)(ctas < cluster ? cluster : ctas));
+    MOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, g, maps));
     return MOE_OK;
 }
 
@@ -780,6 +878,7 @@ moe_status launch_simt(const GemmArgs &g, int64_t max_tiles, cudaStream_t stream
 struct Plan {
     KernelFamily family;
     int bm, bn;
+    int cluster; // sm90: 2 for the paired kernel (fwd, dX with 128-row tiles), else 1
     Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
 };
 
@@ -797,10 +896,12 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0;
     const int sm90_bm = sm90_tile_rows(p, op);
-    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, a, b, g, &plan->maps)) {
+    plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm) : 1;
+    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, g, &plan->maps)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         plan->family = FAMILY_SM80;
+        plan->cluster = 1;
     }
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
@@ -813,8 +914,8 @@ moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_
     if (max_tiles <= 0 || g.cols_j <= 0)
         return MOE_OK;
     if (plan.family == FAMILY_SM90)
-        return g.dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, plan.bm, g, plan.maps, max_tiles, stream)
-                                   : launch_sm90<__half>(op, plan.bm, g, plan.maps, max_tiles, stream);
+        return g.dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, plan.bm, plan.cluster, g, plan.maps, max_tiles, stream)
+                                   : launch_sm90<__half>(op, plan.bm, plan.cluster, g, plan.maps, max_tiles, stream);
     if (plan.family == FAMILY_SM80)
         return g.dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
                                    : launch_tc<__half>(op, g, max_tiles, stream);
@@ -846,7 +947,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     // workspace: offsets, tile starts, bitmap, status, and the fp32 buffer of a reduction
     const int64_t bitmap_words = M / 32 + 1;
     const int64_t partials = op == OP_TOPK_GRAD ? M * col_tiles : reduce ? M * p->K : 0;
-    size_t bytes = (size_t)(2 * (E + 1)) * 8 + (size_t)bitmap_words * 4 + 16;
+    size_t bytes = (size_t)(3 * (E + 1)) * 8 + (size_t)bitmap_words * 4 + 16;
     bytes = (bytes + 255) / 256 * 256;
     const size_t partial_offset = bytes;
     bytes += (size_t)partials * 4;
@@ -855,7 +956,8 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     Workspace w;
     w.offsets = reinterpret_cast<int64_t *>(ws);
     w.tile_start = w.offsets + (E + 1);
-    w.seen = reinterpret_cast<unsigned *>(w.tile_start + (E + 1));
+    w.lone_start = w.tile_start + (E + 1);
+    w.seen = reinterpret_cast<unsigned *>(w.lone_start + (E + 1));
     w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
     do {
         cudaError_t err = cudaMemsetAsync(w.seen, 0, (size_t)bitmap_words * 4 + 16, stream);
@@ -863,7 +965,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
             status = moe_fail(MOE_ERR_DEVICE, "%s: cudaMemsetAsync failed: %s", p->op, cudaGetErrorString(err));
             break;
         }
-        check_sizes_kernel<<<1, 32, 0, stream>>>(p->m_sizes, E, M, col_tiles, BM, w, op);
+        check_sizes_kernel<<<1, 32, 0, stream>>>(p->m_sizes, E, M, col_tiles, BM, plan.cluster > 1, w, op);
         if (p->gather_indices != NULL && M > 0)
             check_gather_kernel<<<(unsigned)((M + 255) / 256 < 1024 ? (M + 255) / 256 : 1024), 256, 0, stream>>>(
                 p->gather_indices, M, w, op);
@@ -908,26 +1010,36 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
 }
 
 // Tile starts of a rows GEMM from trusted offsets: one warp, 32 experts at a time, shuffle prefix sums.
+// (paired: also the lone tiles' starts, as check_sizes_kernel.)
 __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col_tiles, int64_t rows_per_tile,
-                                  int64_t *tile_start, const int *status)
+                                  int paired, int64_t *tile_start, int64_t *lone_start, const int *status)
 {
     if (blockIdx.x != 0 || threadIdx.x >= 32 || *status != 0)
         return;
     const int lane = threadIdx.x;
-    int64_t carried = 0;
-    if (lane == 0)
+    int64_t carried = 0, carried_lone = 0;
+    if (lane == 0) {
         tile_start[0] = 0;
+        if (paired)
+            lone_start[0] = 0;
+    }
     for (int64_t e0 = 0; e0 < E; e0 += 32) {
         const int64_t e = e0 + lane;
-        int64_t tiles = e < E ? (offsets[e + 1] - offsets[e] + rows_per_tile - 1) / rows_per_tile * col_tiles : 0;
-        for (int off = 1; off < 32; off *= 2) { // inclusive scan
+        int64_t lone = 0;
+        int64_t tiles = e < E ? expert_tiles(offsets[e + 1] - offsets[e], rows_per_tile, col_tiles, paired, &lone) : 0;
+        for (int off = 1; off < 32; off *= 2) { // inclusive scans
             const int64_t below = __shfl_up_sync(0xffffffffu, tiles, off);
+            const int64_t below_lone = __shfl_up_sync(0xffffffffu, lone, off);
             if (lane >= off)
-                tiles += below;
+                tiles += below, lone += below_lone;
         }
-        if (e < E)
+        if (e < E) {
             tile_start[e + 1] = carried + tiles;
+            if (paired)
+                lone_start[e + 1] = carried_lone + lone;
+        }
         carried += __shfl_sync(0xffffffffu, tiles, 31);
+        carried_lone += __shfl_sync(0xffffffffu, lone, 31);
     }
 }
 
@@ -951,8 +1063,9 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
     const int64_t cols_j = op == OP_FWD ? r->N : r->K;
     const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
     int64_t *tile_start = nullptr;
-    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 8, stream));
-    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, plan.bm, tile_start, r->status);
+    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 2 * 8, stream)); // tile_start, lone_start
+    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, plan.bm, plan.cluster > 1, tile_start,
+                                            tile_start + (r->E + 1), r->status);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
@@ -966,6 +1079,7 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
         g.partial_stride = col_tiles;
         g.ws.offsets = const_cast<int64_t *>(r->offsets);
         g.ws.tile_start = tile_start;
+        g.ws.lone_start = tile_start + (r->E + 1);
         g.ws.seen = nullptr;
         g.ws.status = const_cast<int *>(r->status);
         status = launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);

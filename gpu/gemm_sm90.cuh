@@ -17,6 +17,16 @@
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
 //
+// Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles when experts average >= H_PAIRED_ROWS rows):
+// clusters of two CTAs take units of work (pair_unit_coord in gemm_cuda.cu).  A pair unit is two row tiles of
+// one expert with the same W block: each CTA's producer loads half of that block by TMA multicast into both
+// CTAs (box BN/2 n rows for fwd, half the 64 x 64 boxes for dX), so W crosses L2 -> SM once per pair.  Each
+// CTA's full barrier expects the whole block's bytes; its empty barrier counts the consumer warps of both
+// CTAs (a stage is refilled in both CTAs by either producer), so consumers arrive on both CTAs' empty
+// barriers (mapa + remote arrive).  After the pair units come the lone tiles (an expert's odd last row
+// tile), two per unit, of different experts, each CTA loading its own W block without multicast; a CTA
+// without a tile still arrives on the barriers so its partner's producer never waits on it.
+//
 // Shared-memory layouts, 128-byte swizzle (16-byte chunk c of 128-byte row r sits at chunk c ^ (r & 7),
 // the pattern TMA's SWIZZLE_128B writes into a 1024-byte aligned box):
 //   K-major tile  [MN][K 64]:           (mn, k) at mn * 128 + swizzle; descriptor SBO = 1024 (next 8 MN
@@ -37,6 +47,8 @@
 //              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
 //              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
 constexpr int H_WIDE_ROWS = 192;
+constexpr int H_PAIRED_ROWS = 512;       // fwd/dX pair CTAs from this mean of rows per expert
+constexpr int H_PAIRED_REDUCTION = 1024; // and this reduction length (sm90_cluster_size, gemm_cuda.cu)
 
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
@@ -101,6 +113,33 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar)
 {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// Arrives on the barrier at the same shared-memory offset in cluster CTA `cta` (the paired kernel's consumers
+// free a stage in both CTAs, since both CTAs' producers multicast into it).  Default semantics (release, CTA
+// scope) as CUTLASS's ClusterBarrier::arrive: the stage was only read, by wgmmas already waited for, so the
+// producer's wait needs no cluster-scope acquire; the .release.cluster/.acquire.cluster forms measured 2x
+// slower (bench/RESULTS.md, 2026-11-23).
+__device__ __forceinline__ void mbar_arrive_in_cta(uint32_t bar, uint32_t cta)
+{
+    asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+// Every thread of the cluster's CTAs: the cluster's barrier (release / acquire).
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_register(int which)
+{
+    uint32_t v;
+    if (which == 0)
+        asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(v));
+    else if (which == 1)
+        asm volatile("mov.u32 %0, %%clusterid.x;\n" : "=r"(v));
+    else
+        asm volatile("mov.u32 %0, %%nclusterid.x;\n" : "=r"(v));
+    return v;
+}
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -130,6 +169,17 @@ __device__ __forceinline__ uint64_t l2_policy(bool keep)
     else
         asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
     return policy;
+}
+// The same into the same shared-memory offset of every CTA of the cluster in cta_mask, completing bytes on
+// each one's barrier at the offset bar.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0,
+                                                      int c1, int c2, uint16_t cta_mask, uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 ".L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6, %7;\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask),
+                   "l"(policy)
+                 : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1)
 {
@@ -243,7 +293,14 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 }
 #endif
 
-template <typename T, int OP, int BM>
+
+// CLUSTER = 2: the paired kernel (fwd and dX with 128-row tiles), launched in clusters of two CTAs that
+// take the units of pair_unit_coord: both CTAs of a pair unit need the same W block, and each loads half
+// of each W stage with TMA multicast into both CTAs' shared memory, so a W block crosses DRAM/L2 once per
+// two row tiles.  The CTAs of a cluster walk their k-steps in lockstep (every unit has the same number of
+// k-steps: K for fwd, N for dX): a stage is refilled only when the consumers of both CTAs released it
+// (each consumer warp arrives on the `empty` barrier of both CTAs).
+template <typename T, int OP, int BM, int CLUSTER>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
@@ -260,19 +317,31 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     constexpr int A_BYTES = BM * H_BK * 2, B_BYTES = BN * H_BK * 2;
     constexpr int M_BLOCKS = BM / 128; // m64 blocks per consumer warpgroup
     static_assert(A_BYTES + B_BYTES == H_STAGE_BYTES, "stage size");
-    if (*g.ws.status != 0)
+    static_assert(CLUSTER == 1 || (CLUSTER == 2 && OP != OP_DW && BM == 128), "the paired kernel: fwd and dX, 128 rows");
+    if (*g.ws.status != 0) // the same word for both CTAs of a cluster: both return
         return;
     if (threadIdx.x == 0) {
         for (int s = 0; s < H_STAGES; s++) {
             mbar_init(full_bar + 8 * s, H_PRODUCERS + 1); // 128 cp.async arrivals + thread 0's (expect_tx) arrival
-            mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32);
+            mbar_init(empty_bar + 8 * s, CLUSTER * H_CONSUMERS / 32);
         }
         mbar_init(tail_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
-    __syncthreads();
-    const int64_t tiles = total_tiles(g, BM, BN);
+    if (CLUSTER > 1)
+        cluster_sync(); // the partner's barriers are initialised before anything arrives on them
+    else
+        __syncthreads();
+    const int64_t tiles = CLUSTER > 1 ? total_pair_units(g) : total_tiles(g, BM, BN);
+    const int rank = CLUSTER > 1 ? (int)cluster_register(0) : 0;
+    const int64_t first_tile = CLUSTER > 1 ? cluster_register(1) : blockIdx.x;
+    const int64_t tile_stride = CLUSTER > 1 ? cluster_register(2) : gridDim.x;
+    // the tile of this CTA for a tile (paired kernel: unit) number; *multicast: W comes by multicast (pair unit)
+    auto coord = [&](int64_t tile, bool *multicast) -> TileCoord {
+        *multicast = false;
+        return CLUSTER > 1 ? pair_unit_coord(g, tile, rank, BM, BN, multicast) : tile_coord(g, tile, BM, BN);
+    };
 
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer warpgroup
@@ -284,8 +353,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
         uint32_t tails = 0; // dW tail steps loaded through tail_bar (its phase parity)
         int64_t tile_count = 0;
-        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, tile_count++) {
-            const TileCoord t = tile_coord(g, tile, BM, BN);
+        for (int64_t tile = first_tile; tile < tiles; tile += tile_stride, tile_count++) {
+            bool multicast;
+            const TileCoord t = coord(tile, &multicast);
+            // no rows (no loads, no MMAs): only the idle CTA of the paired kernel's last lone-tile unit
+            const bool has_rows = CLUSTER == 1 || t.i0 < t.rows;
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
             const int64_t base = g.ws.offsets[t.e];
@@ -316,19 +388,32 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 // in 8-row boxes plus zeros (below), or by cp.async when the rows are gathered
                 const bool dw_by_tma = OP == OP_DW && g.tma_rows && q0 + H_BK <= qlen;
                 if (p == 0) {
-                    if (OP == OP_FWD) {
-                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
-                        if (g.tma_rows) // X rows base + i0 ..: rows past m_e belong to the next expert, never stored
+                    if (OP == OP_FWD || OP == OP_DX) {
+                        // W: fwd boxes of BN / CLUSTER n-rows ({64 k, BN / CLUSTER n}, K-major), dX boxes {64 c,
+                        // 64 n} (MN-major); paired kernel, pair unit: this CTA loads part `rank` into both CTAs
+                        const bool rows_by_tma = g.tma_rows && has_rows;
+                        const uint32_t a_bytes = rows_by_tma ? A_BYTES : 0, b_bytes = has_rows ? B_BYTES : 0;
+                        if (a_bytes + b_bytes > 0)
+                            mbar_arrive_expect_tx(bar, a_bytes + b_bytes);
+                        else
+                            mbar_arrive(bar);
+                        if (rows_by_tma) // rows base + i0 ..: rows past m_e belong to the next expert, never stored
                             tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
-                        tma_load_3d(sb_addr, &maps.w, bar, (int)q0, (int)t.j0, (int)t.e, w_policy);
-                    } else if (OP == OP_DX) {
-                        mbar_arrive_expect_tx(bar, g.tma_rows ? H_STAGE_BYTES : B_BYTES);
-                        if (g.tma_rows)
-                            tma_load_2d(sa_addr, &maps.rows_a, bar, (int)q0, (int)(base + t.i0));
+                        constexpr int W_BOXES = OP == OP_FWD ? CLUSTER : BN / 64;
+                        constexpr int W_BOX_BYTES = B_BYTES / W_BOXES;
+                        constexpr int PART_BOXES = W_BOXES / CLUSTER; // boxes of one CTA's part of a pair unit
 #pragma unroll
-                        for (int a = 0; a < BN / 64; a++)
-                            tma_load_3d(sb_addr + a * 8192, &maps.w, bar, (int)(t.j0 + 64 * a), (int)q0, (int)t.e,
-                                        w_policy);
+                        for (int a = 0; a < W_BOXES; a++) { // unrolled: the unpaired kernel's loads are straight-line
+                            if (!has_rows || (multicast && a / PART_BOXES != rank))
+                                continue;
+                            const uint32_t dst = sb_addr + a * W_BOX_BYTES;
+                            const int c0 = OP == OP_FWD ? (int)q0 : (int)(t.j0 + 64 * a);
+                            const int c1 = OP == OP_FWD ? (int)(t.j0 + a * (BN / W_BOXES)) : (int)q0;
+                            if (multicast)
+                                tma_load_3d_multicast(dst, &maps.w, bar, c0, c1, (int)t.e, (1u << CLUSTER) - 1, w_policy);
+                            else
+                                tma_load_3d(dst, &maps.w, bar, c0, c1, (int)t.e, w_policy);
+                        }
                     } else if (dw_by_tma) {
                         mbar_arrive_expect_tx(bar, H_STAGE_BYTES);
 #pragma unroll
@@ -368,7 +453,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     }
                     fence_proxy_async();
                 }
-                if (OP != OP_DW && !g.tma_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
+                if (OP != OP_DW && !g.tma_rows && has_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
                     const int kc = p & 7;
                     const int64_t lda = OP == OP_DX ? g.N : g.K;
                     const bool k_ok = q0 + kc * 8 < qlen;
@@ -413,8 +498,21 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET) + (threadIdx.x / 32 - 4) * 16 * H_EPI_LD;
         uint32_t it = 0;
-        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const TileCoord t = tile_coord(g, tile, BM, BN);
+        // a stage goes back to the producer of every CTA that loads into it
+        auto release = [&](uint32_t stage) {
+            if (lane != 0)
+                return;
+            if (CLUSTER > 1) {
+#pragma unroll
+                for (int c = 0; c < CLUSTER; c++)
+                    mbar_arrive_in_cta(empty_bar + 8 * stage, (uint32_t)c);
+            } else {
+                mbar_arrive(empty_bar + 8 * stage);
+            }
+        };
+        for (int64_t tile = first_tile; tile < tiles; tile += tile_stride) {
+            bool multicast;
+            const TileCoord t = coord(tile, &multicast);
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
             // an m64 block whose rows are all past the expert's last row skips its MMAs (the other blocks
@@ -443,12 +541,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
                 }
                 wgmma_wait<1>(); // the previous k-step's group is done: its stage goes back to the producer
-                if (step > 0 && lane == 0)
-                    mbar_arrive(empty_bar + 8 * ((it - 1) % H_STAGES));
+                if (step > 0)
+                    release((it - 1) % H_STAGES);
             }
             wgmma_wait<0>();
-            if (steps > 0 && lane == 0)
-                mbar_arrive(empty_bar + 8 * ((it - 1) % H_STAGES));
+            if (steps > 0)
+                release((it - 1) % H_STAGES);
 
             // epilogue: each warp writes its 16 rows of each m64 block
             const bool weighted = OP != OP_DW && g.weights != nullptr;
@@ -476,6 +574,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             }
         }
     }
+    if (CLUSTER > 1)
+        cluster_sync(); // no CTA leaves while its partner may still arrive on its barriers
 #else
     (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
 #endif
