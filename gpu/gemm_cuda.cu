@@ -61,7 +61,7 @@ __device__ DeviceError g_sticky_error;
 struct Workspace {
     int64_t *offsets;     // [E+1] expert row offsets
     int64_t *tile_start;  // [E+1] first tile of each expert (row-tiled ops); paired sm90 kernel: first pair unit
-    int64_t *lone_start;  // [E+1] paired sm90 kernel only (else unused): first lone tile of each expert
+    int64_t *lone_start;  // [E+1] first lone tile of each expert (paired sm90 kernel; all 0 otherwise)
     unsigned *seen;       // [M/32+1] permutation bitmap
     int *status;          // this call's status (DeviceErrorKind)
 };
@@ -96,8 +96,7 @@ __global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M,
     int64_t sum = 0, tiles = 0, lone = 0;
     ws.offsets[0] = 0;
     ws.tile_start[0] = 0;
-    if (paired)
-        ws.lone_start[0] = 0;
+    ws.lone_start[0] = 0;
     for (int64_t e = 0; e < E; e++) {
         int64_t m = m_sizes[e];
         if (m < 0) {
@@ -114,8 +113,7 @@ __global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M,
         lone += lone_tiles;
         ws.offsets[e + 1] = sum;
         ws.tile_start[e + 1] = tiles;
-        if (paired)
-            ws.lone_start[e + 1] = lone;
+        ws.lone_start[e + 1] = lone;
     }
     if (sum != M)
         report(ws.status, op, DEVICE_SIZES_SUM, E, sum);
@@ -1018,11 +1016,8 @@ __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col
         return;
     const int lane = threadIdx.x;
     int64_t carried = 0, carried_lone = 0;
-    if (lane == 0) {
-        tile_start[0] = 0;
-        if (paired)
-            lone_start[0] = 0;
-    }
+    if (lane == 0)
+        tile_start[0] = 0, lone_start[0] = 0;
     for (int64_t e0 = 0; e0 < E; e0 += 32) {
         const int64_t e = e0 + lane;
         int64_t lone = 0;
@@ -1033,11 +1028,8 @@ __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col
             if (lane >= off)
                 tiles += below, lone += below_lone;
         }
-        if (e < E) {
-            tile_start[e + 1] = carried + tiles;
-            if (paired)
-                lone_start[e + 1] = carried_lone + lone;
-        }
+        if (e < E)
+            tile_start[e + 1] = carried + tiles, lone_start[e + 1] = carried_lone + lone;
         carried += __shfl_sync(0xffffffffu, tiles, 31);
         carried_lone += __shfl_sync(0xffffffffu, lone, 31);
     }
@@ -1064,8 +1056,9 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
     const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
     int64_t *tile_start = nullptr;
     MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 2 * 8, stream)); // tile_start, lone_start
+    int64_t *const lone_start = tile_start + (r->E + 1);
     rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, plan.bm, plan.cluster > 1, tile_start,
-                                            tile_start + (r->E + 1), r->status);
+                                            lone_start, r->status);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
@@ -1079,7 +1072,7 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
         g.partial_stride = col_tiles;
         g.ws.offsets = const_cast<int64_t *>(r->offsets);
         g.ws.tile_start = tile_start;
-        g.ws.lone_start = tile_start + (r->E + 1);
+        g.ws.lone_start = lone_start;
         g.ws.seen = nullptr;
         g.ws.status = const_cast<int *>(r->status);
         status = launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);

@@ -294,12 +294,8 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 #endif
 
 
-// CLUSTER = 2: the paired kernel (fwd and dX with 128-row tiles), launched in clusters of two CTAs that
-// take the units of pair_unit_coord: both CTAs of a pair unit need the same W block, and each loads half
-// of each W stage with TMA multicast into both CTAs' shared memory, so a W block crosses DRAM/L2 once per
-// two row tiles.  The CTAs of a cluster walk their k-steps in lockstep (every unit has the same number of
-// k-steps: K for fwd, N for dX): a stage is refilled only when the consumers of both CTAs released it
-// (each consumer warp arrives on the `empty` barrier of both CTAs).
+// CLUSTER = 2: the paired kernel (file header).  Its CTAs walk their k-steps in lockstep (every unit has the
+// same number: K for fwd, N for dX), since a stage is refilled only when the consumers of both released it.
 template <typename T, int OP, int BM, int CLUSTER>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
