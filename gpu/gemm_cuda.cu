@@ -154,6 +154,7 @@ struct GemmArgs {
     int out_is_workspace;   // reduce_topk (fp32 [M][K] slot order) or topk grad partials
     int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
     int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
+    int tma_out;            // sm90 dW: the output is written by TMA stores (overwrite, not accumulate)
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
     Workspace ws;
@@ -710,8 +711,9 @@ bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, con
 }
 
 // TMA descriptor (cuTensorMapEncodeTiled, reached through the runtime's driver entry point) of a dense
-// 16-bit tensor of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1.., box
-// `box` elements, with the 128-byte swizzle of gemm_sm90.cuh; reads past the edges fill zeros.
+// tensor (bf16, f16 or f32) of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1..,
+// box `box` elements, with the 128-byte swizzle of gemm_sm90.cuh; loads past the edges fill zeros, stores
+// past them are dropped.
 // Returns false when the driver has no encoder or rejects the shape.
 bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
                        const uint64_t *strides, const uint32_t *box)
@@ -737,7 +739,9 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
         if (i > 0)
             st[i - 1] = strides[i - 1];
     }
-    const CUresult r = encode(map, dtype == MOE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    const CUtensorMapDataType type = dtype == MOE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dtype == MOE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    const CUresult r = encode(map, type,
                               (cuuint32_t)rank, const_cast<void *>(base), d, st, b, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -745,10 +749,11 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
 }
 
 // The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows (the paired kernel, cluster 2,
-// loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when
-// the row operands are contiguous and got their maps.  False: no W map, take the sm80 family.
+// loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when the row operands are
+// contiguous and got their maps, g->tma_out when dW overwrites `out` and got its map.  False: no W map, take
+// the sm80 family.
 bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, const void *a, const void *b,
-                      GemmArgs *g, Sm90Maps *maps)
+                      const void *out, GemmArgs *g, Sm90Maps *maps)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
@@ -773,6 +778,14 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, co
                       encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box) &&
                       encode_tensor_map(&maps->rows8_a, p->dtype, a, 2, dims_a, strides_a, box8) &&
                       encode_tensor_map(&maps->rows8_b, p->dtype, b, 2, dims_b, strides_b, box8);
+    }
+    g->tma_out = 0;
+    const char *off = getenv("MOE_SM90_TMA_OUT"); // =0: the register-store epilogue (A/B timing runs)
+    if (op == OP_DW && !p->accumulate && E > 0 && N > 0 && K > 0 && !(off != NULL && strcmp(off, "0") == 0)) {
+        const uint64_t esize = p->dw_dtype == MOE_F32 ? 4 : 2;
+        const uint64_t dims[3] = {K, N, E}, strides[2] = {K * esize, N * K * esize};
+        const uint32_t box[3] = {(uint32_t)(128 / esize), 8, 1};
+        g->tma_out = encode_tensor_map(&maps->out, p->dw_dtype, out, 3, dims, strides, box);
     }
     return true;
 }
@@ -892,10 +905,10 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                  : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
                      ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
-    g->tma_rows = 0;
+    g->tma_rows = 0, g->tma_out = 0;
     const int sm90_bm = sm90_tile_rows(p, op);
     plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm) : 1;
-    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, g, &plan->maps)) {
+    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, out, g, &plan->maps)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         plan->family = FAMILY_SM80;

@@ -11,8 +11,10 @@
 //   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
 //     (see the tile shapes below) with wgmma (128 fp32 accumulators per thread), then each warp writes
 //     its rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
-//     accumulate, one rounding) while the producer is already loading the next tile.  An m64 block
-//     whose rows all lie past the expert's end issues no MMAs.
+//     accumulate, one rounding) while the producer is already loading the next tile; dW, when it
+//     overwrites its output (g.tma_out), rounds into swizzled shared-memory boxes that TMA stores, so the
+//     warps go on to the next tile's MMAs while the stores drain.  An m64 block whose rows all lie past
+//     the expert's end issues no MMAs.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
@@ -53,20 +55,27 @@ constexpr int H_PAIRED_REDUCTION = 1024; // and this reduction length (sm90_clus
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
 // as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
-// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b).
+// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b); where dW
+// overwrites its output (g.tma_out), the output [E][N][K] as 3-D (box {128 bytes of k, 8 n}, no zero fill).
 struct Sm90Maps {
-    CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b;
+    CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b, out;
 };
 __host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
 constexpr int H_BK = 64, H_STAGES = 4;
 constexpr int H_PRODUCERS = 128, H_CONSUMERS = 256, H_THREADS = H_PRODUCERS + H_CONSUMERS;
 constexpr int H_STAGE_BYTES = (128 + 256) * H_BK * 2;                 // A then B, 48 KiB
-constexpr int H_BARRIER_OFFSET = H_STAGES * H_STAGE_BYTES;            // full[S], empty[S], 8 bytes each
+// Epilogue area (1024-byte aligned), per consumer warp either the fp32 staging buffer [16][H_EPI_LD] of
+// h_store_warp_slice (at warp * H_EPI_WARP_BYTES) or the two swizzled 1 KiB output boxes of
+// h_store_warp_tma (at warp * 2 * H_TMA_BOX_BYTES); one kernel launch uses one of the two.
+constexpr int H_EPI_OFFSET = H_STAGES * H_STAGE_BYTES;
+constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
+constexpr int H_EPI_WARP_BYTES = 16 * H_EPI_LD * 4;
+constexpr int H_TMA_BOX_BYTES = 1024; // one output box: 8 rows of 128 bytes
+constexpr int H_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 32) * H_EPI_WARP_BYTES; // full[S], empty[S]
 // then the tail barrier (dW's last k-step), 8 bytes + 8 of padding
 constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8 + 16; // producer row table, int64 [512]
-constexpr int H_EPI_OFFSET = H_ROWS_OFFSET + 512 * 8;                // epilogue staging, fp32 [8 warps][16][40]
-constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
-constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_EPI_OFFSET + (size_t)(H_CONSUMERS / 32) * 16 * H_EPI_LD * 4;
+constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_ROWS_OFFSET + 512 * 8;
+static_assert(H_EPI_OFFSET % 1024 == 0 && 2 * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
 static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
 
@@ -187,6 +196,29 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
                  : "memory");
 }
+// TMA store of the box at coordinates (c0, c1, c2) of a 3-D tensor map from shared memory at src, as one
+// bulk async-group of this thread (bulk_wait_read / bulk_wait_all).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2,
+                                             uint64_t policy)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3, %4}], [%1], %5;\n"
+                 "cp.async.bulk.commit_group;\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+                 : "memory");
+}
+// Waits until at most N of this thread's bulk async-groups still read their shared-memory source.
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until all of this thread's bulk async-groups are complete (their writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ uint64_t l2_evict_first_policy()
+{
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
 // Named barrier 1: the producer warpgroup alone.
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(H_PRODUCERS) : "memory"); }
 
@@ -288,6 +320,60 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
             const float4 lo = *reinterpret_cast<const float4 *>(src), hi = *reinterpret_cast<const float4 *>(src + 4);
             float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
             finish8(g, v, weighted, row_weight[h], out_dtype, out_row[h] * ld + gj);
+        }
+    }
+}
+
+// The same slice for dW with g.tma_out (out = dW[e], rows row0 .. row0 + 15 of the warp): per 128 bytes of
+// columns and 8 rows, the warp rounds its values into a swizzled 1 KiB box of shared memory and lane 0
+// issues a TMA store of it, which runs on while the warp goes on (the map clips rows past N and columns
+// past K).  The warp's two boxes alternate by the count of stores it issued (`stores`, kept over tiles), so
+// waiting for all but the latest store to have read its box frees the box about to be written.  ESIZE:
+// bytes of an output element (2: bf16 / f16, 4: f32).
+template <int BN, int ESIZE>
+__device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCoord &t, const float *d,
+                                                 unsigned char *boxes, uint32_t boxes_addr, int64_t row0,
+                                                 const CUtensorMap *map, uint64_t policy, uint32_t &stores)
+{
+    constexpr int BOX_COLS = 128 / ESIZE, GROUPS = BOX_COLS / 8; // columns, 8-column groups j of d per box
+    const int lane = threadIdx.x % 32, r = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int c = 0; c < BN / BOX_COLS; c++) {
+        const int64_t col0 = t.j0 + c * BOX_COLS;
+        if (col0 >= g.cols_j)
+            break;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (row0 + 8 * h >= t.rows)
+                continue;
+            const uint32_t which = stores & 1;
+            unsigned char *box = boxes + which * H_TMA_BOX_BYTES;
+            if (lane == 0)
+                bulk_wait_read<1>();
+            __syncwarp();
+#pragma unroll
+            for (int jj = 0; jj < GROUPS; jj++) {
+                const float v0 = d[4 * (c * GROUPS + jj) + 2 * h], v1 = d[4 * (c * GROUPS + jj) + 2 * h + 1];
+                if constexpr (ESIZE == 4) { // 16-byte chunk (2 jj + q / 2) of row r, swizzled
+                    *reinterpret_cast<float2 *>(box + r * 128 + (((2 * jj + q / 2) ^ r) * 16) + 8 * (q & 1)) =
+                        make_float2(v0, v1);
+                } else {
+                    uint32_t packed;
+                    if (g.out_dtype == MOE_BF16) {
+                        const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+                        packed = *reinterpret_cast<const uint32_t *>(&b2);
+                    } else {
+                        const __half2 h2 = __floats2half2_rn(v0, v1);
+                        packed = *reinterpret_cast<const uint32_t *>(&h2);
+                    }
+                    *reinterpret_cast<uint32_t *>(box + r * 128 + ((jj ^ r) * 16) + 4 * q) = packed;
+                }
+            }
+            fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
+            __syncwarp();
+            if (lane == 0)
+                tma_store_3d(map, boxes_addr + which * H_TMA_BOX_BYTES, (int)col0, (int)(row0 + 8 * h), (int)t.e, policy);
+            stores++;
         }
     }
 }
@@ -492,7 +578,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
         const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
         const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
-        float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET) + (threadIdx.x / 32 - 4) * 16 * H_EPI_LD;
+        const int consumer_warp = threadIdx.x / 32 - H_PRODUCERS / 32;
+        float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES);
+        unsigned char *tma_boxes = smem + H_EPI_OFFSET + consumer_warp * 2 * H_TMA_BOX_BYTES;
+        const uint32_t tma_boxes_addr = smem_base + H_EPI_OFFSET + consumer_warp * 2 * H_TMA_BOX_BYTES;
+        const uint64_t out_policy = l2_evict_first_policy();
+        uint32_t stores = 0; // TMA stores issued by this warp (h_store_warp_tma)
         uint32_t it = 0;
         // a stage goes back to the producer of every CTA that loads into it
         auto release = [&](uint32_t stage) {
@@ -565,10 +656,21 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                             row_weight[h] = load_as_float(g.dtype, g.weights, slot_of(g, r));
                     }
                 }
-                if (!(g.sm90_skip & 1))
+                if (g.sm90_skip & 1)
+                    continue;
+                if (OP == OP_DW && g.tma_out) {
+                    const int64_t row0 = t.i0 + (wg * M_BLOCKS + b) * 64 + warp_in_wg * 16;
+                    if (g.out_dtype == MOE_F32)
+                        h_store_warp_tma<BN, 4>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, &maps.out, out_policy, stores);
+                    else
+                        h_store_warp_tma<BN, 2>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, &maps.out, out_policy, stores);
+                } else {
                     h_store_warp_slice<BN>(g, t, d[b], epi_stage, out_row, row_weight, weighted);
+                }
             }
         }
+        if (OP == OP_DW && g.tma_out && lane == 0)
+            bulk_wait_all(); // the boxes stay in use until TMA has read them
     }
     if (CLUSTER > 1)
         cluster_sync(); // no CTA leaves while its partner may still arrive on its barriers
