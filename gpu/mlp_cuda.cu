@@ -775,8 +775,10 @@ __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
 
 // Rows path forward: out[t][h] = sum over the token's positions (ascending expert order) of its
 // contribution from the down GEMM's row D: ON_H a*(D + b_d), ON_I D + a*b_d.  V-wide chunks of h.
+// With write_ckpt (ON_H with a down checkpoint) it also writes the checkpoint rnd(D + b_d) of each
+// position it reads, so D is read once (down_ckpt_kernel does this for ON_I, from Dre).
 template <int V>
-__global__ void token_out_kernel(MlpArgs g)
+__global__ void token_out_kernel(MlpArgs g, int write_ckpt)
 {
     if (*g.status != ERR_NONE)
         return;
@@ -794,7 +796,16 @@ __global__ void token_out_kernel(MlpArgs g)
                 const float a = load_as_float(g.dt, g.aff, t * g.E + e);
                 float c[V], bd[V];
                 load_v<V>(MOE_F32, g.Dr, row * H + h, c);
-                if (g.bias) {
+                if (write_ckpt) { // ON_H
+                    if (g.bias) {
+                        load_v<V>(g.dt, g.b_d, e * H + h, bd);
+                        for (int u = 0; u < V; u++)
+                            c[u] = c[u] + bd[u];
+                    }
+                    store_v<V>(g.dt, g.ckpt_d, g.row_pos[row] * H + h, c);
+                    for (int u = 0; u < V; u++)
+                        c[u] = a * c[u];
+                } else if (g.bias) {
                     load_v<V>(g.dt, g.b_d, e * H + h, bd);
                     for (int u = 0; u < V; u++)
                         c[u] = g.on_i ? c[u] + a * bd[u] : a * (c[u] + bd[u]);
@@ -897,8 +908,8 @@ __global__ void bias_grad_kernel(MlpArgs g)
 // no row), so each GEMM is a plain grouped GEMM over contiguous row ranges:
 //
 //   forward    Xr = hidden rows;  GU = Xr . W_gu (f32);  gate_act: bias, clamps, gate_up_ckpt_T,
-//              Mr = rnd(act(g)*u [*a]);  Dr = Mr . W_d (f32);  down_epilogue: bias, down_ckpt, a*d;
-//              token_rows -> out
+//              Mr = rnd(act(g)*u [*a]);  Dr = Mr . W_d (f32);  token_out: bias, a*d summed per token
+//              -> out, and ON_H's down_ckpt on the way (ON_I's: down_ckpt from Dre = rnd(m) . W_d)
 //   backward   Xr;  Sr = rnd(a*G) (ON_I: G);  dMr = Sr . W_d^T (f32);  gate_bwd (from the checkpoint):
 //              Mr = rnd(m [*a]), dGUr = rnd(dg, du);  [ON_I without down_ckpt: Dre = rnd(m) . W_d];
 //              dot/daff -> d_affinities;  dXr = dGUr . W_gu^T (f32) -> token_rows -> d_hidden;
@@ -1167,7 +1178,8 @@ __global__ void zero_padding_kernel(MlpArgs g, int vec, int vec_d)
 }
 
 // The down checkpoint from the down GEMM's rows: ON_H rnd(D + b_d), ON_I rnd(Dre + b_d) (Dre = M0r . W_d).
-// (The contributions to out are formed by token_out_kernel.)  One CTA per row.
+// Launched for ON_I only: token_out_kernel writes ON_H's while it forms the contributions to out.  One
+// CTA per row.
 template <int V>
 __global__ void down_ckpt_kernel(MlpArgs g)
 {
@@ -1275,6 +1287,19 @@ unsigned grid_for(int64_t work, int64_t per_block, int64_t cap)
     return (unsigned)(blocks < 1 ? 1 : blocks);
 }
 
+// Grid of a grid-stride kernel: `wanted` CTAs, but no more than fit on the device at once.  A larger grid
+// leaves a partial last wave whose CTAs, each with a full share of the work, run at the end on a part of
+// the device (ncu on an H100: gate_bwd_kernel's 1056 CTAs were 1.33 waves).  A failed occupancy query
+// leaves its error for the caller's cudaGetLastError check.
+template <class Kernel>
+unsigned resident_grid(Kernel kernel, int threads, int64_t wanted)
+{
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess || per_sm < 1)
+        per_sm = 1;
+    return grid_for(wanted, 1, (int64_t)sm_count() * per_sm);
+}
+
 // Host copies of the tile counts (the device functions above compute the same).
 int64_t host_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -1283,7 +1308,7 @@ moe_status launch_tiles(const MlpArgs &g, int64_t tiles, cudaStream_t stream)
 {
     if (tiles <= 0)
         return MOE_OK;
-    tile_kernel<Op><<<grid_for(tiles, 1, (int64_t)sm_count() * 16), THREADS, 0, stream>>>(g, tiles);
+    tile_kernel<Op><<<resident_grid(tile_kernel<Op>, THREADS, tiles), THREADS, 0, stream>>>(g, tiles);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -1366,12 +1391,11 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
 
 moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, int scale, cudaStream_t stream)
 {
-    const unsigned grid = grid_for(g.NB, 1, (int64_t)sm_count() * 8);
     if (g.NB > 0 && g.H > 0) {
         if (g.H % 8 == 0 && aligned16(src) && aligned16(dst))
-            gather_rows_kernel<8><<<grid, 256, 0, stream>>>(g, src, dst, scale);
+            gather_rows_kernel<8><<<resident_grid(gather_rows_kernel<8>, 256, g.NB), 256, 0, stream>>>(g, src, dst, scale);
         else
-            gather_rows_kernel<1><<<grid, 256, 0, stream>>>(g, src, dst, scale);
+            gather_rows_kernel<1><<<resident_grid(gather_rows_kernel<1>, 256, g.NB), 256, 0, stream>>>(g, src, dst, scale);
     }
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
@@ -1382,20 +1406,21 @@ moe_status launch_dot(const MlpArgs &g, cudaStream_t stream)
 {
     if (g.NB == 0)
         return MOE_OK;
-    const unsigned grid = grid_for(g.NB * 32, 256, (int64_t)sm_count() * 16);
+    const int64_t wanted = host_cdiv(g.NB * 32, 256);
     const bool vec = g.H % 8 == 0 && aligned16(g.out_grad) &&
                      (g.ckpt_d_in != nullptr ? aligned16(g.ckpt_d_in) : !g.dre_bias || aligned16(g.b_d));
     if (vec)
-        dot_kernel<8><<<grid, 256, 0, stream>>>(g);
+        dot_kernel<8><<<resident_grid(dot_kernel<8>, 256, wanted), 256, 0, stream>>>(g);
     else
-        dot_kernel<1><<<grid, 256, 0, stream>>>(g);
+        dot_kernel<1><<<resident_grid(dot_kernel<1>, 256, wanted), 256, 0, stream>>>(g);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
 
-unsigned gate_tiles_grid(const MlpArgs &g)
+template <class Kernel>
+unsigned gate_tiles_grid(const MlpArgs &g, Kernel kernel)
 {
-    return grid_for(host_cdiv(g.NB, RT) * host_cdiv(g.I, GATE_SPAN), 1, (int64_t)sm_count() * 8);
+    return resident_grid(kernel, RT * 8, host_cdiv(g.NB, RT) * host_cdiv(g.I, GATE_SPAN));
 }
 
 // The rows path's buffers, in elements (dt ones, then float32 ones); all zero on the tile path.
@@ -1476,8 +1501,9 @@ moe_status token_rows(const MlpArgs &g, const float *rows, void *dst, cudaStream
     if (g.token_rows * g.H == 0)
         return MOE_OK;
     if (g.T > 0)
-        token_lists_kernel<<<grid_for(g.T * 32, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g);
-    token_rows_kernel<<<grid_for(g.token_rows * g.H, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g, rows, dst);
+        token_lists_kernel<<<resident_grid(token_lists_kernel, 256, host_cdiv(g.T * 32, 256)), 256, 0, stream>>>(g);
+    token_rows_kernel<<<resident_grid(token_rows_kernel, 256, host_cdiv(g.token_rows * g.H, 256)), 256, 0, stream>>>(
+        g, rows, dst);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -1509,7 +1535,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
                     a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
-                gate_act_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
+                gate_act_kernel<<<gate_tiles_grid(a, gate_act_kernel), dim3(RT, 8), 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
             s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
             if (s == MOE_OK && ckpt_from_m0)
@@ -1518,21 +1544,21 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             const bool vec = H % 8 == 0 && (!a.bias || aligned16(a.b_d));
-            if (NB * H > 0 && a.ckpt_d != nullptr) {
-                const unsigned grid = grid_for(NB, 1, (int64_t)sm_count() * 8);
+            const int ckpt_in_token_out = !a.on_i && a.ckpt_d != nullptr;
+            if (NB * H > 0 && a.ckpt_d != nullptr && !ckpt_in_token_out) {
                 if (vec && aligned16(a.ckpt_d))
-                    down_ckpt_kernel<8><<<grid, 256, 0, stream>>>(a);
+                    down_ckpt_kernel<8><<<resident_grid(down_ckpt_kernel<8>, 256, NB), 256, 0, stream>>>(a);
                 else
-                    down_ckpt_kernel<1><<<grid, 256, 0, stream>>>(a);
+                    down_ckpt_kernel<1><<<resident_grid(down_ckpt_kernel<1>, 256, NB), 256, 0, stream>>>(a);
             }
             if (a.T > 0)
-                token_lists_kernel<<<grid_for(a.T * 32, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(a);
+                token_lists_kernel<<<resident_grid(token_lists_kernel, 256, host_cdiv(a.T * 32, 256)), 256, 0, stream>>>(a);
             if (a.token_rows * H > 0) {
-                const unsigned grid = grid_for(a.token_rows * H, 256, (int64_t)sm_count() * 16);
-                if (vec && aligned16(a.out))
-                    token_out_kernel<8><<<grid, 256, 0, stream>>>(a);
+                const int64_t wanted = host_cdiv(a.token_rows * H, 256);
+                if (vec && aligned16(a.out) && (!ckpt_in_token_out || aligned16(a.ckpt_d)))
+                    token_out_kernel<8><<<resident_grid(token_out_kernel<8>, 256, wanted), 256, 0, stream>>>(a, ckpt_in_token_out);
                 else
-                    token_out_kernel<1><<<grid, 256, 0, stream>>>(a);
+                    token_out_kernel<1><<<resident_grid(token_out_kernel<1>, 256, wanted), 256, 0, stream>>>(a, ckpt_in_token_out);
             }
             MOE_CUDA_CHECK(cudaGetLastError());
             return MOE_OK;
@@ -1584,7 +1610,7 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if (NB * I > 0)
-                gate_bwd_kernel<<<gate_tiles_grid(a), dim3(RT, 8), 0, stream>>>(a);
+                gate_bwd_kernel<<<gate_tiles_grid(a, gate_bwd_kernel), dim3(RT, 8), 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
                 s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
