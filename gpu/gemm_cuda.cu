@@ -154,7 +154,7 @@ struct GemmArgs {
     int out_is_workspace;   // reduce_topk (fp32 [M][K] slot order) or topk grad partials
     int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
     int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
-    int tma_out;            // sm90 dW: the output is written by TMA stores (overwrite, not accumulate)
+    int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
     Workspace ws;
@@ -750,10 +750,10 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
 
 // The sm90 kernel's tensor maps (Sm90Maps in gemm_sm90.cuh) for tiles of bm rows (the paired kernel, cluster 2,
 // loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when the row operands are
-// contiguous and got their maps, g->tma_out when dW overwrites `out` and got its map.  False: no W map, take
-// the sm80 family.
+// contiguous and got their maps, g->tma_out when `out` (element type out_dtype) is overwritten with its rows
+// in tile order and got its map.  False: no W map, take the sm80 family.
 bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, const void *a, const void *b,
-                      const void *out, GemmArgs *g, Sm90Maps *maps)
+                      const void *out, moe_dtype out_dtype, GemmArgs *g, Sm90Maps *maps)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
@@ -781,11 +781,14 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, co
     }
     g->tma_out = 0;
     const char *off = getenv("MOE_SM90_TMA_OUT"); // =0: the register-store epilogue (A/B timing runs)
-    if (op == OP_DW && !p->accumulate && E > 0 && N > 0 && K > 0 && !(off != NULL && strcmp(off, "0") == 0)) {
-        const uint64_t esize = p->dw_dtype == MOE_F32 ? 4 : 2;
-        const uint64_t dims[3] = {K, N, E}, strides[2] = {K * esize, N * K * esize};
+    const bool rows_in_order = op == OP_DW || (op == OP_FWD && !p->permute_y) ||
+                               (op == OP_DX && !p->permute_x && !p->reduce_topk);
+    if (rows_in_order && !p->accumulate && E > 0 && N > 0 && K > 0 && M > 0 && !(off != NULL && strcmp(off, "0") == 0)) {
+        const uint64_t esize = out_dtype == MOE_F32 ? 4 : 2, cols = op == OP_FWD ? N : K;
+        const uint64_t rows = op == OP_DW ? N : M, slabs = op == OP_DW ? E : 1;
+        const uint64_t dims[3] = {cols, rows, slabs}, strides[2] = {cols * esize, rows * cols * esize};
         const uint32_t box[3] = {(uint32_t)(128 / esize), 8, 1};
-        g->tma_out = encode_tensor_map(&maps->out, p->dw_dtype, out, 3, dims, strides, box);
+        g->tma_out = encode_tensor_map(&maps->out, out_dtype, out, 3, dims, strides, box);
     }
     return true;
 }
@@ -896,7 +899,7 @@ struct Plan {
 // Picks the family for op over problem p (a, b, out: the operands as run_gemm names them) and fills
 // plan and g->tma_rows.  Fails only when MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
 moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *out,
-                     bool weighted, GemmArgs *g, Plan *plan)
+                     moe_dtype out_dtype, bool weighted, GemmArgs *g, Plan *plan)
 {
     const char *forced = getenv("MOE_CUDA_KERNEL");
     const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weighted) &&
@@ -908,7 +911,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     g->tma_rows = 0, g->tma_out = 0;
     const int sm90_bm = sm90_tile_rows(p, op);
     plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm) : 1;
-    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, out, g, &plan->maps)) {
+    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, out, out_dtype, g, &plan->maps)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         plan->family = FAMILY_SM80;
@@ -948,7 +951,8 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     const int64_t cols_j = op == OP_FWD || op == OP_TOPK_GRAD ? p->N : p->K;
     GemmArgs g = {};
     Plan plan;
-    moe_status status = plan_gemm(p, op, a, b, out, weights != NULL, &g, &plan);
+    const moe_dtype out_dtype = (op == OP_DW || op == OP_TOPK_GRAD) ? p->dw_dtype : p->dtype;
+    moe_status status = plan_gemm(p, op, a, b, out, out_dtype, weights != NULL, &g, &plan);
     if (status != MOE_OK)
         return status;
     const int BM = plan.bm;
@@ -988,7 +992,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
 
         g.op = op;
         g.dtype = p->dtype;
-        g.out_dtype = (op == OP_DW || op == OP_TOPK_GRAD) ? p->dw_dtype : p->dtype;
+        g.out_dtype = out_dtype;
         g.T = p->num_tokens, g.k = p->topk, g.E = E, g.M = M, g.N = p->N, g.K = p->K;
         g.cols_j = cols_j;
         g.gather = p->gather_indices;
@@ -1062,7 +1066,7 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
     p.dtype = r->dtype, p.dw_dtype = r->out_dtype, p.accumulate = r->accumulate, p.stream = r->stream;
     GemmArgs g = {};
     Plan plan;
-    moe_status status = plan_gemm(&p, op, r->a, r->b, r->out, false, &g, &plan);
+    moe_status status = plan_gemm(&p, op, r->a, r->b, r->out, r->out_dtype, false, &g, &plan);
     if (status != MOE_OK)
         return status;
     const int64_t cols_j = op == OP_FWD ? r->N : r->K;

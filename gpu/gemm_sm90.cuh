@@ -11,9 +11,10 @@
 //   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
 //     (see the tile shapes below) with wgmma (128 fp32 accumulators per thread), then each warp writes
 //     its rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
-//     accumulate, one rounding) while the producer is already loading the next tile; dW, when it
-//     overwrites its output (g.tma_out), rounds into swizzled shared-memory boxes that TMA stores, so the
-//     warps go on to the next tile's MMAs while the stores drain.  An m64 block whose rows all lie past
+//     accumulate, one rounding) while the producer is already loading the next tile; where the output
+//     is overwritten and its rows are in tile order (g.tma_out: dW, fwd without permute_y, dX without
+//     permute_x or reduce_topk), the warps round into swizzled shared-memory boxes that TMA stores, and
+//     go on to the next tile's MMAs while the stores drain.  An m64 block whose rows all lie past
 //     the expert's end issues no MMAs.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
@@ -55,8 +56,8 @@ constexpr int H_PAIRED_REDUCTION = 1024; // and this reduction length (sm90_clus
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
 // as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
-// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b); where dW
-// overwrites its output (g.tma_out), the output [E][N][K] as 3-D (box {128 bytes of k, 8 n}, no zero fill).
+// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b); with
+// g.tma_out the output as 3-D, box {128 bytes of columns, 8 rows, 1}: dW [E][N][K], fwd [1][M][N], dX [1][M][K].
 struct Sm90Maps {
     CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b, out;
 };
@@ -324,15 +325,20 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
     }
 }
 
-// The same slice for dW with g.tma_out (out = dW[e], rows row0 .. row0 + 15 of the warp): per 128 bytes of
-// columns and 8 rows, the warp rounds its values into a swizzled 1 KiB box of shared memory and lane 0
-// issues a TMA store of it, which runs on while the warp goes on (the map clips rows past N and columns
-// past K).  The warp's two boxes alternate by the count of stores it issued (`stores`, kept over tiles), so
-// waiting for all but the latest store to have read its box frees the box about to be written.  ESIZE:
-// bytes of an output element (2: bf16 / f16, 4: f32).
-template <int BN, int ESIZE>
+// The same slice when the output is written by TMA stores (g.tma_out: no accumulate, output rows in
+// tile order): per 128 bytes of columns and 8 rows, the warp rounds its values (times the row's topk
+// weight when weighted) into a swizzled 1 KiB box of shared memory and lane 0 issues a TMA store of it,
+// which runs on while the warp goes on; the map clips columns past cols_j (and dW's rows past N).  row0:
+// the slice's first row in the tile space (dW: n; fwd, dX: the expert's row gi); map_row0, map_c2: its
+// coordinates in the output map (dW: n, e; fwd, dX: offsets[e] + gi, 0).  For fwd and dX an 8-row group
+// that reaches past the expert's last row (its rows past it belong to the next expert) is stored
+// element by element instead.  The warp's two boxes alternate by the count of stores it issued
+// (`stores`, kept over tiles), so waiting for all but the latest store to have read its box frees the
+// box about to be written.  ESIZE: bytes of an output element (2: bf16 / f16, 4: f32).
+template <int OP, int BN, int ESIZE>
 __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCoord &t, const float *d,
                                                  unsigned char *boxes, uint32_t boxes_addr, int64_t row0,
+                                                 int64_t map_row0, int map_c2, const float *row_weight, bool weighted,
                                                  const CUtensorMap *map, uint64_t policy, uint32_t &stores)
 {
     constexpr int BOX_COLS = 128 / ESIZE, GROUPS = BOX_COLS / 8; // columns, 8-column groups j of d per box
@@ -344,8 +350,25 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
             break;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            if (row0 + 8 * h >= t.rows)
+            const int64_t first = row0 + 8 * h;
+            if (first >= t.rows)
                 continue;
+            const float w = weighted ? row_weight[h] : 1.0f;
+            if (OP != OP_DW && first + 8 > t.rows) { // the expert's last rows: element stores, no TMA
+                if (first + r < t.rows) {
+                    const int64_t out_row = map_row0 + 8 * h + r;
+#pragma unroll
+                    for (int jj = 0; jj < GROUPS; jj++) {
+                        const int64_t col = col0 + 8 * jj + 2 * q;
+                        if (col >= g.cols_j)
+                            break;
+                        const float *v = d + 4 * (c * GROUPS + jj) + 2 * h;
+                        store_from_float(g.out_dtype, g.out, out_row * g.cols_j + col, weighted ? w * v[0] : v[0]);
+                        store_from_float(g.out_dtype, g.out, out_row * g.cols_j + col + 1, weighted ? w * v[1] : v[1]);
+                    }
+                }
+                continue;
+            }
             const uint32_t which = stores & 1;
             unsigned char *box = boxes + which * H_TMA_BOX_BYTES;
             if (lane == 0)
@@ -353,7 +376,9 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
             __syncwarp();
 #pragma unroll
             for (int jj = 0; jj < GROUPS; jj++) {
-                const float v0 = d[4 * (c * GROUPS + jj) + 2 * h], v1 = d[4 * (c * GROUPS + jj) + 2 * h + 1];
+                float v0 = d[4 * (c * GROUPS + jj) + 2 * h], v1 = d[4 * (c * GROUPS + jj) + 2 * h + 1];
+                if (weighted)
+                    v0 = w * v0, v1 = w * v1;
                 if constexpr (ESIZE == 4) { // 16-byte chunk (2 jj + q / 2) of row r, swizzled
                     *reinterpret_cast<float2 *>(box + r * 128 + (((2 * jj + q / 2) ^ r) * 16) + 8 * (q & 1)) =
                         make_float2(v0, v1);
@@ -372,7 +397,8 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
             fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
             __syncwarp();
             if (lane == 0)
-                tma_store_3d(map, boxes_addr + which * H_TMA_BOX_BYTES, (int)col0, (int)(row0 + 8 * h), (int)t.e, policy);
+                tma_store_3d(map, boxes_addr + which * H_TMA_BOX_BYTES, (int)col0, (int)(map_row0 + 8 * h), map_c2,
+                             policy);
             stores++;
         }
     }
@@ -658,18 +684,22 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 }
                 if (g.sm90_skip & 1)
                     continue;
-                if (OP == OP_DW && g.tma_out) {
+                if (g.tma_out) {
                     const int64_t row0 = t.i0 + (wg * M_BLOCKS + b) * 64 + warp_in_wg * 16;
+                    const int64_t map_row0 = OP == OP_DW ? row0 : g.ws.offsets[t.e] + row0;
+                    const int map_c2 = OP == OP_DW ? (int)t.e : 0;
                     if (g.out_dtype == MOE_F32)
-                        h_store_warp_tma<BN, 4>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, &maps.out, out_policy, stores);
+                        h_store_warp_tma<OP, BN, 4>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, map_row0, map_c2,
+                                                    row_weight, weighted, &maps.out, out_policy, stores);
                     else
-                        h_store_warp_tma<BN, 2>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, &maps.out, out_policy, stores);
+                        h_store_warp_tma<OP, BN, 2>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, map_row0, map_c2,
+                                                    row_weight, weighted, &maps.out, out_policy, stores);
                 } else {
                     h_store_warp_slice<BN>(g, t, d[b], epi_stage, out_row, row_weight, weighted);
                 }
             }
         }
-        if (OP == OP_DW && g.tma_out && lane == 0)
+        if (g.tma_out && lane == 0)
             bulk_wait_all(); // the boxes stay in use until TMA has read them
     }
     if (CLUSTER > 1)
