@@ -97,31 +97,46 @@ static int64_t gemm_row_of_slot(const moe_gemm_problem *p, int64_t s)
     return r;
 }
 
-/* The state of one clause's check: its name, the output format, the count and the first message. */
+/* The state of one clause's check: its name, the output tensor (after and, with accumulate, before the
+ * call), the count and the first message. */
 typedef struct {
     const char *clause;          /* the ACSL ensures name, the message's prefix */
     moe_dtype out_dtype;         /* the result's dtype: u_out and eta_out */
+    const void *out;             /* the output after the call */
+    const void *before;          /* with accumulate: the output before the call, else NULL */
     long violations;
     char *message;
     size_t capacity;
 } clause_check;
 
-/* within_dot_bound(yhat, exact.sum, exact.abs, roundings, u_out, eta_out) for output element `index` (flat,
- * in the output tensor), whose name (printf format and arguments, e.g. "dx[%lld][%lld]") goes into the
- * message of the first violation: "CLAUSE: element INDEX, NAME = ...".
- * Non-finite exact values must be matched exactly (NaN with NaN, Inf with the same Inf). */
-#if defined(__GNUC__)
-__attribute__((format(printf, 6, 7)))
-#endif
-static void within_dot_bound(clause_check *check, int64_t index, double yhat, real_sum exact,
-                             int64_t roundings, const char *element_format, ...)
+/* within_dot_bound(yhat, y, sabs, n, u_out, eta_out) of specs/gemm.acsl, u_out and eta_out those of
+ * out_dtype; *bound receives the right-hand side.  A non-finite y must be matched exactly (NaN with NaN,
+ * Inf with the same Inf). */
+static int within_dot_bound(double yhat, double y, double sabs, int64_t n, moe_dtype out_dtype, double *bound)
 {
-    const double u_out = moe_dtype_unit_roundoff(check->out_dtype);
-    const double bound = (1.0 + u_out) * gamma_k(roundings) * exact.abs + u_out * fabs(exact.sum) +
-                         eta_out(check->out_dtype);
-    const int ok = isfinite(exact.sum) ? fabs(yhat - exact.sum) <= bound
-                                       : (isnan(exact.sum) ? isnan(yhat) : yhat == exact.sum);
-    if (ok || check->violations++ > 0 || check->capacity == 0)
+    const double u_out = moe_dtype_unit_roundoff(out_dtype);
+    *bound = (1.0 + u_out) * gamma_k(n) * sabs + u_out * fabs(y) + eta_out(out_dtype);
+    return isfinite(y) ? fabs(yhat - y) <= *bound : (isnan(y) ? isnan(yhat) : yhat == y);
+}
+
+/* within_update_bound of specs/gemm.acsl for output element `index` (flat): within_dot_bound of the exact
+ * sum, or with accumulate of old + sum (old the element before the call: one more term, one more rounding).
+ * The element's name (printf format and arguments, e.g. "dx[%lld][%lld]") goes into the message of the
+ * first violation: "CLAUSE: element INDEX, NAME = ...". */
+#if defined(__GNUC__)
+__attribute__((format(printf, 5, 6)))
+#endif
+static void within_update_bound(clause_check *check, int64_t index, real_sum exact, int64_t roundings,
+                                const char *element_format, ...)
+{
+    if (check->before != NULL) {
+        add_term(&exact, moe_ref_load(check->out_dtype, check->before, index));
+        roundings++;
+    }
+    const double yhat = moe_ref_load(check->out_dtype, check->out, index);
+    double bound;
+    if (within_dot_bound(yhat, exact.sum, exact.abs, roundings, check->out_dtype, &bound) ||
+        check->violations++ > 0 || check->capacity == 0)
         return;
     char element[96];
     va_list args;
@@ -129,19 +144,21 @@ static void within_dot_bound(clause_check *check, int64_t index, double yhat, re
     vsnprintf(element, sizeof element, element_format, args);
     va_end(args);
     snprintf(check->message, check->capacity, "%s: element %lld, %s = %.9g, expected %.17g +- %.3g "
-             "(%lld roundings, %s)", check->clause, (long long)index, element, yhat, exact.sum, bound,
-             (long long)roundings, moe_dtype_name(check->out_dtype));
+             "(%lld roundings, %s%s)", check->clause, (long long)index, element, yhat, exact.sum, bound,
+             (long long)roundings, moe_dtype_name(check->out_dtype), check->before ? ", accumulate" : "");
 }
 
 /* Starts a check: clears the message and computes offsets[E + 1] = msum(m_sizes, e).  Returns NULL (the
- * checker then returns -1) when p is outside the clause's behaviour (in_behaviour == 0) or out of memory. */
-static int64_t *begin_check(clause_check *check, int in_behaviour, const char *clause, moe_dtype out_dtype,
-                            char *message, size_t capacity, const moe_gemm_problem *p)
+ * checker then returns -1) with accumulate but no `before`, or out of memory. */
+static int64_t *begin_check(clause_check *check, const moe_gemm_problem *p, const char *clause,
+                            moe_dtype out_dtype, const void *out, const void *before, char *message,
+                            size_t capacity)
 {
-    *check = (clause_check){.clause = clause, .out_dtype = out_dtype, .message = message, .capacity = capacity};
+    *check = (clause_check){.clause = clause, .out_dtype = out_dtype, .out = out,
+                            .before = p->accumulate ? before : NULL, .message = message, .capacity = capacity};
     if (capacity > 0)
         message[0] = '\0';
-    if (!in_behaviour)
+    if (p->accumulate && before == NULL)
         return NULL;
     int64_t *offsets = malloc(((size_t)p->num_experts + 1) * sizeof *offsets);
     if (offsets != NULL)
@@ -155,23 +172,32 @@ static long end_check(const clause_check *check, int64_t *offsets)
     return check->violations;
 }
 
-long moe_ref_check_gemm_fwd_post(const moe_gemm_problem *p, const void *x, const void *w,
-                                 const void *topk_weights, const void *y, char *message, size_t capacity)
+/* fwd_sum / fwd_sum_abs: weight(r) * dot_xw(x row of r, W[e][n]) */
+static real_sum fwd_sum(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                        int64_t r, int64_t e, int64_t n)
 {
-    clause_check check; /* behaviour plain_f32: no topk weights, no accumulate */
-    int64_t *offsets = begin_check(&check, topk_weights == NULL && !p->accumulate, "fwd_within_bound", p->dtype,
-                                   message, capacity, p);
+    real_sum s = {0.0, 0.0};
+    add_scaled(&s, gemm_weight(p, topk_weights, r),
+               dot_strided(p->dtype, x, gemm_x_row(p, r) * p->K, 1, w, (e * p->N + n) * p->K, 1, p->K));
+    return s;
+}
+
+long moe_ref_check_gemm_fwd_post(const moe_gemm_problem *p, const void *x, const void *w,
+                                 const void *topk_weights, const void *y, const void *y_before, char *message,
+                                 size_t capacity)
+{
+    clause_check check;
+    int64_t *offsets = begin_check(&check, p, "fwd_within_bound", p->dtype, y, y_before, message, capacity);
     if (offsets == NULL)
         return -1;
-    const int64_t N = p->N, K = p->K;
+    const int64_t N = p->N, roundings = p->K + gemm_weight_roundings(topk_weights);
     for (int64_t e = 0; e < p->num_experts; e++)
         for (int64_t r = offsets[e]; r < offsets[e + 1]; r++)
             for (int64_t n = 0; n < N; n++) {
                 const int64_t yr = gemm_y_row(p, r);
-                within_dot_bound(&check, yr * N + n, moe_ref_load(p->dtype, y, yr * N + n),
-                                 dot_strided(p->dtype, x, gemm_x_row(p, r) * K, 1, w, (e * N + n) * K, 1, K), K,
-                                 "y[%lld][%lld] (row %lld of expert %lld)", (long long)yr, (long long)n,
-                                 (long long)r, (long long)e);
+                within_update_bound(&check, yr * N + n, fwd_sum(p, x, w, topk_weights, r, e, n), roundings,
+                                    "y[%lld][%lld] (row %lld of expert %lld)", (long long)yr, (long long)n,
+                                    (long long)r, (long long)e);
             }
     return end_check(&check, offsets);
 }
@@ -187,12 +213,12 @@ static real_sum dx_sum(const moe_gemm_problem *p, const void *dy, const void *w,
 }
 
 long moe_ref_check_gemm_dx_post(const moe_gemm_problem *p, const void *dy, const void *w,
-                                const void *topk_weights, const void *dx, char *message, size_t capacity)
+                                const void *topk_weights, const void *dx, const void *dx_before, char *message,
+                                size_t capacity)
 {
-    clause_check check; /* behaviours per_row_f32 and reduce_f32: no accumulate */
-    int64_t *offsets = begin_check(&check, !p->accumulate,
-                                   p->reduce_topk ? "dx_reduce_within_bound" : "dx_within_bound", p->dtype,
-                                   message, capacity, p);
+    clause_check check;
+    int64_t *offsets = begin_check(&check, p, p->reduce_topk ? "dx_reduce_within_bound" : "dx_within_bound",
+                                   p->dtype, dx, dx_before, message, capacity);
     if (offsets == NULL)
         return -1;
     const int64_t K = p->K, roundings = p->N + gemm_weight_roundings(topk_weights);
@@ -201,10 +227,9 @@ long moe_ref_check_gemm_dx_post(const moe_gemm_problem *p, const void *dy, const
             for (int64_t r = offsets[e]; r < offsets[e + 1]; r++)
                 for (int64_t c = 0; c < K; c++) {
                     const int64_t dxr = gemm_dx_row(p, r);
-                    within_dot_bound(&check, dxr * K + c, moe_ref_load(p->dtype, dx, dxr * K + c),
-                                     dx_sum(p, dy, w, topk_weights, r, e, c), roundings,
-                                     "dx[%lld][%lld] (row %lld of expert %lld)", (long long)dxr, (long long)c,
-                                     (long long)r, (long long)e);
+                    within_update_bound(&check, dxr * K + c, dx_sum(p, dy, w, topk_weights, r, e, c),
+                                        roundings, "dx[%lld][%lld] (row %lld of expert %lld)", (long long)dxr,
+                                        (long long)c, (long long)r, (long long)e);
                 }
         return end_check(&check, offsets);
     }
@@ -216,18 +241,19 @@ long moe_ref_check_gemm_dx_post(const moe_gemm_problem *p, const void *dy, const
                 const int64_t e = gemm_expert_of_row(p, offsets, r);
                 add_scaled(&reduced, 1.0, dx_sum(p, dy, w, topk_weights, r, e, c));
             }
-            within_dot_bound(&check, t * K + c, moe_ref_load(p->dtype, dx, t * K + c), reduced,
-                             roundings + p->topk - 1, "dx[%lld][%lld] (reduce_topk over %lld slots)",
-                             (long long)t, (long long)c, (long long)p->topk);
+            within_update_bound(&check, t * K + c, reduced, roundings + p->topk - 1,
+                                "dx[%lld][%lld] (reduce_topk over %lld slots)", (long long)t, (long long)c,
+                                (long long)p->topk);
         }
     return end_check(&check, offsets);
 }
 
 long moe_ref_check_gemm_dw_post(const moe_gemm_problem *p, const void *x, const void *dy,
-                                const void *topk_weights, const void *dw, char *message, size_t capacity)
+                                const void *topk_weights, const void *dw, const void *dw_before, char *message,
+                                size_t capacity)
 {
-    clause_check check; /* behaviour plain_f32: no accumulate */
-    int64_t *offsets = begin_check(&check, !p->accumulate, "dw_within_bound", p->dw_dtype, message, capacity, p);
+    clause_check check;
+    int64_t *offsets = begin_check(&check, p, "dw_within_bound", p->dw_dtype, dw, dw_before, message, capacity);
     if (offsets == NULL)
         return -1;
     const int64_t N = p->N, K = p->K;
@@ -240,21 +266,20 @@ long moe_ref_check_gemm_dw_post(const moe_gemm_problem *p, const void *x, const 
                     add_term(&exact, gemm_weight(p, topk_weights, r) *
                                      (double)moe_ref_load(p->dtype, dy, gemm_y_row(p, r) * N + n) *
                                      (double)moe_ref_load(p->dtype, x, gemm_x_row(p, r) * K + c));
-                const int64_t index = (e * N + n) * K + c;
-                within_dot_bound(&check, index, moe_ref_load(p->dw_dtype, dw, index), exact, roundings,
-                                 "dw[%lld][%lld][%lld]", (long long)e, (long long)n, (long long)c);
+                within_update_bound(&check, (e * N + n) * K + c, exact, roundings, "dw[%lld][%lld][%lld]",
+                                    (long long)e, (long long)n, (long long)c);
             }
     }
     return end_check(&check, offsets);
 }
 
 long moe_ref_check_gemm_topk_grad_post(const moe_gemm_problem *p, const void *x, const void *w,
-                                       const void *dy, const void *d_topk_weights, char *message,
-                                       size_t capacity)
+                                       const void *dy, const void *d_topk_weights,
+                                       const void *d_topk_weights_before, char *message, size_t capacity)
 {
-    clause_check check; /* behaviour plain_f32: no accumulate */
-    int64_t *offsets = begin_check(&check, !p->accumulate, "topk_grad_within_bound", p->dw_dtype, message,
-                                   capacity, p);
+    clause_check check;
+    int64_t *offsets = begin_check(&check, p, "topk_grad_within_bound", p->dw_dtype, d_topk_weights,
+                                   d_topk_weights_before, message, capacity);
     if (offsets == NULL)
         return -1;
     const int64_t N = p->N, K = p->K;
@@ -265,9 +290,8 @@ long moe_ref_check_gemm_topk_grad_post(const moe_gemm_problem *p, const void *x,
                 add_scaled(&exact, moe_ref_load(p->dtype, dy, gemm_y_row(p, r) * N + n),
                            dot_strided(p->dtype, x, gemm_x_row(p, r) * K, 1, w, (e * N + n) * K, 1, K));
             const int64_t slot = gemm_slot(p, r);
-            within_dot_bound(&check, slot, moe_ref_load(p->dw_dtype, d_topk_weights, slot), exact, N + K,
-                             "d_topk_weights[%lld] (row %lld of expert %lld)", (long long)slot, (long long)r,
-                             (long long)e);
+            within_update_bound(&check, slot, exact, N + K, "d_topk_weights[%lld] (row %lld of expert %lld)",
+                                (long long)slot, (long long)r, (long long)e);
         }
     return end_check(&check, offsets);
 }

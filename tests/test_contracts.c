@@ -1,16 +1,17 @@
 /* Run-time checking of the ACSL float postconditions WP does not prove (specs/README.md): runs the four
  * naive grouped GEMM kernels (ref/gemm_naive.c: fwd, dX, dW, topk-weight gradient) on random routings, in
- * every mode each takes (permute_x, permute_y, topk weights, reduce_topk) and every dtype (dW and the
+ * every mode each takes (permute_x, permute_y, topk weights, reduce_topk, accumulate) and every dtype (dW and the
  * topk-weight gradient also into fp32 results, dw_fp32), and checks each one's clause (`fwd_within_bound`,
  * `dx_within_bound` / `dx_reduce_within_bound`, `dw_within_bound`, `topk_grad_within_bound`) with the
  * checkers of tests/contract_check.c, written to mirror the ACSL of moe_ref.h / specs/gemm.acsl.  Outputs
- * start as NaN, so an element the kernel leaves unwritten is a violation.  Then feeds each checker
+ * start as NaN (with accumulate: random, and the checker gets a copy of the old values), so an element the
+ * kernel leaves unwritten is a violation.  Then feeds each checker
  * deliberately wrong outputs (one element off by far more than the bound; one element NaN) and expects it
  * to report exactly that element under the clause's name: a contract violation being caught.
  *
  * Runs on one OpenMP thread unless OMP_NUM_THREADS is set (results do not depend on the thread count;
- * test_threads covers that): its 19200 tiny kernel calls took 30 s with the default thread count on the
- * loaded 2-core build machine, 0.2 s on one thread.
+ * test_threads covers that): 19200 tiny kernel calls (the modes without accumulate) took 30 s with the
+ * default thread count on the loaded 2-core build machine, 0.2 s on one thread.
  *
  * Usage: test_contracts [seed] */
 #include "contract_check.h"
@@ -56,7 +57,7 @@ static void *random_tensor(moe_dtype dtype, int64_t count)
     return t;
 }
 
-enum { PERMUTE_X = 1, PERMUTE_Y = 2, WEIGHTS = 4, REDUCE_TOPK = 8 };
+enum { PERMUTE_X = 1, PERMUTE_Y = 2, WEIGHTS = 4, REDUCE_TOPK = 8, ACCUMULATE = 16 };
 
 /* The tensors of one random problem, and the roles the kernels' arguments take from them. */
 enum role { ROLE_X, ROLE_W, ROLE_DY, ROLE_WEIGHTS };
@@ -64,7 +65,7 @@ enum role { ROLE_X, ROLE_W, ROLE_DY, ROLE_WEIGHTS };
 typedef moe_status (*kernel_fn)(const moe_gemm_problem *p, const void *a, const void *b, const void *c,
                                 void *out);
 typedef long (*check_fn)(const moe_gemm_problem *p, const void *a, const void *b, const void *c,
-                         const void *out, char *message, size_t capacity);
+                         const void *out, const void *out_before, char *message, size_t capacity);
 
 /* One naive kernel, its three inputs (in argument order), the option bits it takes, and its checker. */
 typedef struct {
@@ -77,13 +78,13 @@ typedef struct {
 
 static const gemm_op ops[] = {
     {"fwd", moe_ref_gemm_fwd_naive, moe_ref_check_gemm_fwd_post, {ROLE_X, ROLE_W, ROLE_WEIGHTS},
-     PERMUTE_X | PERMUTE_Y}, /* plain_f32: no topk weights */
+     PERMUTE_X | PERMUTE_Y | WEIGHTS | ACCUMULATE},
     {"dx", moe_ref_gemm_dx_naive, moe_ref_check_gemm_dx_post, {ROLE_DY, ROLE_W, ROLE_WEIGHTS},
-     PERMUTE_X | PERMUTE_Y | WEIGHTS | REDUCE_TOPK},
+     PERMUTE_X | PERMUTE_Y | WEIGHTS | REDUCE_TOPK | ACCUMULATE},
     {"dw", moe_ref_gemm_dw_naive, moe_ref_check_gemm_dw_post, {ROLE_X, ROLE_DY, ROLE_WEIGHTS},
-     PERMUTE_X | PERMUTE_Y | WEIGHTS},
+     PERMUTE_X | PERMUTE_Y | WEIGHTS | ACCUMULATE},
     {"topk_grad", moe_ref_gemm_topk_weights_grad, moe_ref_check_gemm_topk_grad_post, {ROLE_X, ROLE_W, ROLE_DY},
-     PERMUTE_X | PERMUTE_Y},
+     PERMUTE_X | PERMUTE_Y | ACCUMULATE},
 };
 enum { NUM_OPS = sizeof ops / sizeof ops[0] };
 
@@ -132,18 +133,28 @@ static void run_op(uint64_t seed, const gemm_op *op, const moe_gemm_problem *p, 
         args[i] = op->inputs[i] == ROLE_WEIGHTS && !(mode & WEIGHTS) ? NULL : tensors[op->inputs[i]];
     moe_dtype out_dtype;
     const int64_t count = output_count(op, p, &out_dtype);
-    void *out = xcalloc((size_t)count, moe_dtype_size(out_dtype));
-    for (int64_t i = 0; i < count; i++) /* poison: an element left unwritten fails the clause */
-        moe_ref_store(out_dtype, out, i, NAN);
+    /* With accumulate the output starts random (kept in `before`), else poisoned with NaN: an element the
+     * kernel leaves unwritten fails the clause. */
+    void *out = (mode & ACCUMULATE) ? random_tensor(out_dtype, count)
+                                    : xcalloc((size_t)count, moe_dtype_size(out_dtype));
+    void *before = NULL;
+    if (mode & ACCUMULATE) {
+        before = xcalloc((size_t)count, moe_dtype_size(out_dtype));
+        memcpy(before, out, (size_t)count * moe_dtype_size(out_dtype));
+    } else {
+        for (int64_t i = 0; i < count; i++)
+            moe_ref_store(out_dtype, out, i, NAN);
+    }
     const char *clause = clause_of(op, p);
     char message[320];
     if (op->run(p, args[0], args[1], args[2], out) != MOE_OK) {
         fprintf(stderr, "test_contracts: FAIL: %s (seed %" PRIu64 "): %s\n", op->name, seed, moe_last_error());
         failures++;
         free(out);
+        free(before);
         return;
     }
-    long bad = op->check(p, args[0], args[1], args[2], out, message, sizeof message);
+    long bad = op->check(p, args[0], args[1], args[2], out, before, message, sizeof message);
     if (bad != 0) {
         fprintf(stderr, "test_contracts: FAIL: %s seed %" PRIu64 " %s mode %u: %ld violations, first: %s\n",
                 op->name, seed, moe_dtype_name(p->dtype), mode, bad, message);
@@ -154,7 +165,7 @@ static void run_op(uint64_t seed, const gemm_op *op, const moe_gemm_problem *p, 
         const int64_t victim = random_below(count);
         const float good = moe_ref_load(out_dtype, out, victim);
         moe_ref_store(out_dtype, out, victim, good + 1.0f + fabsf(good));
-        bad = op->check(p, args[0], args[1], args[2], out, message, sizeof message);
+        bad = op->check(p, args[0], args[1], args[2], out, before, message, sizeof message);
         expect_one("an element off by 1 + |value|", bad, clause, victim, message);
         const int d = p->dtype == MOE_F32 ? 0 : p->dtype == MOE_F16 ? 1 : 2;
         if (mode == op->options && !shown[op - ops][d]++)
@@ -162,18 +173,17 @@ static void run_op(uint64_t seed, const gemm_op *op, const moe_gemm_problem *p, 
                    "says: %s\n", op->name, victim, moe_dtype_name(p->dtype), mode, message);
         /* violation 2: the element NaN (as if unwritten) */
         moe_ref_store(out_dtype, out, victim, NAN);
-        bad = op->check(p, args[0], args[1], args[2], out, message, sizeof message);
+        bad = op->check(p, args[0], args[1], args[2], out, before, message, sizeof message);
         expect_one("a NaN element", bad, clause, victim, message);
     }
-    /* outside the behaviour: the checker must refuse rather than pass */
-    moe_gemm_problem accumulating = *p;
-    accumulating.accumulate = 1;
-    if (op->check(&accumulating, args[0], args[1], args[2], out, message, sizeof message) != -1) {
-        fprintf(stderr, "test_contracts: FAIL: the %s checker accepted accumulate (outside its behaviour)\n",
+    /* accumulate without the output before the call: the checker must refuse rather than pass */
+    if ((mode & ACCUMULATE) && op->check(p, args[0], args[1], args[2], out, NULL, message, sizeof message) != -1) {
+        fprintf(stderr, "test_contracts: FAIL: the %s checker accepted accumulate without the old output\n",
                 op->name);
         failures++;
     }
     free(out);
+    free(before);
 }
 
 /* One random problem, every op in every mode it takes; with `demo`, also the deliberate violations. */
@@ -205,14 +215,15 @@ static void run_case(uint64_t seed, moe_dtype dtype, int demo)
     void *tensors[4] = {random_tensor(dtype, M * K), random_tensor(dtype, E * N * K),
                         random_tensor(dtype, M * N), random_tensor(dtype, M)};
     for (int o = 0; o < NUM_OPS; o++)
-        for (unsigned mode = 0; mode < 16; mode++) {
+        for (unsigned mode = 0; mode < 32; mode++) {
             if ((mode & ~ops[o].options) != 0)
                 continue;
             const moe_gemm_problem p = {.op = "test_contracts", .num_tokens = T, .topk = k, .num_experts = E,
                                         .rows = M, .N = N, .K = K, .m_sizes = m_sizes, .gather_indices = gather,
                                         .dtype = dtype, .dw_dtype = dw_dtype, .permute_x = (mode & PERMUTE_X) != 0,
                                         .permute_y = (mode & PERMUTE_Y) != 0,
-                                        .reduce_topk = (mode & REDUCE_TOPK) != 0};
+                                        .reduce_topk = (mode & REDUCE_TOPK) != 0,
+                                        .accumulate = (mode & ACCUMULATE) != 0};
             run_op(seed, &ops[o], &p, tensors, mode, demo);
         }
     free(topk_ids);
@@ -238,8 +249,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_contracts: %ld failures (seed %" PRIu64 ")\n", failures, seed);
         return 1;
     }
-    printf("test_contracts: ok: fwd_within_bound (4 modes), dx_within_bound and dx_reduce_within_bound "
-           "(16 modes), dw_within_bound (8 modes), topk_grad_within_bound (4 modes) held on %ld random "
+    printf("test_contracts: ok: fwd_within_bound (16 modes), dx_within_bound and dx_reduce_within_bound "
+           "(32 modes), dw_within_bound (16 modes), topk_grad_within_bound (8 modes) held on %ld random "
            "problems; every injected violation was caught\n", cases);
     return 0;
 }
