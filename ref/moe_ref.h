@@ -135,22 +135,23 @@ int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64
 /* The preconditions are what the front end (src/gemm_api.c) checks.  WP proves the loops of the forward
  * (gemm_fwd_rows in ref/gemm_naive.c: every index in bounds, no overflow, writes only y) but not this
  * function, which allocates the expert offsets.
- * The float postcondition below is not proved by WP: tests/contract_check.c mirrors it clause by clause
- * (moe_ref_check_gemm_fwd_post) and tests/test_contracts checks it at run time, for every dtype (inputs
- * read through moe_ref_load, u_out of the output dtype).  Behaviours with topk weights or accumulate add
- * roundings the bound does not cover and are checked by the property tests against the float64 oracle. */
+ * The float postcondition below (behaviour `f32`: fp32 tensors; topk weights and accumulate included) is
+ * not proved by WP: tests/contract_check.c mirrors it clause by clause (moe_ref_check_gemm_fwd_post) and
+ * tests/test_contracts checks it at run time, for every dtype (inputs read through moe_ref_load, u_out and
+ * eta_out of the output dtype). */
 /*@ requires problem: gemm_problem_ok(p);
     requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
       sizes_ok(p->m_sizes, p->num_experts, p->rows);
     requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
-    behavior plain_f32:
-      assumes plain: p->dtype == MOE_F32 && topk_weights == \null && p->accumulate == 0;
+    behavior f32:
+      assumes f32: p->dtype == MOE_F32;
       ensures fwd_within_bound: \forall integer r, n, e; 0 <= r < p->rows && 0 <= n < p->N &&
         0 <= e < p->num_experts && msum(p->m_sizes, e) <= r < msum(p->m_sizes, e + 1) ==>
-        within_dot_bound((real)((float *)y)[gemm_y_row(p, r) * p->N + n],
-          dot_xw((float *)x, gemm_x_row(p, r) * p->K, (float *)w, (e * p->N + n) * p->K, p->K),
-          dot_abs((float *)x, gemm_x_row(p, r) * p->K, (float *)w, (e * p->N + n) * p->K, p->K),
-          p->K, unit_f32); */
+        within_update_bound(p, (real)((float *)y)[gemm_y_row(p, r) * p->N + n],
+          \old((real)((float *)y)[gemm_y_row(p, r) * p->N + n]),
+          fwd_sum(p, (float *)x, (float *)w, (float *)topk_weights, r, e, n),
+          fwd_sum_abs(p, (float *)x, (float *)w, (float *)topk_weights, r, e, n),
+          p->K + gemm_weight_roundings((float *)topk_weights), unit_f32, eta_f32); */
 moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
                                   const void *topk_weights, void *y);
 
@@ -158,25 +159,66 @@ moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, cons
  * dw_tensors, topk_grad_tensors).  As for the forward, WP proves their loops (gemm_dx_rows,
  * gemm_dx_reduce_rows, invert_gather, gemm_dw_rows, gemm_topk_grad_rows and the dot helpers in
  * ref/gemm_naive.c: every index in bounds, no overflow, writes only the output) but not these shells,
- * which allocate.  Their float results are checked by the property tests against the float64 oracle. */
+ * which allocate.  Their float postconditions (behaviours `*_f32`: fp32 tensors; topk weights and
+ * accumulate included, each one more rounding) are not proved by WP either: tests/contract_check.c
+ * mirrors them clause by clause (moe_ref_check_gemm_dx_post, moe_ref_check_gemm_dw_post,
+ * moe_ref_check_gemm_topk_grad_post) and tests/test_contracts checks them at run time for every dtype.
+ * The roundings per term (the n of gamma_k(n)) are derived in specs/gemm.acsl. */
 /*@ requires problem: gemm_problem_ok(p);
     requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
       sizes_ok(p->m_sizes, p->num_experts, p->rows);
     requires gather: p->reduce_topk != 0 && p->gather_indices != \null ==>
       is_permutation(p->gather_indices, p->rows);
-    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx); */
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    behavior per_row_f32:
+      assumes per_row: p->dtype == MOE_F32 && p->reduce_topk == 0;
+      ensures dx_within_bound: \forall integer r, c, e; 0 <= r < p->rows && 0 <= c < p->K &&
+        0 <= e < p->num_experts && msum(p->m_sizes, e) <= r < msum(p->m_sizes, e + 1) ==>
+        within_update_bound(p, (real)((float *)dx)[gemm_dx_row(p, r) * p->K + c],
+          \old((real)((float *)dx)[gemm_dx_row(p, r) * p->K + c]),
+          dx_sum(p, (float *)dy, (float *)w, (float *)topk_weights, r, e, c),
+          dx_sum_abs(p, (float *)dy, (float *)w, (float *)topk_weights, r, e, c),
+          p->N + gemm_weight_roundings((float *)topk_weights), unit_f32, eta_f32);
+    behavior reduce_f32:
+      assumes reduce: p->dtype == MOE_F32 && p->reduce_topk != 0;
+      ensures dx_reduce_within_bound: \forall integer t, c; 0 <= t < p->num_tokens && 0 <= c < p->K ==>
+        within_update_bound(p, (real)((float *)dx)[t * p->K + c], \old((real)((float *)dx)[t * p->K + c]),
+          dx_reduce_sum(p, (float *)dy, (float *)w, (float *)topk_weights, t, c, p->topk),
+          dx_reduce_sum_abs(p, (float *)dy, (float *)w, (float *)topk_weights, t, c, p->topk),
+          p->N + gemm_weight_roundings((float *)topk_weights) + p->topk - 1, unit_f32, eta_f32); */
 moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
                                  const void *topk_weights, void *dx);
 /*@ requires problem: gemm_problem_ok(p);
     requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
       sizes_ok(p->m_sizes, p->num_experts, p->rows);
-    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw); */
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    behavior f32:
+      assumes f32: p->dtype == MOE_F32 && p->dw_dtype == MOE_F32;
+      ensures dw_within_bound: \forall integer e, n, c; 0 <= e < p->num_experts && 0 <= n < p->N &&
+        0 <= c < p->K ==>
+        within_update_bound(p, (real)((float *)dw)[(e * p->N + n) * p->K + c],
+          \old((real)((float *)dw)[(e * p->N + n) * p->K + c]),
+          dw_sum(p, (float *)x, (float *)dy, (float *)topk_weights,
+                 msum(p->m_sizes, e), msum(p->m_sizes, e + 1), n, c),
+          dw_sum_abs(p, (float *)x, (float *)dy, (float *)topk_weights,
+                     msum(p->m_sizes, e), msum(p->m_sizes, e + 1), n, c),
+          msum(p->m_sizes, e + 1) - msum(p->m_sizes, e) + gemm_weight_roundings((float *)topk_weights),
+          unit_f32, eta_f32); */
 moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
                                  const void *topk_weights, void *dw);
 /*@ requires problem: gemm_problem_ok(p);
     requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
       sizes_ok(p->m_sizes, p->num_experts, p->rows);
-    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights); */
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    behavior f32:
+      assumes f32: p->dtype == MOE_F32 && p->dw_dtype == MOE_F32;
+      ensures topk_grad_within_bound: \forall integer r, e; 0 <= r < p->rows && 0 <= e < p->num_experts &&
+        msum(p->m_sizes, e) <= r < msum(p->m_sizes, e + 1) ==>
+        within_update_bound(p, (real)((float *)d_topk_weights)[gemm_slot(p, r)],
+          \old((real)((float *)d_topk_weights)[gemm_slot(p, r)]),
+          topk_grad_sum(p, (float *)x, (float *)w, (float *)dy, r, e, p->N),
+          topk_grad_sum_abs(p, (float *)x, (float *)w, (float *)dy, r, e, p->N),
+          p->N + p->K, unit_f32, eta_f32); */
 moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                           const void *dy, void *d_topk_weights);
 
