@@ -29,11 +29,29 @@
 #endif
 #define MLP_SIMD MLP_OMP(simd)
 
+#ifdef __FRAMAC__
+#include "mlp.acsl" /* specs/: the ACSL logic of the loop kernels below (Frama-C only) */
+
+/* The dtype conversions of ref/dtype.c (prototypes in include/moe.h) as the proofs of this file call them:
+ * they terminate and touch no memory.  Contracts trusted, not proved (ref/dtype.c has no contracts yet;
+ * tested by tests/test_dtype).  Frama-C merges these with the prototypes of moe.h. */
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_f16_to_f32(uint16_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint16_t moe_f32_to_f16(float value);
+#endif
+
 enum { NC = 128, PC = 64, RC = 64 };
 
 /* ---------------------------------------------------------------------------------------------------
  * element conversion (inline for the hot loops; bf16 -> f32 is a shift)
  * ------------------------------------------------------------------------------------------------- */
+/* Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow memcpy between a uint32_t
+ * and a float (a reinterpretation of the bits); it is a pure function of its argument. */
+/*@ terminates \true;
+    assigns \nothing; */
 static inline float bf16_to_f32(uint16_t bits)
 {
     uint32_t u = (uint32_t)bits << 16;
@@ -43,7 +61,9 @@ static inline float bf16_to_f32(uint16_t bits)
 }
 
 /* = moe_f32_to_bf16 of ref/dtype.c (round to nearest even, NaN kept quiet), inlined for the gradient
- * stores */
+ * stores.  Contract trusted, not proved (as bf16_to_f32's). */
+/*@ terminates \true;
+    assigns \nothing; */
 static inline uint16_t f32_to_bf16(float value)
 {
     uint32_t bits;
@@ -54,7 +74,43 @@ static inline uint16_t f32_to_bf16(float value)
     return (uint16_t)(bits >> 16);
 }
 
-/* Stores count float32 values as elements first .. first + count - 1 of a dtype tensor (one rounding). */
+/* Elements first .. of a tensor given as void *, seen as float32 (an f32 tensor) or as uint16_t (f16, bf16).
+ *   count  ghost (read by the proof only): the elements the caller reads through the result
+ * Contracts trusted, not proved: these two casts of void * are the ones WP's typed model cannot follow
+ * (specs/README.md); the caller proves the bytes of the count elements readable, and reads the result
+ * only (so that no assigns clause has to relate float or uint16_t locations to the tensor's bytes). */
+/*@ requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires elements: elements_readable((char *)base, first, count, MOE_F32);
+    terminates \true;
+    assigns \result \from base, first;
+    ensures readable: \valid_read(\result + (0 .. count - 1)); */
+static inline const float *f32_elements(const void *base, int64_t first) /*@ ghost (int64_t count) */
+{
+    return (const float *)base + first;
+}
+
+/*@ requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires elements: elements_readable((char *)base, first, count, MOE_F16);
+    terminates \true;
+    assigns \result \from base, first;
+    ensures readable: \valid_read(\result + (0 .. count - 1)); */
+static inline const uint16_t *u16_elements(const void *base, int64_t first) /*@ ghost (int64_t count) */
+{
+    return (const uint16_t *)base + first;
+}
+
+/* Stores count float32 values as elements first .. first + count - 1 of a dtype tensor (one rounding).
+ *   base: tensor of dtype;  v [count]
+ * Contract trusted, not proved (as moe_ref_store's): the body casts void * to float * / uint16_t *, which
+ * WP's typed model cannot follow; it writes exactly the bytes of elements first .. first + count - 1. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires elements: elements_writable((char *)base, first, count, dtype);
+    requires v: \valid_read(v + (0 .. count - 1));
+    requires separated: \separated(v + (0 .. count - 1),
+      (char *)base + (byte_offset(first, dtype) .. byte_offset(first + count, dtype) - 1));
+    terminates \true;
+    assigns ((char *)base)[byte_offset(first, dtype) .. byte_offset(first + count, dtype) - 1]; */
 static void store_row(moe_dtype dtype, void *base, int64_t first, const float *v, int64_t count)
 {
     switch (dtype) {
@@ -75,19 +131,37 @@ static void store_row(moe_dtype dtype, void *base, int64_t first, const float *v
 }
 
 /* count elements starting at element `first` of a dtype tensor as float32 into out (or, for f32, a
- * pointer straight into the tensor). */
+ * pointer straight into the tensor).   base: tensor of dtype;  out [count]
+ * For f32 the result points into the tensor (readable: the caller proves its bytes readable); otherwise it
+ * is out. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires elements: elements_readable((char *)base, first, count, dtype);
+    requires out: \valid(out + (0 .. count - 1));
+    terminates \true;
+    assigns out[0 .. count - 1] \from dtype, count, ((char *)base)[byte_offset(first, dtype) ..
+      byte_offset(first + count, dtype) - 1];
+    assigns \result \from dtype, base, first, out;
+    ensures readable: \valid_read(\result + (0 .. count - 1));
+    ensures converted: dtype != MOE_F32 ==> \result == out; */
 static const float *row_f32(moe_dtype dtype, const void *base, int64_t first, int64_t count, float *out)
 {
     switch (dtype) {
-    case MOE_F32: return (const float *)base + first;
+    case MOE_F32: return f32_elements(base, first) /*@ ghost (count) */;
     case MOE_BF16: {
-        const uint16_t *src = (const uint16_t *)base + first;
+        const uint16_t *src = u16_elements(base, first) /*@ ghost (count) */;
+        /*@ loop invariant bounds: 0 <= i <= count;
+            loop assigns i, out[0 .. count - 1];
+            loop variant count - i; */
         for (int64_t i = 0; i < count; i++)
             out[i] = bf16_to_f32(src[i]);
         return out;
     }
     case MOE_F16: {
-        const uint16_t *src = (const uint16_t *)base + first;
+        const uint16_t *src = u16_elements(base, first) /*@ ghost (count) */;
+        /*@ loop invariant bounds: 0 <= i <= count;
+            loop assigns i, out[0 .. count - 1];
+            loop variant count - i; */
         for (int64_t i = 0; i < count; i++)
             out[i] = moe_f16_to_f32(src[i]);
         return out;
@@ -96,6 +170,17 @@ static const float *row_f32(moe_dtype dtype, const void *base, int64_t first, in
     return out;
 }
 
+/* count elements starting at element `first` of a dtype tensor as float32 into out.
+ *   base: tensor of dtype;  out [count]
+ * Contract trusted, not proved: row_f32's casts, and memcpy from the tensor's floats. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires elements: elements_readable((char *)base, first, count, dtype);
+    requires out: \valid(out + (0 .. count - 1));
+    requires separated: \separated(out + (0 .. count - 1),
+      (char *)base + (byte_offset(first, dtype) .. byte_offset(first + count, dtype) - 1));
+    terminates \true;
+    assigns out[0 .. count - 1]; */
 static void load_f32(moe_dtype dtype, const void *base, int64_t first, int64_t count, float *out)
 {
     const float *src = row_f32(dtype, base, first, count, out);
@@ -107,53 +192,135 @@ static void load_f32(moe_dtype dtype, const void *base, int64_t first, int64_t c
  * the two GEMM kernels
  * ------------------------------------------------------------------------------------------------- */
 
+/* The product step of mm_nn (one PC x NC tile) and of mm_wn (one weight row against NC columns):
+ * c[i*ldc + j] += sum_{q = 0 .. pc-1 ascending} a[i*ars + q*acs] * bb[q*ldbb + j]
+ * for i < m, j < nc, four q at a time (((c + a0 b0) + a1 b1) + a2 b2) + a3 b3, then the rest one by one.
+ *   a: [m][pc] with strides ars, acs;  bb [pc][ldbb] (the first nc columns are read);
+ *   c [m][ldc] (the first nc columns are updated) */
+/*@ requires dims: 0 <= m && 0 <= nc <= ldbb && nc <= ldc && 0 <= pc <= INT64_MAX - 4 && 0 <= ars && 0 <= acs;
+    requires a: m >= 1 ==> (m - 1) * ars <= INT64_MAX && (pc >= 1 ==>
+      (m - 1) * ars + (pc - 1) * acs <= INT64_MAX && \valid_read(a + (0 .. (m - 1) * ars + (pc - 1) * acs)));
+    requires bb: pc >= 1 ==> (pc - 1) * ldbb + nc <= INT64_MAX &&
+      \valid_read(bb + (0 .. (pc - 1) * ldbb + nc - 1));
+    requires c: m >= 1 ==> (m - 1) * ldc + nc <= INT64_MAX && \valid(c + (0 .. (m - 1) * ldc + nc - 1));
+    terminates \true;
+    assigns c[0 .. (m - 1) * ldc + nc - 1]; */
+static void mm_nn_tile(int64_t m, int64_t nc, int64_t pc, const float *a, int64_t ars, int64_t acs,
+                       const float *bb, int64_t ldbb, float *c, int64_t ldc)
+{
+    /*@ loop invariant rows: 0 <= i <= m;
+        loop assigns i, c[0 .. (m - 1) * ldc + nc - 1];
+        loop variant m - i; */
+    for (int64_t i = 0; i < m; i++) {
+        /*@ ghost lemma_mul_monotone(i, m - 1, ldc); */
+        /*@ ghost lemma_mul_monotone(i, m - 1, ars); */
+        float *restrict ci = c + i * ldc;
+        const float *ai = a + i * ars;
+        int64_t q = 0;
+        /*@ loop invariant depth: 0 <= q <= pc;
+            loop assigns q, c[0 .. (m - 1) * ldc + nc - 1];
+            loop variant pc - q; */
+        for (; q + 4 <= pc; q += 4) {
+            /*@ ghost lemma_mul_monotone(q, q + 3, acs); */
+            /*@ ghost lemma_mul_monotone(q + 3, pc - 1, acs); */
+            /*@ ghost lemma_mul_monotone(q, q + 3, ldbb); */
+            /*@ ghost lemma_mul_monotone(q + 3, pc - 1, ldbb); */
+            const float a0 = ai[q * acs], a1 = ai[(q + 1) * acs], a2 = ai[(q + 2) * acs], a3 = ai[(q + 3) * acs];
+            const float *restrict b0 = bb + q * ldbb, *restrict b1 = b0 + ldbb, *restrict b2 = b1 + ldbb,
+                                  *restrict b3 = b2 + ldbb;
+            /*@ loop invariant cols: 0 <= j <= nc;
+                loop assigns j, c[0 .. (m - 1) * ldc + nc - 1];
+                loop variant nc - j; */
+            MLP_SIMD
+            for (int64_t j = 0; j < nc; j++)
+                ci[j] = (((ci[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
+        }
+        /*@ loop invariant depth: 0 <= q <= pc;
+            loop assigns q, c[0 .. (m - 1) * ldc + nc - 1];
+            loop variant pc - q; */
+        for (; q < pc; q++) {
+            /*@ ghost lemma_mul_monotone(q, pc - 1, acs); */
+            /*@ ghost lemma_mul_monotone(q, pc - 1, ldbb); */
+            const float a0 = ai[q * acs];
+            const float *restrict b0 = bb + q * ldbb;
+            /*@ loop invariant cols: 0 <= j <= nc;
+                loop assigns j, c[0 .. (m - 1) * ldc + nc - 1];
+                loop variant nc - j; */
+            MLP_SIMD
+            for (int64_t j = 0; j < nc; j++)
+                ci[j] = ci[j] + a0 * b0[j];
+        }
+    }
+}
+
 /* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} A[i*ars + p*acs] * B(p, j)   for i < m, j < n,
  * B(p, j) = element boff + p*ldb + j of a tensor of dtype bdt.  bbuf holds PC*NC floats.
- * Each B element is converted once per call; the inner loop runs across output columns. */
+ * Each B element is converted once per call; the inner loop runs across output columns.
+ *   A: [m][kk] with strides ars, acs (row-major: ars = kk-or-more, acs = 1; transposed: ars = 1);
+ *   B: elements boff .. boff + kk*ldb - 1 of a dtype tensor, [kk][ldb] (the first n columns are read);
+ *   C [m][ldc] (the first n columns are written);  bbuf [PC*NC] */
+/*@ requires dims: 0 <= m && 0 <= n <= INT64_MAX - NC && 0 <= kk <= INT64_MAX - PC;
+    requires A_strides: 0 <= ars && 0 <= acs && (kk >= 1 ==> (kk - 1) * acs <= INT64_MAX);
+    requires A: m >= 1 && kk >= 1 ==> (m - 1) * ars + (kk - 1) * acs <= INT64_MAX &&
+      \valid_read(A + (0 .. (m - 1) * ars + (kk - 1) * acs));
+    requires strides: n <= ldb && n <= ldc;
+    requires sizes: 0 <= boff && boff + kk * ldb <= INT64_MAX && m * ldc <= INT64_MAX;
+    requires dtype: dtype_ok(bdt);
+    requires B: elements_readable((char *)B, boff, kk * ldb, bdt);
+    requires C: \valid(C + (0 .. m * ldc - 1));
+    requires bbuf: \valid(bbuf + (0 .. PC * NC - 1));
+    terminates \true;
+    assigns C[0 .. m * ldc - 1], bbuf[0 .. PC * NC - 1]; */
 static void mm_nn(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars, int64_t acs, moe_dtype bdt,
                   const void *B, int64_t boff, int64_t ldb, float *C, int64_t ldc, float *bbuf)
 {
+    /*@ loop invariant tiles: 0 <= j0 < n + NC;
+        loop assigns j0, C[0 .. m * ldc - 1], bbuf[0 .. PC * NC - 1];
+        loop variant n - j0; */
     for (int64_t j0 = 0; j0 < n; j0 += NC) {
         const int64_t nc = n - j0 < NC ? n - j0 : NC;
+        /*@ loop invariant rows: 0 <= i <= m;
+            loop assigns i, C[0 .. m * ldc - 1];
+            loop variant m - i; */
         for (int64_t i = 0; i < m; i++) {
+            /*@ ghost lemma_row_fits(i, m, ldc); */
             float *c = C + i * ldc + j0;
+            /*@ loop invariant cols: 0 <= j <= nc;
+                loop assigns j, C[0 .. m * ldc - 1];
+                loop variant nc - j; */
             for (int64_t j = 0; j < nc; j++)
                 c[j] = 0.0f;
         }
+        /*@ loop invariant depth: 0 <= p0 < kk + PC;
+            loop assigns p0, C[0 .. m * ldc - 1], bbuf[0 .. PC * NC - 1];
+            loop variant kk - p0; */
         for (int64_t p0 = 0; p0 < kk; p0 += PC) {
             const int64_t pc = kk - p0 < PC ? kk - p0 : PC;
+            /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, ldb); */
+            /*@ ghost lemma_mul_monotone(p0, p0 + pc - 1, ldb); */
             const float *bb;
             int64_t ldbb;
             if (bdt == MOE_F32) {
-                bb = (const float *)B + boff + p0 * ldb + j0;
+                bb = f32_elements(B, boff + p0 * ldb + j0) /*@ ghost ((pc - 1) * ldb + nc) */;
                 ldbb = ldb;
             } else {
-                for (int64_t q = 0; q < pc; q++)
+                /*@ loop invariant converted: 0 <= q <= pc;
+                    loop assigns q, bbuf[0 .. PC * NC - 1];
+                    loop variant pc - q; */
+                for (int64_t q = 0; q < pc; q++) {
+                    /*@ ghost lemma_mul_monotone(p0 + q, kk - 1, ldb); */
+                    /*@ ghost lemma_row_fits(q, PC, NC); */
                     row_f32(bdt, B, boff + (p0 + q) * ldb + j0, nc, bbuf + q * NC);
+                }
                 bb = bbuf;
                 ldbb = NC;
             }
-            for (int64_t i = 0; i < m; i++) {
-                float *restrict c = C + i * ldc + j0;
-                const float *a = A + i * ars + p0 * acs;
-                int64_t q = 0;
-                for (; q + 4 <= pc; q += 4) {
-                    const float a0 = a[q * acs], a1 = a[(q + 1) * acs], a2 = a[(q + 2) * acs],
-                                a3 = a[(q + 3) * acs];
-                    const float *restrict b0 = bb + q * ldbb, *restrict b1 = b0 + ldbb,
-                                          *restrict b2 = b1 + ldbb, *restrict b3 = b2 + ldbb;
-                    MLP_SIMD
-                    for (int64_t j = 0; j < nc; j++)
-                        c[j] = (((c[j] + a0 * b0[j]) + a1 * b1[j]) + a2 * b2[j]) + a3 * b3[j];
-                }
-                for (; q < pc; q++) {
-                    const float a0 = a[q * acs];
-                    const float *restrict b0 = bb + q * ldbb;
-                    MLP_SIMD
-                    for (int64_t j = 0; j < nc; j++)
-                        c[j] = c[j] + a0 * b0[j];
-                }
-            }
+            /*@ assert B_tile: nc <= ldbb && (pc - 1) * ldbb + nc <= INT64_MAX &&
+                  \valid_read(bb + (0 .. (pc - 1) * ldbb + nc - 1)); */
+            /*@ ghost lemma_mul_monotone(p0, kk - 1, acs); */
+            /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, acs); */
+            /*@ ghost if (m >= 1) lemma_row_fits(m - 1, m, ldc); */
+            mm_nn_tile(m, nc, pc, A + p0 * acs, ars, acs, bb, ldbb, C + j0, ldc);
         }
     }
 }
@@ -161,52 +328,91 @@ static void mm_nn(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars,
 /* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} W(i, p) * B[p*ldb + j]   for i < m, j < n,
  * W(i, p) = element woff + i*ldw + p of a tensor of dtype wdt (a weight, each row converted once into
  * wrow, kk floats); B float32.  The backward's "activation . weight^T" products run as
- * (weight . activation^T)^T through this kernel so that the inner loop stays across output columns. */
+ * (weight . activation^T)^T through this kernel so that the inner loop stays across output columns.
+ *   W: elements woff .. woff + m*ldw - 1 of a dtype tensor, [m][ldw] (the first kk columns are read);
+ *   B [kk][ldb] (the first n columns are read);  C [m][ldc] (the first n columns are written);  wrow [kk] */
+/*@ requires dims: 0 <= m && 0 <= n <= INT64_MAX - NC && 0 <= kk <= INT64_MAX - 4;
+    requires strides: kk <= ldw && n <= ldb && n <= ldc;
+    requires sizes: 0 <= woff && woff + m * ldw <= INT64_MAX && kk * ldb <= INT64_MAX && m * ldc <= INT64_MAX;
+    requires dtype: dtype_ok(wdt);
+    requires W: elements_readable((char *)W, woff, m * ldw, wdt);
+    requires B: \valid_read(B + (0 .. kk * ldb - 1));
+    requires C: \valid(C + (0 .. m * ldc - 1));
+    requires wrow: \valid(wrow + (0 .. kk - 1));
+    terminates \true;
+    assigns C[0 .. m * ldc - 1], wrow[0 .. kk - 1]; */
 static void mm_wn(int64_t m, int64_t n, int64_t kk, moe_dtype wdt, const void *W, int64_t woff, int64_t ldw,
                   const float *B, int64_t ldb, float *C, int64_t ldc, float *wrow)
 {
+    /*@ loop invariant rows: 0 <= i <= m;
+        loop assigns i, C[0 .. m * ldc - 1], wrow[0 .. kk - 1];
+        loop variant m - i; */
     for (int64_t i = 0; i < m; i++) {
+        /*@ ghost lemma_row_fits(i, m, ldw); */
+        /*@ ghost lemma_row_fits(i, m, ldc); */
         const float *w = row_f32(wdt, W, woff + i * ldw, kk, wrow);
+        /*@ loop invariant tiles: 0 <= j0 < n + NC;
+            loop assigns j0, C[0 .. m * ldc - 1];
+            loop variant n - j0; */
         for (int64_t j0 = 0; j0 < n; j0 += NC) {
             const int64_t nc = n - j0 < NC ? n - j0 : NC;
             float *restrict c = C + i * ldc + j0;
+            /*@ loop invariant zeroed: 0 <= j <= nc;
+                loop assigns j, C[0 .. m * ldc - 1];
+                loop variant nc - j; */
             for (int64_t j = 0; j < nc; j++)
                 c[j] = 0.0f;
-            int64_t p = 0;
-            for (; p + 4 <= kk; p += 4) {
-                const float w0 = w[p], w1 = w[p + 1], w2 = w[p + 2], w3 = w[p + 3];
-                const float *restrict b0 = B + p * ldb + j0, *restrict b1 = b0 + ldb, *restrict b2 = b1 + ldb,
-                                      *restrict b3 = b2 + ldb;
-                MLP_SIMD
-                for (int64_t j = 0; j < nc; j++)
-                    c[j] = (((c[j] + w0 * b0[j]) + w1 * b1[j]) + w2 * b2[j]) + w3 * b3[j];
-            }
-            for (; p < kk; p++) {
-                const float w0 = w[p];
-                const float *restrict b0 = B + p * ldb + j0;
-                MLP_SIMD
-                for (int64_t j = 0; j < nc; j++)
-                    c[j] = c[j] + w0 * b0[j];
-            }
+            /*@ ghost if (kk >= 1) lemma_mul_monotone(kk - 1, kk, ldb); */
+            mm_nn_tile(1, nc, kk, w, 0, 1, B + j0, ldb, c, ldc);
         }
     }
 }
 
-/* dst[j*m + i] = src[i*lds + j] for i < m, j < n (float32). */
+/* dst[j*m + i] = src[i*lds + j] for i < m, j < n (float32), in 32 x 32 tiles.
+ *   src [m][lds] (the first n columns are read), dst [n][m] */
+/*@ requires dims: 0 <= m <= INT64_MAX - 32 && 0 <= n <= INT64_MAX - 32 && n <= lds;
+    requires sizes: m * lds <= INT64_MAX && m * n <= INT64_MAX;
+    requires src: \valid_read(src + (0 .. m * lds - 1));
+    requires dst: \valid(dst + (0 .. m * n - 1));
+    terminates \true;
+    assigns dst[0 .. m * n - 1]; */
 static void transpose(int64_t m, int64_t n, const float *src, int64_t lds, float *dst)
 {
     enum { TB = 32 };
+    /*@ loop invariant tile_rows: 0 <= i0 < m + TB;
+        loop assigns i0, dst[0 .. m * n - 1];
+        loop variant m - i0; */
     for (int64_t i0 = 0; i0 < m; i0 += TB)
+        /*@ loop invariant tile_cols: 0 <= j0 < n + TB;
+            loop assigns j0, dst[0 .. m * n - 1];
+            loop variant n - j0; */
         for (int64_t j0 = 0; j0 < n; j0 += TB)
+            /*@ loop invariant row: i0 <= i <= m;
+                loop assigns i, dst[0 .. m * n - 1];
+                loop variant m - i; */
             for (int64_t i = i0; i < m && i < i0 + TB; i++)
-                for (int64_t j = j0; j < n && j < j0 + TB; j++)
+                /*@ loop invariant col: j0 <= j <= n;
+                    loop assigns j, dst[0 .. m * n - 1];
+                    loop variant n - j; */
+                for (int64_t j = j0; j < n && j < j0 + TB; j++) {
+                    /*@ ghost lemma_row_fits(j, n, m); */
+                    /*@ ghost lemma_row_fits(i, m, lds); */
                     dst[j * m + i] = src[i * lds + j];
+                }
 }
 
-/* sum_{i ascending} a[i] * b[i] */
+/* sum_{i ascending} a[i] * b[i]   a [n], b [n] */
+/*@ requires count: n >= 0;
+    requires a: \valid_read(a + (0 .. n - 1));
+    requires b: \valid_read(b + (0 .. n - 1));
+    terminates \true;
+    assigns \nothing; */
 static float dot_seq(const float *a, const float *b, int64_t n)
 {
     float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, acc;
+        loop variant n - i; */
     for (int64_t i = 0; i < n; i++)
         acc = acc + a[i] * b[i];
     return acc;
@@ -279,16 +485,27 @@ static float round_to(moe_dtype dtype, float v)
 
 /* options.round_intermediates: rounds count float32 values in place to the dtype and back (round to
  * nearest even; identity for f32), once each: the operands of the second-stage GEMMs (specs/MLP.md,
- * "Rounded intermediates"). */
+ * "Rounded intermediates").   v [count] */
+/*@ requires dtype: dtype_ok(dtype);
+    requires count: count >= 0;
+    requires v: \valid(v + (0 .. count - 1));
+    terminates \true;
+    assigns v[0 .. count - 1]; */
 static void round_row(moe_dtype dtype, float *v, int64_t count)
 {
     switch (dtype) {
     case MOE_F32: return;
     case MOE_BF16:
+        /*@ loop invariant bounds: 0 <= i <= count;
+            loop assigns i, v[0 .. count - 1];
+            loop variant count - i; */
         for (int64_t i = 0; i < count; i++)
             v[i] = bf16_to_f32(f32_to_bf16(v[i]));
         return;
     case MOE_F16:
+        /*@ loop invariant bounds: 0 <= i <= count;
+            loop assigns i, v[0 .. count - 1];
+            loop variant count - i; */
         for (int64_t i = 0; i < count; i++)
             v[i] = moe_f16_to_f32(moe_f32_to_f16(v[i]));
         return;
@@ -451,12 +668,29 @@ static int64_t max3(int64_t a, int64_t b, int64_t c)
     return m > c ? m : c;
 }
 
-/* Gathers the float32 rows `tok[i]` (i < n) of a [rows][H] tensor into dst[n][H]. */
+/* Gathers the float32 rows `tok[slots[i]]` (i < n) of a [rows][H] tensor into dst[n][H].
+ *   src [rows][H] of dtype;  slots [n], each in [0, V);  tok [V], each in [0, rows);  dst [n][H]
+ *   V, rows  ghost (read by the proof only): the lengths of tok and of src */
+/*@ requires dtype: dtype_ok(dtype);
+    requires dims: 0 <= n && 0 <= H && 0 <= V && 0 <= rows && rows * H <= INT64_MAX && n * H <= INT64_MAX;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires tok: \valid_read(tok + (0 .. V - 1)) && in_range(tok, V, 0, rows);
+    requires src: tensor_readable((char *)src, rows * H, dtype);
+    requires dst: \valid(dst + (0 .. n * H - 1));
+    requires separated: \separated(dst + (0 .. n * H - 1), (char *)src + (0 .. byte_offset(rows * H, dtype) - 1));
+    terminates \true;
+    assigns dst[0 .. n * H - 1]; */
 static void gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, const int64_t *tok, int64_t n,
-                        int64_t H, float *dst)
+                        int64_t H, float *dst) /*@ ghost (int64_t V, int64_t rows) */
 {
-    for (int64_t i = 0; i < n; i++)
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, dst[0 .. n * H - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(tok[slots[i]], rows, H); */
+        /*@ ghost lemma_row_fits(i, n, H); */
         load_f32(dtype, src, tok[slots[i]] * H, H, dst + i * H);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------------
@@ -522,7 +756,7 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
             if (n == 0)
                 continue;
 
-            gather_rows(dt, hidden, slots, x.token, n, H, X);
+            gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
             for (int64_t i = 0; i < n; i++)
                 a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
             if (p->bias) {
@@ -682,8 +916,8 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             const int64_t n = x.expert_start[e + 1] - x.expert_start[e];
 
             /* gather: x, G, a, checkpoints */
-            gather_rows(dt, hidden, slots, x.token, n, H, X);
-            gather_rows(dt, out_grad, slots, x.token, n, H, G);
+            gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
+            gather_rows(dt, out_grad, slots, x.token, n, H, G) /*@ ghost (x.count, p->token_rows) */;
             for (int64_t i = 0; i < n; i++) {
                 const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
                 a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
