@@ -165,6 +165,14 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
 static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
                           int64_t *gather_indices, int64_t *scatter_indices, int64_t *next)
 {
+    /* Framing: count_eq and msum read int64 memory, which every loop here writes (other addresses), so the
+     * invariants read count_eq in the pre-state (\at Pre, on \let-bound loop values); the two ghost loops
+     * (invariants frame_counted, frame_end) carry count_eq over to the current state (an induction over
+     * the slots: topk_ids itself is never written), where the single-state ghost lemma functions apply:
+     * lemma_msum_counts (the counts add up to rows, so sizes_ok) and lemma_msum_monotone_all (every cursor
+     * stays in [0, rows)).  The assertions r_separated, s_separated, count_step and cursor_in only name
+     * facts for the provers (without them the cursor goals time out). */
+    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, rows); */
     /*@ loop invariant bounds: 0 <= e <= num_experts;
         loop invariant zero: \forall integer j; 0 <= j < e ==> m_sizes[j] == 0;
         loop assigns e, m_sizes[0 .. num_experts - 1];
@@ -172,24 +180,62 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
     for (int64_t e = 0; e < num_experts; e++)
         m_sizes[e] = 0;
     /*@ loop invariant bounds: 0 <= s <= rows;
-        loop invariant counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, s, e);
-        loop invariant total: msum(m_sizes, num_experts) == s;
+        loop invariant counts: \forall integer e; 0 <= e < num_experts ==>
+          m_sizes[e] == (\let x = s; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
         loop assigns s, m_sizes[0 .. num_experts - 1];
         loop variant rows - s; */
     for (int64_t s = 0; s < rows; s++)
         m_sizes[topk_ids[s]]++;
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= x <= rows;
+           loop invariant frame_counted: \forall integer y, e; 0 <= y <= x ==>
+             count_eq((int64_t *)topk_ids, y, e) == \at(count_eq((int64_t *)topk_ids, y, e), Pre);
+           loop assigns x;
+           loop variant rows - x; @/
+        for (int64_t x = 0; x < rows; x++) ;
+        lemma_msum_counts(m_sizes, (int64_t *)topk_ids, rows, num_experts);
+        lemma_msum_monotone_all(m_sizes, 0, num_experts);
+        /@ assert msum_step: \forall integer e; 0 <= e < num_experts ==>
+             msum(m_sizes, e + 1) == msum(m_sizes, e) + m_sizes[e]; @/
+        /@ assert cursor_bounds: \forall integer e; 0 <= e < num_experts ==>
+             0 <= msum(m_sizes, e) && msum(m_sizes, e) + m_sizes[e] <= rows; @/
+    */
     moe_ref_expert_offsets(num_experts, m_sizes, next);
+    /*@ assert cursor_range: \forall integer e; 0 <= e < num_experts ==> 0 <= next[e] && next[e] + m_sizes[e] <= rows; */
     /*@ loop invariant bounds: 0 <= s <= rows;
         loop invariant cursor: \forall integer e; 0 <= e < num_experts ==>
-          next[e] == msum(m_sizes, e) + count_eq(topk_ids, s, e);
+          next[e] == \at(next[e], LoopEntry) + (\let x = s; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
+        loop invariant sizes: \forall integer e; 0 <= e < num_experts ==>
+          m_sizes[e] == \at(count_eq((int64_t *)topk_ids, rows, e), Pre);
+        loop invariant room: \forall integer e; 0 <= e < num_experts ==>
+          0 <= \at(next[e], LoopEntry) && \at(next[e], LoopEntry) + m_sizes[e] <= rows;
+        loop invariant ids: \forall integer j; 0 <= j < rows ==> topk_ids[j] == \at(topk_ids[j], Pre);
         loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
         loop variant rows - s; */
     for (int64_t s = 0; s < rows; s++) {
+        /*@ assert count_step: \let x = s; \forall integer e;
+              \at(count_eq((int64_t *)topk_ids, x + 1, e), Pre) ==
+              \at(count_eq((int64_t *)topk_ids, x, e), Pre) + (topk_ids[x] == e ? 1 : 0); */
+        /*@ assert cursor_in: 0 <= next[topk_ids[s]] < rows; */
         int64_t r = next[topk_ids[s]]++;
+        /*@ assert r_separated: \separated(gather_indices + r, next + (0 .. num_experts),
+              m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
         gather_indices[r] = s;
         if (scatter_indices != NULL)
+            /*@ assert s_separated: \separated(scatter_indices + s, next + (0 .. num_experts),
+                  m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
             scatter_indices[s] = r;
     }
+    /*@ assert ids_post: in_range((int64_t *)topk_ids, rows, 0, num_experts); */
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= x <= rows;
+           loop invariant frame_end: \forall integer y, e; 0 <= y <= x ==>
+             count_eq((int64_t *)topk_ids, y, e) == \at(count_eq((int64_t *)topk_ids, y, e), Pre);
+           loop assigns x;
+           loop variant rows - x; @/
+        for (int64_t x = 0; x < rows; x++) ;
+        lemma_msum_counts(m_sizes, (int64_t *)topk_ids, rows, num_experts);
+    */
 }
 
 moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,

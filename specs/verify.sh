@@ -72,11 +72,11 @@ mkdir -p "$work/session"
 # has no model of malloc/free; or, in ref/mlp.c, they cast void * or are not specified yet) are named in
 # specs/README.md with what checks them instead.  VERIFY_JOBS files run at a time, each next file going to
 # the first free slot; the order balances the two slots (alone, at 2 cores: gemm_naive.c about 115 s,
-# mlp.c 80 s, mlp_layout.c 65 s, routing.c 30 s).
+# mlp.c 80 s, mlp_layout.c 65 s, routing.c 30 s + 33 s for counting_sort and its lemmas).
 targets="ref/gemm_naive.c:lemma_row_fits,lemma_div_below,slot_of_row,x_row,y_row,finish,fwd_dot,dx_dot,dw_dot,gemm_fwd_rows,gemm_dx_rows,invert_gather,gemm_dx_reduce_rows,gemm_dw_rows,gemm_topk_grad_rows
 ref/mlp.c:lemma_row_fits,lemma_mul_monotone,dot_seq,round_row,transpose,row_f32,gather_rows,mm_nn_tile,mm_nn,mm_wn
 ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless
-ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_routing_validate
+ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_routing_validate,counting_sort
 src/errors.c:moe_mul_ok"
 
 # why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
