@@ -10,10 +10,17 @@
  * sample of libmoe's output is compared with cuBLAS's.
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
- *                  [--csv FILE] [--seed S] [--libmoe-only]
- * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel. */
+ *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE]
+ * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
+ * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
+ * candidate), appends the choice to FILE, prints both, and reports the tuned time in the table.
+ * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
+ * Timing (time_median): as triton.testing.do_bench, which ANCHORS.md used: L2 flushed before each call,
+ * no host synchronisation between calls; --sync-each waits for each call instead (the method before
+ * 2026-11-23, fourth session). */
 #include "moe.h"
 #include "oracle.h"
+#include "gpu_check.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -22,20 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-#define CUDA_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
-    } while (0)
 #define CUBLAS_CHECK(call)                                                                           \
     do {                                                                                             \
         cublasStatus_t st_ = (call);                                                                 \
@@ -60,9 +53,13 @@ static const char *const op_names[] = {"fwd", "dx", "dw"};
 
 typedef struct bench_ctx {
     cublasHandle_t handle;
-    cudaEvent_t start, stop;
+    cudaEvent_t *starts, *stops; /* [repeat] */
     int repeat;
+    int sync_each;               /* --sync-each */
+    void *flush;                 /* FLUSH_BYTES of device memory, rewritten to evict L2 before each run */
 } bench_ctx;
+
+#define FLUSH_BYTES ((size_t)256 << 20) /* as triton.testing.do_bench; the H100's L2 is 50 MB */
 
 static int compare_floats(const void *a, const void *b)
 {
@@ -72,20 +69,31 @@ static int compare_floats(const void *a, const void *b)
 
 typedef void (*run_fn)(void *state);
 
-/* Median milliseconds of `repeat` timed runs after 3 warm-ups. */
+/* Median milliseconds of one fn(state) call, timed as triton.testing.do_bench times the anchors of
+ * ANCHORS.md: after three warm-up calls, each timed call follows a 256 MB memset that evicts L2, an event
+ * pair brackets the call alone, and the host does not wait between calls (it enqueues ahead, as in a
+ * training step), so a call's host-side work overlaps the GPU's previous work; one synchronisation at the
+ * end.  With --sync-each the host instead waits for every call before the next one is enqueued (no flush):
+ * the host-side work of a call then lies inside its own interval. */
 static float time_median(bench_ctx *ctx, run_fn fn, void *state)
 {
     for (int i = 0; i < 3; i++)
         fn(state);
     CUDA_CHECK(cudaDeviceSynchronize());
     float *ms = malloc(sizeof(float) * (size_t)ctx->repeat);
+    CHECK(ms != NULL, "out of memory");
     for (int i = 0; i < ctx->repeat; i++) {
-        CUDA_CHECK(cudaEventRecord(ctx->start, 0));
+        if (!ctx->sync_each)
+            CUDA_CHECK(cudaMemsetAsync(ctx->flush, i & 0xff, FLUSH_BYTES, 0));
+        CUDA_CHECK(cudaEventRecord(ctx->starts[i], 0));
         fn(state);
-        CUDA_CHECK(cudaEventRecord(ctx->stop, 0));
-        CUDA_CHECK(cudaEventSynchronize(ctx->stop));
-        CUDA_CHECK(cudaEventElapsedTime(&ms[i], ctx->start, ctx->stop));
+        CUDA_CHECK(cudaEventRecord(ctx->stops[i], 0));
+        if (ctx->sync_each)
+            CUDA_CHECK(cudaEventSynchronize(ctx->stops[i]));
     }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < ctx->repeat; i++)
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], ctx->starts[i], ctx->stops[i]));
     qsort(ms, (size_t)ctx->repeat, sizeof(float), compare_floats);
     float median = ms[ctx->repeat / 2];
     free(ms);
@@ -271,6 +279,8 @@ int main(int argc, char **argv)
     uint64_t seed = 20261122;
     const char *which = "all", *ops = "fwd,dx,dw", *csv_path = NULL;
     int libmoe_only = 0;
+    const char *autotune_path = NULL, *tuned_path = NULL;
+    int sync_each = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
@@ -279,9 +289,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--libmoe-only")) libmoe_only = 1;
+        else if (!strcmp(argv[i], "--autotune") && i + 1 < argc) autotune_path = argv[++i];
+        else if (!strcmp(argv[i], "--tuned") && i + 1 < argc) tuned_path = argv[++i];
+        else if (!strcmp(argv[i], "--sync-each")) sync_each = 1;
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
-                            "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only]\n", argv[0]);
+                            "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
+                            "[--autotune FILE | --tuned FILE] [--sync-each]\n", argv[0]);
             return 2;
         }
     }
@@ -290,15 +304,25 @@ int main(int argc, char **argv)
         printf("SKIP: no CUDA device\n");
         return 77;
     }
+    if (tuned_path != NULL)
+        CHECK(moe_gemm_autotune_load(tuned_path) == MOE_OK, "%s", moe_last_error());
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs; T = %lld, bf16, median of %d runs\n", prop.name, prop.multiProcessorCount,
-           (long long)T, repeat);
+    printf("device: %s, %d SMs; T = %lld, bf16, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
+           (long long)T, repeat, sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
     bench_ctx ctx = {0};
+    CHECK(repeat >= 1, "--repeat %d: expected >= 1", repeat);
     ctx.repeat = repeat;
+    ctx.sync_each = sync_each;
     CUBLAS_CHECK(cublasCreate(&ctx.handle));
-    CUDA_CHECK(cudaEventCreate(&ctx.start));
-    CUDA_CHECK(cudaEventCreate(&ctx.stop));
+    ctx.starts = malloc(sizeof(cudaEvent_t) * (size_t)repeat);
+    ctx.stops = malloc(sizeof(cudaEvent_t) * (size_t)repeat);
+    CHECK(ctx.starts != NULL && ctx.stops != NULL, "out of memory");
+    for (int i = 0; i < repeat; i++) {
+        CUDA_CHECK(cudaEventCreate(&ctx.starts[i]));
+        CUDA_CHECK(cudaEventCreate(&ctx.stops[i]));
+    }
+    CUDA_CHECK(cudaMalloc(&ctx.flush, FLUSH_BYTES));
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv)
         fprintf(csv, "model,gemm,op,M,N,K,libmoe_tflops,cublas_loop_tflops,cublas_grouped_tflops,dense_tflops\n");
@@ -349,6 +373,20 @@ int main(int argc, char **argv)
             CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * 2)); /* NaN poison */
             const double flops = 2.0 * (double)M * (double)N * (double)K;
             float t_moe = time_median(&ctx, run_libmoe, &p);
+            if (autotune_path != NULL) {
+                moe_gemm_options o = {0};
+                o.dtype = MOE_BF16;
+                const void *a = op == DX ? p.dy : p.x, *b = op == DW ? p.dy : p.w;
+                moe_gemm_tuning chosen;
+                CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, NULL, p.out, &o, repeat,
+                                        autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
+                const float t_heuristic = t_moe;
+                t_moe = time_median(&ctx, run_libmoe, &p);
+                printf("  autotune %s %s %s: %d candidates, chosen %s rows %d cluster %d tma_store %d; heuristic "
+                       "%.1f -> tuned %.1f TFLOP/s\n", sh->model, sh->gemm, op_names[op], chosen.candidates,
+                       chosen.kernel, chosen.tile_rows, chosen.cluster, chosen.tma_store, flops / t_heuristic / 1e9,
+                       flops / t_moe / 1e9);
+            }
             CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * 2, cudaMemcpyDeviceToDevice));
             CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
             int finite = 1;
@@ -379,6 +417,12 @@ int main(int argc, char **argv)
     }
     if (csv)
         fclose(csv);
+    for (int i = 0; i < repeat; i++) {
+        CUDA_CHECK(cudaEventDestroy(ctx.starts[i]));
+        CUDA_CHECK(cudaEventDestroy(ctx.stops[i]));
+    }
+    free(ctx.starts), free(ctx.stops);
+    CUDA_CHECK(cudaFree(ctx.flush));
     cublasDestroy(ctx.handle);
     return 0;
 }

@@ -752,8 +752,8 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
 // loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when the row operands are
 // contiguous and got their maps, g->tma_out when `out` (element type out_dtype) is overwritten with its rows
 // in tile order and got its map.  False: no W map, take the sm80 family.
-bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, const void *a, const void *b,
-                      const void *out, moe_dtype out_dtype, GemmArgs *g, Sm90Maps *maps)
+bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bool tma_store_allowed, const void *a,
+                      const void *b, const void *out, moe_dtype out_dtype, GemmArgs *g, Sm90Maps *maps)
 {
     const uint64_t E = (uint64_t)p->num_experts, N = (uint64_t)p->N, K = (uint64_t)p->K, M = (uint64_t)p->rows;
     if (op != OP_DW && E > 0 && N > 0 && K > 0) { // an empty W is never read (no tiles or no k-steps)
@@ -783,7 +783,8 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, co
     const char *off = getenv("MOE_SM90_TMA_OUT"); // =0: the register-store epilogue (A/B timing runs)
     const bool rows_in_order = op == OP_DW || (op == OP_FWD && !p->permute_y) ||
                                (op == OP_DX && !p->permute_x && !p->reduce_topk);
-    if (rows_in_order && !p->accumulate && E > 0 && N > 0 && K > 0 && M > 0 && !(off != NULL && strcmp(off, "0") == 0)) {
+    if (rows_in_order && !p->accumulate && E > 0 && N > 0 && K > 0 && M > 0 && tma_store_allowed &&
+        !(off != NULL && strcmp(off, "0") == 0)) {
         const uint64_t esize = out_dtype == MOE_F32 ? 4 : 2, cols = op == OP_FWD ? N : K;
         const uint64_t rows = op == OP_DW ? N : M, slabs = op == OP_DW ? E : 1;
         const uint64_t dims[3] = {cols, rows, slabs}, strides[2] = {cols * esize, rows * cols * esize};
@@ -795,13 +796,16 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, co
 
 // Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
 // expert: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
-int sm90_tile_rows(const moe_gemm_problem *p, int op)
+// A tuned choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
+int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tuned)
 {
     if (op == OP_DW)
         return 128;
     const char *forced = getenv("MOE_SM90_TILE_ROWS");
     if (forced != NULL && (atoi(forced) == 128 || atoi(forced) == 256))
         return atoi(forced);
+    if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90 && (tuned->tile_rows == 128 || tuned->tile_rows == 256))
+        return tuned->tile_rows;
     return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
 }
 
@@ -811,13 +815,15 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op)
 // 256 rows per expert (Qwen3, T = 4096) the lone tiles (an expert's odd last tile) dominate and the unpaired
 // kernel was faster; with a 768-long reduction (Qwen3 down fwd) the pairs' lock-step cost more than the
 // multicast saved.  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
-int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm)
+int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_choice *tuned)
 {
     if (op == OP_DW || bm != 128)
         return 1;
     const char *forced = getenv("MOE_SM90_CLUSTER");
     if (forced != NULL && (atoi(forced) == 1 || atoi(forced) == 2))
         return atoi(forced);
+    if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90)
+        return tuned->cluster == 2 ? 2 : 1;
     const int64_t reduction = op == OP_FWD ? p->K : p->N;
     return p->rows >= (int64_t)H_PAIRED_ROWS * p->num_experts && reduction >= H_PAIRED_REDUCTION ? 2 : 1;
 }
@@ -896,22 +902,80 @@ struct Plan {
     Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
 };
 
+// Autotuning (src/autotune.c): the configuration the autotune driver forces on this thread's calls, and
+// the key and configuration of this thread's most recent plan (what the driver reads back).
+thread_local const moe_tune_choice *tune_forced = nullptr;
+thread_local bool tune_planned = false;
+thread_local moe_tune_key tune_last_key;
+thread_local moe_tune_choice tune_last_choice;
+
+// The current device's name for tune keys ('|' replaced, truncated), cached per thread and device.
+const char *device_name_for_tuning()
+{
+    thread_local int cached_device = -1;
+    thread_local char name[MOE_TUNE_DEVICE_CHARS];
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess)
+        return "unknown";
+    if (device != cached_device) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+            return "unknown";
+        const size_t length = strnlen(prop.name, sizeof prop.name);
+        const size_t kept = length < sizeof name - 1 ? length : sizeof name - 1; // truncated, as the key allows
+        memcpy(name, prop.name, kept);
+        name[kept] = '\0';
+        for (char *c = name; *c != '\0'; c++)
+            if (*c == '|' || *c == '\n' || *c == '\r')
+                *c = '/';
+        cached_device = device;
+    }
+    return name;
+}
+
+void tune_key_of(const moe_gemm_problem *p, int op, moe_dtype out_dtype, bool weighted, moe_tune_key *key)
+{
+    memset(key, 0, sizeof *key);
+    snprintf(key->device, sizeof key->device, "%s", device_name_for_tuning());
+    key->op = op;
+    key->dtype = p->dtype, key->out_dtype = out_dtype;
+    key->permute_x = p->permute_x != 0, key->permute_y = p->permute_y != 0, key->reduce_topk = p->reduce_topk != 0;
+    key->weighted = weighted, key->allow_tf32 = p->allow_tf32 != 0;
+    key->E = p->num_experts, key->M = p->rows, key->N = p->N, key->K = p->K;
+}
+
 // Picks the family for op over problem p (a, b, out: the operands as run_gemm names them) and fills
-// plan and g->tma_rows.  Fails only when MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
+// plan and g->tma_rows.  Order of authority: the MOE_CUDA_KERNEL / MOE_SM90_* environment overrides, then
+// the autotune driver's forced candidate, then the autotune table, then the shape heuristic.  Fails only
+// when MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
 moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *out,
                      moe_dtype out_dtype, bool weighted, GemmArgs *g, Plan *plan)
 {
     const char *forced = getenv("MOE_CUDA_KERNEL");
+    const bool forced_family = forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0);
+    moe_tune_key key;
+    const bool tunable = op != OP_TOPK_GRAD;
+    if (tunable)
+        tune_key_of(p, op, out_dtype, weighted, &key);
+    moe_tune_choice table_choice;
+    const moe_tune_choice *tuned = !tunable ? nullptr
+                                 : tune_forced != nullptr ? tune_forced
+                                 : moe_tune_table_used() && moe_tune_lookup(&key, &table_choice) ? &table_choice
+                                 : nullptr;
     const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weighted) &&
-                        !(forced != NULL && strcmp(forced, "simt") == 0);
+                        !(forced != NULL && strcmp(forced, "simt") == 0) &&
+                        !(!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SIMT);
+    const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
+                           (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
-                 : op != OP_TOPK_GRAD && sm90_path_available() && !(forced && strcmp(forced, "sm80") == 0)
-                     ? FAMILY_SM90 : FAMILY_SM80;
+                 : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0;
-    const int sm90_bm = sm90_tile_rows(p, op);
-    plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm) : 1;
-    if (plan->family == FAMILY_SM90 && !encode_sm90_maps(p, op, sm90_bm, plan->cluster, a, b, out, out_dtype, g, &plan->maps)) {
+    const int sm90_bm = sm90_tile_rows(p, op, tuned);
+    plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm, tuned) : 1;
+    const bool tma_store_allowed = tuned == nullptr || tuned->kernel != MOE_TUNE_SM90 || tuned->tma_store != 0;
+    if (plan->family == FAMILY_SM90 &&
+        !encode_sm90_maps(p, op, sm90_bm, plan->cluster, tma_store_allowed, a, b, out, out_dtype, g, &plan->maps)) {
         if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         plan->family = FAMILY_SM80;
@@ -919,6 +983,16 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     }
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
+    if (tunable) {
+        tune_planned = true;
+        tune_last_key = key;
+        tune_last_choice.kernel = plan->family == FAMILY_SM90 ? MOE_TUNE_SM90
+                                : plan->family == FAMILY_SM80 ? MOE_TUNE_SM80 : MOE_TUNE_SIMT;
+        tune_last_choice.tile_rows = plan->bm;
+        tune_last_choice.cluster = plan->cluster;
+        tune_last_choice.tma_store = g->tma_out != 0;
+        tune_last_choice.median_us = 0.0;
+    }
     return MOE_OK;
 }
 
@@ -1150,3 +1224,84 @@ moe_status moe_cuda_synchronize(void *stream)
     return moe_fail(MOE_ERR_INVALID_ROUTING, "%s (CUDA, detected on the device; the call wrote nothing): %s",
                     record.op >= 0 && record.op < 4 ? ops[record.op] : "?", detail);
 }
+
+// ------------------------------------------------------------------------------------------------
+// Autotuning hooks (the driver is src/autotune.c)
+// ------------------------------------------------------------------------------------------------
+// (declared in moe_internal.h under MOE_HAVE_CUDA, which this file's compile does not see: hence the
+// explicit C linkage)
+extern "C" {
+void moe_cuda_tune_force(const moe_tune_choice *choice) { tune_forced = choice; }
+
+int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice)
+{
+    if (!tune_planned)
+        return 0;
+    *key = tune_last_key;
+    *choice = tune_last_choice;
+    return 1;
+}
+
+// Events are recorded around each call and read after the last: one synchronisation per candidate.
+static moe_status time_calls_with(cudaStream_t stream, moe_status (*run)(void *), void *context, int repeats,
+                                  cudaEvent_t *events, double *median_us)
+{
+    moe_status status = run(context); // warm-up
+    if (status != MOE_OK)
+        return status;
+    for (int i = 0; i < repeats; i++) {
+        MOE_CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
+        status = run(context);
+        if (status != MOE_OK)
+            return status;
+        MOE_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
+    }
+    MOE_CUDA_CHECK(cudaEventSynchronize(events[2 * repeats - 1]));
+    double *ms = static_cast<double *>(malloc((size_t)repeats * sizeof(double)));
+    if (ms == nullptr)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "moe_gemm_autotune: no memory for %d timings", repeats);
+    for (int i = 0; i < repeats; i++) {
+        float elapsed = 0.0f;
+        const cudaError_t err = cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]);
+        if (err != cudaSuccess) {
+            free(ms);
+            return moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaEventElapsedTime failed: %s", cudaGetErrorString(err));
+        }
+        ms[i] = elapsed;
+    }
+    for (int i = 1; i < repeats; i++) // insertion sort: repeats <= 1000
+        for (int j = i; j > 0 && ms[j - 1] > ms[j]; j--) {
+            const double t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    *median_us = 1000.0 * (repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]));
+    free(ms);
+    return MOE_OK;
+}
+
+moe_status moe_cuda_time_calls(void *stream, moe_status (*run)(void *context), void *context, int repeats,
+                               double *median_us)
+{
+    if (repeats < 1 || repeats > 1000)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "moe_gemm_autotune: repeats = %d, expected 1 .. 1000", repeats);
+    cudaEvent_t *events = static_cast<cudaEvent_t *>(calloc((size_t)2 * repeats, sizeof(cudaEvent_t)));
+    if (events == nullptr)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "moe_gemm_autotune: no memory for %d events", 2 * repeats);
+    moe_status status = MOE_OK;
+    int created = 0;
+    for (; created < 2 * repeats; created++) {
+        const cudaError_t err = cudaEventCreate(&events[created]);
+        if (err != cudaSuccess) {
+            status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaEventCreate failed: %s", cudaGetErrorString(err));
+            break;
+        }
+    }
+    if (status == MOE_OK)
+        status = time_calls_with(static_cast<cudaStream_t>(stream), run, context, repeats, events, median_us);
+    for (int i = 0; i < created; i++)
+        cudaEventDestroy(events[i]); // best effort: a failure here changes no result
+    free(events);
+    return status;
+}
+
+} // extern "C"

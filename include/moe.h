@@ -50,7 +50,8 @@ typedef enum moe_status {
     MOE_ERR_NO_BACKEND = 8,       /* the backend was not built in, or no device is present */
     MOE_ERR_OUT_OF_MEMORY = 9,    /* a workspace allocation failed */
     MOE_ERR_DEVICE = 10,          /* a CUDA call failed; moe_last_error() has the CUDA message */
-    MOE_ERR_INVALID_INDEX = 11    /* an index array holds a value out of its range */
+    MOE_ERR_INVALID_INDEX = 11,   /* an index array holds a value out of its range */
+    MOE_ERR_IO = 12               /* a file could not be opened, read or written, or is malformed */
 } moe_status;
 
 /* A short constant description of a status code ("invalid routing", ...). Never NULL. */
@@ -209,6 +210,57 @@ moe_status moe_gemm_topk_weights_grad(moe_backend backend, const moe_routing *ro
 moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
                         const void *x, const void *w, const void *dy, const void *topk_weights,
                         void *dx, void *dw, void *d_topk_weights, const moe_gemm_options *options);
+
+/* ----------------------------------------------------------------------------------------------------
+ * Autotuning (CUDA backend)
+ *
+ * Every CUDA call picks its kernel (family, tile rows, paired CTAs, TMA-store epilogue) by a heuristic
+ * from the shapes alone.  moe_gemm_autotune times the candidate configurations of one call on the
+ * caller's tensors instead and keeps the fastest in a process-wide table keyed by (device name, op,
+ * dtype, output dtype, permute_x, permute_y, reduce_topk, topk weights given, allow_tf32, E, T*k, N,
+ * K); from then on every CUDA call of that key in this process uses it (accumulate or not).  With a
+ * cache_path the choice is appended to that text file, which moe_gemm_autotune_load reads back in a
+ * later process; a later line for the same key replaces an earlier one.  The environment overrides
+ * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT; README) win over the table.
+ * -------------------------------------------------------------------------------------------------- */
+typedef enum moe_gemm_op {
+    MOE_GEMM_FWD = 0,   /* moe_gemm_fwd:  a = x,  b = w,  out = y  */
+    MOE_GEMM_DX = 1,    /* moe_gemm_dx:   a = dy, b = w,  out = dx */
+    MOE_GEMM_DW = 2     /* moe_gemm_dw:   a = x,  b = dy, out = dw */
+} moe_gemm_op;
+
+/* One kernel configuration and its measured time. */
+typedef struct moe_gemm_tuning {
+    char kernel[8];      /* "sm90" (wgmma + TMA), "sm80" (mma.sync) or "simt" */
+    int tile_rows;       /* rows of a tile */
+    int cluster;         /* 2: pairs of CTAs share W tiles by TMA multicast (sm90 fwd/dX), else 1 */
+    int tma_store;       /* 1: the output tiles are stored by TMA (sm90, outputs in tile order) */
+    double median_us;    /* median wall time of one call with this configuration, microseconds */
+    int candidates;      /* distinct configurations timed (moe_gemm_autotune's result only) */
+} moe_gemm_tuning;
+
+/* Times each candidate configuration of the call moe_gemm_fwd / _dx / _dw(MOE_BACKEND_CUDA, routing,
+ * N, K, a, b, topk_weights, out, options) `repeats` times (after one warm-up run each; CUDA events on
+ * options->stream, median), keeps the fastest (see above), appends it to cache_path when that is not
+ * NULL, and runs the call once more with it, so that `out` holds the call's result.  The arguments are
+ * those of the op (device pointers; the routing on the device), validated as the op validates them.
+ *   repeats   1 .. 1000
+ *   chosen    out, may be NULL: the configuration kept
+ * Refuses options->accumulate (MOE_ERR_INVALID_OPTION): the candidates overwrite out many times.
+ * MOE_ERR_NO_BACKEND without a CUDA device; MOE_ERR_IO when cache_path cannot be appended to (the
+ * choice is still kept in the process table).  Routing errors found on the device are returned. */
+moe_status moe_gemm_autotune(moe_gemm_op op, const moe_routing *routing, int64_t N, int64_t K,
+                             const void *a, const void *b, const void *topk_weights, void *out,
+                             const moe_gemm_options *options, int repeats, const char *cache_path,
+                             moe_gemm_tuning *chosen);
+
+/* Reads an autotune cache file into the process table (entries of other devices are kept but never
+ * match).  All or nothing: a malformed line (MOE_ERR_IO, naming the file, the line and the field)
+ * leaves the table unchanged.  Needs no device. */
+moe_status moe_gemm_autotune_load(const char *cache_path);
+
+/* Empties the process table: every call goes back to the heuristic. */
+void moe_gemm_autotune_clear(void);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 # proptest/: the float64 oracle and error bounds (used by tests/ and bench/), and the property tests.
 noinst_LTLIBRARIES += proptest/liboracle.la
+noinst_HEADERS += proptest/gpu_check.h proptest/fail_fast.h
 proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
 
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
@@ -30,8 +31,14 @@ proptest_test_gpu_builders_SOURCES = tests/test_builders.c tests/check.h
 proptest_test_gpu_builders_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
 proptest_test_gpu_builders_LDADD = libmoe.la $(CUDA_LIBS)
 TESTS += proptest/test_gpu_builders
+# moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
+check_PROGRAMS += proptest/test_gpu_autotune
+proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c
+proptest_test_gpu_autotune_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+proptest_test_gpu_autotune_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+TESTS += proptest/test_gpu_autotune
 else
-EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h
+EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
 endif
 
 # GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of tests/ with the

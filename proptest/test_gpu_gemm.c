@@ -10,48 +10,12 @@
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
+#include "gpu_check.h"
 
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-#define CUDA_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    CHECK(p != NULL, "out of memory");
-    return p;
-}
-
-static void *to_device(const void *host, size_t bytes)
-{
-    void *dev = NULL;
-    CUDA_CHECK(cudaMalloc(&dev, bytes ? bytes : 16));
-    if (bytes)
-        CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-    return dev;
-}
-
-static void to_host(void *host, const void *dev, size_t bytes)
-{
-    if (bytes)
-        CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
-}
 
 enum op { FWD, DX, DW, DTOPK, OPS };
 static const char *const op_names[OPS] = {"fwd", "dx", "dw", "dtopk"};

@@ -25,6 +25,7 @@ const char *moe_strerror(moe_status status)
     case MOE_ERR_OUT_OF_MEMORY: return "out of memory";
     case MOE_ERR_DEVICE: return "device error";
     case MOE_ERR_INVALID_INDEX: return "index out of range";
+    case MOE_ERR_IO: return "file error";
     }
     return "unknown status code";
 }

@@ -126,4 +126,51 @@ extern const moe_dispatch moe_ref_dispatch;
 extern const moe_dispatch moe_cuda_dispatch;
 #endif
 
+/* Autotuning (src/autotune.c).  A tuned kernel choice is keyed by the device and the problem as the CUDA
+ * backend plans it (gpu/gemm_cuda.cu, plan_gemm). */
+typedef enum moe_tune_kernel { MOE_TUNE_SIMT = 0, MOE_TUNE_SM80 = 1, MOE_TUNE_SM90 = 2 } moe_tune_kernel;
+
+#define MOE_TUNE_DEVICE_CHARS 80
+
+typedef struct moe_tune_key {
+    char device[MOE_TUNE_DEVICE_CHARS]; /* device name as CUDA reports it, NUL-terminated, no '|' */
+    int op;                 /* moe_gemm_op: MOE_GEMM_FWD, MOE_GEMM_DX, MOE_GEMM_DW */
+    moe_dtype dtype;        /* the inputs' dtype */
+    moe_dtype out_dtype;    /* the output's dtype */
+    int permute_x, permute_y, reduce_topk, weighted, allow_tf32; /* 0 or 1 each */
+    int64_t E, M, N, K;     /* experts, rows T*k, the forward's N and K */
+} moe_tune_key;
+
+typedef struct moe_tune_choice {
+    moe_tune_kernel kernel;
+    int tile_rows;          /* sm90: 128 or 256 (dW: 128); other kernels: their fixed tile rows */
+    int cluster;            /* 1, or 2 (sm90 fwd/dX with 128-row tiles) */
+    int tma_store;          /* 0 or 1 */
+    double median_us;       /* measured time of one call, >= 0 */
+} moe_tune_choice;
+
+/* Non-zero when the process table holds an entry (a cheap test before building a key). */
+int moe_tune_table_used(void);
+/* Copies the entry of key into *choice and returns 1, or returns 0 when there is none.  Thread-safe. */
+int moe_tune_lookup(const moe_tune_key *key, moe_tune_choice *choice);
+/* Adds or replaces the entry of key.  Thread-safe. */
+moe_status moe_tune_store(const moe_tune_key *key, const moe_tune_choice *choice);
+/* One cache-file line (no newline) of an entry: "libmoe-tune 1|device|op|dtype|..." (src/autotune.c). */
+void moe_tune_format_line(const moe_tune_key *key, const moe_tune_choice *choice, char *line, size_t size);
+/* Parses one cache-file line into key and choice; on failure returns 0 and writes why (naming the field)
+ * into why[why_size]. */
+int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *choice, char *why, size_t why_size);
+
+#ifdef MOE_HAVE_CUDA
+/* gpu/gemm_cuda.cu: the configuration the CUDA GEMM calls of this thread must use instead of the table
+ * and the heuristic (NULL: none), and the key and configuration the most recent call of this thread
+ * planned (returns 0 when this thread has planned no call). */
+void moe_cuda_tune_force(const moe_tune_choice *choice);
+int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice);
+/* Times `repeats` calls of run(context) on the stream with CUDA events, after one untimed call; writes
+ * the median microseconds.  Returns the first failing status of run or of a CUDA call. */
+moe_status moe_cuda_time_calls(void *stream, moe_status (*run)(void *context), void *context, int repeats,
+                               double *median_us);
+#endif
+
 #endif /* LIBMOE_INTERNAL_H */

@@ -29,3 +29,10 @@ check_PROGRAMS += tests/test_builders
 tests_test_builders_SOURCES = tests/test_builders.c tests/check.h
 tests_test_builders_LDADD = libmoe.la
 TESTS += tests/test_builders
+
+# The autotune cache format and process table (src/autotune.c), and moe_gemm_autotune's argument checks;
+# proptest/test_gpu_autotune tunes real calls on a GPU.
+check_PROGRAMS += tests/test_autotune
+TESTS += tests/test_autotune
+tests_test_autotune_SOURCES = tests/test_autotune.c tests/check.h
+tests_test_autotune_LDADD = libmoe.la

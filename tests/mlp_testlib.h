@@ -20,15 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
+#include "fail_fast.h"
 
 void *mt_xmalloc(size_t bytes);
 

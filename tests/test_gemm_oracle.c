@@ -8,15 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
+#include "fail_fast.h"
 
 static void *xmalloc(size_t bytes)
 {

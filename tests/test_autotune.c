@@ -1,0 +1,319 @@
+/* The autotune cache and table (src/autotune.c), without a GPU:
+ *   1. a formatted line parses back to the same key and choice (random keys and choices);
+ *   2. every field of a line, made invalid in turn, is refused with a message naming that field, and so are
+ *      wrong field counts, a wrong version, over-long lines and configurations the kernels do not have;
+ *   3. moe_gemm_autotune_load skips comments, blank lines and CRLF ends, lets a later line of a key replace
+ *      an earlier one, and is all or nothing: a malformed line (reported as FILE:LINE) leaves the table
+ *      unchanged; a missing file is MOE_ERR_IO; moe_gemm_autotune_clear empties the table;
+ *   4. moe_gemm_autotune refuses a bad op, repeats outside 1 .. 1000 and accumulate, and reports
+ *      MOE_ERR_NO_BACKEND where no CUDA device is usable. */
+#include "check.h"
+#include "moe.h"
+#include "moe_internal.h"
+
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const field_names[] = {"version", "device", "op", "dtype", "out_dtype", "permute_x", "permute_y",
+                                          "reduce_topk", "weighted", "allow_tf32", "E", "M", "N", "K", "kernel",
+                                          "tile_rows", "cluster", "tma_store", "median_us"};
+enum { FIELDS = sizeof field_names / sizeof field_names[0] };
+
+static uint64_t rng_state = 0x5eed1234abcdULL;
+static uint64_t next_random(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static moe_tune_key sample_key(int i)
+{
+    moe_tune_key key;
+    memset(&key, 0, sizeof key);
+    snprintf(key.device, sizeof key.device, "%s", i % 2 ? "NVIDIA H100 80GB HBM3" : "NVIDIA H200");
+    key.op = (int)(next_random() % 3);
+    key.dtype = (moe_dtype)(next_random() % 3);
+    key.out_dtype = (moe_dtype)(next_random() % 3);
+    key.permute_x = (int)(next_random() % 2), key.permute_y = (int)(next_random() % 2);
+    key.reduce_topk = (int)(next_random() % 2), key.weighted = (int)(next_random() % 2);
+    key.allow_tf32 = (int)(next_random() % 2);
+    key.E = 1 + (int64_t)(next_random() % 300);
+    key.M = (int64_t)(next_random() % ((int64_t)1 << 40));
+    key.N = 8 * (int64_t)(next_random() % 4096);
+    key.K = i == 0 ? INT64_MAX : 8 * (int64_t)(next_random() % 4096);
+    return key;
+}
+
+/* A configuration the kernels have, for the key's op. */
+static moe_tune_choice sample_choice(const moe_tune_key *key)
+{
+    moe_tune_choice c = {MOE_TUNE_SM90, 128, 1, 1, 0.0};
+    switch (next_random() % 4) {
+    case 0: c.tile_rows = key->op == MOE_GEMM_DW ? 128 : 256; break;
+    case 1: c.cluster = key->op == MOE_GEMM_DW ? 1 : 2, c.tma_store = 0; break;
+    case 2: c.kernel = MOE_TUNE_SM80, c.tma_store = 0; break;
+    default: c.kernel = MOE_TUNE_SIMT, c.tile_rows = 64, c.tma_store = 0; break;
+    }
+    c.median_us = (double)(next_random() % 10000000) / 1000.0;
+    return c;
+}
+
+static int same_key(const moe_tune_key *a, const moe_tune_key *b)
+{
+    return strcmp(a->device, b->device) == 0 && a->op == b->op && a->dtype == b->dtype && a->out_dtype == b->out_dtype &&
+           a->permute_x == b->permute_x && a->permute_y == b->permute_y && a->reduce_topk == b->reduce_topk &&
+           a->weighted == b->weighted && a->allow_tf32 == b->allow_tf32 && a->E == b->E && a->M == b->M &&
+           a->N == b->N && a->K == b->K;
+}
+
+static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
+{
+    return a->kernel == b->kernel && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
+           a->tma_store == b->tma_store && a->median_us == b->median_us;
+}
+
+static void round_trip(void)
+{
+    for (int i = 0; i < 500; i++) {
+        const moe_tune_key key = sample_key(i);
+        const moe_tune_choice choice = sample_choice(&key);
+        char line[512], why[200] = "";
+        moe_tune_format_line(&key, &choice, line, sizeof line);
+        moe_tune_key key2;
+        moe_tune_choice choice2;
+        const int ok = moe_tune_parse_line(line, &key2, &choice2, why, sizeof why);
+        CHECK(ok, "round trip %d: %s refused: %s", i, line, why);
+        CHECK(!ok || (same_key(&key, &key2) && same_choice(&choice, &choice2)), "round trip %d: %s changed", i, line);
+    }
+}
+
+/* Splits a line at '|' into fields (of a static buffer). */
+static int split(const char *line, char fields[FIELDS + 2][128])
+{
+    int count = 0;
+    const char *start = line;
+    for (;;) {
+        const char *bar = strchr(start, '|');
+        const size_t length = bar ? (size_t)(bar - start) : strlen(start);
+        if (count < FIELDS + 2) {
+            snprintf(fields[count], 128, "%.*s", (int)length, start);
+        }
+        count++;
+        if (!bar)
+            return count;
+        start = bar + 1;
+    }
+}
+
+static void join(char fields[FIELDS + 2][128], int count, char *line, size_t size)
+{
+    line[0] = '\0';
+    for (int f = 0; f < count; f++) {
+        strncat(line, fields[f], size - strlen(line) - 1);
+        if (f + 1 < count)
+            strncat(line, "|", size - strlen(line) - 1);
+    }
+}
+
+static void expect_refused(const char *line, const char *needle, const char *what)
+{
+    moe_tune_key key;
+    moe_tune_choice choice;
+    char why[200] = "";
+    const int ok = moe_tune_parse_line(line, &key, &choice, why, sizeof why);
+    CHECK(!ok, "%s: accepted: %s", what, line);
+    CHECK(ok || strstr(why, needle) != NULL, "%s: message \"%s\" does not name \"%s\"", what, why, needle);
+}
+
+static void bad_fields(void)
+{
+    const char *good = "libmoe-tune 1|NVIDIA H100 80GB HBM3|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|12.5";
+    moe_tune_key key;
+    moe_tune_choice choice;
+    char why[200] = "";
+    CHECK(moe_tune_parse_line(good, &key, &choice, why, sizeof why), "good line refused: %s", why);
+    /* one bad value per field (field 0 is the version) */
+    static const char *const bad_value[FIELDS][3] = {
+        {"libmoe-tune 2", "libmoe-tune", ""},
+        {"", "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234", NULL},
+        {"bwd", "FWD", ""},
+        {"fp32", "", "bf8"},
+        {"f64", "BF16", ""},
+        {"2", "-1", "x"},
+        {"2", "", "01x"},
+        {"3", " 1", "+1"},
+        {"yes", "", "1.0"},
+        {"10", "", "-0x1"},
+        {"0", "-5", "1e3"},
+        {"-1", "", "99999999999999999999"},
+        {"abc", "-8", "1 "},
+        {"", "0x10", "9223372036854775808"},
+        {"sm100", "SM90", ""},
+        {"0", "2048", "12a"},
+        {"3", "0", ""},
+        {"2", "-1", ""},
+        {"-1", "nan", "inf"},
+    };
+    char fields[FIELDS + 2][128], line[1024];
+    for (int f = 0; f < FIELDS; f++) {
+        for (int v = 0; v < 3 && bad_value[f][v] != NULL; v++) {
+            CHECK(split(good, fields) == FIELDS, "split");
+            snprintf(fields[f], 128, "%s", bad_value[f][v]);
+            join(fields, FIELDS, line, sizeof line);
+            char what[64];
+            snprintf(what, sizeof what, "field %s = \"%s\"", field_names[f], bad_value[f][v]);
+            expect_refused(line, f == 0 ? "libmoe-tune 1|" : field_names[f], what);
+        }
+    }
+    /* field counts */
+    split(good, fields);
+    join(fields, FIELDS - 1, line, sizeof line);
+    expect_refused(line, "18 '|'-separated fields", "one field missing");
+    snprintf(line, sizeof line, "%s|7", good);
+    expect_refused(line, "20 '|'-separated fields", "one field too many");
+    expect_refused("", "does not start", "empty line");
+    /* an over-long line */
+    char long_line[700];
+    memset(long_line, 'a', sizeof long_line - 1);
+    long_line[sizeof long_line - 1] = '\0';
+    expect_refused(long_line, "longer than", "700-byte line");
+    /* configurations the kernels do not have */
+    static const struct {
+        const char *op, *kernel, *rows, *cluster, *tma, *needle;
+    } conflicts[] = {
+        {"fwd", "sm90", "192", "1", "1", "128 or 256"}, {"dw", "sm90", "256", "1", "1", "dw has 128-row"},
+        {"fwd", "sm90", "256", "2", "0", "cluster 2"},  {"dw", "sm90", "128", "2", "0", "cluster 2"},
+        {"dx", "sm80", "128", "2", "0", "cluster 2"},   {"fwd", "sm80", "128", "1", "1", "tma_store 1"},
+        {"dx", "simt", "64", "1", "1", "tma_store 1"},
+    };
+    for (size_t i = 0; i < sizeof conflicts / sizeof conflicts[0]; i++) {
+        split(good, fields);
+        snprintf(fields[2], 128, "%s", conflicts[i].op);
+        snprintf(fields[14], 128, "%s", conflicts[i].kernel);
+        snprintf(fields[15], 128, "%s", conflicts[i].rows);
+        snprintf(fields[16], 128, "%s", conflicts[i].cluster);
+        snprintf(fields[17], 128, "%s", conflicts[i].tma);
+        join(fields, FIELDS, line, sizeof line);
+        expect_refused(line, conflicts[i].needle, "conflicting configuration");
+    }
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void load_files(void)
+{
+    char path[] = "/tmp/libmoe-tune-XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp failed");
+    if (fd < 0)
+        return;
+    close(fd);
+    const char *a = "libmoe-tune 1|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|10.0";
+    const char *b = "libmoe-tune 1|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|256|1|0|9.0";
+    const char *c = "libmoe-tune 1|GPU B|dw|f16|f32|1|1|0|1|0|8|100|64|64|simt|64|1|0|3.25";
+    moe_tune_key ka, kc;
+    moe_tune_choice ca, cb, cc, got;
+    char why[200];
+    CHECK(moe_tune_parse_line(a, &ka, &ca, why, sizeof why) && moe_tune_parse_line(b, &ka, &cb, why, sizeof why) &&
+              moe_tune_parse_line(c, &kc, &cc, why, sizeof why),
+          "sample lines refused: %s", why);
+    (void)ca;
+
+    moe_gemm_autotune_clear();
+    CHECK(!moe_tune_table_used() && !moe_tune_lookup(&ka, &got), "table not empty after clear");
+    char text[1024];
+    snprintf(text, sizeof text, "# libmoe autotune cache\n\n%s\r\n%s\n   \n%s", a, c, b); /* b: last, no newline */
+    /* "   " is not blank: it must be refused */
+    write_file(path, text);
+    moe_status st = moe_gemm_autotune_load(path);
+    CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), ":5:") != NULL, "line of spaces: %s (%s)", moe_strerror(st),
+          moe_last_error());
+    CHECK(!moe_tune_table_used() && !moe_tune_lookup(&ka, &got), "a refused file changed the table");
+
+    snprintf(text, sizeof text, "# libmoe autotune cache\n\n%s\r\n%s\n\n%s", a, c, b);
+    write_file(path, text);
+    st = moe_gemm_autotune_load(path);
+    CHECK(st == MOE_OK, "load: %s (%s)", moe_strerror(st), moe_last_error());
+    CHECK(moe_tune_lookup(&ka, &got) && same_choice(&got, &cb), "the later line of a key did not win");
+    CHECK(moe_tune_lookup(&kc, &got) && same_choice(&got, &cc), "entry c missing after load");
+
+    /* all or nothing: a bad line 3 after a good line 1 */
+    moe_gemm_autotune_clear();
+    snprintf(text, sizeof text, "%s\n# ok\n%s|extra\n", c, a);
+    write_file(path, text);
+    st = moe_gemm_autotune_load(path);
+    char where[600];
+    snprintf(where, sizeof where, "%s:3:", path);
+    CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), where) != NULL, "bad line 3: %s (%s)", moe_strerror(st),
+          moe_last_error());
+    CHECK(!moe_tune_lookup(&kc, &got), "a refused file's good line entered the table");
+
+    /* an over-long line in a file */
+    char big[1400];
+    memset(big, 'x', sizeof big - 2);
+    big[sizeof big - 2] = '\n', big[sizeof big - 1] = '\0';
+    write_file(path, big);
+    st = moe_gemm_autotune_load(path);
+    CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), "longer than") != NULL, "long line: %s (%s)",
+          moe_strerror(st), moe_last_error());
+
+    /* store and replace through the internal interface, as the driver does */
+    CHECK(moe_tune_store(&kc, &cc) == MOE_OK && moe_tune_store(&kc, &cb) == MOE_OK, "store failed");
+    CHECK(moe_tune_lookup(&kc, &got) && same_choice(&got, &cb), "store did not replace");
+    moe_gemm_autotune_clear();
+
+    unlink(path);
+    st = moe_gemm_autotune_load(path);
+    CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), path) != NULL, "missing file: %s (%s)", moe_strerror(st),
+          moe_last_error());
+    st = moe_gemm_autotune_load(NULL);
+    CHECK(st == MOE_ERR_NULL_POINTER, "NULL path: %s", moe_strerror(st));
+}
+
+static void autotune_arguments(void)
+{
+    int64_t m_sizes[2] = {1, 1};
+    const moe_routing routing = {2, 1, 2, m_sizes, NULL};
+    moe_gemm_options options;
+    memset(&options, 0, sizeof options);
+    options.dtype = MOE_BF16;
+    char dummy[64];
+    moe_status st = moe_gemm_autotune((moe_gemm_op)3, &routing, 8, 8, dummy, dummy, NULL, dummy, &options, 3, NULL, NULL);
+    CHECK(st == MOE_ERR_INVALID_OPTION && strstr(moe_last_error(), "op = 3") != NULL, "op 3: %s (%s)",
+          moe_strerror(st), moe_last_error());
+    st = moe_gemm_autotune(MOE_GEMM_FWD, &routing, 8, 8, dummy, dummy, NULL, dummy, &options, 0, NULL, NULL);
+    CHECK(st == MOE_ERR_INVALID_OPTION && strstr(moe_last_error(), "repeats = 0") != NULL, "repeats 0: %s (%s)",
+          moe_strerror(st), moe_last_error());
+    st = moe_gemm_autotune(MOE_GEMM_FWD, &routing, 8, 8, dummy, dummy, NULL, dummy, &options, 1001, NULL, NULL);
+    CHECK(st == MOE_ERR_INVALID_OPTION, "repeats 1001: %s", moe_strerror(st));
+    options.accumulate = 1;
+    st = moe_gemm_autotune(MOE_GEMM_DW, &routing, 8, 8, dummy, dummy, NULL, dummy, &options, 3, NULL, NULL);
+    CHECK(st == MOE_ERR_INVALID_OPTION && strstr(moe_last_error(), "accumulate") != NULL, "accumulate: %s (%s)",
+          moe_strerror(st), moe_last_error());
+    options.accumulate = 0;
+    if (!moe_backend_available(MOE_BACKEND_CUDA)) {
+        st = moe_gemm_autotune(MOE_GEMM_FWD, &routing, 8, 8, dummy, dummy, NULL, dummy, &options, 3, NULL, NULL);
+        CHECK(st == MOE_ERR_NO_BACKEND, "no CUDA: %s (%s)", moe_strerror(st), moe_last_error());
+    }
+}
+
+int main(void)
+{
+    round_trip();
+    bad_fields();
+    load_files();
+    autotune_arguments();
+    printf("test_autotune: %ld checks, %ld failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
