@@ -809,12 +809,13 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tun
     return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
 }
 
-// The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row fwd and dX tiles when the
-// experts average at least H_PAIRED_ROWS rows (there most row tiles are pairs of one expert) and the
-// reduction has at least H_PAIRED_REDUCTION elements.  Measured on an H100 (RESULTS.md, 2026-11-23): with
-// 256 rows per expert (Qwen3, T = 4096) the lone tiles (an expert's odd last tile) dominate and the unpaired
-// kernel was faster; with a 768-long reduction (Qwen3 down fwd) the pairs' lock-step cost more than the
-// multicast saved.  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
+// The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the experts
+// average at least H_PAIRED_ROWS rows (there most row tiles are pairs of one expert) and the reduction K has
+// at least H_PAIRED_REDUCTION elements.  The autotune tables of RESULTS.md (2026-11-23, fourth session; H100,
+// with the TMA-store epilogue) set this: pairs won only for Mixtral fwd (K = 4096: 3059 vs 3356 us; K =
+// 14336: 1618 vs 1695) and lost for every dX (Mixtral gate_up 3296 vs 3134 us) and for Qwen3 at every T
+// (K = 2048, T = 16384 fwd: 1667 vs 1512 us).  dX keeps the kernel for autotune and MOE_SM90_CLUSTER=2.
+// MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
 int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_choice *tuned)
 {
     if (op == OP_DW || bm != 128)
@@ -824,8 +825,7 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90)
         return tuned->cluster == 2 ? 2 : 1;
-    const int64_t reduction = op == OP_FWD ? p->K : p->N;
-    return p->rows >= (int64_t)H_PAIRED_ROWS * p->num_experts && reduction >= H_PAIRED_REDUCTION ? 2 : 1;
+    return op == OP_FWD && p->rows >= (int64_t)H_PAIRED_ROWS * p->num_experts && p->K >= H_PAIRED_REDUCTION ? 2 : 1;
 }
 
 template <typename T>

@@ -20,7 +20,8 @@
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
 //
-// Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles when experts average >= H_PAIRED_ROWS rows):
+// Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles; the heuristic takes it for fwd when experts
+// average >= H_PAIRED_ROWS rows and K >= H_PAIRED_REDUCTION, autotune may take it for dX too):
 // clusters of two CTAs take units of work (pair_unit_coord in gemm_cuda.cu).  A pair unit is two row tiles of
 // one expert with the same W block: each CTA's producer loads half of that block by TMA multicast into both
 // CTAs (box BN/2 n rows for fwd, half the 64 x 64 boxes for dX), so W crosses L2 -> SM once per pair.  Each
@@ -50,8 +51,8 @@
 //              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
 //              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
 constexpr int H_WIDE_ROWS = 192;
-constexpr int H_PAIRED_ROWS = 512;       // fwd/dX pair CTAs from this mean of rows per expert
-constexpr int H_PAIRED_REDUCTION = 1024; // and this reduction length (sm90_cluster_size, gemm_cuda.cu)
+constexpr int H_PAIRED_ROWS = 512;       // fwd pairs CTAs from this mean of rows per expert
+constexpr int H_PAIRED_REDUCTION = 4096; // and this K (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
 
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
