@@ -326,6 +326,7 @@ moe_status moe_gemm_autotune_load(const char *cache_path)
 /* ---------------------------------------------------------------------------------------------------
  * The driver
  * ------------------------------------------------------------------------------------------------- */
+#ifdef MOE_HAVE_CUDA /* the driver needs the CUDA backend; without it moe_gemm_autotune only validates */
 typedef struct tune_call {
     moe_gemm_op op;
     const moe_routing *routing;
@@ -357,7 +358,6 @@ static moe_status relabel(moe_status status)
     return moe_fail(status, "moe_gemm_autotune: %s", inner);
 }
 
-#ifdef MOE_HAVE_CUDA
 static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
 {
     return a->kernel == b->kernel && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
