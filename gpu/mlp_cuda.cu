@@ -49,6 +49,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <type_traits>
 
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
@@ -1107,10 +1108,17 @@ __device__ __forceinline__ void chunk_lanes_along_slot(int64_t R, int64_t I, int
     }
 }
 
+// The gate kernels are compiled per dtype (DT, a moe_dtype) and activation (ACT, a moe_mlp_activation),
+// which must equal g.dt and g.act (launch_gate_kernel): with both switched at run time per element they
+// issued about twice the instructions the memory traffic needs (ncu, Qwen3 T = 16384: issue-active 57%,
+// 1.2-1.7 TB/s; bench/RESULTS.md, 2026-11-23 fourth session).
+//
 // Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
 // (ON_I with a down checkpoint) M0r = rnd(act(g)*u).
+template <int DT, int ACT>
 __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 {
+    constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
@@ -1121,22 +1129,22 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
             const int64_t e = info[row].e;
             float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
             if (g.bias) {
-                gv = gv + load_as_float(g.dt, g.b_gu, e * 2 * I + i);
-                uv = uv + load_as_float(g.dt, g.b_gu, e * 2 * I + I + i);
+                gv = gv + load_as_float(dt, g.b_gu, e * 2 * I + i);
+                uv = uv + load_as_float(dt, g.b_gu, e * 2 * I + I + i);
             }
             gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
             uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
-            const float m = act_value(g.act, gv) * uv;
-            store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? m * info[row].a : m);
+            const float m = act_value(ACT, gv) * uv;
+            store_from_float(dt, g.Mr, r * I + i, g.on_i ? m * info[row].a : m);
             if (g.M0r != nullptr)
-                store_from_float(g.dt, g.M0r, r * I + i, m);
+                store_from_float(dt, g.M0r, r * I + i, m);
             gs[row][col] = gv, us[row][col] = uv;
         });
         __syncthreads();
         if (g.ckpt_gu != nullptr)
             chunk_lanes_along_slot(R, I, r0, i0, [&](int row, int col, int64_t, int64_t i) {
-                store_from_float(g.dt, g.ckpt_gu, info[row].ckpt + i * g.B, gs[row][col]);
-                store_from_float(g.dt, g.ckpt_gu, info[row].ckpt + (I + i) * g.B, us[row][col]);
+                store_from_float(dt, g.ckpt_gu, info[row].ckpt + i * g.B, gs[row][col]);
+                store_from_float(dt, g.ckpt_gu, info[row].ckpt + (I + i) * g.B, us[row][col]);
             });
     });
 }
@@ -1204,8 +1212,10 @@ __global__ void down_ckpt_kernel(MlpArgs g)
 
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
 // recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.
+template <int DT, int ACT>
 __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
 {
+    constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
@@ -1213,8 +1223,8 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
     const int64_t R = rows_total(g), I = g.I;
     walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
         chunk_lanes_along_slot(R, I, r0, i0, [&](int row, int col, int64_t, int64_t i) {
-            gs[row][col] = load_as_float(g.dt, g.ckpt_gu_in, info[row].ckpt + i * g.B);
-            us[row][col] = load_as_float(g.dt, g.ckpt_gu_in, info[row].ckpt + (I + i) * g.B);
+            gs[row][col] = load_as_float(dt, g.ckpt_gu_in, info[row].ckpt + i * g.B);
+            us[row][col] = load_as_float(dt, g.ckpt_gu_in, info[row].ckpt + (I + i) * g.B);
         });
         __syncthreads();
         // Lanes along i, written out rather than through chunk_lanes_along_i: through the helper the
@@ -1226,17 +1236,17 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
             if (r >= R || i >= I)
                 continue;
             const float gv = gs[rr][tx], uv = us[rr][tx], a = info[rr].a;
-            const float act = act_value(g.act, gv), m = act * uv;
-            store_from_float(g.dt, g.Mr, r * I + i, g.on_i ? a * m : m);
+            const float act = act_value(ACT, gv), m = act * uv;
+            store_from_float(dt, g.Mr, r * I + i, g.on_i ? a * m : m);
             if (g.M0r != nullptr)
-                store_from_float(g.dt, g.M0r, r * I + i, m);
+                store_from_float(dt, g.M0r, r * I + i, m);
             const float dm = g.on_i ? a * g.dMr[r * I + i] : g.dMr[r * I + i];
             const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
             const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
             const float du = pass_u ? dm * act : 0.0f;
-            const float dg = pass_g ? dm * uv * act_derivative(g.act, gv) : 0.0f;
-            store_from_float(g.dt, g.dGUr, r * 2 * I + i, dg);
-            store_from_float(g.dt, g.dGUr, r * 2 * I + I + i, du);
+            const float dg = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
+            store_from_float(dt, g.dGUr, r * 2 * I + i, dg);
+            store_from_float(dt, g.dGUr, r * 2 * I + I + i, du);
         }
     });
 }
@@ -1423,6 +1433,26 @@ unsigned gate_tiles_grid(const MlpArgs &g, Kernel kernel)
     return resident_grid(kernel, RT * 8, host_cdiv(g.NB, RT) * host_cdiv(g.I, GATE_SPAN));
 }
 
+// Calls launch(dt, act) with std::integral_constant values of the call's dtype and activation, so that
+// it can name the gate kernel compiled for them (gate_act_kernel / gate_bwd_kernel<DT, ACT>).
+template <class Launch>
+void launch_gate_kernel(const MlpArgs &g, cudaStream_t, Launch launch)
+{
+    auto with_act = [&](auto dt) {
+        switch (g.act) {
+        case MOE_ACT_SILU: launch(dt, std::integral_constant<int, MOE_ACT_SILU>{}); return;
+        case MOE_ACT_GELU: launch(dt, std::integral_constant<int, MOE_ACT_GELU>{}); return;
+        case MOE_ACT_GELU_TANH: launch(dt, std::integral_constant<int, MOE_ACT_GELU_TANH>{}); return;
+        case MOE_ACT_SWISH: launch(dt, std::integral_constant<int, MOE_ACT_SWISH>{}); return;
+        }
+    };
+    switch (g.dt) {
+    case MOE_F32: with_act(std::integral_constant<int, MOE_F32>{}); return;
+    case MOE_F16: with_act(std::integral_constant<int, MOE_F16>{}); return;
+    case MOE_BF16: with_act(std::integral_constant<int, MOE_BF16>{}); return;
+    }
+}
+
 // The rows path's buffers, in elements (dt ones, then float32 ones); all zero on the tile path.
 struct RowsSizes {
     bool active;
@@ -1535,7 +1565,10 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
                     a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
-                gate_act_kernel<<<gate_tiles_grid(a, gate_act_kernel), dim3(RT, 8), 0, stream>>>(a);
+                launch_gate_kernel(a, stream, [&](auto dt, auto act) {
+                    const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
+                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
+                });
             MOE_CUDA_CHECK(cudaGetLastError());
             s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
             if (s == MOE_OK && ckpt_from_m0)
@@ -1610,7 +1643,10 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if (NB * I > 0)
-                gate_bwd_kernel<<<gate_tiles_grid(a, gate_bwd_kernel), dim3(RT, 8), 0, stream>>>(a);
+                launch_gate_kernel(a, stream, [&](auto dt, auto act) {
+                    const auto kernel = gate_bwd_kernel<decltype(dt)::value, decltype(act)::value>;
+                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
+                });
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
                 s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
