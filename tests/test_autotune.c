@@ -6,11 +6,14 @@
  *      an earlier one, and is all or nothing: a malformed line (reported as FILE:LINE) leaves the table
  *      unchanged; a missing file is MOE_ERR_IO; moe_gemm_autotune_clear empties the table;
  *   4. moe_gemm_autotune refuses a bad op, repeats outside 1 .. 1000 and accumulate, and reports
- *      MOE_ERR_NO_BACKEND where no CUDA device is usable. */
+ *      MOE_ERR_NO_BACKEND where no CUDA device is usable;
+ *   5. the table under concurrent use: threads storing, replacing and looking up their own keys while
+ *      others do the same end with every key holding its thread's last choice. */
 #include "check.h"
 #include "moe.h"
 #include "moe_internal.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <unistd.h>
@@ -308,12 +311,62 @@ static void autotune_arguments(void)
     }
 }
 
+enum { THREADS = 4, KEYS_PER_THREAD = 64, ROUNDS = 20 };
+
+/* Thread t owns keys with E = 1000 * (t + 1) + i; round r stores tile_rows 128 (r even) or 256 (r odd) and
+ * reads each key back at once.  Returns the number of wrong reads. */
+static void *table_worker(void *arg)
+{
+    const int t = (int)(intptr_t)arg;
+    intptr_t wrong = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int i = 0; i < KEYS_PER_THREAD; i++) {
+            moe_tune_key key;
+            memset(&key, 0, sizeof key);
+            snprintf(key.device, sizeof key.device, "thread test");
+            key.E = 1000 * (t + 1) + i, key.M = 4096, key.N = 512, key.K = 256;
+            const moe_tune_choice choice = {MOE_TUNE_SM90, r % 2 ? 256 : 128, 1, 1, (double)r};
+            moe_tune_choice got;
+            if (moe_tune_store(&key, &choice) != MOE_OK || !moe_tune_lookup(&key, &got) || got.tile_rows != choice.tile_rows ||
+                got.median_us != choice.median_us)
+                wrong++;
+        }
+    }
+    return (void *)wrong;
+}
+
+static void concurrent_table(void)
+{
+    moe_gemm_autotune_clear();
+    pthread_t threads[THREADS];
+    for (int t = 0; t < THREADS; t++)
+        CHECK(pthread_create(&threads[t], NULL, table_worker, (void *)(intptr_t)t) == 0, "pthread_create");
+    for (int t = 0; t < THREADS; t++) {
+        void *wrong = NULL;
+        CHECK(pthread_join(threads[t], &wrong) == 0, "pthread_join");
+        CHECK(wrong == NULL, "thread %d read %ld wrong entries", t, (long)(intptr_t)wrong);
+    }
+    for (int t = 0; t < THREADS; t++)
+        for (int i = 0; i < KEYS_PER_THREAD; i++) {
+            moe_tune_key key;
+            memset(&key, 0, sizeof key);
+            snprintf(key.device, sizeof key.device, "thread test");
+            key.E = 1000 * (t + 1) + i, key.M = 4096, key.N = 512, key.K = 256;
+            moe_tune_choice got;
+            CHECK(moe_tune_lookup(&key, &got) && got.tile_rows == ((ROUNDS - 1) % 2 ? 256 : 128) &&
+                      got.median_us == (double)(ROUNDS - 1),
+                  "key of thread %d, entry %d: not its last choice", t, i);
+        }
+    moe_gemm_autotune_clear();
+}
+
 int main(void)
 {
     round_trip();
     bad_fields();
     load_files();
     autotune_arguments();
+    concurrent_table();
     printf("test_autotune: %ld checks, %ld failures\n", checks, failures);
     return failures ? 1 : 0;
 }
