@@ -125,4 +125,17 @@ for dt in f32 f16 bf16; do
     done
 done
 
+# moe autotune: each op tunes, prints its choice and appends one line per call to the cache file
+rm -f tune.txt
+n=0
+for op in "fwd" "dx --reduce-topk --permute-y" "dw --dw-fp32"; do
+    # shellcheck disable=SC2086 # op carries its flags
+    run_ok "autotune $op" "$MOE" autotune --op $op --tokens 64 --topk 2 --experts 4 --n 64 --k 128 --repeats 3 \
+        --cache tune.txt
+    n=$((n + 1))
+    has "autotune $op prints the choice" out "configurations timed; kept "
+done
+lines=$(grep -c '^libmoe-tune 1|' tune.txt)
+if [ "$lines" -eq "$n" ]; then passed=$((passed + 1)); else bad "autotune: $lines cache lines after $n calls"; fi
+
 finish

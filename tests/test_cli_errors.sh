@@ -375,4 +375,29 @@ refused "help for an unknown command" "unknown command 'frobnicate'" -- "$MOE" h
 refused "no command" "usage: moe COMMAND" -- "$MOE"
 run_ok "gemm-fwd with --backend ref and --opt=value spelling" fwd --x=x.npy --backend=ref
 
+# moe autotune: usage errors are refused before any device is touched; without CUDA the command is refused
+# naming why (tests/test_cli_cuda.sh runs it on a GPU)
+# shellcheck disable=SC2317 # called through refused
+tune() { "$MOE" autotune --tokens 16 --experts 4 --n 64 --k 64 --cache tune.txt "$@"; }
+refused "autotune --op bwd" "--op bwd: expected fwd, dx or dw" -- tune --op bwd
+refused "autotune without --op" "missing required option --op" -- tune
+refused "autotune k > E" "--topk 5: a token's experts are distinct, so k <= E = 4" -- tune --op fwd --topk 5
+refused "autotune --reduce-topk with fwd" "--reduce-topk: only with --op dx" -- tune --op fwd --reduce-topk
+refused "autotune --dw-fp32 with dx" "--dw-fp32: only with --op dw" -- tune --op dx --dw-fp32
+refused "autotune --repeats 1001" "--repeats 1001: expected 1 .. 1000" -- tune --op dw --repeats 1001
+refused "autotune --repeats 0" "--repeats 0: expected an integer >= 1" -- tune --op dw --repeats 0
+refused "autotune --dtype f64" "--dtype f64: expected f32, f16 or bf16" -- tune --op fwd --dtype f64
+refused "autotune --tokens 0" "--tokens 0: expected an integer >= 1" -- "$MOE" autotune --op fwd --tokens 0 \
+    --experts 4 --n 64 --k 64 --cache tune.txt
+if [ "$cuda_runs" -ne 0 ]; then
+    tune --op fwd >out 2>err
+    got=$?
+    if [ "$got" -eq 2 ] && [ ! -s out ] && [ ! -e tune.txt ] &&
+        { grep -qF "this build has no CUDA backend" err || grep -qF "no CUDA device available" err; }; then
+        passed=$((passed + 1))
+    else
+        bad "autotune without a usable GPU: exit $got, or stdout / tune.txt written, or no reason: $(cat err)"
+    fi
+fi
+
 finish
