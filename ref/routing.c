@@ -170,8 +170,10 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
      * (invariants frame_counted, frame_end) carry count_eq over to the current state (an induction over
      * the slots: topk_ids itself is never written), where the single-state ghost lemma functions apply:
      * lemma_msum_counts (the counts add up to rows, so sizes_ok) and lemma_msum_monotone_all (every cursor
-     * stays in [0, rows)).  The assertions r_separated, s_separated, count_step and cursor_in only name
-     * facts for the provers (without them the cursor goals time out). */
+     * stays in [0, rows)).  The assertions r_separated, s_separated, count_step, cursor_in, next_step and
+     * next_kept (the same step after the stores) only name facts for the provers: without the first four the cursor
+     * goals time out, and without the last two the cursor invariant's preservation took up to 10 s (the
+     * pinned timeout) on a loaded 2-core machine (CI, 2026-11-23). */
     /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, rows); */
     /*@ loop invariant bounds: 0 <= e <= num_experts;
         loop invariant zero: \forall integer j; 0 <= j < e ==> m_sizes[j] == 0;
@@ -218,6 +220,8 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
               \at(count_eq((int64_t *)topk_ids, x, e), Pre) + (topk_ids[x] == e ? 1 : 0); */
         /*@ assert cursor_in: 0 <= next[topk_ids[s]] < rows; */
         int64_t r = next[topk_ids[s]]++;
+        /*@ assert next_step: \forall integer e; 0 <= e < num_experts ==>
+              next[e] == \at(next[e], LoopCurrent) + (topk_ids[s] == e ? 1 : 0); */
         /*@ assert r_separated: \separated(gather_indices + r, next + (0 .. num_experts),
               m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
         gather_indices[r] = s;
@@ -225,6 +229,8 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
             /*@ assert s_separated: \separated(scatter_indices + s, next + (0 .. num_experts),
                   m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
             scatter_indices[s] = r;
+        /*@ assert next_kept: \forall integer e; 0 <= e < num_experts ==>
+              next[e] == \at(next[e], LoopCurrent) + (topk_ids[s] == e ? 1 : 0); */
     }
     /*@ assert ids_post: in_range((int64_t *)topk_ids, rows, 0, num_experts); */
     /*@ ghost
