@@ -8,11 +8,15 @@
  *   4. moe_gemm_autotune refuses a bad op, repeats outside 1 .. 1000 and accumulate, and reports
  *      MOE_ERR_NO_BACKEND where no CUDA device is usable;
  *   5. the table under concurrent use: threads storing, replacing and looking up their own keys while
- *      others do the same end with every key holding its thread's last choice. */
+ *      others do the same end with every key holding its thread's last choice;
+ *   6. mutated lines (random bytes replaced, inserted or deleted in valid lines; run under ASan in CI):
+ *      the parser never reads past a line, and a line it accepts formats back to a line that parses to
+ *      the same entry. */
 #include "check.h"
 #include "moe.h"
 #include "moe_internal.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -360,6 +364,50 @@ static void concurrent_table(void)
     moe_gemm_autotune_clear();
 }
 
+static void mutated_lines(void)
+{
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 20000; i++) {
+        const moe_tune_key key = sample_key(i + 7);
+        const moe_tune_choice choice = sample_choice(&key);
+        char line[1024];
+        moe_tune_format_line(&key, &choice, line, 512);
+        size_t length = strlen(line);
+        const int edits = 1 + (int)(next_random() % 3);
+        for (int e = 0; e < edits; e++) {
+            const size_t at = (size_t)(next_random() % (length + 1));
+            static const char alphabet[] = "0123456789|-+. aefnsx\x01\x7f\xff";
+            const char c = alphabet[next_random() % (sizeof alphabet - 1)];
+            switch (next_random() % 3) {
+            case 0: if (at < length) line[at] = c; break;                                        /* replace */
+            case 1: if (length + 1 < sizeof line) { memmove(line + at + 1, line + at, length - at + 1); line[at] = c; length++; } break;
+            default: if (at < length) { memmove(line + at, line + at + 1, length - at); length--; } break; /* delete */
+            }
+        }
+        moe_tune_key got_key;
+        moe_tune_choice got_choice;
+        char why[200];
+        if (!moe_tune_parse_line(line, &got_key, &got_choice, why, sizeof why)) {
+            refused++;
+            CHECK(why[0] != '\0', "mutated line %d refused without a reason", i);
+            continue;
+        }
+        accepted++;
+        char again[1024];
+        moe_tune_format_line(&got_key, &got_choice, again, sizeof again);
+        moe_tune_key key2;
+        moe_tune_choice choice2;
+        const int ok = moe_tune_parse_line(again, &key2, &choice2, why, sizeof why);
+        /* the time prints with 3 decimals: half a unit of the third decimal, plus the two binary roundings
+         * (reading the mutated text, reading the reprint) of at most |v| 2^-53 each */
+        CHECK(ok && same_key(&got_key, &key2) && got_choice.kernel == choice2.kernel &&
+                  got_choice.tile_rows == choice2.tile_rows && got_choice.cluster == choice2.cluster &&
+                  got_choice.tma_store == choice2.tma_store && fabs(got_choice.median_us - choice2.median_us) <= 5e-4 + 0x1p-52 * fabs(got_choice.median_us),
+              "accepted mutated line %d does not survive a round trip: %s -> %s", i, line, again);
+    }
+    CHECK(accepted > 100 && refused > 100, "mutations: %d accepted, %d refused (expected both kinds)", accepted, refused);
+}
+
 int main(void)
 {
     round_trip();
@@ -367,6 +415,7 @@ int main(void)
     load_files();
     autotune_arguments();
     concurrent_table();
+    mutated_lines();
     printf("test_autotune: %ld checks, %ld failures\n", checks, failures);
     return failures ? 1 : 0;
 }
