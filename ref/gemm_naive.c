@@ -249,12 +249,16 @@ NAIVE_OMP(omp parallel for schedule(static))
     requires separated: \separated(row_of_slot + (0 .. p->rows - 1), p, p->gather_indices + (0 .. p->rows - 1));
     terminates \true;
     assigns row_of_slot[0 .. p->rows - 1];
-    ensures rows: in_range(row_of_slot, p->rows, 0, p->rows); */
+    ensures rows: in_range(row_of_slot, p->rows, 0, p->rows);
+    ensures inverse: p->rows > 0 && is_permutation(p->gather_indices, p->rows) ==>
+      \forall integer r; 0 <= r < p->rows ==> row_of_slot[p->gather_indices[r]] == r; */
 static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
 {
     const int64_t M = p->rows;
     /*@ loop invariant bounds: 0 <= r <= M;
         loop invariant rows: in_range(row_of_slot, M, 0, M);
+        loop invariant inverse: M > 0 && is_permutation(p->gather_indices, M) ==>
+          \forall integer j; 0 <= j < r ==> row_of_slot[p->gather_indices[j]] == j;
         loop assigns r, row_of_slot[0 .. M - 1];
         loop variant M - r; */
     for (int64_t r = 0; r < M; r++)

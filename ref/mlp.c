@@ -41,6 +41,24 @@ float moe_f16_to_f32(uint16_t bits);
 /*@ terminates \true;
     assigns \nothing; */
 uint16_t moe_f32_to_f16(float value);
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_bf16_to_f32(uint16_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint16_t moe_f32_to_bf16(float value);
+
+/* The libm functions of the activations.  Frama-C's libc (math.h) specifies expf (assigns errno and its
+ * result; no terminates clause) but not erff or tanhf: these contracts are trusted, not proved.  They
+ * terminate; erff and tanhf are given errno as expf has it (C11 7.12.1 lets any of them report a range
+ * error through errno), so that no contract here claims more than the C library promises.  expf's
+ * termination is trusted through the pinned flag -wp-frama-c-stdlib-terminate (specs/verify.sh). */
+/*@ terminates \true;
+    assigns errno, \result \from x; */
+float erff(float x);
+/*@ terminates \true;
+    assigns errno, \result \from x; */
+float tanhf(float x);
 #endif
 
 enum { NC = 128, PC = 64, RC = 64 };
@@ -421,6 +439,10 @@ static float dot_seq(const float *a, const float *b, int64_t n)
 /* ---------------------------------------------------------------------------------------------------
  * activations and clamps
  * ------------------------------------------------------------------------------------------------- */
+/* Contracts: they terminate and write nothing but errno (expf may set ERANGE on overflow, C11 7.12.1);
+ * the float results are checked by the property tests against the float64 oracle, not proved. */
+/*@ terminates \true;
+    assigns errno; */
 static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static const float SWISH_ALPHA = 1.702f;
@@ -429,6 +451,10 @@ static const float INV_SQRT_2PI = 0.39894228040143267794f;
 static const float SQRT_2_OVER_PI = 0.79788456080286535588f;
 static const float GELU_TANH_C = 0.044715f;
 
+/*@ terminates \true;
+    assigns errno;
+    ensures identity: act != MOE_ACT_SILU && act != MOE_ACT_GELU && act != MOE_ACT_GELU_TANH &&
+      act != MOE_ACT_SWISH ==> \result == x; */
 static inline float act_value(moe_mlp_activation act, float x)
 {
     switch (act) {
@@ -440,6 +466,10 @@ static inline float act_value(moe_mlp_activation act, float x)
     return x;
 }
 
+/*@ terminates \true;
+    assigns errno;
+    ensures identity: act != MOE_ACT_SILU && act != MOE_ACT_GELU && act != MOE_ACT_GELU_TANH &&
+      act != MOE_ACT_SWISH ==> \result == 1.0f; */
 static inline float act_derivative(moe_mlp_activation act, float x)
 {
     switch (act) {
@@ -462,7 +492,19 @@ static inline float act_derivative(moe_mlp_activation act, float x)
     return 1.0f;
 }
 
-/* Clamps keep NaN (a comparison with NaN is false). */
+/* Clamps keep NaN (a comparison with NaN is false).  Each limit applies only when its flag is set; a NaN
+ * limit clamps nothing.  The comparisons are IEEE's (\lt_float, \le_float: false with a NaN operand);
+ * same_float (specs/mlp.acsl) is IEEE equality or both NaN. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures nan_kept: \is_NaN(v) ==> \is_NaN(\result);
+    ensures unchanged: (has_lo == 0 || !\lt_float(v, lo)) && (has_hi == 0 || !\gt_float(v, hi)) ==>
+      same_float(\result, v);
+    ensures at_least_lo: has_lo != 0 && !\is_NaN(v) && !\is_NaN(lo) &&
+      (has_hi == 0 || \is_NaN(hi) || \le_float(lo, hi)) ==> \le_float(lo, \result);
+    ensures at_most_hi: has_hi != 0 && !\is_NaN(v) && !\is_NaN(hi) ==> \le_float(\result, hi);
+    ensures a_limit: same_float(\result, v) || (has_lo != 0 && same_float(\result, lo)) ||
+      (has_hi != 0 && same_float(\result, hi)); */
 static inline float clamp_(float v, int has_lo, float lo, int has_hi, float hi)
 {
     if (has_lo && v < lo)
@@ -473,6 +515,9 @@ static inline float clamp_(float v, int has_lo, float lo, int has_hi, float hi)
 }
 
 /* The limit as the checkpoint stores it: a clamped value is stored as round(limit). */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures f32_exact: dtype != MOE_F16 && dtype != MOE_BF16 ==> \result == v; */
 static float round_to(moe_dtype dtype, float v)
 {
     switch (dtype) {
@@ -542,14 +587,180 @@ static void free_index(slot_index *x)
 
 static int is_token(const moe_mlp_problem *p, int64_t id) { return id >= 0 && id < p->T; }
 
+/* The number of entries of ids[0 .. n-1] that are tokens (in [0, T)): the slots of a layout.   ids [n] */
+/*@ requires n: 0 <= n && \valid_read(ids + (0 .. n - 1));
+    terminates \true;
+    assigns \nothing;
+    ensures count: \result == count_lt((int64_t *)ids, n, T); */
+static int64_t count_tokens(const int64_t *ids, int64_t n, int64_t T)
+{
+    int64_t V = 0;
+    /*@ loop invariant bounds: 0 <= q <= n && 0 <= V <= q;
+        loop invariant counted: V == count_lt((int64_t *)ids, q, T);
+        loop assigns q, V;
+        loop variant n - q; */
+    for (int64_t q = 0; q < n; q++)
+        V += ids[q] >= 0 && ids[q] < T;
+    return V;
+}
+
+/* Numbers the slots: pos[s] and token[s] are the position and the token of the s-th entry of ids that is a
+ * token (in [0, T)), in ascending position.
+ *   ids [n];  pos [V], token [V];  V  ghost (read by the proof only): the number of slots */
+/*@ requires dims: 0 <= n;
+    requires ids: \valid_read(ids + (0 .. n - 1));
+    requires slots: V == count_lt((int64_t *)ids, n, T);
+    requires out: \valid(pos + (0 .. V - 1)) && \valid(token + (0 .. V - 1));
+    requires separated: \separated(pos + (0 .. V - 1), token + (0 .. V - 1), ids + (0 .. n - 1));
+    terminates \true;
+    assigns pos[0 .. V - 1], token[0 .. V - 1];
+    ensures positions: in_range(pos, V, 0, n);
+    ensures tokens: in_range(token, V, 0, T); */
+static void number_slots(const int64_t *ids, int64_t n, int64_t T, int64_t *pos, int64_t *token)
+    /*@ ghost (int64_t V) */
+{
+    /*@ ghost lemma_count_lt_grows((int64_t *)ids, n, T); */
+    int64_t s = 0;
+    /*@ loop invariant bounds: 0 <= q <= n && 0 <= s <= q;
+        loop invariant slots: s == (\let x = q; \at(count_lt((int64_t *)ids, x, T), Pre));
+        loop invariant positions: in_range(pos, s, 0, q);
+        loop invariant tokens: in_range(token, s, 0, T);
+        loop assigns q, s, pos[0 .. V - 1], token[0 .. V - 1];
+        loop variant n - q; */
+    for (int64_t q = 0; q < n; q++) {
+        if (!(ids[q] >= 0 && ids[q] < T))
+            continue;
+        /*@ assert slot_in: s < V; */
+        pos[s] = q;
+        token[s] = ids[q];
+        s++;
+    }
+}
+
+/* A stable counting sort of the entries j < n that are kept (0 <= filter[j] < lim) by their bucket
+ * map[j / B] in [0, K): start[k] = the kept entries of buckets below k (start[0] = 0, start[K] = count),
+ * and order[start[k] ..] lists the ranks (0, 1, ... among the kept entries, in ascending j) of bucket k's
+ * entries, ascending.  build_index sorts three ways with it: slots by expert (filter = ids, map = b2e,
+ * B = block size), slots by token (filter = map = ids, B = 1), blocks by expert (filter = map = b2e,
+ * B = 1: every block is kept, and its rank is its index).
+ *   filter [n];  map [blocks];  start [K + 1], zero on entry;  order [count];  cursor [K] scratch
+ *   count, blocks  ghost (read by the proof only): the kept entries; the length of map (n <= blocks * B) */
+/*@ requires dims: 0 <= n && 1 <= B && 0 <= K && 0 <= blocks && n <= blocks * B;
+    requires filter: \valid_read(filter + (0 .. n - 1));
+    requires map: \valid_read(map + (0 .. blocks - 1));
+    requires keys: \forall integer j; 0 <= j < n && 0 <= filter[j] < lim ==> 0 <= map[j / B] < K;
+    requires count: count == count_lt((int64_t *)filter, n, lim);
+    requires start: \valid(start + (0 .. K)) && \forall integer k; 0 <= k <= K ==> start[k] == 0;
+    requires order: \valid(order + (0 .. count - 1));
+    requires cursor: \valid(cursor + (0 .. K - 1));
+    requires separated: \separated(start + (0 .. K), order + (0 .. count - 1), cursor + (0 .. K - 1),
+                                   filter + (0 .. n - 1));
+    requires separated_map: \separated(map + (0 .. blocks - 1), start + (0 .. K), order + (0 .. count - 1),
+                                       cursor + (0 .. K - 1));
+    terminates \true;
+    assigns start[1 .. K], order[0 .. count - 1], cursor[0 .. K - 1];
+    ensures offsets: start[0] == 0 && start[K] == count;
+    ensures sorted: sorted_offsets(start, K);
+    ensures sizes: \forall integer k; 0 <= k < K ==>
+      start[k + 1] - start[k] == \old(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k)); */
+static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, const int64_t *map, int64_t B, int64_t K,
+                             int64_t *start, int64_t *order, int64_t *cursor)
+    /*@ ghost (int64_t count, int64_t blocks) */
+{
+    /* count_key and count_key_lt read int64 memory, which the loops write (other addresses): the invariants
+     * read them in the pre-state (\at Pre, on \let-bound loop values), where the lemma calls below hold. */
+    /*@ ghost lemma_count_key_bounds((int64_t *)filter, lim, (int64_t *)map, B, n); */
+    /*@ ghost lemma_count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n); */
+    /*@ ghost lemma_count_key_all((int64_t *)filter, lim, (int64_t *)map, B, n, K); */
+    /*@ loop invariant bounds: 0 <= j <= n;
+        loop invariant counts: \forall integer k; 0 <= k < K ==>
+          start[k + 1] == (\let x = j; \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre));
+        loop invariant first: start[0] == 0;
+        loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
+        loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
+        loop assigns j, start[1 .. K];
+        loop variant n - j; */
+    for (int64_t j = 0; j < n; j++) {
+        if (!(filter[j] >= 0 && filter[j] < lim))
+            continue;
+        /*@ ghost lemma_div_below(j, blocks, B); */
+        /*@ assert key_step: \let x = j; \let k = map[x / B]; 0 <= k < K &&
+              \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x + 1, k), Pre) == \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre) + 1 &&
+              \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x + 1, k), Pre) <= x + 1; */
+        start[map[j / B] + 1]++;
+    }
+    /*@ loop invariant bounds: 0 <= k <= K;
+        loop invariant done: \forall integer y; 0 <= y <= k ==> start[y] == \at(count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n, y), Pre);
+        loop invariant rest: \forall integer y; k < y <= K ==> start[y] == \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, y - 1), Pre);
+        loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
+        loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
+        loop assigns k, start[1 .. K];
+        loop variant K - k; */
+    for (int64_t k = 0; k < K; k++)
+        start[k + 1] += start[k];
+    /*@ loop invariant bounds: 0 <= k <= K;
+        loop invariant copied: \forall integer y; 0 <= y < k ==> cursor[y] == start[y];
+        loop invariant sorted: sorted_offsets(start, K);
+        loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
+        loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
+        loop assigns k, cursor[0 .. K - 1];
+        loop variant K - k; */
+    for (int64_t k = 0; k < K; k++)
+        cursor[k] = start[k];
+    int64_t s = 0;
+    /*@ loop invariant bounds: 0 <= j <= n && 0 <= s <= j;
+        loop invariant sorted: sorted_offsets(start, K);
+        loop invariant starts: \forall integer y; 0 <= y <= K ==> start[y] == \at(count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n, y), Pre);
+        loop invariant cursor: \forall integer k; 0 <= k < K ==>
+          cursor[k] == start[k] + (\let x = j; \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre));
+        loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
+        loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
+        loop assigns j, s, cursor[0 .. K - 1], order[0 .. count - 1];
+        loop variant n - j; */
+    for (int64_t j = 0; j < n; j++) {
+        if (!(filter[j] >= 0 && filter[j] < lim))
+            continue;
+        /*@ ghost lemma_div_below(j, blocks, B); */
+        const int64_t key = map[j / B];
+        /*@ assert key_step: \let x = j; \let k = key; 0 <= k < K &&
+              \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x + 1, k), Pre) == \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre) + 1 &&
+              \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x + 1, k), Pre) <= \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k), Pre); */
+        /*@ assert bucket_end: \let k = key; \at(count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n, k), Pre) + \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k), Pre) <= count; */
+        /*@ assert cursor_in: 0 <= cursor[key] < count; */
+        const int64_t r = cursor[key]++;
+        /*@ assert r_separated: \separated(order + r, cursor + (0 .. K - 1), start + (0 .. K), filter + (0 .. n - 1)); */
+        /*@ assert r_separated_map: \separated(order + r, map + (0 .. blocks - 1)); */
+        order[r] = s++;
+    }
+}
+
+/* The most entries of one bucket: max_k start[k + 1] - start[k].   start [K + 1], sorted, start[0] >= 0 */
+/*@ requires dims: 0 <= K && \valid_read(start + (0 .. K));
+    requires sorted: start[0] >= 0 && sorted_offsets(start, K);
+    terminates \true;
+    assigns \nothing;
+    ensures largest: 0 <= \result && \forall integer k; 0 <= k < K ==> start[k + 1] - start[k] <= \result; */
+static int64_t largest_bucket(const int64_t *start, int64_t K)
+{
+    int64_t most = 0;
+    /*@ loop invariant bounds: 0 <= k <= K && 0 <= most;
+        loop invariant largest: \forall integer y; 0 <= y < k ==> start[y + 1] - start[y] <= most;
+        loop assigns k, most;
+        loop variant K - k; */
+    for (int64_t k = 0; k < K; k++)
+        most = start[k + 1] - start[k] > most ? start[k + 1] - start[k] : most;
+    return most;
+}
+
+/* Allocates and fills the slot index of a checked layout (block_to_expert in [0, E), every position a
+ * token in [0, T) or not a token).  The fill is the proved functions above (specs/README.md); this shell,
+ * which allocates, is not proved. */
 static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 {
     memset(x, 0, sizeof *x);
     const int64_t NB = p->N * p->B, E = p->E, T = p->T, N = p->N;
     const int64_t *ids = p->token_position_to_id, *b2e = p->block_to_expert;
-    int64_t V = 0;
-    for (int64_t q = 0; q < NB; q++)
-        V += is_token(p, ids[q]);
+    const int64_t V = count_tokens(ids, NB, T);
     x->count = V;
     x->pos = malloc(((size_t)V + 1) * sizeof(int64_t));
     x->token = malloc(((size_t)V + 1) * sizeof(int64_t));
@@ -567,35 +778,11 @@ static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the slot index of %" PRId64 " positions",
                         p->op, NB);
     }
-    int64_t s = 0;
-    for (int64_t q = 0; q < NB; q++) {
-        if (!is_token(p, ids[q]))
-            continue;
-        x->pos[s] = q;
-        x->token[s] = ids[q];
-        x->expert_start[b2e[q / p->B] + 1]++;
-        x->token_start[ids[q] + 1]++;
-        s++;
-    }
-    for (int64_t e = 0; e < E; e++) {
-        x->max_slots = x->expert_start[e + 1] > x->max_slots ? x->expert_start[e + 1] : x->max_slots;
-        x->expert_start[e + 1] += x->expert_start[e];
-    }
-    for (int64_t t = 0; t < T; t++)
-        x->token_start[t + 1] += x->token_start[t];
-    memcpy(cursor, x->expert_start, (size_t)E * sizeof(int64_t));
-    for (s = 0; s < V; s++)
-        x->expert_slots[cursor[b2e[x->pos[s] / p->B]]++] = s;
-    memcpy(cursor, x->token_start, (size_t)T * sizeof(int64_t));
-    for (s = 0; s < V; s++)
-        x->token_slots[cursor[x->token[s]]++] = s;
-    for (int64_t n = 0; n < N; n++)
-        x->block_start[b2e[n] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        x->block_start[e + 1] += x->block_start[e];
-    memcpy(cursor, x->block_start, (size_t)E * sizeof(int64_t));
-    for (int64_t n = 0; n < N; n++)
-        x->expert_blocks[cursor[b2e[n]]++] = n;
+    number_slots(ids, NB, T, x->pos, x->token) /*@ ghost (V) */;
+    bucket_positions(NB, ids, T, b2e, p->B, E, x->expert_start, x->expert_slots, cursor) /*@ ghost (V, N) */;
+    x->max_slots = largest_bucket(x->expert_start, E);
+    bucket_positions(NB, ids, T, ids, 1, T, x->token_start, x->token_slots, cursor) /*@ ghost (V, NB) */;
+    bucket_positions(N, b2e, E, b2e, 1, E, x->block_start, x->expert_blocks, cursor) /*@ ghost (N, N) */;
     free(cursor);
     return MOE_OK;
 }
