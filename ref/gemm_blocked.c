@@ -54,6 +54,13 @@
  */
 #include "moe_ref.h"
 
+/* Frama-C/WP (specs/verify.sh) reads the scalar path only: the SSE2, vector-extension and AVX2 code is
+ * trusted (tested bit for bit against gemm_naive.c by tests/test_gemm_modes).  The compiled code is
+ * not affected: __FRAMAC__ is defined by Frama-C's preprocessing only. */
+#if defined(__FRAMAC__) && !defined(MOE_REF_NO_VECTOR)
+#define MOE_REF_NO_VECTOR 1
+#endif
+
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -349,15 +356,37 @@ static void kernel_v4(int64_t kb, int first, int rows, const float *restrict a, 
         kernel_v4_half(kb, first, 3, a, b, c, ldc);
 }
 #else
+/* Frama-C/WP proves the indices and the writes (rows 0 .. rows-1 of c, NR floats each), not the values. */
+/*@ requires depth: 0 <= kb <= KB;
+    requires rows: 1 <= rows <= MR;
+    requires ldc: NR <= ldc <= NB;
+    requires a: \valid_read(a + (0 .. kb * MR - 1));
+    requires b: \valid_read(b + (0 .. kb * NR - 1));
+    requires c: \valid(c + (0 .. (rows - 1) * ldc + NR - 1));
+    terminates \true;
+    assigns c[0 .. (rows - 1) * ldc + NR - 1]; */
 static void kernel_scalar(int64_t kb, int first, int rows, const float *restrict a, const float *restrict b,
                           float *restrict c, int64_t ldc)
 {
+    /*@ loop invariant bounds: 0 <= i <= rows;
+        loop assigns i, c[0 .. (rows - 1) * ldc + NR - 1];
+        loop variant rows - i; */
     for (int i = 0; i < rows; i++)
+        /*@ loop invariant bounds: 0 <= p <= kb;
+            loop invariant row: 0 <= i * ldc <= (rows - 1) * ldc;
+            loop assigns p, c[i * ldc .. i * ldc + NR - 1];
+            loop variant kb - p; */
         for (int64_t p = 0; p < kb; p++) {
             if (first && p == 0)
+                /*@ loop invariant bounds: 0 <= j <= NR;
+                    loop assigns j, c[i * ldc .. i * ldc + NR - 1];
+                    loop variant NR - j; */
                 for (int j = 0; j < NR; j++)
                     c[i * ldc + j] = 0.0f;
             const float av = a[p * MR + i];
+            /*@ loop invariant bounds: 0 <= j <= NR;
+                loop assigns j, c[i * ldc .. i * ldc + NR - 1];
+                loop variant NR - j; */
             for (int j = 0; j < NR; j++)
                 c[i * ldc + j] += av * b[p * NR + j];
         }
@@ -466,21 +495,56 @@ static void scratch_free(thread_scratch *s)
     free(s->row);
 }
 
+/* The index logic of a work item's context, for Frama-C/WP (specs/gemm.acsl has the problem's). */
+/*@ predicate ctx_problem_ok{L}(gemm_ctx *g) = \valid_read(g) && gemm_problem_ok(g->p);
+    predicate ctx_weights_ok{L}(gemm_ctx *g) =
+      g->topk_weights != \null && tensor_readable((char *)g->topk_weights, g->p->rows, g->p->dtype);
+*/
+
+/* The slot of expert-order row r (r itself when no gather indices are given). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures slot: 0 <= \result < p->rows;
+    ensures value: \result == (p->gather_indices != \null ? p->gather_indices[r] : r); */
 static inline int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->gather_indices != NULL ? p->gather_indices[r] : r;
 }
 
+/* Row of X read by expert-order row r. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures x_row: 0 <= \result < gemm_x_rows(p); */
 static inline int64_t x_row(const moe_gemm_problem *p, int64_t r)
 {
+    /*@ assert topk: 1 <= p->topk; */
+    /*@ ghost
+      if (p->permute_x)
+          lemma_div_below(p->gather_indices != 0 ? p->gather_indices[r] : r, p->num_tokens, p->topk); */
     return p->permute_x ? slot_of_row(p, r) / p->topk : r;
 }
 
+/* Row of Y written (forward) or of dY read (backward) for expert-order row r. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures y_row: 0 <= \result < p->rows; */
 static inline int64_t y_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->permute_y ? slot_of_row(p, r) : r;
 }
 
+/* The topk weight of expert-order row r's slot (g->topk_weights [M], indexed by slot). */
+/*@ requires problem: ctx_problem_ok(g);
+    requires weights: ctx_weights_ok(g);
+    requires row: 0 <= r < g->p->rows;
+    terminates \true;
+    assigns \nothing; */
 static inline float topk_weight(const gemm_ctx *g, int64_t r)
 {
     return moe_ref_load(g->p->dtype, g->topk_weights, slot_of_row(g->p, r));
@@ -488,14 +552,53 @@ static inline float topk_weight(const gemm_ctx *g, int64_t r)
 
 /* Spreads a converted row v[0 .. count) over the lanes of consecutive packed groups or panels: element
  * j goes to dst[(j / width) * stride + j % width]; the lanes past count in the last one become 0. */
+/* Frama-C/WP proves the indices and the writes, not the values.  The ghost parameter chunks is the number
+ * of groups or panels, ceil(count / width): chunk c lands at dst[c * stride .. c * stride + width - 1]. */
+/*@ ghost
+  /@ requires range: 0 <= a && 1 <= k && a * k < b * k;
+     terminates \true;
+     assigns \nothing;
+     ensures below: a < b;
+  @/
+  static void lemma_mul_below(int64_t a, int64_t b, int64_t k)
+  {
+  }
+*/
+
+/*@ requires width: 1 <= width <= NR;
+    requires stride: width <= stride;
+    requires count: 0 <= count <= INT64_MAX - NR;
+    requires chunks: 0 <= chunks && (chunks - 1) * width < count <= chunks * width;
+    requires v: \valid_read(v + (0 .. count - 1));
+    requires dst: \valid(dst + (0 .. (chunks - 1) * stride + width - 1));
+    terminates \true;
+    assigns dst[0 .. (chunks - 1) * stride + width - 1]; */
 static inline void spread_row(const float *restrict v, int64_t count, int width, float *restrict dst,
-                              int64_t stride)
+                              int64_t stride) /*@ ghost (int64_t chunks) */
 {
     int64_t j0 = 0;
-    for (; j0 + width <= count; j0 += width, dst += stride)
+    /*@ ghost int64_t chunk = 0; */
+    /*@ loop invariant bounds: 0 <= j0 <= count && 0 <= chunk <= j0;
+        loop invariant chunk: j0 == chunk * width;
+        loop invariant dst: dst == \at(dst, Pre) + chunk * stride;
+        loop assigns j0, dst, chunk, \at(dst, Pre)[0 .. (chunks - 1) * stride + width - 1];
+        loop variant count - j0; */
+    for (; j0 + width <= count; j0 += width, dst += stride) {
+        /*@ ghost lemma_mul_below(chunk, chunks, width); */
+        /*@ ghost lemma_mul_monotone(chunk, chunks - 1, stride); */
+        /*@ loop invariant bounds: 0 <= j <= width;
+            loop assigns j, dst[0 .. width - 1];
+            loop variant width - j; */
         for (int j = 0; j < width; j++) /* a fixed-size copy once inlined */
             dst[j] = v[j0 + j];
+        /*@ ghost chunk++; */
+    }
     if (j0 < count) {
+        /*@ ghost lemma_mul_below(chunk, chunks, width); */
+        /*@ ghost lemma_mul_monotone(chunk, chunks - 1, stride); */
+        /*@ loop invariant bounds: 0 <= j <= width;
+            loop assigns j, dst[0 .. width - 1];
+            loop variant width - j; */
         for (int j = 0; j < width; j++)
             dst[j] = j0 + j < count ? v[j0 + j] : 0.0f;
     }
@@ -515,7 +618,7 @@ static void pack_a(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb,
                 for (int64_t i = 0; i < ab->mi; i++)
                     row[i] = wt * row[i];
             }
-            spread_row(row, ab->mi, MR, a + q * MR, kb * MR);
+            spread_row(row, ab->mi, MR, a + q * MR, kb * MR) /*@ ghost ((ab->mi + MR - 1) / MR) */;
         }
         return;
     }
@@ -576,7 +679,7 @@ static void pack_b(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj,
         const int64_t first = g->kind == OP_DX ? (ab->e * p->N + p0 + q) * p->K + j0
                                                : x_row(p, g->offsets[ab->e] + p0 + q) * p->K + j0;
         load_span(p->dtype, g->b_src, first, nj, row, 1);
-        spread_row(row, nj, NR, b + q * NR, kb * NR);
+        spread_row(row, nj, NR, b + q * NR, kb * NR) /*@ ghost ((nj + NR - 1) / NR) */;
     }
 }
 
