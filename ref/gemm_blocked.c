@@ -196,7 +196,16 @@ static inline uint16_t float_to_f16(float value)
         }                                                                                          \
     } while (0)
 
-/* out[i * stride] = element (first + i) of src as float, for i < count. */
+/* out[i * stride] = element (first + i) of src as float, for i < count.
+ * Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow the casts of src to
+ * uint16_t * / float * nor the memcpy; callers prove the source bytes and the out lanes valid. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires span: 0 <= first && 0 <= count && 1 <= stride;
+    requires src: count == 0 ||
+                  \valid_read((char *)src + (byte_offset(first, dtype) .. byte_offset(first + count, dtype) - 1));
+    requires out: count == 0 || \valid(out + (0 .. (count - 1) * stride));
+    terminates \true;
+    assigns out[0 .. (count - 1) * stride]; */
 static inline void load_span(moe_dtype dtype, const void *src, int64_t first, int64_t count, float *out,
                              int64_t stride)
 {
@@ -230,6 +239,16 @@ static inline void load_span(moe_dtype dtype, const void *src, int64_t first, in
 /* panel[q * NR + j] = element (first + j * ld + q) of src as float, for q < kb, j < NR: the transpose
  * of NR source rows.  bf16 and f32 go through SSE2 4x4 transposes where available (pure data
  * movement: the same bits as the scalar loop). */
+/* Frama-C/WP proves the scalar path (the SSE2 block is not in its parse): the NR source rows
+ * first + j * ld + (0 .. kb - 1) are read, panel[0 .. kb * NR - 1] written (load_span's trusted contract). */
+/*@ requires dtype: dtype_ok(dtype);
+    requires depth: 0 <= kb <= KB;
+    requires rows: 0 <= first && 0 <= ld && first + (NR - 1) * ld + kb <= INT64_MAX;
+    requires src: kb == 0 || \valid_read((char *)src + (byte_offset(first, dtype) ..
+                                                     byte_offset(first + (NR - 1) * ld + kb, dtype) - 1));
+    requires panel: \valid(panel + (0 .. kb * NR - 1));
+    terminates \true;
+    assigns panel[0 .. kb * NR - 1]; */
 static void load_transposed_panel(moe_dtype dtype, const void *src, int64_t first, int64_t ld, int64_t kb,
                                   float *panel)
 {
@@ -263,9 +282,15 @@ static void load_transposed_panel(moe_dtype dtype, const void *src, int64_t firs
         }
     }
 #endif
-    if (q < kb)
-        for (int j = 0; j < NR; j++)
+    if (q < kb) {
+        /*@ loop invariant bounds: 0 <= j <= NR;
+            loop assigns j, panel[0 .. kb * NR - 1];
+            loop variant NR - j; */
+        for (int j = 0; j < NR; j++) {
+            /*@ ghost lemma_mul_monotone(j, NR - 1, ld); */
             load_span(dtype, src, first + j * ld + q, kb - q, panel + q * NR + j, NR);
+        }
+    }
 }
 
 /* The tail of moe_ref.h for count consecutive elements of out from base: v = old + v with

@@ -84,8 +84,8 @@ ref/mlp.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,lemma_count_lt_grows
 ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_topk_row,check_topk_ids,count_per_expert,dropless_blocks,assign_blocks_dropping,assign_blocks_dropless
 ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_routing_validate,counting_sort
 src/errors.c:moe_mul_ok
-ref/gemm_blocked.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,slot_of_row,x_row,y_row,topk_weight,spread_row,kernel_scalar"
-# (ref/gemm_blocked.c, about 35 s: its scalar path only; the file defines MOE_REF_NO_VECTOR under __FRAMAC__.)
+ref/gemm_blocked.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,slot_of_row,x_row,y_row,topk_weight,spread_row,kernel_scalar,load_transposed_panel"
+# (ref/gemm_blocked.c, about 30 s: its scalar path only; the file defines MOE_REF_NO_VECTOR under __FRAMAC__.)
 
 # why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
 WHY3CONFIG=$work/why3.conf
