@@ -281,17 +281,7 @@ int main(int argc, char **argv)
 
     /* routing: k distinct experts per token, uniformly at random; weights uniform in (0, 1) */
     int64_t *topk = xmalloc((size_t)(T * k) * 8);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t e, again;
-            do {
-                e = (int64_t)oracle_rng_below(&rng, (uint64_t)E);
-                again = 0;
-                for (int64_t q = 0; q < j; q++)
-                    again |= topk[t * k + q] == e;
-            } while (again);
-            topk[t * k + j] = e;
-        }
+    oracle_topk_ids(&rng, T, k, E, topk);
     void *weights = xmalloc((size_t)(T * k) * moe_dtype_size(dt));
     oracle_fill(&rng, dt, weights, T * k, 0);
     for (int64_t i = 0; i < T * k; i++) /* |w|: affinities are positive */

@@ -335,17 +335,7 @@ int main(int argc, char **argv)
             continue;
         const int64_t E = sh->E, k = sh->k, N = sh->N, K = sh->K, M = T * k;
         int64_t *ids = malloc((size_t)M * 8), *m_sizes = malloc((size_t)E * 8), *gather = malloc((size_t)M * 8);
-        for (int64_t t = 0; t < T; t++) /* k distinct experts per token, uniformly at random */
-            for (int64_t j = 0; j < k; j++) {
-                int64_t e, dup;
-                do {
-                    e = (int64_t)oracle_rng_below(&rng, (uint64_t)E);
-                    dup = 0;
-                    for (int64_t i = 0; i < j; i++)
-                        dup |= ids[t * k + i] == e;
-                } while (dup);
-                ids[t * k + j] = e;
-            }
+        oracle_topk_ids(&rng, T, k, E, ids); /* k distinct experts per token, uniformly at random */
         CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
         problem p = {0};
         p.ctx = &ctx, p.E = E, p.M = M, p.N = N, p.K = K, p.m_sizes = m_sizes;

@@ -295,18 +295,7 @@ static void build_routing(bench *b, oracle_rng *rng)
 {
     const int64_t T = b->T, k = b->k, E = b->E, M = b->M;
     int64_t *ids = alloc_or_die("topk_ids", M, sizeof(int64_t));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t e;
-            int repeated;
-            do { /* k distinct experts per token, uniformly (k <= E for every model here) */
-                e = (int64_t)oracle_rng_below(rng, (uint64_t)E);
-                repeated = 0;
-                for (int64_t i = 0; i < j; i++)
-                    repeated |= ids[t * k + i] == e;
-            } while (repeated);
-            ids[t * k + j] = e;
-        }
+    oracle_topk_ids(rng, T, k, E, ids); /* k distinct experts per token (k <= E for every model here) */
     b->m_sizes = alloc_or_die("m_sizes", E, sizeof(int64_t));
     b->gather = alloc_or_die("gather_indices", M, sizeof(int64_t));
     b->scatter = alloc_or_die("scatter_indices", M, sizeof(int64_t));

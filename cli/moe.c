@@ -2153,17 +2153,7 @@ static int run_autotune(const args *a)
     const int64_t M = (int64_t)elements(T, k, 1);
     oracle_rng rng = {(uint64_t)seed};
     int64_t *ids = xmalloc(elements(M, 1, 1), sizeof(int64_t));
-    for (int64_t t = 0; t < T; t++) /* k distinct experts per token: redraw a repeated one */
-        for (int64_t j = 0; j < k; j++) {
-            int64_t e, repeated;
-            do {
-                e = (int64_t)oracle_rng_below(&rng, (uint64_t)E);
-                repeated = 0;
-                for (int64_t i = 0; i < j; i++)
-                    repeated |= ids[t * k + i] == e;
-            } while (repeated);
-            ids[t * k + j] = e;
-        }
+    oracle_topk_ids(&rng, T, k, E, ids); /* k <= E: checked above */
     int64_t *m_sizes = xmalloc(elements(E, 1, 1), sizeof(int64_t)), *gather = xmalloc(elements(M, 1, 1), sizeof(int64_t));
     moe_status st = moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL);
     if (st != MOE_OK)

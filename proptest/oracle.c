@@ -307,6 +307,21 @@ void oracle_fill(oracle_rng *rng, moe_dtype dtype, void *base, int64_t count, in
     }
 }
 
+void oracle_topk_ids(oracle_rng *rng, int64_t T, int64_t k, int64_t E, int64_t *ids)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t e, repeated;
+            do {
+                e = (int64_t)oracle_rng_below(rng, (uint64_t)E);
+                repeated = 0;
+                for (int64_t i = 0; i < j; i++)
+                    repeated |= ids[t * k + i] == e;
+            } while (repeated);
+            ids[t * k + j] = e;
+        }
+}
+
 void oracle_poison(moe_dtype dtype, void *base, int64_t count)
 {
     for (int64_t i = 0; i < count; i++)

@@ -73,6 +73,9 @@ double oracle_rng_symmetric(oracle_rng *rng);
  *   0: uniform in [-1, 1)   1: small powers of two and zero (exact in every dtype and every sum)
  *   2: wide magnitudes (2^-8 .. 2^8 times uniform) */
 void oracle_fill(oracle_rng *rng, moe_dtype dtype, void *base, int64_t count, int distribution);
+/* A router's choices ids[T][k]: k distinct experts of [0, E) per token, uniformly at random (a repeated
+ * draw is drawn again, so k <= E is required).  The benchmarks and `moe autotune` use it. */
+void oracle_topk_ids(oracle_rng *rng, int64_t T, int64_t k, int64_t E, int64_t *ids);
 /* Writes NaN into every element (poisoning outputs so unwritten elements fail). */
 void oracle_poison(moe_dtype dtype, void *base, int64_t count);
 
