@@ -1436,7 +1436,7 @@ unsigned gate_tiles_grid(const MlpArgs &g, Kernel kernel)
 // Calls launch(dt, act) with std::integral_constant values of the call's dtype and activation, so that
 // it can name the gate kernel compiled for them (gate_act_kernel / gate_bwd_kernel<DT, ACT>).
 template <class Launch>
-void launch_gate_kernel(const MlpArgs &g, cudaStream_t, Launch launch)
+void launch_gate_kernel(const MlpArgs &g, Launch launch)
 {
     auto with_act = [&](auto dt) {
         switch (g.act) {
@@ -1565,7 +1565,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
                     a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
-                launch_gate_kernel(a, stream, [&](auto dt, auto act) {
+                launch_gate_kernel(a, [&](auto dt, auto act) {
                     const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
                     kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
                 });
@@ -1643,7 +1643,7 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if (NB * I > 0)
-                launch_gate_kernel(a, stream, [&](auto dt, auto act) {
+                launch_gate_kernel(a, [&](auto dt, auto act) {
                     const auto kernel = gate_bwd_kernel<decltype(dt)::value, decltype(act)::value>;
                     kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
                 });
