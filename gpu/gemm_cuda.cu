@@ -87,36 +87,102 @@ __host__ __device__ __forceinline__ int64_t expert_tiles(int64_t m, int64_t rows
     return (paired ? row_tiles / 2 : row_tiles) * col_tiles;
 }
 
-// One thread: prefix sums of m_sizes (E is at most a few thousand) and the tile starts.
-__global__ void check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M, int64_t tiles_per_row_tile,
-                                   int64_t rows_per_tile, int paired, Workspace ws, int op)
+// Inclusive prefix sums over the CTA (SIZES_THREADS threads) of three values per thread, in thread order;
+// `totals` is shared scratch of 3 * 32 values.  Every thread of the CTA calls it (it synchronises).
+constexpr int SIZES_THREADS = 1024;
+__device__ __forceinline__ void block_inclusive_scan3(int64_t v[3], int64_t *totals)
 {
-    if (threadIdx.x != 0 || blockIdx.x != 0)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int off = 1; off < 32; off *= 2)
+        for (int c = 0; c < 3; c++) {
+            const int64_t below = __shfl_up_sync(0xffffffffu, v[c], off);
+            if (lane >= off)
+                v[c] += below;
+        }
+    if (lane == 31)
+        for (int c = 0; c < 3; c++)
+            totals[c * 32 + warp] = v[c];
+    __syncthreads();
+    if (warp == 0)
+        for (int c = 0; c < 3; c++) {
+            int64_t t = totals[c * 32 + lane];
+            for (int off = 1; off < 32; off *= 2) {
+                const int64_t below = __shfl_up_sync(0xffffffffu, t, off);
+                if (lane >= off)
+                    t += below;
+            }
+            totals[c * 32 + lane] = t; // inclusive over warps
+        }
+    __syncthreads();
+    if (warp > 0)
+        for (int c = 0; c < 3; c++)
+            v[c] += totals[c * 32 + warp - 1];
+    __syncthreads(); // totals free for the next call
+}
+
+// One CTA of SIZES_THREADS threads, the first kernel of a call: zeroes the call's status word and the
+// permutation bitmap (`seen_words` words, check_gather_kernel's; 0 without gather indices), then computes
+// the prefix sums of m_sizes (offsets), the tile starts and the paired
+// kernel's lone-tile starts, SIZES_THREADS experts per round (each thread loads its expert's size up
+// front, then block scans).  The first expert e, in expert order, whose size is negative or whose
+// prefix sum passes M is reported (as a sequential walk would; later experts are not looked at), else
+// a total other than M.  Sizes are clipped to M + 1 inside the sums, so that they cannot overflow; a
+// clipped size is an error at that expert or before it.  (This was one thread walking the experts: 32 us
+// at E = 128 on an H100 under ncu, against 6 us for this one; bench/RESULTS.md, 2026-11-23 fifth session.)
+__global__ void __launch_bounds__(SIZES_THREADS) check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M,
+                                                                  int64_t tiles_per_row_tile, int64_t rows_per_tile,
+                                                                  int paired, int64_t seen_words, Workspace ws, int op)
+{
+    __shared__ int64_t totals[3 * 32];
+    __shared__ int64_t first_bad; // smallest bad expert of the round, E when none
+    if (blockIdx.x != 0)
         return;
-    int64_t sum = 0, tiles = 0, lone = 0;
-    ws.offsets[0] = 0;
-    ws.tile_start[0] = 0;
-    ws.lone_start[0] = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t m = m_sizes[e];
-        if (m < 0) {
-            report(ws.status, op, DEVICE_NEGATIVE_SIZE, e, m);
-            return;
+    for (int64_t i = threadIdx.x; i < seen_words; i += SIZES_THREADS)
+        ws.seen[i] = 0;
+    if (threadIdx.x == 0)
+        *ws.status = 0, ws.offsets[0] = 0, ws.tile_start[0] = 0, ws.lone_start[0] = 0;
+    int64_t carried[3] = {0, 0, 0}; // rows, tiles, lone tiles of the experts of earlier rounds
+    for (int64_t e0 = 0; e0 < E; e0 += SIZES_THREADS) {
+        const int64_t e = e0 + threadIdx.x;
+        const int64_t m = e < E ? m_sizes[e] : 0;
+        const int64_t clipped = m < 0 ? 0 : m > M ? M + 1 : m;
+        int64_t lone = 0;
+        const int64_t tiles = e < E && m >= 0 && m <= M ? expert_tiles(m, rows_per_tile, tiles_per_row_tile, paired, &lone) : 0;
+        int64_t v[3] = {clipped, tiles, lone};
+        if (threadIdx.x == 0)
+            first_bad = E;
+        block_inclusive_scan3(v, totals); // (its barriers also order first_bad's reset before the atomicMin)
+        const int64_t rows_before = carried[0] + v[0] - clipped, rows_through = carried[0] + v[0];
+        const bool bad = e < E && (m < 0 || rows_through > M);
+        if (bad)
+            atomicMin(reinterpret_cast<unsigned long long *>(&first_bad), (unsigned long long)e);
+        __syncthreads();
+        const int64_t stop = first_bad;
+        if (e < E && e < stop) {
+            ws.offsets[e + 1] = rows_through;
+            ws.tile_start[e + 1] = carried[1] + v[1];
+            ws.lone_start[e + 1] = carried[2] + v[2];
         }
-        if (m > M - sum) {
-            report(ws.status, op, DEVICE_SIZES_SUM, e, sum + m);
-            return;
+        if (e == stop && stop < E) { // the sequential walk's message: the negative size, or the prefix sum it reached
+            if (m < 0)
+                report(ws.status, op, DEVICE_NEGATIVE_SIZE, e, m);
+            else
+                report(ws.status, op, DEVICE_SIZES_SUM, e, (long long)((unsigned long long)rows_before + (unsigned long long)m));
         }
-        sum += m;
-        int64_t lone_tiles;
-        tiles += expert_tiles(m, rows_per_tile, tiles_per_row_tile, paired, &lone_tiles);
-        lone += lone_tiles;
-        ws.offsets[e + 1] = sum;
-        ws.tile_start[e + 1] = tiles;
-        ws.lone_start[e + 1] = lone;
+        if (stop < E)
+            return;
+        // every thread takes the round's totals from the round's last thread
+        __shared__ int64_t round_total[3];
+        if (threadIdx.x == SIZES_THREADS - 1)
+            for (int c = 0; c < 3; c++)
+                round_total[c] = v[c];
+        __syncthreads();
+        for (int c = 0; c < 3; c++)
+            carried[c] += round_total[c];
+        __syncthreads();
     }
-    if (sum != M)
-        report(ws.status, op, DEVICE_SIZES_SUM, E, sum);
+    if (threadIdx.x == 0 && carried[0] != M)
+        report(ws.status, op, DEVICE_SIZES_SUM, E, carried[0]);
 }
 
 __global__ void check_gather_kernel(const int64_t *gather, int64_t M, Workspace ws, int op)
@@ -1049,16 +1115,13 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     w.seen = reinterpret_cast<unsigned *>(w.lone_start + (E + 1));
     w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
     do {
-        cudaError_t err = cudaMemsetAsync(w.seen, 0, (size_t)bitmap_words * 4 + 16, stream);
-        if (err != cudaSuccess) {
-            status = moe_fail(MOE_ERR_DEVICE, "%s: cudaMemsetAsync failed: %s", p->op, cudaGetErrorString(err));
-            break;
-        }
-        check_sizes_kernel<<<1, 32, 0, stream>>>(p->m_sizes, E, M, col_tiles, BM, plan.cluster > 1, w, op);
-        if (p->gather_indices != NULL && M > 0)
+        const bool check_gather = p->gather_indices != NULL && M > 0;
+        check_sizes_kernel<<<1, SIZES_THREADS, 0, stream>>>(p->m_sizes, E, M, col_tiles, BM, plan.cluster > 1,
+                                                            check_gather ? bitmap_words : 0, w, op);
+        if (check_gather)
             check_gather_kernel<<<(unsigned)((M + 255) / 256 < 1024 ? (M + 255) / 256 : 1024), 256, 0, stream>>>(
                 p->gather_indices, M, w, op);
-        err = cudaGetLastError();
+        cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) {
             status = moe_fail(MOE_ERR_DEVICE, "%s: routing check launch failed: %s", p->op, cudaGetErrorString(err));
             break;

@@ -6,7 +6,9 @@
  *   4. invalid routings handed to the GPU are detected there, reported by moe_backend_synchronize with
  *      MOE_ERR_INVALID_ROUTING, and the output is left untouched;
  *   5. with --large: E*N*K past 2^31 elements (64-bit offsets; Unsloth's dW faults there), tokens on
- *      the last experts, sampled output elements of fwd, dX and dW checked against float64.
+ *      the last experts, sampled output elements of fwd, dX and dW checked against float64;
+ *   6. (after the trials) many experts (up to 3000): on valid routings fwd and dX equal the reference on
+ *      exact data; invalid size lists are reported as a walk over m_sizes in expert order finds them.
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
@@ -162,6 +164,125 @@ static void large_offsets(oracle_rng *rng)
     free(ids), free(gather), free(x), free(dy), free(w_tail), free(chunk);
 }
 
+/* On Hopper, case i runs the kernel variant i % 3: the automatic choice (small random problems mostly get
+ * 256-row tiles), 128-row tiles, 128-row tiles paired in clusters of two CTAs. */
+static void pick_sm90_variant(int i)
+{
+    unsetenv("MOE_SM90_TILE_ROWS");
+    unsetenv("MOE_SM90_CLUSTER");
+    if (i % 3 != 0)
+        CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 3 == 1 ? "1" : "2", 1) == 0,
+              "setenv failed");
+}
+
+/* Property 6: many experts (up to 3000: the device's size check scans 1024 experts per round).  Valid
+ * routings: fwd and dX on exact data (small integers, K = N = 8: every sum exact) equal the CPU
+ * reference bit for bit, which needs the right offsets and tile starts.  Invalid sizes: the device reports
+ * what a walk over m_sizes in expert order finds first (a negative size, or the first prefix sum past
+ * T*k, with the value it reached; else the total), sizes up to INT64_MAX included. */
+static void expected_size_error(const int64_t *m, int64_t E, int64_t M, char *text, size_t cap)
+{
+    int64_t sum = 0;
+    text[0] = '\0';
+    for (int64_t e = 0; e < E; e++) {
+        if (m[e] < 0) {
+            snprintf(text, cap, "routing.m_sizes[%lld] = %lld, expected >= 0", (long long)e, (long long)m[e]);
+            return;
+        }
+        if (m[e] > M - sum) {
+            snprintf(text, cap, "routing.m_sizes[0..%lld] sums to %lld, expected T*k", (long long)e,
+                     (long long)((unsigned long long)sum + (unsigned long long)m[e]));
+            return;
+        }
+        sum += m[e];
+    }
+    if (sum != M)
+        snprintf(text, cap, "routing.m_sizes[0..%lld] sums to %lld, expected T*k", (long long)E, (long long)sum);
+}
+
+static void many_experts(oracle_rng *rng, int cases, int cycle_variants)
+{
+    const int64_t N = 8, K = 8;
+    int valid = 0, defects = 0;
+    for (int c = 0; c < cases; c++) {
+        if (cycle_variants)
+            pick_sm90_variant(c);
+        const int64_t E = 1 + (int64_t)oracle_rng_below(rng, oracle_rng_below(rng, 2) ? 3000 : 40);
+        const int64_t T = 1 + (int64_t)oracle_rng_below(rng, 300), k = 1 + (int64_t)oracle_rng_below(rng, E < 8 ? (uint64_t)E : 8);
+        const int64_t M = T * k;
+        int64_t *m = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
+        memset(m, 0, (size_t)E * 8);
+        const int64_t hot = (int64_t)oracle_rng_below(rng, (uint64_t)E); /* half the cases: most rows on one expert */
+        const int skewed = (int)oracle_rng_below(rng, 2);
+        for (int64_t r = 0; r < M; r++)
+            m[skewed && oracle_rng_below(rng, 4) != 0 ? hot : (int64_t)oracle_rng_below(rng, (uint64_t)E)]++;
+        for (int64_t r = 0; r < M; r++)
+            gather[r] = r;
+        const int kind = (int)oracle_rng_below(rng, 6); /* 0, 1 valid; 2 .. 5 a defect */
+        const int64_t e = (int64_t)oracle_rng_below(rng, (uint64_t)E), e2 = (int64_t)oracle_rng_below(rng, (uint64_t)E);
+        switch (kind) {
+        case 2: m[e] = -1 - (int64_t)oracle_rng_below(rng, 5); break;                     /* negative */
+        case 3: m[e] += 1 + (int64_t)oracle_rng_below(rng, 3); break;                     /* a prefix passes T*k */
+        case 4: m[e] = INT64_MAX - (int64_t)oracle_rng_below(rng, 100); m[e2] = -1; break; /* huge, and a negative */
+        case 5: if (m[e] > 0) m[e]--; else m[e] = -2; break;                               /* total short */
+        default: break;
+        }
+        uint16_t *x = xmalloc((size_t)(M * K) * 2), *w = xmalloc((size_t)(E * N * K) * 2), *dy = xmalloc((size_t)(M * N) * 2);
+        for (int64_t i = 0; i < M * K; i++)
+            x[i] = moe_f32_to_bf16((float)((int)oracle_rng_below(rng, 5) - 2));
+        for (int64_t i = 0; i < E * N * K; i++)
+            w[i] = moe_f32_to_bf16((float)((int)oracle_rng_below(rng, 5) - 2));
+        for (int64_t i = 0; i < M * N; i++)
+            dy[i] = moe_f32_to_bf16((float)((int)oracle_rng_below(rng, 5) - 2));
+        moe_routing host = {T, k, E, m, gather}, dev = host;
+        dev.m_sizes = to_device(m, (size_t)E * 8);
+        dev.gather_indices = to_device(gather, (size_t)M * 8);
+        void *dev_x = to_device(x, (size_t)(M * K) * 2), *dev_w = to_device(w, (size_t)(E * N * K) * 2);
+        void *dev_dy = to_device(dy, (size_t)(M * N) * 2);
+        moe_gemm_options o = {0};
+        o.dtype = MOE_BF16;
+        o.permute_x = (int)oracle_rng_below(rng, 2);
+        char want[160];
+        expected_size_error(m, E, M, want, sizeof want);
+        CHECK((kind < 2) == (want[0] == '\0'), "case %d: kind %d but the walk says '%s'", c, kind, want);
+        const size_t out_bytes = (size_t)(M * (N > K ? N : K)) * 2;
+        uint16_t *poison = xmalloc(out_bytes), *got = xmalloc(out_bytes), *ref = xmalloc(out_bytes);
+        oracle_poison(MOE_BF16, poison, M * (N > K ? N : K));
+        void *dev_out = to_device(poison, out_bytes);
+        for (int op = FWD; op <= DX; op++) {
+            CUDA_CHECK(cudaMemcpy(dev_out, poison, out_bytes, cudaMemcpyHostToDevice));
+            moe_status st = op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_w, NULL, dev_out, &o)
+                                      : moe_gemm_dx(MOE_BACKEND_CUDA, &dev, N, K, dev_dy, dev_w, NULL, dev_out, &o);
+            CHECK(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+            to_host(got, dev_out, out_bytes);
+            if (want[0] != '\0') {
+                CHECK(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), want) != NULL,
+                      "case %d %s (E=%lld M=%lld kind %d): got %s '%s', expected '%s'", c, op_names[op], (long long)E,
+                      (long long)M, kind, moe_strerror(st), moe_last_error(), want);
+                CHECK(memcmp(got, poison, out_bytes) == 0, "case %d %s: an invalid routing wrote output", c, op_names[op]);
+                continue;
+            }
+            CHECK(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
+            memcpy(ref, poison, out_bytes);
+            st = op == FWD ? moe_gemm_fwd(MOE_BACKEND_REF, &host, N, K, x, w, NULL, ref, &o)
+                           : moe_gemm_dx(MOE_BACKEND_REF, &host, N, K, dy, w, NULL, ref, &o);
+            CHECK(st == MOE_OK, "case %d %s (reference): %s", c, op_names[op], moe_last_error());
+            CHECK(memcmp(got, ref, (size_t)(M * (op == FWD ? N : K)) * 2) == 0,
+                  "case %d %s (E=%lld M=%lld): GPU differs from the reference on exact data", c, op_names[op],
+                  (long long)E, (long long)M);
+        }
+        valid += want[0] == '\0';
+        defects += want[0] != '\0';
+        CUDA_CHECK(cudaFree(dev_out));
+        CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
+        CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_w)); CUDA_CHECK(cudaFree(dev_dy));
+        free(m), free(gather), free(x), free(w), free(dy), free(poison), free(got), free(ref);
+    }
+    printf("many experts: %d valid routings equal to the reference, %d invalid size lists reported as a walk "
+           "finds them\n", valid, defects);
+}
+
 static int64_t pick_dim(oracle_rng *rng)
 {
     static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
@@ -187,20 +308,13 @@ int main(int argc, char **argv)
     }
     int64_t checked = 0;
     double worst = 0;
-    /* On Hopper, trial t runs the kernel variant t % 3: the automatic choice (small random problems mostly get
-     * 256-row tiles), 128-row tiles, 128-row tiles paired in clusters of two CTAs.  Left alone when the
-     * caller sets MOE_SM90_TILE_ROWS or MOE_SM90_CLUSTER. */
+    /* the kernel variants cycle (pick_sm90_variant) unless the caller sets MOE_SM90_TILE_ROWS or MOE_SM90_CLUSTER */
     const int cycle_variants = getenv("MOE_SM90_TILE_ROWS") == NULL && getenv("MOE_SM90_CLUSTER") == NULL;
     for (int trial = 0; trial < trials; trial++) {
         problem p;
         memset(&p, 0, sizeof p);
-        if (cycle_variants) {
-            unsetenv("MOE_SM90_TILE_ROWS");
-            unsetenv("MOE_SM90_CLUSTER");
-            if (trial % 3 != 0)
-                CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", trial % 3 == 1 ? "1" : "2", 1) == 0,
-                      "setenv failed");
-        }
+        if (cycle_variants)
+            pick_sm90_variant(trial);
         p.T = (int64_t)oracle_rng_below(&rng, 4) == 0 ? (int64_t)oracle_rng_below(&rng, 3) : 1 + (int64_t)oracle_rng_below(&rng, 300);
         const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, 4);
         p.E = 1 + (int64_t)oracle_rng_below(&rng, 12);
@@ -330,5 +444,6 @@ int main(int argc, char **argv)
     }
     printf("%d trials passed: %lld output elements checked, worst error %.3f of its bound\n", trials,
            (long long)checked, worst);
+    many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
     return 0;
 }
