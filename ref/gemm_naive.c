@@ -242,7 +242,9 @@ NAIVE_OMP(omp parallel for schedule(static))
 }
 
 /* row_of_slot[gather_indices[r]] = r for r = 0 .. M-1: with a permutation, the inverse of the gather
- * indices.  row_of_slot [M]: in, every entry a row in [0, M) (the caller zeroes it); out, the inverse. */
+ * indices (two-sided: gather_indices[row_of_slot[s]] == s too, `converse`, through the pigeonhole lemma
+ * of specs/routing.acsl).  row_of_slot [M]: in, every entry a row in [0, M) (the caller zeroes it); out,
+ * the inverse. */
 /*@ requires problem: gemm_problem_ok(p);
     requires gather: p->rows > 0 ==> p->gather_indices != \null;
     requires row_of_slot: \valid(row_of_slot + (0 .. p->rows - 1)) && in_range(row_of_slot, p->rows, 0, p->rows);
