@@ -70,6 +70,14 @@
 #include <xmmintrin.h>
 #endif
 
+#ifdef __FRAMAC__
+/* Trusted contract for Frama-C/WP (the function is ref/dtype.c's, not proved): the bytes of one element. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures size: dtype_ok(dtype) ==> \result == byte_offset(1, dtype); */
+size_t moe_dtype_size(moe_dtype dtype);
+#endif
+
 /* No a*b+c contraction into FMA: GCC's -std=c11 already implies -ffp-contract=off; clang needs this. */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -115,7 +123,7 @@ enum {
 #define REDUCE_SCRATCH_BYTES ((int64_t)(MOE_REF_REDUCE_SCRATCH_BYTES))
 
 /* A hint to fetch the cache line at addr (the packs read W and X rows a few steps ahead). */
-#if defined(__GNUC__) || defined(__clang__)
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__FRAMAC__)
 #define MOE_PREFETCH(addr) __builtin_prefetch(addr)
 #else
 #define MOE_PREFETCH(addr) ((void)(addr))
@@ -294,7 +302,19 @@ static void load_transposed_panel(moe_dtype dtype, const void *src, int64_t firs
 }
 
 /* The tail of moe_ref.h for count consecutive elements of out from base: v = old + v with
- * accumulate, then one rounding (gemm_naive.c's finish, with the conversions inlined). */
+ * accumulate, then one rounding (gemm_naive.c's finish, with the conversions inlined).
+ * Contract trusted, not proved (as moe_ref_store's): WP's typed model cannot follow the casts of out to
+ * uint16_t * / float * nor the memcpy, so the contract speaks of out's bytes (elements base ..
+ * base + count - 1); callers prove those bytes writable and the writes inside their own ranges. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires span: 0 <= base && 0 <= count;
+    requires out: count == 0 ||
+                  \valid((char *)out + (byte_offset(base, dtype) .. byte_offset(base + count, dtype) - 1));
+    requires v: count == 0 || \valid_read(v + (0 .. count - 1));
+    requires separated: \separated((char *)out + (byte_offset(base, dtype) .. byte_offset(base + count, dtype) - 1),
+                                   v + (0 .. count - 1));
+    terminates \true;
+    assigns ((char *)out)[byte_offset(base, dtype) .. byte_offset(base + count, dtype) - 1]; */
 static void store_row(moe_dtype dtype, void *out, int64_t base, const float *v, int64_t count, int accumulate)
 {
     switch (dtype) {
@@ -629,109 +649,427 @@ static inline void spread_row(const float *restrict v, int64_t count, int width,
     }
 }
 
-/* Packs A rows [0, mi) of block ab, reduction indices [p0, p0+kb), into groups [g][kb][MR]. */
-static void pack_a(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb, float *a, float *row)
+/* The packing of A and B (one reduction block of one work item), split per op kind into small functions
+ * so that Frama-C/WP proves each with short goals: the indices and the writes (every read lies in the
+ * source tensor's bytes, every write in the packed range), not the values. */
+/*@ logic integer pack_count(integer n, integer width) = (n + width - 1) / width;
+
+    // The A source of the op is readable: fwd, topk: x [gemm_x_rows][K]; dX, dW: dy [M][N].
+    predicate ctx_a_src_ok{L}(gemm_ctx *g) =
+      (g->kind == OP_FWD || g->kind == OP_TOPK) ?
+        tensor_readable((char *)g->a_src, gemm_x_rows(g->p) * g->p->K, g->p->dtype) :
+        tensor_readable((char *)g->a_src, g->p->rows * g->p->N, g->p->dtype);
+
+    // The B source of the op is readable: dW: x [gemm_x_rows][K]; fwd, topk, dX: W [E][N][K].
+    predicate ctx_b_src_ok{L}(gemm_ctx *g) =
+      g->kind == OP_DW ?
+        tensor_readable((char *)g->b_src, gemm_x_rows(g->p) * g->p->K, g->p->dtype) :
+        tensor_readable((char *)g->b_src, g->p->num_experts * g->p->N * g->p->K, g->p->dtype);
+
+    // Expert-order rows offsets[e] + p0 .. offsets[e] + p0 + kb - 1 belong to expert e (dW's reduction).
+    predicate expert_rows_ok{L}(gemm_ctx *g, integer e, integer p0, integer kb) =
+      0 <= e < g->p->num_experts && \valid_read(g->offsets + (e .. e + 1)) && 0 <= g->offsets[e] &&
+      g->offsets[e] + p0 + kb <= g->offsets[e + 1] <= g->p->rows;
+*/
+
+/* fwd, topk, dX: lane[q * MR] = A[r][p0 + q] for q < kb (x[xrow(r)][p0 + q], or dy[yrow(r)][p0 + q]). */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_TOPK || g->kind == OP_DX;
+    requires src: ctx_a_src_ok(g);
+    requires row: 0 <= r < g->p->rows;
+    requires depth: 0 <= p0 && 1 <= kb <= KB && p0 + kb <= (g->kind == OP_DX ? g->p->N : g->p->K);
+    requires lane: \valid(lane + (0 .. (kb - 1) * MR));
+    terminates \true;
+    assigns lane[0 .. (kb - 1) * MR]; */
+static inline void pack_a_lane(const gemm_ctx *g, int64_t r, int64_t p0, int64_t kb, float *lane)
 {
     const moe_gemm_problem *p = g->p;
-    if (g->kind == OP_DW) {
-        /* a[q][i] = wt(r) * dy[yrow(r)][n0 + i], r = offsets[e] + p0 + q: one dy row segment per q */
-        for (int64_t q = 0; q < kb; q++) {
-            const int64_t r = g->offsets[ab->e] + p0 + q;
-            load_span(p->dtype, g->a_src, y_row(p, r) * p->N + ab->i0, ab->mi, row, 1);
-            if (g->topk_weights != NULL) {
-                const float wt = topk_weight(g, r);
-                for (int64_t i = 0; i < ab->mi; i++)
-                    row[i] = wt * row[i];
+    int64_t first;
+    if (g->kind == OP_DX) {
+        const int64_t yr = y_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, p->N); */
+        first = yr * p->N + p0;
+    } else {
+        const int64_t xr = x_row(p, r);
+        /*@ ghost lemma_row_fits(xr, p->permute_x != 0 ? p->num_tokens : p->rows, p->K); */
+        first = xr * p->K + p0;
+    }
+    load_span(p->dtype, g->a_src, first, kb, lane, MR);
+}
+
+/* fwd, topk, dX: groups [gi][kb][MR] of rows i0 + gi * MR + l; the lanes past mi become 0. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_TOPK || g->kind == OP_DX;
+    requires src: ctx_a_src_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->i0 && 0 <= ab->mi <= MB && ab->i0 + ab->mi <= g->p->rows;
+    requires depth: 0 <= p0 && 1 <= kb <= KB && p0 + kb <= (g->kind == OP_DX ? g->p->N : g->p->K);
+    requires a: \valid(a + (0 .. pack_count(ab->mi, MR) * (kb * MR) - 1));
+    terminates \true;
+    assigns a[0 .. pack_count(ab->mi, MR) * (kb * MR) - 1]; */
+static void pack_a_rows(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb, float *a)
+{
+    const int64_t groups = (ab->mi + MR - 1) / MR, group_len = kb * MR;
+    /*@ assert packed: groups * group_len == pack_count(ab->mi, MR) * (kb * MR); */
+    /*@ loop invariant bounds: 0 <= gi <= groups;
+        loop assigns gi, a[0 .. groups * group_len - 1];
+        loop variant groups - gi; */
+    for (int64_t gi = 0; gi < groups; gi++) {
+        /*@ ghost lemma_row_fits(gi, groups, group_len); */
+        float *group = a + gi * group_len;
+        /*@ loop invariant bounds: 0 <= l <= MR;
+            loop assigns l, group[0 .. group_len - 1];
+            loop variant MR - l; */
+        for (int l = 0; l < MR; l++) {
+            const int64_t i = gi * MR + l;
+            float *lane = group + l;
+            if (i >= ab->mi) {
+                /*@ loop invariant bounds: 0 <= q <= kb;
+                    loop assigns q, lane[0 .. (kb - 1) * MR];
+                    loop variant kb - q; */
+                for (int64_t q = 0; q < kb; q++)
+                    lane[q * MR] = 0.0f;
+                continue;
             }
-            spread_row(row, ab->mi, MR, a + q * MR, kb * MR) /*@ ghost ((ab->mi + MR - 1) / MR) */;
+            pack_a_lane(g, ab->i0 + i, p0, kb, lane);
         }
+    }
+}
+
+/* dW: a[q][i] = wt(r) * dy[yrow(r)][n0 + i], r = offsets[e] + p0 + q: one dy row segment per q, spread
+ * over the groups (row is scratch for the converted segment). */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_DW;
+    requires src: ctx_a_src_ok(g);
+    requires weights: g->topk_weights != \null ==> ctx_weights_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->i0 && 0 <= ab->mi <= MB && ab->i0 + ab->mi <= g->p->N;
+    requires depth: 0 <= p0 && 1 <= kb <= KB;
+    requires rows: expert_rows_ok(g, ab->e, p0, kb);
+    requires a: \valid(a + (0 .. pack_count(ab->mi, MR) * (kb * MR) - 1));
+    requires row: \valid(row + (0 .. ab->mi - 1));
+    requires separated: \separated(a + (0 .. pack_count(ab->mi, MR) * (kb * MR) - 1), row + (0 .. ab->mi - 1));
+    terminates \true;
+    assigns a[0 .. pack_count(ab->mi, MR) * (kb * MR) - 1], row[0 .. ab->mi - 1]; */
+static void pack_a_dw(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb, float *a, float *row)
+{
+    const moe_gemm_problem *p = g->p;
+    const int64_t group_len = kb * MR;
+    /*@ ghost const int64_t groups = (ab->mi + MR - 1) / MR; */
+    /*@ assert packed: groups * group_len == pack_count(ab->mi, MR) * (kb * MR); */
+    /*@ loop invariant bounds: 0 <= q <= kb;
+        loop assigns q, a[0 .. groups * group_len - 1], row[0 .. ab->mi - 1];
+        loop variant kb - q; */
+    for (int64_t q = 0; q < kb; q++) {
+        const int64_t r = g->offsets[ab->e] + p0 + q;
+        const int64_t yr = y_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, p->N); */
+        load_span(p->dtype, g->a_src, yr * p->N + ab->i0, ab->mi, row, 1);
+        if (g->topk_weights != NULL) {
+            const float wt = topk_weight(g, r);
+            /*@ loop invariant bounds: 0 <= i <= ab->mi;
+                loop assigns i, row[0 .. ab->mi - 1];
+                loop variant ab->mi - i; */
+            for (int64_t i = 0; i < ab->mi; i++)
+                row[i] = wt * row[i];
+        }
+        /*@ assert lanes: 0 <= q * MR && q * MR + (groups - 1) * group_len + MR <= groups * group_len; */
+        spread_row(row, ab->mi, MR, a + q * MR, group_len) /*@ ghost (groups) */;
+    }
+}
+
+/* Packs A rows [0, mi) of block ab, reduction indices [p0, p0+kb), into groups [g][kb][MR]. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_TOPK || g->kind == OP_DX || g->kind == OP_DW;
+    requires src: ctx_a_src_ok(g);
+    requires weights: g->kind == OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+                    ab->i0 + ab->mi <= (g->kind == OP_DW ? g->p->N : g->p->rows);
+    requires depth: 0 <= p0 && 1 <= kb <= KB;
+    requires reduction: g->kind == OP_DW ? expert_rows_ok(g, ab->e, p0, kb)
+                                         : p0 + kb <= (g->kind == OP_DX ? g->p->N : g->p->K);
+    requires a: \valid(a + (0 .. pack_count(ab->mi, MR) * (kb * MR) - 1));
+    requires row: \valid(row + (0 .. ab->mi - 1));
+    requires separated: \separated(a + (0 .. pack_count(ab->mi, MR) * (kb * MR) - 1), row + (0 .. ab->mi - 1));
+    terminates \true;
+    assigns a[0 .. pack_count(ab->mi, MR) * (kb * MR) - 1], row[0 .. ab->mi - 1];
+    behavior op_dw:
+      assumes g->kind == OP_DW;
+      assigns a[0 .. pack_count(ab->mi, MR) * (kb * MR) - 1], row[0 .. ab->mi - 1];
+    behavior op_rows:
+      assumes g->kind != OP_DW;
+      assigns a[0 .. pack_count(ab->mi, MR) * (kb * MR) - 1];
+    complete behaviors;
+    disjoint behaviors; */
+static void pack_a(const gemm_ctx *g, const a_block *ab, int64_t p0, int64_t kb, float *a, float *row)
+{
+    if (g->kind == OP_DW)
+        pack_a_dw(g, ab, p0, kb, a, row);
+    else
+        pack_a_rows(g, ab, p0, kb, a);
+}
+
+/* fwd, topk: panel[q][j] = W[n + j][p0 + q] (W seen as [E * N][K]) for j < cols, q < kb; the columns
+ * past cols (a last, partial panel) become 0.  A full panel is one transpose. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind != OP_DW;
+    requires src: ctx_b_src_ok(g);
+    requires cols: 1 <= cols && 0 <= n && n + (cols < NR ? cols : NR) <= g->p->num_experts * g->p->N;
+    requires depth: 0 <= p0 && 1 <= kb <= KB && p0 + kb <= g->p->K;
+    requires panel: \valid(panel + (0 .. kb * NR - 1));
+    terminates \true;
+    assigns panel[0 .. kb * NR - 1]; */
+static inline void pack_w_panel(const gemm_ctx *g, int64_t n, int64_t cols, int64_t p0, int64_t kb,
+                                float *panel)
+{
+    const moe_gemm_problem *p = g->p;
+    /*@ ghost lemma_row_fits(n, p->num_experts * p->N, p->K); */
+    const int64_t first = n * p->K + p0;
+    if (cols >= NR) {
+        /*@ ghost lemma_row_fits(n + NR - 1, p->num_experts * p->N, p->K); */
+        /*@ assert last_row: first + (NR - 1) * p->K + kb <= (n + NR) * p->K; */
+        load_transposed_panel(p->dtype, g->b_src, first, p->K, kb, panel);
         return;
     }
-    /* fwd, topk: a[q][i] = x[xrow(r)][p0 + q];  dX: a[q][i] = dy[yrow(r)][p0 + q];  r = i0 + i */
-    const int64_t groups = (ab->mi + MR - 1) / MR;
-    for (int64_t i = 0; i < groups * MR; i++) {
-        float *lane = a + (i / MR) * kb * MR + i % MR;
-        if (i >= ab->mi) {
+    /*@ loop invariant bounds: 0 <= j <= NR;
+        loop assigns j, panel[0 .. kb * NR - 1];
+        loop variant NR - j; */
+    for (int64_t j = 0; j < NR; j++) {
+        if (j < cols) {
+            /*@ ghost lemma_row_fits(n + j, p->num_experts * p->N, p->K); */
+            /*@ assert column: first + j * p->K == (n + j) * p->K + p0; */
+            load_span(p->dtype, g->b_src, first + j * p->K, kb, panel + j, NR);
+        } else {
+            /*@ loop invariant bounds: 0 <= q <= kb;
+                loop assigns q, panel[0 .. kb * NR - 1];
+                loop variant kb - q; */
             for (int64_t q = 0; q < kb; q++)
-                lane[q * MR] = 0.0f;
-            continue;
+                panel[q * NR + j] = 0.0f;
         }
-        const int64_t r = ab->i0 + i;
-        const int64_t first = g->kind == OP_DX ? y_row(p, r) * p->N + p0 : x_row(p, r) * p->K + p0;
-        load_span(p->dtype, g->a_src, first, kb, lane, MR);
+    }
+}
+
+/* fwd, topk: b[h][q][j] = W[e][j0 + h * NR + j][p0 + q]: the transpose of a W block, panel by panel. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind != OP_DW;
+    requires src: ctx_b_src_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts;
+    requires cols: 0 <= j0 && 0 <= nj <= NB && j0 + nj <= g->p->N;
+    requires depth: 0 <= p0 && 1 <= kb <= KB && p0 + kb <= g->p->K;
+    requires b: \valid(b + (0 .. pack_count(nj, NR) * (kb * NR) - 1));
+    terminates \true;
+    assigns b[0 .. pack_count(nj, NR) * (kb * NR) - 1]; */
+static void pack_b_w(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t p0, int64_t kb,
+                     float *b)
+{
+    const moe_gemm_problem *p = g->p;
+    const int64_t panels = (nj + NR - 1) / NR, panel_len = kb * NR;
+    /*@ assert packed: panels * panel_len == pack_count(nj, NR) * (kb * NR); */
+    /*@ ghost lemma_row_fits(ab->e, p->num_experts, p->N); */
+    /*@ loop invariant bounds: 0 <= h <= panels;
+        loop assigns h, b[0 .. panels * panel_len - 1];
+        loop variant panels - h; */
+    for (int64_t h = 0; h < panels; h++) {
+        /*@ ghost lemma_row_fits(h, panels, panel_len); */
+        pack_w_panel(g, ab->e * p->N + j0 + h * NR, nj - h * NR, p0, kb, b + h * panel_len);
+    }
+}
+
+/* dX, dW: the first element of B row p0 + q's column segment j0 .. (dX: W[e][qa][j0], qa = p0 + q;
+ * dW: x[xrow(r)][j0], r = offsets[e] + qa), as an element index of g->b_src. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_DX || g->kind == OP_DW;
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts;
+    requires row: 0 <= qa && (g->kind == OP_DW ? expert_rows_ok(g, ab->e, qa, 1) : qa < g->p->N);
+    requires col: 0 <= j0 <= g->p->K;
+    terminates \true;
+    assigns \nothing;
+    ensures row_start: 0 <= \result - j0 && \result - j0 + g->p->K <=
+                       (g->kind == OP_DW ? gemm_x_rows(g->p) * g->p->K : g->p->num_experts * g->p->N * g->p->K); */
+static inline int64_t b_row_first(const gemm_ctx *g, const a_block *ab, int64_t qa, int64_t j0)
+{
+    const moe_gemm_problem *p = g->p;
+    if (g->kind == OP_DX) {
+        /*@ ghost lemma_row_fits(ab->e, p->num_experts, p->N); */
+        /*@ ghost lemma_row_fits(ab->e * p->N + qa, p->num_experts * p->N, p->K); */
+        return (ab->e * p->N + qa) * p->K + j0;
+    }
+    const int64_t xr = x_row(p, g->offsets[ab->e] + qa);
+    /*@ ghost lemma_row_fits(xr, p->permute_x != 0 ? p->num_tokens : p->rows, p->K); */
+    return xr * p->K + j0;
+}
+
+/* A hint to fetch the cache lines of line[0 .. bytes) (pack_b_rows: the row segment a few steps ahead).
+ * Under Frama-C MOE_PREFETCH reads nothing. */
+/*@ requires bytes: bytes <= 4 * NB;
+    terminates \true;
+    assigns \nothing; */
+static inline void prefetch_span(const char *line, size_t bytes)
+{
+    /*@ loop invariant bounds: off <= bytes + 63;
+        loop assigns off;
+        loop variant bytes - off; */
+    for (size_t off = 0; off < bytes; off += 64)
+        MOE_PREFETCH(line + off);
+}
+
+/* dX: b[q][j] = W[e][p0 + q][j0 + j];  dW: b[q][j] = x[xrow(r)][j0 + j], r = offsets[e] + p0 + q: one row
+ * segment per q, converted into row and spread over the panels.  The row segments are short and a row
+ * apart (often a page apart), so each is fetched ahead. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_DX || g->kind == OP_DW;
+    requires src: ctx_b_src_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts;
+    requires cols: 0 <= j0 && 0 <= nj <= NB && j0 + nj <= g->p->K;
+    requires depth: 0 <= p0 && 1 <= kb <= KB;
+    requires reduction: g->kind == OP_DW ? expert_rows_ok(g, ab->e, p0, kb) : p0 + kb <= g->p->N;
+    requires b: \valid(b + (0 .. pack_count(nj, NR) * (kb * NR) - 1));
+    requires row: \valid(row + (0 .. nj - 1));
+    requires separated: \separated(b + (0 .. pack_count(nj, NR) * (kb * NR) - 1), row + (0 .. nj - 1));
+    terminates \true;
+    assigns b[0 .. pack_count(nj, NR) * (kb * NR) - 1], row[0 .. nj - 1]; */
+static void pack_b_rows(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t p0, int64_t kb,
+                        float *b, float *row)
+{
+    const moe_gemm_problem *p = g->p;
+    enum { AHEAD = 8 };
+    const size_t es = moe_dtype_size(p->dtype);
+    const int64_t panel_len = kb * NR;
+    /*@ ghost const int64_t panels = (nj + NR - 1) / NR; */
+    /*@ assert packed: panels * panel_len == pack_count(nj, NR) * (kb * NR); */
+    /*@ loop invariant bounds: 0 <= q <= kb;
+        loop assigns q, b[0 .. panels * panel_len - 1], row[0 .. nj - 1];
+        loop variant kb - q; */
+    for (int64_t q = 0; q < kb; q++) {
+        if (q + AHEAD < kb) {
+            const char *line = (const char *)g->b_src + (size_t)b_row_first(g, ab, p0 + q + AHEAD, j0) * es;
+            prefetch_span(line, (size_t)nj * es);
+        }
+        load_span(p->dtype, g->b_src, b_row_first(g, ab, p0 + q, j0), nj, row, 1);
+        /*@ assert lanes: 0 <= q * NR && q * NR + (panels - 1) * panel_len + NR <= panels * panel_len; */
+        spread_row(row, nj, NR, b + q * NR, panel_len) /*@ ghost (panels) */;
     }
 }
 
 /* Packs B columns [j0, j0+nj), reduction indices [p0, p0+kb), into panels [h][kb][NR]. */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_TOPK || g->kind == OP_DX || g->kind == OP_DW;
+    requires src: ctx_b_src_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts;
+    requires cols: 0 <= j0 && 0 <= nj <= NB && j0 + nj <= (g->kind == OP_FWD || g->kind == OP_TOPK ? g->p->N : g->p->K);
+    requires depth: 0 <= p0 && 1 <= kb <= KB;
+    requires reduction: g->kind == OP_DW ? expert_rows_ok(g, ab->e, p0, kb)
+                                         : p0 + kb <= (g->kind == OP_DX ? g->p->N : g->p->K);
+    requires b: \valid(b + (0 .. pack_count(nj, NR) * (kb * NR) - 1));
+    requires row: \valid(row + (0 .. nj - 1));
+    requires separated: \separated(b + (0 .. pack_count(nj, NR) * (kb * NR) - 1), row + (0 .. nj - 1));
+    terminates \true;
+    assigns b[0 .. pack_count(nj, NR) * (kb * NR) - 1], row[0 .. nj - 1];
+    behavior op_transpose:
+      assumes g->kind == OP_FWD || g->kind == OP_TOPK;
+      assigns b[0 .. pack_count(nj, NR) * (kb * NR) - 1];
+    behavior op_rows:
+      assumes g->kind == OP_DX || g->kind == OP_DW;
+      assigns b[0 .. pack_count(nj, NR) * (kb * NR) - 1], row[0 .. nj - 1];
+    complete behaviors;
+    disjoint behaviors; */
 static void pack_b(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t p0, int64_t kb,
                    float *b, float *row)
 {
-    const moe_gemm_problem *p = g->p;
-    if (g->kind == OP_FWD || g->kind == OP_TOPK) {
-        /* b[q][j] = W[e][j0 + j][p0 + q]: the transpose of a W block */
-        const int64_t panels = (nj + NR - 1) / NR;
-        for (int64_t h = 0; h < panels; h++) {
-            float *panel = b + h * kb * NR;
-            const int64_t first = (ab->e * p->N + j0 + h * NR) * p->K + p0;
-            if (nj - h * NR >= NR) {
-                load_transposed_panel(p->dtype, g->b_src, first, p->K, kb, panel);
-                continue;
-            }
-            for (int64_t j = 0; j < NR; j++) {
-                if (j < nj - h * NR) {
-                    load_span(p->dtype, g->b_src, first + j * p->K, kb, panel + j, NR);
-                } else {
-                    for (int64_t q = 0; q < kb; q++)
-                        panel[q * NR + j] = 0.0f;
-                }
-            }
-        }
-        return;
-    }
-    /* dX: b[q][j] = W[e][p0 + q][j0 + j];  dW: b[q][j] = x[xrow(r)][j0 + j], r = offsets[e] + p0 + q.
-     * The row segments are short and a row apart (often a page apart), so each is fetched ahead. */
-    enum { AHEAD = 8 };
-    const size_t es = moe_dtype_size(p->dtype);
-    for (int64_t q = 0; q < kb; q++) {
-        if (q + AHEAD < kb) {
-            const int64_t qa = p0 + q + AHEAD;
-            const int64_t ahead = g->kind == OP_DX ? (ab->e * p->N + qa) * p->K + j0
-                                                   : x_row(p, g->offsets[ab->e] + qa) * p->K + j0;
-            const char *line = (const char *)g->b_src + (size_t)ahead * es;
-            for (size_t off = 0; off < (size_t)nj * es; off += 64)
-                MOE_PREFETCH(line + off);
-        }
-        const int64_t first = g->kind == OP_DX ? (ab->e * p->N + p0 + q) * p->K + j0
-                                               : x_row(p, g->offsets[ab->e] + p0 + q) * p->K + j0;
-        load_span(p->dtype, g->b_src, first, nj, row, 1);
-        spread_row(row, nj, NR, b + q * NR, kb * NR) /*@ ghost ((nj + NR - 1) / NR) */;
-    }
+    if (g->kind == OP_FWD || g->kind == OP_TOPK)
+        pack_b_w(g, ab, j0, nj, p0, kb, b);
+    else
+        pack_b_rows(g, ab, j0, nj, p0, kb, b, row);
 }
 
+/* dst[0 .. count) = src[0 .. count) (dX with reduce_topk: a slot's values).  Contract trusted, not proved:
+ * WP's typed model cannot follow memcpy's casts of float * to char *. */
+/*@ requires count: 0 <= count;
+    requires dst: \valid(dst + (0 .. count - 1));
+    requires src: \valid_read(src + (0 .. count - 1));
+    requires separated: \separated(dst + (0 .. count - 1), src + (0 .. count - 1));
+    terminates \true;
+    assigns dst[0 .. count - 1]; */
+static inline void copy_floats(float *dst, const float *src, int64_t count)
+{
+    memcpy(dst, src, (size_t)count * sizeof *dst);
+}
+
+/*@ // The elements store_tile may write: fwd y [M][N], dX dx [M][K] (without reduce_topk), dW dw [E][N][K].
+    logic integer ctx_out_count{L}(gemm_ctx *g) =
+      g->kind == OP_FWD ? g->p->rows * g->p->N :
+      g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K : g->p->rows * g->p->K;
+    logic moe_dtype ctx_out_dtype{L}(gemm_ctx *g) = g->kind == OP_DW ? g->p->dw_dtype : g->p->dtype;
+    logic integer ctx_out_bytes{L}(gemm_ctx *g) = byte_offset(ctx_out_count(g), ctx_out_dtype(g));
+
+    // The output's bytes are writable and overlap neither the context, the problem, the routing arrays
+    // nor the accumulator tile acc [MB][NB].
+    predicate ctx_out_ok{L}(gemm_ctx *g, a_block *ab, float *acc) =
+      tensor_writable((char *)g->out, ctx_out_count(g), ctx_out_dtype(g)) &&
+      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, ab, g->p, acc + (0 .. ab->mi * NB - 1),
+                 g->p->gather_indices + (0 .. g->p->rows - 1), g->offsets + (0 .. g->p->num_experts));
+
+    // dX with reduce_topk: slot_values [M][slot_width] holds columns chunk0 .. chunk0 + slot_width - 1,
+    // among them the tile's j0 .. j0 + nj - 1; it does not overlap acc.
+    predicate ctx_slots_ok{L}(gemm_ctx *g, a_block *ab, float *acc, integer j0, integer nj) =
+      0 <= g->chunk0 <= j0 && j0 + nj <= g->chunk0 + g->slot_width &&
+      g->p->rows * g->slot_width <= INT64_MAX &&
+      \valid(g->slot_values + (0 .. g->p->rows * g->slot_width - 1)) &&
+      \separated(g->slot_values + (0 .. g->p->rows * g->slot_width - 1), acc + (0 .. ab->mi * NB - 1));
+*/
+
 /* The per-element tail of moe_ref.h for the tile's real elements (acc is scratch: weighted in place). */
+/*@ requires problem: ctx_problem_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_DX || g->kind == OP_DW;
+    requires weights: g->kind != OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+                    (g->kind == OP_DW ? 0 <= ab->e < g->p->num_experts && ab->i0 + ab->mi <= g->p->N
+                                      : ab->i0 + ab->mi <= g->p->rows);
+    requires cols: 0 <= j0 && 0 <= nj <= NB && j0 + nj <= (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires acc: \valid(acc + (0 .. ab->mi * NB - 1));
+    requires out: g->kind == OP_DX && g->p->reduce_topk != 0 ? ctx_slots_ok(g, ab, acc, j0, nj)
+                                                             : ctx_out_ok(g, ab, acc);
+    terminates \true;
+    assigns acc[0 .. ab->mi * NB - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+            g->slot_values[0 .. g->p->rows * g->slot_width - 1]; */
 static void store_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, float *acc)
 {
     const moe_gemm_problem *p = g->p;
+    /*@ loop invariant bounds: 0 <= i <= ab->mi;
+        loop invariant problem: ctx_problem_ok(g) && g->kind == \at(g->kind, Pre);
+        loop invariant block: ab->i0 == \at(ab->i0, Pre) && ab->mi == \at(ab->mi, Pre) && ab->e == \at(ab->e, Pre);
+        loop assigns i, acc[0 .. ab->mi * NB - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+                     g->slot_values[0 .. g->p->rows * g->slot_width - 1];
+        loop variant ab->mi - i; */
     for (int64_t i = 0; i < ab->mi; i++) {
         float *v = acc + i * NB;
         if (g->kind == OP_DW) {
-            store_row(p->dw_dtype, g->out, (ab->e * p->N + ab->i0 + i) * p->K + j0, v, nj, p->accumulate);
+            /*@ ghost lemma_row_fits(ab->e, p->num_experts, p->N); */
+            const int64_t n = ab->e * p->N + ab->i0 + i; /* the row of dW seen as [E * N][K] */
+            /*@ ghost lemma_row_fits(n, p->num_experts * p->N, p->K); */
+            store_row(p->dw_dtype, g->out, n * p->K + j0, v, nj, p->accumulate);
             continue;
         }
         const int64_t r = ab->i0 + i;
         if (g->topk_weights != NULL) {
             const float wt = topk_weight(g, r);
+            /*@ loop invariant bounds: 0 <= j <= nj;
+                loop assigns j, v[0 .. nj - 1];
+                loop variant nj - j; */
             for (int64_t j = 0; j < nj; j++)
                 v[j] = wt * v[j];
         }
-        if (g->kind == OP_DX && p->reduce_topk)
-            memcpy(g->slot_values + slot_of_row(p, r) * g->slot_width + (j0 - g->chunk0), v,
-                   (size_t)nj * sizeof *v);
-        else if (g->kind == OP_FWD)
-            store_row(p->dtype, g->out, y_row(p, r) * p->N + j0, v, nj, p->accumulate);
-        else
-            store_row(p->dtype, g->out, (p->permute_x ? slot_of_row(p, r) : r) * p->K + j0, v, nj,
-                      p->accumulate);
+        if (g->kind == OP_DX && p->reduce_topk) {
+            const int64_t s = slot_of_row(p, r);
+            /*@ ghost lemma_row_fits(s, p->rows, g->slot_width); */
+            copy_floats(g->slot_values + s * g->slot_width + (j0 - g->chunk0), v, nj);
+        } else if (g->kind == OP_FWD) {
+            const int64_t yr = y_row(p, r);
+            /*@ ghost lemma_row_fits(yr, p->rows, p->N); */
+            store_row(p->dtype, g->out, yr * p->N + j0, v, nj, p->accumulate);
+        } else {
+            const int64_t s = p->permute_x ? slot_of_row(p, r) : r;
+            /*@ ghost lemma_row_fits(s, p->rows, p->K); */
+            store_row(p->dtype, g->out, s * p->K + j0, v, nj, p->accumulate);
+        }
     }
 }
 

@@ -242,7 +242,9 @@ NAIVE_OMP(omp parallel for schedule(static))
 }
 
 /* row_of_slot[gather_indices[r]] = r for r = 0 .. M-1: with a permutation, the inverse of the gather
- * indices.  row_of_slot [M]: in, every entry a row in [0, M) (the caller zeroes it); out, the inverse. */
+ * indices (two-sided: gather_indices[row_of_slot[s]] == s too, `converse`, through the pigeonhole lemma
+ * of specs/routing.acsl).  row_of_slot [M]: in, every entry a row in [0, M) (the caller zeroes it); out,
+ * the inverse. */
 /*@ requires problem: gemm_problem_ok(p);
     requires gather: p->rows > 0 ==> p->gather_indices != \null;
     requires row_of_slot: \valid(row_of_slot + (0 .. p->rows - 1)) && in_range(row_of_slot, p->rows, 0, p->rows);
@@ -251,7 +253,9 @@ NAIVE_OMP(omp parallel for schedule(static))
     assigns row_of_slot[0 .. p->rows - 1];
     ensures rows: in_range(row_of_slot, p->rows, 0, p->rows);
     ensures inverse: p->rows > 0 && is_permutation(p->gather_indices, p->rows) ==>
-      \forall integer r; 0 <= r < p->rows ==> row_of_slot[p->gather_indices[r]] == r; */
+      \forall integer r; 0 <= r < p->rows ==> row_of_slot[p->gather_indices[r]] == r;
+    ensures converse: p->rows > 0 && is_permutation(p->gather_indices, p->rows) ==>
+      \forall integer s; 0 <= s < p->rows ==> p->gather_indices[row_of_slot[s]] == s; */
 static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
 {
     const int64_t M = p->rows;
@@ -263,6 +267,7 @@ static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
         loop variant M - r; */
     for (int64_t r = 0; r < M; r++)
         row_of_slot[p->gather_indices[r]] = r;
+    /*@ ghost lemma_inverse_converse((int64_t *)p->gather_indices, row_of_slot, M); */
 }
 
 /* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in
