@@ -662,7 +662,8 @@ static void number_slots(const int64_t *ids, int64_t n, int64_t T, int64_t *pos,
     ensures offsets: start[0] == 0 && start[K] == count;
     ensures sorted: sorted_offsets(start, K);
     ensures sizes: \forall integer k; 0 <= k < K ==>
-      start[k + 1] - start[k] == \old(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k)); */
+      start[k + 1] - start[k] == \old(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k));
+    ensures filled: in_range(order, count, 0, count); */
 static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, const int64_t *map, int64_t B, int64_t K,
                              int64_t *start, int64_t *order, int64_t *cursor)
     /*@ ghost (int64_t count, int64_t blocks) */
@@ -713,6 +714,8 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
         loop invariant starts: \forall integer y; 0 <= y <= K ==> start[y] == \at(count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n, y), Pre);
         loop invariant cursor: \forall integer k; 0 <= k < K ==>
           cursor[k] == start[k] + (\let x = j; \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre));
+        loop invariant ranks: s == (\let x = j; \at(count_lt((int64_t *)filter, x, lim), Pre));
+        loop invariant filled: \forall integer k, q; 0 <= k < K && start[k] <= q < cursor[k] ==> 0 <= order[q] < s;
         loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
         loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
         loop assigns j, s, cursor[0 .. K - 1], order[0 .. count - 1];
@@ -732,6 +735,10 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
         /*@ assert r_separated_map: \separated(order + r, map + (0 .. blocks - 1)); */
         order[r] = s++;
     }
+    /*@ assert all_ranks: s == count; */
+    /*@ assert full: \forall integer k; 0 <= k < K ==> cursor[k] == start[k + 1]; */
+    /*@ assert buckets: \forall integer k, q; 0 <= k < K && start[k] <= q < start[k + 1] ==> 0 <= order[q] < count; */
+    /*@ ghost lemma_buckets_cover(start, K, order, count, 0, count); */
 }
 
 /* The most entries of one bucket: max_k start[k + 1] - start[k].   start [K + 1], sorted, start[0] >= 0 */
