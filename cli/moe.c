@@ -708,6 +708,18 @@ static int parse_dtype(const char *s, moe_dtype *dtype)
     return 1;
 }
 
+#ifdef MOE_CLI_CUDA
+/* Dies unless a CUDA device is usable, with "<prefix>no CUDA device available (<why>)<suffix>". */
+static void require_cuda_device(const char *prefix, const char *suffix)
+{
+    char why[512];
+    if (device_available(why, sizeof why) != 0)
+        die("%sno CUDA device available (%s)%s", prefix, why, suffix);
+    if (!moe_backend_available(MOE_BACKEND_CUDA))
+        die("%sno CUDA device available (moe_backend_available says no)%s", prefix, suffix);
+}
+#endif
+
 /* The backend --backend names; dies when it is cuda and this build or this machine cannot run it. */
 static moe_backend get_backend(const args *a)
 {
@@ -720,11 +732,7 @@ static moe_backend get_backend(const args *a)
     die("--backend cuda: this build has no CUDA backend (configure --with-cuda where the CUDA toolkit is "
         "installed); use --backend ref");
 #else
-    char why[512];
-    if (device_available(why, sizeof why) != 0)
-        die("--backend cuda: no CUDA device available (%s); use --backend ref", why);
-    if (!moe_backend_available(MOE_BACKEND_CUDA))
-        die("--backend cuda: no CUDA device available (moe_backend_available says no); use --backend ref");
+    require_cuda_device("--backend cuda: ", "; use --backend ref");
     return MOE_BACKEND_CUDA;
 #endif
 }
@@ -2144,11 +2152,7 @@ static int run_autotune(const args *a)
     (void)cache, (void)N, (void)K, (void)seed, (void)weighted, (void)T;
     die("this build has no CUDA backend (configure --with-cuda where the CUDA toolkit is installed)");
 #else
-    char why[512];
-    if (device_available(why, sizeof why) != 0)
-        die("no CUDA device available (%s)", why);
-    if (!moe_backend_available(MOE_BACKEND_CUDA))
-        die("no CUDA device available (moe_backend_available says no)");
+    require_cuda_device("", "");
     lib_call c = {"moe_gemm_autotune", MOE_BACKEND_CUDA, 0, {{0}}};
     const int64_t M = (int64_t)elements(T, k, 1);
     oracle_rng rng = {(uint64_t)seed};
