@@ -839,11 +839,9 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
         g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims, strides, box);
     } else if (op == OP_DW && !p->permute_x && !p->permute_y) {
         const uint64_t dims_a[2] = {N, M}, strides_a[1] = {N * 2}, dims_b[2] = {K, M}, strides_b[1] = {K * 2};
-        const uint32_t box[2] = {64, (uint32_t)H_BK}, box8[2] = {64, 8};
+        const uint32_t box[2] = {64, (uint32_t)H_BK};
         g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims_a, strides_a, box) &&
-                      encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box) &&
-                      encode_tensor_map(&maps->rows8_a, p->dtype, a, 2, dims_a, strides_a, box8) &&
-                      encode_tensor_map(&maps->rows8_b, p->dtype, b, 2, dims_b, strides_b, box8);
+                      encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box);
     }
     g->tma_out = 0;
     const char *off = getenv("MOE_SM90_TMA_OUT"); // =0: the register-store epilogue (A/B timing runs)

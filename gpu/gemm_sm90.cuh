@@ -4,8 +4,10 @@
 //   warpgroup 0 (producer, 56 registers): fills a 4-stage shared-memory ring.  The weight tile W[e]
 //     (fwd, dX) is a box of the 3-D tensor [E][N][K] loaded by TMA (cp.async.bulk.tensor), zero-filled
 //     past N and K.  Rows of X / dY come by TMA too when they are contiguous (g.tma_rows: no permute on
-//     that operand; 2-D maps over [rows][cols]); gathered rows (permute_x, permute_y) and dW's last,
-//     partial k-step come by cp.async, 16 bytes per thread, zero-filled past the expert's rows.  Each
+//     that operand; 2-D maps over [rows][cols]); gathered rows (permute_x, permute_y) come by cp.async,
+//     16 bytes per thread, zero-filled past the expert's rows.  dW's last, partial k-step comes in the
+//     same 64-row TMA boxes as the others, and the consumers zero its rows past the expert
+//     (h_zero_tail_rows) before their MMAs, so the producer never waits on a load.  Each
 //     stage has a `full` mbarrier (128 cp.async arrivals + thread 0's arrival, which carries the TMA
 //     byte count) and an `empty` mbarrier (one arrival per consumer warp).
 //   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
@@ -57,10 +59,10 @@ constexpr int H_PAIRED_REDUCTION = 4096; // and this K (sm90_cluster_size, gemm_
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
 // as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
-// {64, 64}), and for dW's last, partial k-step the same two with 8-row boxes (rows8_a, rows8_b); with
-// g.tma_out the output as 3-D, box {128 bytes of columns, 8 rows, 1}: dW [E][N][K], fwd [1][M][N], dX [1][M][K].
+// {64, 64}); with g.tma_out the output as 3-D, box {128 bytes of columns, 8 rows, 1}: dW [E][N][K],
+// fwd [1][M][N], dX [1][M][K].
 struct Sm90Maps {
-    CUtensorMap w, rows_a, rows_b, rows8_a, rows8_b, out;
+    CUtensorMap w, rows_a, rows_b, out;
 };
 __host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
 constexpr int H_BK = 64, H_STAGES = 4;
@@ -74,8 +76,7 @@ constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp
 constexpr int H_EPI_WARP_BYTES = 16 * H_EPI_LD * 4;
 constexpr int H_TMA_BOX_BYTES = 1024; // one output box: 8 rows of 128 bytes
 constexpr int H_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 32) * H_EPI_WARP_BYTES; // full[S], empty[S]
-// then the tail barrier (dW's last k-step), 8 bytes + 8 of padding
-constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8 + 16; // producer row table, int64 [512]
+constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8; // producer row table, int64 [512]
 constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_ROWS_OFFSET + 512 * 8;
 static_assert(H_EPI_OFFSET % 1024 == 0 && 2 * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
@@ -221,8 +222,26 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy()
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
     return policy;
 }
-// Named barrier 1: the producer warpgroup alone.
+// Named barrier 1: the producer warpgroup alone; 2: the two consumer warpgroups.
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(H_PRODUCERS) : "memory"); }
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(H_CONSUMERS) : "memory"); }
+
+// dW's last, partial k-step (rows_left < 64 rows of the expert): the stage's 64-row TMA boxes hold, at rows
+// rows_left .. 63 of each of its six 64 x 128-byte MN-major blocks (two of dY, four of X), the next expert's
+// rows (zeros past M).  Every consumer thread (c in [0, 256)) zeroes its share of those rows in both operands
+// (zeroing one would not do: Inf * 0 is NaN), fences them for the async proxy, and the two warpgroups meet
+// before either's MMAs read the stage.  Called after the stage's full barrier (the TMA writes are done) and
+// while the previous k-step's MMAs still run.
+__device__ __forceinline__ void h_zero_tail_rows(unsigned char *stage, int rows_left, int c)
+{
+    constexpr int BLOCKS = H_STAGE_BYTES / 8192, CHUNKS = BLOCKS * 8; // 16-byte chunks per k row, all blocks
+    for (int idx = c; idx < (H_BK - rows_left) * CHUNKS; idx += H_CONSUMERS) {
+        const int row = rows_left + idx / CHUNKS, block = (idx % CHUNKS) / 8, chunk = idx % 8;
+        *reinterpret_cast<uint4 *>(stage + block * 8192 + row * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+    }
+    fence_proxy_async();
+    consumer_sync();
+}
 
 // d += A(desc_a) * B(desc_b) for one 64 x 256 x 16 step (scale_d = 0 would start from zero).
 #define MOE_WGMMA_M64N256K16(TY) \
@@ -418,7 +437,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + H_BARRIER_OFFSET, empty_bar = full_bar + H_STAGES * 8;
-    const uint32_t tail_bar = empty_bar + H_STAGES * 8;
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
@@ -434,7 +452,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             mbar_init(full_bar + 8 * s, H_PRODUCERS + 1); // 128 cp.async arrivals + thread 0's (expect_tx) arrival
             mbar_init(empty_bar + 8 * s, CLUSTER * H_CONSUMERS / 32);
         }
-        mbar_init(tail_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
@@ -460,7 +477,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const T *B = static_cast<const T *>(g.b);
         const uint64_t w_policy = l2_policy(!(g.sm90_skip & 16));
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
-        uint32_t tails = 0; // dW tail steps loaded through tail_bar (its phase parity)
         int64_t tile_count = 0;
         for (int64_t tile = first_tile; tile < tiles; tile += tile_stride, tile_count++) {
             bool multicast;
@@ -493,9 +509,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         mbar_arrive(bar);
                     continue;
                 }
-                // dW reads whole 64-row steps of the expert by TMA in 64-row boxes; the last, partial one
-                // in 8-row boxes plus zeros (below), or by cp.async when the rows are gathered
-                const bool dw_by_tma = OP == OP_DW && g.tma_rows && q0 + H_BK <= qlen;
+                // dW reads 64-row steps of the expert by TMA in 64-row boxes (the consumers zero the rows of
+                // the last step past the expert), or by cp.async when the rows are gathered
+                const bool dw_by_tma = OP == OP_DW && g.tma_rows;
                 if (p == 0) {
                     if (OP == OP_FWD || OP == OP_DX) {
                         // W: fwd boxes of BN / CLUSTER n-rows ({64 k, BN / CLUSTER n}, K-major), dX boxes {64 c,
@@ -535,33 +551,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         mbar_arrive(bar);
                     }
                 }
-                if (OP == OP_DW && g.tma_rows && !dw_by_tma) {
-                    // dW's last k-step, r < 64 rows left: 8-row boxes through the tail barrier, then zeros
-                    // over rows r .. 63 of every 64-column block (the boxes' rows past r belong to the next
-                    // expert); generic-proxy stores, hence the proxy fence before the arrival on `bar`
-                    const int r = (int)(qlen - q0), groups = (r + 7) / 8, blocks = BM / 64 + BN / 64;
-                    if (p == 0) {
-                        mbar_arrive_expect_tx(tail_bar, (uint32_t)(groups * blocks * 1024));
-                        for (int g8 = 0; g8 < groups; g8++) {
-#pragma unroll
-                            for (int a = 0; a < BM / 64; a++)
-                                tma_load_2d(sa_addr + a * 8192 + g8 * 1024, &maps.rows8_a, tail_bar, (int)(t.i0 + 64 * a),
-                                            (int)(base + q0 + 8 * g8));
-#pragma unroll
-                            for (int a = 0; a < BN / 64; a++)
-                                tma_load_2d(sb_addr + a * 8192 + g8 * 1024, &maps.rows8_b, tail_bar, (int)(t.j0 + 64 * a),
-                                            (int)(base + q0 + 8 * g8));
-                        }
-                    }
-                    mbar_wait(tail_bar, tails & 1);
-                    tails++;
-                    for (int idx = p; idx < (H_BK - r) * blocks * 8; idx += H_PRODUCERS) {
-                        const int chunk = idx % 8, blk = (idx / 8) % blocks, row = r + idx / (8 * blocks);
-                        unsigned char *dst = (blk < BM / 64 ? sa + blk * 8192 : sb + (blk - BM / 64) * 8192) + row * 128 + chunk * 16;
-                        *reinterpret_cast<uint4 *>(dst) = make_uint4(0, 0, 0, 0);
-                    }
-                    fence_proxy_async();
-                }
                 if (OP != OP_DW && !g.tma_rows && has_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
                     const int kc = p & 7;
                     const int64_t lda = OP == OP_DX ? g.N : g.K;
@@ -595,7 +584,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     }
                 }
                 if (g.tma_rows)
-                    mbar_arrive(bar); // (release: orders dW's tail zeros before the consumers' acquire)
+                    mbar_arrive(bar);
                 else
                     cp_async_arrive_noinc(bar);
             }
@@ -644,6 +633,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % H_STAGES);
                 mbar_wait(full_bar + 8 * s, (it / H_STAGES) & 1);
+                if (OP == OP_DW && g.tma_rows && qlen - step * H_BK < H_BK)
+                    h_zero_tail_rows(smem + s * H_STAGE_BYTES, (int)(qlen - step * H_BK), threadIdx.x - H_PRODUCERS);
                 if (!(g.sm90_skip & 2)) {
                     const uint32_t a_addr = smem_base + s * H_STAGE_BYTES + wg * M_BLOCKS * 8192;
                     const uint32_t b_addr = smem_base + s * H_STAGE_BYTES + A_BYTES;

@@ -8,7 +8,10 @@
  *   5. with --large: E*N*K past 2^31 elements (64-bit offsets; Unsloth's dW faults there), tokens on
  *      the last experts, sampled output elements of fwd, dX and dW checked against float64;
  *   6. (after the trials) many experts (up to 3000): on valid routings fwd and dX equal the reference on
- *      exact data; invalid size lists are reported as a walk over m_sizes in expert order finds them.
+ *      exact data; invalid size lists are reported as a walk over m_sizes in expert order finds them;
+ *   7. (after the trials) dW isolates experts: Inf and NaN in one expert's rows of dY (and of X, in expert
+ *      order) leave every other expert's dW bitwise unchanged, although an expert's last, partial k-step
+ *      loads its neighbour's rows (the kernel must zero them in both operands: Inf * 0 is NaN).
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
@@ -283,6 +286,81 @@ static void many_experts(oracle_rng *rng, int cases, int cycle_variants)
            "finds them\n", valid, defects);
 }
 
+/* Sets every element of rows first .. first + count - 1 of a [rows][cols] 16-bit tensor to +Inf, -Inf or NaN. */
+static void poison_rows(moe_dtype dtype, uint16_t *t, int64_t first, int64_t count, int64_t cols, oracle_rng *rng)
+{
+    const uint16_t inf = dtype == MOE_BF16 ? 0x7F80 : 0x7C00, nan = dtype == MOE_BF16 ? 0x7FC0 : 0x7E00;
+    for (int64_t i = first * cols; i < (first + count) * cols; i++) {
+        const int pick = (int)oracle_rng_below(rng, 3);
+        t[i] = pick == 0 ? inf : pick == 1 ? (uint16_t)(inf | 0x8000) : nan;
+    }
+}
+
+static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const char *argv0, uint64_t seed, int trials)
+{
+    int checked = 0;
+    for (int c = 0; c < cases; c++) {
+        if (cycle_variants)
+            pick_sm90_variant(c);
+        const int64_t E = 2 + (int64_t)oracle_rng_below(rng, 7), T = 1 + (int64_t)oracle_rng_below(rng, 400);
+        const int64_t k = 1 + (int64_t)oracle_rng_below(rng, E < 4 ? (uint64_t)E : 4), M = T * k;
+        const int64_t N = 8 * (1 + (int64_t)oracle_rng_below(rng, 40)), K = 8 * (1 + (int64_t)oracle_rng_below(rng, 40));
+        const moe_dtype dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F16;
+        moe_gemm_options o = {0};
+        o.dtype = dtype;
+        o.permute_x = (int)oracle_rng_below(rng, 2); /* 0: dY and X by TMA; 1: X rows gathered (cp.async) */
+        o.dw_fp32 = (int)oracle_rng_below(rng, 2);
+        int64_t *ids = xmalloc((size_t)M * 8), m[8] = {0}, *gather = xmalloc((size_t)M * 8);
+        for (int64_t s = 0; s < M; s++)
+            ids[s] = (int64_t)oracle_rng_below(rng, (uint64_t)E);
+        CHECK(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        const int64_t bad = (int64_t)oracle_rng_below(rng, (uint64_t)E);
+        int64_t first = 0;
+        for (int64_t e = 0; e < bad; e++)
+            first += m[e];
+        const int64_t x_rows = o.permute_x ? T : M;
+        uint16_t *x = xmalloc((size_t)(x_rows * K) * 2), *dy = xmalloc((size_t)(M * N) * 2);
+        oracle_fill(rng, dtype, x, x_rows * K, 0);
+        oracle_fill(rng, dtype, dy, M * N, 0);
+        moe_routing dev = {T, k, E, to_device(m, (size_t)E * 8), to_device(gather, (size_t)M * 8)};
+        void *dev_x = to_device(x, (size_t)(x_rows * K) * 2), *dev_dy = to_device(dy, (size_t)(M * N) * 2);
+        const int64_t count = E * N * K;
+        const size_t es = o.dw_fp32 ? 4 : 2, bytes = (size_t)count * es;
+        void *poison = xmalloc(bytes), *clean = xmalloc(bytes), *dirty = xmalloc(bytes);
+        oracle_poison(o.dw_fp32 ? MOE_F32 : dtype, poison, count);
+        void *dev_out = to_device(poison, bytes);
+        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, NULL, dev_out, &o) == MOE_OK &&
+              moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
+        to_host(clean, dev_out, bytes);
+        poison_rows(dtype, dy, first, m[bad], N, rng);
+        if (!o.permute_x)
+            poison_rows(dtype, x, first, m[bad], K, rng);
+        CUDA_CHECK(cudaMemcpy(dev_dy, dy, (size_t)(M * N) * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dev_x, x, (size_t)(x_rows * K) * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dev_out, poison, bytes, cudaMemcpyHostToDevice));
+        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, NULL, dev_out, &o) == MOE_OK &&
+              moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
+        to_host(dirty, dev_out, bytes);
+        const size_t slab = (size_t)(N * K) * es;
+        for (int64_t e = 0; e < E; e++) {
+            if (e == bad)
+                continue;
+            CHECK(memcmp((char *)clean + e * slab, (char *)dirty + e * slab, slab) == 0,
+                  "FAIL dw isolation: Inf/NaN in the rows of expert %lld changed dW of expert %lld\n"
+                  "  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d dw_fp32=%d m_sizes[%lld]=%lld\n  replay: %s %llu %d",
+                  (long long)bad, (long long)e, c, (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
+                  moe_dtype_name(dtype), o.permute_x, o.dw_fp32, (long long)e, (long long)m[e], argv0,
+                  (unsigned long long)seed, trials);
+        }
+        checked++;
+        CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_dy));
+        CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
+        free(ids), free(gather), free(x), free(dy), free(poison), free(clean), free(dirty);
+    }
+    printf("dw isolation: %d cases, Inf/NaN rows of one expert left every other expert's dW bitwise unchanged\n",
+           checked);
+}
+
 static int64_t pick_dim(oracle_rng *rng)
 {
     static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
@@ -445,5 +523,6 @@ int main(int argc, char **argv)
     printf("%d trials passed: %lld output elements checked, worst error %.3f of its bound\n", trials,
            (long long)checked, worst);
     many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
+    dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
     return 0;
 }
