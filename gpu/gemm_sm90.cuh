@@ -16,8 +16,9 @@
 //     accumulate, one rounding) while the producer is already loading the next tile; where the output
 //     is overwritten and its rows are in tile order (g.tma_out: dW, fwd without permute_y, dX without
 //     permute_x or reduce_topk), the warps round into swizzled shared-memory boxes that TMA stores, and
-//     go on to the next tile's MMAs while the stores drain.  An m64 block whose rows all lie past
-//     the expert's end issues no MMAs.
+//     go on to the next tile's MMAs while the stores drain (fwd and dX borrow the stage of the tile's
+//     last k-step for those boxes until the next tile's second k-step).  An m64 block whose rows all lie
+//     past the expert's end issues no MMAs.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
@@ -68,17 +69,20 @@ __host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
 constexpr int H_BK = 64, H_STAGES = 4;
 constexpr int H_PRODUCERS = 128, H_CONSUMERS = 256, H_THREADS = H_PRODUCERS + H_CONSUMERS;
 constexpr int H_STAGE_BYTES = (128 + 256) * H_BK * 2;                 // A then B, 48 KiB
-// Epilogue area (1024-byte aligned), per consumer warp either the fp32 staging buffer [16][H_EPI_LD] of
-// h_store_warp_slice (at warp * H_EPI_WARP_BYTES) or the two swizzled 1 KiB output boxes of
-// h_store_warp_tma (at warp * 2 * H_TMA_BOX_BYTES); one kernel launch uses one of the two.
+// Epilogue area (1024-byte aligned), per consumer warp (at warp * H_EPI_WARP_BYTES) either the fp32
+// staging buffer [16][H_EPI_LD] of h_store_warp_slice or the H_EPI_BOXES swizzled 1 KiB output boxes of
+// h_store_warp_tma; one kernel launch uses one of the two.  With TMA stores, the stage of a tile's last
+// k-step also lends each warp H_SPARE_BOXES more boxes (EpiSlots).
 constexpr int H_EPI_OFFSET = H_STAGES * H_STAGE_BYTES;
 constexpr int H_EPI_LD = 40; // 32 columns + 8: the float2 writes of a half-warp hit 32 distinct banks
-constexpr int H_EPI_WARP_BYTES = 16 * H_EPI_LD * 4;
 constexpr int H_TMA_BOX_BYTES = 1024; // one output box: 8 rows of 128 bytes
+constexpr int H_EPI_BOXES = 2, H_SPARE_BOXES = H_STAGE_BYTES / H_TMA_BOX_BYTES / (H_CONSUMERS / 32);
+constexpr int H_EPI_WARP_BYTES = (16 * H_EPI_LD * 4 + H_TMA_BOX_BYTES - 1) / H_TMA_BOX_BYTES * H_TMA_BOX_BYTES;
 constexpr int H_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 32) * H_EPI_WARP_BYTES; // full[S], empty[S]
 constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8; // producer row table, int64 [512]
 constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_ROWS_OFFSET + 512 * 8;
-static_assert(H_EPI_OFFSET % 1024 == 0 && 2 * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
+static_assert(H_EPI_OFFSET % 1024 == 0 && H_EPI_BOXES * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
+static_assert(H_SMEM_BYTES <= 232448, "shared memory of one CTA");
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
 static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
 
@@ -345,21 +349,29 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
     }
 }
 
+// The shared-memory boxes a consumer warp writes its TMA-stored output through: its own H_EPI_BOXES boxes of
+// the epilogue area, and while the warp holds the stage of its tile's last k-step (the consumer loop below),
+// H_SPARE_BOXES more in that stage.  `used` counts the boxes written since the warp last waited for its
+// stores to have read theirs; when every box is used, lane 0 waits (bulk_wait_read) and they are free again.
+struct EpiSlots {
+    unsigned char *own, *spare;  // spare: nullptr when no stage is held
+    uint32_t own_addr, spare_addr;
+    int count, used;
+};
+
 // The same slice when the output is written by TMA stores (g.tma_out: no accumulate, output rows in
 // tile order): per 128 bytes of columns and 8 rows, the warp rounds its values (times the row's topk
-// weight when weighted) into a swizzled 1 KiB box of shared memory and lane 0 issues a TMA store of it,
-// which runs on while the warp goes on; the map clips columns past cols_j (and dW's rows past N).  row0:
-// the slice's first row in the tile space (dW: n; fwd, dX: the expert's row gi); map_row0, map_c2: its
-// coordinates in the output map (dW: n, e; fwd, dX: offsets[e] + gi, 0).  For fwd and dX an 8-row group
-// that reaches past the expert's last row (its rows past it belong to the next expert) is stored
-// element by element instead.  The warp's two boxes alternate by the count of stores it issued
-// (`stores`, kept over tiles), so waiting for all but the latest store to have read its box frees the
-// box about to be written.  ESIZE: bytes of an output element (2: bf16 / f16, 4: f32).
-template <int OP, int BN, int ESIZE>
-__device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCoord &t, const float *d,
-                                                 unsigned char *boxes, uint32_t boxes_addr, int64_t row0,
-                                                 int64_t map_row0, int map_c2, const float *row_weight, bool weighted,
-                                                 const CUtensorMap *map, uint64_t policy, uint32_t &stores)
+// weight when weighted) into a swizzled 1 KiB box of shared memory (the next free one of `slots`) and
+// lane 0 issues a TMA store of it, which runs on while the warp goes on; the map clips columns past
+// cols_j (and dW's rows past N).  row0: the slice's first row in the tile space (dW: n; fwd, dX: the
+// expert's row gi); map_row0, map_c2: its coordinates in the output map (dW: n, e; fwd, dX: offsets[e] +
+// gi, 0).  For fwd and dX an 8-row group that reaches past the expert's last row (its rows past it
+// belong to the next expert) is stored element by element instead.  ESIZE: bytes of an output element
+// (4: f32; 2: T, the input type, bf16 or f16).
+template <typename T, int OP, int BN, int ESIZE>
+__device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCoord &t, const float *d, EpiSlots &slots,
+                                                 int64_t row0, int64_t map_row0, int map_c2, const float *row_weight,
+                                                 bool weighted, const CUtensorMap *map, uint64_t policy)
 {
     constexpr int BOX_COLS = 128 / ESIZE, GROUPS = BOX_COLS / 8; // columns, 8-column groups j of d per box
     const int lane = threadIdx.x % 32, r = lane / 4, q = lane % 4;
@@ -389,11 +401,17 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                 }
                 continue;
             }
-            const uint32_t which = stores & 1;
-            unsigned char *box = boxes + which * H_TMA_BOX_BYTES;
-            if (lane == 0)
-                bulk_wait_read<1>();
-            __syncwarp();
+            if (slots.used == slots.count) {
+                if (lane == 0)
+                    bulk_wait_read<0>();
+                __syncwarp();
+                slots.used = 0;
+            }
+            const int k = slots.used++;
+            unsigned char *box = k < H_EPI_BOXES ? slots.own + k * H_TMA_BOX_BYTES
+                                                 : slots.spare + (k - H_EPI_BOXES) * H_TMA_BOX_BYTES;
+            const uint32_t box_addr = k < H_EPI_BOXES ? slots.own_addr + k * H_TMA_BOX_BYTES
+                                                      : slots.spare_addr + (k - H_EPI_BOXES) * H_TMA_BOX_BYTES;
 #pragma unroll
             for (int jj = 0; jj < GROUPS; jj++) {
                 float v0 = d[4 * (c * GROUPS + jj) + 2 * h], v1 = d[4 * (c * GROUPS + jj) + 2 * h + 1];
@@ -404,7 +422,7 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                         make_float2(v0, v1);
                 } else {
                     uint32_t packed;
-                    if (g.out_dtype == MOE_BF16) {
+                    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
                         const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
                         packed = *reinterpret_cast<const uint32_t *>(&b2);
                     } else {
@@ -417,9 +435,7 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
             fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
             __syncwarp();
             if (lane == 0)
-                tma_store_3d(map, boxes_addr + which * H_TMA_BOX_BYTES, (int)col0, (int)(map_row0 + 8 * h), map_c2,
-                             policy);
-            stores++;
+                tma_store_3d(map, box_addr, (int)col0, (int)(map_row0 + 8 * h), map_c2, policy);
         }
     }
 }
@@ -596,10 +612,19 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
         const int consumer_warp = threadIdx.x / 32 - H_PRODUCERS / 32;
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES);
-        unsigned char *tma_boxes = smem + H_EPI_OFFSET + consumer_warp * 2 * H_TMA_BOX_BYTES;
-        const uint32_t tma_boxes_addr = smem_base + H_EPI_OFFSET + consumer_warp * 2 * H_TMA_BOX_BYTES;
+        EpiSlots slots;
+        slots.own = smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
+        slots.own_addr = smem_base + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
-        uint32_t stores = 0; // TMA stores issued by this warp (h_store_warp_tma)
+        // fwd and dX with TMA stores: the consumers keep the stage of a tile's last k-step (`held`) as spare
+        // output boxes, so that a warp writes its whole slice without waiting for its stores, and give it back
+        // to the producer once their stores have read it: after the next tile's second k-step is issued (the
+        // producer meanwhile fills the other three stages), or at once when that tile has fewer steps.  Not
+        // dW: its tiles have only 4-5 k-steps (the expert's rows), and there the fourth stage for the next
+        // tile is worth more than the waits, even when the stage goes back after the first k-step
+        // (bench/RESULTS.md, 2026-11-24).
+        constexpr bool HOLD_LAST_STAGE = OP != OP_DW;
+        int held = -1;
         uint32_t it = 0;
         // a stage goes back to the producer of every CTA that loads into it
         auto release = [&](uint32_t stage) {
@@ -612,6 +637,13 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             } else {
                 mbar_arrive(empty_bar + 8 * stage);
             }
+        };
+        auto release_held = [&]() {
+            if (lane == 0)
+                bulk_wait_read<0>();
+            __syncwarp();
+            release((uint32_t)held);
+            held = -1;
         };
         for (int64_t tile = first_tile; tile < tiles; tile += tile_stride) {
             bool multicast;
@@ -648,10 +680,20 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 wgmma_wait<1>(); // the previous k-step's group is done: its stage goes back to the producer
                 if (step > 0)
                     release((it - 1) % H_STAGES);
+                if (held >= 0 && (step == 1 || step == steps - 1))
+                    release_held();
             }
+            if (held >= 0)
+                release_held();
             wgmma_wait<0>();
-            if (steps > 0)
+            const bool hold = HOLD_LAST_STAGE && g.tma_out && steps > 0 && !(g.sm90_skip & 1);
+            if (steps > 0 && !hold)
                 release((it - 1) % H_STAGES);
+            held = hold ? (int)((it - 1) % H_STAGES) : -1;
+            slots.spare = hold ? smem + held * H_STAGE_BYTES + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES : nullptr;
+            slots.spare_addr = smem_base + (hold ? held * H_STAGE_BYTES : 0) + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES;
+            slots.count = hold ? H_EPI_BOXES + H_SPARE_BOXES : H_EPI_BOXES;
+            slots.used = slots.count; // the first box waits for the stores of the previous tile to have read theirs
 
             // epilogue: each warp writes its 16 rows of each m64 block
             const bool weighted = OP != OP_DW && g.weights != nullptr;
@@ -681,11 +723,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     const int64_t map_row0 = OP == OP_DW ? row0 : g.ws.offsets[t.e] + row0;
                     const int map_c2 = OP == OP_DW ? (int)t.e : 0;
                     if (g.out_dtype == MOE_F32)
-                        h_store_warp_tma<OP, BN, 4>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, map_row0, map_c2,
-                                                    row_weight, weighted, &maps.out, out_policy, stores);
+                        h_store_warp_tma<T, OP, BN, 4>(g, t, d[b], slots, row0, map_row0, map_c2, row_weight, weighted,
+                                                    &maps.out, out_policy);
                     else
-                        h_store_warp_tma<OP, BN, 2>(g, t, d[b], tma_boxes, tma_boxes_addr, row0, map_row0, map_c2,
-                                                    row_weight, weighted, &maps.out, out_policy, stores);
+                        h_store_warp_tma<T, OP, BN, 2>(g, t, d[b], slots, row0, map_row0, map_c2, row_weight, weighted,
+                                                    &maps.out, out_policy);
                 } else {
                     h_store_warp_slice<BN>(g, t, d[b], epi_stage, out_row, row_weight, weighted);
                 }
