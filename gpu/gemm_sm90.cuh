@@ -113,6 +113,20 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Shared-memory stores at 32-bit shared addresses (STS).  Through a generic pointer the compiler emits 64-bit
+// generic stores (ST.E) and puts a MEMBAR.ALL.CTA before every proxy fence (seen in the SASS, 2026-11-24).
+__device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v)
+{
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts_f32x2(uint32_t addr, float a, float b)
+{
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+__device__ __forceinline__ void sts_zero16(uint32_t addr)
+{
+    asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count)
 {
@@ -236,12 +250,12 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, %0;\
 // (zeroing one would not do: Inf * 0 is NaN), fences them for the async proxy, and the two warpgroups meet
 // before either's MMAs read the stage.  Called after the stage's full barrier (the TMA writes are done) and
 // while the previous k-step's MMAs still run.
-__device__ __forceinline__ void h_zero_tail_rows(unsigned char *stage, int rows_left, int c)
+__device__ __forceinline__ void h_zero_tail_rows(uint32_t stage_addr, int rows_left, int c)
 {
     constexpr int BLOCKS = H_STAGE_BYTES / 8192, CHUNKS = BLOCKS * 8; // 16-byte chunks per k row, all blocks
     for (int idx = c; idx < (H_BK - rows_left) * CHUNKS; idx += H_CONSUMERS) {
         const int row = rows_left + idx / CHUNKS, block = (idx % CHUNKS) / 8, chunk = idx % 8;
-        *reinterpret_cast<uint4 *>(stage + block * 8192 + row * 128 + chunk * 16) = make_uint4(0, 0, 0, 0);
+        sts_zero16(stage_addr + block * 8192 + row * 128 + chunk * 16);
     }
     fence_proxy_async();
     consumer_sync();
@@ -354,8 +368,7 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 // H_SPARE_BOXES more in that stage.  `used` counts the boxes written since the warp last waited for its
 // stores to have read theirs; when every box is used, lane 0 waits (bulk_wait_read) and they are free again.
 struct EpiSlots {
-    unsigned char *own, *spare;  // spare: nullptr when no stage is held
-    uint32_t own_addr, spare_addr;
+    uint32_t own_addr, spare_addr; // shared addresses; spare_addr is used only when count > H_EPI_BOXES
     int count, used;
 };
 
@@ -408,8 +421,6 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                 slots.used = 0;
             }
             const int k = slots.used++;
-            unsigned char *box = k < H_EPI_BOXES ? slots.own + k * H_TMA_BOX_BYTES
-                                                 : slots.spare + (k - H_EPI_BOXES) * H_TMA_BOX_BYTES;
             const uint32_t box_addr = k < H_EPI_BOXES ? slots.own_addr + k * H_TMA_BOX_BYTES
                                                       : slots.spare_addr + (k - H_EPI_BOXES) * H_TMA_BOX_BYTES;
 #pragma unroll
@@ -418,8 +429,7 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                 if (weighted)
                     v0 = w * v0, v1 = w * v1;
                 if constexpr (ESIZE == 4) { // 16-byte chunk (2 jj + q / 2) of row r, swizzled
-                    *reinterpret_cast<float2 *>(box + r * 128 + (((2 * jj + q / 2) ^ r) * 16) + 8 * (q & 1)) =
-                        make_float2(v0, v1);
+                    sts_f32x2(box_addr + r * 128 + (((2 * jj + q / 2) ^ r) * 16) + 8 * (q & 1), v0, v1);
                 } else {
                     uint32_t packed;
                     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
@@ -429,7 +439,7 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                         const __half2 h2 = __floats2half2_rn(v0, v1);
                         packed = *reinterpret_cast<const uint32_t *>(&h2);
                     }
-                    *reinterpret_cast<uint32_t *>(box + r * 128 + ((jj ^ r) * 16) + 4 * q) = packed;
+                    sts_b32(box_addr + r * 128 + ((jj ^ r) * 16) + 4 * q, packed);
                 }
             }
             fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
@@ -613,7 +623,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const int consumer_warp = threadIdx.x / 32 - H_PRODUCERS / 32;
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES);
         EpiSlots slots;
-        slots.own = smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
         slots.own_addr = smem_base + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
         // fwd and dX with TMA stores: the consumers keep the stage of a tile's last k-step (`held`) as spare
@@ -666,7 +675,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 const int s = (int)(it % H_STAGES);
                 mbar_wait(full_bar + 8 * s, (it / H_STAGES) & 1);
                 if (OP == OP_DW && g.tma_rows && qlen - step * H_BK < H_BK)
-                    h_zero_tail_rows(smem + s * H_STAGE_BYTES, (int)(qlen - step * H_BK), threadIdx.x - H_PRODUCERS);
+                    h_zero_tail_rows(smem_base + s * H_STAGE_BYTES, (int)(qlen - step * H_BK), threadIdx.x - H_PRODUCERS);
                 if (!(g.sm90_skip & 2)) {
                     const uint32_t a_addr = smem_base + s * H_STAGE_BYTES + wg * M_BLOCKS * 8192;
                     const uint32_t b_addr = smem_base + s * H_STAGE_BYTES + A_BYTES;
@@ -690,7 +699,6 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             if (steps > 0 && !hold)
                 release((it - 1) % H_STAGES);
             held = hold ? (int)((it - 1) % H_STAGES) : -1;
-            slots.spare = hold ? smem + held * H_STAGE_BYTES + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES : nullptr;
             slots.spare_addr = smem_base + (hold ? held * H_STAGE_BYTES : 0) + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES;
             slots.count = hold ? H_EPI_BOXES + H_SPARE_BOXES : H_EPI_BOXES;
             slots.used = slots.count; // the first box waits for the stores of the previous tile to have read theirs
