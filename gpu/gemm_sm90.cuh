@@ -7,9 +7,10 @@
 //     that operand; 2-D maps over [rows][cols]); gathered rows (permute_x, permute_y) come by cp.async,
 //     16 bytes per thread, zero-filled past the expert's rows.  dW's last, partial k-step comes in the
 //     same 64-row TMA boxes as the others, and the consumers zero its rows past the expert
-//     (h_zero_tail_rows) before their MMAs, so the producer never waits on a load.  Each
-//     stage has a `full` mbarrier (128 cp.async arrivals + thread 0's arrival, which carries the TMA
-//     byte count) and an `empty` mbarrier (one arrival per consumer warp).
+//     (h_zero_tail_rows) before their MMAs, so the producer never waits on a load.  With every operand
+//     by TMA (g.tma_rows) only warp 0 of the warpgroup runs the ring.  Each stage has a `full` mbarrier
+//     (one arrival per ring thread, for its cp.async, + thread 0's arrival, which carries the TMA byte
+//     count) and an `empty` mbarrier (one arrival per consumer warp).
 //   warpgroups 1 and 2 (consumers, 224 registers): warpgroup w computes half of the BM x BN output tile
 //     (see the tile shapes below) with wgmma (128 fp32 accumulators per thread), then each warp writes
 //     its rows through a small private fp32 staging buffer with 16-byte stores (topk weight,
@@ -473,9 +474,13 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     static_assert(CLUSTER == 1 || (CLUSTER == 2 && OP != OP_DW && BM == 128), "the paired kernel: fwd and dX, 128 rows");
     if (*g.ws.status != 0) // the same word for both CTAs of a cluster: both return
         return;
+    // Producer threads that run the ring: all 128 when rows come by cp.async; with every operand by TMA only
+    // thread 0 issues loads, so warp 0 alone runs it and warps 1-3 wait at the kernel's end instead of
+    // polling the barriers beside the consumers.
+    const int loaders = g.tma_rows ? 32 : H_PRODUCERS;
     if (threadIdx.x == 0) {
         for (int s = 0; s < H_STAGES; s++) {
-            mbar_init(full_bar + 8 * s, H_PRODUCERS + 1); // 128 cp.async arrivals + thread 0's (expect_tx) arrival
+            mbar_init(full_bar + 8 * s, loaders + 1); // the loaders' (cp.async) arrivals + thread 0's (expect_tx) arrival
             mbar_init(empty_bar + 8 * s, CLUSTER * H_CONSUMERS / 32);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -504,7 +509,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const uint64_t w_policy = l2_policy(!(g.sm90_skip & 16));
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
         int64_t tile_count = 0;
-        for (int64_t tile = first_tile; tile < tiles; tile += tile_stride, tile_count++) {
+        for (int64_t tile = p < loaders ? first_tile : tiles; tile < tiles; tile += tile_stride, tile_count++) {
             bool multicast;
             const TileCoord t = coord(tile, &multicast);
             // no rows (no loads, no MMAs): only the idle CTA of the paired kernel's last lone-tile unit
