@@ -859,7 +859,7 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
 }
 
 // Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
-// expert: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
+// expert and K: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
 // A tuned choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
 int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tuned)
 {
@@ -870,7 +870,7 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tun
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90 && (tuned->tile_rows == 128 || tuned->tile_rows == 256))
         return tuned->tile_rows;
-    return p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts ? 256 : 128;
+    return op == OP_FWD && p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts && p->K >= H_WIDE_REDUCTION ? 256 : 128;
 }
 
 // The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the experts

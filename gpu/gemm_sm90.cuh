@@ -48,13 +48,16 @@
 #define LIBMOE_GEMM_SM90_CUH
 
 // Tile shapes, BM x BN with BM * BN = 32768 (a stage holds 48 KiB either way):
-//   128 x 256: each consumer warpgroup one m64n256 block.  dW always (N x K tiles, reduction over the
-//              expert's rows); fwd and dX when experts are large (rows per expert > H_WIDE_ROWS).
-//   256 x 128: each consumer warpgroup two m64n128 blocks.  fwd and dX when experts are small (DeepSeek-V3
-//              at T = 4096: 128 rows): one tile covers a typical expert, so its W block is read from DRAM
-//              once instead of once per 128 rows.  Measured on an H100 (bench/RESULTS.md): DeepSeek-V3
-//              gate_up fwd 217 -> 300 TFLOP/s, but Qwen3 (256 rows per expert) 327 -> 293, Mixtral 610 -> 547.
-constexpr int H_WIDE_ROWS = 192;
+//   128 x 256: each consumer warpgroup one m64n256 block.  dW and dX always (dW: N x K tiles, reduction
+//              over the expert's rows); fwd unless the case below.
+//   256 x 128: each consumer warpgroup two m64n128 blocks.  fwd when experts are small (rows per expert <=
+//              H_WIDE_ROWS) and the reduction long (K >= H_WIDE_REDUCTION; DeepSeek-V3 at T = 4096: 128 rows,
+//              K = 7168): one tile covers a typical expert, so its W block is read from DRAM once instead of
+//              once per 128 rows.  Measured on an H100 (bench/RESULTS.md, 2026-11-24, with the held-stage
+//              epilogue): DeepSeek-V3 T = 4096 fwd 265 -> 320 TFLOP/s, but its dX 338 -> 327, and with
+//              shorter K or fewer rows 128-row tiles win (Qwen3 T = 2048 down fwd 266 vs 246, DeepSeek-V3
+//              T = 2048 dX 185 vs 171).  Autotune (moe_gemm_autotune) times both.
+constexpr int H_WIDE_ROWS = 192, H_WIDE_REDUCTION = 4096;
 constexpr int H_PAIRED_ROWS = 512;       // fwd pairs CTAs from this mean of rows per expert
 constexpr int H_PAIRED_REDUCTION = 4096; // and this K (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
 

@@ -167,15 +167,17 @@ static void large_offsets(oracle_rng *rng)
     free(ids), free(gather), free(x), free(dy), free(w_tail), free(chunk);
 }
 
-/* On Hopper, case i runs the kernel variant i % 3: the automatic choice (small random problems mostly get
- * 256-row tiles), 128-row tiles, 128-row tiles paired in clusters of two CTAs. */
+/* On Hopper, case i runs the kernel variant i % 4: the automatic choice (128-row tiles for these small K),
+ * 128-row tiles, 128-row tiles paired in clusters of two CTAs, 256-row tiles (fwd and dX; dW has 128). */
 static void pick_sm90_variant(int i)
 {
     unsetenv("MOE_SM90_TILE_ROWS");
     unsetenv("MOE_SM90_CLUSTER");
-    if (i % 3 != 0)
-        CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 3 == 1 ? "1" : "2", 1) == 0,
+    if (i % 4 == 1 || i % 4 == 2)
+        CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 4 == 1 ? "1" : "2", 1) == 0,
               "setenv failed");
+    else if (i % 4 == 3)
+        CHECK(setenv("MOE_SM90_TILE_ROWS", "256", 1) == 0, "setenv failed");
 }
 
 /* Property 6: many experts (up to 3000: the device's size check scans 1024 experts per round).  Valid
