@@ -858,8 +858,7 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
     return true;
 }
 
-// Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh, from the mean rows per
-// expert and K: no device data is read).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
+// Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh: 128).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
 // A tuned choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
 int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tuned)
 {
@@ -870,16 +869,18 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tun
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90 && (tuned->tile_rows == 128 || tuned->tile_rows == 256))
         return tuned->tile_rows;
-    return op == OP_FWD && p->rows <= (int64_t)H_WIDE_ROWS * p->num_experts && p->K >= H_WIDE_REDUCTION ? 256 : 128;
+    (void)p;
+    return 128;
 }
 
-// The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the experts
-// average at least H_PAIRED_ROWS rows (there most row tiles are pairs of one expert) and the reduction K has
-// at least H_PAIRED_REDUCTION elements.  The autotune tables of RESULTS.md (2026-11-23, fourth session; H100,
-// with the TMA-store epilogue) set this: pairs won only for Mixtral fwd (K = 4096: 3059 vs 3356 us; K =
-// 14336: 1618 vs 1695) and lost for every dX (Mixtral gate_up 3296 vs 3134 us) and for Qwen3 at every T
-// (K = 2048, T = 16384 fwd: 1667 vs 1512 us).  dX keeps the kernel for autotune and MOE_SM90_CLUSTER=2.
-// MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
+// The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the
+// reduction K has at least H_PAIRED_REDUCTION elements, whatever the rows per expert: measured on an H100
+// (bench/RESULTS.md, 2026-11-24, MOE_SM90_CLUSTER=1 vs 2, TFLOP/s) DeepSeek-V3 fwd T = 2048 169 vs 171, T = 4096
+// 260 vs 333, T = 8192 259 vs 432; Mixtral fwd T = 1024 gate_up 418 vs 417, down 452 vs 458, T = 4096 down 651 vs
+// 687.  Where K is short it loses (Qwen3 gate_up, K = 2048: T = 4096 463 vs 373, T = 8192 599 vs 527), and for dX
+// on every shape (Qwen3 gate_up T = 4096 474 vs 365, Mixtral down 650 vs 577), which keeps the kernel for
+// autotune and MOE_SM90_CLUSTER=2.  (Until 2026-11-23 pairs also needed >= 512 rows per expert, from autotune
+// tables taken before the held-stage epilogue.)  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
 int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_choice *tuned)
 {
     if (op == OP_DW || bm != 128)
@@ -889,7 +890,7 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90)
         return tuned->cluster == 2 ? 2 : 1;
-    return op == OP_FWD && p->rows >= (int64_t)H_PAIRED_ROWS * p->num_experts && p->K >= H_PAIRED_REDUCTION ? 2 : 1;
+    return op == OP_FWD && p->K >= H_PAIRED_REDUCTION ? 2 : 1;
 }
 
 template <typename T>

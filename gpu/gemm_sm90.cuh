@@ -24,8 +24,8 @@
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
 //
-// Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles; the heuristic takes it for fwd when experts
-// average >= H_PAIRED_ROWS rows and K >= H_PAIRED_REDUCTION, autotune may take it for dX too):
+// Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles; the heuristic takes it for fwd when
+// K >= H_PAIRED_REDUCTION, autotune may take it for dX too):
 // clusters of two CTAs take units of work (pair_unit_coord in gemm_cuda.cu).  A pair unit is two row tiles of
 // one expert with the same W block: each CTA's producer loads half of that block by TMA multicast into both
 // CTAs (box BN/2 n rows for fwd, half the 64 x 64 boxes for dX), so W crosses L2 -> SM once per pair.  Each
@@ -48,18 +48,16 @@
 #define LIBMOE_GEMM_SM90_CUH
 
 // Tile shapes, BM x BN with BM * BN = 32768 (a stage holds 48 KiB either way):
-//   128 x 256: each consumer warpgroup one m64n256 block.  dW and dX always (dW: N x K tiles, reduction
-//              over the expert's rows); fwd unless the case below.
-//   256 x 128: each consumer warpgroup two m64n128 blocks.  fwd when experts are small (rows per expert <=
-//              H_WIDE_ROWS) and the reduction long (K >= H_WIDE_REDUCTION; DeepSeek-V3 at T = 4096: 128 rows,
-//              K = 7168): one tile covers a typical expert, so its W block is read from DRAM once instead of
-//              once per 128 rows.  Measured on an H100 (bench/RESULTS.md, 2026-11-24, with the held-stage
-//              epilogue): DeepSeek-V3 T = 4096 fwd 265 -> 320 TFLOP/s, but its dX 338 -> 327, and with
-//              shorter K or fewer rows 128-row tiles win (Qwen3 T = 2048 down fwd 266 vs 246, DeepSeek-V3
-//              T = 2048 dX 185 vs 171).  Autotune (moe_gemm_autotune) times both.
-constexpr int H_WIDE_ROWS = 192, H_WIDE_REDUCTION = 4096;
-constexpr int H_PAIRED_ROWS = 512;       // fwd pairs CTAs from this mean of rows per expert
-constexpr int H_PAIRED_REDUCTION = 4096; // and this K (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
+//   128 x 256: each consumer warpgroup one m64n256 block.  What the heuristic takes for every op (dW: N x K
+//              tiles, reduction over the expert's rows), paired for fwd when K >= H_PAIRED_REDUCTION.
+//   256 x 128: each consumer warpgroup two m64n128 blocks: one tile covers an expert of up to 256 rows, so
+//              its W block is read from DRAM once.  It used to be the choice for small experts; since the
+//              held-stage epilogue the paired 128-row kernel, which also reads a W block once for two row
+//              tiles, beats it on every shape measured (H100, bench/RESULTS.md, 2026-11-24: DeepSeek-V3 fwd
+//              T = 2048 / 4096 / 8192: 166 / 317 / 324 with 256-row tiles, 171 / 334 / 434 paired), and the
+//              unpaired 128-row kernel beats it where K is short (Qwen3 T = 2048 down fwd 266 vs 246) and for
+//              dX.  It stays for autotune (moe_gemm_autotune) and MOE_SM90_TILE_ROWS=256.
+constexpr int H_PAIRED_REDUCTION = 4096; // fwd pairs CTAs from this K (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
 
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
