@@ -32,21 +32,8 @@
 #ifdef __FRAMAC__
 #include "mlp.acsl" /* specs/: the ACSL logic of the loop kernels below (Frama-C only) */
 
-/* The dtype conversions of ref/dtype.c (prototypes in include/moe.h) as the proofs of this file call them:
- * they terminate and touch no memory.  Contracts trusted, not proved (ref/dtype.c has no contracts yet;
- * tested by tests/test_dtype).  Frama-C merges these with the prototypes of moe.h. */
-/*@ terminates \true;
-    assigns \nothing; */
-float moe_f16_to_f32(uint16_t bits);
-/*@ terminates \true;
-    assigns \nothing; */
-uint16_t moe_f32_to_f16(float value);
-/*@ terminates \true;
-    assigns \nothing; */
-float moe_bf16_to_f32(uint16_t bits);
-/*@ terminates \true;
-    assigns \nothing; */
-uint16_t moe_f32_to_bf16(float value);
+/* The dtype conversions of ref/dtype.c that the proofs of this file call (they terminate and touch no
+ * memory) have their contracts on the redeclarations in ref/moe_ref.h. */
 
 /* The libm functions of the activations.  Frama-C's libc (math.h) specifies expf (assigns errno and its
  * result; no terminates clause) but not erff or tanhf: these contracts are trusted, not proved.  They
