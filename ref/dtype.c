@@ -1,4 +1,5 @@
-/* Dtype sizes, names and the float <-> f16/bf16 conversions (round to nearest even, NaN/Inf kept). */
+/* Dtype sizes, names and the float <-> f16/bf16 conversions (round to nearest even, NaN/Inf kept).
+ * Contracts: on the redeclarations in ref/moe_ref.h (Frama-C only); specs/README.md says what WP proves. */
 #include "moe_ref.h"
 
 #include <string.h>
@@ -33,6 +34,11 @@ double moe_dtype_unit_roundoff(moe_dtype dtype)
     return 0.0;
 }
 
+/* float_bits, bits_float: the bits of a float and back.  Contracts trusted, not proved: memcpy between a
+ * float and a uint32_t reinterprets the bits, and WP's typed model cannot follow it (its void * casts are
+ * "incompatible"); they are pure functions of their argument.  Tested by tests/test_dtype. */
+/*@ terminates \true;
+    assigns \nothing; */
 static uint32_t float_bits(float value)
 {
     uint32_t bits;
@@ -40,6 +46,8 @@ static uint32_t float_bits(float value)
     return bits;
 }
 
+/*@ terminates \true;
+    assigns \nothing; */
 static float bits_float(uint32_t bits)
 {
     float value;

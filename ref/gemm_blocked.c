@@ -70,13 +70,8 @@
 #include <xmmintrin.h>
 #endif
 
-#ifdef __FRAMAC__
-/* Trusted contract for Frama-C/WP (the function is ref/dtype.c's, not proved): the bytes of one element. */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures size: dtype_ok(dtype) ==> \result == byte_offset(1, dtype); */
-size_t moe_dtype_size(moe_dtype dtype);
-#endif
+/* moe_dtype_size (ref/dtype.c) has its contract on the redeclaration in ref/moe_ref.h (the bytes of one
+ * element); WP proves it in ref/dtype.c's run. */
 
 /* No a*b+c contraction into FMA: GCC's -std=c11 already implies -ffp-contract=off; clang needs this. */
 #if defined(__clang__)

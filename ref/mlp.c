@@ -32,21 +32,8 @@
 #ifdef __FRAMAC__
 #include "mlp.acsl" /* specs/: the ACSL logic of the loop kernels below (Frama-C only) */
 
-/* The dtype conversions of ref/dtype.c (prototypes in include/moe.h) as the proofs of this file call them:
- * they terminate and touch no memory.  Contracts trusted, not proved (ref/dtype.c has no contracts yet;
- * tested by tests/test_dtype).  Frama-C merges these with the prototypes of moe.h. */
-/*@ terminates \true;
-    assigns \nothing; */
-float moe_f16_to_f32(uint16_t bits);
-/*@ terminates \true;
-    assigns \nothing; */
-uint16_t moe_f32_to_f16(float value);
-/*@ terminates \true;
-    assigns \nothing; */
-float moe_bf16_to_f32(uint16_t bits);
-/*@ terminates \true;
-    assigns \nothing; */
-uint16_t moe_f32_to_bf16(float value);
+/* The dtype conversions of ref/dtype.c that the proofs of this file call (they terminate and touch no
+ * memory) have their contracts on the redeclarations in ref/moe_ref.h. */
 
 /* The libm functions of the activations.  Frama-C's libc (math.h) specifies expf (assigns errno and its
  * result; no terminates clause) but not erff or tanhf: these contracts are trusted, not proved.  They
@@ -573,6 +560,39 @@ typedef struct slot_index {
     int64_t max_slots;       /* most slots of one expert */
 } slot_index;
 
+/* The slot index of a checked layout (ids = token_position_to_id [N*B], b2e = block_to_expert [N]), as
+ * build_index's proved cores fill it (count_tokens, number_slots, bucket_positions, largest_bucket). */
+/*@ predicate slot_index_ok{L}(slot_index *x, int64_t *ids, integer T, integer E, integer N, integer B) =
+      \valid_read(x) && x->count == count_lt(ids, N * B, T) &&
+      \valid(x->pos + (0 .. x->count - 1)) && in_range(x->pos, x->count, 0, N * B) &&
+      \valid(x->token + (0 .. x->count - 1)) && in_range(x->token, x->count, 0, T) &&
+      \valid(x->expert_start + (0 .. E)) && x->expert_start[0] == 0 && x->expert_start[E] == x->count &&
+      sorted_offsets(x->expert_start, E) &&
+      \valid(x->expert_slots + (0 .. x->count - 1)) && in_range(x->expert_slots, x->count, 0, x->count) &&
+      \valid(x->token_start + (0 .. T)) && x->token_start[0] == 0 && x->token_start[T] == x->count &&
+      sorted_offsets(x->token_start, T) &&
+      \valid(x->token_slots + (0 .. x->count - 1)) && in_range(x->token_slots, x->count, 0, x->count) &&
+      \valid(x->block_start + (0 .. E)) && x->block_start[0] == 0 && x->block_start[E] == N &&
+      sorted_offsets(x->block_start, E) &&
+      \valid(x->expert_blocks + (0 .. N - 1)) && in_range(x->expert_blocks, N, 0, N) &&
+      0 <= x->max_slots &&
+      \forall integer e; 0 <= e < E ==> x->expert_start[e + 1] - x->expert_start[e] <= x->max_slots;
+*/
+
+/* Frees the arrays of a slot index (each NULL or allocated by build_index).  Contract stated, not proved:
+ * WP 25 implements neither \freeable nor the frees clause. */
+/*@ requires x: \valid_read(x);
+    requires freeable: (x->pos == \null || \freeable(x->pos)) && (x->token == \null || \freeable(x->token)) &&
+      (x->expert_start == \null || \freeable(x->expert_start)) &&
+      (x->expert_slots == \null || \freeable(x->expert_slots)) &&
+      (x->token_start == \null || \freeable(x->token_start)) &&
+      (x->token_slots == \null || \freeable(x->token_slots)) &&
+      (x->block_start == \null || \freeable(x->block_start)) &&
+      (x->expert_blocks == \null || \freeable(x->expert_blocks));
+    terminates \true;
+    assigns __fc_heap_status;
+    frees x->pos, x->token, x->expert_start, x->expert_slots, x->token_start, x->token_slots, x->block_start,
+      x->expert_blocks; */
 static void free_index(slot_index *x)
 {
     free(x->pos);
@@ -585,6 +605,10 @@ static void free_index(slot_index *x)
     free(x->expert_blocks);
 }
 
+/*@ requires p: \valid_read(p);
+    terminates \true;
+    assigns \nothing;
+    ensures token: \result != 0 <==> 0 <= id < p->T; */
 static int is_token(const moe_mlp_problem *p, int64_t id) { return id >= 0 && id < p->T; }
 
 /* The number of entries of ids[0 .. n-1] that are tokens (in [0, T)): the slots of a layout.   ids [n] */
@@ -761,7 +785,14 @@ static int64_t largest_bucket(const int64_t *start, int64_t K)
 
 /* Allocates and fills the slot index of a checked layout (block_to_expert in [0, E), every position a
  * token in [0, T) or not a token).  The fill is the proved functions above (specs/README.md); this shell,
- * which allocates, is not proved. */
+ * which allocates, is not proved: contract stated (WP 25 has no model of malloc/calloc/free). */
+/*@ requires problem: mlp_problem_ok(p);
+    requires x: \valid(x) && \separated(x, p);
+    terminates \true;
+    assigns *x, moe_error_model, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures index: \result == MOE_OK ==>
+      slot_index_ok(x, (int64_t *)p->token_position_to_id, p->T, p->E, p->N, p->B); */
 static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 {
     memset(x, 0, sizeof *x);
@@ -797,6 +828,11 @@ static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 /* ---------------------------------------------------------------------------------------------------
  * per-thread workspaces
  * ------------------------------------------------------------------------------------------------- */
+/* The OpenMP thread count (omp_get_max_threads() >= 1); 1 without OpenMP, which is what Frama-C parses
+ * (it does not define _OPENMP): WP proves the contract of that branch only. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures positive: \result >= 1; */
 static int max_threads(void)
 {
 #ifdef _OPENMP
@@ -809,12 +845,21 @@ static int max_threads(void)
 /* Threads for a call: one for small problems (below ~2^18 multiply-adds the fork/join costs more than
  * it saves, and on a loaded machine a barrier can wait a whole time slice).  The result does not
  * depend on the choice. */
+/*@ requires dims: H < INT64_MAX && I < INT64_MAX;
+    terminates \true;
+    assigns \nothing;
+    ensures positive: \result >= 1; */
 static int threads_for(int64_t slots, int64_t H, int64_t I)
 {
     const double work = (double)slots * (double)(H + 1) * (double)(I + 1) * 3.0;
     return work < 262144.0 ? 1 : max_threads();
 }
 
+/* This thread's number in the parallel region (omp_get_thread_num(), in [0, threads)); 0 without OpenMP
+ * (Frama-C's parse, as max_threads). */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures nonneg: \result >= 0; */
 static int thread_id(void)
 {
 #ifdef _OPENMP
@@ -830,6 +875,20 @@ typedef struct arena {
     size_t per_thread;
 } arena;
 
+/* Allocates threads arenas of at least floats_per_thread + 16 floats each (a multiple of 16: threads
+ * never share a cache line).  Contract stated, not proved (malloc: WP 25 has no model of allocation).
+ * `arena` is conditional: the overflow check bounds floats_per_thread * threads, not the rounded-up
+ * per_thread * threads (up to 31 * threads floats more), so near the bound threads * per_thread * 4 could
+ * wrap around SIZE_MAX (only for arenas of about 2^62 bytes; specs/README.md). */
+/*@ requires a: \valid(a);
+    requires threads: threads >= 1;
+    terminates \true;
+    assigns a->base, a->per_thread, __fc_heap_status;
+    allocates a->base;
+    ensures allocated: \result != 0 <==> a->base != \null;
+    ensures per_thread: \result != 0 ==> a->per_thread >= floats_per_thread + 16 && a->per_thread % 16 == 0;
+    ensures arena: \result != 0 && threads * a->per_thread <= SIZE_MAX / 4 ==>
+      \valid(a->base + (0 .. threads * a->per_thread - 1)); */
 static int arena_alloc(arena *a, int threads, size_t floats_per_thread)
 {
     a->base = NULL;
@@ -841,6 +900,15 @@ static int arena_alloc(arena *a, int threads, size_t floats_per_thread)
     return a->base != NULL;
 }
 
+/* The next piece of count floats of an arena: *cursor, which moves on by count rounded up to 16. */
+/*@ requires cursor: \valid(cursor);
+    requires count: 0 <= count <= INT64_MAX - 15;
+    requires room: \valid(*cursor + (0 .. (count + 15) / 16 * 16 - 1));
+    terminates \true;
+    assigns *cursor \from *cursor, count;
+    assigns \result \from *cursor;
+    ensures piece: \result == \old(*cursor) && \valid(\result + (0 .. count - 1));
+    ensures moved: *cursor == \old(*cursor) + (count + 15) / 16 * 16; */
 static float *carve(float **cursor, int64_t count)
 {
     float *piece = *cursor;
@@ -848,7 +916,14 @@ static float *carve(float **cursor, int64_t count)
     return piece;
 }
 
-/* malloc of count floats (at least one); NULL when the size is past any real memory */
+/* malloc of count floats (at least one); NULL when the size is past any real memory.  Contract stated, not
+ * proved (malloc: WP 25 has no model of allocation). */
+/*@ requires dims: 0 <= a && 0 <= b;
+    terminates \true;
+    assigns __fc_heap_status \from a, b, __fc_heap_status;
+    assigns \result \from a, b, __fc_heap_status;
+    allocates \result;
+    ensures floats: \result != \null ==> \valid(\result + (0 .. a * b)); */
 static float *alloc_floats(int64_t a, int64_t b)
 {
     if ((double)a * (double)b > 0x1p60)
@@ -856,6 +931,10 @@ static float *alloc_floats(int64_t a, int64_t b)
     return malloc(((size_t)a * (size_t)b + 1) * sizeof(float));
 }
 
+/*@ terminates \true;
+    assigns \nothing;
+    ensures largest: \result >= a && \result >= b && \result >= c;
+    ensures one_of: \result == a || \result == b || \result == c; */
 static int64_t max3(int64_t a, int64_t b, int64_t c)
 {
     int64_t m = a > b ? a : b;
@@ -1050,10 +1129,22 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
  * ------------------------------------------------------------------------------------------------- */
 
 /* Writes count float32 values to a gradient (old + value with accumulate), one rounding each.  v is
- * scratch and is overwritten. */
+ * scratch and is overwritten.   dst: tensor of p->grad_dtype (elements first .. first + count - 1);  v [count] */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
+    requires dst: elements_writable((char *)dst, first, count, p->grad_dtype);
+    requires v: \valid(v + (0 .. count - 1));
+    requires separated: \separated(v + (0 .. count - 1),
+      (char *)dst + (byte_offset(first, p->grad_dtype) .. byte_offset(first + count, p->grad_dtype) - 1));
+    terminates \true;
+    assigns v[0 .. count - 1],
+      ((char *)dst)[byte_offset(first, p->grad_dtype) .. byte_offset(first + count, p->grad_dtype) - 1]; */
 static void store_grad(const moe_mlp_problem *p, void *dst, int64_t first, float *v, int64_t count)
 {
     if (p->accumulate)
+        /*@ loop invariant bounds: 0 <= i <= count;
+            loop assigns i, v[0 .. count - 1];
+            loop variant count - i; */
         for (int64_t i = 0; i < count; i++)
             v[i] = moe_ref_load(p->grad_dtype, dst, first + i) + v[i];
     store_row(p->grad_dtype, dst, first, v, count);

@@ -68,6 +68,12 @@ typedef struct moe_mlp_problem {
     void *stream;              /* MOE_BACKEND_CUDA: the cudaStream_t */
 } moe_mlp_problem;
 
+#ifdef __FRAMAC__
+#include <errno.h>  /* errno, in the assigns clauses of moe_ref_mlp_fwd / moe_ref_mlp_bwd */
+#include <stdlib.h> /* __fc_heap_status, Frama-C's libc model of the heap (malloc, free) */
+#include "mlp_problem.acsl" /* specs/: a validated MLP call, mlp_problem_ok and the tensors (Frama-C only) */
+#endif
+
 /* Checks a layout's dimensions and pointers (not its contents) for block size B: what the front end can
  * check of a device-resident layout (MOE_BACKEND_CUDA checks the contents on the device). */
 /*@ requires layout: layout == \null || \valid_read(layout);
@@ -100,10 +106,40 @@ moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, in
                                     int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
                                     int64_t *num_dropped);
 
-/* The reference forward and backward (shapes in moe_mlp.h). */
+/* The reference forward and backward (shapes in moe_mlp.h).  The preconditions are what the front end
+ * (src/mlp_api.c) checks, plus mlp_outputs_apart (specs/mlp_problem.acsl: the outputs do not overlap the
+ * problem or the layout's arrays, which moe_check_arrays is not given).  Contracts stated, NOT proved by
+ * WP: these shells allocate (the slot index, the per-slot scratch, the per-thread arenas) and free, and
+ * WP 25 has no model of allocation (\fresh, \freeable and the allocates/frees clauses are not
+ * implemented); they also run OpenMP regions, which Frama-C does not see (ref/mlp.c under Frama-C is the
+ * single-thread program).  WP proves the loop kernels they call (ref/mlp.c: build_index's cores, gather_rows,
+ * mm_nn, mm_wn, transpose, store_grad, ...).  The float values are tested (tests/test_mlp*, proptest/
+ * against the float64 oracle), not stated.  errno: the activations call expf, erff, tanhf. */
+/*@ requires problem: mlp_problem_ok(p);
+    requires tensors: mlp_fwd_tensors_ok(p, (char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d,
+      (char *)b_gu, (char *)b_d, (char *)out, (char *)gate_up_ckpt_T, (char *)down_ckpt);
+    terminates \true;
+    assigns ((char *)out)[0 .. byte_offset(p->token_rows * p->H, p->dtype) - 1],
+      ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(p->N * (2 * p->I) * p->B, p->dtype)) - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(p->N * p->B * p->H, p->dtype)) - 1],
+      moe_error_model, errno, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
                            const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
                            void *gate_up_ckpt_T, void *down_ckpt);
+/*@ requires problem: mlp_problem_ok(p);
+    requires tensors: mlp_bwd_tensors_ok(p, (char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d,
+      (char *)b_d, (char *)gate_up_ckpt_T, (char *)down_ckpt, (char *)out_grad, (char *)d_hidden,
+      (char *)d_affinities, (char *)d_w_gu, (char *)d_w_d, (char *)d_b_gu, (char *)d_b_d);
+    terminates \true;
+    assigns ((char *)d_hidden)[0 .. byte_offset(p->token_rows * p->H, p->dtype) - 1],
+      ((char *)d_affinities)[0 .. byte_offset(p->T * p->E, p->dtype) - 1],
+      ((char *)d_w_gu)[0 .. byte_offset(p->E * p->H * (2 * p->I), p->grad_dtype) - 1],
+      ((char *)d_w_d)[0 .. byte_offset(p->E * p->I * p->H, p->grad_dtype) - 1],
+      ((char *)d_b_gu)[0 .. byte_offset(p->bias != 0 ? p->E * (2 * p->I) : 0, p->grad_dtype) - 1],
+      ((char *)d_b_d)[0 .. byte_offset(p->bias != 0 ? p->E * p->H : 0, p->grad_dtype) - 1],
+      moe_error_model, errno, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
                            const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
                            const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
