@@ -176,7 +176,8 @@ moe_status moe_mlp_layout_validate(const moe_mlp_layout *layout, const moe_mlp_o
  * options.stream and returns without waiting; it checks the layout's contents on the device and, on a
  * violation, writes nothing and reports the reference's status and message through
  * moe_backend_synchronize(MOE_BACKEND_CUDA, stream).  Results have the reference's contract (not its
- * bits: the float32 summation orders differ) and are bitwise reproducible run to run.
+ * bits: the float32 summation orders differ) and are bitwise reproducible run to run.  No output may
+ * overlap another argument, the layout's two arrays included (refused with MOE_ERR_INVALID_OPTION).
  * -------------------------------------------------------------------------------------------------- */
 
 /* out = the blockwise MoE MLP of hidden.  b_gu and b_d must be given exactly when options.bias is set.

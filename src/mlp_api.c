@@ -153,6 +153,8 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"out", out, p.token_rows, H, p.dtype, 1, 0},
         {"gate_up_ckpt_T", gate_up_ckpt_T, gate_up_ckpt_T ? p.N * 2 * I : 0, p.B, p.dtype, 1, 0},
         {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1, 0},
+        {"layout.block_to_expert", layout->block_to_expert, p.N, 1, p.dtype, 0, 1},
+        {"layout.token_position_to_id", layout->token_position_to_id, NB, 1, p.dtype, 0, 1},
     };
     status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
@@ -199,6 +201,8 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"d_w_d", d_w_d, E * I, H, p.grad_dtype, 1, 0},
         {"d_b_gu", d_b_gu, p.bias ? E : 0, 2 * I, p.grad_dtype, 1, 0},
         {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1, 0},
+        {"layout.block_to_expert", layout->block_to_expert, p.N, 1, p.dtype, 0, 1},
+        {"layout.token_position_to_id", layout->token_position_to_id, NB, 1, p.dtype, 0, 1},
     };
     status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)

@@ -274,6 +274,22 @@ static void test_validation(void)
     expect_error("out overlaps hidden", &x, 1, MOE_ERR_INVALID_OPTION, "overlaps");
     x = baseline(), x.dwd = (char *)x.dx + 4;
     expect_error("d_w_d overlaps d_hidden", &x, 2, MOE_ERR_INVALID_OPTION, "overlaps");
+    /* an output on top of the layout arrays (which a kernel reads throughout): refused, the layout unchanged */
+    {
+        int64_t b2e_copy[16], ids_copy[64];
+        memcpy(b2e_copy, b2e0, sizeof b2e0), memcpy(ids_copy, ids0, sizeof ids0);
+        x = baseline(), x.out = (char *)ids0 + 8;
+        expect_error("out overlaps layout.token_position_to_id", &x, 1, MOE_ERR_INVALID_OPTION,
+                     "overlaps input layout.token_position_to_id");
+        x = baseline(), x.dx = b2e0;
+        expect_error("d_hidden overlaps layout.block_to_expert", &x, 2, MOE_ERR_INVALID_OPTION,
+                     "overlaps input layout.block_to_expert");
+        x = baseline(), x.ckpt_gu = ids0 + 2 * x.layout.num_blocks - 1;
+        expect_error("gate_up_ckpt_T overlaps the last layout entry", &x, 1, MOE_ERR_INVALID_OPTION,
+                     "overlaps input layout.token_position_to_id");
+        EXPECT(memcmp(b2e_copy, b2e0, sizeof b2e0) == 0 && memcmp(ids_copy, ids0, sizeof ids0) == 0,
+               "a refused call changed the layout");
+    }
     x = baseline(), x.H = -1;
     expect_error("negative H", &x, 3, MOE_ERR_INVALID_SHAPE, "hidden_size = -1");
     x = baseline(), x.I = INT64_MAX / 4;
