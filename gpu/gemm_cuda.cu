@@ -858,8 +858,9 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
     return true;
 }
 
-// Tile rows of the sm90 kernel for a problem (the heuristic of gemm_sm90.cuh: 128).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs).
-// A tuned choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
+// Tile rows of the sm90 kernel for a problem: the heuristic of gemm_sm90.cuh takes 128 for every shape (p is
+// kept for the next rule).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned
+// choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
 int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tuned)
 {
     if (op == OP_DW)
