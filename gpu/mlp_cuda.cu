@@ -1149,31 +1149,44 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
     });
 }
 
-// +0 at the padding positions of the checkpoints, before the epilogues write the real ones: one CTA per
-// block with padding clears its whole gate_up_ckpt_T slab [2][I][B] (contiguous; 16-byte stores when
-// vec) and its padding rows of down_ckpt (16-byte stores when vec_d).
+// +0 at the padding positions of the checkpoints, before the epilogues write the real ones.  Work items over
+// the whole grid, per block with padding: its gate_up_ckpt_T slab [2][I][B] (contiguous; 16-byte stores when
+// vec) in segments of ZERO_SEGMENT elements, then its down_ckpt padding rows (16-byte stores when vec_d) in
+// groups of ZERO_ROWS positions.  (It was one CTA per block, which left most of the device idle: 60-72 us per
+// Qwen3-30B-A3B forward under ncu; bench/RESULTS.md, 2026-11-24.)
+constexpr int64_t ZERO_SEGMENT = 8192, ZERO_ROWS = 16;
+__host__ __device__ inline int64_t zero_items_per_block(const MlpArgs &g)
+{
+    return (g.ckpt_gu != nullptr ? (2 * g.I * g.B + ZERO_SEGMENT - 1) / ZERO_SEGMENT : 0) +
+           (g.ckpt_d != nullptr ? (g.B + ZERO_ROWS - 1) / ZERO_ROWS : 0);
+}
+
 __global__ void zero_padding_kernel(MlpArgs g, int vec, int vec_d)
 {
     if (*g.status != ERR_NONE)
         return;
-    for (int64_t n = blockIdx.x; n < g.N; n += gridDim.x) {
+    const int64_t slab = 2 * g.I * g.B, per_block = zero_items_per_block(g);
+    const int64_t gu_items = g.ckpt_gu != nullptr ? (slab + ZERO_SEGMENT - 1) / ZERO_SEGMENT : 0;
+    for (int64_t item = blockIdx.x; item < g.N * per_block; item += gridDim.x) {
+        const int64_t n = item / per_block, part = item % per_block;
         if (g.block_rows[n] == g.B)
             continue;
-        if (g.ckpt_gu != nullptr) {
-            const int64_t slab = 2 * g.I * g.B, first = n * slab;
+        if (part < gu_items) { // elements begin .. end - 1 of block n's slab (multiples of 8 when vec)
+            const int64_t begin = part * ZERO_SEGMENT, end = begin + ZERO_SEGMENT < slab ? begin + ZERO_SEGMENT : slab;
+            const int64_t first = n * slab;
             if (vec) {
                 uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(g.ckpt_gu) + first);
-                for (int64_t q = threadIdx.x; q < slab / 8; q += blockDim.x)
+                for (int64_t q = begin / 8 + threadIdx.x; q < end / 8; q += blockDim.x)
                     p[q] = make_uint4(0, 0, 0, 0);
             } else {
-                for (int64_t q = threadIdx.x; q < slab; q += blockDim.x)
+                for (int64_t q = begin + threadIdx.x; q < end; q += blockDim.x)
                     store_from_float(g.dt, g.ckpt_gu, first + q, 0.0f);
             }
-        }
-        if (g.ckpt_d != nullptr) { // rows of H elements, 8 at a time when vec_d
+        } else { // positions r0 .. r0 + rows - 1 of block n: rows of H elements, 8 at a time when vec_d
+            const int64_t r0 = (part - gu_items) * ZERO_ROWS, rows = g.B - r0 < ZERO_ROWS ? g.B - r0 : ZERO_ROWS;
             const int64_t per_row = vec_d ? g.H / 8 : g.H;
-            for (int64_t q = threadIdx.x; q < g.B * per_row; q += blockDim.x) {
-                const int64_t pos = n * g.B + q / per_row, c = q % per_row;
+            for (int64_t q = threadIdx.x; q < rows * per_row; q += blockDim.x) {
+                const int64_t pos = n * g.B + r0 + q / per_row, c = q % per_row;
                 if (g.pos_row[pos] >= 0)
                     continue;
                 if (vec_d)
@@ -1562,8 +1575,9 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if ((a.ckpt_gu != nullptr || a.ckpt_d != nullptr) && NB > 0)
-                zero_padding_kernel<<<grid_for(a.N, 1, (int64_t)sm_count() * 8), 256, 0, stream>>>(
-                    a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu), H % 8 == 0 && aligned16(a.ckpt_d));
+                zero_padding_kernel<<<grid_for(a.N * zero_items_per_block(a), 1, (int64_t)sm_count() * 8), 256, 0,
+                                      stream>>>(a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu),
+                                                H % 8 == 0 && aligned16(a.ckpt_d));
             if (NB * I > 0)
                 launch_gate_kernel(a, [&](auto dt, auto act) {
                     const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
