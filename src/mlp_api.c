@@ -125,6 +125,24 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     return MOE_OK;
 }
 
+/* Checks the op's tensors (moe_check_arrays), with the layout's two index arrays as inputs: no output may
+ * overlap them either, since the kernels read the layout throughout. */
+static moe_status check_with_layout(const char *op, const moe_mlp_problem *p, const moe_mlp_layout *layout,
+                                    const moe_array_arg *args, int count)
+{
+    enum { MAX_ARGS = 16 };
+    moe_array_arg all[MAX_ARGS + 2];
+    if (count > MAX_ARGS)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: internal error: %d array arguments, at most %d", op, count,
+                        MAX_ARGS);
+    for (int i = 0; i < count; i++)
+        all[i] = args[i];
+    all[count] = (moe_array_arg){"layout.block_to_expert", layout->block_to_expert, p->N, 1, p->dtype, 0, 1};
+    all[count + 1] = (moe_array_arg){"layout.token_position_to_id", layout->token_position_to_id, p->N * p->B, 1,
+                                     p->dtype, 0, 1};
+    return moe_check_arrays(op, all, count + 2);
+}
+
 moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
                        int64_t intermediate_size, const void *hidden, const void *affinities,
                        const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
@@ -153,10 +171,8 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"out", out, p.token_rows, H, p.dtype, 1, 0},
         {"gate_up_ckpt_T", gate_up_ckpt_T, gate_up_ckpt_T ? p.N * 2 * I : 0, p.B, p.dtype, 1, 0},
         {"down_ckpt", down_ckpt, down_ckpt ? NB : 0, H, p.dtype, 1, 0},
-        {"layout.block_to_expert", layout->block_to_expert, p.N, 1, p.dtype, 0, 1},
-        {"layout.token_position_to_id", layout->token_position_to_id, NB, 1, p.dtype, 0, 1},
     };
-    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = check_with_layout(op, &p, layout, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
 #ifdef MOE_HAVE_CUDA
@@ -201,10 +217,8 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
         {"d_w_d", d_w_d, E * I, H, p.grad_dtype, 1, 0},
         {"d_b_gu", d_b_gu, p.bias ? E : 0, 2 * I, p.grad_dtype, 1, 0},
         {"d_b_d", d_b_d, p.bias ? E : 0, H, p.grad_dtype, 1, 0},
-        {"layout.block_to_expert", layout->block_to_expert, p.N, 1, p.dtype, 0, 1},
-        {"layout.token_position_to_id", layout->token_position_to_id, NB, 1, p.dtype, 0, 1},
     };
-    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = check_with_layout(op, &p, layout, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
 #ifdef MOE_HAVE_CUDA
