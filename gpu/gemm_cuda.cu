@@ -858,10 +858,10 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
     return true;
 }
 
-// Tile rows of the sm90 kernel for a problem: the heuristic of gemm_sm90.cuh takes 128 for every shape (p is
-// kept for the next rule).  MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned
-// choice (autotune table or the autotune driver's candidate; NULL: none) comes after the override.
-int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tuned)
+// Tile rows of the sm90 kernel: the heuristic of gemm_sm90.cuh takes 128 for every shape.
+// MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned choice (autotune table or the
+// autotune driver's candidate; NULL: none) comes after the override.
+int sm90_tile_rows(int op, const moe_tune_choice *tuned)
 {
     if (op == OP_DW)
         return 128;
@@ -870,7 +870,6 @@ int sm90_tile_rows(const moe_gemm_problem *p, int op, const moe_tune_choice *tun
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90 && (tuned->tile_rows == 128 || tuned->tile_rows == 256))
         return tuned->tile_rows;
-    (void)p;
     return 128;
 }
 
@@ -1037,7 +1036,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                  : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0;
-    const int sm90_bm = sm90_tile_rows(p, op, tuned);
+    const int sm90_bm = sm90_tile_rows(op, tuned);
     plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm, tuned) : 1;
     const bool tma_store_allowed = tuned == nullptr || tuned->kernel != MOE_TUNE_SM90 || tuned->tma_store != 0;
     if (plan->family == FAMILY_SM90 &&

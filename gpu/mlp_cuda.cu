@@ -1155,18 +1155,21 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 // groups of ZERO_ROWS positions.  (It was one CTA per block, which left most of the device idle: 60-72 us per
 // Qwen3-30B-A3B forward under ncu; bench/RESULTS.md, 2026-11-24.)
 constexpr int64_t ZERO_SEGMENT = 8192, ZERO_ROWS = 16;
+// Work items of one block: its gate_up_ckpt_T segments (zero_gu_items), then its down_ckpt row groups.
+__host__ __device__ inline int64_t zero_gu_items(const MlpArgs &g)
+{
+    return g.ckpt_gu != nullptr ? (2 * g.I * g.B + ZERO_SEGMENT - 1) / ZERO_SEGMENT : 0;
+}
 __host__ __device__ inline int64_t zero_items_per_block(const MlpArgs &g)
 {
-    return (g.ckpt_gu != nullptr ? (2 * g.I * g.B + ZERO_SEGMENT - 1) / ZERO_SEGMENT : 0) +
-           (g.ckpt_d != nullptr ? (g.B + ZERO_ROWS - 1) / ZERO_ROWS : 0);
+    return zero_gu_items(g) + (g.ckpt_d != nullptr ? (g.B + ZERO_ROWS - 1) / ZERO_ROWS : 0);
 }
 
 __global__ void zero_padding_kernel(MlpArgs g, int vec, int vec_d)
 {
     if (*g.status != ERR_NONE)
         return;
-    const int64_t slab = 2 * g.I * g.B, per_block = zero_items_per_block(g);
-    const int64_t gu_items = g.ckpt_gu != nullptr ? (slab + ZERO_SEGMENT - 1) / ZERO_SEGMENT : 0;
+    const int64_t slab = 2 * g.I * g.B, per_block = zero_items_per_block(g), gu_items = zero_gu_items(g);
     for (int64_t item = blockIdx.x; item < g.N * per_block; item += gridDim.x) {
         const int64_t n = item / per_block, part = item % per_block;
         if (g.block_rows[n] == g.B)
