@@ -31,6 +31,27 @@ static __device__ __forceinline__ void store_from_float(moe_dtype dtype, void *b
         static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
 }
 
+// Two 16-bit elements (f16 or bf16) in one 32-bit word, the first in the low half, and back.
+static __device__ __forceinline__ void unpack_word(moe_dtype dtype, uint32_t word, float *v)
+{
+    const unsigned short lo = (unsigned short)(word & 0xffffu), hi = (unsigned short)(word >> 16);
+    if (dtype == MOE_F16) {
+        v[0] = __half2float(__ushort_as_half(lo)), v[1] = __half2float(__ushort_as_half(hi));
+    } else {
+        v[0] = __bfloat162float(__ushort_as_bfloat16(lo)), v[1] = __bfloat162float(__ushort_as_bfloat16(hi));
+    }
+}
+static __device__ __forceinline__ uint32_t pack_word(moe_dtype dtype, float a, float b)
+{
+    unsigned short lo, hi;
+    if (dtype == MOE_F16) {
+        lo = __half_as_ushort(__float2half_rn(a)), hi = __half_as_ushort(__float2half_rn(b));
+    } else {
+        lo = __bfloat16_as_ushort(__float2bfloat16_rn(a)), hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
+    }
+    return (uint32_t)lo | ((uint32_t)hi << 16);
+}
+
 // 8 consecutive elements base[i .. i+7] as float (i a multiple of 8, base 16-byte aligned).
 static __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t i, float *v)
 {
@@ -41,16 +62,8 @@ static __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, 
         return;
     }
     const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const unsigned short lo = (unsigned short)(words[u] & 0xffffu), hi = (unsigned short)(words[u] >> 16);
-        if (dtype == MOE_F16) {
-            v[2 * u] = __half2float(__ushort_as_half(lo)), v[2 * u + 1] = __half2float(__ushort_as_half(hi));
-        } else {
-            v[2 * u] = __bfloat162float(__ushort_as_bfloat16(lo)), v[2 * u + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
-        }
-    }
+    unpack_word(dtype, raw.x, v), unpack_word(dtype, raw.y, v + 2);
+    unpack_word(dtype, raw.z, v + 4), unpack_word(dtype, raw.w, v + 6);
 }
 
 // streaming: evict-first stores (st.global.cs), so that an output written once does not push the
@@ -66,24 +79,34 @@ static __device__ __forceinline__ void store8(moe_dtype dtype, void *base, int64
             p[0] = lo, p[1] = hi;
         return;
     }
-    uint32_t words[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        unsigned short lo, hi;
-        if (dtype == MOE_F16) {
-            lo = __half_as_ushort(__float2half_rn(v[2 * u])), hi = __half_as_ushort(__float2half_rn(v[2 * u + 1]));
-        } else {
-            lo = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u]));
-            hi = __bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u + 1]));
-        }
-        words[u] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
     uint4 *p = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(base) + i);
-    const uint4 packed = make_uint4(words[0], words[1], words[2], words[3]);
+    const uint4 packed = make_uint4(pack_word(dtype, v[0], v[1]), pack_word(dtype, v[2], v[3]),
+                                    pack_word(dtype, v[4], v[5]), pack_word(dtype, v[6], v[7]));
     if (streaming)
         __stcs(p, packed);
     else
         *p = packed;
+}
+
+// 4 consecutive elements base[i .. i+3] as float and back (i a multiple of 4; base 16-byte aligned for
+// f32, 8-byte aligned for f16 / bf16).
+static __device__ __forceinline__ void load4(moe_dtype dtype, const void *base, int64_t i, float *v)
+{
+    if (dtype == MOE_F32) {
+        const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+        return;
+    }
+    const uint2 raw = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
+    unpack_word(dtype, raw.x, v), unpack_word(dtype, raw.y, v + 2);
+}
+static __device__ __forceinline__ void store4(moe_dtype dtype, void *base, int64_t i, const float *v)
+{
+    if (dtype == MOE_F32)
+        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(v[0], v[1], v[2], v[3]);
+    else
+        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) =
+            make_uint2(pack_word(dtype, v[0], v[1]), pack_word(dtype, v[2], v[3]));
 }
 
 #endif // LIBMOE_DTYPE_CUDA_CUH

@@ -367,11 +367,15 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 
 // The shared-memory boxes a consumer warp writes its TMA-stored output through: its own H_EPI_BOXES boxes of
 // the epilogue area, and while the warp holds the stage of its tile's last k-step (the consumer loop below),
-// H_SPARE_BOXES more in that stage.  `used` counts the boxes written since the warp last waited for its
-// stores to have read theirs; when every box is used, lane 0 waits (bulk_wait_read) and they are free again.
+// H_SPARE_BOXES more in that stage.  With a held stage the warp writes the boxes in turn and, when every box
+// is used, lane 0 waits (bulk_wait_read<0>) until all are free again.  For dW (no held stage) its two own boxes
+// are a ring: before reusing a box lane 0 waits only until the older of its two stores has read its box
+// (bulk_wait_read<1>), so one store is always in flight (dW +1-2% on Qwen3-30B-A3B; bench/RESULTS.md,
+// 2026-11-24, second session).
 struct EpiSlots {
     uint32_t own_addr, spare_addr; // shared addresses; spare_addr is used only when count > H_EPI_BOXES
-    int count, used;
+    int count, used; // used: boxes written since the last wait (dW's ring: stores that may still read theirs)
+    int next;        // dW's ring: the own box to write next
 };
 
 // The same slice when the output is written by TMA stores (g.tma_out: no accumulate, output rows in
@@ -416,13 +420,26 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                 }
                 continue;
             }
-            if (slots.used == slots.count) {
-                if (lane == 0)
-                    bulk_wait_read<0>();
-                __syncwarp();
-                slots.used = 0;
+            int k;
+            if (OP == OP_DW) { // a ring of the own boxes: wait only for the oldest store
+                if (slots.used == slots.count) {
+                    if (lane == 0)
+                        bulk_wait_read<H_EPI_BOXES - 1>();
+                    __syncwarp();
+                    slots.used = slots.count - 1;
+                }
+                slots.used++;
+                k = slots.next;
+                slots.next = slots.next + 1 == H_EPI_BOXES ? 0 : slots.next + 1;
+            } else { // own and spare boxes: used in turn, then all waited for at once
+                if (slots.used == slots.count) {
+                    if (lane == 0)
+                        bulk_wait_read<0>();
+                    __syncwarp();
+                    slots.used = 0;
+                }
+                k = slots.used++;
             }
-            const int k = slots.used++;
             const uint32_t box_addr = k < H_EPI_BOXES ? slots.own_addr + k * H_TMA_BOX_BYTES
                                                       : slots.spare_addr + (k - H_EPI_BOXES) * H_TMA_BOX_BYTES;
 #pragma unroll
@@ -629,6 +646,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const int consumer_warp = threadIdx.x / 32 - H_PRODUCERS / 32;
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES);
         EpiSlots slots;
+        slots.used = 0, slots.next = 0; // dW's ring: no store in flight yet
         slots.own_addr = smem_base + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
         // fwd and dX with TMA stores: the consumers keep the stage of a tile's last k-step (`held`) as spare
@@ -707,7 +725,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             held = hold ? (int)((it - 1) % H_STAGES) : -1;
             slots.spare_addr = smem_base + (hold ? held * H_STAGE_BYTES : 0) + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES;
             slots.count = hold ? H_EPI_BOXES + H_SPARE_BOXES : H_EPI_BOXES;
-            slots.used = slots.count; // the first box waits for the stores of the previous tile to have read theirs
+            // fwd, dX: the first box waits for the stores of the previous tile to have read theirs; dW: the
+            // ring runs on across tiles
+            if (OP != OP_DW)
+                slots.used = slots.count;
 
             // epilogue: each warp writes its 16 rows of each m64 block
             const bool weighted = OP != OP_DW && g.weights != nullptr;

@@ -712,11 +712,14 @@ struct OpDwGu {
     for (int64_t var = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; var < (count);               \
          var += (int64_t)gridDim.x * blockDim.x)
 
-// V consecutive elements (V = 8: 16-byte vectors, needs aligned tensors and 8 | the row length; V = 1).
+// V consecutive elements (V = 8: 16-byte vectors, needs aligned tensors and 8 | the row length; V = 4:
+// 4-element vectors, aligned to 4 elements (16 bytes for f32), 4 | the row length; V = 1).
 template <int V> __device__ __forceinline__ void load_v(moe_dtype dt, const void *base, int64_t i, float *v)
 {
     if (V == 8)
         load8(dt, base, i, v);
+    else if (V == 4)
+        load4(dt, base, i, v);
     else
         v[0] = load_as_float(dt, base, i);
 }
@@ -724,6 +727,8 @@ template <int V> __device__ __forceinline__ void store_v(moe_dtype dt, void *bas
 {
     if (V == 8)
         store8(dt, base, i, v);
+    else if (V == 4)
+        store4(dt, base, i, v);
     else
         store_from_float(dt, base, i, v[0]);
 }
@@ -1057,9 +1062,8 @@ constexpr int RT = 32, GATE_SPAN = 256;
 // i_first); per tile, warp ty = 0 loads the RowInfo of its rows into info (shared, [RT]), then the tile is
 // walked RT columns (a chunk from i0) at a time, each chunk after a __syncthreads():
 //   chunk(r0, i0)   the chunk's work, through the element walks below
-// R = rows_total(g), passed in so that it is read once per kernel.  Any change here or below: compare the
-// gate kernels' SASS (cuobjdump -sass) and registers (-Xptxas -v) before and after; these kernels are
-// speed-critical and were folded onto these helpers with their SASS unchanged on sm_90a and sm_80.
+// R = rows_total(g), passed in so that it is read once per kernel.  The gate kernels are speed-critical:
+// time any change here or below per kernel (ncu gpu__time_duration; bench/RESULTS.md has the history).
 template <class Chunk>
 __device__ __forceinline__ void walk_gate_tiles(const MlpArgs &g, int64_t R, RowInfo *info, Chunk chunk)
 {
@@ -1078,23 +1082,24 @@ __device__ __forceinline__ void walk_gate_tiles(const MlpArgs &g, int64_t R, Row
     }
 }
 
-// A chunk's elements with lanes along i: this thread's are column tx of the chunk and rows ty, ty + 8, ...
-// of the tile; element(row, col, r, i) for each inside R x I (row, col: in the tile; r, i: in R x I).
-// (gate_bwd_kernel writes this walk out; see there.)
-template <class Element>
+// A chunk's elements with lanes along i, V consecutive i per thread (V = 4 needs 4 | I): RT / V threads
+// per row of the chunk, 8 V rows per pass; element(row, col, r, i) for each row inside R and i < I (row,
+// col: the first of the V in the tile; r, i: in R x I).
+template <int V, class Element>
 __device__ __forceinline__ void chunk_lanes_along_i(int64_t R, int64_t I, int64_t r0, int64_t i0, Element element)
 {
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    for (int rr = ty; rr < RT; rr += 8) {
-        const int64_t r = r0 + rr, i = i0 + tx;
+    constexpr int PER_ROW = RT / V;
+    const int t = threadIdx.y * RT + threadIdx.x, col = t % PER_ROW * V;
+    for (int rr = t / PER_ROW; rr < RT; rr += RT * 8 / PER_ROW) {
+        const int64_t r = r0 + rr, i = i0 + col;
         if (r >= R || i >= I)
             continue;
-        element(rr, tx, r, i);
+        element(rr, col, r, i);
     }
 }
 
 // A chunk's elements with lanes along the checkpoint's slot: this thread's are row tx of the tile and
-// columns ty, ty + 8, ... of the chunk; element(row, col, r, i) as above.
+// columns ty, ty + 8, ... of the chunk; element(row, col, r, i) for each inside R x I.
 template <class Element>
 __device__ __forceinline__ void chunk_lanes_along_slot(int64_t R, int64_t I, int64_t r0, int64_t i0,
                                                        Element element)
@@ -1108,13 +1113,39 @@ __device__ __forceinline__ void chunk_lanes_along_slot(int64_t R, int64_t I, int
     }
 }
 
+// A chunk's elements with lanes along the checkpoint's slot, two rows per thread: rows 2p and 2p + 1 of
+// the tile (p = thread % 16) and columns thread / 16, thread / 16 + 16 of the chunk, so that a warp reads
+// or writes two checkpoint rows of 16 words; pair(row, col, i, second) for each row 2p inside R (second:
+// row 2p + 1 is too).
+template <class Pair>
+__device__ __forceinline__ void chunk_slot_pairs(int64_t R, int64_t I, int64_t r0, int64_t i0, Pair pair)
+{
+    const int t = threadIdx.y * RT + threadIdx.x, row = 2 * (t % 16);
+    for (int ii = t / 16; ii < RT; ii += RT * 8 / 16) {
+        const int64_t r = r0 + row, i = i0 + ii;
+        if (r >= R || i >= I)
+            continue;
+        pair(row, ii, i, r + 1 < R);
+    }
+}
+
+// Whether tile rows row and row + 1 sit in one aligned 32-bit word at checkpoint index c (and at c + I*B):
+// consecutive slots of one block, c even, and `pairs` (slot_pairs: 16-bit dtype, aligned base, I*B even).
+__device__ __forceinline__ bool slot_pair_word(const RowInfo *info, int row, int64_t c, bool second, bool pairs)
+{
+    return pairs && second && info[row + 1].ckpt == info[row].ckpt + 1 && (c & 1) == 0;
+}
+
 // The gate kernels are compiled per dtype (DT, a moe_dtype) and activation (ACT, a moe_mlp_activation),
 // which must equal g.dt and g.act (launch_gate_kernel): with both switched at run time per element they
 // issued about twice the instructions the memory traffic needs (ncu, Qwen3 T = 16384: issue-active 57%,
 // 1.2-1.7 TB/s; bench/RESULTS.md, 2026-11-23 fourth session).
 //
 // Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
-// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).
+// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).  One i per thread and 2-byte checkpoint stores: 4
+// consecutive i per thread and slot-pair words (as gate_bwd_kernel) measured slower here (ncu, Qwen3
+// T = 16384: 1130 us with both, 883 us with the words alone, 843 us as it is; bench/RESULTS.md,
+// 2026-11-24, second session).
 template <int DT, int ACT>
 __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 {
@@ -1125,7 +1156,7 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
     __shared__ RowInfo info[RT];
     const int64_t R = rows_total(g), I = g.I;
     walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
-        chunk_lanes_along_i(R, I, r0, i0, [&](int row, int col, int64_t r, int64_t i) {
+        chunk_lanes_along_i<1>(R, I, r0, i0, [&](int row, int col, int64_t r, int64_t i) {
             const int64_t e = info[row].e;
             float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
             if (g.bias) {
@@ -1227,43 +1258,65 @@ __global__ void down_ckpt_kernel(MlpArgs g)
 }
 
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
-// recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.
-template <int DT, int ACT>
-__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g)
+// recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.  Compiled
+// per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread, and with
+// `pairs` (slot_pairs) the checkpoint is read in 32-bit words of two slots where they allow (ncu, Qwen3
+// T = 16384: 881 -> 772 us; bench/RESULTS.md, 2026-11-24, second session).
+template <int DT, int ACT, int V>
+__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
 {
     constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
     __shared__ RowInfo info[RT];
-    const int64_t R = rows_total(g), I = g.I;
+    const int64_t R = rows_total(g), I = g.I, B = g.B;
     walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
-        chunk_lanes_along_slot(R, I, r0, i0, [&](int row, int col, int64_t, int64_t i) {
-            gs[row][col] = load_as_float(dt, g.ckpt_gu_in, info[row].ckpt + i * g.B);
-            us[row][col] = load_as_float(dt, g.ckpt_gu_in, info[row].ckpt + (I + i) * g.B);
+        chunk_slot_pairs(R, I, r0, i0, [&](int row, int col, int64_t i, bool second) {
+            const int64_t c = info[row].ckpt + i * B;
+            if (slot_pair_word(info, row, c, second, pairs)) {
+                const uint16_t *p = static_cast<const uint16_t *>(g.ckpt_gu_in) + c;
+                float v[2];
+                unpack_word(dt, *reinterpret_cast<const uint32_t *>(p), v);
+                gs[row][col] = v[0], gs[row + 1][col] = v[1];
+                unpack_word(dt, *reinterpret_cast<const uint32_t *>(p + I * B), v);
+                us[row][col] = v[0], us[row + 1][col] = v[1];
+                return;
+            }
+            gs[row][col] = load_as_float(dt, g.ckpt_gu_in, c);
+            us[row][col] = load_as_float(dt, g.ckpt_gu_in, c + I * B);
+            if (second) {
+                const int64_t c1 = info[row + 1].ckpt + i * B;
+                gs[row + 1][col] = load_as_float(dt, g.ckpt_gu_in, c1);
+                us[row + 1][col] = load_as_float(dt, g.ckpt_gu_in, c1 + I * B);
+            }
         });
         __syncthreads();
-        // Lanes along i, written out rather than through chunk_lanes_along_i: through the helper the
-        // compiler shapes the clamp masks differently (nvcc 13.0: 1192 SASS instructions instead of 1168
-        // on sm_90a, 34 registers instead of 32 on sm_80), and this kernel's code is kept as measured.
-        const int tx = threadIdx.x, ty = threadIdx.y;
-        for (int rr = ty; rr < RT; rr += 8) {
-            const int64_t r = r0 + rr, i = i0 + tx;
-            if (r >= R || i >= I)
-                continue;
-            const float gv = gs[rr][tx], uv = us[rr][tx], a = info[rr].a;
-            const float act = act_value(ACT, gv), m = act * uv;
-            store_from_float(dt, g.Mr, r * I + i, g.on_i ? a * m : m);
+        chunk_lanes_along_i<V>(R, I, r0, i0, [&](int row, int col, int64_t r, int64_t i) {
+            const float a = info[row].a;
+            float dmv[V], m[V], dg[V], du[V];
+            load_v<V>(MOE_F32, g.dMr, r * I + i, dmv);
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const float gv = gs[row][col + v], uv = us[row][col + v];
+                const float act = act_value(ACT, gv);
+                m[v] = act * uv;
+                const float dm = g.on_i ? a * dmv[v] : dmv[v];
+                const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
+                const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
+                du[v] = pass_u ? dm * act : 0.0f;
+                dg[v] = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
+            }
             if (g.M0r != nullptr)
-                store_from_float(dt, g.M0r, r * I + i, m);
-            const float dm = g.on_i ? a * g.dMr[r * I + i] : g.dMr[r * I + i];
-            const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
-            const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
-            const float du = pass_u ? dm * act : 0.0f;
-            const float dg = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
-            store_from_float(dt, g.dGUr, r * 2 * I + i, dg);
-            store_from_float(dt, g.dGUr, r * 2 * I + I + i, du);
-        }
+                store_v<V>(dt, g.M0r, r * I + i, m);
+            if (g.on_i)
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    m[v] = a * m[v];
+            store_v<V>(dt, g.Mr, r * I + i, m);
+            store_v<V>(dt, g.dGUr, r * 2 * I + i, dg);
+            store_v<V>(dt, g.dGUr, r * 2 * I + I + i, du);
+        });
     });
 }
 
@@ -1391,7 +1444,16 @@ moe_status launch_layout(const MlpArgs &g, cudaStream_t stream)
 // ------------------------------------------------------------------------------------------------
 // Rows path, host side
 // ------------------------------------------------------------------------------------------------
-bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+bool aligned_to(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+bool aligned16(const void *p) { return aligned_to(p, 16); }
+
+// Whether the gate kernels may move two slots of the checkpoint as one 32-bit word (slot_pair_word): a
+// 16-bit dtype, a 4-byte aligned checkpoint, and I * B even, so that the up half (I * B elements on) of
+// an aligned gate-half pair is aligned too.
+bool slot_pairs(const MlpArgs &g, moe_dtype dt, const void *ckpt)
+{
+    return dt != MOE_F32 && aligned_to(ckpt, 4) && (g.I * g.B) % 2 == 0;
+}
 
 moe_status launch_rows_layout(const MlpArgs &g, cudaStream_t stream)
 {
@@ -1661,8 +1723,10 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                 return s;
             if (NB * I > 0)
                 launch_gate_kernel(a, [&](auto dt, auto act) {
-                    const auto kernel = gate_bwd_kernel<decltype(dt)::value, decltype(act)::value>;
-                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
+                    const bool pairs = slot_pairs(a, static_cast<moe_dtype>(decltype(dt)::value), a.ckpt_gu_in);
+                    const auto kernel = I % 4 == 0 ? gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 4>
+                                                   : gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 1>;
+                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a, pairs);
                 });
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
