@@ -2,8 +2,6 @@
  * One output element at a time; each OpenMP thread owns whole output rows. */
 #include "moe_ref.h"
 
-#include <stdlib.h>
-
 /* OpenMP directives as _Pragma (as in gemm_blocked.c and mlp.c): the same compiled code as `#pragma omp`,
  * and Frama-C's parser, which rejects `#pragma omp` in statement position, reads it. */
 #ifdef _OPENMP
@@ -12,17 +10,15 @@
 #define NAIVE_OMP(directive)
 #endif
 
-/* offsets[E+1] of a validated problem, or NULL after recording MOE_ERR_OUT_OF_MEMORY. */
-static int64_t *expert_offsets(const moe_gemm_problem *p)
+/* The out-of-memory failure of the naive kernels when their caller could not allocate the offsets. */
+/*@ requires problem: \valid_read(p) && p->num_experts < INT64_MAX;
+    terminates \true;
+    assigns moe_error_model;
+    ensures status: \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status no_offsets(const moe_gemm_problem *p)
 {
-    int64_t *offsets = malloc(((size_t)p->num_experts + 1) * sizeof *offsets);
-    if (offsets == NULL) {
-        moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %lld expert offsets", p->op,
-                 (long long)p->num_experts + 1);
-        return NULL;
-    }
-    moe_ref_expert_offsets(p->num_experts, p->m_sizes, offsets);
-    return offsets;
+    return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %lld expert offsets", p->op,
+                    (long long)p->num_experts + 1);
 }
 
 /* The slot of expert-order row r (r itself when no gather indices are given). */
@@ -382,63 +378,62 @@ NAIVE_OMP(omp parallel for schedule(static))
     }
 }
 
-/* The public naive kernels: not proved by WP (they allocate the offsets, and dX with reduce_topk the
- * inverse of the gather indices); the loops above, their whole computation, are. */
-moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, const void *w,
-                                  const void *topk_weights, void *y)
+/* The naive kernels on caller-provided scratch (contracts in moe_ref.h); ref/alloc_shells.c allocates it
+ * for moe_ref_gemm_fwd_naive and the others.  offsets [E + 1] becomes moe_ref_expert_offsets of
+ * p->m_sizes; NULL (not allocated) fails with MOE_ERR_OUT_OF_MEMORY before anything is written. */
+moe_status moe_ref_gemm_fwd_naive_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                     const void *topk_weights, void *y, int64_t *offsets)
 {
-    int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
-        return MOE_ERR_OUT_OF_MEMORY;
+        return no_offsets(p);
+    moe_ref_expert_offsets(p->num_experts, p->m_sizes, offsets);
     gemm_fwd_rows(p, offsets, x, w, topk_weights, y);
-    free(offsets);
     return MOE_OK;
 }
 
-moe_status moe_ref_gemm_dx_naive(const moe_gemm_problem *p, const void *dy, const void *w,
-                                 const void *topk_weights, void *dx)
+/* row_of_slot [M] (reduce_topk only): zeroed on entry (calloc), so that every entry is a row in [0, M)
+ * before invert_gather overwrites them all (a permutation writes each slot once): the precondition of
+ * gemm_dx_reduce_rows without a pigeonhole argument; NULL (not allocated) fails with
+ * MOE_ERR_OUT_OF_MEMORY before anything but the offsets is written. */
+moe_status moe_ref_gemm_dx_naive_in(const moe_gemm_problem *p, const void *dy, const void *w,
+                                    const void *topk_weights, void *dx, int64_t *offsets, int64_t *row_of_slot)
 {
-    int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
-        return MOE_ERR_OUT_OF_MEMORY;
+        return no_offsets(p);
+    moe_ref_expert_offsets(p->num_experts, p->m_sizes, offsets);
     if (!p->reduce_topk) {
         gemm_dx_rows(p, offsets, dy, w, topk_weights, dx);
-        free(offsets);
         return MOE_OK;
     }
-    /* zeroed, so that every entry is a row in [0, M) before invert_gather overwrites them all (a
-     * permutation writes each slot once): the precondition of gemm_dx_reduce_rows without a pigeonhole
-     * argument.  One entry more: calloc(0) may return NULL. */
-    int64_t *row_of_slot = calloc((size_t)p->rows + 1, sizeof *row_of_slot);
-    if (row_of_slot == NULL) {
-        free(offsets);
+    if (row_of_slot == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the inverse of gather_indices", p->op);
-    }
     invert_gather(p, row_of_slot);
+    /*@ assert offsets_kept: sorted_offsets(offsets, p->num_experts) && offsets[0] == 0 &&
+          offsets[p->num_experts] == p->rows; */
     gemm_dx_reduce_rows(p, offsets, row_of_slot, dy, w, topk_weights, dx);
-    free(row_of_slot);
-    free(offsets);
     return MOE_OK;
 }
 
-moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const void *dy,
-                                 const void *topk_weights, void *dw)
+moe_status moe_ref_gemm_dw_naive_in(const moe_gemm_problem *p, const void *x, const void *dy,
+                                    const void *topk_weights, void *dw, int64_t *offsets)
 {
-    int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
-        return MOE_ERR_OUT_OF_MEMORY;
+        return no_offsets(p);
+    moe_ref_expert_offsets(p->num_experts, p->m_sizes, offsets);
+    /* the dims of dW as before the offsets were written: with them the provers find that the call's
+     * assigns and separation clauses, which multiply them, are the contract's */
+    /*@ assert fields: p->num_experts == \at(p->num_experts, Pre) && p->N == \at(p->N, Pre) &&
+          p->K == \at(p->K, Pre); */
     gemm_dw_rows(p, offsets, x, dy, topk_weights, dw);
-    free(offsets);
     return MOE_OK;
 }
 
-moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
-                                          const void *dy, void *d_topk_weights)
+moe_status moe_ref_gemm_topk_weights_grad_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                             const void *dy, void *d_topk_weights, int64_t *offsets)
 {
-    int64_t *offsets = expert_offsets(p);
     if (offsets == NULL)
-        return MOE_ERR_OUT_OF_MEMORY;
+        return no_offsets(p);
+    moe_ref_expert_offsets(p->num_experts, p->m_sizes, offsets);
     gemm_topk_grad_rows(p, offsets, x, w, dy, d_topk_weights);
-    free(offsets);
     return MOE_OK;
 }

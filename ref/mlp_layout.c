@@ -124,63 +124,88 @@ static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64
     return MOE_OK;
 }
 
-/* Not proved by WP (it allocates); check_layout_entries and check_tokens_once are.  The (token, expert)
- * pair check below is tested only (tests/test_mlp_layout, proptest). */
-moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
-                                    moe_mlp_padding padding, int overwrite)
+/* Each (token, expert) pair at most once: visit the blocks expert by expert (order: the blocks sorted by
+ * expert, stably, by moe_ref_counting_sort of block_to_expert) and remember, per token, the last expert it
+ * was seen with (seen_expert) and where (seen_pos).  The first repeated pair in that visit order is reported.
+ *   b2e [N], ids [N * B]   the layout (entries checked: check_layout_entries)
+ *   counts [E], start [E + 1], order [N], seen_expert [T], seen_pos [T]   scratch, any contents; on MOE_OK
+ *   seen_pos[t] is the last position of token t (check_tokens_once reads nothing else of it) */
+/*@ requires dims: 0 <= T < INT64_MAX && 1 <= E <= INT64_MAX / 2 && 0 <= N <= INT64_MAX / 2 && 1 <= B &&
+      N * B <= INT64_MAX;
+    requires pad: pad < 0 || pad >= T;
+    requires b2e: \valid_read(b2e + (0 .. N - 1)) && in_range(b2e, N, 0, E);
+    requires ids: \valid_read(ids + (0 .. N * B - 1)) && ids_ok(ids, N * B, T, pad);
+    requires scratch: \valid(counts + (0 .. E - 1)) && \valid(start + (0 .. E)) && \valid(order + (0 .. N - 1)) &&
+      \valid(seen_expert + (0 .. T - 1)) && \valid(seen_pos + (0 .. T - 1));
+    requires separated: \separated(counts + (0 .. E - 1), start + (0 .. E), order + (0 .. N - 1),
+      seen_expert + (0 .. T - 1), seen_pos + (0 .. T - 1), b2e + (0 .. N - 1));
+    requires separated_ids: \separated(ids + (0 .. N * B - 1), counts + (0 .. E - 1), start + (0 .. E),
+      order + (0 .. N - 1), seen_expert + (0 .. T - 1), seen_pos + (0 .. T - 1));
+    terminates \true;
+    assigns counts[0 .. E - 1], start[0 .. E], order[0 .. N - 1], seen_expert[0 .. T - 1], seen_pos[0 .. T - 1],
+      moe_error_model;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_pairs(const char *op, int64_t T, int64_t E, int64_t N, int64_t B, int64_t pad,
+                              const int64_t *b2e, const int64_t *ids, int64_t *counts, int64_t *start,
+                              int64_t *order, int64_t *seen_expert, int64_t *seen_pos)
 {
-    const moe_status shape = moe_ref_mlp_check_layout_shape(op, layout, B);
-    if (shape != MOE_OK)
-        return shape;
+    /* order[] zeroed first: then every entry is a block in [0, N) after the sort (`gather_range`) without
+     * its permutation property, which is not proved */
+    /*@ loop invariant bounds: 0 <= q <= N;
+        loop invariant zero: \forall integer x; 0 <= x < q ==> order[x] == 0;
+        loop assigns q, order[0 .. N - 1];
+        loop variant N - q; */
+    for (int64_t q = 0; q < N; q++)
+        order[q] = 0;
+    moe_ref_counting_sort(N, E, b2e, counts, order, NULL, start);
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop assigns t, seen_expert[0 .. T - 1];
+        loop variant T - t; */
+    for (int64_t t = 0; t < T; t++)
+        seen_expert[t] = -1;
+    /*@ loop invariant bounds: 0 <= q <= N;
+        loop invariant order: in_range(order, N, 0, N);
+        loop invariant ids: ids_ok(ids, N * B, T, pad);
+        loop assigns q, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1];
+        loop variant N - q; */
+    for (int64_t q = 0; q < N; q++) {
+        const int64_t n = order[q], e = b2e[n];
+        /*@ ghost lemma_row_fits(n, N, B); */
+        /*@ loop invariant bounds: 0 <= b <= B;
+            loop assigns b, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1];
+            loop variant B - b; */
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t p = n * B + b, t = ids[p];
+            if (t == pad)
+                continue;
+            if (seen_expert[t] == e)
+                return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
+                                "] and [%" PRId64 "] both place token %" PRId64 " with expert %" PRId64
+                                ", expected each (token, expert) pair at most once", op, seen_pos[t], p, t, e);
+            seen_expert[t] = e;
+            seen_pos[t] = p;
+        }
+    }
+    return MOE_OK;
+}
+
+moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *layout, int64_t B,
+                                       moe_mlp_padding padding, int overwrite, int64_t *counts, int64_t *start,
+                                       int64_t *order, int64_t *seen_expert, int64_t *seen_pos)
+{
     const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks, NB = N * B;
     const int64_t *b2e = layout->block_to_expert, *ids = layout->token_position_to_id;
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
     moe_status status = check_layout_entries(op, T, E, N, B, padding, pad, b2e, ids);
     if (status != MOE_OK)
         return status;
-
-    /* each (token, expert) pair at most once: visit the blocks expert by expert and remember, per token,
-     * the last expert it was seen with and where */
-    int64_t *start = calloc((size_t)E + 1, sizeof(int64_t));
-    int64_t *order = malloc(((size_t)N + 1) * sizeof(int64_t));
-    int64_t *seen_expert = malloc(((size_t)T + 1) * sizeof(int64_t));
-    int64_t *seen_pos = malloc(((size_t)T + 1) * sizeof(int64_t));
-    if (start == NULL || order == NULL || seen_expert == NULL || seen_pos == NULL) {
-        status = moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory to check a layout of %" PRId64 " tokens and %"
-                          PRId64 " blocks", op, T, N);
-        goto done;
-    }
-    for (int64_t n = 0; n < N; n++)
-        start[b2e[n] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        start[e + 1] += start[e];
-    for (int64_t n = 0; n < N; n++)
-        order[start[b2e[n]]++] = n; /* start[e] now ends expert e's run */
-    for (int64_t t = 0; t < T; t++)
-        seen_expert[t] = -1;
-    for (int64_t q = 0; q < N && status == MOE_OK; q++) {
-        const int64_t n = order[q], e = b2e[n];
-        for (int64_t b = 0; b < B; b++) {
-            const int64_t p = n * B + b, t = ids[p];
-            if (t == pad)
-                continue;
-            if (seen_expert[t] == e) {
-                status = moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
-                                  "] and [%" PRId64 "] both place token %" PRId64 " with expert %" PRId64
-                                  ", expected each (token, expert) pair at most once", op, seen_pos[t], p, t, e);
-                break;
-            }
-            seen_expert[t] = e;
-            seen_pos[t] = p;
-        }
-    }
+    if (counts == NULL || start == NULL || order == NULL || seen_expert == NULL || seen_pos == NULL)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory to check a layout of %" PRId64 " tokens and %"
+                        PRId64 " blocks", op, T, N);
+    /*@ ghost lemma_mul_monotone(1, B, N); */
+    status = check_pairs(op, T, E, N, B, pad, b2e, ids, counts, start, order, seen_expert, seen_pos);
     if (status == MOE_OK && overwrite)
         status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
-done:
-    free(start);
-    free(order);
-    free(seen_expert);
-    free(seen_pos);
     return status;
 }
 
@@ -283,45 +308,66 @@ moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, in
     return MOE_OK;
 }
 
-moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids)
+moe_status moe_ref_mlp_check_topk_in(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids,
+                                     int64_t *last)
 {
-    const moe_status shape = moe_ref_mlp_check_topk_shape(op, T, k, E);
-    if (shape != MOE_OK)
-        return shape;
     const int64_t M = T * k;
     if (M > 0 && topk_ids == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: topk_ids is NULL but has %" PRId64 " entries", op, M);
-    int64_t *last = malloc(((size_t)E + 1) * sizeof(int64_t));
     if (last == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
-    const moe_status status = check_topk_ids(op, T, k, E, topk_ids, last);
-    free(last);
-    return status;
+    return check_topk_ids(op, T, k, E, topk_ids, last);
 }
 
-/* m[e] = the number of topk ids equal to e.
+/* m[e] = the number of topk ids equal to e (the counting loop of moe_ref_counting_sort, ref/routing.c).
  *   ids [T * k]  checked topk ids;  m [E]  out */
 /*@ requires dims: 0 <= T && 0 <= k && 1 <= E && T * k <= INT64_MAX;
     requires ids: \valid_read(ids + (0 .. T * k - 1)) && in_range(ids, T * k, 0, E);
     requires m: \valid(m + (0 .. E - 1));
     requires separated: \separated(m + (0 .. E - 1), ids + (0 .. T * k - 1));
+    requires block_size: 1 <= B;
     terminates \true;
     assigns m[0 .. E - 1];
-    ensures bounded: \forall integer e; 0 <= e < E ==> 0 <= m[e] <= T * k; */
+    ensures counts: \forall integer e; 0 <= e < E ==> m[e] == count_eq(ids, T * k, e);
+    ensures counts_pre: \forall integer e; 0 <= e < E ==> m[e] == \old(count_eq(ids, T * k, e));
+    ensures sizes_ok: sizes_ok(m, E, T * k);
+    ensures blocks: nblocks(m, E, B) == \old(topk_blocks(ids, T * k, E, B)); */
 static void count_per_expert(int64_t T, int64_t k, int64_t E, const int64_t *ids, int64_t *m)
+    /*@ ghost (int64_t B) */
 {
+    const int64_t M = T * k;
+    /* count_eq is read in the pre-state (the loop writes int64 memory); the ghost loop carries it over
+     * to the current state for lemma_msum_counts (as in moe_ref_counting_sort) */
+    /*@ ghost lemma_count_eq_bounds((int64_t *)ids, M); */
     /*@ loop invariant bounds: 0 <= e <= E;
         loop invariant zero: \forall integer x; 0 <= x < e ==> m[x] == 0;
         loop assigns e, m[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++)
         m[e] = 0;
-    /*@ loop invariant bounds: 0 <= s <= T * k;
-        loop invariant bounded: \forall integer x; 0 <= x < E ==> 0 <= m[x] <= s;
+    /*@ loop invariant bounds: 0 <= s <= M;
+        loop invariant counted: \forall integer x; 0 <= x < E ==>
+          m[x] == (\let y = s; \at(count_eq((int64_t *)ids, y, x), Pre));
         loop assigns s, m[0 .. E - 1];
-        loop variant T * k - s; */
-    for (int64_t s = 0; s < T * k; s++)
+        loop variant M - s; */
+    for (int64_t s = 0; s < M; s++)
         m[ids[s]]++;
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= y <= M;
+           loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
+             count_eq((int64_t *)ids, z, x) == \at(count_eq((int64_t *)ids, z, x), Pre);
+           loop assigns y;
+           loop variant M - y; @/
+        for (int64_t y = 0; y < M; y++) ;
+        lemma_msum_counts(m, (int64_t *)ids, M, E);
+        lemma_nblocks_counts(m, (int64_t *)ids, M, E, B);
+        /@ loop invariant bounds: 0 <= x <= E;
+           loop invariant framed_blocks: topk_blocks((int64_t *)ids, M, x, B) ==
+             (\let n = M; \let y = x; \at(topk_blocks((int64_t *)ids, n, y, B), Pre));
+           loop assigns x;
+           loop variant E - x; @/
+        for (int64_t x = 0; x < E; x++) ;
+    */
 }
 
 /* The blocks of a dropless layout: sum_e ceil(m[e] / B).  m [E]: tokens per expert. */
@@ -347,19 +393,18 @@ static int64_t dropless_blocks(int64_t E, int64_t B, const int64_t *m)
     return N;
 }
 
-/* Not proved by WP (it allocates); count_per_expert and dropless_blocks are, given that the counts sum to
- * T * k (not proved: the framing of msum over the counting loop; tested by tests/test_mlp_layout). */
-int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
-                                 const int64_t *topk_ids)
+int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
+                                    const int64_t *topk_ids, int64_t *m)
 {
     if (kind == MOE_MLP_DROPPING)
         return E;
-    int64_t *m = malloc(((size_t)E + 1) * sizeof(int64_t));
     if (m == NULL)
         return -1;
-    count_per_expert(T, k, E, topk_ids, m);
+    count_per_expert(T, k, E, topk_ids, m) /*@ ghost (B) */;
     const int64_t N = dropless_blocks(E, B, m);
-    free(m);
+    /*@ ghost lemma_mul_monotone(0, T, k); */
+    /*@ ghost lemma_nblocks_counts(m, (int64_t *)topk_ids, T * k, E, B); */
+    /*@ ghost lemma_nblocks_le_msum(m, E, B); */
     return N;
 }
 
@@ -403,7 +448,8 @@ static int64_t assign_blocks_dropping(int64_t E, int64_t B, int64_t *block_to_ex
     ensures experts: in_range(block_to_expert, \result, 0, E);
     ensures first_positions: \forall integer e; 0 <= e < E ==> cursor[e] == first_position{Pre}(m, e, B);
     ensures in_order: \forall integer e, n; 0 <= e < E && in_expert_blocks{Pre}(m, B, e, n) ==>
-      block_to_expert[n] == e; */
+      block_to_expert[n] == e;
+    ensures room: \forall integer e; 0 <= e < E ==> 0 <= cursor[e] && cursor[e] + m[e] <= N * B; */
 static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, int64_t *block_to_expert,
                                       int64_t *cursor) /*@ ghost (int64_t N) */
 {
@@ -418,6 +464,7 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
         loop invariant owner: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
           in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
         loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
+        loop invariant room: \forall integer x; 0 <= x < e ==> 0 <= cursor[x] && cursor[x] + m[x] <= N * B;
         loop assigns e, block, block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++) {
@@ -429,6 +476,7 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
             loop invariant owner: \forall integer n; 0 <= n < block + q ==> 0 <= block_to_expert[n] <= e &&
               in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
             loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
+            loop invariant room: \forall integer x; 0 <= x < e ==> 0 <= cursor[x] && cursor[x] + m[x] <= N * B;
             loop assigns q, block_to_expert[block .. block + blocks - 1];
             loop variant blocks - q; */
         for (int64_t q = 0; q < blocks; q++) {
@@ -438,57 +486,172 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
         /*@ ghost lemma_mul_monotone(block, N, B); */
         cursor[e] = block * B;
         /*@ assert first: cursor[e] == first_position{Pre}(m, e, B); */
+        /* expert e's tokens fit in its blocks, which end inside the layout */
+        /*@ ghost lemma_mul_monotone(block + blocks, N, B); */
+        /*@ assert euclid: m[e] == (m[e] / B) * B + m[e] % B && 0 <= m[e] % B < B; */
+        /*@ assert covered: m[e] <= blocks * B; */
+        /*@ assert room_e: 0 <= cursor[e] && cursor[e] + m[e] <= (block + blocks) * B && (block + blocks) * B <= N * B; */
         block += blocks;
     }
     return block;
 }
 
-/* Not proved by WP (it allocates and copies dtype-generic affinities); count_per_expert,
- * assign_blocks_dropping and assign_blocks_dropless are.  The placement loop is tested (tests/test_mlp_layout,
- * proptest). */
-moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
-                                    int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
-                                    const int64_t *topk_ids, const void *topk_weights, int64_t N,
-                                    int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
-                                    int64_t *num_dropped)
+/* Places the routing's (token, expert) pairs in token order: pair s = t * k + j with expert e = topk_ids[s]
+ * goes to position cursor[e], which then moves on, unless MOE_MLP_DROPPING and expert e's block is full
+ * (the pair is dropped).  With affinities, the pair's weight (es bytes) is copied to affinities[t][e].
+ * Returns the dropped pairs.
+ *   topk_ids [T * k], topk_weights [T * k] (es bytes each), cursor [E] (the first position of each
+ *   expert's blocks), token_position_to_id [NB] out, affinities [T * E] (es bytes each) out or NULL
+ *   NB     ghost: the layout's positions
+ *   MOE_MLP_DROPPING: cursor[e] == e * B and NB >= E * B; otherwise cursor[e] plus expert e's pairs fits
+ *   in NB (moe_ref_mlp_build_layout_in: the first position of e plus count_e <= nblocks(m, e + 1) * B). */
+/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX && T * E <= INT64_MAX && 0 <= NB;
+    requires es: es == 2 || es == 4;
+    requires bytes: T * E * 4 <= SIZE_MAX && T * k * 4 <= SIZE_MAX;
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
+    requires cursor: \valid(cursor + (0 .. E - 1));
+    requires positions: \valid(token_position_to_id + (0 .. NB - 1));
+    requires dropping: kind == MOE_MLP_DROPPING ==> E * B <= NB &&
+      (\forall integer e; 0 <= e < E ==> cursor[e] == e * B);
+    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+      0 <= cursor[e] && cursor[e] + count_eq(topk_ids, T * k, e) <= NB;
+    requires affinities: affinities != \null ==> \valid((char *)affinities + (0 .. T * E * es - 1)) &&
+      \valid_read((char *)topk_weights + (0 .. T * k * es - 1)) &&
+      \separated((char *)affinities + (0 .. T * E * es - 1), (char *)topk_weights + (0 .. T * k * es - 1));
+    requires separated: \separated(cursor + (0 .. E - 1), token_position_to_id + (0 .. NB - 1),
+      topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
+    ensures dropped: 0 <= \result <= T * k; */
+static int64_t place_tokens(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
+                            const int64_t *topk_ids, const void *topk_weights, size_t es, int64_t *cursor,
+                            int64_t *token_position_to_id, void *affinities) /*@ ghost (int64_t NB) */
 {
-    int64_t *m = malloc(((size_t)E + 1) * sizeof(int64_t));
-    int64_t *cursor = malloc(((size_t)E + 1) * sizeof(int64_t));
-    if (m == NULL || cursor == NULL) {
-        free(m);
-        free(cursor);
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
-    }
-    count_per_expert(T, k, E, topk_ids, m);
-    /* expert e's blocks follow those of e - 1 (one block each with MOE_MLP_DROPPING); cursor[e]: the next
-     * position of expert e.  N == the block count (checked by the caller): only the proof reads it */
-    (void)N;
-    const int64_t block = kind == MOE_MLP_DROPPING
-                              ? assign_blocks_dropping(E, B, block_to_expert, cursor)
-                              : assign_blocks_dropless(E, B, m, block_to_expert, cursor) /*@ ghost (N) */;
-    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
-    for (int64_t p = 0; p < block * B; p++)
-        token_position_to_id[p] = pad;
-    const size_t es = moe_dtype_size(dtype);
-    if (affinities != NULL)
-        memset(affinities, 0, (size_t)(T * E) * es); /* +0 in every dtype */
+    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, T * k); */
     int64_t dropped = 0;
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant dropped: 0 <= dropped <= t * k;
+        loop invariant dropping: kind == MOE_MLP_DROPPING ==>
+          \forall integer e; 0 <= e < E ==> drop_cursor(cursor[e], e, B);
+        loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+          cursor[e] == \at(cursor[e], Pre) + (\let x = t * k; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
+        loop invariant ids: \forall integer x; 0 <= x < T * k ==> topk_ids[x] == \at(topk_ids[x], Pre);
+        loop assigns t, dropped, cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1],
+          ((char *)affinities)[0 .. T * E * es - 1];
+        loop variant T - t; */
     for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_row_fits(t, T, k); */
+        /*@ ghost lemma_row_fits(t, T, E); */
+        /*@ loop invariant bounds: 0 <= j <= k;
+            loop invariant dropped: 0 <= dropped <= t * k + j;
+            loop invariant dropping: kind == MOE_MLP_DROPPING ==>
+              \forall integer e; 0 <= e < E ==> drop_cursor(cursor[e], e, B);
+            loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+              cursor[e] == \at(cursor[e], Pre) + (\let x = t * k + j; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
+            loop invariant ids: \forall integer x; 0 <= x < T * k ==> topk_ids[x] == \at(topk_ids[x], Pre);
+            loop assigns j, dropped, cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1],
+              ((char *)affinities)[0 .. T * E * es - 1];
+            loop variant k - j; */
         for (int64_t j = 0; j < k; j++) {
+            /*@ assert count_step: \let x = t * k + j; \forall integer v;
+                  \at(count_eq((int64_t *)topk_ids, x + 1, v), Pre) ==
+                  \at(count_eq((int64_t *)topk_ids, x, v), Pre) + (topk_ids[x] == v ? 1 : 0); */
             const int64_t e = topk_ids[t * k + j];
+            /*@ ghost lemma_mul_monotone(e + 1, E, B); */
             if (kind == MOE_MLP_DROPPING && cursor[e] >= (e + 1) * B) {
                 dropped++;
                 continue;
             }
+            /*@ assert count_room: kind != MOE_MLP_DROPPING ==> (\let x = t * k + j; \let v = e;
+                  \at(count_eq((int64_t *)topk_ids, x, v), Pre) + 1 <=
+                  \at(count_eq((int64_t *)topk_ids, T * k, v), Pre)); */
+            /*@ assert cursor_dropless: kind != MOE_MLP_DROPPING ==> 0 <= cursor[e] < NB; */
+            /*@ assert cursor_dropping: kind == MOE_MLP_DROPPING ==> 0 <= cursor[e] < NB; */
             token_position_to_id[cursor[e]++] = t;
-            if (affinities != NULL)
+            /*@ assert cursor_step: \forall integer v; 0 <= v < E ==>
+                  cursor[v] == \at(cursor[v], LoopCurrent) + (v == e ? 1 : 0); */
+            if (affinities != NULL) {
+                /*@ ghost lemma_row_fits(t * E + e, T * E, (int64_t)es); */
+                /*@ ghost lemma_row_fits(t * k + j, T * k, (int64_t)es); */
                 memcpy((char *)affinities + (size_t)(t * E + e) * es,
                        (const char *)topk_weights + (size_t)(t * k + j) * es, es);
+            }
         }
     }
+    return dropped;
+}
+
+/* affinities[0 .. count - 1] = +0 (all bits zero in every dtype). */
+/*@ requires dtype: dtype_ok(dtype);
+    requires count: 0 <= count <= SIZE_MAX / 16;
+    requires affinities: tensor_writable((char *)affinities, count, dtype);
+    terminates \true;
+    assigns ((char *)affinities)[0 .. byte_offset(count, dtype) - 1]; */
+static void zero_affinities(moe_dtype dtype, void *affinities, int64_t count)
+{
+    /* no call for no elements: memset's contract (Frama-C's libc) wants a valid pointer even for 0 bytes,
+     * and an empty affinities tensor may be any non-NULL pointer */
+    if (count == 0)
+        return;
+    /* count * moe_dtype_size(dtype) bytes, the size written as a constant per dtype (as byte_offset is): the
+     * provers relate a product by a constant to byte_offset, not the product by a variable es */
+    memset(affinities, 0, dtype == MOE_F32 ? (size_t)count * 4 : (size_t)count * 2);
+}
+
+/* moe_dtype_size for the affinity copies; a and b (ghost) are element counts whose bytes it states. */
+/*@ requires dtype: dtype_ok(dtype);
+    terminates \true;
+    assigns \nothing;
+    ensures size: \result == byte_offset(1, dtype) && (\result == 2 || \result == 4);
+    ensures bytes: a * \result == byte_offset(a, dtype) && b * \result == byte_offset(b, dtype); */
+static size_t element_size(moe_dtype dtype) /*@ ghost (int64_t a, int64_t b) */
+{
+    return moe_dtype_size(dtype);
+}
+
+moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
+                                       int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
+                                       const int64_t *topk_ids, const void *topk_weights, int64_t N,
+                                       int64_t *block_to_expert, int64_t *token_position_to_id,
+                                       void *affinities, int64_t *num_dropped, int64_t *m, int64_t *cursor)
+{
+    (void)N; /* only the proof reads it (the caller checked it is the block count) */
+    if (m == NULL || cursor == NULL)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
+    count_per_expert(T, k, E, topk_ids, m) /*@ ghost (B) */;
+    /*@ assert ids_counted: in_range(topk_ids, T * k, 0, E); */
+    /* expert e's blocks follow those of e - 1 (one block each with MOE_MLP_DROPPING); cursor[e]: the next
+     * position of expert e */
+    const int64_t block = kind == MOE_MLP_DROPPING
+                              ? assign_blocks_dropping(E, B, block_to_expert, cursor)
+                              : assign_blocks_dropless(E, B, m, block_to_expert, cursor) /*@ ghost (N) */;
+    /*@ ghost lemma_mul_monotone(0, N, B); */
+    /*@ ghost lemma_mul_monotone(0, T, E); */
+    /*@ ghost lemma_mul_monotone(0, T, k); */
+    /*@ assert block: block == N && block * B == N * B; */
+    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1, NB = block * B;
+    /*@ assert ids_kept: in_range(topk_ids, T * k, 0, E); */
+    /*@ loop invariant bounds: 0 <= p <= NB;
+        loop invariant ids: in_range(topk_ids, T * k, 0, E);
+        loop assigns p, token_position_to_id[0 .. N * B - 1];
+        loop variant NB - p; */
+    for (int64_t p = 0; p < NB; p++)
+        token_position_to_id[p] = pad;
+    const size_t es = element_size(dtype) /*@ ghost (T * E, T * k) */;
+    if (affinities != NULL)
+        zero_affinities(dtype, affinities, T * E);
+    /* count_eq of the ids is read in the pre-state (the stores above wrote int64 memory): carried over here */
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= y <= T * k;
+           loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
+             count_eq((int64_t *)topk_ids, z, x) == \at(count_eq((int64_t *)topk_ids, z, x), Pre);
+           loop assigns y;
+           loop variant T * k - y; @/
+        for (int64_t y = 0; y < T * k; y++) ;
+    */
+    const int64_t dropped = place_tokens(kind, T, k, E, B, topk_ids, topk_weights, es, cursor,
+                                         token_position_to_id, affinities) /*@ ghost (N * B) */;
     if (num_dropped != NULL)
         *num_dropped = dropped;
-    free(m);
-    free(cursor);
     return MOE_OK;
 }

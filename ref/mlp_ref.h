@@ -79,24 +79,51 @@ typedef struct moe_mlp_problem {
 /*@ requires layout: layout == \null || \valid_read(layout);
     terminates \true;
     assigns moe_error_model;
-    ensures accepts_exactly_valid_shapes: \result == MOE_OK <==> layout != \null &&
-      layout->num_tokens >= 0 && layout->num_experts >= 1 && layout->num_blocks >= 0 && B >= 1 &&
-      layout->num_blocks * B <= INT64_MAX && layout->num_tokens * layout->num_experts <= INT64_MAX &&
-      layout->num_tokens < INT64_MAX && layout->num_blocks * B <= SIZE_MAX / 16 &&
-      layout->num_tokens <= SIZE_MAX / 16 && layout->num_experts <= SIZE_MAX / 16 &&
-      (layout->num_blocks > 0 ==> layout->block_to_expert != \null) &&
-      (layout->num_blocks * B > 0 ==> layout->token_position_to_id != \null); */
+    ensures accepts_exactly_valid_shapes: \result == MOE_OK <==> layout_shape_ok(layout, B); */
 moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *layout, int64_t B);
 
 /* Checks a layout's dimensions, pointers and contents for block size B and the padding convention;
- * with `overwrite`, also that each token occupies at most one position.  `op` prefixes messages. */
+ * with `overwrite`, also that each token occupies at most one position.  `op` prefixes messages.
+ * The allocating shell (ref/alloc_shells.c): the shape check, then the scratch of
+ * moe_ref_mlp_check_layout_in, which does the rest (not proved: WP 25 has no model of allocation). */
 moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
                                     moe_mlp_padding padding, int overwrite);
+
+/* moe_ref_mlp_check_layout after its shape check, on caller-provided scratch (ref/mlp_layout.c, proved:
+ * RTE, assigns, termination, `entries`): the entries (every block's expert in [0, E), every position a
+ * token in [0, T) or the padding mark), each (token, expert) pair at most once, and with `overwrite` each
+ * token at most once.  Scratch, any contents, all given or MOE_ERR_OUT_OF_MEMORY after the entries check:
+ *   counts [E], start [E + 1], order [N], seen_expert [T], seen_pos [T] */
+/*@ requires layout: \valid_read(layout) && layout_shape_ok(layout, B);
+    requires arrays: \valid_read(layout->block_to_expert + (0 .. layout->num_blocks - 1)) &&
+      \valid_read(layout->token_position_to_id + (0 .. layout->num_blocks * B - 1));
+    requires scratch: counts != \null && start != \null && order != \null && seen_expert != \null &&
+      seen_pos != \null ==> layout_scratch_ok(layout, B, counts, start, order, seen_expert, seen_pos);
+    terminates \true;
+    assigns counts[0 .. layout->num_experts - 1], start[0 .. layout->num_experts],
+      order[0 .. layout->num_blocks - 1], seen_expert[0 .. layout->num_tokens - 1],
+      seen_pos[0 .. layout->num_tokens - 1], moe_error_model;
+    ensures entries: \result == MOE_OK ==>
+      layout_entries_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens,
+                        layout->num_experts, layout->num_blocks, B,
+                        padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1);
+    ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> counts == \null || start == \null ||
+      order == \null || seen_expert == \null || seen_pos == \null; */
+moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *layout, int64_t B,
+                                       moe_mlp_padding padding, int overwrite, int64_t *counts, int64_t *start,
+                                       int64_t *order, int64_t *seen_expert, int64_t *seen_pos);
 
 /* The builders behind moe_mlp_layout_num_blocks / moe_mlp_layout_build (arguments checked there). */
 /* The dimensions of topk_ids[T][k] for E experts (T >= 0, 1 <= k <= E when T > 0, no overflow of T*k
  * and T*E); what can be checked of device-resident ids. */
+/*@ terminates \true;
+    assigns moe_error_model;
+    ensures accepts_exactly_valid_shapes: \result == MOE_OK <==> topk_shape_ok(T, k, E); */
 moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, int64_t E);
+
+/* The allocating shells (ref/alloc_shells.c; not proved: WP 25 has no model of allocation).  Each checks
+ * what the size of its scratch depends on (the shapes), allocates the scratch, calls the proved function
+ * below with it (NULL when the allocation failed) and frees it. */
 moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids);
 int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
                                  const int64_t *topk_ids);
@@ -105,6 +132,67 @@ moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, in
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
                                     int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
                                     int64_t *num_dropped);
+
+/* moe_ref_mlp_check_topk after its shape check, on caller-provided scratch (ref/mlp_layout.c, proved):
+ * topk_ids not NULL when it has entries, then every id an expert in [0, E), distinct within a token.
+ *   last [E]  scratch (any contents), or NULL: not allocated, MOE_ERR_OUT_OF_MEMORY after the NULL check */
+/*@ requires shape: topk_shape_ok(T, k, E);
+    requires ids: topk_ids != \null ==> \valid_read(topk_ids + (0 .. T * k - 1));
+    requires last: last != \null ==> \valid(last + (0 .. E - 1)) &&
+      \separated(last + (0 .. E - 1), topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns last[0 .. E - 1], moe_error_model;
+    ensures accepts_exactly_wellformed: \result == MOE_OK <==>
+      last != \null && (T * k == 0 || topk_ids != \null) && \old(topk_ok(topk_ids, T, k, E));
+    ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> last == \null; */
+moe_status moe_ref_mlp_check_topk_in(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids,
+                                     int64_t *last);
+
+/* moe_ref_mlp_count_blocks on caller-provided scratch (ref/mlp_layout.c, proved): E for MOE_MLP_DROPPING,
+ * else the blocks of the dropless layout, topk_blocks = sum_e ceil(count_e / B).
+ *   m [E]  scratch (any contents; the counts per expert), or NULL: not allocated, -1 (dropless only) */
+/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX;
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
+    requires m: m != \null ==> \valid(m + (0 .. E - 1)) && \separated(m + (0 .. E - 1), topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns m[0 .. E - 1];
+    ensures dropping: kind == MOE_MLP_DROPPING ==> \result == E;
+    ensures no_memory: kind != MOE_MLP_DROPPING && m == \null ==> \result == -1;
+    ensures dropless: kind != MOE_MLP_DROPPING && m != \null ==>
+      \result == topk_blocks(topk_ids, T * k, E, B) && 0 <= \result <= T * k; */
+int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
+                                    const int64_t *topk_ids, int64_t *m);
+
+/* moe_ref_mlp_build_layout on caller-provided scratch (ref/mlp_layout.c, proved: RTE, every store inside the
+ * layout's arrays and the affinities, assigns, termination): the counts, the blocks (assign_blocks_*),
+ * padding marks everywhere, then the pairs placed in token order (place_tokens).
+ *   m [E], cursor [E]  scratch (any contents), or NULL: not allocated, MOE_ERR_OUT_OF_MEMORY, nothing written
+ *   N                  the block count: E for MOE_MLP_DROPPING, else topk_blocks (moe_ref_mlp_count_blocks) */
+/*@ requires dims: topk_shape_ok(T, k, E) && 1 <= B && 0 <= N && N * B <= INT64_MAX;
+    requires kind: kind == MOE_MLP_DROPLESS || kind == MOE_MLP_DROPPING;
+    requires dtype: dtype_ok(dtype);
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
+    requires blocks: N == (kind == MOE_MLP_DROPPING ? E : topk_blocks(topk_ids, T * k, E, B));
+    requires layout: \valid(block_to_expert + (0 .. N - 1)) && \valid(token_position_to_id + (0 .. N * B - 1));
+    requires affinities: affinities != \null ==> tensor_writable((char *)affinities, T * E, dtype) &&
+      tensor_readable((char *)topk_weights, T * k, dtype) &&
+      \separated((char *)affinities + (0 .. byte_offset(T * E, dtype) - 1),
+                 (char *)topk_weights + (0 .. byte_offset(T * k, dtype) - 1));
+    requires num_dropped: num_dropped == \null || \valid(num_dropped);
+    requires scratch: m != \null && cursor != \null ==> \valid(m + (0 .. E - 1)) && \valid(cursor + (0 .. E - 1)) &&
+      \separated(m + (0 .. E - 1), cursor + (0 .. E - 1), topk_ids + (0 .. T * k - 1),
+                 block_to_expert + (0 .. N - 1), token_position_to_id + (0 .. N * B - 1), num_dropped);
+    requires separated: \separated(topk_ids + (0 .. T * k - 1), block_to_expert + (0 .. N - 1),
+      token_position_to_id + (0 .. N * B - 1), num_dropped);
+    terminates \true;
+    assigns m[0 .. E - 1], cursor[0 .. E - 1], block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
+      ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
+    ensures status: m != \null && cursor != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
+                                       int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
+                                       const int64_t *topk_ids, const void *topk_weights, int64_t N,
+                                       int64_t *block_to_expert, int64_t *token_position_to_id,
+                                       void *affinities, int64_t *num_dropped, int64_t *m, int64_t *cursor);
 
 /* The reference forward and backward (shapes in moe_mlp.h).  The preconditions are what the front end
  * (src/mlp_api.c) checks, plus mlp_outputs_apart (specs/mlp_problem.acsl: the outputs do not overlap the

@@ -127,7 +127,10 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
 /* ---- routing helpers (ref/routing.c) ---- */
 
 /* Checks routing contents on the host: m_sizes[e] >= 0, sum == rows, and, when need_gather, that
- * gather_indices is a permutation of [0, rows).  `op` prefixes the message. */
+ * gather_indices is a permutation of [0, rows).  `op` prefixes the message.
+ * The allocating shell (ref/alloc_shells.c: callocs the scratch of moe_ref_check_routing_in, calls it,
+ * frees it).  Contract stated, not proved (WP 25 has no model of calloc/free); it is the contract of
+ * moe_ref_check_routing_in below, which WP proves, for a scratch that is NULL or fresh and zeroed. */
 /*@ requires experts: num_experts >= 1;
     requires rows: rows >= 0;
     requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
@@ -142,6 +145,28 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
 
+/* moe_ref_check_routing on caller-provided scratch (proved):
+ *   seen  [rows] bytes, zeroed (calloc), separated from m_sizes and gather_indices; or NULL: the caller
+ *         could not allocate it, and the call fails with MOE_ERR_OUT_OF_MEMORY at the point where the
+ *         permutation check needs it (after the m_sizes check; never when !need_gather or rows == 0). */
+/*@ requires experts: num_experts >= 1;
+    requires rows: rows >= 0;
+    requires m_sizes: \valid_read(m_sizes + (0 .. num_experts - 1));
+    requires gather: need_gather != 0 && rows > 0 ==> \valid_read(gather_indices + (0 .. rows - 1));
+    requires seen: seen != \null && need_gather != 0 && rows > 0 ==>
+      \valid(seen + (0 .. rows - 1)) && (\forall integer i; 0 <= i < rows ==> seen[i] == 0) &&
+      \separated(seen + (0 .. rows - 1), gather_indices + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1));
+    terminates \true;
+    assigns seen[0 .. rows - 1], moe_error_model;
+    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
+              (need_gather != 0 ==> is_permutation(gather_indices, rows));
+    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
+              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+              \result == MOE_OK || (\result == MOE_ERR_OUT_OF_MEMORY && seen == \null);
+    ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> seen == \null && need_gather != 0 && rows > 0; */
+moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
+                                    const int64_t *gather_indices, int need_gather, unsigned char *seen);
+
 /* Checks the dimensions of a routing: num_tokens >= 0, topk >= 1 (0 only with no tokens), num_experts >= 1,
  * and num_tokens * topk fits (as a count of int64 entries in a size_t); sets *rows = num_tokens * topk.
  * MOE_ERR_INVALID_SHAPE or MOE_ERR_OVERFLOW with a message prefixed by `op` otherwise.  Shared by
@@ -155,6 +180,53 @@ moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t ro
     ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
 moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
                                       int64_t *rows);
+
+/* The checks of moe_routing_from_topk before its sort, in its order and with its messages: the dimensions
+ * (moe_ref_check_routing_dims; *rows = T * k), m_sizes not NULL, topk_ids and gather_indices not NULL when
+ * T * k > 0, E + 1 counters representable, and every id an expert in [0, E). */
+/*@ requires rows_valid: \valid(rows);
+    requires ids: num_tokens >= 0 && topk >= 0 && num_tokens * topk <= SIZE_MAX / 8 && topk_ids != \null ==>
+      \valid_read(topk_ids + (0 .. num_tokens * topk - 1)) &&
+      \separated(rows, topk_ids + (0 .. num_tokens * topk - 1));
+    terminates \true;
+    assigns *rows, moe_error_model;
+    ensures accepts_exactly_valid: \result == MOE_OK <==>
+      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
+       num_tokens * topk <= SIZE_MAX / 8 && m_sizes != \null &&
+       (num_tokens * topk > 0 ==> topk_ids != \null && gather_indices != \null) && num_experts < SIZE_MAX / 8 &&
+       in_range(topk_ids, num_tokens * topk, 0, num_experts));
+    ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
+moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                          const int64_t *topk_ids, const int64_t *m_sizes,
+                                          const int64_t *gather_indices, int64_t *rows);
+
+/* The counting sort of moe_routing_from_topk (ref/alloc_shells.c), on arguments checked by
+ * moe_ref_routing_from_topk_check; next is the scratch the shell callocs.
+ *   topk_ids        [rows]   expert of each slot, in [0, E)
+ *   m_sizes         [E]      out: slots per expert
+ *   gather_indices  [rows]   out: slots sorted by expert, stably (not proved; but every entry written is a
+ *                            slot in [0, rows): `gather_range`)
+ *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices
+ *   next            [E + 1]  scratch (any contents): the next free row of each expert */
+/*@ requires dims: 0 <= rows && 1 <= num_experts && rows <= INT64_MAX / 2 && num_experts <= INT64_MAX / 2;
+    requires ids: \valid_read(topk_ids + (0 .. rows - 1)) && in_range(topk_ids, rows, 0, num_experts);
+    requires m_sizes: \valid(m_sizes + (0 .. num_experts - 1));
+    requires gather: \valid(gather_indices + (0 .. rows - 1));
+    requires scatter: scatter_indices == \null || \valid(scatter_indices + (0 .. rows - 1));
+    requires next: \valid(next + (0 .. num_experts));
+    requires separated: \separated(topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
+                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
+    requires separated_scatter: scatter_indices != \null ==> \separated(scatter_indices + (0 .. rows - 1),
+                                   topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
+                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
+    terminates \true;
+    assigns m_sizes[0 .. num_experts - 1], gather_indices[0 .. rows - 1], next[0 .. num_experts];
+    assigns scatter_indices[0 .. rows - 1];
+    ensures counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, rows, e);
+    ensures sizes_ok: sizes_ok(m_sizes, num_experts, rows);
+    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows); */
+void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
+                           int64_t *gather_indices, int64_t *scatter_indices, int64_t *next);
 
 /* offsets[E+1]: offsets[e] = sum_{j<e} m_sizes[j].  The caller guarantees a validated routing. */
 /*@ requires experts: 0 <= num_experts < INT64_MAX;
@@ -180,9 +252,9 @@ void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t
 int64_t moe_ref_expert_of_row(int64_t num_experts, const int64_t *offsets, int64_t row);
 
 /* ---- the grouped GEMM, naive twin (ref/gemm_naive.c) ---- */
-/* The preconditions are what the front end (src/gemm_api.c) checks.  WP proves the loops of the forward
- * (gemm_fwd_rows in ref/gemm_naive.c: every index in bounds, no overflow, writes only y) but not this
- * function, which allocates the expert offsets.
+/* The preconditions are what the front end (src/gemm_api.c) checks.  This function is the allocating shell
+ * (ref/alloc_shells.c, not proved: WP 25 has no model of allocation) of moe_ref_gemm_fwd_naive_in below,
+ * which WP proves (every index in bounds, no overflow, writes only the offsets and y).
  * The float postcondition below (behaviour `f32`: fp32 tensors; topk weights and accumulate included) is
  * not proved by WP: tests/contract_check.c mirrors it clause by clause (moe_ref_check_gemm_fwd_post) and
  * tests/test_contracts checks it at run time, for every dtype (inputs read through moe_ref_load, u_out and
@@ -204,10 +276,10 @@ moe_status moe_ref_gemm_fwd_naive(const moe_gemm_problem *p, const void *x, cons
                                   const void *topk_weights, void *y);
 
 /* The backward kernels: preconditions as the forward's (what src/gemm_api.c checks: dx_tensors,
- * dw_tensors, topk_grad_tensors).  As for the forward, WP proves their loops (gemm_dx_rows,
- * gemm_dx_reduce_rows, invert_gather, gemm_dw_rows, gemm_topk_grad_rows and the dot helpers in
- * ref/gemm_naive.c: every index in bounds, no overflow, writes only the output) but not these shells,
- * which allocate.  Their float postconditions (behaviours `*_f32`: fp32 tensors; topk weights and
+ * dw_tensors, topk_grad_tensors).  As for the forward, these are the allocating shells (ref/alloc_shells.c)
+ * of the `_in` functions below, which WP proves (moe_ref_expert_offsets, gemm_dx_rows, gemm_dx_reduce_rows,
+ * invert_gather, gemm_dw_rows, gemm_topk_grad_rows and the dot helpers in ref/gemm_naive.c: every index in
+ * bounds, no overflow, writes only the scratch and the output).  Their float postconditions (behaviours `*_f32`: fp32 tensors; topk weights and
  * accumulate included, each one more rounding) are not proved by WP either: tests/contract_check.c
  * mirrors them clause by clause (moe_ref_check_gemm_dx_post, moe_ref_check_gemm_dw_post,
  * moe_ref_check_gemm_topk_grad_post) and tests/test_contracts checks them at run time for every dtype.
@@ -269,6 +341,72 @@ moe_status moe_ref_gemm_dw_naive(const moe_gemm_problem *p, const void *x, const
           p->N + p->K, unit_f32, eta_f32); */
 moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                           const void *dy, void *d_topk_weights);
+
+/* The naive kernels on caller-provided scratch (ref/gemm_naive.c), proved by WP: RTE (every index in
+ * bounds, no overflow), assigns (the scratch and the output's bytes only), termination; no float property
+ * (the float clauses above are the shells').  The shells above allocate the scratch (ref/alloc_shells.c):
+ *   offsets      [E + 1] int64, any contents (it becomes moe_ref_expert_offsets of m_sizes), or NULL:
+ *                not allocated, MOE_ERR_OUT_OF_MEMORY and nothing written
+ *   row_of_slot  [M] int64, dX with reduce_topk only (else not read, may be NULL): zeroed (calloc), or
+ *                NULL: MOE_ERR_OUT_OF_MEMORY after the offsets are written, the output not */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires experts: p->num_experts < INT64_MAX;
+    requires offsets: offsets != \null ==>
+      gemm_scratch_ok(p, offsets, p->num_experts + 1, (char *)y, byte_offset(p->rows * p->N, p->dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], ((char *)y)[0 .. byte_offset(p->rows * p->N, p->dtype) - 1],
+      moe_error_model;
+    ensures status: offsets != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+moe_status moe_ref_gemm_fwd_naive_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                     const void *topk_weights, void *y, int64_t *offsets);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires experts: p->num_experts < INT64_MAX;
+    requires offsets: offsets != \null ==>
+      gemm_scratch_ok(p, offsets, p->num_experts + 1, (char *)dx, byte_offset(gemm_dx_rows(p) * p->K, p->dtype));
+    requires row_of_slot: p->reduce_topk != 0 && row_of_slot != \null ==>
+      gemm_scratch_ok(p, row_of_slot, p->rows, (char *)dx, byte_offset(gemm_dx_rows(p) * p->K, p->dtype)) &&
+      in_range(row_of_slot, p->rows, 0, p->rows) &&
+      (offsets != \null ==> \separated(row_of_slot + (0 .. p->rows - 1), offsets + (0 .. p->num_experts)));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], row_of_slot[0 .. p->rows - 1],
+      ((char *)dx)[0 .. byte_offset(gemm_dx_rows(p) * p->K, p->dtype) - 1], moe_error_model;
+    ensures status: offsets != \null && (p->reduce_topk == 0 || row_of_slot != \null) ?
+      \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+moe_status moe_ref_gemm_dx_naive_in(const moe_gemm_problem *p, const void *dy, const void *w,
+                                    const void *topk_weights, void *dx, int64_t *offsets, int64_t *row_of_slot);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires experts: p->num_experts < INT64_MAX;
+    requires offsets: offsets != \null ==>
+      gemm_scratch_ok(p, offsets, p->num_experts + 1, (char *)dw,
+                      byte_offset(p->num_experts * p->N * p->K, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts],
+      ((char *)dw)[0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1], moe_error_model;
+    ensures status: offsets != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+moe_status moe_ref_gemm_dw_naive_in(const moe_gemm_problem *p, const void *x, const void *dy,
+                                    const void *topk_weights, void *dw, int64_t *offsets);
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) &&
+      sizes_ok(p->m_sizes, p->num_experts, p->rows);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires experts: p->num_experts < INT64_MAX;
+    requires offsets: offsets != \null ==>
+      gemm_scratch_ok(p, offsets, p->num_experts + 1, (char *)d_topk_weights, byte_offset(p->rows, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], ((char *)d_topk_weights)[0 .. byte_offset(p->rows, p->dw_dtype) - 1],
+      moe_error_model;
+    ensures status: offsets != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+moe_status moe_ref_gemm_topk_weights_grad_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                             const void *dy, void *d_topk_weights, int64_t *offsets);
 
 /* ---- the grouped GEMM, blocked twin (ref/gemm_blocked.c): same contract, same bits ---- */
 moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,

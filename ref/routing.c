@@ -2,7 +2,6 @@
 #include "moe_ref.h"
 
 #include <inttypes.h>
-#include <stdlib.h>
 
 /* The m_sizes half of moe_ref_check_routing: m_sizes[e] >= 0 and sum == rows (no scratch). */
 /*@ requires experts: num_experts >= 1;
@@ -74,20 +73,16 @@ static moe_status check_permutation(const char *op, int64_t rows, const int64_t 
     return MOE_OK;
 }
 
-/* Not proved by WP (it allocates: WP 25 has no model of calloc/free); its two halves above are. */
-moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
-                                 const int64_t *gather_indices, int need_gather)
+moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
+                                    const int64_t *gather_indices, int need_gather, unsigned char *seen)
 {
     moe_status status = check_sizes(op, num_experts, rows, m_sizes);
     if (status != MOE_OK || !need_gather || rows == 0)
         return status;
-    unsigned char *seen = calloc((size_t)rows, 1);
     if (seen == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the %" PRId64
                         "-byte permutation check of routing.gather_indices", op, rows);
-    status = check_permutation(op, rows, gather_indices, seen);
-    free(seen);
-    return status;
+    return check_permutation(op, rows, gather_indices, seen);
 }
 
 void moe_ref_expert_offsets(int64_t num_experts, const int64_t *m_sizes, int64_t *offsets)
@@ -140,30 +135,9 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
     return MOE_OK;
 }
 
-/* The counting sort of moe_routing_from_topk, on checked arguments.
- *   topk_ids        [rows]   expert of each slot, in [0, E)
- *   m_sizes         [E]      out: slots per expert
- *   gather_indices  [rows]   out: slots sorted by expert, stably
- *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices
- *   next            [E + 1]  scratch: the next free row of each expert */
-/*@ requires dims: 0 <= rows && 1 <= num_experts && rows <= INT64_MAX / 2 && num_experts <= INT64_MAX / 2;
-    requires ids: \valid_read(topk_ids + (0 .. rows - 1)) && in_range(topk_ids, rows, 0, num_experts);
-    requires m_sizes: \valid(m_sizes + (0 .. num_experts - 1));
-    requires gather: \valid(gather_indices + (0 .. rows - 1));
-    requires scatter: scatter_indices == \null || \valid(scatter_indices + (0 .. rows - 1));
-    requires next: \valid(next + (0 .. num_experts));
-    requires separated: \separated(topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
-                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
-    requires separated_scatter: scatter_indices != \null ==> \separated(scatter_indices + (0 .. rows - 1),
-                                   topk_ids + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1),
-                                   gather_indices + (0 .. rows - 1), next + (0 .. num_experts));
-    terminates \true;
-    assigns m_sizes[0 .. num_experts - 1], gather_indices[0 .. rows - 1], next[0 .. num_experts];
-    assigns scatter_indices[0 .. rows - 1];
-    ensures counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, rows, e);
-    ensures sizes_ok: sizes_ok(m_sizes, num_experts, rows); */
-static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
-                          int64_t *gather_indices, int64_t *scatter_indices, int64_t *next)
+/* The counting sort of moe_routing_from_topk (contract on the prototype in moe_ref.h). */
+void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
+                           int64_t *gather_indices, int64_t *scatter_indices, int64_t *next)
 {
     /* Framing: count_eq and msum read int64 memory, which every loop here writes (other addresses), so the
      * invariants read count_eq in the pre-state (\at Pre, on \let-bound loop values); the two ghost loops
@@ -212,6 +186,8 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
         loop invariant room: \forall integer e; 0 <= e < num_experts ==>
           0 <= \at(next[e], LoopEntry) && \at(next[e], LoopEntry) + m_sizes[e] <= rows;
         loop invariant ids: \forall integer j; 0 <= j < rows ==> topk_ids[j] == \at(topk_ids[j], Pre);
+        loop invariant gather_range: \at(in_range(gather_indices, rows, 0, rows), Pre) ==>
+          in_range(gather_indices, rows, 0, rows);
         loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
         loop variant rows - s; */
     for (int64_t s = 0; s < rows; s++) {
@@ -244,36 +220,30 @@ static void counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk
     */
 }
 
-moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
-                                 const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
-                                 int64_t *scatter_indices)
+moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                          const int64_t *topk_ids, const int64_t *m_sizes,
+                                          const int64_t *gather_indices, int64_t *rows)
 {
-    static const char op[] = "moe_routing_from_topk";
-    moe_clear_error();
-    int64_t rows = 0;
-    moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
+    moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, rows);
     if (status != MOE_OK)
         return status;
+    const int64_t M = *rows;
     if (m_sizes == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: m_sizes is NULL", op);
-    if (rows > 0 && (topk_ids == NULL || gather_indices == NULL))
+    if (M > 0 && (topk_ids == NULL || gather_indices == NULL))
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: %s is NULL with T*k = %" PRId64 " > 0", op,
-                        topk_ids == NULL ? "topk_ids" : "gather_indices", rows);
+                        topk_ids == NULL ? "topk_ids" : "gather_indices", M);
     if ((uint64_t)num_experts >= SIZE_MAX / sizeof(int64_t))
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_experts = %" PRId64 " too large", op, num_experts);
-    for (int64_t s = 0; s < rows; s++)
+    /*@ loop invariant bounds: 0 <= s <= M;
+        loop invariant in_range: in_range(topk_ids, s, 0, num_experts);
+        loop assigns s;
+        loop variant M - s; */
+    for (int64_t s = 0; s < M; s++)
         if (topk_ids[s] < 0 || topk_ids[s] >= num_experts)
             return moe_fail(MOE_ERR_INVALID_INDEX, "%s: topk_ids[%" PRId64 "][%" PRId64 "] = %" PRId64
                             ", expected an expert in [0, %" PRId64 ")", op, s / topk, s % topk,
                             topk_ids[s], num_experts);
-
-    /* counting sort by expert: stable because slots are visited in ascending order */
-    int64_t *next = calloc((size_t)num_experts + 1, sizeof *next);
-    if (next == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert counters", op,
-                        num_experts);
-    counting_sort(rows, num_experts, topk_ids, m_sizes, gather_indices, scatter_indices, next);
-    free(next);
     return MOE_OK;
 }
 
