@@ -105,7 +105,7 @@ typedef struct moe_routing {
  *   scatter_indices[T*k]  out (may be NULL): the inverse permutation, scatter[gather[r]] = r
  * Host pointers.  Fails with MOE_ERR_INVALID_INDEX (naming t, j and the value) when an id is out of
  * range; then nothing is written.  The arrays must not overlap (the proof of the sort, ref/routing.c
- * counting_sort, assumes it). */
+ * moe_ref_counting_sort, assumes it). */
 moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
                                  const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
                                  int64_t *scatter_indices);
