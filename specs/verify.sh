@@ -19,9 +19,11 @@
 #                               operation overflows.  (+nat drops the range facts: overflow goals fail.)
 #   -warn-special-float none    Inf and NaN are legitimate float values of these kernels, not errors
 #   -wp-prover z3,cvc4          Alt-Ergo is not packaged on Debian; both SMT solvers are
-#   -wp-timeout 20 -wp-par 2    per goal (wall clock; the slowest goal takes ~3 s on a quiet 2-core machine,
-#                               but 10 s timed out at load 6-10: 20 leaves room); each frama-c runs two
-#                               provers at a time (CI runners have 2 cores)
+#   -wp-timeout 60 -wp-par 2    per goal (wall clock; the slowest goal takes ~5 s on a 2-core machine at load 2,
+#                               and at load 6-8 three goals of 4-5 s timed out at 20 s: a goal that is
+#                               proved costs its own time whatever the limit, so the limit is only room
+#                               for a loaded machine); each frama-c runs two provers at a time (CI runners
+#                               have 2 cores)
 #   -wp-frama-c-stdlib-terminate  trust that the functions of Frama-C's libc without a terminates clause
 #                               (expf, called by the activations of ref/mlp.c) terminate
 #   -wp-cache update            the session cache in WORKDIR lets a re-run skip solved goals
@@ -46,7 +48,7 @@ if [ "${1:-}" = "--one" ]; then
     # shellcheck disable=SC2086
     if ! "$FRAMAC" -cpp-extra-args="-I$srcdir/include -I$srcdir/src -I$srcdir/ref -I$srcdir/specs -D_POSIX_C_SOURCE=200809L" -c11 \
         "$srcdir/$file" -wp -wp-rte -wp-fct "$fcts" -wp-model Typed+int -warn-special-float none \
-        -wp-prover z3,cvc4 -wp-timeout 20 -wp-par 2 -wp-frama-c-stdlib-terminate -wp-session "$work/session/$name" -wp-cache update \
+        -wp-prover z3,cvc4 -wp-timeout 60 -wp-par 2 -wp-frama-c-stdlib-terminate -wp-session "$work/session/$name" -wp-cache update \
         > "$log" 2>&1; then
         echo "verify: frama-c failed on $file (log: $log):" >&2
         tail -20 "$log" >&2
@@ -115,7 +117,7 @@ sort -u "$work/goals.txt" | awk '
     echo
     echo "Tools: $("$FRAMAC" -version 2>/dev/null | head -1 | sed 's/^/Frama-C /'), $("$WHY3" --version 2>/dev/null | head -1)," \
          "$(z3 --version 2>/dev/null | head -1), $(cvc4 --version 2>/dev/null | head -1 | sed 's/^This is //')."
-    echo "Flags: -wp -wp-rte -wp-model Typed+int -warn-special-float none -wp-prover z3,cvc4 -wp-timeout 20 -wp-par 2 -wp-frama-c-stdlib-terminate"
+    echo "Flags: -wp -wp-rte -wp-model Typed+int -warn-special-float none -wp-prover z3,cvc4 -wp-timeout 60 -wp-par 2 -wp-frama-c-stdlib-terminate"
     echo
     echo "| file | function | goals proved / total |"
     echo "|---|---|---|"
