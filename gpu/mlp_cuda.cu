@@ -1029,26 +1029,70 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r)
 }
 
 
-// dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with scale.  One CTA per row.
-template <int V>
-__global__ void gather_rows_kernel(MlpArgs g, const void *src, void *dst, int scale)
+// dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with SCALE.  With DOT also
+// da[pos of r] = <src[token], ckpt_d_in[pos]> (the backward's affinity gradient when the down checkpoint is
+// given: dot_kernel's sum, in its order, without reading src again).  One warp per row; each lane handles
+// the V-wide chunks lane*V + j*32*V (the order of dot_kernel's sum), BATCH of them loaded before any is
+// stored.  What bounds these kernels is the number of rows in flight per SM (each row starts with a chain of
+// four dependent index loads, row_info): BATCH and the template flags keep the registers low enough for
+// 4 to 6 CTAs of 256 threads per SM (ncu, bench/RESULTS.md 2026-11-24 third session).
+#ifndef MOE_GATHER_MIN_CTAS
+#define MOE_GATHER_MIN_CTAS 4
+#endif
+template <int V, int BATCH, bool SCALE, bool DOT>
+__global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(MlpArgs g, const void *__restrict__ src, void *__restrict__ dst)
 {
     if (*g.status != ERR_NONE)
         return;
-    const int64_t R = rows_total(g), H = g.H;
-    for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
-        const RowInfo ri = row_info(g, r);
-        for (int64_t h = threadIdx.x * (int64_t)V; h < H; h += (int64_t)blockDim.x * V) {
-            if (V == 8 && !scale) {
-                reinterpret_cast<uint4 *>(dst)[(r * H + h) / 8] = reinterpret_cast<const uint4 *>(src)[(ri.tok * H + h) / 8];
-                continue;
+    const int lane = threadIdx.x % 32;
+    const int64_t R = rows_total(g), H = g.H, warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < R; r += warps) {
+        const int64_t pos = g.row_pos[r], tok = g.ids[pos];
+        const float a = SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.b2e[pos / g.B]) : 1.0f;
+        float sum = 0.0f;
+        for (int64_t h0 = lane * (int64_t)V; h0 < H; h0 += 32 * V * BATCH) {
+            if constexpr (V == 8 && !SCALE && !DOT) { // a plain copy of 16-byte chunks
+                uint4 chunk[BATCH];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++)
+                    if (h0 + u * 32 * V < H)
+                        chunk[u] = reinterpret_cast<const uint4 *>(src)[(tok * H + h0 + u * 32 * V) / 8];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++)
+                    if (h0 + u * 32 * V < H)
+                        reinterpret_cast<uint4 *>(dst)[(r * H + h0 + u * 32 * V) / 8] = chunk[u];
+            } else {
+                float v[BATCH][V], d[DOT ? BATCH : 1][V];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int64_t h = h0 + u * 32 * V;
+                    if (h < H) {
+                        load_v<V>(g.dt, src, tok * H + h, v[u]);
+                        if (DOT)
+                            load_v<V>(g.dt, g.ckpt_d_in, pos * H + h, d[DOT ? u : 0]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int64_t h = h0 + u * 32 * V;
+                    if (h < H) {
+#pragma unroll
+                        for (int c = 0; c < V; c++) {
+                            if (DOT)
+                                sum = fmaf(v[u][c], d[DOT ? u : 0][c], sum);
+                            if (SCALE)
+                                v[u][c] = a * v[u][c];
+                        }
+                        store_v<V>(g.dt, dst, r * H + h, v[u]);
+                    }
+                }
             }
-            float v[V];
-            load_v<V>(g.dt, src, ri.tok * H + h, v);
-            if (scale)
-                for (int u = 0; u < V; u++)
-                    v[u] = ri.a * v[u];
-            store_v<V>(g.dt, dst, r * H + h, v);
+        }
+        if (DOT) {
+            for (int off = 16; off > 0; off /= 2)
+                sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            if (lane == 0)
+                g.da[pos] = sum;
         }
     }
 }
@@ -1477,13 +1521,29 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
     return moe_cuda_rows_gemm(&r);
 }
 
-moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, int scale, cudaStream_t stream)
+// gather_rows_kernel, with the affinity gradient's dot product when `dot` (the down checkpoint given).
+template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, const void *src, void *dst, cudaStream_t stream)
+{
+    constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : DOT ? 2 : 4;
+    const auto kernel = gather_rows_kernel<V, batch, SCALE, DOT>;
+    kernel<<<resident_grid(kernel, 256, host_cdiv(g.NB * 32, 256)), 256, 0, stream>>>(g, src, dst);
+}
+
+template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
+{
+    if (dot)
+        scale ? launch_gather<V, true, true>(g, src, dst, stream) : launch_gather<V, false, true>(g, src, dst, stream);
+    else
+        scale ? launch_gather<V, true, false>(g, src, dst, stream) : launch_gather<V, false, false>(g, src, dst, stream);
+}
+
+moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
 {
     if (g.NB > 0 && g.H > 0) {
-        if (g.H % 8 == 0 && aligned16(src) && aligned16(dst))
-            gather_rows_kernel<8><<<resident_grid(gather_rows_kernel<8>, 256, g.NB), 256, 0, stream>>>(g, src, dst, scale);
+        if (g.H % 8 == 0 && aligned16(src) && aligned16(dst) && (!dot || aligned16(g.ckpt_d_in)))
+            launch_gather_v<8>(g, src, dst, scale, dot, stream);
         else
-            gather_rows_kernel<1><<<resident_grid(gather_rows_kernel<1>, 256, g.NB), 256, 0, stream>>>(g, src, dst, scale);
+            launch_gather_v<1>(g, src, dst, scale, dot, stream);
     }
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
@@ -1634,7 +1694,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
         rs.dr = NB * H;
         return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
-            moe_status s = gather_rows(a, a.hidden, a.Xr, 0, stream);
+            moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
             if (s == MOE_OK)
                 s = rows_gemm(a, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, a.Xr, a.w_gu, a.GU, 0, stream);
             if (s != MOE_OK)
@@ -1714,9 +1774,9 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
         return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             const int64_t cap = (int64_t)sm_count() * 16;
-            moe_status s = gather_rows(a, a.hidden, a.Xr, 0, stream);
+            moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
             if (s == MOE_OK)
-                s = gather_rows(a, a.out_grad, a.Sr, !a.on_i, stream);
+                s = gather_rows(a, a.out_grad, a.Sr, !a.on_i, !recompute, stream); // da too, from the checkpoint
             if (s == MOE_OK)
                 s = rows_gemm(a, "moe_mlp_bwd (dM)", MOE_ROWS_A_WT, MOE_F32, I, H, a.Sr, a.w_d, a.dMr, 0, stream);
             if (s != MOE_OK)
@@ -1735,9 +1795,11 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                 if (s != MOE_OK)
                     return s;
             }
-            s = launch_dot(a, stream);
-            if (s != MOE_OK)
-                return s;
+            if (recompute) {
+                s = launch_dot(a, stream);
+                if (s != MOE_OK)
+                    return s;
+            }
             if (a.T * E > 0)
                 daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
