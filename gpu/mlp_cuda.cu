@@ -1031,11 +1031,16 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r)
 
 // dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with SCALE.  With DOT also
 // da[pos of r] = <src[token], ckpt_d_in[pos]> (the backward's affinity gradient when the down checkpoint is
-// given: dot_kernel's sum, in its order, without reading src again).  One warp per row; each lane handles
-// the V-wide chunks lane*V + j*32*V (the order of dot_kernel's sum), BATCH of them loaded before any is
-// stored.  What bounds these kernels is the number of rows in flight per SM (each row starts with a chain of
-// four dependent index loads, row_info): BATCH and the template flags keep the registers low enough for
-// 4 to 6 CTAs of 256 threads per SM (ncu, bench/RESULTS.md 2026-11-24 third session).
+// given: dot_kernel's sum, in its order, without reading src again).  One warp per row.  Without DOT the
+// rows are walked by token (tok_list, from token_lists_kernel), a token's rows one after the other, so that
+// its src row comes from DRAM once and then from L1/L2; walked by row, in expert order, the k copies of a row
+// are far apart in time (ncu, Qwen3 T = 16384: X gather 340 -> 278 us).  With DOT the walk by token was
+// slower (574 -> 597 us: its checkpoint reads and Sr writes, the bulk of its traffic, lose their row
+// order), so it walks rows.  Per row, each lane handles the V-wide chunks lane*V + j*32*V (the order of
+// dot_kernel's sum), BATCH of them loaded before any is stored.  What bounds these kernels is the number of
+// rows in flight per SM (each row starts with a chain of dependent index loads): BATCH and the template
+// flags keep each instance at <= 64 registers, 4 CTAs of 256 threads per SM (MOE_GATHER_MIN_CTAS, a
+// compile-time knob for experiments; at 6 ptxas spills).  bench/RESULTS.md, 2026-11-24 third session.
 #ifndef MOE_GATHER_MIN_CTAS
 #define MOE_GATHER_MIN_CTAS 4
 #endif
@@ -1045,10 +1050,10 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
     if (*g.status != ERR_NONE)
         return;
     const int lane = threadIdx.x % 32;
-    const int64_t R = rows_total(g), H = g.H, warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; r < R; r += warps) {
-        const int64_t pos = g.row_pos[r], tok = g.ids[pos];
-        const float a = SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.b2e[pos / g.B]) : 1.0f;
+    const int64_t H = g.H, warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    // Row r (at position pos) of token tok, with its affinity a when SCALE.
+    auto gather_row = [&](int64_t r, int64_t pos, int64_t tok, float a) {
         float sum = 0.0f;
         for (int64_t h0 = lane * (int64_t)V; h0 < H; h0 += 32 * V * BATCH) {
             if constexpr (V == 8 && !SCALE && !DOT) { // a plain copy of 16-byte chunks
@@ -1094,6 +1099,20 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
             if (lane == 0)
                 g.da[pos] = sum;
         }
+    };
+    if constexpr (DOT) { // by row
+        const int64_t R = rows_total(g);
+        for (int64_t r = warp; r < R; r += warps) {
+            const int64_t pos = g.row_pos[r], tok = g.ids[pos];
+            gather_row(r, pos, tok, SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.b2e[pos / g.B]) : 1.0f);
+        }
+    } else { // by token
+        for (int64_t tok = warp; tok < g.T; tok += warps)
+            for (int64_t j = 0; j < g.tok_count[tok]; j++) {
+                const int64_t r = g.tok_list[tok * g.E + j];
+                gather_row(r, g.row_pos[r], tok,
+                           SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.tok_expert[tok * g.E + j]) : 1.0f);
+            }
     }
 }
 
@@ -1522,11 +1541,12 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
 }
 
 // gather_rows_kernel, with the affinity gradient's dot product when `dot` (the down checkpoint given).
+// Needs the token lists (launch_token_lists).
 template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, const void *src, void *dst, cudaStream_t stream)
 {
-    constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : DOT ? 2 : 4;
+    constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : 2; // copy 8, scaled or with the dot 2 (<= 64 registers)
     const auto kernel = gather_rows_kernel<V, batch, SCALE, DOT>;
-    kernel<<<resident_grid(kernel, 256, host_cdiv(g.NB * 32, 256)), 256, 0, stream>>>(g, src, dst);
+    kernel<<<resident_grid(kernel, 256, host_cdiv((DOT ? g.NB : g.T) * 32, 256)), 256, 0, stream>>>(g, src, dst);
 }
 
 template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
@@ -1539,7 +1559,7 @@ template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *d
 
 moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
 {
-    if (g.NB > 0 && g.H > 0) {
+    if (g.NB > 0 && g.H > 0 && g.T > 0) {
         if (g.H % 8 == 0 && aligned16(src) && aligned16(dst) && (!dot || aligned16(g.ckpt_d_in)))
             launch_gather_v<8>(g, src, dst, scale, dot, stream);
         else
@@ -1664,12 +1684,18 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     return status;
 }
 
+// tok_count, tok_list, tok_expert (token_lists_kernel) for the kernels that walk tokens.
+void launch_token_lists(const MlpArgs &g, cudaStream_t stream)
+{
+    if (g.T > 0)
+        token_lists_kernel<<<resident_grid(token_lists_kernel, 256, host_cdiv(g.T * 32, 256)), 256, 0, stream>>>(g);
+}
+
+// Needs the token lists (launch_token_lists).
 moe_status token_rows(const MlpArgs &g, const float *rows, void *dst, cudaStream_t stream)
 {
     if (g.token_rows * g.H == 0)
         return MOE_OK;
-    if (g.T > 0)
-        token_lists_kernel<<<resident_grid(token_lists_kernel, 256, host_cdiv(g.T * 32, 256)), 256, 0, stream>>>(g);
     token_rows_kernel<<<resident_grid(token_rows_kernel, 256, host_cdiv(g.token_rows * g.H, 256)), 256, 0, stream>>>(
         g, rows, dst);
     MOE_CUDA_CHECK(cudaGetLastError());
@@ -1694,6 +1720,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
         rs.dr = NB * H;
         return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
+            launch_token_lists(a, stream);
             moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
             if (s == MOE_OK)
                 s = rows_gemm(a, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, a.Xr, a.w_gu, a.GU, 0, stream);
@@ -1723,8 +1750,6 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 else
                     down_ckpt_kernel<1><<<resident_grid(down_ckpt_kernel<1>, 256, NB), 256, 0, stream>>>(a);
             }
-            if (a.T > 0)
-                token_lists_kernel<<<resident_grid(token_lists_kernel, 256, host_cdiv(a.T * 32, 256)), 256, 0, stream>>>(a);
             if (a.token_rows * H > 0) {
                 const int64_t wanted = host_cdiv(a.token_rows * H, 256);
                 if (vec && aligned16(a.out) && (!ckpt_in_token_out || aligned16(a.ckpt_d)))
@@ -1744,8 +1769,10 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
             s = launch_tiles<OpDown<DOWN_FORWARD>>(a, a.N * rt * host_cdiv(H, BN), stream);
         if (s == MOE_OK && ckpt_from_m0)
             s = launch_tiles<OpDown<DOWN_CKPT_FROM_M0>>(a, a.N * rt * host_cdiv(H, BN), stream);
-        if (s == MOE_OK)
+        if (s == MOE_OK) {
+            launch_token_lists(a, stream);
             s = token_rows(a, a.contrib, a.out, stream);
+        }
         return s;
     });
 }
@@ -1774,6 +1801,7 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
         return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             const int64_t cap = (int64_t)sm_count() * 16;
+            launch_token_lists(a, stream);
             moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
             if (s == MOE_OK)
                 s = gather_rows(a, a.out_grad, a.Sr, !a.on_i, !recompute, stream); // da too, from the checkpoint
@@ -1834,8 +1862,10 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
         MOE_CUDA_CHECK(cudaGetLastError());
         s = launch_tiles<OpDx>(a, a.N * rt * host_cdiv(H, BN), stream);
-        if (s == MOE_OK)
+        if (s == MOE_OK) {
+            launch_token_lists(a, stream);
             s = token_rows(a, a.contrib, a.d_hidden, stream);
+        }
         if (s == MOE_OK)
             s = launch_tiles<OpDwD>(a, E * host_cdiv(I, BM) * host_cdiv(H, BN), stream);
         if (s == MOE_OK)
