@@ -563,7 +563,7 @@ typedef struct slot_index {
 /* The slot index of a checked layout (ids = token_position_to_id [N*B], b2e = block_to_expert [N]), as
  * build_index's proved cores fill it (count_tokens, number_slots, bucket_positions, largest_bucket). */
 /*@ predicate slot_index_ok{L}(slot_index *x, int64_t *ids, integer T, integer E, integer N, integer B) =
-      \valid_read(x) && x->count == count_lt(ids, N * B, T) &&
+      \valid_read(x) && 0 <= x->count &&
       \valid(x->pos + (0 .. x->count - 1)) && in_range(x->pos, x->count, 0, N * B) &&
       \valid(x->token + (0 .. x->count - 1)) && in_range(x->token, x->count, 0, T) &&
       \valid(x->expert_start + (0 .. E)) && x->expert_start[0] == 0 && x->expert_start[E] == x->count &&
@@ -765,6 +765,33 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
     /*@ ghost lemma_buckets_cover(start, K, order, count, 0, count); */
 }
 
+/* bucket_positions as build_index_in needs it: the same requires, the postconditions but `sizes`.  With the
+ * recursive count_key facts of `sizes` from three calls in one context, Z3 ran out of memory (and CVC4
+ * timed out) on build_index_in's frame goals after the second call; this contract leaves them out. */
+/*@ requires dims: 0 <= n && 1 <= B && 0 <= K && 0 <= blocks && n <= blocks * B;
+    requires filter: \valid_read(filter + (0 .. n - 1));
+    requires map: \valid_read(map + (0 .. blocks - 1));
+    requires keys: \forall integer j; 0 <= j < n && 0 <= filter[j] < lim ==> 0 <= map[j / B] < K;
+    requires count: count == count_lt((int64_t *)filter, n, lim);
+    requires start: \valid(start + (0 .. K)) && \forall integer k; 0 <= k <= K ==> start[k] == 0;
+    requires order: \valid(order + (0 .. count - 1));
+    requires cursor: \valid(cursor + (0 .. K - 1));
+    requires separated: \separated(start + (0 .. K), order + (0 .. count - 1), cursor + (0 .. K - 1),
+                                   filter + (0 .. n - 1));
+    requires separated_map: \separated(map + (0 .. blocks - 1), start + (0 .. K), order + (0 .. count - 1),
+                                       cursor + (0 .. K - 1));
+    terminates \true;
+    assigns start[1 .. K], order[0 .. count - 1], cursor[0 .. K - 1];
+    ensures offsets: start[0] == 0 && start[K] == count;
+    ensures sorted: sorted_offsets(start, K);
+    ensures filled: in_range(order, count, 0, count); */
+static inline void bucket_sort(int64_t n, const int64_t *filter, int64_t lim, const int64_t *map, int64_t B, int64_t K,
+                               int64_t *start, int64_t *order, int64_t *cursor)
+    /*@ ghost (int64_t count, int64_t blocks) */
+{
+    bucket_positions(n, filter, lim, map, B, K, start, order, cursor) /*@ ghost (count, blocks) */;
+}
+
 /* The most entries of one bucket: max_k start[k + 1] - start[k].   start [K + 1], sorted, start[0] >= 0 */
 /*@ requires dims: 0 <= K && \valid_read(start + (0 .. K));
     requires sorted: start[0] >= 0 && sorted_offsets(start, K);
@@ -783,22 +810,228 @@ static int64_t largest_bucket(const int64_t *start, int64_t K)
     return most;
 }
 
-/* Allocates and fills the slot index of a checked layout (block_to_expert in [0, E), every position a
- * token in [0, T) or not a token).  The fill is the proved functions above (specs/README.md); this shell,
- * which allocates, is not proved: contract stated (WP 25 has no model of malloc/calloc/free). */
+/* build_index_in's first step: numbers the slots (pos, token: number_slots), sorts them by expert
+ * (start = expert_start [E + 1], zero on entry; slots = expert_slots [V]: bucket_sort by block_to_expert)
+ * and returns the most slots of one expert (largest_bucket).  `counted`: count_lt of the ids in the
+ * post-state, carried from the pre-state by ghost loops (the stores are int64, as the ids), so that the
+ * caller needs no induction.  The ensures name one-variable facts (`steps`, not sorted_offsets): the
+ * caller frames them across its next calls, which the provers did not do in 40 s for sorted_offsets.
+ *   V, C  ghost: the slots, count_lt(ids, N*B, T); the length of cursor (at least E) */
+/*@ requires dims: 0 <= T && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
+    requires layout: \valid_read(ids + (0 .. N * B - 1)) && \valid_read(b2e + (0 .. N - 1)) &&
+      in_range(b2e, N, 0, E);
+    requires slots: V == count_lt(ids, N * B, T);
+    requires cursor_length: E <= C;
+    requires out: \valid(pos + (0 .. V - 1)) && \valid(token + (0 .. V - 1)) && \valid(start + (0 .. E)) &&
+      \valid(slots + (0 .. V - 1)) && \valid(cursor + (0 .. C - 1));
+    requires zeroed: \forall integer k; 0 <= k <= E ==> start[k] == 0;
+    requires separated: \separated(pos + (0 .. V - 1), token + (0 .. V - 1), start + (0 .. E), slots + (0 .. V - 1),
+      cursor + (0 .. C - 1), ids + (0 .. N * B - 1));
+    requires separated_map: \separated(pos + (0 .. V - 1), token + (0 .. V - 1), start + (0 .. E),
+      slots + (0 .. V - 1), cursor + (0 .. C - 1), b2e + (0 .. N - 1));
+    terminates \true;
+    assigns pos[0 .. V - 1], token[0 .. V - 1], start[1 .. E], slots[0 .. V - 1], cursor[0 .. C - 1];
+    ensures positions: in_range(pos, V, 0, N * B);
+    ensures tokens: in_range(token, V, 0, T);
+    ensures offsets: start[0] == 0 && start[E] == V;
+    ensures steps: ascending_steps(start, E);
+    ensures filled: in_range(slots, V, 0, V);
+    ensures largest: 0 <= \result && \forall integer e; 0 <= e < E ==> start[e + 1] - start[e] <= \result;
+    ensures counted: count_lt(ids, N * B, T) == V; */
+static int64_t index_by_expert(int64_t *ids, int64_t *b2e, int64_t T, int64_t E, int64_t N, int64_t B,
+                               int64_t *pos, int64_t *token, int64_t *start, int64_t *slots, int64_t *cursor)
+    /*@ ghost (int64_t V, int64_t C) */
+{
+    const int64_t NB = N * B;
+    number_slots(ids, NB, T, pos, token) /*@ ghost (V) */;
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= y <= NB;
+           loop invariant framed: \forall integer z; 0 <= z <= y ==> count_lt(ids, z, T) == \at(count_lt(ids, z, T), Pre);
+           loop assigns y;
+           loop variant NB - y; @/
+        for (int64_t y = 0; y < NB; y++) ;
+    */
+    /*@ ghost lemma_map_keys(b2e, N, B, E); */
+    bucket_sort(NB, ids, T, b2e, B, E, start, slots, cursor) /*@ ghost (V, N) */;
+    /*@ assert steps: ascending_steps(start, E); */
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= y <= NB;
+           loop invariant framed: \forall integer z; 0 <= z <= y ==> count_lt(ids, z, T) == \at(count_lt(ids, z, T), Pre);
+           loop assigns y;
+           loop variant NB - y; @/
+        for (int64_t y = 0; y < NB; y++) ;
+    */
+    return largest_bucket(start, E);
+}
+
+/* build_index_in's second step: sorts the slots by token (start = token_start [T + 1], zero on entry;
+ * slots = token_slots [V]: bucket_sort by the ids themselves).
+ *   V, C  ghost: the slots, count_lt(ids, NB, T); the length of cursor (at least T) */
+/*@ requires dims: 0 <= T && 0 <= NB;
+    requires layout: \valid_read(ids + (0 .. NB - 1));
+    requires slots: V == count_lt(ids, NB, T);
+    requires cursor_length: T <= C;
+    requires out: \valid(start + (0 .. T)) && \valid(slots + (0 .. V - 1)) && \valid(cursor + (0 .. C - 1));
+    requires zeroed: \forall integer k; 0 <= k <= T ==> start[k] == 0;
+    requires separated: \separated(start + (0 .. T), slots + (0 .. V - 1), cursor + (0 .. C - 1),
+      ids + (0 .. NB - 1));
+    terminates \true;
+    assigns start[1 .. T], slots[0 .. V - 1], cursor[0 .. C - 1];
+    ensures offsets: start[0] == 0 && start[T] == V;
+    ensures steps: ascending_steps(start, T);
+    ensures filled: in_range(slots, V, 0, V); */
+static void index_by_token(int64_t *ids, int64_t T, int64_t NB, int64_t *start, int64_t *slots, int64_t *cursor)
+    /*@ ghost (int64_t V, int64_t C) */
+{
+    bucket_sort(NB, ids, T, ids, 1, T, start, slots, cursor) /*@ ghost (V, NB) */;
+    /*@ assert steps: ascending_steps(start, T); */
+}
+
+/* build_index_in on the arrays themselves (formals, not x's fields: shorter goals): the slots by expert
+ * (index_by_expert) and by token (index_by_token), then the blocks by expert (bucket_sort of
+ * block_to_expert); returns max_slots.  The arrays as in index_scratch_ok.  Contract stated, NOT proved: its frame goals time out
+ * (specs/README.md, build_index_in's row); the three steps it calls are proved.
+ *   V, C  ghost: the slots, count_lt(ids, N*B, T); the length of cursor, max(E, T) (a name rather than
+ *         the conditional expression: shorter separation goals) */
+/*@ requires dims: 0 <= T && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
+    requires layout: \valid_read(ids + (0 .. N * B - 1)) && \valid_read(b2e + (0 .. N - 1)) &&
+      in_range(b2e, N, 0, E);
+    requires slots: V == count_lt(ids, N * B, T);
+    requires cursor_length: E <= C && T <= C;
+    requires out: \valid(pos + (0 .. V - 1)) && \valid(token + (0 .. V - 1)) &&
+      \valid(expert_start + (0 .. E)) && \valid(expert_slots + (0 .. V - 1)) &&
+      \valid(token_start + (0 .. T)) && \valid(token_slots + (0 .. V - 1)) &&
+      \valid(block_start + (0 .. E)) && \valid(expert_blocks + (0 .. N - 1)) &&
+      \valid(cursor + (0 .. C - 1));
+    requires zeroed: \forall integer k; 0 <= k <= E ==> expert_start[k] == 0 && block_start[k] == 0;
+    requires zeroed_tokens: \forall integer k; 0 <= k <= T ==> token_start[k] == 0;
+    requires separated: \separated(pos + (0 .. V - 1), token + (0 .. V - 1), expert_start + (0 .. E),
+      expert_slots + (0 .. V - 1), token_start + (0 .. T), token_slots + (0 .. V - 1), block_start + (0 .. E),
+      expert_blocks + (0 .. N - 1), cursor + (0 .. C - 1), ids + (0 .. N * B - 1));
+    requires separated_map: \separated(b2e + (0 .. N - 1), pos + (0 .. V - 1), token + (0 .. V - 1),
+      expert_start + (0 .. E), expert_slots + (0 .. V - 1), token_start + (0 .. T), token_slots + (0 .. V - 1),
+      block_start + (0 .. E), expert_blocks + (0 .. N - 1), cursor + (0 .. C - 1));
+    terminates \true;
+    assigns pos[0 .. V - 1], token[0 .. V - 1], expert_start[1 .. E], expert_slots[0 .. V - 1],
+      token_start[1 .. T], token_slots[0 .. V - 1], block_start[1 .. E], expert_blocks[0 .. N - 1],
+      cursor[0 .. C - 1];
+    ensures positions: in_range(pos, V, 0, N * B);
+    ensures tokens: in_range(token, V, 0, T);
+    ensures by_expert: expert_start[0] == 0 && expert_start[E] == V;
+    ensures expert_steps: ascending_steps(expert_start, E);
+    ensures expert_slots: in_range(expert_slots, V, 0, V);
+    ensures largest: 0 <= \result && \forall integer e; 0 <= e < E ==> expert_start[e + 1] - expert_start[e] <= \result;
+    ensures by_token: token_start[0] == 0 && token_start[T] == V;
+    ensures token_steps: ascending_steps(token_start, T);
+    ensures token_slots: in_range(token_slots, V, 0, V);
+    ensures by_block: block_start[0] == 0 && block_start[E] == N;
+    ensures block_steps: ascending_steps(block_start, E);
+    ensures expert_blocks: in_range(expert_blocks, N, 0, N); */
+static int64_t fill_index(int64_t *ids, int64_t *b2e, int64_t T, int64_t E, int64_t N, int64_t B, int64_t *pos,
+                          int64_t *token, int64_t *expert_start, int64_t *expert_slots, int64_t *token_start,
+                          int64_t *token_slots, int64_t *block_start, int64_t *expert_blocks, int64_t *cursor)
+    /*@ ghost (int64_t V, int64_t C) */
+{
+    const int64_t most = index_by_expert(ids, b2e, T, E, N, B, pos, token, expert_start, expert_slots, cursor)
+        /*@ ghost (V, C) */;
+    index_by_token(ids, T, N * B, token_start, token_slots, cursor) /*@ ghost (V, C) */;
+    /*@ assert blocks_kept: in_range(b2e, N, 0, E); */
+    /*@ ghost lemma_count_lt_all(b2e, N, E); */
+    bucket_sort(N, b2e, E, b2e, 1, E, block_start, expert_blocks, cursor) /*@ ghost (N, N) */;
+    /*@ assert block_steps: ascending_steps(block_start, E); */
+    return most;
+}
+
+/* The arrays of a slot index and the cursor scratch as build_index allocates them, for V slots of a
+ * problem with T tokens, E experts, N blocks, NB = N*B positions: valid, the three starts zeroed (calloc),
+ * pairwise apart and apart from the index itself and from the problem and the layout's arrays (ids [NB],
+ * b2e [N]), which build_index_in reads. */
+/*@ predicate index_apart{L}(slot_index *x, int64_t *cursor, integer V, integer T, integer E, integer N,
+                              int64_t *a, integer n) =
+      \separated(a + (0 .. n - 1), x, x->pos + (0 .. V - 1), x->token + (0 .. V - 1), x->expert_start + (0 .. E),
+                 x->expert_slots + (0 .. V - 1), x->token_start + (0 .. T), x->token_slots + (0 .. V - 1),
+                 x->block_start + (0 .. E), x->expert_blocks + (0 .. N - 1),
+                 cursor + (0 .. (E > T ? E : T) - 1));
+
+    predicate index_scratch_ok{L}(slot_index *x, int64_t *cursor, int64_t *ids, int64_t *b2e, integer V,
+                                  integer T, integer E, integer N, integer NB) =
+      \valid(x->pos + (0 .. V - 1)) && \valid(x->token + (0 .. V - 1)) &&
+      \valid(x->expert_start + (0 .. E)) && \valid(x->expert_slots + (0 .. V - 1)) &&
+      \valid(x->token_start + (0 .. T)) && \valid(x->token_slots + (0 .. V - 1)) &&
+      \valid(x->block_start + (0 .. E)) && \valid(x->expert_blocks + (0 .. N - 1)) &&
+      \valid(cursor + (0 .. (E > T ? E : T) - 1)) &&
+      (\forall integer k; 0 <= k <= E ==> x->expert_start[k] == 0 && x->block_start[k] == 0) &&
+      (\forall integer k; 0 <= k <= T ==> x->token_start[k] == 0) &&
+      \separated(x, x->pos + (0 .. V - 1), x->token + (0 .. V - 1), x->expert_start + (0 .. E),
+                 x->expert_slots + (0 .. V - 1), x->token_start + (0 .. T), x->token_slots + (0 .. V - 1),
+                 x->block_start + (0 .. E), x->expert_blocks + (0 .. N - 1),
+                 cursor + (0 .. (E > T ? E : T) - 1)) &&
+      index_apart(x, cursor, V, T, E, N, ids, NB) && index_apart(x, cursor, V, T, E, N, b2e, N);
+*/
+
+/* Fills the slot index of a checked layout into arrays the caller allocated (build_index): the layout
+ * ids = token_position_to_id [N*B] (a token in [0, T) or not a token), b2e = block_to_expert [N] (in
+ * [0, E)); x->count = the slots V (count_tokens), x's eight arrays and cursor [max(E, T)] scratch, any of
+ * them NULL (not allocated): MOE_ERR_OUT_OF_MEMORY with the message build_index always gave (op: the
+ * caller's name).  Contract stated, NOT proved (not in specs/verify.sh's list; specs/README.md): WP proves
+ * its calls' requires, RTE and assigns, but the frame goals of fill_index (a fact of one step restated after
+ * the next steps) time out.  Value parameters rather than the problem: with mlp_problem_ok among the
+ * hypotheses (its products of five fields) Z3 needed 8 s for the overflow of N * B alone. */
+/*@ requires dims: 0 <= T && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
+    requires layout: \valid_read(ids + (0 .. N * B - 1)) && \valid_read(b2e + (0 .. N - 1)) &&
+      in_range(b2e, N, 0, E);
+    requires x: \valid(x);
+    requires slots: x->count == count_lt(ids, N * B, T);
+    requires arrays: x->pos != \null && x->token != \null && x->expert_start != \null &&
+      x->expert_slots != \null && x->token_start != \null && x->token_slots != \null &&
+      x->block_start != \null && x->expert_blocks != \null && cursor != \null ==>
+      index_scratch_ok(x, cursor, ids, b2e, x->count, T, E, N, N * B);
+    terminates \true;
+    assigns x->max_slots, x->pos[0 .. x->count - 1], x->token[0 .. x->count - 1], x->expert_start[0 .. E],
+      x->expert_slots[0 .. x->count - 1], x->token_start[0 .. T], x->token_slots[0 .. x->count - 1],
+      x->block_start[0 .. E], x->expert_blocks[0 .. N - 1], cursor[0 .. (E > T ? E : T) - 1], moe_error_model;
+    ensures status: x->pos != \null && x->token != \null && x->expert_start != \null &&
+      x->expert_slots != \null && x->token_start != \null && x->token_slots != \null &&
+      x->block_start != \null && x->expert_blocks != \null && cursor != \null ?
+      \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures index: \result == MOE_OK ==> slot_index_ok(x, ids, T, E, N, B);
+    ensures counted: x->count == \old(count_lt(ids, N * B, T)); */
+static moe_status build_index_in(const char *op, int64_t *ids, int64_t *b2e, int64_t T, int64_t E, int64_t N,
+                                 int64_t B, slot_index *x, int64_t *cursor)
+{
+    /*@ ghost const int64_t V = x->count; */
+    if (!x->pos || !x->token || !x->expert_start || !x->expert_slots || !x->token_start || !x->token_slots ||
+        !x->block_start || !x->expert_blocks || !cursor)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the slot index of %" PRId64 " positions",
+                        op, N * B);
+    x->max_slots = fill_index(ids, b2e, T, E, N, B, x->pos, x->token, x->expert_start, x->expert_slots,
+                              x->token_start, x->token_slots, x->block_start, x->expert_blocks, cursor)
+        /*@ ghost (V, E > T ? E : T) */;
+    /*@ assert count_kept: x->count == V; */
+    /*@ ghost lemma_steps_sorted(x->expert_start, E); */
+    /*@ ghost lemma_steps_sorted(x->token_start, T); */
+    /*@ ghost lemma_steps_sorted(x->block_start, E); */
+    return MOE_OK;
+}
+
+/* Allocates the slot index of a checked layout and fills it (build_index_in).  This shell only
+ * counts the slots (count_tokens, proved), allocates (the three starts zeroed) and, when build_index_in
+ * fails (an allocation failed: MOE_ERR_OUT_OF_MEMORY), frees; it is not proved: contract stated (WP 25
+ * has no model of malloc/calloc/free). */
 /*@ requires problem: mlp_problem_ok(p);
     requires x: \valid(x) && \separated(x, p);
     terminates \true;
     assigns *x, moe_error_model, __fc_heap_status;
     ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY;
     ensures index: \result == MOE_OK ==>
-      slot_index_ok(x, (int64_t *)p->token_position_to_id, p->T, p->E, p->N, p->B); */
+      slot_index_ok(x, (int64_t *)p->token_position_to_id, p->T, p->E, p->N, p->B);
+    ensures counted: \result == MOE_OK ==>
+      x->count == \old(count_lt((int64_t *)p->token_position_to_id, p->N * p->B, p->T)); */
 static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 {
     memset(x, 0, sizeof *x);
     const int64_t NB = p->N * p->B, E = p->E, T = p->T, N = p->N;
-    const int64_t *ids = p->token_position_to_id, *b2e = p->block_to_expert;
-    const int64_t V = count_tokens(ids, NB, T);
+    const int64_t V = count_tokens(p->token_position_to_id, NB, T);
     x->count = V;
     x->pos = malloc(((size_t)V + 1) * sizeof(int64_t));
     x->token = malloc(((size_t)V + 1) * sizeof(int64_t));
@@ -809,20 +1042,13 @@ static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
     x->block_start = calloc((size_t)E + 1, sizeof(int64_t));
     x->expert_blocks = malloc(((size_t)N + 1) * sizeof(int64_t));
     int64_t *cursor = malloc(((size_t)(E > T ? E : T) + 1) * sizeof(int64_t));
-    if (!x->pos || !x->token || !x->expert_start || !x->expert_slots || !x->token_start || !x->token_slots ||
-        !x->block_start || !x->expert_blocks || !cursor) {
-        free(cursor);
-        free_index(x);
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the slot index of %" PRId64 " positions",
-                        p->op, NB);
-    }
-    number_slots(ids, NB, T, x->pos, x->token) /*@ ghost (V) */;
-    bucket_positions(NB, ids, T, b2e, p->B, E, x->expert_start, x->expert_slots, cursor) /*@ ghost (V, N) */;
-    x->max_slots = largest_bucket(x->expert_start, E);
-    bucket_positions(NB, ids, T, ids, 1, T, x->token_start, x->token_slots, cursor) /*@ ghost (V, NB) */;
-    bucket_positions(N, b2e, E, b2e, 1, E, x->block_start, x->expert_blocks, cursor) /*@ ghost (N, N) */;
+    /* the layout's arrays as int64_t *, the type of the logic (count_lt, in_range); read only */
+    const moe_status status = build_index_in(p->op, (int64_t *)p->token_position_to_id, (int64_t *)p->block_to_expert,
+                                             T, E, N, p->B, x, cursor);
     free(cursor);
-    return MOE_OK;
+    if (status != MOE_OK)
+        free_index(x);
+    return status;
 }
 
 /* ---------------------------------------------------------------------------------------------------
