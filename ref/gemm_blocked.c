@@ -1068,25 +1068,84 @@ static void store_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t
     }
 }
 
-/* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L. */
+/*@ // A thread's scratch: the packs a [MB * KB] and b [NB * KB], the accumulator tile acc [MB * NB] and
+    // row [max(MB, NB)], valid and pairwise apart (float buffers: apart from every int and pointer anyway).
+    predicate scratch_ok{L}(thread_scratch *s) =
+      \valid_read(s) &&
+      \valid(s->a + (0 .. MB * KB - 1)) && \valid(s->b + (0 .. NB * KB - 1)) &&
+      \valid(s->acc + (0 .. MB * NB - 1)) && \valid(s->row + (0 .. (MB > NB ? MB : NB) - 1)) &&
+      \separated(s->a + (0 .. MB * KB - 1), s->b + (0 .. NB * KB - 1), s->acc + (0 .. MB * NB - 1),
+                 s->row + (0 .. (MB > NB ? MB : NB) - 1));
+
+    // What every op's tile needs of the context: the sources readable, the weights (dW) and the kernel.
+    predicate ctx_tile_ok{L}(gemm_ctx *g) =
+      ctx_problem_ok(g) &&
+      (g->kind == OP_FWD || g->kind == OP_DX || g->kind == OP_DW || g->kind == OP_TOPK) &&
+      ctx_a_src_ok(g) && ctx_b_src_ok(g) &&
+      (g->kind == OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g)) &&
+      g->kernel == &kernel_scalar;
+*/
+
+/* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L.
+ * The micro-kernel is called through g->kernel (pick_kernel's choice).  Frama-C parses the scalar path,
+ * where pick_kernel returns kernel_scalar: the `calls` annotation makes WP prove that the pointer is
+ * kernel_scalar (requires `tile`: ctx_tile_ok) and the requires of kernel_scalar at the call.  In gcc/clang
+ * builds the pointer is kernel_v4 or kernel_avx2 (trusted, tested bit for bit).  The reduction is walked
+ * in blocks p0 += kb (kb = KB but for the last block): the same p0 as p0 += KB, without the overflow of
+ * p0 + KB past L. */
+/*@ requires tile: ctx_tile_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+                    ab->i0 + ab->mi <= (g->kind == OP_DW ? g->p->N : g->p->rows);
+    requires cols: 0 <= j0 && 0 <= nj <= NB &&
+                   j0 + nj <= (g->kind == OP_FWD || g->kind == OP_TOPK ? g->p->N : g->p->K);
+    requires reduction: 0 <= L && (g->kind == OP_DW ? expert_rows_ok(g, ab->e, 0, L)
+                                                    : L <= (g->kind == OP_DX ? g->p->N : g->p->K));
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1]; */
 static void compute_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t L,
                          thread_scratch *s)
 {
     const int64_t groups = (ab->mi + MR - 1) / MR, panels = (nj + NR - 1) / NR;
     if (L == 0) /* an empty reduction (K or N is 0, or dW of an empty expert): every acc stays +0.0f */
+        /*@ loop invariant bounds: 0 <= i <= ab->mi;
+            loop assigns i, s->acc[0 .. MB * NB - 1];
+            loop variant ab->mi - i; */
         for (int64_t i = 0; i < ab->mi; i++)
+            /*@ loop invariant bounds: 0 <= j <= nj;
+                loop assigns j, s->acc[0 .. MB * NB - 1];
+                loop variant nj - j; */
             for (int64_t j = 0; j < nj; j++)
                 s->acc[i * NB + j] = 0.0f;
-    for (int64_t p0 = 0; p0 < L; p0 += KB) {
-        const int64_t kb = L - p0 < KB ? L - p0 : KB;
+    int64_t kb;
+    /*@ loop invariant bounds: 0 <= p0 <= L;
+        loop assigns p0, kb, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1];
+        loop variant L - p0; */
+    for (int64_t p0 = 0; p0 < L; p0 += kb) {
+        kb = L - p0 < KB ? L - p0 : KB;
+        const int64_t group_len = kb * MR, panel_len = kb * NR;
+        /*@ ghost lemma_mul_monotone(groups, MB / MR, group_len); */
+        /*@ ghost lemma_mul_monotone(panels, NB / NR, panel_len); */
         pack_a(g, ab, p0, kb, s->a, s->row);
         pack_b(g, ab, j0, nj, p0, kb, s->b, s->row);
-        for (int64_t h = 0; h < panels; h++)
+        /*@ loop invariant bounds: 0 <= h <= panels;
+            loop assigns h, s->acc[0 .. MB * NB - 1];
+            loop variant panels - h; */
+        for (int64_t h = 0; h < panels; h++) {
+            /*@ ghost lemma_row_fits(h, panels, panel_len); */
+            /*@ loop invariant bounds: 0 <= gi <= groups;
+                loop assigns gi, s->acc[0 .. MB * NB - 1];
+                loop variant groups - gi; */
             for (int64_t gi = 0; gi < groups; gi++) {
+                /*@ ghost lemma_row_fits(gi, groups, group_len); */
                 const int rows = (int)(ab->mi - gi * MR < MR ? ab->mi - gi * MR : MR);
-                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+                /*@ calls kernel_scalar; */
+                g->kernel(kb, p0 == 0, rows, s->a + gi * group_len, s->b + h * panel_len,
                           s->acc + gi * MR * NB + h * NR, NB);
             }
+        }
     }
 }
 
