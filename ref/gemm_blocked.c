@@ -989,9 +989,12 @@ static inline void copy_floats(float *dst, const float *src, int64_t count)
 }
 
 /*@ // The elements store_tile may write: fwd y [M][N], dX dx [M][K] (without reduce_topk), dW dw [E][N][K].
+    // dX with reduce_topk writes no output here (its slot values go to g->slot_values): 0, so that the
+    // assigns clause below is empty then (WP 25 does not use a behavior's assigns at a call site).
     logic integer ctx_out_count{L}(gemm_ctx *g) =
       g->kind == OP_FWD ? g->p->rows * g->p->N :
-      g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K : g->p->rows * g->p->K;
+      g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K :
+      g->kind == OP_DX && g->p->reduce_topk != 0 ? 0 : g->p->rows * g->p->K;
     logic moe_dtype ctx_out_dtype{L}(gemm_ctx *g) = g->kind == OP_DW ? g->p->dw_dtype : g->p->dtype;
     logic integer ctx_out_bytes{L}(gemm_ctx *g) = byte_offset(ctx_out_count(g), ctx_out_dtype(g));
 
@@ -1149,16 +1152,71 @@ static void compute_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64
     }
 }
 
+/*@ // The expert offsets [E + 1]: expert e's rows offsets[e] .. offsets[e + 1] - 1 lie in [0, M).
+    predicate ctx_offsets_ok{L}(gemm_ctx *g) =
+      \valid_read(g->offsets + (0 .. g->p->num_experts)) &&
+      \forall integer e; 0 <= e < g->p->num_experts ==> 0 <= g->offsets[e] <= g->offsets[e + 1] <= g->p->rows;
+
+    // An A block of the op: expert e, rows (dW: n) i0 .. i0 + mi - 1.
+    predicate block_ok{L}(gemm_ctx *g, a_block *ab) =
+      \valid_read(ab) && 0 <= ab->e < g->p->num_experts && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+      ab->i0 + ab->mi <= (g->kind == OP_DW ? g->p->N : g->p->rows);
+    predicate blocks_ok{L}(gemm_ctx *g, a_block *blocks, integer count) =
+      0 <= count && \valid_read(blocks + (0 .. count - 1)) &&
+      \forall integer b; 0 <= b < count ==> block_ok(g, blocks + b);
+
+    // Where the tiles of columns jlo .. jhi - 1 go: dX with reduce_topk the slot values (their chunk
+    // holds those columns), otherwise the output tensor, apart from the context, the blocks, acc.
+    predicate ctx_items_out_ok{L}(gemm_ctx *g, a_block *blocks, integer count, float *acc, integer jlo,
+                                  integer jhi) =
+      g->kind == OP_DX && g->p->reduce_topk != 0 ?
+        0 <= g->chunk0 <= jlo && jhi <= g->chunk0 + g->slot_width && g->p->rows * g->slot_width <= INT64_MAX &&
+        \valid(g->slot_values + (0 .. g->p->rows * g->slot_width - 1)) &&
+        \separated(g->slot_values + (0 .. g->p->rows * g->slot_width - 1), acc + (0 .. MB * NB - 1))
+      : tensor_writable((char *)g->out, ctx_out_count(g), ctx_out_dtype(g)) &&
+        \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p, blocks + (0 .. count - 1),
+                   acc + (0 .. MB * NB - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                   g->offsets + (0 .. g->p->num_experts));
+*/
+
 /* Every item of A blocks x B columns [jlo, jhi) (an orphaned worksharing loop: call it from every thread
- * of a parallel region). */
+ * of a parallel region).  Frama-C ignores the OpenMP pragma: WP proves the sequential loop (every item in
+ * turn, by one thread).  The chunk count is ceil((jhi - jlo) / NB) without the overflow of
+ * jhi - jlo + NB - 1. */
+/*@ requires tile: ctx_tile_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_DX || g->kind == OP_DW;
+    requires weights: g->kind != OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+    requires offsets: ctx_offsets_ok(g);
+    requires blocks: blocks_ok(g, blocks, block_count);
+    requires cols: 0 <= jlo <= jhi <= (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires items: block_count * pack_count(jhi - jlo, NB) <= INT64_MAX;
+    requires scratch: scratch_ok(s);
+    requires out: ctx_items_out_ok(g, blocks, block_count, s->acc, jlo, jhi);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+            g->slot_values[0 .. g->p->rows * g->slot_width - 1]; */
 static void run_items(const gemm_ctx *g, const a_block *blocks, int64_t block_count, int64_t jlo, int64_t jhi,
                       thread_scratch *s)
 {
-    const int64_t chunks = (jhi - jlo + NB - 1) / NB;
+    const int64_t span = jhi - jlo, chunks = span / NB + (span % NB != 0);
+    /*@ assert chunks: chunks == pack_count(jhi - jlo, NB) && 0 <= chunks; */
     const int64_t items = block_count * chunks;
+    /*@ loop invariant bounds: 0 <= it <= items;
+        loop invariant tile: ctx_tile_ok(g) && g->kind == \at(g->kind, Pre);
+        loop invariant weights: g->kind != OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+        loop invariant offsets: ctx_offsets_ok(g);
+        loop invariant blocks: blocks_ok(g, blocks, block_count);
+        loop invariant out: ctx_items_out_ok(g, blocks, block_count, s->acc, jlo, jhi);
+        loop assigns it, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+                     g->slot_values[0 .. g->p->rows * g->slot_width - 1];
+        loop variant items - it; */
     MOE_OMP(omp for schedule(dynamic, 1))
     for (int64_t it = 0; it < items; it++) {
+        /*@ ghost lemma_div_below(it, block_count, chunks); */
         const a_block *ab = &blocks[it / chunks];
+        /*@ assert block: block_ok(g, ab); */
         const int64_t j0 = jlo + (it % chunks) * NB;
         const int64_t nj = jhi - j0 < NB ? jhi - j0 : NB;
         const int64_t L = g->kind == OP_FWD ? g->p->K
