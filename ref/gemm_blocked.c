@@ -1401,25 +1401,66 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
  * ascending n, where the y_n of an NB-column chunk are the fwd tile's accumulators (the same sum,
  * from +0.0f over ascending c, as gemm_naive.c's y_value).  The chunks run in ascending order inside
  * one item, so each row's acc is one sequential sum. */
+/* Frama-C/WP proves the indices and the writes (RTE, d_topk_weights' bytes only), not the values.  The
+ * column chunks step j0 += nj (nj = NB but for the last chunk: the same j0 as j0 += NB, without its
+ * overflow past N). */
+/*@ // The topk-weight gradient's tensors: dy [M][N] readable, d_topk_weights [M] (dw_dtype) writable and
+    // apart from the context, the block, the problem and the gather indices.
+    predicate ctx_topk_ok{L}(gemm_ctx *g, a_block *ab) =
+      g->kind == OP_TOPK &&
+      tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+      tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype) &&
+      \separated((char *)g->out + (0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1), g, ab, g->p,
+                 g->p->gather_indices + (0 .. g->p->rows - 1));
+*/
+/*@ requires tile: ctx_tile_ok(g);
+    requires topk: ctx_topk_ok(g, ab);
+    requires block: block_ok(g, ab);
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1],
+            ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1]; */
 static void run_topk_item(const gemm_ctx *g, const a_block *ab, thread_scratch *s)
 {
     const moe_gemm_problem *p = g->p;
     float acc[MB];
+    /*@ loop invariant bounds: 0 <= i <= ab->mi;
+        loop assigns i, acc[0 .. MB - 1];
+        loop variant ab->mi - i; */
     for (int64_t i = 0; i < ab->mi; i++)
         acc[i] = 0.0f;
-    for (int64_t j0 = 0; j0 < p->N; j0 += NB) {
-        const int64_t nj = p->N - j0 < NB ? p->N - j0 : NB;
+    int64_t nj;
+    /*@ loop invariant bounds: 0 <= j0 <= p->N;
+        loop assigns j0, nj, acc[0 .. MB - 1], s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1],
+                     s->acc[0 .. MB * NB - 1], s->row[0 .. (MB > NB ? MB : NB) - 1];
+        loop variant p->N - j0; */
+    for (int64_t j0 = 0; j0 < p->N; j0 += nj) {
+        nj = p->N - j0 < NB ? p->N - j0 : NB;
         compute_tile(g, ab, j0, nj, p->K, s);
+        /*@ loop invariant bounds: 0 <= i <= ab->mi;
+            loop assigns i, acc[0 .. MB - 1], s->row[0 .. (MB > NB ? MB : NB) - 1];
+            loop variant ab->mi - i; */
         for (int64_t i = 0; i < ab->mi; i++) {
             const int64_t r = ab->i0 + i;
             const float *y = s->acc + i * NB;
-            load_span(p->dtype, g->dy, y_row(p, r) * p->N + j0, nj, s->row, 1);
+            const int64_t yr = y_row(p, r);
+            /*@ ghost lemma_row_fits(yr, p->rows, p->N); */
+            load_span(p->dtype, g->dy, yr * p->N + j0, nj, s->row, 1);
             float sum = acc[i];
+            /*@ loop invariant bounds: 0 <= j <= nj;
+                loop assigns j, sum;
+                loop variant nj - j; */
             for (int64_t j = 0; j < nj; j++)
                 sum += s->row[j] * y[j];
             acc[i] = sum;
         }
     }
+    /*@ loop invariant bounds: 0 <= i <= ab->mi;
+        loop invariant problem: ctx_problem_ok(g) && ctx_topk_ok(g, ab);
+        loop invariant block: ab->i0 == \at(ab->i0, Pre) && ab->mi == \at(ab->mi, Pre) && block_ok(g, ab);
+        loop assigns i, ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1];
+        loop variant ab->mi - i; */
     for (int64_t i = 0; i < ab->mi; i++)
         store_row(p->dw_dtype, g->out, slot_of_row(p, ab->i0 + i), &acc[i], 1, p->accumulate);
 }
