@@ -1235,41 +1235,210 @@ typedef struct gemm_setup {
     int64_t block_count;
 } gemm_setup;
 
-static void setup_free(gemm_setup *st)
-{
-    free(st->offsets);
-    free(st->blocks);
-}
+/*@ // ceil(m / MB) for m >= 0: the A blocks of m rows (C: m / MB + (m % MB != 0)).
+    logic integer ceil_blocks(integer m) = m / MB + (m % MB != 0 ? 1 : 0);
 
-/* Offsets and A blocks: expert-order row blocks (fwd, dX) or (expert, n) blocks (dW). */
-static moe_status setup(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st)
+    // The A blocks of experts 0 .. e - 1: sum ceil(m_sizes[e'] / MB) (fwd, dX, topk) or e * ceil(N / MB) (dW).
+    logic integer gemm_blocks{L}(moe_gemm_problem *p, integer kind, integer e) =
+      e <= 0 ? 0 : gemm_blocks(p, kind, e - 1) + ceil_blocks(kind == OP_DW ? p->N : p->m_sizes[e - 1]);
+
+    // blocks [count] as setup_in writes them for the op kind.
+    predicate blocks_at{L}(moe_gemm_problem *p, integer kind, a_block *blocks, integer count) =
+      0 <= count && \valid_read(blocks + (0 .. count - 1)) &&
+      \forall integer b; 0 <= b < count ==>
+        0 <= blocks[b].e < p->num_experts && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+        blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+
+    // The bound on the block count (a predicate over values: see the notes of specs/README.md on products
+    // of fields read across a write).
+    predicate blocks_bound(integer count, integer kind, integer E, integer N, integer M) =
+      0 <= count <= (kind == OP_DW ? E * N : M);
+
+    // The routing of a validated problem (src/gemm_api.c): m_sizes [E] readable, non-negative, sum M.
+    predicate gemm_routing_ok{L}(moe_gemm_problem *p) =
+      \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) && sizes_ok(p->m_sizes, p->num_experts, p->rows);
+*/
+
+/*@ ghost
+  /@ requires problem: \valid_read(p) && 0 <= p->num_experts && 0 <= p->N;
+     requires nonneg: \forall integer k; 0 <= k < p->num_experts ==> p->m_sizes[k] >= 0;
+     terminates \true;
+     assigns \nothing;
+     ensures monotone: \forall integer a, b; 0 <= a <= b <= p->num_experts ==>
+                       gemm_blocks(p, kind, a) <= gemm_blocks(p, kind, b);
+  @/
+  static void lemma_blocks_monotone(const moe_gemm_problem *p, enum op_kind kind)
+  {
+    /@ loop invariant bounds: 0 <= x <= p->num_experts;
+       loop invariant partial: \forall integer a, b; 0 <= a <= b <= x ==>
+                               gemm_blocks(p, kind, a) <= gemm_blocks(p, kind, b);
+       loop assigns x;
+       loop variant p->num_experts - x;
+    @/
+    for (int64_t x = 0; x < p->num_experts; x++) ;
+  }
+*/
+
+/*@ ghost
+  /@ requires range: 0 <= j && MB * j < x;
+     terminates \true;
+     assigns \nothing;
+     ensures below: j < ceil_blocks(x);
+     ensures last: x - MB * j <= MB ==> ceil_blocks(x) == j + 1;
+  @/
+  static void lemma_ceil_blocks(int64_t j, int64_t x)
+  {
+  }
+*/
+
+/* The number of A blocks of the op (setup_in writes that many): ceil(m_e / MB) per expert for the
+ * expert-order rows (fwd, dX, topk), ceil(N / MB) per expert for dW.  ceil(m / MB) is m / MB + (m % MB != 0):
+ * the same value as (m + MB - 1) / MB without its overflow for m > INT64_MAX - MB + 1. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    terminates \true;
+    assigns \nothing;
+    ensures count: \result == gemm_blocks(p, kind, p->num_experts);
+    ensures bound: blocks_bound(\result, kind, p->num_experts, p->N, p->rows); */
+static int64_t count_blocks(const moe_gemm_problem *p, enum op_kind kind)
 {
     const int64_t E = p->num_experts;
+    int64_t count = 0, e;
+    /*@ ghost lemma_msum_monotone_all((int64_t *)p->m_sizes, 0, E); */
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant count: count == gemm_blocks(p, kind, e);
+        loop invariant nonneg: 0 <= count;
+        loop invariant bound_dw: kind == OP_DW ==> count <= e * p->N;
+        loop invariant bound_rows: kind != OP_DW ==> count <= msum(p->m_sizes, e);
+        loop assigns e, count;
+        loop variant E - e; */
+    for (e = 0; e < E; e++) {
+        const int64_t m = kind == OP_DW ? p->N : p->m_sizes[e];
+        /*@ ghost lemma_mul_monotone(e + 1, E, p->N); */
+        /*@ assert ceil: 0 <= m / MB + (m % MB != 0 ? 1 : 0) <= m; */
+        /*@ assert dw_step: (e + 1) * p->N == e * p->N + p->N; */
+        /*@ assert rows_step: msum(p->m_sizes, e + 1) == msum(p->m_sizes, e) + p->m_sizes[e] &&
+                              msum(p->m_sizes, e + 1) <= p->rows; */
+        /*@ assert room: count + m <= (kind == OP_DW ? E * p->N : p->rows); */
+        count += m / MB + (m % MB != 0);
+    }
+    /*@ assert end: e == E && count == gemm_blocks(p, kind, E); */
+    return count;
+}
+
+/* Offsets and A blocks: expert-order row blocks (fwd, dX, topk) or (expert, n) blocks (dW), on the
+ * caller's scratch offsets [E + 1] and blocks [count_blocks + 1] (setup_alloc; either NULL when its
+ * allocation failed: MOE_ERR_OUT_OF_MEMORY with the message the library always gave, offsets first).
+ * Proved: RTE (every block written inside blocks [count_blocks + 1], no overflow), the blocks in range.
+ * The row blocks step i0 += mi (mi = MB but for the last block of an expert: the same i0 as i0 += MB,
+ * without its overflow past hi). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires experts: p->num_experts < INT64_MAX;
+    requires st: \valid(st);
+    requires offsets: offsets != \null ==> \valid(offsets + (0 .. p->num_experts));
+    requires blocks: blocks != \null ==> \valid(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)));
+    requires separated: \separated(st, p, p->m_sizes + (0 .. p->num_experts - 1));
+    requires offsets_apart: offsets != \null ==>
+      \separated(offsets + (0 .. p->num_experts), st, p, p->m_sizes + (0 .. p->num_experts - 1));
+    requires blocks_apart: blocks != \null ==>
+      \separated(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)), st, p,
+                 p->m_sizes + (0 .. p->num_experts - 1), offsets + (0 .. p->num_experts));
+    terminates \true;
+    assigns *st, offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, kind, p->num_experts)],
+            moe_error_model;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures offsets: \result == MOE_OK ==> st->offsets == offsets && offsets[0] == 0 &&
+      \forall integer e; 0 <= e < p->num_experts ==> 0 <= offsets[e] <= offsets[e + 1] <= p->rows;
+    ensures blocks: \result == MOE_OK ==> st->blocks == blocks &&
+      blocks_at(p, kind, blocks, st->block_count) &&
+      blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows); */
+static moe_status setup_in(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st, int64_t *offsets,
+                           a_block *blocks)
+{
+    const int64_t E = p->num_experts;
+    const int64_t count = count_blocks(p, kind);
+    /*@ ghost lemma_blocks_monotone(p, kind); */
+    /*@ ghost lemma_msum_monotone_all((int64_t *)p->m_sizes, 0, E); */
+    if (offsets == NULL) {
+        st->offsets = NULL;
+        st->blocks = NULL;
+        st->block_count = 0;
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert offsets", p->op, E + 1);
+    }
+    /* (before the writes to *st: moe_ref_expert_offsets' postcondition reads msum in the pre-state) */
+    moe_ref_expert_offsets(E, p->m_sizes, offsets);
+    st->offsets = offsets;
     st->blocks = NULL;
     st->block_count = 0;
-    st->offsets = malloc(((size_t)E + 1) * sizeof *st->offsets);
-    if (st->offsets == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert offsets", p->op, E + 1);
-    moe_ref_expert_offsets(E, p->m_sizes, st->offsets);
-    int64_t count = 0;
-    for (int64_t e = 0; e < E; e++)
-        count += kind == OP_DW ? (p->N + MB - 1) / MB : (p->m_sizes[e] + MB - 1) / MB;
-    st->blocks = malloc(((size_t)count + 1) * sizeof *st->blocks);
-    if (st->blocks == NULL) {
-        setup_free(st);
+    if (blocks == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " work blocks", p->op, count);
-    }
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t lo = kind == OP_DW ? 0 : st->offsets[e];
-        const int64_t hi = kind == OP_DW ? p->N : st->offsets[e + 1];
-        for (int64_t i0 = lo; i0 < hi; i0 += MB) {
+    st->blocks = blocks;
+    int64_t e, mi;
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant st: st->offsets == offsets && st->blocks == blocks;
+        loop invariant problem: p->num_experts == E && p->N == \at(p->N, Pre) && p->rows == \at(p->rows, Pre);
+        loop invariant count: \let ee = e; st->block_count == \at(gemm_blocks(p, kind, ee), Pre);
+        loop invariant written: \forall integer b; 0 <= b < st->block_count ==>
+          0 <= blocks[b].e < E && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+          blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+        loop invariant offsets: \forall integer i; 0 <= i <= E ==> offsets[i] == \at(msum(p->m_sizes, i), Pre);
+        loop assigns e, mi, st->block_count, blocks[0 .. count];
+        loop variant E - e; */
+    for (e = 0; e < E; e++) {
+        const int64_t lo = kind == OP_DW ? 0 : offsets[e];
+        const int64_t hi = kind == OP_DW ? p->N : offsets[e + 1];
+        /*@ assert rows: \let ee = e; hi - lo == \at(kind == OP_DW ? p->N : p->m_sizes[ee], Pre) &&
+                         0 <= lo <= hi <= (kind == OP_DW ? p->N : p->rows); */
+        /*@ assert next: \let ee = e; \at(gemm_blocks(p, kind, ee + 1), Pre) ==
+                         \at(gemm_blocks(p, kind, ee), Pre) + ceil_blocks(hi - lo) &&
+                         \at(gemm_blocks(p, kind, ee + 1), Pre) <= count; */
+        /*@ ghost int64_t j = 0; */
+        /*@ loop invariant bounds: lo <= i0 <= hi && 0 <= j;
+            loop invariant st: st->offsets == offsets && st->blocks == blocks;
+            loop invariant problem: p->num_experts == E && p->N == \at(p->N, Pre) && p->rows == \at(p->rows, Pre);
+            loop invariant step: i0 < hi ==> i0 == lo + MB * j;
+            loop invariant done: i0 == hi ==> j == ceil_blocks(hi - lo);
+            loop invariant below: j <= ceil_blocks(hi - lo);
+            loop invariant count: \let ee = e; st->block_count == \at(gemm_blocks(p, kind, ee), Pre) + j;
+            loop invariant written: \forall integer b; 0 <= b < st->block_count ==>
+              0 <= blocks[b].e < E && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+              blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+            loop invariant offsets: \forall integer i; 0 <= i <= E ==> offsets[i] == \at(msum(p->m_sizes, i), Pre);
+            loop assigns i0, mi, j, st->block_count, blocks[0 .. count];
+            loop variant hi - i0; */
+        for (int64_t i0 = lo; i0 < hi; i0 += mi) {
+            /*@ ghost lemma_ceil_blocks(j, hi - lo); */
+            mi = hi - i0 < MB ? hi - i0 : MB;
             a_block *ab = &st->blocks[st->block_count++];
             ab->e = e;
             ab->i0 = i0;
-            ab->mi = hi - i0 < MB ? hi - i0 : MB;
+            ab->mi = mi;
+            /*@ ghost j++; */
         }
     }
+    /*@ assert end: e == E; */
+    /*@ assert done: st->block_count == count && p->num_experts == E && p->N == \at(p->N, Pre) &&
+                     p->rows == \at(p->rows, Pre); */
+    /*@ assert blocks_final: blocks_at(p, kind, blocks, st->block_count); */
+    /*@ assert bound_final: blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows); */
     return MOE_OK;
+}
+
+/* The allocating part of the former setup (not proved: WP 25 has no model of allocation): offsets [E + 1]
+ * and blocks [count_blocks + 1] (one more: malloc(0) may return NULL), either NULL when not given; setup_in
+ * reports that as before.  Both are allocated even when the first fails (before: the blocks only after the
+ * offsets); the status and message are the same. */
+static void setup_alloc(const moe_gemm_problem *p, enum op_kind kind, int64_t **offsets, a_block **blocks)
+{
+    *offsets = malloc(((size_t)p->num_experts + 1) * sizeof **offsets);
+    *blocks = malloc(((size_t)count_blocks(p, kind) + 1) * sizeof **blocks);
+}
+
+static void setup_free(int64_t *offsets, a_block *blocks)
+{
+    free(offsets);
+    free(blocks);
 }
 
 static moe_status out_of_scratch(const moe_gemm_problem *p)
@@ -1303,40 +1472,51 @@ static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
 moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *topk_weights, void *y)
 {
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_FWD, &offsets, &blocks);
     gemm_setup st;
-    moe_status status = setup(p, OP_FWD, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
-    status = run_plain(&g, &st, p->N);
-    setup_free(&st);
+    moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
+    if (status == MOE_OK) {
+        gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
+        status = run_plain(&g, &st, p->N);
+    }
+    setup_free(offsets, blocks);
     return status;
 }
 
 moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
                                    const void *topk_weights, void *dw)
 {
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_DW, &offsets, &blocks);
     gemm_setup st;
-    moe_status status = setup(p, OP_DW, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
-    status = run_plain(&g, &st, p->K);
-    setup_free(&st);
+    moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
+    if (status == MOE_OK) {
+        gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
+        status = run_plain(&g, &st, p->K);
+    }
+    setup_free(offsets, blocks);
     return status;
 }
 
 moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
                                    const void *topk_weights, void *dx)
 {
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_DX, &offsets, &blocks);
     gemm_setup st;
-    moe_status status = setup(p, OP_DX, &st);
-    if (status != MOE_OK)
+    moe_status status = setup_in(p, OP_DX, &st, offsets, blocks);
+    if (status != MOE_OK) {
+        setup_free(offsets, blocks);
         return status;
+    }
     gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
     if (!p->reduce_topk) {
         status = run_plain(&g, &st, p->K);
-        setup_free(&st);
+        setup_free(offsets, blocks);
         return status;
     }
 
@@ -1352,7 +1532,7 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
     g.slot_width = width;
     g.slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
     if (g.slot_values == NULL) {
-        setup_free(&st);
+        setup_free(offsets, blocks);
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
                         " float32 slot values of reduce_topk", p->op, M, width);
     }
@@ -1393,7 +1573,7 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
         scratch_free(&s);
     }
     free(g.slot_values);
-    setup_free(&st);
+    setup_free(offsets, blocks);
     return failed ? out_of_scratch(p) : MOE_OK;
 }
 
@@ -1473,10 +1653,15 @@ moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, con
 moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                                   const void *dy, void *d_topk_weights)
 {
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_TOPK, &offsets, &blocks);
     gemm_setup st;
-    moe_status status = setup(p, OP_TOPK, &st);
-    if (status != MOE_OK)
+    moe_status status = setup_in(p, OP_TOPK, &st, offsets, blocks);
+    if (status != MOE_OK) {
+        setup_free(offsets, blocks);
         return status;
+    }
     gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
     int failed = 0;
     MOE_OMP(omp parallel)
@@ -1497,6 +1682,6 @@ moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, con
         }
         scratch_free(&s);
     }
-    setup_free(&st);
+    setup_free(offsets, blocks);
     return failed ? out_of_scratch(p) : MOE_OK;
 }
