@@ -475,7 +475,11 @@ __attribute__((target("avx2"))) static void kernel_avx2(int64_t kb, int first, i
 }
 #endif
 
-/* The kernel for this CPU (chosen by the calling thread, before any parallel region). */
+/* The kernel for this CPU (chosen by the calling thread, before any parallel region).  Frama-C parses the
+ * scalar path only: there it returns kernel_scalar (proved); in gcc/clang builds kernel_avx2 or kernel_v4. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures scalar: \result == &kernel_scalar; */
 static micro_kernel pick_kernel(void)
 {
 #ifdef MOE_HAVE_AVX2_KERNEL
@@ -1441,14 +1445,67 @@ static void setup_free(int64_t *offsets, a_block *blocks)
     free(blocks);
 }
 
+/*@ requires problem: \valid_read(p);
+    terminates \true;
+    assigns moe_error_model;
+    ensures status: \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status out_of_scratch(const moe_gemm_problem *p)
 {
     return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the per-thread tile buffers (%zu bytes each)",
                     p->op, (size_t)(MB * KB + NB * KB + MB * NB + (MB > NB ? MB : NB)) * sizeof(float));
 }
 
-/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items. */
-static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
+/*@ // An op without the reduce_topk scratch (fwd, dW, dX without reduce_topk) on a validated problem: its
+    // tensors as src/gemm_api.c checks them (value-level predicates of specs/gemm.acsl, which the provers
+    // carry across the scratch writes of the callers), the kernel, the offsets and the blocks of setup_in.
+    predicate plain_ok{L}(gemm_ctx *g, gemm_setup *st) =
+      \valid_read(g) && gemm_problem_ok(g->p) && \valid_read(st) &&
+      (g->kind == OP_FWD || g->kind == OP_DW || (g->kind == OP_DX && g->p->reduce_topk == 0)) &&
+      (g->kind == OP_FWD ? gemm_fwd_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
+                                              (char *)g->topk_weights, (char *)g->out) :
+       g->kind == OP_DX ? gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
+                                             (char *)g->topk_weights, (char *)g->out) :
+                          gemm_dw_tensors_ok(g->p, (char *)g->b_src, (char *)g->a_src,
+                                             (char *)g->topk_weights, (char *)g->out)) &&
+      g->kernel == &kernel_scalar && g->slot_values == \null && g->slot_width == 0 &&
+      ctx_offsets_ok(g) &&
+      blocks_at(g->p, g->kind, st->blocks, st->block_count) &&
+      blocks_bound(st->block_count, g->kind, g->p->num_experts, g->p->N, g->p->rows) &&
+      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, st, st->blocks + (0 .. st->block_count - 1),
+                 g->offsets + (0 .. g->p->num_experts));
+*/
+
+/* One thread's part of run_plain (proved): every item of the op, on the thread's scratch s.  It states the
+ * op's requirements in the form its callers can carry (plain_ok) and proves that they give run_items'. */
+/*@ requires plain: plain_ok(g, st);
+    requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires scratch: scratch_ok(s) &&
+      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), s->acc + (0 .. MB * NB - 1));
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1]; */
+static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns, thread_scratch *s)
+{
+    /*@ ghost
+      const int64_t ceil = columns / NB + (columns % NB != 0);
+      lemma_mul_monotone(ceil, columns, g->kind == OP_DW ? g->p->num_experts * g->p->N : g->p->rows);
+      lemma_mul_monotone(st->block_count, g->kind == OP_DW ? g->p->num_experts * g->p->N : g->p->rows, ceil);
+    */
+    /*@ assert items: st->block_count * pack_count(columns, NB) <= INT64_MAX; */
+    /*@ assert blocks: blocks_ok(g, st->blocks, st->block_count); */
+    run_items(g, st->blocks, st->block_count, 0, columns, s);
+}
+
+/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items.
+ * Not proved (the allocating shell of plain_items: the per-thread scratch is malloc'd inside the parallel
+ * region, and WP 25 has no model of allocation; Frama-C also ignores the OpenMP pragmas).  Its contract is
+ * stated: plain_items' requires, with the scratch that scratch_alloc gives (valid, apart: malloc's promise). */
+/*@ requires plain: plain_ok(g, st);
+    requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
+    terminates \true;
+    assigns ((char *)g->out)[0 .. ctx_out_bytes(g) - 1], moe_error_model, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_plain(const gemm_ctx *g, const gemm_setup *st, int64_t columns)
 {
     int failed = 0;
     MOE_OMP(omp parallel)
@@ -1463,24 +1520,81 @@ static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
         MOE_OMP(omp atomic read)
         stop = failed;
         if (!stop)
-            run_items(g, st->blocks, st->block_count, 0, columns, &s);
+            plain_items(g, st, columns, &s);
         scratch_free(&s);
     }
     return failed ? out_of_scratch(g->p) : MOE_OK;
 }
 
+/*@ // The scratch of a blocked kernel: offsets [E + 1] and blocks [count_blocks + 1] (setup_alloc), each
+    // NULL or valid, apart from each other, the problem, its routing arrays and the output's bytes.
+    predicate blocked_scratch_ok{L}(moe_gemm_problem *p, integer kind, int64_t *offsets, a_block *blocks,
+                                    char *out, integer out_bytes) =
+      (offsets != \null ==> \valid(offsets + (0 .. p->num_experts)) &&
+         \separated(offsets + (0 .. p->num_experts), p, p->m_sizes + (0 .. p->num_experts - 1),
+                    p->gather_indices + (0 .. p->rows - 1), out + (0 .. out_bytes - 1))) &&
+      (blocks != \null ==> \valid(blocks + (0 .. gemm_blocks(p, kind, p->num_experts))) &&
+         \separated(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)), p, p->m_sizes + (0 .. p->num_experts - 1),
+                    p->gather_indices + (0 .. p->rows - 1), out + (0 .. out_bytes - 1),
+                    offsets + (0 .. p->num_experts)));
+*/
+
+/* The blocked forward on the caller's scratch (proved; moe_ref_gemm_fwd_blocked allocates it): offsets and
+ * blocks as setup_in takes them.  RTE, assigns (the scratch, y's bytes), termination; the requires of
+ * setup_in and run_plain.  Statuses: setup_in's, then run_plain's. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires experts: p->num_experts < INT64_MAX;
+    requires scratch: blocked_scratch_ok(p, OP_FWD, offsets, blocks, (char *)y, byte_offset(p->rows * p->N, p->dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_FWD, p->num_experts)],
+            ((char *)y)[0 .. byte_offset(p->rows * p->N, p->dtype) - 1], moe_error_model, __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                      const void *topk_weights, void *y, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
+    return run_plain(&g, &st, p->N);
+}
+
+/* dW on the caller's scratch (proved; as gemm_fwd_blocked_in). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires experts: p->num_experts < INT64_MAX;
+    requires scratch: blocked_scratch_ok(p, OP_DW, offsets, blocks, (char *)dw,
+                                         byte_offset(p->num_experts * p->N * p->K, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_DW, p->num_experts)],
+            ((char *)dw)[0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_dw_blocked_in(const moe_gemm_problem *p, const void *x, const void *dy,
+                                     const void *topk_weights, void *dw, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
+    return run_plain(&g, &st, p->K);
+}
+
+/* The allocating shells (not proved): setup_alloc, the proved `_in` function, setup_free. */
 moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *topk_weights, void *y)
 {
     int64_t *offsets;
     a_block *blocks;
     setup_alloc(p, OP_FWD, &offsets, &blocks);
-    gemm_setup st;
-    moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
-    if (status == MOE_OK) {
-        gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
-        status = run_plain(&g, &st, p->N);
-    }
+    const moe_status status = gemm_fwd_blocked_in(p, x, w, topk_weights, y, offsets, blocks);
     setup_free(offsets, blocks);
     return status;
 }
@@ -1491,12 +1605,7 @@ moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, con
     int64_t *offsets;
     a_block *blocks;
     setup_alloc(p, OP_DW, &offsets, &blocks);
-    gemm_setup st;
-    moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
-    if (status == MOE_OK) {
-        gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
-        status = run_plain(&g, &st, p->K);
-    }
+    const moe_status status = gemm_dw_blocked_in(p, x, dy, topk_weights, dw, offsets, blocks);
     setup_free(offsets, blocks);
     return status;
 }
