@@ -995,10 +995,12 @@ static inline void copy_floats(float *dst, const float *src, int64_t count)
 /*@ // The elements store_tile may write: fwd y [M][N], dX dx [M][K] (without reduce_topk), dW dw [E][N][K].
     // dX with reduce_topk writes no output here (its slot values go to g->slot_values): 0, so that the
     // assigns clause below is empty then (WP 25 does not use a behavior's assigns at a call site).
+    // (A function of values, applied to the fields: the provers carry it across writes to other memory by
+    // congruence, which they do not do for a product of fields; see the notes of specs/README.md.)
+    logic integer out_count_at(integer kind, integer reduce, integer M, integer E, integer N, integer K) =
+      kind == OP_FWD ? M * N : kind == OP_DW ? E * N * K : kind == OP_DX && reduce != 0 ? 0 : M * K;
     logic integer ctx_out_count{L}(gemm_ctx *g) =
-      g->kind == OP_FWD ? g->p->rows * g->p->N :
-      g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K :
-      g->kind == OP_DX && g->p->reduce_topk != 0 ? 0 : g->p->rows * g->p->K;
+      out_count_at(g->kind, g->p->reduce_topk, g->p->rows, g->p->num_experts, g->p->N, g->p->K);
     logic moe_dtype ctx_out_dtype{L}(gemm_ctx *g) = g->kind == OP_DW ? g->p->dw_dtype : g->p->dtype;
     logic integer ctx_out_bytes{L}(gemm_ctx *g) = byte_offset(ctx_out_count(g), ctx_out_dtype(g));
 
@@ -1356,7 +1358,8 @@ static int64_t count_blocks(const moe_gemm_problem *p, enum op_kind kind)
       \forall integer e; 0 <= e < p->num_experts ==> 0 <= offsets[e] <= offsets[e + 1] <= p->rows;
     ensures blocks: \result == MOE_OK ==> st->blocks == blocks &&
       blocks_at(p, kind, blocks, st->block_count) &&
-      blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows); */
+      blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows);
+    ensures block_count: \result == MOE_OK ==> st->block_count == \old(gemm_blocks(p, kind, p->num_experts)); */
 static moe_status setup_in(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st, int64_t *offsets,
                            a_block *blocks)
 {
@@ -1457,9 +1460,10 @@ static moe_status out_of_scratch(const moe_gemm_problem *p)
 
 /*@ // An op without the reduce_topk scratch (fwd, dW, dX without reduce_topk) on a validated problem: its
     // tensors as src/gemm_api.c checks them (value-level predicates of specs/gemm.acsl, which the provers
-    // carry across the scratch writes of the callers), the kernel, the offsets and the blocks of setup_in.
-    predicate plain_ok{L}(gemm_ctx *g, gemm_setup *st) =
-      \valid_read(g) && gemm_problem_ok(g->p) && \valid_read(st) &&
+    // carry across the scratch writes of the callers), the kernel; the offsets and the blocks of setup_in;
+    // the output apart from the context, the setup and the scratch.
+    predicate plain_ctx_ok{L}(gemm_ctx *g) =
+      \valid_read(g) && gemm_problem_ok(g->p) &&
       (g->kind == OP_FWD || g->kind == OP_DW || (g->kind == OP_DX && g->p->reduce_topk == 0)) &&
       (g->kind == OP_FWD ? gemm_fwd_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
                                               (char *)g->topk_weights, (char *)g->out) :
@@ -1467,32 +1471,65 @@ static moe_status out_of_scratch(const moe_gemm_problem *p)
                                              (char *)g->topk_weights, (char *)g->out) :
                           gemm_dw_tensors_ok(g->p, (char *)g->b_src, (char *)g->a_src,
                                              (char *)g->topk_weights, (char *)g->out)) &&
-      g->kernel == &kernel_scalar && g->slot_values == \null && g->slot_width == 0 &&
-      ctx_offsets_ok(g) &&
+      g->kernel == &kernel_scalar && g->slot_values == \null && g->slot_width == 0;
+    predicate plain_setup_ok{L}(gemm_ctx *g, gemm_setup *st) =
+      \valid_read(st) && ctx_offsets_ok(g) &&
       blocks_at(g->p, g->kind, st->blocks, st->block_count) &&
-      blocks_bound(st->block_count, g->kind, g->p->num_experts, g->p->N, g->p->rows) &&
-      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, st, st->blocks + (0 .. st->block_count - 1),
-                 g->offsets + (0 .. g->p->num_experts));
+      blocks_bound(st->block_count, g->kind, g->p->num_experts, g->p->N, g->p->rows);
+    predicate plain_apart{L}(gemm_ctx *g, gemm_setup *st) =
+      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p, st, st->blocks + (0 .. st->block_count - 1),
+                 g->p->gather_indices + (0 .. g->p->rows - 1), g->offsets + (0 .. g->p->num_experts));
 */
 
 /* One thread's part of run_plain (proved): every item of the op, on the thread's scratch s.  It states the
  * op's requirements in the form its callers can carry (plain_ok) and proves that they give run_items'. */
-/*@ requires plain: plain_ok(g, st);
+/*@ requires ctx: plain_ctx_ok(g);
+    requires setup: plain_setup_ok(g, st);
+    requires apart: plain_apart(g, st);
     requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
     requires scratch: scratch_ok(s) &&
-      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), s->acc + (0 .. MB * NB - 1));
+      \separated(s->acc + (0 .. MB * NB - 1), (char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p,
+                 st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                 g->offsets + (0 .. g->p->num_experts));
     terminates \true;
     assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
             s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1]; */
 static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns, thread_scratch *s)
 {
+    /*@ ghost const moe_gemm_problem *p = g->p; */
+    /*@ assert dims: gemm_dims_ok(p->num_tokens, p->topk, p->num_experts, p->rows, p->N, p->K); */
     /*@ ghost
       const int64_t ceil = columns / NB + (columns % NB != 0);
-      lemma_mul_monotone(ceil, columns, g->kind == OP_DW ? g->p->num_experts * g->p->N : g->p->rows);
-      lemma_mul_monotone(st->block_count, g->kind == OP_DW ? g->p->num_experts * g->p->N : g->p->rows, ceil);
+      const int64_t most = g->kind == OP_DW ? p->num_experts * p->N : p->rows;
     */
+    /*@ assert ceil: ceil == pack_count(columns, NB) && 0 <= ceil <= columns; */
+    /*@ assert most: 0 <= st->block_count <= most; */
+    /*@ assert room_fwd: g->kind == OP_FWD ==> columns * most == p->rows * p->N; */
+    /*@ assert room_dx: g->kind == OP_DX ==> columns * most == p->rows * p->K; */
+    /*@ assert room_dw: g->kind == OP_DW ==> columns * most == p->num_experts * p->N * p->K; */
+    /*@ assert room: columns * most <= INT64_MAX; */
+    /*@ ghost lemma_mul_monotone(ceil, columns, most); */
+    /*@ ghost lemma_mul_monotone(st->block_count, most, ceil); */
     /*@ assert items: st->block_count * pack_count(columns, NB) <= INT64_MAX; */
     /*@ assert blocks: blocks_ok(g, st->blocks, st->block_count); */
+    /*@ assert out_count: ctx_out_count(g) == (g->kind == OP_FWD ? g->p->rows * g->p->N :
+                                               g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K :
+                                               g->p->rows * g->p->K); */
+    /*@ assert out_fwd: g->kind == OP_FWD ==>
+          tensor_writable((char *)g->out, p->rows * p->N, p->dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out_dx: g->kind == OP_DX ==>
+          tensor_writable((char *)g->out, p->rows * p->K, p->dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out_dw: g->kind == OP_DW ==>
+          tensor_writable((char *)g->out, p->num_experts * p->N * p->K, p->dw_dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out: tensor_writable((char *)g->out, ctx_out_count(g), ctx_out_dtype(g)) &&
+                    \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g->p,
+                               g->p->gather_indices + (0 .. g->p->rows - 1)); */
     run_items(g, st->blocks, st->block_count, 0, columns, s);
 }
 
@@ -1500,7 +1537,9 @@ static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns
  * Not proved (the allocating shell of plain_items: the per-thread scratch is malloc'd inside the parallel
  * region, and WP 25 has no model of allocation; Frama-C also ignores the OpenMP pragmas).  Its contract is
  * stated: plain_items' requires, with the scratch that scratch_alloc gives (valid, apart: malloc's promise). */
-/*@ requires plain: plain_ok(g, st);
+/*@ requires ctx: plain_ctx_ok(g);
+    requires setup: plain_setup_ok(g, st);
+    requires apart: plain_apart(g, st);
     requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
     terminates \true;
     assigns ((char *)g->out)[0 .. ctx_out_bytes(g) - 1], moe_error_model, __fc_heap_status;
@@ -1546,6 +1585,7 @@ static moe_status run_plain(const gemm_ctx *g, const gemm_setup *st, int64_t col
     requires routing: gemm_routing_ok(p);
     requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
     requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
     requires scratch: blocked_scratch_ok(p, OP_FWD, offsets, blocks, (char *)y, byte_offset(p->rows * p->N, p->dtype));
     terminates \true;
     assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_FWD, p->num_experts)],
@@ -1559,7 +1599,34 @@ static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, 
     const moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
+    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
+          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
+          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
+          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
+          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre); */
+    /*@ assert kept_at: gemm_fwd_tensors_at((char *)x, (char *)w, (char *)topk_weights, (char *)y,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y); */
     gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_FWD && g.a_src == x && g.b_src == w && g.topk_weights == topk_weights &&
+                  g.out == y && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_fwd_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
+    /*@ assert ctx: plain_ctx_ok(&g); */
+    /*@ assert apart: \separated((char *)y + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1), &g, p, &st,
+          blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1), offsets + (0 .. p->num_experts)); */
+    /*@ assert out_kind: g.kind == OP_FWD && g.p->rows == p->rows && g.p->N == p->N && g.p->dtype == p->dtype; */
+    /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                          p->rows * p->N; */
+    /*@ assert out_dtype: ctx_out_dtype(&g) == p->dtype; */
+    /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->rows * p->N, p->dtype); */
     return run_plain(&g, &st, p->N);
 }
 
@@ -1568,6 +1635,7 @@ static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, 
     requires routing: gemm_routing_ok(p);
     requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
     requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
     requires scratch: blocked_scratch_ok(p, OP_DW, offsets, blocks, (char *)dw,
                                          byte_offset(p->num_experts * p->N * p->K, p->dw_dtype));
     terminates \true;
@@ -1583,7 +1651,37 @@ static moe_status gemm_dw_blocked_in(const moe_gemm_problem *p, const void *x, c
     const moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
+    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
+          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
+          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
+          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
+          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre) &&
+                            p->dw_dtype == \at(p->dw_dtype, Pre); */
+    /*@ assert kept_at: gemm_dw_tensors_at((char *)x, (char *)dy, (char *)topk_weights, (char *)dw,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), \at(p->dw_dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw); */
     gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_DW && g.a_src == dy && g.b_src == x && g.topk_weights == topk_weights &&
+                  g.out == dw && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_dw_tensors_ok(g.p, (char *)g.b_src, (char *)g.a_src, (char *)g.topk_weights, (char *)g.out); */
+    /*@ assert ctx: plain_ctx_ok(&g); */
+    /*@ assert apart: \separated((char *)dw + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1), &g,
+          p, &st, blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+          offsets + (0 .. p->num_experts)); */
+    /*@ assert out_kind: g.kind == OP_DW && g.p->num_experts == p->num_experts && g.p->N == p->N &&
+                         g.p->K == p->K && g.p->dw_dtype == p->dw_dtype; */
+    /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                          p->num_experts * p->N * p->K; */
+    /*@ assert out_dtype: ctx_out_dtype(&g) == p->dw_dtype; */
+    /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->num_experts * p->N * p->K, p->dw_dtype); */
     return run_plain(&g, &st, p->K);
 }
 
@@ -1759,19 +1857,59 @@ static void run_topk_item(const gemm_ctx *g, const a_block *ab, thread_scratch *
 moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                                   const void *dy, void *d_topk_weights);
 
-moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
-                                                  const void *dy, void *d_topk_weights)
+/*@ // The topk-weight gradient on a validated problem: its tensors as src/gemm_api.c checks them, the kernel.
+    predicate topk_ctx_ok{L}(gemm_ctx *g) =
+      \valid_read(g) && gemm_problem_ok(g->p) && g->kind == OP_TOPK &&
+      gemm_topk_grad_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->dy, (char *)g->out) &&
+      g->kernel == &kernel_scalar;
+    // d_topk_weights apart from the context, the problem, the setup, the blocks and the gather indices.
+    predicate topk_apart{L}(gemm_ctx *g, gemm_setup *st) =
+      \separated((char *)g->out + (0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1), g, g->p, st,
+                 st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1));
+*/
+
+/* One thread's part of the topk-weight gradient (proved): an orphaned worksharing loop over the row blocks
+ * (Frama-C ignores the pragma: WP proves the sequential loop).  RTE, assigns, the requires of
+ * run_topk_item for every block. */
+/*@ requires ctx: topk_ctx_ok(g);
+    requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+    requires apart: topk_apart(g, st);
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1],
+            ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1]; */
+static void topk_items(const gemm_ctx *g, const gemm_setup *st, thread_scratch *s)
 {
-    int64_t *offsets;
-    a_block *blocks;
-    setup_alloc(p, OP_TOPK, &offsets, &blocks);
-    gemm_setup st;
-    moe_status status = setup_in(p, OP_TOPK, &st, offsets, blocks);
-    if (status != MOE_OK) {
-        setup_free(offsets, blocks);
-        return status;
-    }
-    gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert tile: ctx_tile_ok(g); */
+    /*@ assert topk: tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+                     tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype); */
+    /*@ loop invariant bounds: 0 <= b <= st->block_count;
+        loop invariant st: st->block_count == \at(st->block_count, Pre) && st->blocks == \at(st->blocks, Pre);
+        loop invariant tile: ctx_tile_ok(g) && g->kind == OP_TOPK;
+        loop invariant topk: tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+                             tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype);
+        loop invariant setup: blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+        loop invariant apart: topk_apart(g, st);
+        loop assigns b, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1],
+                     ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1];
+        loop variant st->block_count - b; */
+    MOE_OMP(omp for schedule(dynamic, 1))
+    for (int64_t b = 0; b < st->block_count; b++)
+        run_topk_item(g, &st->blocks[b], s);
+}
+
+/* The parallel region of the topk-weight gradient: scratch first (all or nothing), then topk_items.  Not
+ * proved (the allocating shell of topk_items, as run_plain); its contract is stated. */
+/*@ requires ctx: topk_ctx_ok(g);
+    requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+    requires apart: topk_apart(g, st);
+    terminates \true;
+    assigns ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1], moe_error_model, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_topk(const gemm_ctx *g, const gemm_setup *st)
+{
     int failed = 0;
     MOE_OMP(omp parallel)
     {
@@ -1784,13 +1922,68 @@ moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, con
         int stop;
         MOE_OMP(omp atomic read)
         stop = failed;
-        if (!stop) {
-            MOE_OMP(omp for schedule(dynamic, 1))
-            for (int64_t b = 0; b < st.block_count; b++)
-                run_topk_item(&g, &st.blocks[b], &s);
-        }
+        if (!stop)
+            topk_items(g, st, &s);
         scratch_free(&s);
     }
+    return failed ? out_of_scratch(g->p) : MOE_OK;
+}
+
+/* The topk-weight gradient on the caller's scratch (proved; as gemm_fwd_blocked_in). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_TOPK, offsets, blocks, (char *)d_topk_weights,
+                                         byte_offset(p->rows, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_TOPK, p->num_experts)],
+            ((char *)d_topk_weights)[0 .. byte_offset(p->rows, p->dw_dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_topk_blocked_in(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                       void *d_topk_weights, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_TOPK, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
+          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
+          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
+          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
+          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre) &&
+                            p->dw_dtype == \at(p->dw_dtype, Pre); */
+    /*@ assert kept_at: gemm_topk_grad_tensors_at((char *)x, (char *)w, (char *)dy, (char *)d_topk_weights,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), \at(p->dw_dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+          gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights); */
+    gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_TOPK && g.a_src == x && g.b_src == w && g.dy == dy &&
+                  g.out == d_topk_weights && g.kernel == &kernel_scalar; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_topk_grad_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.dy, (char *)g.out); */
+    /*@ assert ctx: topk_ctx_ok(&g); */
+    /*@ assert apart: \separated((char *)d_topk_weights + (0 .. byte_offset(p->rows, p->dw_dtype) - 1), &g, p, &st,
+          blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1)); */
+    return run_topk(&g, &st);
+}
+
+/* The allocating shell (not proved): setup_alloc, gemm_topk_blocked_in, setup_free. */
+moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                                  const void *dy, void *d_topk_weights)
+{
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_TOPK, &offsets, &blocks);
+    const moe_status status = gemm_topk_blocked_in(p, x, w, dy, d_topk_weights, offsets, blocks);
     setup_free(offsets, blocks);
-    return failed ? out_of_scratch(p) : MOE_OK;
+    return status;
 }
