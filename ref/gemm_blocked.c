@@ -1708,25 +1708,26 @@ moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, con
     return status;
 }
 
-moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
-                                   const void *topk_weights, void *dx)
+/* dX with reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
+ * the in-order sum of its k slots.  Not proved (an allocating shell: the slot values and the per-thread
+ * scratch are malloc'd here, inside and outside the parallel region); its contract is stated.  The
+ * reduction loop over the tokens and the column chunks is tested only (tests/test_gemm_modes). */
+/*@ requires ctx: \valid(g) && gemm_problem_ok(g->p) && g->kind == OP_DX && g->p->reduce_topk != 0 &&
+      gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->topk_weights, (char *)dx) &&
+      g->out == dx && g->kernel == &kernel_scalar;
+    requires setup: \valid_read(st) && ctx_offsets_ok(g) && blocks_at(g->p, OP_DX, st->blocks, st->block_count) &&
+      blocks_bound(st->block_count, OP_DX, g->p->num_experts, g->p->N, g->p->rows);
+    requires apart: \separated((char *)dx + (0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1), g, g->p,
+      st, st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+      g->offsets + (0 .. g->p->num_experts));
+    terminates \true;
+    assigns g->slot_values, g->slot_width, g->chunk0,
+            ((char *)dx)[0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_reduce(gemm_ctx *g, const gemm_setup *st, void *dx)
 {
-    int64_t *offsets;
-    a_block *blocks;
-    setup_alloc(p, OP_DX, &offsets, &blocks);
-    gemm_setup st;
-    moe_status status = setup_in(p, OP_DX, &st, offsets, blocks);
-    if (status != MOE_OK) {
-        setup_free(offsets, blocks);
-        return status;
-    }
-    gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
-    if (!p->reduce_topk) {
-        status = run_plain(&g, &st, p->K);
-        setup_free(offsets, blocks);
-        return status;
-    }
-
+    const moe_gemm_problem *p = g->p;
     /* reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
      * the in-order sum of its k slots.  The chunk is as wide as REDUCE_SCRATCH_BYTES allows. */
     const int64_t M = p->rows, K = p->K, T = p->num_tokens, k = p->topk;
@@ -1736,13 +1737,11 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
         if (width < NB)
             width = NB;
     }
-    g.slot_width = width;
-    g.slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
-    if (g.slot_values == NULL) {
-        setup_free(offsets, blocks);
+    g->slot_width = width;
+    g->slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
+    if (g->slot_values == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
                         " float32 slot values of reduce_topk", p->op, M, width);
-    }
     int failed = 0;
     MOE_OMP(omp parallel)
     {
@@ -1759,9 +1758,9 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
             for (int64_t c0 = 0; c0 < K; c0 += width) {
                 const int64_t cw = K - c0 < width ? K - c0 : width;
                 MOE_OMP(omp single)
-                g.chunk0 = c0;
+                g->chunk0 = c0;
                 /* (the single's closing barrier publishes chunk0; run_items ends with a barrier too) */
-                run_items(&g, st.blocks, st.block_count, c0, c0 + cw, &s);
+                run_items(g, st->blocks, st->block_count, c0, c0 + cw, &s);
                 MOE_OMP(omp for schedule(static))
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t cb = 0; cb < cw; cb += NB) {
@@ -1769,7 +1768,7 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
                         for (int64_t c = 0; c < n; c++)
                             s.row[c] = 0.0f;
                         for (int64_t j = 0; j < k; j++) {
-                            const float *v = g.slot_values + (t * k + j) * width + cb;
+                            const float *v = g->slot_values + (t * k + j) * width + cb;
                             for (int64_t c = 0; c < n; c++)
                                 s.row[c] += v[c];
                         }
@@ -1779,9 +1778,81 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
         }
         scratch_free(&s);
     }
-    free(g.slot_values);
-    setup_free(offsets, blocks);
+    free(g->slot_values);
     return failed ? out_of_scratch(p) : MOE_OK;
+}
+
+/* dX on the caller's scratch (proved; as gemm_fwd_blocked_in): run_plain without reduce_topk, else
+ * run_reduce (stated, not proved). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_DX, offsets, blocks, (char *)dx,
+                                         byte_offset(gemm_dx_rows(p) * p->K, p->dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_DX, p->num_experts)],
+            ((char *)dx)[0 .. byte_offset(gemm_dx_rows(p) * p->K, p->dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_dx_blocked_in(const moe_gemm_problem *p, const void *dy, const void *w,
+                                     const void *topk_weights, void *dx, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_DX, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
+          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
+          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
+          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
+          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_dx_rows: gemm_dx_rows(p) == \at(gemm_dx_rows(p), Pre) && p->dtype == \at(p->dtype, Pre); */
+    /*@ assert kept_at: gemm_dx_tensors_at((char *)dy, (char *)w, (char *)topk_weights, (char *)dx,
+          \at(gemm_dx_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx); */
+    gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_DX && g.a_src == dy && g.b_src == w && g.topk_weights == topk_weights &&
+                  g.out == dx && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_dx_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
+    if (!p->reduce_topk) {
+        /*@ assert ctx: plain_ctx_ok(&g); */
+        /*@ assert apart: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), &g, p, &st,
+              blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+              offsets + (0 .. p->num_experts)); */
+        /*@ assert out_kind: g.kind == OP_DX && g.p->reduce_topk == 0 && g.p->rows == p->rows && g.p->K == p->K &&
+                             g.p->dtype == p->dtype; */
+        /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                              p->rows * p->K; */
+        /*@ assert out_dtype: ctx_out_dtype(&g) == p->dtype; */
+        /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->rows * p->K, p->dtype); */
+        return run_plain(&g, &st, p->K);
+    }
+    /*@ assert reduce_apart: \separated((char *)dx + (0 .. byte_offset(p->num_tokens * p->K, p->dtype) - 1), &g, p,
+          &st, blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+          offsets + (0 .. p->num_experts)); */
+    return run_reduce(&g, &st, dx);
+}
+
+/* The allocating shell (not proved): setup_alloc, gemm_dx_blocked_in, setup_free. */
+moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
+                                   const void *topk_weights, void *dx)
+{
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_DX, &offsets, &blocks);
+    const moe_status status = gemm_dx_blocked_in(p, dy, w, topk_weights, dx, offsets, blocks);
+    setup_free(offsets, blocks);
+    return status;
 }
 
 /* The topk-weight gradient of an expert-order row block: for each row, acc += dy[yrow(r)][n] * y_n in
