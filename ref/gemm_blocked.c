@@ -1462,15 +1462,18 @@ static moe_status out_of_scratch(const moe_gemm_problem *p)
     // tensors as src/gemm_api.c checks them (value-level predicates of specs/gemm.acsl, which the provers
     // carry across the scratch writes of the callers), the kernel; the offsets and the blocks of setup_in;
     // the output apart from the context, the setup and the scratch.
-    predicate plain_ctx_ok{L}(gemm_ctx *g) =
+    // (three predicates, three requires clauses: as one, its goal at the callers took 10 s at load 6)
+    predicate plain_problem_ok{L}(gemm_ctx *g) =
       \valid_read(g) && gemm_problem_ok(g->p) &&
-      (g->kind == OP_FWD || g->kind == OP_DW || (g->kind == OP_DX && g->p->reduce_topk == 0)) &&
+      (g->kind == OP_FWD || g->kind == OP_DW || (g->kind == OP_DX && g->p->reduce_topk == 0));
+    predicate plain_tensors_ok{L}(gemm_ctx *g) =
       (g->kind == OP_FWD ? gemm_fwd_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
                                               (char *)g->topk_weights, (char *)g->out) :
        g->kind == OP_DX ? gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
                                              (char *)g->topk_weights, (char *)g->out) :
                           gemm_dw_tensors_ok(g->p, (char *)g->b_src, (char *)g->a_src,
-                                             (char *)g->topk_weights, (char *)g->out)) &&
+                                             (char *)g->topk_weights, (char *)g->out));
+    predicate plain_kernel_ok{L}(gemm_ctx *g) =
       g->kernel == &kernel_scalar && g->slot_values == \null && g->slot_width == 0;
     predicate plain_setup_ok{L}(gemm_ctx *g, gemm_setup *st) =
       \valid_read(st) && ctx_offsets_ok(g) &&
@@ -1483,7 +1486,9 @@ static moe_status out_of_scratch(const moe_gemm_problem *p)
 
 /* One thread's part of run_plain (proved): every item of the op, on the thread's scratch s.  It states the
  * op's requirements in the form its callers can carry (plain_ok) and proves that they give run_items'. */
-/*@ requires ctx: plain_ctx_ok(g);
+/*@ requires problem: plain_problem_ok(g);
+    requires tensors: plain_tensors_ok(g);
+    requires kernel: plain_kernel_ok(g);
     requires setup: plain_setup_ok(g, st);
     requires apart: plain_apart(g, st);
     requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
@@ -1537,7 +1542,9 @@ static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns
  * Not proved (the allocating shell of plain_items: the per-thread scratch is malloc'd inside the parallel
  * region, and WP 25 has no model of allocation; Frama-C also ignores the OpenMP pragmas).  Its contract is
  * stated: plain_items' requires, with the scratch that scratch_alloc gives (valid, apart: malloc's promise). */
-/*@ requires ctx: plain_ctx_ok(g);
+/*@ requires problem: plain_problem_ok(g);
+    requires tensors: plain_tensors_ok(g);
+    requires kernel: plain_kernel_ok(g);
     requires setup: plain_setup_ok(g, st);
     requires apart: plain_apart(g, st);
     requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
@@ -1599,11 +1606,14 @@ static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, 
     const moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
-    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
-          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
-          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
-          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
-          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
     /*@ assert gather: p->gather_indices != \null ==>
           \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
     /*@ assert kept_problem: gemm_problem_ok(p); */
@@ -1619,7 +1629,6 @@ static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, 
                   g.slot_width == 0; */
     /*@ assert kept_g: gemm_problem_ok(g.p) &&
           gemm_fwd_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
-    /*@ assert ctx: plain_ctx_ok(&g); */
     /*@ assert apart: \separated((char *)y + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1), &g, p, &st,
           blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1), offsets + (0 .. p->num_experts)); */
     /*@ assert out_kind: g.kind == OP_FWD && g.p->rows == p->rows && g.p->N == p->N && g.p->dtype == p->dtype; */
@@ -1651,11 +1660,14 @@ static moe_status gemm_dw_blocked_in(const moe_gemm_problem *p, const void *x, c
     const moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
-    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
-          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
-          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
-          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
-          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
     /*@ assert gather: p->gather_indices != \null ==>
           \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
     /*@ assert kept_problem: gemm_problem_ok(p); */
@@ -1672,7 +1684,6 @@ static moe_status gemm_dw_blocked_in(const moe_gemm_problem *p, const void *x, c
                   g.slot_width == 0; */
     /*@ assert kept_g: gemm_problem_ok(g.p) &&
           gemm_dw_tensors_ok(g.p, (char *)g.b_src, (char *)g.a_src, (char *)g.topk_weights, (char *)g.out); */
-    /*@ assert ctx: plain_ctx_ok(&g); */
     /*@ assert apart: \separated((char *)dw + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1), &g,
           p, &st, blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
           offsets + (0 .. p->num_experts)); */
@@ -1804,11 +1815,14 @@ static moe_status gemm_dx_blocked_in(const moe_gemm_problem *p, const void *dy, 
     const moe_status status = setup_in(p, OP_DX, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
-    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
-          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
-          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
-          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
-          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
     /*@ assert gather: p->gather_indices != \null ==>
           \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
     /*@ assert kept_problem: gemm_problem_ok(p); */
@@ -1825,8 +1839,7 @@ static moe_status gemm_dx_blocked_in(const moe_gemm_problem *p, const void *dy, 
     /*@ assert kept_g: gemm_problem_ok(g.p) &&
           gemm_dx_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
     if (!p->reduce_topk) {
-        /*@ assert ctx: plain_ctx_ok(&g); */
-        /*@ assert apart: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), &g, p, &st,
+            /*@ assert apart: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), &g, p, &st,
               blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
               offsets + (0 .. p->num_experts)); */
         /*@ assert out_kind: g.kind == OP_DX && g.p->reduce_topk == 0 && g.p->rows == p->rows && g.p->K == p->K &&
@@ -2021,11 +2034,14 @@ static moe_status gemm_topk_blocked_in(const moe_gemm_problem *p, const void *x,
     const moe_status status = setup_in(p, OP_TOPK, &st, offsets, blocks);
     if (status != MOE_OK)
         return status;
-    /*@ assert fields: p->num_tokens == \at(p->num_tokens, Pre) && p->topk == \at(p->topk, Pre) &&
-          p->num_experts == \at(p->num_experts, Pre) && p->rows == \at(p->rows, Pre) && p->N == \at(p->N, Pre) &&
-          p->K == \at(p->K, Pre) && p->gather_indices == \at(p->gather_indices, Pre) &&
-          p->m_sizes == \at(p->m_sizes, Pre) && p->permute_x == \at(p->permute_x, Pre) &&
-          p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
     /*@ assert gather: p->gather_indices != \null ==>
           \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
     /*@ assert kept_problem: gemm_problem_ok(p); */
