@@ -475,7 +475,11 @@ __attribute__((target("avx2"))) static void kernel_avx2(int64_t kb, int first, i
 }
 #endif
 
-/* The kernel for this CPU (chosen by the calling thread, before any parallel region). */
+/* The kernel for this CPU (chosen by the calling thread, before any parallel region).  Frama-C parses the
+ * scalar path only: there it returns kernel_scalar (proved); in gcc/clang builds kernel_avx2 or kernel_v4. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures scalar: \result == &kernel_scalar; */
 static micro_kernel pick_kernel(void)
 {
 #ifdef MOE_HAVE_AVX2_KERNEL
@@ -989,9 +993,14 @@ static inline void copy_floats(float *dst, const float *src, int64_t count)
 }
 
 /*@ // The elements store_tile may write: fwd y [M][N], dX dx [M][K] (without reduce_topk), dW dw [E][N][K].
+    // dX with reduce_topk writes no output here (its slot values go to g->slot_values): 0, so that the
+    // assigns clause below is empty then (WP 25 does not use a behavior's assigns at a call site).
+    // (A function of values, applied to the fields: the provers carry it across writes to other memory by
+    // congruence, which they do not do for a product of fields; see the notes of specs/README.md.)
+    logic integer out_count_at(integer kind, integer reduce, integer M, integer E, integer N, integer K) =
+      kind == OP_FWD ? M * N : kind == OP_DW ? E * N * K : kind == OP_DX && reduce != 0 ? 0 : M * K;
     logic integer ctx_out_count{L}(gemm_ctx *g) =
-      g->kind == OP_FWD ? g->p->rows * g->p->N :
-      g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K : g->p->rows * g->p->K;
+      out_count_at(g->kind, g->p->reduce_topk, g->p->rows, g->p->num_experts, g->p->N, g->p->K);
     logic moe_dtype ctx_out_dtype{L}(gemm_ctx *g) = g->kind == OP_DW ? g->p->dw_dtype : g->p->dtype;
     logic integer ctx_out_bytes{L}(gemm_ctx *g) = byte_offset(ctx_out_count(g), ctx_out_dtype(g));
 
@@ -1068,38 +1077,152 @@ static void store_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t
     }
 }
 
-/* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L. */
+/*@ // A thread's scratch: the packs a [MB * KB] and b [NB * KB], the accumulator tile acc [MB * NB] and
+    // row [max(MB, NB)], valid and pairwise apart (float buffers: apart from every int and pointer anyway).
+    predicate scratch_ok{L}(thread_scratch *s) =
+      \valid_read(s) &&
+      \valid(s->a + (0 .. MB * KB - 1)) && \valid(s->b + (0 .. NB * KB - 1)) &&
+      \valid(s->acc + (0 .. MB * NB - 1)) && \valid(s->row + (0 .. (MB > NB ? MB : NB) - 1)) &&
+      \separated(s->a + (0 .. MB * KB - 1), s->b + (0 .. NB * KB - 1), s->acc + (0 .. MB * NB - 1),
+                 s->row + (0 .. (MB > NB ? MB : NB) - 1));
+
+    // What every op's tile needs of the context: the sources readable, the weights (dW) and the kernel.
+    predicate ctx_tile_ok{L}(gemm_ctx *g) =
+      ctx_problem_ok(g) &&
+      (g->kind == OP_FWD || g->kind == OP_DX || g->kind == OP_DW || g->kind == OP_TOPK) &&
+      ctx_a_src_ok(g) && ctx_b_src_ok(g) &&
+      (g->kind == OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g)) &&
+      g->kernel == &kernel_scalar;
+*/
+
+/* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L.
+ * The micro-kernel is called through g->kernel (pick_kernel's choice).  Frama-C parses the scalar path,
+ * where pick_kernel returns kernel_scalar: the `calls` annotation makes WP prove that the pointer is
+ * kernel_scalar (requires `tile`: ctx_tile_ok) and the requires of kernel_scalar at the call.  In gcc/clang
+ * builds the pointer is kernel_v4 or kernel_avx2 (trusted, tested bit for bit).  The reduction is walked
+ * in blocks p0 += kb (kb = KB but for the last block): the same p0 as p0 += KB, without the overflow of
+ * p0 + KB past L. */
+/*@ requires tile: ctx_tile_ok(g);
+    requires block: \valid_read(ab) && 0 <= ab->e < g->p->num_experts && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+                    ab->i0 + ab->mi <= (g->kind == OP_DW ? g->p->N : g->p->rows);
+    requires cols: 0 <= j0 && 0 <= nj <= NB &&
+                   j0 + nj <= (g->kind == OP_FWD || g->kind == OP_TOPK ? g->p->N : g->p->K);
+    requires reduction: 0 <= L && (g->kind == OP_DW ? expert_rows_ok(g, ab->e, 0, L)
+                                                    : L <= (g->kind == OP_DX ? g->p->N : g->p->K));
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1]; */
 static void compute_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj, int64_t L,
                          thread_scratch *s)
 {
     const int64_t groups = (ab->mi + MR - 1) / MR, panels = (nj + NR - 1) / NR;
     if (L == 0) /* an empty reduction (K or N is 0, or dW of an empty expert): every acc stays +0.0f */
+        /*@ loop invariant bounds: 0 <= i <= ab->mi;
+            loop assigns i, s->acc[0 .. MB * NB - 1];
+            loop variant ab->mi - i; */
         for (int64_t i = 0; i < ab->mi; i++)
+            /*@ loop invariant bounds: 0 <= j <= nj;
+                loop assigns j, s->acc[0 .. MB * NB - 1];
+                loop variant nj - j; */
             for (int64_t j = 0; j < nj; j++)
                 s->acc[i * NB + j] = 0.0f;
-    for (int64_t p0 = 0; p0 < L; p0 += KB) {
-        const int64_t kb = L - p0 < KB ? L - p0 : KB;
+    int64_t kb;
+    /*@ loop invariant bounds: 0 <= p0 <= L;
+        loop assigns p0, kb, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1];
+        loop variant L - p0; */
+    for (int64_t p0 = 0; p0 < L; p0 += kb) {
+        kb = L - p0 < KB ? L - p0 : KB;
+        const int64_t group_len = kb * MR, panel_len = kb * NR;
+        /*@ ghost lemma_mul_monotone(groups, MB / MR, group_len); */
+        /*@ ghost lemma_mul_monotone(panels, NB / NR, panel_len); */
         pack_a(g, ab, p0, kb, s->a, s->row);
         pack_b(g, ab, j0, nj, p0, kb, s->b, s->row);
-        for (int64_t h = 0; h < panels; h++)
+        /*@ loop invariant bounds: 0 <= h <= panels;
+            loop assigns h, s->acc[0 .. MB * NB - 1];
+            loop variant panels - h; */
+        for (int64_t h = 0; h < panels; h++) {
+            /*@ ghost lemma_row_fits(h, panels, panel_len); */
+            /*@ loop invariant bounds: 0 <= gi <= groups;
+                loop assigns gi, s->acc[0 .. MB * NB - 1];
+                loop variant groups - gi; */
             for (int64_t gi = 0; gi < groups; gi++) {
+                /*@ ghost lemma_row_fits(gi, groups, group_len); */
                 const int rows = (int)(ab->mi - gi * MR < MR ? ab->mi - gi * MR : MR);
-                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+                /*@ calls kernel_scalar; */
+                g->kernel(kb, p0 == 0, rows, s->a + gi * group_len, s->b + h * panel_len,
                           s->acc + gi * MR * NB + h * NR, NB);
             }
+        }
     }
 }
 
+/*@ // The expert offsets [E + 1]: expert e's rows offsets[e] .. offsets[e + 1] - 1 lie in [0, M).
+    predicate ctx_offsets_ok{L}(gemm_ctx *g) =
+      \valid_read(g->offsets + (0 .. g->p->num_experts)) &&
+      \forall integer e; 0 <= e < g->p->num_experts ==> 0 <= g->offsets[e] <= g->offsets[e + 1] <= g->p->rows;
+
+    // An A block of the op: expert e, rows (dW: n) i0 .. i0 + mi - 1.
+    predicate block_ok{L}(gemm_ctx *g, a_block *ab) =
+      \valid_read(ab) && 0 <= ab->e < g->p->num_experts && 0 <= ab->i0 && 0 <= ab->mi <= MB &&
+      ab->i0 + ab->mi <= (g->kind == OP_DW ? g->p->N : g->p->rows);
+    predicate blocks_ok{L}(gemm_ctx *g, a_block *blocks, integer count) =
+      0 <= count && \valid_read(blocks + (0 .. count - 1)) &&
+      \forall integer b; 0 <= b < count ==> block_ok(g, blocks + b);
+
+    // Where the tiles of columns jlo .. jhi - 1 go: dX with reduce_topk the slot values (their chunk
+    // holds those columns), otherwise the output tensor, apart from the context, the blocks, acc.
+    predicate ctx_items_out_ok{L}(gemm_ctx *g, a_block *blocks, integer count, float *acc, integer jlo,
+                                  integer jhi) =
+      g->kind == OP_DX && g->p->reduce_topk != 0 ?
+        0 <= g->chunk0 <= jlo && jhi <= g->chunk0 + g->slot_width && g->p->rows * g->slot_width <= INT64_MAX &&
+        \valid(g->slot_values + (0 .. g->p->rows * g->slot_width - 1)) &&
+        \separated(g->slot_values + (0 .. g->p->rows * g->slot_width - 1), acc + (0 .. MB * NB - 1))
+      : tensor_writable((char *)g->out, ctx_out_count(g), ctx_out_dtype(g)) &&
+        \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p, blocks + (0 .. count - 1),
+                   acc + (0 .. MB * NB - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                   g->offsets + (0 .. g->p->num_experts));
+*/
+
 /* Every item of A blocks x B columns [jlo, jhi) (an orphaned worksharing loop: call it from every thread
- * of a parallel region). */
+ * of a parallel region).  Frama-C ignores the OpenMP pragma: WP proves the sequential loop (every item in
+ * turn, by one thread).  The chunk count is ceil((jhi - jlo) / NB) without the overflow of
+ * jhi - jlo + NB - 1. */
+/*@ requires tile: ctx_tile_ok(g);
+    requires kind: g->kind == OP_FWD || g->kind == OP_DX || g->kind == OP_DW;
+    requires weights: g->kind != OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+    requires offsets: ctx_offsets_ok(g);
+    requires blocks: blocks_ok(g, blocks, block_count);
+    requires cols: 0 <= jlo <= jhi <= (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires items: block_count * pack_count(jhi - jlo, NB) <= INT64_MAX;
+    requires scratch: scratch_ok(s);
+    requires out: ctx_items_out_ok(g, blocks, block_count, s->acc, jlo, jhi);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+            g->slot_values[0 .. g->p->rows * g->slot_width - 1]; */
 static void run_items(const gemm_ctx *g, const a_block *blocks, int64_t block_count, int64_t jlo, int64_t jhi,
                       thread_scratch *s)
 {
-    const int64_t chunks = (jhi - jlo + NB - 1) / NB;
+    const int64_t span = jhi - jlo, chunks = span / NB + (span % NB != 0);
+    /*@ assert chunks: chunks == pack_count(jhi - jlo, NB) && 0 <= chunks; */
     const int64_t items = block_count * chunks;
+    /*@ loop invariant bounds: 0 <= it <= items;
+        loop invariant tile: ctx_tile_ok(g) && g->kind == \at(g->kind, Pre);
+        loop invariant weights: g->kind != OP_DW && g->topk_weights != \null ==> ctx_weights_ok(g);
+        loop invariant offsets: ctx_offsets_ok(g);
+        loop invariant blocks: blocks_ok(g, blocks, block_count);
+        loop invariant out: ctx_items_out_ok(g, blocks, block_count, s->acc, jlo, jhi);
+        loop assigns it, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1],
+                     g->slot_values[0 .. g->p->rows * g->slot_width - 1];
+        loop variant items - it; */
     MOE_OMP(omp for schedule(dynamic, 1))
     for (int64_t it = 0; it < items; it++) {
+        /*@ ghost lemma_div_below(it, block_count, chunks); */
         const a_block *ab = &blocks[it / chunks];
+        /*@ assert block: block_ok(g, ab); */
         const int64_t j0 = jlo + (it % chunks) * NB;
         const int64_t nj = jhi - j0 < NB ? jhi - j0 : NB;
         const int64_t L = g->kind == OP_FWD ? g->p->K
@@ -1118,51 +1241,317 @@ typedef struct gemm_setup {
     int64_t block_count;
 } gemm_setup;
 
-static void setup_free(gemm_setup *st)
-{
-    free(st->offsets);
-    free(st->blocks);
-}
+/*@ // ceil(m / MB) for m >= 0: the A blocks of m rows (C: m / MB + (m % MB != 0)).
+    logic integer ceil_blocks(integer m) = m / MB + (m % MB != 0 ? 1 : 0);
 
-/* Offsets and A blocks: expert-order row blocks (fwd, dX) or (expert, n) blocks (dW). */
-static moe_status setup(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st)
+    // The A blocks of experts 0 .. e - 1: sum ceil(m_sizes[e'] / MB) (fwd, dX, topk) or e * ceil(N / MB) (dW).
+    logic integer gemm_blocks{L}(moe_gemm_problem *p, integer kind, integer e) =
+      e <= 0 ? 0 : gemm_blocks(p, kind, e - 1) + ceil_blocks(kind == OP_DW ? p->N : p->m_sizes[e - 1]);
+
+    // blocks [count] as setup_in writes them for the op kind.
+    predicate blocks_at{L}(moe_gemm_problem *p, integer kind, a_block *blocks, integer count) =
+      0 <= count && \valid_read(blocks + (0 .. count - 1)) &&
+      \forall integer b; 0 <= b < count ==>
+        0 <= blocks[b].e < p->num_experts && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+        blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+
+    // The bound on the block count (a predicate over values: see the notes of specs/README.md on products
+    // of fields read across a write).
+    predicate blocks_bound(integer count, integer kind, integer E, integer N, integer M) =
+      0 <= count <= (kind == OP_DW ? E * N : M);
+
+    // The routing of a validated problem (src/gemm_api.c): m_sizes [E] readable, non-negative, sum M.
+    predicate gemm_routing_ok{L}(moe_gemm_problem *p) =
+      \valid_read(p->m_sizes + (0 .. p->num_experts - 1)) && sizes_ok(p->m_sizes, p->num_experts, p->rows);
+*/
+
+/*@ ghost
+  /@ requires problem: \valid_read(p) && 0 <= p->num_experts && 0 <= p->N;
+     requires nonneg: \forall integer k; 0 <= k < p->num_experts ==> p->m_sizes[k] >= 0;
+     terminates \true;
+     assigns \nothing;
+     ensures monotone: \forall integer a, b; 0 <= a <= b <= p->num_experts ==>
+                       gemm_blocks(p, kind, a) <= gemm_blocks(p, kind, b);
+  @/
+  static void lemma_blocks_monotone(const moe_gemm_problem *p, enum op_kind kind)
+  {
+    /@ loop invariant bounds: 0 <= x <= p->num_experts;
+       loop invariant partial: \forall integer a, b; 0 <= a <= b <= x ==>
+                               gemm_blocks(p, kind, a) <= gemm_blocks(p, kind, b);
+       loop assigns x;
+       loop variant p->num_experts - x;
+    @/
+    for (int64_t x = 0; x < p->num_experts; x++) ;
+  }
+*/
+
+/*@ ghost
+  /@ requires range: 0 <= j && MB * j < x;
+     terminates \true;
+     assigns \nothing;
+     ensures below: j < ceil_blocks(x);
+     ensures last: x - MB * j <= MB ==> ceil_blocks(x) == j + 1;
+  @/
+  static void lemma_ceil_blocks(int64_t j, int64_t x)
+  {
+  }
+*/
+
+/* The number of A blocks of the op (setup_in writes that many): ceil(m_e / MB) per expert for the
+ * expert-order rows (fwd, dX, topk), ceil(N / MB) per expert for dW.  ceil(m / MB) is m / MB + (m % MB != 0):
+ * the same value as (m + MB - 1) / MB without its overflow for m > INT64_MAX - MB + 1. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    terminates \true;
+    assigns \nothing;
+    ensures count: \result == gemm_blocks(p, kind, p->num_experts);
+    ensures bound: blocks_bound(\result, kind, p->num_experts, p->N, p->rows); */
+static int64_t count_blocks(const moe_gemm_problem *p, enum op_kind kind)
 {
     const int64_t E = p->num_experts;
+    int64_t count = 0, e;
+    /*@ ghost lemma_msum_monotone_all((int64_t *)p->m_sizes, 0, E); */
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant count: count == gemm_blocks(p, kind, e);
+        loop invariant nonneg: 0 <= count;
+        loop invariant bound_dw: kind == OP_DW ==> count <= e * p->N;
+        loop invariant bound_rows: kind != OP_DW ==> count <= msum(p->m_sizes, e);
+        loop assigns e, count;
+        loop variant E - e; */
+    for (e = 0; e < E; e++) {
+        const int64_t m = kind == OP_DW ? p->N : p->m_sizes[e];
+        /*@ ghost lemma_mul_monotone(e + 1, E, p->N); */
+        /*@ assert ceil: 0 <= m / MB + (m % MB != 0 ? 1 : 0) <= m; */
+        /*@ assert dw_step: (e + 1) * p->N == e * p->N + p->N; */
+        /*@ assert rows_step: msum(p->m_sizes, e + 1) == msum(p->m_sizes, e) + p->m_sizes[e] &&
+                              msum(p->m_sizes, e + 1) <= p->rows; */
+        /*@ assert room: count + m <= (kind == OP_DW ? E * p->N : p->rows); */
+        count += m / MB + (m % MB != 0);
+    }
+    /*@ assert end: e == E && count == gemm_blocks(p, kind, E); */
+    return count;
+}
+
+/* Offsets and A blocks: expert-order row blocks (fwd, dX, topk) or (expert, n) blocks (dW), on the
+ * caller's scratch offsets [E + 1] and blocks [count_blocks + 1] (setup_alloc; either NULL when its
+ * allocation failed: MOE_ERR_OUT_OF_MEMORY with the message the library always gave, offsets first).
+ * Proved: RTE (every block written inside blocks [count_blocks + 1], no overflow), the blocks in range.
+ * The row blocks step i0 += mi (mi = MB but for the last block of an expert: the same i0 as i0 += MB,
+ * without its overflow past hi). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires experts: p->num_experts < INT64_MAX;
+    requires st: \valid(st);
+    requires offsets: offsets != \null ==> \valid(offsets + (0 .. p->num_experts));
+    requires blocks: blocks != \null ==> \valid(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)));
+    requires separated: \separated(st, p, p->m_sizes + (0 .. p->num_experts - 1));
+    requires offsets_apart: offsets != \null ==>
+      \separated(offsets + (0 .. p->num_experts), st, p, p->m_sizes + (0 .. p->num_experts - 1));
+    requires blocks_apart: blocks != \null ==>
+      \separated(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)), st, p,
+                 p->m_sizes + (0 .. p->num_experts - 1), offsets + (0 .. p->num_experts));
+    terminates \true;
+    assigns *st, offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, kind, p->num_experts)],
+            moe_error_model;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures offsets: \result == MOE_OK ==> st->offsets == offsets && offsets[0] == 0 &&
+      \forall integer e; 0 <= e < p->num_experts ==> 0 <= offsets[e] <= offsets[e + 1] <= p->rows;
+    ensures blocks: \result == MOE_OK ==> st->blocks == blocks &&
+      blocks_at(p, kind, blocks, st->block_count) &&
+      blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows);
+    ensures block_count: \result == MOE_OK ==> st->block_count == \old(gemm_blocks(p, kind, p->num_experts)); */
+static moe_status setup_in(const moe_gemm_problem *p, enum op_kind kind, gemm_setup *st, int64_t *offsets,
+                           a_block *blocks)
+{
+    const int64_t E = p->num_experts;
+    const int64_t count = count_blocks(p, kind);
+    /*@ ghost lemma_blocks_monotone(p, kind); */
+    /*@ ghost lemma_msum_monotone_all((int64_t *)p->m_sizes, 0, E); */
+    if (offsets == NULL) {
+        st->offsets = NULL;
+        st->blocks = NULL;
+        st->block_count = 0;
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert offsets", p->op, E + 1);
+    }
+    /* (before the writes to *st: moe_ref_expert_offsets' postcondition reads msum in the pre-state) */
+    moe_ref_expert_offsets(E, p->m_sizes, offsets);
+    st->offsets = offsets;
     st->blocks = NULL;
     st->block_count = 0;
-    st->offsets = malloc(((size_t)E + 1) * sizeof *st->offsets);
-    if (st->offsets == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " expert offsets", p->op, E + 1);
-    moe_ref_expert_offsets(E, p->m_sizes, st->offsets);
-    int64_t count = 0;
-    for (int64_t e = 0; e < E; e++)
-        count += kind == OP_DW ? (p->N + MB - 1) / MB : (p->m_sizes[e] + MB - 1) / MB;
-    st->blocks = malloc(((size_t)count + 1) * sizeof *st->blocks);
-    if (st->blocks == NULL) {
-        setup_free(st);
+    if (blocks == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " work blocks", p->op, count);
-    }
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t lo = kind == OP_DW ? 0 : st->offsets[e];
-        const int64_t hi = kind == OP_DW ? p->N : st->offsets[e + 1];
-        for (int64_t i0 = lo; i0 < hi; i0 += MB) {
+    st->blocks = blocks;
+    int64_t e, mi;
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant st: st->offsets == offsets && st->blocks == blocks;
+        loop invariant problem: p->num_experts == E && p->N == \at(p->N, Pre) && p->rows == \at(p->rows, Pre);
+        loop invariant count: \let ee = e; st->block_count == \at(gemm_blocks(p, kind, ee), Pre);
+        loop invariant written: \forall integer b; 0 <= b < st->block_count ==>
+          0 <= blocks[b].e < E && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+          blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+        loop invariant offsets: \forall integer i; 0 <= i <= E ==> offsets[i] == \at(msum(p->m_sizes, i), Pre);
+        loop assigns e, mi, st->block_count, blocks[0 .. count];
+        loop variant E - e; */
+    for (e = 0; e < E; e++) {
+        const int64_t lo = kind == OP_DW ? 0 : offsets[e];
+        const int64_t hi = kind == OP_DW ? p->N : offsets[e + 1];
+        /*@ assert rows: \let ee = e; hi - lo == \at(kind == OP_DW ? p->N : p->m_sizes[ee], Pre) &&
+                         0 <= lo <= hi <= (kind == OP_DW ? p->N : p->rows); */
+        /*@ assert next: \let ee = e; \at(gemm_blocks(p, kind, ee + 1), Pre) ==
+                         \at(gemm_blocks(p, kind, ee), Pre) + ceil_blocks(hi - lo) &&
+                         \at(gemm_blocks(p, kind, ee + 1), Pre) <= count; */
+        /*@ ghost int64_t j = 0; */
+        /*@ loop invariant bounds: lo <= i0 <= hi && 0 <= j;
+            loop invariant st: st->offsets == offsets && st->blocks == blocks;
+            loop invariant problem: p->num_experts == E && p->N == \at(p->N, Pre) && p->rows == \at(p->rows, Pre);
+            loop invariant step: i0 < hi ==> i0 == lo + MB * j;
+            loop invariant done: i0 == hi ==> j == ceil_blocks(hi - lo);
+            loop invariant below: j <= ceil_blocks(hi - lo);
+            loop invariant count: \let ee = e; st->block_count == \at(gemm_blocks(p, kind, ee), Pre) + j;
+            loop invariant written: \forall integer b; 0 <= b < st->block_count ==>
+              0 <= blocks[b].e < E && 0 <= blocks[b].i0 && 0 <= blocks[b].mi <= MB &&
+              blocks[b].i0 + blocks[b].mi <= (kind == OP_DW ? p->N : p->rows);
+            loop invariant offsets: \forall integer i; 0 <= i <= E ==> offsets[i] == \at(msum(p->m_sizes, i), Pre);
+            loop assigns i0, mi, j, st->block_count, blocks[0 .. count];
+            loop variant hi - i0; */
+        for (int64_t i0 = lo; i0 < hi; i0 += mi) {
+            /*@ ghost lemma_ceil_blocks(j, hi - lo); */
+            mi = hi - i0 < MB ? hi - i0 : MB;
             a_block *ab = &st->blocks[st->block_count++];
             ab->e = e;
             ab->i0 = i0;
-            ab->mi = hi - i0 < MB ? hi - i0 : MB;
+            ab->mi = mi;
+            /*@ ghost j++; */
         }
     }
+    /*@ assert end: e == E; */
+    /*@ assert done: st->block_count == count && p->num_experts == E && p->N == \at(p->N, Pre) &&
+                     p->rows == \at(p->rows, Pre); */
+    /*@ assert blocks_final: blocks_at(p, kind, blocks, st->block_count); */
+    /*@ assert bound_final: blocks_bound(st->block_count, kind, p->num_experts, p->N, p->rows); */
     return MOE_OK;
 }
 
+/* The allocating part of the former setup (not proved: WP 25 has no model of allocation): offsets [E + 1]
+ * and blocks [count_blocks + 1] (one more: malloc(0) may return NULL), either NULL when not given; setup_in
+ * reports that as before.  Both are allocated even when the first fails (before: the blocks only after the
+ * offsets); the status and message are the same. */
+static void setup_alloc(const moe_gemm_problem *p, enum op_kind kind, int64_t **offsets, a_block **blocks)
+{
+    *offsets = malloc(((size_t)p->num_experts + 1) * sizeof **offsets);
+    *blocks = malloc(((size_t)count_blocks(p, kind) + 1) * sizeof **blocks);
+}
+
+static void setup_free(int64_t *offsets, a_block *blocks)
+{
+    free(offsets);
+    free(blocks);
+}
+
+/*@ requires problem: \valid_read(p);
+    terminates \true;
+    assigns moe_error_model;
+    ensures status: \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status out_of_scratch(const moe_gemm_problem *p)
 {
     return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the per-thread tile buffers (%zu bytes each)",
                     p->op, (size_t)(MB * KB + NB * KB + MB * NB + (MB > NB ? MB : NB)) * sizeof(float));
 }
 
-/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items. */
-static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
+/*@ // An op without the reduce_topk scratch (fwd, dW, dX without reduce_topk) on a validated problem: its
+    // tensors as src/gemm_api.c checks them (value-level predicates of specs/gemm.acsl, which the provers
+    // carry across the scratch writes of the callers), the kernel; the offsets and the blocks of setup_in;
+    // the output apart from the context, the setup and the scratch.
+    // (three predicates, three requires clauses: as one, its goal at the callers took 10 s at load 6)
+    predicate plain_problem_ok{L}(gemm_ctx *g) =
+      \valid_read(g) && gemm_problem_ok(g->p) &&
+      (g->kind == OP_FWD || g->kind == OP_DW || (g->kind == OP_DX && g->p->reduce_topk == 0));
+    predicate plain_tensors_ok{L}(gemm_ctx *g) =
+      (g->kind == OP_FWD ? gemm_fwd_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
+                                              (char *)g->topk_weights, (char *)g->out) :
+       g->kind == OP_DX ? gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src,
+                                             (char *)g->topk_weights, (char *)g->out) :
+                          gemm_dw_tensors_ok(g->p, (char *)g->b_src, (char *)g->a_src,
+                                             (char *)g->topk_weights, (char *)g->out));
+    predicate plain_kernel_ok{L}(gemm_ctx *g) =
+      g->kernel == &kernel_scalar && g->slot_values == \null && g->slot_width == 0;
+    predicate plain_setup_ok{L}(gemm_ctx *g, gemm_setup *st) =
+      \valid_read(st) && ctx_offsets_ok(g) &&
+      blocks_at(g->p, g->kind, st->blocks, st->block_count) &&
+      blocks_bound(st->block_count, g->kind, g->p->num_experts, g->p->N, g->p->rows);
+    predicate plain_apart{L}(gemm_ctx *g, gemm_setup *st) =
+      \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p, st, st->blocks + (0 .. st->block_count - 1),
+                 g->p->gather_indices + (0 .. g->p->rows - 1), g->offsets + (0 .. g->p->num_experts));
+*/
+
+/* One thread's part of run_plain (proved): every item of the op, on the thread's scratch s.  It states the
+ * op's requirements in the form its callers can carry (plain_ok) and proves that they give run_items'. */
+/*@ requires problem: plain_problem_ok(g);
+    requires tensors: plain_tensors_ok(g);
+    requires kernel: plain_kernel_ok(g);
+    requires setup: plain_setup_ok(g, st);
+    requires apart: plain_apart(g, st);
+    requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires scratch: scratch_ok(s) &&
+      \separated(s->acc + (0 .. MB * NB - 1), (char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p,
+                 st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                 g->offsets + (0 .. g->p->num_experts));
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1]; */
+static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns, thread_scratch *s)
+{
+    /*@ ghost const moe_gemm_problem *p = g->p; */
+    /*@ assert dims: gemm_dims_ok(p->num_tokens, p->topk, p->num_experts, p->rows, p->N, p->K); */
+    /*@ ghost
+      const int64_t ceil = columns / NB + (columns % NB != 0);
+      const int64_t most = g->kind == OP_DW ? p->num_experts * p->N : p->rows;
+    */
+    /*@ assert ceil: ceil == pack_count(columns, NB) && 0 <= ceil <= columns; */
+    /*@ assert most: 0 <= st->block_count <= most; */
+    /*@ assert room_fwd: g->kind == OP_FWD ==> columns * most == p->rows * p->N; */
+    /*@ assert room_dx: g->kind == OP_DX ==> columns * most == p->rows * p->K; */
+    /*@ assert room_dw: g->kind == OP_DW ==> columns * most == p->num_experts * p->N * p->K; */
+    /*@ assert room: columns * most <= INT64_MAX; */
+    /*@ ghost lemma_mul_monotone(ceil, columns, most); */
+    /*@ ghost lemma_mul_monotone(st->block_count, most, ceil); */
+    /*@ assert items: st->block_count * pack_count(columns, NB) <= INT64_MAX; */
+    /*@ assert blocks: blocks_ok(g, st->blocks, st->block_count); */
+    /*@ assert out_count: ctx_out_count(g) == (g->kind == OP_FWD ? g->p->rows * g->p->N :
+                                               g->kind == OP_DW ? g->p->num_experts * g->p->N * g->p->K :
+                                               g->p->rows * g->p->K); */
+    /*@ assert out_fwd: g->kind == OP_FWD ==>
+          tensor_writable((char *)g->out, p->rows * p->N, p->dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out_dx: g->kind == OP_DX ==>
+          tensor_writable((char *)g->out, p->rows * p->K, p->dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out_dw: g->kind == OP_DW ==>
+          tensor_writable((char *)g->out, p->num_experts * p->N * p->K, p->dw_dtype) &&
+          \separated((char *)g->out + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1), p,
+                     p->gather_indices + (0 .. p->rows - 1)); */
+    /*@ assert out: tensor_writable((char *)g->out, ctx_out_count(g), ctx_out_dtype(g)) &&
+                    \separated((char *)g->out + (0 .. ctx_out_bytes(g) - 1), g->p,
+                               g->p->gather_indices + (0 .. g->p->rows - 1)); */
+    run_items(g, st->blocks, st->block_count, 0, columns, s);
+}
+
+/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items.
+ * Not proved (the allocating shell of plain_items: the per-thread scratch is malloc'd inside the parallel
+ * region, and WP 25 has no model of allocation; Frama-C also ignores the OpenMP pragmas).  Its contract is
+ * stated: plain_items' requires, with the scratch that scratch_alloc gives (valid, apart: malloc's promise). */
+/*@ requires problem: plain_problem_ok(g);
+    requires tensors: plain_tensors_ok(g);
+    requires kernel: plain_kernel_ok(g);
+    requires setup: plain_setup_ok(g, st);
+    requires apart: plain_apart(g, st);
+    requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
+    terminates \true;
+    assigns ((char *)g->out)[0 .. ctx_out_bytes(g) - 1], moe_error_model, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_plain(const gemm_ctx *g, const gemm_setup *st, int64_t columns)
 {
     int failed = 0;
     MOE_OMP(omp parallel)
@@ -1177,52 +1566,179 @@ static moe_status run_plain(gemm_ctx *g, const gemm_setup *st, int64_t columns)
         MOE_OMP(omp atomic read)
         stop = failed;
         if (!stop)
-            run_items(g, st->blocks, st->block_count, 0, columns, &s);
+            plain_items(g, st, columns, &s);
         scratch_free(&s);
     }
     return failed ? out_of_scratch(g->p) : MOE_OK;
 }
 
+/*@ // The scratch of a blocked kernel: offsets [E + 1] and blocks [count_blocks + 1] (setup_alloc), each
+    // NULL or valid, apart from each other, the problem, its routing arrays and the output's bytes.
+    predicate blocked_scratch_ok{L}(moe_gemm_problem *p, integer kind, int64_t *offsets, a_block *blocks,
+                                    char *out, integer out_bytes) =
+      (offsets != \null ==> \valid(offsets + (0 .. p->num_experts)) &&
+         \separated(offsets + (0 .. p->num_experts), p, p->m_sizes + (0 .. p->num_experts - 1),
+                    p->gather_indices + (0 .. p->rows - 1), out + (0 .. out_bytes - 1))) &&
+      (blocks != \null ==> \valid(blocks + (0 .. gemm_blocks(p, kind, p->num_experts))) &&
+         \separated(blocks + (0 .. gemm_blocks(p, kind, p->num_experts)), p, p->m_sizes + (0 .. p->num_experts - 1),
+                    p->gather_indices + (0 .. p->rows - 1), out + (0 .. out_bytes - 1),
+                    offsets + (0 .. p->num_experts)));
+*/
+
+/* The blocked forward on the caller's scratch (proved; moe_ref_gemm_fwd_blocked allocates it): offsets and
+ * blocks as setup_in takes them.  RTE, assigns (the scratch, y's bytes), termination; the requires of
+ * setup_in and run_plain.  Statuses: setup_in's, then run_plain's. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_FWD, offsets, blocks, (char *)y, byte_offset(p->rows * p->N, p->dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_FWD, p->num_experts)],
+            ((char *)y)[0 .. byte_offset(p->rows * p->N, p->dtype) - 1], moe_error_model, __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_fwd_blocked_in(const moe_gemm_problem *p, const void *x, const void *w,
+                                      const void *topk_weights, void *y, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_FWD, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre); */
+    /*@ assert kept_at: gemm_fwd_tensors_at((char *)x, (char *)w, (char *)topk_weights, (char *)y,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y); */
+    gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_FWD && g.a_src == x && g.b_src == w && g.topk_weights == topk_weights &&
+                  g.out == y && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_fwd_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
+    /*@ assert apart: \separated((char *)y + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1), &g, p, &st,
+          blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1), offsets + (0 .. p->num_experts)); */
+    /*@ assert out_kind: g.kind == OP_FWD && g.p->rows == p->rows && g.p->N == p->N && g.p->dtype == p->dtype; */
+    /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                          p->rows * p->N; */
+    /*@ assert out_dtype: ctx_out_dtype(&g) == p->dtype; */
+    /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->rows * p->N, p->dtype); */
+    return run_plain(&g, &st, p->N);
+}
+
+/* dW on the caller's scratch (proved; as gemm_fwd_blocked_in). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_DW, offsets, blocks, (char *)dw,
+                                         byte_offset(p->num_experts * p->N * p->K, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_DW, p->num_experts)],
+            ((char *)dw)[0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_dw_blocked_in(const moe_gemm_problem *p, const void *x, const void *dy,
+                                     const void *topk_weights, void *dw, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_DW, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre) &&
+                            p->dw_dtype == \at(p->dw_dtype, Pre); */
+    /*@ assert kept_at: gemm_dw_tensors_at((char *)x, (char *)dy, (char *)topk_weights, (char *)dw,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), \at(p->dw_dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw); */
+    gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_DW && g.a_src == dy && g.b_src == x && g.topk_weights == topk_weights &&
+                  g.out == dw && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_dw_tensors_ok(g.p, (char *)g.b_src, (char *)g.a_src, (char *)g.topk_weights, (char *)g.out); */
+    /*@ assert apart: \separated((char *)dw + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1), &g,
+          p, &st, blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+          offsets + (0 .. p->num_experts)); */
+    /*@ assert out_kind: g.kind == OP_DW && g.p->num_experts == p->num_experts && g.p->N == p->N &&
+                         g.p->K == p->K && g.p->dw_dtype == p->dw_dtype; */
+    /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                          p->num_experts * p->N * p->K; */
+    /*@ assert out_dtype: ctx_out_dtype(&g) == p->dw_dtype; */
+    /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->num_experts * p->N * p->K, p->dw_dtype); */
+    return run_plain(&g, &st, p->K);
+}
+
+/* The allocating shells (not proved): setup_alloc, the proved `_in` function, setup_free. */
 moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *topk_weights, void *y)
 {
-    gemm_setup st;
-    moe_status status = setup(p, OP_FWD, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_FWD, x, w, topk_weights, NULL, y, st.offsets, pick_kernel(), NULL, 0, 0};
-    status = run_plain(&g, &st, p->N);
-    setup_free(&st);
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_FWD, &offsets, &blocks);
+    const moe_status status = gemm_fwd_blocked_in(p, x, w, topk_weights, y, offsets, blocks);
+    setup_free(offsets, blocks);
     return status;
 }
 
 moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
                                    const void *topk_weights, void *dw)
 {
-    gemm_setup st;
-    moe_status status = setup(p, OP_DW, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_DW, dy, x, topk_weights, NULL, dw, st.offsets, pick_kernel(), NULL, 0, 0};
-    status = run_plain(&g, &st, p->K);
-    setup_free(&st);
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_DW, &offsets, &blocks);
+    const moe_status status = gemm_dw_blocked_in(p, x, dy, topk_weights, dw, offsets, blocks);
+    setup_free(offsets, blocks);
     return status;
 }
 
-moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
-                                   const void *topk_weights, void *dx)
+/* dX with reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
+ * the in-order sum of its k slots.  Not proved (an allocating shell: the slot values and the per-thread
+ * scratch are malloc'd here, inside and outside the parallel region); its contract is stated.  The
+ * reduction loop over the tokens and the column chunks is tested only (tests/test_gemm_modes). */
+/*@ requires ctx: \valid(g) && gemm_problem_ok(g->p) && g->kind == OP_DX && g->p->reduce_topk != 0 &&
+      gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->topk_weights, (char *)dx) &&
+      g->out == dx && g->kernel == &kernel_scalar;
+    requires setup: \valid_read(st) && ctx_offsets_ok(g) && blocks_at(g->p, OP_DX, st->blocks, st->block_count) &&
+      blocks_bound(st->block_count, OP_DX, g->p->num_experts, g->p->N, g->p->rows);
+    requires apart: \separated((char *)dx + (0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1), g, g->p,
+      st, st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+      g->offsets + (0 .. g->p->num_experts));
+    terminates \true;
+    assigns g->slot_values, g->slot_width, g->chunk0,
+            ((char *)dx)[0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_reduce(gemm_ctx *g, const gemm_setup *st, void *dx)
 {
-    gemm_setup st;
-    moe_status status = setup(p, OP_DX, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
-    if (!p->reduce_topk) {
-        status = run_plain(&g, &st, p->K);
-        setup_free(&st);
-        return status;
-    }
-
+    const moe_gemm_problem *p = g->p;
     /* reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
      * the in-order sum of its k slots.  The chunk is as wide as REDUCE_SCRATCH_BYTES allows. */
     const int64_t M = p->rows, K = p->K, T = p->num_tokens, k = p->topk;
@@ -1232,13 +1748,11 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
         if (width < NB)
             width = NB;
     }
-    g.slot_width = width;
-    g.slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
-    if (g.slot_values == NULL) {
-        setup_free(&st);
+    g->slot_width = width;
+    g->slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
+    if (g->slot_values == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
                         " float32 slot values of reduce_topk", p->op, M, width);
-    }
     int failed = 0;
     MOE_OMP(omp parallel)
     {
@@ -1255,9 +1769,9 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
             for (int64_t c0 = 0; c0 < K; c0 += width) {
                 const int64_t cw = K - c0 < width ? K - c0 : width;
                 MOE_OMP(omp single)
-                g.chunk0 = c0;
+                g->chunk0 = c0;
                 /* (the single's closing barrier publishes chunk0; run_items ends with a barrier too) */
-                run_items(&g, st.blocks, st.block_count, c0, c0 + cw, &s);
+                run_items(g, st->blocks, st->block_count, c0, c0 + cw, &s);
                 MOE_OMP(omp for schedule(static))
                 for (int64_t t = 0; t < T; t++)
                     for (int64_t cb = 0; cb < cw; cb += NB) {
@@ -1265,7 +1779,7 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
                         for (int64_t c = 0; c < n; c++)
                             s.row[c] = 0.0f;
                         for (int64_t j = 0; j < k; j++) {
-                            const float *v = g.slot_values + (t * k + j) * width + cb;
+                            const float *v = g->slot_values + (t * k + j) * width + cb;
                             for (int64_t c = 0; c < n; c++)
                                 s.row[c] += v[c];
                         }
@@ -1275,34 +1789,149 @@ moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, co
         }
         scratch_free(&s);
     }
-    free(g.slot_values);
-    setup_free(&st);
+    free(g->slot_values);
     return failed ? out_of_scratch(p) : MOE_OK;
+}
+
+/* dX on the caller's scratch (proved; as gemm_fwd_blocked_in): run_plain without reduce_topk, else
+ * run_reduce (stated, not proved). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_DX, offsets, blocks, (char *)dx,
+                                         byte_offset(gemm_dx_rows(p) * p->K, p->dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_DX, p->num_experts)],
+            ((char *)dx)[0 .. byte_offset(gemm_dx_rows(p) * p->K, p->dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_dx_blocked_in(const moe_gemm_problem *p, const void *dy, const void *w,
+                                     const void *topk_weights, void *dx, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_DX, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_dx_rows: gemm_dx_rows(p) == \at(gemm_dx_rows(p), Pre) && p->dtype == \at(p->dtype, Pre); */
+    /*@ assert kept_at: gemm_dx_tensors_at((char *)dy, (char *)w, (char *)topk_weights, (char *)dx,
+          \at(gemm_dx_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+                     gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx); */
+    gemm_ctx g = {p, OP_DX, dy, w, topk_weights, NULL, dx, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_DX && g.a_src == dy && g.b_src == w && g.topk_weights == topk_weights &&
+                  g.out == dx && g.offsets == offsets && g.kernel == &kernel_scalar && g.slot_values == \null &&
+                  g.slot_width == 0; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_dx_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.topk_weights, (char *)g.out); */
+    if (!p->reduce_topk) {
+            /*@ assert apart: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1), &g, p, &st,
+              blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+              offsets + (0 .. p->num_experts)); */
+        /*@ assert out_kind: g.kind == OP_DX && g.p->reduce_topk == 0 && g.p->rows == p->rows && g.p->K == p->K &&
+                             g.p->dtype == p->dtype; */
+        /*@ assert out_count: out_count_at(g.kind, g.p->reduce_topk, g.p->rows, g.p->num_experts, g.p->N, g.p->K) ==
+                              p->rows * p->K; */
+        /*@ assert out_dtype: ctx_out_dtype(&g) == p->dtype; */
+        /*@ assert out_bytes: ctx_out_bytes(&g) == byte_offset(p->rows * p->K, p->dtype); */
+        return run_plain(&g, &st, p->K);
+    }
+    /*@ assert reduce_apart: \separated((char *)dx + (0 .. byte_offset(p->num_tokens * p->K, p->dtype) - 1), &g, p,
+          &st, blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1),
+          offsets + (0 .. p->num_experts)); */
+    return run_reduce(&g, &st, dx);
+}
+
+/* The allocating shell (not proved): setup_alloc, gemm_dx_blocked_in, setup_free. */
+moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,
+                                   const void *topk_weights, void *dx)
+{
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_DX, &offsets, &blocks);
+    const moe_status status = gemm_dx_blocked_in(p, dy, w, topk_weights, dx, offsets, blocks);
+    setup_free(offsets, blocks);
+    return status;
 }
 
 /* The topk-weight gradient of an expert-order row block: for each row, acc += dy[yrow(r)][n] * y_n in
  * ascending n, where the y_n of an NB-column chunk are the fwd tile's accumulators (the same sum,
  * from +0.0f over ascending c, as gemm_naive.c's y_value).  The chunks run in ascending order inside
  * one item, so each row's acc is one sequential sum. */
+/* Frama-C/WP proves the indices and the writes (RTE, d_topk_weights' bytes only), not the values.  The
+ * column chunks step j0 += nj (nj = NB but for the last chunk: the same j0 as j0 += NB, without its
+ * overflow past N). */
+/*@ // The topk-weight gradient's tensors: dy [M][N] readable, d_topk_weights [M] (dw_dtype) writable and
+    // apart from the context, the block, the problem and the gather indices.
+    predicate ctx_topk_ok{L}(gemm_ctx *g, a_block *ab) =
+      g->kind == OP_TOPK &&
+      tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+      tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype) &&
+      \separated((char *)g->out + (0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1), g, ab, g->p,
+                 g->p->gather_indices + (0 .. g->p->rows - 1));
+*/
+/*@ requires tile: ctx_tile_ok(g);
+    requires topk: ctx_topk_ok(g, ab);
+    requires block: block_ok(g, ab);
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1],
+            ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1]; */
 static void run_topk_item(const gemm_ctx *g, const a_block *ab, thread_scratch *s)
 {
     const moe_gemm_problem *p = g->p;
     float acc[MB];
+    /*@ loop invariant bounds: 0 <= i <= ab->mi;
+        loop assigns i, acc[0 .. MB - 1];
+        loop variant ab->mi - i; */
     for (int64_t i = 0; i < ab->mi; i++)
         acc[i] = 0.0f;
-    for (int64_t j0 = 0; j0 < p->N; j0 += NB) {
-        const int64_t nj = p->N - j0 < NB ? p->N - j0 : NB;
+    int64_t nj;
+    /*@ loop invariant bounds: 0 <= j0 <= p->N;
+        loop assigns j0, nj, acc[0 .. MB - 1], s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1],
+                     s->acc[0 .. MB * NB - 1], s->row[0 .. (MB > NB ? MB : NB) - 1];
+        loop variant p->N - j0; */
+    for (int64_t j0 = 0; j0 < p->N; j0 += nj) {
+        nj = p->N - j0 < NB ? p->N - j0 : NB;
         compute_tile(g, ab, j0, nj, p->K, s);
+        /*@ loop invariant bounds: 0 <= i <= ab->mi;
+            loop assigns i, acc[0 .. MB - 1], s->row[0 .. (MB > NB ? MB : NB) - 1];
+            loop variant ab->mi - i; */
         for (int64_t i = 0; i < ab->mi; i++) {
             const int64_t r = ab->i0 + i;
             const float *y = s->acc + i * NB;
-            load_span(p->dtype, g->dy, y_row(p, r) * p->N + j0, nj, s->row, 1);
+            const int64_t yr = y_row(p, r);
+            /*@ ghost lemma_row_fits(yr, p->rows, p->N); */
+            load_span(p->dtype, g->dy, yr * p->N + j0, nj, s->row, 1);
             float sum = acc[i];
+            /*@ loop invariant bounds: 0 <= j <= nj;
+                loop assigns j, sum;
+                loop variant nj - j; */
             for (int64_t j = 0; j < nj; j++)
                 sum += s->row[j] * y[j];
             acc[i] = sum;
         }
     }
+    /*@ loop invariant bounds: 0 <= i <= ab->mi;
+        loop invariant problem: ctx_problem_ok(g) && ctx_topk_ok(g, ab);
+        loop invariant block: ab->i0 == \at(ab->i0, Pre) && ab->mi == \at(ab->mi, Pre) && block_ok(g, ab);
+        loop assigns i, ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1];
+        loop variant ab->mi - i; */
     for (int64_t i = 0; i < ab->mi; i++)
         store_row(p->dw_dtype, g->out, slot_of_row(p, ab->i0 + i), &acc[i], 1, p->accumulate);
 }
@@ -1312,14 +1941,59 @@ static void run_topk_item(const gemm_ctx *g, const a_block *ab, thread_scratch *
 moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                                   const void *dy, void *d_topk_weights);
 
-moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
-                                                  const void *dy, void *d_topk_weights)
+/*@ // The topk-weight gradient on a validated problem: its tensors as src/gemm_api.c checks them, the kernel.
+    predicate topk_ctx_ok{L}(gemm_ctx *g) =
+      \valid_read(g) && gemm_problem_ok(g->p) && g->kind == OP_TOPK &&
+      gemm_topk_grad_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->dy, (char *)g->out) &&
+      g->kernel == &kernel_scalar;
+    // d_topk_weights apart from the context, the problem, the setup, the blocks and the gather indices.
+    predicate topk_apart{L}(gemm_ctx *g, gemm_setup *st) =
+      \separated((char *)g->out + (0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1), g, g->p, st,
+                 st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1));
+*/
+
+/* One thread's part of the topk-weight gradient (proved): an orphaned worksharing loop over the row blocks
+ * (Frama-C ignores the pragma: WP proves the sequential loop).  RTE, assigns, the requires of
+ * run_topk_item for every block. */
+/*@ requires ctx: topk_ctx_ok(g);
+    requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+    requires apart: topk_apart(g, st);
+    requires scratch: scratch_ok(s);
+    terminates \true;
+    assigns s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1],
+            ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1]; */
+static void topk_items(const gemm_ctx *g, const gemm_setup *st, thread_scratch *s)
 {
-    gemm_setup st;
-    moe_status status = setup(p, OP_TOPK, &st);
-    if (status != MOE_OK)
-        return status;
-    gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert tile: ctx_tile_ok(g); */
+    /*@ assert topk: tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+                     tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype); */
+    /*@ loop invariant bounds: 0 <= b <= st->block_count;
+        loop invariant st: st->block_count == \at(st->block_count, Pre) && st->blocks == \at(st->blocks, Pre);
+        loop invariant tile: ctx_tile_ok(g) && g->kind == OP_TOPK;
+        loop invariant topk: tensor_readable((char *)g->dy, g->p->rows * g->p->N, g->p->dtype) &&
+                             tensor_writable((char *)g->out, g->p->rows, g->p->dw_dtype);
+        loop invariant setup: blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+        loop invariant apart: topk_apart(g, st);
+        loop assigns b, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1],
+                     ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1];
+        loop variant st->block_count - b; */
+    MOE_OMP(omp for schedule(dynamic, 1))
+    for (int64_t b = 0; b < st->block_count; b++)
+        run_topk_item(g, &st->blocks[b], s);
+}
+
+/* The parallel region of the topk-weight gradient: scratch first (all or nothing), then topk_items.  Not
+ * proved (the allocating shell of topk_items, as run_plain); its contract is stated. */
+/*@ requires ctx: topk_ctx_ok(g);
+    requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+    requires apart: topk_apart(g, st);
+    terminates \true;
+    assigns ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1], moe_error_model, __fc_heap_status;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_topk(const gemm_ctx *g, const gemm_setup *st)
+{
     int failed = 0;
     MOE_OMP(omp parallel)
     {
@@ -1332,13 +2006,71 @@ moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, con
         int stop;
         MOE_OMP(omp atomic read)
         stop = failed;
-        if (!stop) {
-            MOE_OMP(omp for schedule(dynamic, 1))
-            for (int64_t b = 0; b < st.block_count; b++)
-                run_topk_item(&g, &st.blocks[b], &s);
-        }
+        if (!stop)
+            topk_items(g, st, &s);
         scratch_free(&s);
     }
-    setup_free(&st);
-    return failed ? out_of_scratch(p) : MOE_OK;
+    return failed ? out_of_scratch(g->p) : MOE_OK;
+}
+
+/* The topk-weight gradient on the caller's scratch (proved; as gemm_fwd_blocked_in). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires routing: gemm_routing_ok(p);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires experts: p->num_experts < INT64_MAX;
+    requires problem_apart: \separated(p, p->gather_indices + (0 .. p->rows - 1));
+    requires scratch: blocked_scratch_ok(p, OP_TOPK, offsets, blocks, (char *)d_topk_weights,
+                                         byte_offset(p->rows, p->dw_dtype));
+    terminates \true;
+    assigns offsets[0 .. p->num_experts], blocks[0 .. gemm_blocks(p, OP_TOPK, p->num_experts)],
+            ((char *)d_topk_weights)[0 .. byte_offset(p->rows, p->dw_dtype) - 1], moe_error_model,
+            __fc_heap_status;
+    ensures status: offsets != \null && blocks != \null ? \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY
+                                                        : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status gemm_topk_blocked_in(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                       void *d_topk_weights, int64_t *offsets, a_block *blocks)
+{
+    gemm_setup st;
+    const moe_status status = setup_in(p, OP_TOPK, &st, offsets, blocks);
+    if (status != MOE_OK)
+        return status;
+    /*@ assert field_T: p->num_tokens == \at(p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(p->N, Pre); */
+    /*@ assert field_K: p->K == \at(p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(p->gather_indices, Pre) && p->m_sizes == \at(p->m_sizes, Pre) &&
+          p->permute_x == \at(p->permute_x, Pre) && p->reduce_topk == \at(p->reduce_topk, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_x_rows: gemm_x_rows(p) == \at(gemm_x_rows(p), Pre) && p->dtype == \at(p->dtype, Pre) &&
+                            p->dw_dtype == \at(p->dw_dtype, Pre); */
+    /*@ assert kept_at: gemm_topk_grad_tensors_at((char *)x, (char *)w, (char *)dy, (char *)d_topk_weights,
+          \at(gemm_x_rows(p), Pre), \at(p->rows, Pre), \at(p->num_experts, Pre), \at(p->N, Pre), \at(p->K, Pre),
+          \at(p->dtype, Pre), \at(p->dw_dtype, Pre), p, \at(p->gather_indices, Pre), \at(p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(p) &&
+          gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights); */
+    gemm_ctx g = {p, OP_TOPK, x, w, NULL, dy, d_topk_weights, st.offsets, pick_kernel(), NULL, 0, 0};
+    /*@ assert g: g.p == p && g.kind == OP_TOPK && g.a_src == x && g.b_src == w && g.dy == dy &&
+                  g.out == d_topk_weights && g.kernel == &kernel_scalar; */
+    /*@ assert kept_g: gemm_problem_ok(g.p) &&
+          gemm_topk_grad_tensors_ok(g.p, (char *)g.a_src, (char *)g.b_src, (char *)g.dy, (char *)g.out); */
+    /*@ assert ctx: topk_ctx_ok(&g); */
+    /*@ assert apart: \separated((char *)d_topk_weights + (0 .. byte_offset(p->rows, p->dw_dtype) - 1), &g, p, &st,
+          blocks + (0 .. st.block_count - 1), p->gather_indices + (0 .. p->rows - 1)); */
+    return run_topk(&g, &st);
+}
+
+/* The allocating shell (not proved): setup_alloc, gemm_topk_blocked_in, setup_free. */
+moe_status moe_ref_gemm_topk_weights_grad_blocked(const moe_gemm_problem *p, const void *x, const void *w,
+                                                  const void *dy, void *d_topk_weights)
+{
+    int64_t *offsets;
+    a_block *blocks;
+    setup_alloc(p, OP_TOPK, &offsets, &blocks);
+    const moe_status status = gemm_topk_blocked_in(p, x, w, dy, d_topk_weights, offsets, blocks);
+    setup_free(offsets, blocks);
+    return status;
 }
