@@ -221,6 +221,7 @@ struct GemmArgs {
     int64_t partial_stride; // topk grad: partials per slot (number of j tiles)
     int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
     int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
+    int tma_out_wide;       // sm90, dW with a 16-bit output and tma_out: maps.out_wide (64-row boxes) encoded
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
     Workspace ws;
@@ -843,7 +844,7 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
         g->tma_rows = encode_tensor_map(&maps->rows_a, p->dtype, a, 2, dims_a, strides_a, box) &&
                       encode_tensor_map(&maps->rows_b, p->dtype, b, 2, dims_b, strides_b, box);
     }
-    g->tma_out = 0;
+    g->tma_out = 0, g->tma_out_wide = 0;
     const char *off = getenv("MOE_SM90_TMA_OUT"); // =0: the register-store epilogue (A/B timing runs)
     const bool rows_in_order = op == OP_DW || (op == OP_FWD && !p->permute_y) ||
                                (op == OP_DX && !p->permute_x && !p->reduce_topk);
@@ -854,6 +855,10 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
         const uint64_t dims[3] = {cols, rows, slabs}, strides[2] = {cols * esize, rows * cols * esize};
         const uint32_t box[3] = {(uint32_t)(128 / esize), 8, 1};
         g->tma_out = encode_tensor_map(&maps->out, out_dtype, out, 3, dims, strides, box);
+        if (g->tma_out && op == OP_DW && esize == 2) { // the ping-pong kernel's 8 KiB boxes
+            const uint32_t wide_box[3] = {64, 64, 1};
+            g->tma_out_wide = encode_tensor_map(&maps->out_wide, out_dtype, out, 3, dims, strides, wide_box);
+        }
     }
     return true;
 }
@@ -893,22 +898,40 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
     return op == OP_FWD && p->K >= H_PAIRED_REDUCTION ? 2 : 1;
 }
 
+// dW with every operand and the (16-bit) output by TMA takes the ping-pong kernel (gemm_sm90.cuh) when the
+// experts are short (at most H_DW_PINGPONG_ROWS rows on average): there the epilogue is a large part of a
+// tile's time and the other warpgroup's MMAs hide it.  With long experts sm90_gemm_kernel's 128 x 256 tiles
+// (m64n256 MMAs, a third less L2 -> SM traffic) win.  MOE_SM90_DW_PINGPONG=0|1 forces it off or on.
+constexpr int64_t H_DW_PINGPONG_ROWS = 256;
+bool sm90_dw_pingpong(int64_t M, int64_t E)
+{
+    const char *forced = getenv("MOE_SM90_DW_PINGPONG");
+    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
+        return forced[0] == '1';
+    return M <= H_DW_PINGPONG_ROWS * E;
+}
+
 template <typename T>
 moe_status launch_sm90(int op, int bm, int cluster, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles,
                        cudaStream_t stream)
 {
-    auto kernel = op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128, 1>
+    const bool pingpong = op == OP_DW && g.tma_rows && g.tma_out_wide && sm90_dw_pingpong(g.M, g.E);
+    auto kernel = pingpong ? sm90_dw_pingpong_kernel<T>
+                : op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128, 1>
                 : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256, 1>
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_FWD, 128, 2> : sm90_gemm_kernel<T, OP_FWD, 128, 1>)
                                : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256, 1>
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_DX, 128, 2> : sm90_gemm_kernel<T, OP_DX, 128, 1>);
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)H_SMEM_BYTES));
+    const size_t smem_bytes = pingpong ? P_SMEM_BYTES : H_SMEM_BYTES;
+    if (pingpong) // its tiles are 128 x 128: up to twice as many as max_tiles counts
+        max_tiles = g.E * ((g.N + P_BM - 1) / P_BM) * ((g.cols_j + P_BN - 1) / P_BN);
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     cudaLaunchConfig_t config = {};
     cudaLaunchAttribute attribute[1];
     attribute[0].id = cudaLaunchAttributeClusterDimension;
     attribute[0].val.clusterDim.x = (unsigned)cluster, attribute[0].val.clusterDim.y = 1, attribute[0].val.clusterDim.z = 1;
     config.blockDim = dim3(H_THREADS);
-    config.dynamicSmemBytes = H_SMEM_BYTES;
+    config.dynamicSmemBytes = smem_bytes;
     config.stream = stream;
     config.attrs = attribute;
     config.numAttrs = cluster > 1 ? 1 : 0; // the unpaired kernel: an ordinary launch, no cluster attribute
@@ -1035,7 +1058,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     plan->family = !use_tc ? FAMILY_SIMT
                  : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
-    g->tma_rows = 0, g->tma_out = 0;
+    g->tma_rows = 0, g->tma_out = 0, g->tma_out_wide = 0;
     const int sm90_bm = sm90_tile_rows(op, tuned);
     plan->cluster = plan->family == FAMILY_SM90 ? sm90_cluster_size(p, op, sm90_bm, tuned) : 1;
     const bool tma_store_allowed = tuned == nullptr || tuned->kernel != MOE_TUNE_SM90 || tuned->tma_store != 0;

@@ -35,6 +35,10 @@
 // tile), two per unit, of different experts, each CTA loading its own W block without multicast; a CTA
 // without a tile still arrives on the barriers so its partner's producer never waits on it.
 //
+// dW ping-pong kernel (sm90_dw_pingpong_kernel, at the end of this file): for dW with short experts (at most
+// H_DW_PINGPONG_ROWS rows on average, gemm_cuda.cu) each consumer warpgroup owns whole 128 x 128 tiles and the
+// two take turns at the tensor cores, so one's epilogue overlaps the other's MMAs.
+//
 // Shared-memory layouts, 128-byte swizzle (16-byte chunk c of 128-byte row r sits at chunk c ^ (r & 7),
 // the pattern TMA's SWIZZLE_128B writes into a 1024-byte aligned box):
 //   K-major tile  [MN][K 64]:           (mn, k) at mn * 128 + swizzle; descriptor SBO = 1024 (next 8 MN
@@ -66,6 +70,7 @@ constexpr int H_PAIRED_REDUCTION = 4096; // fwd pairs CTAs from this K (sm90_clu
 // fwd [1][M][N], dX [1][M][K].
 struct Sm90Maps {
     CUtensorMap w, rows_a, rows_b, out;
+    CUtensorMap out_wide; // dW with 16-bit output and TMA stores: dW [E][N][K], box {64 columns, 64 rows, 1}
 };
 __host__ __device__ constexpr int h_bn(int bm) { return 32768 / bm; }
 constexpr int H_BK = 64, H_STAGES = 4;
@@ -252,14 +257,55 @@ __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, %0;\
 // (zeroing one would not do: Inf * 0 is NaN), fences them for the async proxy, and the two warpgroups meet
 // before either's MMAs read the stage.  Called after the stage's full barrier (the TMA writes are done) and
 // while the previous k-step's MMAs still run.
-__device__ __forceinline__ void h_zero_tail_rows(uint32_t stage_addr, int rows_left, int c)
+// The kernel's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle's alignment; the
+// launches ask for 1024 bytes more).
+__device__ __forceinline__ unsigned char *dynamic_smem_1k()
 {
-    constexpr int BLOCKS = H_STAGE_BYTES / 8192, CHUNKS = BLOCKS * 8; // 16-byte chunks per k row, all blocks
-    for (int idx = c; idx < (H_BK - rows_left) * CHUNKS; idx += H_CONSUMERS) {
+    extern __shared__ unsigned char smem_raw[];
+    return reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+}
+
+// One dW k-step by TMA: A_BOXES boxes {64 n, 64 rows} of dY at sa and B_BOXES boxes {64 c, 64 rows} of X at
+// sb (MN-major), rows row .. row + 63, completing their bytes on the stage's full barrier bar.
+template <int A_BOXES, int B_BOXES>
+__device__ __forceinline__ void h_load_dw_stage(const Sm90Maps &maps, uint32_t bar, uint32_t sa, uint32_t sb, int64_t i0,
+                                                int64_t j0, int64_t row)
+{
+    mbar_arrive_expect_tx(bar, (A_BOXES + B_BOXES) * 8192);
+#pragma unroll
+    for (int a = 0; a < A_BOXES; a++)
+        tma_load_2d(sa + a * 8192, &maps.rows_a, bar, (int)(i0 + 64 * a), (int)row);
+#pragma unroll
+    for (int a = 0; a < B_BOXES; a++)
+        tma_load_2d(sb + a * 8192, &maps.rows_b, bar, (int)(j0 + 64 * a), (int)row);
+}
+
+// Two floats rounded to T (bf16 or f16) and packed in one 32-bit word, the first in the low half.
+template <typename T> __device__ __forceinline__ uint32_t pack2_rn(float v0, float v1)
+{
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
+        return *reinterpret_cast<const uint32_t *>(&b2);
+    } else {
+        const __half2 h2 = __floats2half2_rn(v0, v1);
+        return *reinterpret_cast<const uint32_t *>(&h2);
+    }
+}
+
+// STAGE_BYTES / 8192 blocks, zeroed by THREADS threads (c in [0, THREADS)); the caller then synchronises them.
+template <int STAGE_BYTES, int THREADS>
+__device__ __forceinline__ void h_zero_tail_rows_of(uint32_t stage_addr, int rows_left, int c)
+{
+    constexpr int BLOCKS = STAGE_BYTES / 8192, CHUNKS = BLOCKS * 8; // 16-byte chunks per k row, all blocks
+    for (int idx = c; idx < (H_BK - rows_left) * CHUNKS; idx += THREADS) {
         const int row = rows_left + idx / CHUNKS, block = (idx % CHUNKS) / 8, chunk = idx % 8;
         sts_zero16(stage_addr + block * 8192 + row * 128 + chunk * 16);
     }
     fence_proxy_async();
+}
+__device__ __forceinline__ void h_zero_tail_rows(uint32_t stage_addr, int rows_left, int c)
+{
+    h_zero_tail_rows_of<H_STAGE_BYTES, H_CONSUMERS>(stage_addr, rows_left, c);
     consumer_sync();
 }
 
@@ -450,15 +496,7 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
                 if constexpr (ESIZE == 4) { // 16-byte chunk (2 jj + q / 2) of row r, swizzled
                     sts_f32x2(box_addr + r * 128 + (((2 * jj + q / 2) ^ r) * 16) + 8 * (q & 1), v0, v1);
                 } else {
-                    uint32_t packed;
-                    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-                        const __nv_bfloat162 b2 = __floats2bfloat162_rn(v0, v1);
-                        packed = *reinterpret_cast<const uint32_t *>(&b2);
-                    } else {
-                        const __half2 h2 = __floats2half2_rn(v0, v1);
-                        packed = *reinterpret_cast<const uint32_t *>(&h2);
-                    }
-                    sts_b32(box_addr + r * 128 + ((jj ^ r) * 16) + 4 * q, packed);
+                    sts_b32(box_addr + r * 128 + ((jj ^ r) * 16) + 4 * q, pack2_rn<T>(v0, v1));
                 }
             }
             fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
@@ -478,8 +516,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + H_BARRIER_OFFSET, empty_bar = full_bar + H_STAGES * 8;
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
@@ -589,13 +626,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                                 tma_load_3d(dst, &maps.w, bar, c0, c1, (int)t.e, w_policy);
                         }
                     } else if (dw_by_tma) {
-                        mbar_arrive_expect_tx(bar, H_STAGE_BYTES);
-#pragma unroll
-                        for (int a = 0; a < BM / 64; a++)
-                            tma_load_2d(sa_addr + a * 8192, &maps.rows_a, bar, (int)(t.i0 + 64 * a), (int)(base + q0));
-#pragma unroll
-                        for (int a = 0; a < BN / 64; a++)
-                            tma_load_2d(sb_addr + a * 8192, &maps.rows_b, bar, (int)(t.j0 + 64 * a), (int)(base + q0));
+                        h_load_dw_stage<BM / 64, BN / 64>(maps, bar, sa_addr, sb_addr, t.i0, t.j0, base + q0);
                     } else {
                         mbar_arrive(bar);
                     }
@@ -773,6 +804,173 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     }
     if (CLUSTER > 1)
         cluster_sync(); // no CTA leaves while its partner may still arrive on its barriers
+#else
+    (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// dW ping-pong kernel (the dW launches whose operands and output all go by TMA: no permute, no accumulate;
+// MOE_SM90_DW_PINGPONG=0 falls back to sm90_gemm_kernel).  dW's reduction is one expert's rows, so a tile has
+// only a few k-steps (4 at Qwen3-30B-A3B, T = 4096) and a large output: in sm90_gemm_kernel both consumer
+// warpgroups share one 128 x 256 tile, so the tensor cores idle while they write it.  Here each consumer
+// warpgroup owns whole 128 x 128 tiles (two m64n128 blocks, the same 128 fp32 accumulators per thread): the
+// CTA's tiles alternate between the warpgroups (local tile i to warpgroup i % 2), and an ordering barrier
+// lets a warpgroup start its MMAs only when the other has finished the MMAs of the previous tile, so one
+// warpgroup's MMAs run while the other writes its tile.
+//   Ring: P_STAGES stages of 32 KiB (dY 2 boxes {64 n, 64 rows}, X 2 boxes {64 c, 64 rows}, MN-major as in
+//   sm90_gemm_kernel), filled in tile order by producer thread 0; a warpgroup steps its ring position over the
+//   other's tiles (it knows their k-step counts), so the ring is consumed in the order it is filled.  Each
+//   stage's empty barrier counts the 4 warps of the warpgroup that owns it.
+//   Named barriers: 1 + w, warpgroup w's turn for MMAs (the other warpgroup's 128 threads arrive, w's 128
+//   wait); 3 + w, warpgroup w alone (the tail rows of a partial last k-step, as h_zero_tail_rows).
+//   Epilogue: h_store_warp_tma (dW: ring of H_EPI_BOXES own boxes per warp, TMA stores); each output tile is
+//   owned by one warpgroup, which reduces in a fixed order: bitwise reproducible, as sm90_gemm_kernel.
+constexpr int P_BM = 128, P_BN = 128, P_STAGES = 5;
+constexpr int P_A_BYTES = P_BM * H_BK * 2, P_STAGE_BYTES = P_A_BYTES + P_BN * H_BK * 2; // 32 KiB
+constexpr int P_EPI_OFFSET = P_STAGES * P_STAGE_BYTES;
+constexpr int P_BOX_BYTES = 64 * 128;                        // 64 rows of 64 16-bit columns
+constexpr int P_EPI_WG_BYTES = (P_BM / 64) * (P_BN / 64) * P_BOX_BYTES; // a warpgroup's whole tile, 32 KiB
+constexpr int P_BARRIER_OFFSET = P_EPI_OFFSET + 2 * P_EPI_WG_BYTES; // full[S], empty[S]
+constexpr size_t P_SMEM_BYTES = 1024 /* alignment */ + P_BARRIER_OFFSET + 2 * P_STAGES * 8;
+static_assert(P_EPI_OFFSET % 1024 == 0 && P_SMEM_BYTES <= 232448, "shared memory of the ping-pong kernel");
+
+#ifdef MOE_SM90A_DEVICE
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(H_THREADS, 1)
+    sm90_dw_pingpong_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
+{
+#ifdef MOE_SM90A_DEVICE
+    unsigned char *smem = dynamic_smem_1k();
+    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t full_bar = smem_base + P_BARRIER_OFFSET, empty_bar = full_bar + P_STAGES * 8;
+    if (*g.ws.status != 0)
+        return;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < P_STAGES; s++) {
+            mbar_init(full_bar + 8 * s, 1);                     // thread 0's arrival with the TMA byte count
+            mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32 / 2); // the owning warpgroup's warps
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_proxy_async();
+    }
+    __syncthreads();
+    const int64_t tiles = total_tiles(g, P_BM, P_BN);
+    if (threadIdx.x < H_PRODUCERS) {
+        // ------------------------------------------------------------------ producer: thread 0 alone
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
+        if (threadIdx.x != 0)
+            return;
+        uint32_t it = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const TileCoord t = tile_coord(g, tile, P_BM, P_BN);
+            const int64_t qlen = reduction_length(g, t.e), base = g.ws.offsets[t.e];
+            for (int64_t q0 = 0; q0 < qlen; q0 += H_BK, it++) {
+                const int s = (int)(it % P_STAGES);
+                const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * P_STAGE_BYTES, sb = sa + P_A_BYTES;
+                mbar_wait(empty_bar + 8 * s, ((it / P_STAGES) & 1) ^ 1);
+                if (g.sm90_skip & 4) {
+                    mbar_arrive(bar);
+                    continue;
+                }
+                h_load_dw_stage<P_BM / 64, P_BN / 64>(maps, bar, sa, sb, t.i0, t.j0, base + q0);
+            }
+        }
+    } else {
+        // ------------------------------------------------------------------ consumer warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
+        const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
+        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
+        const uint32_t epi_base = smem_base + P_EPI_OFFSET + wg * P_EPI_WG_BYTES;
+        const uint64_t out_policy = l2_evict_first_policy();
+        const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+        uint32_t it = 0;
+        int64_t local = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, local++) {
+            const TileCoord t = tile_coord(g, tile, P_BM, P_BN);
+            const int64_t qlen = reduction_length(g, t.e);
+            const int64_t steps = (qlen + H_BK - 1) / H_BK;
+            if ((local & 1) != wg) { // the other warpgroup's tile: its stages are not ours
+                it += (uint32_t)steps;
+                continue;
+            }
+            if (local > 0)
+                named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
+            float d[2][P_BN / 2];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < P_BN / 2; i++)
+                    d[h][i] = 0.0f;
+            for (int64_t step = 0; step < steps; step++, it++) {
+                const int s = (int)(it % P_STAGES);
+                const uint32_t stage = smem_base + s * P_STAGE_BYTES;
+                mbar_wait(full_bar + 8 * s, (it / P_STAGES) & 1);
+                if (qlen - step * H_BK < H_BK) { // the expert's last rows: zero the next expert's rows
+                    h_zero_tail_rows_of<P_STAGE_BYTES, 128>(stage, (int)(qlen - step * H_BK), lane_in_wg);
+                    named_sync(3 + wg, 128);
+                }
+                if (!(g.sm90_skip & 2))
+                    h_mma_step<T, 2, P_BN, 1, 1>(d, stage, stage + P_A_BYTES, false);
+                wgmma_wait<1>();
+                if (step > 0 && lane == 0)
+                    mbar_arrive(empty_bar + 8 * ((it - 1) % P_STAGES));
+            }
+            // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
+            if (local + 1 < my_tiles)
+                named_arrive(1 + (1 - wg), 256);
+            wgmma_wait<0>();
+            if (steps > 0 && lane == 0)
+                mbar_arrive(empty_bar + 8 * ((it - 1) % P_STAGES));
+            if (g.sm90_skip & 1)
+                continue;
+            // epilogue: the tile rounded into its four 8 KiB boxes (m64 block b, 64 columns c; 128-byte swizzle,
+            // as h_store_warp_tma's 1 KiB boxes), then thread 0 of the warpgroup stores them by TMA (the map
+            // clips rows past N and columns past K).  The boxes are reused one tile later: thread 0 first
+            // waits until the previous tile's stores have read them.
+            if (lane_in_wg == 0)
+                bulk_wait_read<0>();
+            named_sync(3 + wg, 128);
+            const int r = lane / 4, q = lane % 4;
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int c = 0; c < P_BN / 64; c++) {
+                    const uint32_t row_addr = epi_base + (b * (P_BN / 64) + c) * P_BOX_BYTES + (warp_in_wg * 16 + r) * 128;
+#pragma unroll
+                    for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float v0 = d[b][4 * (8 * c + jj) + 2 * h], v1 = d[b][4 * (8 * c + jj) + 2 * h + 1];
+                            // row 16 warp + r + 8 h of the box: (r + 8 h) & 7 == r
+                            sts_b32(row_addr + h * 8 * 128 + ((jj ^ r) * 16) + 4 * q, pack2_rn<T>(v0, v1));
+                        }
+                }
+            fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
+            named_sync(3 + wg, 128);
+            if (lane_in_wg == 0) {
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+#pragma unroll
+                    for (int c = 0; c < P_BN / 64; c++)
+                        if (t.j0 + 64 * c < g.cols_j && t.i0 + 64 * b < g.N)
+                            tma_store_3d(&maps.out_wide, epi_base + (b * (P_BN / 64) + c) * P_BOX_BYTES,
+                                         (int)(t.j0 + 64 * c), (int)(t.i0 + 64 * b), (int)t.e, out_policy);
+            }
+        }
+        if (lane_in_wg == 0)
+            bulk_wait_all(); // the boxes stay in use until TMA has read them
+    }
 #else
     (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
 #endif
