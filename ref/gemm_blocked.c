@@ -557,11 +557,10 @@ static int team_size(void)
     ensures member: 0 <= \result < threads; */
 static int team_member(int threads)
 {
-#ifdef _OPENMP
     (void)threads;
+#ifdef _OPENMP
     return omp_get_thread_num();
 #else
-    (void)threads;
     return 0;
 #endif
 }
@@ -2312,6 +2311,17 @@ static moe_status run_topk_in(const gemm_ctx *g, const gemm_setup *st, float *ar
     {
         thread_scratch s;
         team_scratch(&s, arena, team_member(threads));
+        /*@ assert ctx_problem: gemm_problem_ok(g->p); */
+        /*@ assert ctx_fields: g->p == \at(g->p, Pre) && g->a_src == \at(g->a_src, Pre) && g->b_src == \at(g->b_src, Pre) &&
+                               g->dy == \at(g->dy, Pre) && g->out == \at(g->out, Pre) &&
+                               g->p->gather_indices == \at(g->p->gather_indices, Pre) &&
+                               g->p->m_sizes == \at(g->p->m_sizes, Pre); */
+        /*@ assert kept_at: gemm_topk_grad_tensors_at((char *)g->a_src, (char *)g->b_src, (char *)g->dy, (char *)g->out,
+              \at(gemm_x_rows(g->p), Pre), \at(g->p->rows, Pre), \at(g->p->num_experts, Pre), \at(g->p->N, Pre),
+              \at(g->p->K, Pre), \at(g->p->dtype, Pre), \at(g->p->dw_dtype, Pre), g->p, \at(g->p->gather_indices, Pre),
+              \at(g->p->m_sizes, Pre)); */
+        /*@ assert ctx_tensors: gemm_topk_grad_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->dy,
+                                                        (char *)g->out); */
         topk_items(g, st, &s);
     }
     return MOE_OK;
