@@ -85,7 +85,7 @@ mkdir -p "$work/session"
 # named in specs/README.md with their status and what checks them instead.  ref/routing.c, ref/gemm_naive.c
 # and ref/mlp_layout.c have every function listed (their allocating shells are in ref/alloc_shells.c).  VERIFY_JOBS files run at a
 # time, each next file going to the first free slot; the order balances the two slots, longest first
-# (alone, at 2 cores: gemm_blocked.c about 170 s before its drivers were proved, about 10 min with them (2026-11-24, at load 3 to 6), gemm_naive.c 115 s, mlp.c 80 s, mlp_layout.c 65 s,
+# (alone, at 2 cores: gemm_blocked.c about 170 s before its drivers were proved, about 10 min with them (2026-11-24, at load 3 to 6), about 31 min with its parallel shells at load 3 to 8 (2026-11-25), gemm_naive.c 115 s, mlp.c 80 s, mlp_layout.c 65 s,
 # routing.c 30 s + 33 s for counting_sort and its lemmas, dtype.c 10 s; moe_ref_load_row, a static inline
 # function of ref/moe_ref.h, is proved in dtype.c's run).
 targets="ref/gemm_blocked.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,lemma_row_fits,slot_of_row,x_row,y_row,topk_weight,spread_row,kernel_scalar,load_transposed_panel,pack_a_lane,pack_a_rows,pack_a_dw,pack_a,pack_w_panel,pack_b_w,b_row_first,prefetch_span,pack_b_rows,pack_b,store_tile,compute_tile,run_items,run_topk_item,lemma_blocks_monotone,lemma_ceil_blocks,count_blocks,setup_in,pick_kernel,out_of_scratch,plain_items,gemm_fwd_blocked_in,gemm_dw_blocked_in,topk_items,gemm_topk_blocked_in,gemm_dx_blocked_in,team_size,team_member,team_scratch,run_plain_in,run_topk_in,reduce_width,reduce_tokens,lemma_reduce_out,set_chunk0,reduce_chunks,run_reduce_in
