@@ -43,10 +43,11 @@
  *
  * Parallelism: OpenMP threads take whole work items (output tiles; dX reduce_topk: whole token rows;
  * dtopk: whole row blocks), so every output element is computed and written by exactly one thread, with
- * no atomics; the tiling does not depend on the thread count, so neither do the results.  Each thread
- * mallocs its own pack and accumulator buffers (about 290 KiB) before any output is written; if an
- * allocation fails, no output has been touched and the call returns MOE_ERR_OUT_OF_MEMORY.  All index
- * arithmetic is int64_t.
+ * no atomics; the tiling does not depend on the thread count, so neither do the results.  The pack and
+ * accumulator buffers of every thread (about 290 KiB each) are one arena, malloc'd before the parallel
+ * region (omp_get_max_threads() parts; the region asks for that many threads) and carved by thread
+ * number; if the allocation fails, no output has been touched and the call returns
+ * MOE_ERR_OUT_OF_MEMORY.  All index arithmetic is int64_t.
  *
  * NaN results: when the inputs hold NaNs, which NaN an operation returns is not specified by IEEE 754
  * and depends on the compiler's operand order, so a NaN output may differ from the naive twin's in its
@@ -79,6 +80,7 @@
 #endif
 
 #ifdef _OPENMP
+#include <omp.h>
 #define MOE_OMP(directive) _Pragma(#directive)
 #else
 #define MOE_OMP(directive)
@@ -522,21 +524,60 @@ typedef struct thread_scratch {
     float *a, *b, *acc, *row; /* packs, accumulator tile [MB][NB], one converted row of MB or NB */
 } thread_scratch;
 
-static int scratch_alloc(thread_scratch *s)
+/* A thread's scratch is one part of an arena of SCRATCH_FLOATS floats per thread: a at 0, b at SCRATCH_B,
+ * acc at SCRATCH_ACC, row at SCRATCH_ROW; 16 floats of padding at the end keep the threads' parts off
+ * each other's cache lines (every offset is a multiple of 16 floats). */
+enum {
+    SCRATCH_B = MB * KB,
+    SCRATCH_ACC = SCRATCH_B + NB * KB,
+    SCRATCH_ROW = SCRATCH_ACC + MB * NB,
+    SCRATCH_FLOATS = SCRATCH_ROW + (MB > NB ? MB : NB) + 16
+};
+
+/* The OpenMP thread count of the next parallel region (omp_get_max_threads() >= 1); 1 without OpenMP,
+ * which is what Frama-C parses (it does not define _OPENMP): WP proves the contract of that branch only. */
+/*@ terminates \true;
+    assigns \nothing;
+    ensures positive: \result >= 1; */
+static int team_size(void)
 {
-    s->a = malloc((size_t)MB * KB * sizeof(float));
-    s->b = malloc((size_t)NB * KB * sizeof(float));
-    s->acc = malloc((size_t)MB * NB * sizeof(float));
-    s->row = malloc((size_t)(MB > NB ? MB : NB) * sizeof(float));
-    return s->a != NULL && s->b != NULL && s->acc != NULL && s->row != NULL;
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
-static void scratch_free(thread_scratch *s)
+/* This thread's number in a parallel region opened with num_threads(threads): omp_get_thread_num(), below
+ * the team size, which num_threads bounds by threads (the OpenMP specification's promise, not proved); 0
+ * without OpenMP (Frama-C's parse, proved). */
+/*@ requires threads: threads >= 1;
+    terminates \true;
+    assigns \nothing;
+    ensures member: 0 <= \result < threads; */
+static int team_member(int threads)
 {
-    free(s->a);
-    free(s->b);
-    free(s->acc);
-    free(s->row);
+    (void)threads;
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* The scratch of threads threads: threads * SCRATCH_FLOATS floats, or NULL when they cannot be had.  Not
+ * proved (malloc: WP 25 has no model of allocation); its contract is stated. */
+/*@ requires threads: threads >= 1;
+    terminates \true;
+    assigns __fc_heap_status \from threads, __fc_heap_status;
+    assigns \result \from threads, __fc_heap_status;
+    allocates \result;
+    ensures arena: \result != \null ==> \valid(\result + (0 .. threads * SCRATCH_FLOATS - 1)); */
+static float *scratch_arena(int threads)
+{
+    if ((size_t)threads > SIZE_MAX / sizeof(float) / SCRATCH_FLOATS)
+        return NULL;
+    return malloc((size_t)threads * SCRATCH_FLOATS * sizeof(float));
 }
 
 /* The index logic of a work item's context, for Frama-C/WP (specs/gemm.acsl has the problem's). */
@@ -1095,6 +1136,30 @@ static void store_tile(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t
       g->kernel == &kernel_scalar;
 */
 
+/*@ // An arena of threads scratches (scratch_arena): threads * SCRATCH_FLOATS floats, valid.
+    predicate arena_ok{L}(float *arena, integer threads) =
+      1 <= threads && \valid(arena + (0 .. threads * SCRATCH_FLOATS - 1));
+*/
+
+/* Thread t's part of an arena (proved): the four buffers at their offsets in floats t * SCRATCH_FLOATS ..
+ * t * SCRATCH_FLOATS + SCRATCH_FLOATS - 1, valid and apart (scratch_ok). */
+/*@ requires s: \valid(s);
+    requires part: 0 <= t && \valid(arena + (t * SCRATCH_FLOATS .. t * SCRATCH_FLOATS + SCRATCH_FLOATS - 1));
+    terminates \true;
+    assigns *s;
+    ensures at: s->a == arena + t * SCRATCH_FLOATS && s->b == arena + (t * SCRATCH_FLOATS + SCRATCH_B) &&
+                s->acc == arena + (t * SCRATCH_FLOATS + SCRATCH_ACC) &&
+                s->row == arena + (t * SCRATCH_FLOATS + SCRATCH_ROW);
+    ensures scratch: scratch_ok(s); */
+static void team_scratch(thread_scratch *s, float *arena, int t)
+{
+    float *part = arena + (int64_t)t * SCRATCH_FLOATS;
+    s->a = part;
+    s->b = part + SCRATCH_B;
+    s->acc = part + SCRATCH_ACC;
+    s->row = part + SCRATCH_ROW;
+}
+
 /* The accumulator tile s->acc of A block ab x B columns [j0, j0+nj), reduction length L.
  * The micro-kernel is called through g->kernel (pick_kernel's choice).  Frama-C parses the scalar path,
  * where pick_kernel returns kernel_scalar: the `calls` annotation makes WP prove that the pointer is
@@ -1538,10 +1603,44 @@ static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns
     run_items(g, st->blocks, st->block_count, 0, columns, s);
 }
 
-/* Runs every item of one op with a parallel region: scratch first (all or nothing), then the items.
- * Not proved (the allocating shell of plain_items: the per-thread scratch is malloc'd inside the parallel
- * region, and WP 25 has no model of allocation; Frama-C also ignores the OpenMP pragmas).  Its contract is
- * stated: plain_items' requires, with the scratch that scratch_alloc gives (valid, apart: malloc's promise). */
+/* Runs every item of one op with a parallel region on the threads' scratch arena (proved): NULL (the
+ * shell could not allocate it): MOE_ERR_OUT_OF_MEMORY before any output is written, as before; else each
+ * thread runs plain_items on its part.  Frama-C ignores the OpenMP pragmas (no _OPENMP): WP proves the
+ * sequential program, where the region is run once, by thread 0. */
+/*@ requires problem: plain_problem_ok(g);
+    requires tensors: plain_tensors_ok(g);
+    requires kernel: plain_kernel_ok(g);
+    requires setup: plain_setup_ok(g, st);
+    requires apart: plain_apart(g, st);
+    requires cols: columns == (g->kind == OP_FWD ? g->p->N : g->p->K);
+    requires threads: 1 <= threads;
+    requires arena: arena != \null ==> arena_ok(arena, threads) &&
+      \separated(arena + (0 .. threads * SCRATCH_FLOATS - 1), (char *)g->out + (0 .. ctx_out_bytes(g) - 1), g, g->p,
+                 st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                 g->offsets + (0 .. g->p->num_experts));
+    terminates \true;
+    assigns arena[0 .. threads * SCRATCH_FLOATS - 1], ((char *)g->out)[0 .. ctx_out_bytes(g) - 1], moe_error_model;
+    ensures status: arena != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_plain_in(const gemm_ctx *g, const gemm_setup *st, int64_t columns, float *arena,
+                               int threads)
+{
+    if (arena == NULL)
+        return out_of_scratch(g->p);
+    MOE_OMP(omp parallel num_threads(threads))
+    {
+        thread_scratch s;
+        const int t = team_member(threads);
+        team_scratch(&s, arena, t);
+        /*@ assert acc: s.acc == arena + (t * SCRATCH_FLOATS + SCRATCH_ACC) &&
+                        t * SCRATCH_FLOATS + SCRATCH_ACC + MB * NB <= threads * SCRATCH_FLOATS; */
+        plain_items(g, st, columns, &s);
+    }
+    return MOE_OK;
+}
+
+/* The allocating shell of run_plain_in (not proved: WP 25 has no model of allocation): the arena for the
+ * threads of the region, run_plain_in, free.  Its contract is stated: run_plain_in's requires, with the
+ * arena that scratch_arena gives (valid, apart: malloc's promise). */
 /*@ requires problem: plain_problem_ok(g);
     requires tensors: plain_tensors_ok(g);
     requires kernel: plain_kernel_ok(g);
@@ -1553,23 +1652,11 @@ static void plain_items(const gemm_ctx *g, const gemm_setup *st, int64_t columns
     ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status run_plain(const gemm_ctx *g, const gemm_setup *st, int64_t columns)
 {
-    int failed = 0;
-    MOE_OMP(omp parallel)
-    {
-        thread_scratch s;
-        if (!scratch_alloc(&s)) {
-            MOE_OMP(omp atomic write)
-            failed = 1;
-        }
-        MOE_OMP(omp barrier)
-        int stop;
-        MOE_OMP(omp atomic read)
-        stop = failed;
-        if (!stop)
-            plain_items(g, st, columns, &s);
-        scratch_free(&s);
-    }
-    return failed ? out_of_scratch(g->p) : MOE_OK;
+    const int threads = team_size();
+    float *arena = scratch_arena(threads);
+    const moe_status status = run_plain_in(g, st, columns, arena, threads);
+    free(arena);
+    return status;
 }
 
 /*@ // The scratch of a blocked kernel: offsets [E + 1] and blocks [count_blocks + 1] (setup_alloc), each
@@ -1719,18 +1806,282 @@ moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, con
     return status;
 }
 
-/* dX with reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
- * the in-order sum of its k slots.  Not proved (an allocating shell: the slot values and the per-thread
- * scratch are malloc'd here, inside and outside the parallel region); its contract is stated.  The
- * reduction loop over the tokens and the column chunks is tested only (tests/test_gemm_modes). */
-/*@ requires ctx: \valid(g) && gemm_problem_ok(g->p) && g->kind == OP_DX && g->p->reduce_topk != 0 &&
+/*@ // dX with reduce_topk on a validated problem: the context (its tensors as src/gemm_api.c checks them,
+    // the kernel), the setup (offsets, blocks), dx's bytes apart from the context, the problem, the setup, the
+    // blocks, gather_indices and the offsets.
+    predicate reduce_ctx_ok{L}(gemm_ctx *g, void *dx) =
+      \valid(g) && gemm_problem_ok(g->p) && g->kind == OP_DX && g->p->reduce_topk != 0 &&
       gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->topk_weights, (char *)dx) &&
       g->out == dx && g->kernel == &kernel_scalar;
-    requires setup: \valid_read(st) && ctx_offsets_ok(g) && blocks_at(g->p, OP_DX, st->blocks, st->block_count) &&
+    predicate reduce_setup_ok{L}(gemm_ctx *g, gemm_setup *st) =
+      \valid_read(st) && ctx_offsets_ok(g) && blocks_at(g->p, OP_DX, st->blocks, st->block_count) &&
       blocks_bound(st->block_count, OP_DX, g->p->num_experts, g->p->N, g->p->rows);
-    requires apart: \separated((char *)dx + (0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1), g, g->p,
+    predicate reduce_apart{L}(gemm_ctx *g, gemm_setup *st, void *dx) =
+      \separated((char *)dx + (0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1), g, g->p,
+                 st, st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
+                 g->offsets + (0 .. g->p->num_experts));
+*/
+
+/* dX with reduce_topk: the width of a column chunk of the slot values, as wide as REDUCE_SCRATCH_BYTES
+ * allows (all of K when it fits), a multiple of NB otherwise, at least NB (proved: RTE, termination).
+ * REDUCE_SCRATCH_BYTES / 4 / M is REDUCE_SCRATCH_BYTES / (4 * M) (nested floor divisions) without the
+ * overflow of 4 * M. */
+/*@ requires dims: 0 <= M && 0 <= K;
+    terminates \true;
+    assigns \nothing;
+    ensures width: 0 <= \result && (K > 0 ==> 1 <= \result); */
+static int64_t reduce_width(int64_t M, int64_t K)
+{
+    int64_t width = K;
+    if (M > 0 && width > REDUCE_SCRATCH_BYTES / (int64_t)sizeof(float) / M) {
+        width = REDUCE_SCRATCH_BYTES / (int64_t)sizeof(float) / M / NB * NB;
+        if (width < NB)
+            width = NB;
+    }
+    return width;
+}
+
+/* dX with reduce_topk, after the slot values of columns c0 .. c0 + cw - 1 (a chunk) are in: each token t
+ * sums its slots t*k+0 .. t*k+k-1 in order from +0.0f, NB columns at a time in row, and stores them in
+ * dx (an orphaned worksharing loop over the tokens: call it from every thread of the region).  Proved:
+ * RTE (every slot value read inside slot_values [M * slot_width], every dx element written inside
+ * [T * K]: lemma_row_fits), assigns, termination; not the values (tested bit for bit).  The column
+ * blocks step cb += n (n = NB but for the last block: the same cb as cb += NB, without its overflow). */
+/*@ requires problem: \valid_read(g) && gemm_problem_ok(g->p);
+    requires ghosts: nT == g->p->num_tokens && nK == g->p->K && dt == g->p->dtype;
+    requires dx: tensor_writable((char *)dx, nT * nK, dt);
+    requires chunk: 0 <= c0 && 0 <= cw && c0 + cw <= g->p->K && cw <= g->slot_width;
+    requires slots: g->p->rows * g->slot_width <= INT64_MAX &&
+                    \valid_read(g->slot_values + (0 .. g->p->rows * g->slot_width - 1));
+    requires row: \valid(row + (0 .. NB - 1));
+    requires apart: \separated((char *)dx + (0 .. byte_offset(nT * nK, dt) - 1), g, g->p);
+    requires row_apart: \separated((char *)dx + (0 .. byte_offset(nT * nK, dt) - 1), row + (0 .. NB - 1));
+    terminates \true;
+    assigns row[0 .. NB - 1], ((char *)dx)[0 .. byte_offset(nT * nK, dt) - 1]; */
+static void reduce_tokens(const gemm_ctx *g, void *dx, int64_t c0, int64_t cw, float *row)
+    /*@ ghost (int64_t nT, int64_t nK, moe_dtype dt) */
+{
+    const moe_gemm_problem *p = g->p;
+    const int64_t K = p->K, T = p->num_tokens, k = p->topk, width = g->slot_width;
+    /*@ assert dims: gemm_dims_ok(p->num_tokens, p->topk, p->num_experts, p->rows, p->N, p->K); */
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant problem: p->num_tokens == T && p->topk == k && p->K == K && p->rows == T * k &&
+                                p->dtype == dt && g->slot_values == \at(g->slot_values, Pre);
+        loop assigns t, row[0 .. NB - 1], ((char *)dx)[0 .. byte_offset(nT * nK, dt) - 1];
+        loop variant T - t; */
+    MOE_OMP(omp for schedule(static))
+    for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_row_fits(t, T, k); */
+        /*@ ghost lemma_row_fits(t, T, K); */
+        int64_t n;
+        /*@ loop invariant bounds: 0 <= cb <= cw;
+            loop invariant problem: p->num_tokens == T && p->topk == k && p->K == K && p->rows == T * k &&
+                                    p->dtype == dt && g->slot_values == \at(g->slot_values, Pre);
+            loop assigns cb, n, row[0 .. NB - 1], ((char *)dx)[0 .. byte_offset(nT * nK, dt) - 1];
+            loop variant cw - cb; */
+        for (int64_t cb = 0; cb < cw; cb += n) {
+            n = cw - cb < NB ? cw - cb : NB;
+            /*@ loop invariant bounds: 0 <= c <= n;
+                loop assigns c, row[0 .. NB - 1];
+                loop variant n - c; */
+            for (int64_t c = 0; c < n; c++)
+                row[c] = 0.0f;
+            /*@ loop invariant bounds: 0 <= j <= k;
+                loop assigns j, row[0 .. NB - 1];
+                loop variant k - j; */
+            for (int64_t j = 0; j < k; j++) {
+                /*@ ghost lemma_row_fits(t * k + j, T * k, width); */
+                const float *v = g->slot_values + (t * k + j) * width + cb;
+                /*@ loop invariant bounds: 0 <= c <= n;
+                    loop assigns c, row[0 .. NB - 1];
+                    loop variant n - c; */
+                for (int64_t c = 0; c < n; c++)
+                    row[c] += v[c];
+            }
+            store_row(p->dtype, dx, t * K + c0 + cb, row, n, p->accumulate);
+        }
+    }
+}
+
+/*@ // dX with reduce_topk: the slot values sv [rows * width], valid and apart from the accumulator tile acc.
+    // Over values (rows, width), so that the provers carry it to the fields' later reads by congruence.
+    predicate slots_at{L}(float *sv, integer rows, integer width, float *acc) =
+      rows * width <= INT64_MAX && \valid(sv + (0 .. rows * width - 1)) &&
+      \separated(sv + (0 .. rows * width - 1), acc + (0 .. MB * NB - 1));
+*/
+
+/* run_items' `out` for dX with reduce_topk, from the slot values' facts (a ghost lemma function): proved in
+ * this small context, the predicate over the memory (ctx_items_out_ok) follows from one over the fields'
+ * values (slots_at); inside reduce_chunks' loop the provers did not unfold it (Qed had replaced the fields
+ * by the ghost values they equal, which it cannot do inside a predicate of the memory). */
+/*@ ghost
+  /@ requires ctx: \valid_read(g) && \valid_read(g->p) && g->kind == OP_DX && g->p->reduce_topk != 0;
+     requires chunk: 0 <= g->chunk0 <= jlo && jhi <= g->chunk0 + g->slot_width;
+     requires slots: slots_at(g->slot_values, g->p->rows, g->slot_width, acc);
+     terminates \true;
+     assigns \nothing;
+     ensures out: ctx_items_out_ok(g, blocks, count, acc, jlo, jhi);
+  @/
+  static void lemma_reduce_out(const gemm_ctx *g, const a_block *blocks, int64_t count, float *acc, int64_t jlo,
+                               int64_t jhi)
+  {
+  }
+*/
+
+/* g->chunk0 = c0 (dX with reduce_topk: the chunk of the slot values), as a function whose contract keeps
+ * ctx_tile_ok: proved in this small context; after the store in reduce_chunks' loop the provers took 2 to
+ * over 15 s to carry it (its tensor sizes are products of the problem's fields). */
+/*@ requires ctx: \valid(g) && ctx_tile_ok(g);
+    requires apart: \separated(g, g->p, g->p->gather_indices + (0 .. g->p->rows - 1));
+    terminates \true;
+    assigns g->chunk0;
+    ensures chunk0: g->chunk0 == c0;
+    ensures tile: ctx_tile_ok(g); */
+static void set_chunk0(gemm_ctx *g, int64_t c0)
+{
+    g->chunk0 = c0;
+}
+
+/* dX with reduce_topk, one thread's part (proved): per column chunk of W = g->slot_width columns, the slot
+ * values of the chunk (run_items, after chunk0 is set), then per token the in-order sum of its k slots
+ * (reduce_tokens).  The chunks step c0 += cw (cw = W but for the last chunk: the same c0 as c0 += W,
+ * without its overflow).  M, T, K, W, dt are ghost parameters, the values of g->p->rows, ->num_tokens, ->K,
+ * g->slot_width and g->p->dtype: the contract's sizes are products of these values, not of fields read in
+ * the caller's later memory (the solvers do not carry such products across writes; see the notes). */
+/*@ requires ctx: reduce_ctx_ok(g, dx);
+    requires ghosts: M == g->p->rows && T == g->p->num_tokens && K == g->p->K && W == g->slot_width &&
+                     dt == g->p->dtype;
+    requires setup: reduce_setup_ok(g, st);
+    requires apart: \separated((char *)dx + (0 .. byte_offset(T * K, dt) - 1), g, g->p,
       st, st->blocks + (0 .. st->block_count - 1), g->p->gather_indices + (0 .. g->p->rows - 1),
       g->offsets + (0 .. g->p->num_experts));
+    requires width: 0 <= W && (K > 0 ==> 1 <= W);
+    requires slots: slots_at(g->slot_values, M, W, s->acc);
+    requires scratch: scratch_ok(s) && \separated((char *)dx + (0 .. byte_offset(T * K, dt) - 1), s->row + (0 .. NB - 1));
+    terminates \true;
+    assigns g->chunk0, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+            s->row[0 .. (MB > NB ? MB : NB) - 1], g->slot_values[0 .. M * W - 1],
+            ((char *)dx)[0 .. byte_offset(T * K, dt) - 1]; */
+static void reduce_chunks(gemm_ctx *g, const gemm_setup *st, void *dx, thread_scratch *s)
+    /*@ ghost (int64_t M, int64_t T, int64_t K, int64_t W, moe_dtype dt) */
+{
+    const int64_t width = g->slot_width;
+    /*@ assert dims: gemm_dims_ok(g->p->num_tokens, g->p->topk, g->p->num_experts, g->p->rows, g->p->N, g->p->K); */
+    /*@ assert blocks: blocks_ok(g, st->blocks, st->block_count); */
+    /*@ assert tile: ctx_tile_ok(g); */
+    /*@ assert weights: g->topk_weights != \null ==> ctx_weights_ok(g); */
+    /*@ assert dx: tensor_writable((char *)dx, T * K, dt); */
+    int64_t cw;
+    /*@ loop invariant bounds: 0 <= c0 <= K;
+        loop invariant g: g->p == \at(g->p, Pre) && g->kind == OP_DX && g->out == dx &&
+                          g->slot_values == \at(g->slot_values, Pre) && g->slot_width == W &&
+                          g->kernel == &kernel_scalar;
+        loop invariant problem: g->p->reduce_topk != 0 && g->p->rows == M && g->p->K == K &&
+                                g->p->num_tokens == T && g->p->dtype == dt;
+        loop invariant tile: ctx_tile_ok(g);
+        loop invariant weights: g->topk_weights != \null ==> ctx_weights_ok(g);
+        loop invariant offsets: ctx_offsets_ok(g);
+        loop invariant blocks: st->blocks == \at(st->blocks, Pre) && st->block_count == \at(st->block_count, Pre) &&
+                               blocks_ok(g, st->blocks, st->block_count) && 0 <= st->block_count <= M;
+        loop assigns c0, cw, g->chunk0, s->a[0 .. MB * KB - 1], s->b[0 .. NB * KB - 1], s->acc[0 .. MB * NB - 1],
+                     s->row[0 .. (MB > NB ? MB : NB) - 1], g->slot_values[0 .. M * W - 1],
+                     ((char *)dx)[0 .. byte_offset(T * K, dt) - 1];
+        loop variant K - c0; */
+    for (int64_t c0 = 0; c0 < g->p->K; c0 += cw) {
+        cw = g->p->K - c0 < width ? g->p->K - c0 : width;
+        MOE_OMP(omp single)
+        set_chunk0(g, c0);
+        /* (the single's closing barrier publishes chunk0; run_items ends with a barrier too) */
+        /*@ ghost const int64_t ceil = cw / NB + (cw % NB != 0); */
+        /*@ assert ceil: ceil == pack_count(cw, NB) && 0 <= ceil <= cw <= K; */
+        /*@ ghost lemma_mul_monotone(ceil, K, M); */
+        /*@ ghost lemma_mul_monotone(st->block_count, M, ceil); */
+        /*@ assert items: st->block_count * pack_count(cw, NB) <= INT64_MAX; */
+        /*@ assert out_slots: slots_at(g->slot_values, g->p->rows, g->slot_width, s->acc); */
+        /*@ assert out_chunk: g->kind == OP_DX && g->p->reduce_topk != 0 &&
+                              0 <= g->chunk0 <= c0 && c0 + cw <= g->chunk0 + g->slot_width; */
+        /*@ ghost lemma_reduce_out(g, st->blocks, st->block_count, s->acc, c0, c0 + cw); */
+        run_items(g, st->blocks, st->block_count, c0, c0 + cw, s);
+        reduce_tokens(g, dx, c0, cw, s->row) /*@ ghost (T, K, dt) */;
+    }
+}
+
+/* dX with reduce_topk on the caller's slot values [M * width] and threads' scratch arena (proved): each
+ * thread runs reduce_chunks on its part of the arena.  slot_values NULL: MOE_ERR_OUT_OF_MEMORY with the
+ * slot values' message; arena NULL: out_of_scratch (the order and messages of the former run_reduce).
+ * Frama-C ignores the OpenMP pragmas: WP proves the sequential program (the region run once, by thread 0). */
+/*@ requires ctx: reduce_ctx_ok(g, dx);
+    requires setup: reduce_setup_ok(g, st);
+    requires apart: reduce_apart(g, st, dx);
+    requires width: 0 <= width && (g->p->K > 0 ==> 1 <= width);
+    requires slots: slot_values != \null ==> g->p->rows * width <= INT64_MAX &&
+                    \valid(slot_values + (0 .. g->p->rows * width - 1));
+    requires threads: 1 <= threads;
+    requires arena: arena != \null ==> arena_ok(arena, threads) &&
+      \separated(arena + (0 .. threads * SCRATCH_FLOATS - 1), slot_values + (0 .. g->p->rows * width - 1),
+                 (char *)dx + (0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1));
+    terminates \true;
+    assigns g->slot_values, g->slot_width, g->chunk0, slot_values[0 .. g->p->rows * width - 1],
+            arena[0 .. threads * SCRATCH_FLOATS - 1],
+            ((char *)dx)[0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1], moe_error_model;
+    ensures status: slot_values != \null && arena != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_reduce_in(gemm_ctx *g, const gemm_setup *st, void *dx, int64_t width, float *slot_values,
+                                float *arena, int threads)
+{
+    const moe_gemm_problem *p = g->p;
+    const int64_t M = p->rows;
+    /*@ ghost const int64_t T = p->num_tokens; */
+    /*@ ghost const int64_t K = p->K; */
+    /*@ ghost const moe_dtype dt = p->dtype; */
+    g->slot_width = width;
+    g->slot_values = slot_values;
+    if (slot_values == NULL)
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
+                        " float32 slot values of reduce_topk", p->op, M, width);
+    if (arena == NULL)
+        return out_of_scratch(p);
+    /*@ assert field_T: p->num_tokens == \at(g->p->num_tokens, Pre); */
+    /*@ assert field_k: p->topk == \at(g->p->topk, Pre); */
+    /*@ assert field_E: p->num_experts == \at(g->p->num_experts, Pre); */
+    /*@ assert field_M: p->rows == \at(g->p->rows, Pre); */
+    /*@ assert field_N: p->N == \at(g->p->N, Pre); */
+    /*@ assert field_K: p->K == \at(g->p->K, Pre); */
+    /*@ assert fields: p->gather_indices == \at(g->p->gather_indices, Pre) && p->m_sizes == \at(g->p->m_sizes, Pre) &&
+          p->reduce_topk == \at(g->p->reduce_topk, Pre) && p->dtype == \at(g->p->dtype, Pre) &&
+          p->dw_dtype == \at(g->p->dw_dtype, Pre) && p->permute_x == \at(g->p->permute_x, Pre); */
+    /*@ assert gather: p->gather_indices != \null ==>
+          \forall integer r; 0 <= r < p->rows ==> p->gather_indices[r] == \at(g->p->gather_indices[r], Pre); */
+    /*@ assert kept_problem: gemm_problem_ok(p); */
+    /*@ assert kept_dx_rows: gemm_dx_rows(p) == \at(gemm_dx_rows(g->p), Pre); */
+    /*@ assert kept_at: gemm_dx_tensors_at((char *)g->a_src, (char *)g->b_src, (char *)g->topk_weights, (char *)dx,
+          \at(gemm_dx_rows(g->p), Pre), \at(g->p->rows, Pre), \at(g->p->num_experts, Pre), \at(g->p->N, Pre),
+          \at(g->p->K, Pre), \at(g->p->dtype, Pre), p, \at(g->p->gather_indices, Pre), \at(g->p->m_sizes, Pre)); */
+    /*@ assert kept: gemm_problem_ok(g->p) &&
+          gemm_dx_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->topk_weights, (char *)dx); */
+    MOE_OMP(omp parallel num_threads(threads))
+    {
+        thread_scratch s;
+        const int t = team_member(threads);
+        team_scratch(&s, arena, t);
+        /*@ assert ctx_fields: g->p == p && g->kind == OP_DX && g->out == dx && g->kernel == &kernel_scalar &&
+                               g->slot_values == slot_values && g->slot_width == width &&
+                               g->a_src == \at(g->a_src, Pre) && g->b_src == \at(g->b_src, Pre) &&
+                               g->topk_weights == \at(g->topk_weights, Pre) && g->offsets == \at(g->offsets, Pre); */
+        /*@ assert acc: \separated(slot_values + (0 .. M * width - 1), s.acc + (0 .. MB * NB - 1)); */
+        /*@ assert slots: slots_at(slot_values, M, width, s.acc); */
+        /*@ assert row: \separated((char *)dx + (0 .. byte_offset(T * K, dt) - 1), s.row + (0 .. NB - 1)); */
+        reduce_chunks(g, st, dx, &s) /*@ ghost (M, T, K, width, dt) */;
+    }
+    return MOE_OK;
+}
+
+/* dX with reduce_topk: the allocating shell of run_reduce_in (not proved: WP 25 has no model of
+ * allocation): the chunk width (reduce_width), the slot values [M * width] (none when M * width * 4 bytes
+ * would pass INT64_MAX: reported as out of memory, where the former code's size could wrap), the threads'
+ * arena (only when the slot values were had), run_reduce_in, free.  Its contract is stated. */
+/*@ requires ctx: reduce_ctx_ok(g, dx);
+    requires setup: reduce_setup_ok(g, st);
+    requires apart: reduce_apart(g, st, dx);
     terminates \true;
     assigns g->slot_values, g->slot_width, g->chunk0,
             ((char *)dx)[0 .. byte_offset(g->p->num_tokens * g->p->K, g->p->dtype) - 1], moe_error_model,
@@ -1738,63 +2089,20 @@ moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, con
     ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status run_reduce(gemm_ctx *g, const gemm_setup *st, void *dx)
 {
-    const moe_gemm_problem *p = g->p;
-    /* reduce_topk: per column chunk, the slot values (float32, after their weights), then per token
-     * the in-order sum of its k slots.  The chunk is as wide as REDUCE_SCRATCH_BYTES allows. */
-    const int64_t M = p->rows, K = p->K, T = p->num_tokens, k = p->topk;
-    int64_t width = K;
-    if (M > 0 && width > REDUCE_SCRATCH_BYTES / ((int64_t)sizeof(float) * M)) {
-        width = REDUCE_SCRATCH_BYTES / ((int64_t)sizeof(float) * M) / NB * NB;
-        if (width < NB)
-            width = NB;
-    }
-    g->slot_width = width;
-    g->slot_values = malloc((size_t)M * (size_t)width * sizeof(float) + 1);
-    if (g->slot_values == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " x %" PRId64
-                        " float32 slot values of reduce_topk", p->op, M, width);
-    int failed = 0;
-    MOE_OMP(omp parallel)
-    {
-        thread_scratch s;
-        if (!scratch_alloc(&s)) {
-            MOE_OMP(omp atomic write)
-            failed = 1;
-        }
-        MOE_OMP(omp barrier)
-        int stop;
-        MOE_OMP(omp atomic read)
-        stop = failed;
-        if (!stop) {
-            for (int64_t c0 = 0; c0 < K; c0 += width) {
-                const int64_t cw = K - c0 < width ? K - c0 : width;
-                MOE_OMP(omp single)
-                g->chunk0 = c0;
-                /* (the single's closing barrier publishes chunk0; run_items ends with a barrier too) */
-                run_items(g, st->blocks, st->block_count, c0, c0 + cw, &s);
-                MOE_OMP(omp for schedule(static))
-                for (int64_t t = 0; t < T; t++)
-                    for (int64_t cb = 0; cb < cw; cb += NB) {
-                        const int64_t n = cw - cb < NB ? cw - cb : NB;
-                        for (int64_t c = 0; c < n; c++)
-                            s.row[c] = 0.0f;
-                        for (int64_t j = 0; j < k; j++) {
-                            const float *v = g->slot_values + (t * k + j) * width + cb;
-                            for (int64_t c = 0; c < n; c++)
-                                s.row[c] += v[c];
-                        }
-                        store_row(p->dtype, dx, t * K + c0 + cb, s.row, n, p->accumulate);
-                    }
-            }
-        }
-        scratch_free(&s);
-    }
-    free(g->slot_values);
-    return failed ? out_of_scratch(p) : MOE_OK;
+    const int64_t M = g->p->rows, width = reduce_width(M, g->p->K);
+    float *slot_values = M > 0 && width > INT64_MAX / (int64_t)sizeof(float) / M
+                             ? NULL
+                             : malloc((size_t)M * (size_t)width * sizeof(float) + 1);
+    const int threads = team_size();
+    float *arena = slot_values != NULL ? scratch_arena(threads) : NULL;
+    const moe_status status = run_reduce_in(g, st, dx, width, slot_values, arena, threads);
+    free(arena);
+    free(slot_values);
+    return status;
 }
 
 /* dX on the caller's scratch (proved; as gemm_fwd_blocked_in): run_plain without reduce_topk, else
- * run_reduce (stated, not proved). */
+ * run_reduce (the allocating shells of run_plain_in / run_reduce_in). */
 /*@ requires problem: gemm_problem_ok(p);
     requires routing: gemm_routing_ok(p);
     requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
@@ -1984,8 +2292,42 @@ static void topk_items(const gemm_ctx *g, const gemm_setup *st, thread_scratch *
         run_topk_item(g, &st->blocks[b], s);
 }
 
-/* The parallel region of the topk-weight gradient: scratch first (all or nothing), then topk_items.  Not
- * proved (the allocating shell of topk_items, as run_plain); its contract is stated. */
+/* The parallel region of the topk-weight gradient on the threads' scratch arena (proved; as run_plain_in):
+ * NULL: MOE_ERR_OUT_OF_MEMORY; else each thread runs topk_items on its part. */
+/*@ requires ctx: topk_ctx_ok(g);
+    requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
+    requires apart: topk_apart(g, st);
+    requires threads: 1 <= threads;
+    requires arena: arena != \null ==> arena_ok(arena, threads);
+    terminates \true;
+    assigns arena[0 .. threads * SCRATCH_FLOATS - 1],
+            ((char *)g->out)[0 .. byte_offset(g->p->rows, g->p->dw_dtype) - 1], moe_error_model;
+    ensures status: arena != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+static moe_status run_topk_in(const gemm_ctx *g, const gemm_setup *st, float *arena, int threads)
+{
+    if (arena == NULL)
+        return out_of_scratch(g->p);
+    MOE_OMP(omp parallel num_threads(threads))
+    {
+        thread_scratch s;
+        team_scratch(&s, arena, team_member(threads));
+        /*@ assert ctx_problem: gemm_problem_ok(g->p); */
+        /*@ assert ctx_fields: g->p == \at(g->p, Pre) && g->a_src == \at(g->a_src, Pre) && g->b_src == \at(g->b_src, Pre) &&
+                               g->dy == \at(g->dy, Pre) && g->out == \at(g->out, Pre) &&
+                               g->p->gather_indices == \at(g->p->gather_indices, Pre) &&
+                               g->p->m_sizes == \at(g->p->m_sizes, Pre); */
+        /*@ assert kept_at: gemm_topk_grad_tensors_at((char *)g->a_src, (char *)g->b_src, (char *)g->dy, (char *)g->out,
+              \at(gemm_x_rows(g->p), Pre), \at(g->p->rows, Pre), \at(g->p->num_experts, Pre), \at(g->p->N, Pre),
+              \at(g->p->K, Pre), \at(g->p->dtype, Pre), \at(g->p->dw_dtype, Pre), g->p, \at(g->p->gather_indices, Pre),
+              \at(g->p->m_sizes, Pre)); */
+        /*@ assert ctx_tensors: gemm_topk_grad_tensors_ok(g->p, (char *)g->a_src, (char *)g->b_src, (char *)g->dy,
+                                                        (char *)g->out); */
+        topk_items(g, st, &s);
+    }
+    return MOE_OK;
+}
+
+/* The allocating shell of run_topk_in (not proved, as run_plain); its contract is stated. */
 /*@ requires ctx: topk_ctx_ok(g);
     requires setup: \valid_read(st) && blocks_at(g->p, OP_TOPK, st->blocks, st->block_count);
     requires apart: topk_apart(g, st);
@@ -1994,23 +2336,11 @@ static void topk_items(const gemm_ctx *g, const gemm_setup *st, thread_scratch *
     ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status run_topk(const gemm_ctx *g, const gemm_setup *st)
 {
-    int failed = 0;
-    MOE_OMP(omp parallel)
-    {
-        thread_scratch s;
-        if (!scratch_alloc(&s)) {
-            MOE_OMP(omp atomic write)
-            failed = 1;
-        }
-        MOE_OMP(omp barrier)
-        int stop;
-        MOE_OMP(omp atomic read)
-        stop = failed;
-        if (!stop)
-            topk_items(g, st, &s);
-        scratch_free(&s);
-    }
-    return failed ? out_of_scratch(g->p) : MOE_OK;
+    const int threads = team_size();
+    float *arena = scratch_arena(threads);
+    const moe_status status = run_topk_in(g, st, arena, threads);
+    free(arena);
+    return status;
 }
 
 /* The topk-weight gradient on the caller's scratch (proved; as gemm_fwd_blocked_in). */
