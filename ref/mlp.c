@@ -1970,6 +1970,73 @@ static void store_grad(const moe_mlp_problem *p, void *dst, int64_t first, float
     store_row(p->grad_dtype, dst, first, v, count);
 }
 
+/* The backward's gather of one slot i at position pos (block blk = pos / B, row b = pos % B): its affinity
+ * a[i] = affinities[t][e] (t = its token), its gate/up row gu [2I] from the checkpoint gate_up_ckpt_T [N][2I][B]
+ * and, when the down checkpoint is given (!recompute_d), its row d [H] of down_ckpt [N*B][H]. */
+/*@ requires dims: 0 <= t < T && 0 <= e < E && T * E <= INT64_MAX && 0 <= H && 0 <= I && 2 * I <= INT64_MAX &&
+      1 <= B && 0 <= pos < N * B && N * B <= INT64_MAX && N * (2 * I) <= INT64_MAX && N * (2 * I) * B <= INT64_MAX &&
+      N * B * H <= INT64_MAX && 0 <= i;
+    requires dtype: dtype_ok(dt);
+    requires inputs: tensor_readable((char *)affinities, T * E, dt) &&
+      tensor_readable((char *)gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      (recompute_d == 0 ==> tensor_readable((char *)down_ckpt, N * B * H, dt));
+    requires rows: \valid(a + i) && \valid(gu + (0 .. 2 * I - 1)) && \valid(d + (0 .. H - 1)) &&
+      \separated(a + i, gu + (0 .. 2 * I - 1), d + (0 .. H - 1)) &&
+      (recompute_d == 0 ==> \separated(d + (0 .. H - 1), (char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1)));
+    terminates \true;
+    assigns a[i], gu[0 .. 2 * I - 1], d[0 .. H - 1]; */
+static void bwd_gather_slot(moe_dtype dt, int64_t E, int64_t B, int64_t H, int64_t I, int64_t e, int64_t t,
+                            int64_t pos, const void *affinities, const void *gate_up_ckpt_T, const void *down_ckpt,
+                            int recompute_d, float *a, int64_t i, float *gu, float *d)
+    /*@ ghost (int64_t T, int64_t N) */
+{
+    const int64_t I2 = 2 * I, blk = pos / B, b = pos % B;
+    /*@ ghost lemma_div_below(pos, N, B); */
+    /*@ ghost lemma_row_fits(t, T, E); */
+    /*@ ghost lemma_row_fits(blk, N, I2); */
+    /*@ ghost lemma_row_fits(pos, N * B, H); */
+    /*@ ghost const int64_t NI2 = N * I2; */
+    a[i] = moe_ref_load(dt, affinities, t * E + e);
+    const int64_t row0 = blk * I2; /* the checkpoint's rows (blk, j) start here */
+    /*@ loop invariant bounds: 0 <= j <= I2;
+        loop assigns j, gu[0 .. I2 - 1];
+        loop variant I2 - j; */
+    for (int64_t j = 0; j < I2; j++) {
+        const int64_t r = row0 + j;
+        /*@ ghost lemma_row_fits(r, NI2, B); */
+        gu[j] = moe_ref_load(dt, gate_up_ckpt_T, r * B + b);
+    }
+    if (!recompute_d)
+        load_f32(dt, down_ckpt, pos * H, H, d);
+}
+
+/* The per-slot input gradients of one expert: dx_slot row slots[i] [H] = column i of Tout [H][n]. */
+/*@ requires dims: 0 <= n && 0 <= H && H * n <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires Tout: \valid_read(Tout + (0 .. H * n - 1));
+    requires dx_slot: \valid(dx_slot + (0 .. V * H - 1)) &&
+      \separated(dx_slot + (0 .. V * H - 1), Tout + (0 .. H * n - 1));
+    terminates \true;
+    assigns dx_slot[0 .. V * H - 1]; */
+static void bwd_dx_scatter(int64_t n, int64_t H, const int64_t *slots, const float *Tout, float *dx_slot)
+    /*@ ghost (int64_t V) */
+{
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, dx_slot[0 .. V * H - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(slots[i], V, H); */
+        float *dst = dx_slot + slots[i] * H;
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, dx_slot[0 .. V * H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++) {
+            /*@ ghost lemma_row_fits(h, H, n); */
+            dst[h] = Tout[h * n + i];
+        }
+    }
+}
+
 /* Token t's d_hidden row: the sum of its slots' input gradients (dx_slot rows token_slots[first .. last - 1])
  * in ascending slot order, from +0 (the first copied), rounded once.   acc [H] */
 /*@ requires dims: 0 <= H && 0 <= t < rows && rows * H <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
@@ -2155,14 +2222,9 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             /* gather: x, G, a, checkpoints */
             gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
             gather_rows(dt, out_grad, slots, x.token, n, H, G) /*@ ghost (x.count, p->token_rows) */;
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
-                a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
-                for (int64_t j = 0; j < I2; j++)
-                    GU[i * I2 + j] = moe_ref_load(dt, gate_up_ckpt_T, (blk * I2 + j) * B + b);
-                if (!recompute_d)
-                    load_f32(dt, down_ckpt, pos * H, H, Dk + i * H);
-            }
+            for (int64_t i = 0; i < n; i++)
+                bwd_gather_slot(dt, E, B, H, I, e, x.token[slots[i]], x.pos[slots[i]], affinities, gate_up_ckpt_T,
+                                down_ckpt, recompute_d, a, i, GU + i * I2, Dk + i * H) /*@ ghost (T, p->N) */;
 
             /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
             for (int64_t i = 0; i < n; i++)
@@ -2260,11 +2322,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             if (n > 0) {
                 transpose(n, I2, dGU, I2, Tin);
                 mm_wn(H, n, I2, dt, w_gu, e * H * I2, I2, Tin, n, Tout, n, brow);
-                for (int64_t i = 0; i < n; i++) {
-                    float *dst = dx_slot + (size_t)slots[i] * (size_t)H;
-                    for (int64_t h = 0; h < H; h++)
-                        dst[h] = Tout[h * n + i];
-                }
+                bwd_dx_scatter(n, H, slots, Tout, dx_slot) /*@ ghost (x.count) */;
             }
         }
 
