@@ -1195,6 +1195,703 @@ static void gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, 
 /* ---------------------------------------------------------------------------------------------------
  * forward
  * ------------------------------------------------------------------------------------------------- */
+/* dst[0 .. count) = src[0 .. count).  Contract trusted, not proved: WP's typed model cannot follow memcpy's
+ * casts of float * to char * (as ref/gemm_blocked.c's copy_floats). */
+/*@ requires count: 0 <= count;
+    requires dst: \valid(dst + (0 .. count - 1));
+    requires src: \valid_read(src + (0 .. count - 1));
+    requires separated: \separated(dst + (0 .. count - 1), src + (0 .. count - 1));
+    terminates \true;
+    assigns dst[0 .. count - 1]; */
+static inline void copy_floats(float *dst, const float *src, int64_t count)
+{
+    memcpy(dst, src, (size_t)count * sizeof *dst);
+}
+
+/* act_value with its contract reduced to termination and errno: with act_value's float postcondition
+ * (`identity`) among the hypotheses, Z3 and CVC4 timed out on plain index goals of the loops that call it. */
+/*@ terminates \true;
+    assigns errno; */
+static inline float act_of(moe_mlp_activation act, float x)
+{
+    return act_value(act, x);
+}
+
+/* The forward's per-thread scratch, carved from the thread's arena by fwd_thread (n_max: the most slots of
+ * one expert): X, D [n_max][H]; GU [n_max][2I]; M [n_max][I]; with ON_I M0 [n_max][I] and D0 [n_max][H]
+ * (else NULL); a [n_max]; bgu [2I]; bd [H]; bbuf [PC*NC]. */
+typedef struct fwd_scratch {
+    float *X, *D, *GU, *M, *M0, *D0, *a, *bgu, *bd, *bbuf;
+} fwd_scratch;
+
+/*@ // The forward's dims as values (the fields of a problem with mlp_problem_ok; V slots, n_max the most
+    // slots of one expert): every index the forward computes fits in int64.  A predicate of values, so that
+    // the provers carry it across writes by congruence (specs/README.md, notes).
+    predicate fwd_dims(integer T, integer E, integer N, integer B, integer H, integer I, integer V,
+                       integer n_max, integer rows) =
+      0 <= T <= rows && 1 <= E && 0 <= N && 1 <= B && 0 <= H && 0 <= I && 0 <= V && 0 <= n_max &&
+      H <= SIZE_MAX / 64 && 2 * I <= SIZE_MAX / 64 && T * E <= INT64_MAX && E * H <= INT64_MAX &&
+      E * (2 * I) <= INT64_MAX && E * I <= INT64_MAX && E * H * (2 * I) <= INT64_MAX && E * I * H <= INT64_MAX &&
+      N * B <= INT64_MAX && N * (2 * I) <= INT64_MAX && N * B * H <= INT64_MAX && N * (2 * I) * B <= INT64_MAX &&
+      rows * H <= INT64_MAX && V * H <= INT64_MAX && n_max * H <= INT64_MAX && n_max * (2 * I) <= INT64_MAX &&
+      n_max * I <= INT64_MAX;
+
+    // the scratch s for n_max slots and the per-slot contributions contrib [V][H]: valid, pairwise apart
+    predicate fwd_scratch_ok{L}(fwd_scratch *s, float *contrib, integer V, integer n_max, integer H, integer I,
+                                integer on_i) =
+      \valid_read(s) && \valid(contrib + (0 .. V * H - 1)) &&
+      \valid(s->X + (0 .. n_max * H - 1)) && \valid(s->D + (0 .. n_max * H - 1)) &&
+      \valid(s->GU + (0 .. n_max * (2 * I) - 1)) && \valid(s->M + (0 .. n_max * I - 1)) &&
+      \valid(s->M0 + (0 .. (on_i != 0 ? n_max * I : 0) - 1)) &&
+      \valid(s->D0 + (0 .. (on_i != 0 ? n_max * H : 0) - 1)) &&
+      \valid(s->a + (0 .. n_max - 1)) && \valid(s->bgu + (0 .. 2 * I - 1)) && \valid(s->bd + (0 .. H - 1)) &&
+      \valid(s->bbuf + (0 .. PC * NC - 1)) &&
+      \separated(s->X + (0 .. n_max * H - 1), s->D + (0 .. n_max * H - 1), s->GU + (0 .. n_max * (2 * I) - 1),
+                 s->M + (0 .. n_max * I - 1), s->M0 + (0 .. (on_i != 0 ? n_max * I : 0) - 1),
+                 s->D0 + (0 .. (on_i != 0 ? n_max * H : 0) - 1), s->a + (0 .. n_max - 1),
+                 s->bgu + (0 .. 2 * I - 1), s->bd + (0 .. H - 1), s->bbuf + (0 .. PC * NC - 1),
+                 contrib + (0 .. V * H - 1));
+*/
+
+/* One padding position (block blk, row b): its gate/up checkpoint column and its down checkpoint row +0.
+ *   gate_up_ckpt_T [N][2I][B], down_ckpt [N*B][H] of dtype dt, each NULL when not requested */
+/*@ requires dims: 0 <= N && 1 <= B && 0 <= H && 0 <= I2 && N * B <= INT64_MAX && N * I2 <= INT64_MAX &&
+      N * B * H <= INT64_MAX && N * I2 * B <= INT64_MAX;
+    requires position: 0 <= blk < N && 0 <= b < B;
+    requires dtype: dtype_ok(dt);
+    requires gate_up: gate_up_ckpt_T != \null ==> tensor_writable((char *)gate_up_ckpt_T, N * I2 * B, dt);
+    requires down: down_ckpt != \null ==> tensor_writable((char *)down_ckpt, N * B * H, dt);
+    terminates \true;
+    assigns ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1]; */
+static void fwd_pad_position(moe_dtype dt, int64_t B, int64_t H, int64_t I2, int64_t blk, int64_t b,
+                             void *gate_up_ckpt_T, void *down_ckpt) /*@ ghost (int64_t N) */
+{
+    if (gate_up_ckpt_T != NULL) {
+        /*@ ghost lemma_row_fits(blk, N, I2); */
+        /*@ loop invariant bounds: 0 <= i <= I2;
+            loop assigns i, ((char *)gate_up_ckpt_T)[0 .. byte_offset(N * I2 * B, dt) - 1];
+            loop variant I2 - i; */
+        for (int64_t i = 0; i < I2; i++) {
+            /*@ ghost lemma_row_fits(blk * I2 + i, N * I2, B); */
+            moe_ref_store(dt, gate_up_ckpt_T, (blk * I2 + i) * B + b, 0.0f);
+        }
+    }
+    if (down_ckpt != NULL) {
+        /*@ ghost lemma_row_fits(blk, N, B); */
+        /*@ ghost lemma_row_fits(blk * B + b, N * B, H); */
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, ((char *)down_ckpt)[0 .. byte_offset(N * B * H, dt) - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            moe_ref_store(dt, down_ckpt, (blk * B + b) * H + h, 0.0f);
+    }
+}
+
+/* The padding positions of one expert's blocks (blocks[q0 .. q1 - 1], each in [0, N)): checkpoints +0.
+ *   ids: the layout's token_position_to_id [N*B] (p->T: the tokens) */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= N && 1 <= B && 0 <= H && 0 <= I2 && N * B <= INT64_MAX && N * I2 <= INT64_MAX &&
+      N * B * H <= INT64_MAX && N * I2 * B <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires blocks: 0 <= q0 <= q1 && \valid_read(blocks + (q0 .. q1 - 1)) &&
+      \forall integer q; q0 <= q < q1 ==> 0 <= blocks[q] < N;
+    requires ids: \valid_read(ids + (0 .. N * B - 1));
+    requires gate_up: gate_up_ckpt_T != \null ==> tensor_writable((char *)gate_up_ckpt_T, N * I2 * B, dt) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * I2 * B, dt) - 1), p) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * I2 * B, dt) - 1), blocks + (q0 .. q1 - 1)) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * I2 * B, dt) - 1), ids + (0 .. N * B - 1));
+    requires down: down_ckpt != \null ==> tensor_writable((char *)down_ckpt, N * B * H, dt) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1), p) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1), blocks + (q0 .. q1 - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1), ids + (0 .. N * B - 1));
+    terminates \true;
+    assigns ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1]; */
+static void fwd_pad(const moe_mlp_problem *p, moe_dtype dt, int64_t B, int64_t H, int64_t I2, const int64_t *ids,
+                    const int64_t *blocks, int64_t q0, int64_t q1, void *gate_up_ckpt_T, void *down_ckpt)
+    /*@ ghost (int64_t N) */
+{
+    /*@ loop invariant bounds: q0 <= q <= \max(q0, q1);
+        loop assigns q, ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1],
+          ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1];
+        loop variant q1 - q; */
+    for (int64_t q = q0; q < q1; q++) {
+        const int64_t blk = blocks[q];
+        /*@ ghost lemma_row_fits(blk, N, B); */
+        /*@ loop invariant bounds: 0 <= b <= B;
+            loop assigns b, ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1],
+              ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1];
+            loop variant B - b; */
+        for (int64_t b = 0; b < B; b++) {
+            if (is_token(p, ids[blk * B + b]))
+                continue;
+            fwd_pad_position(dt, B, H, I2, blk, b, gate_up_ckpt_T, down_ckpt) /*@ ghost (N) */;
+        }
+    }
+}
+
+/* One slot's gate/up row gu [2I] after the GEMM: + bgu (with bias), clamped (gate j < I: the non-linear
+ * limits; up: the linear ones), stored back and, when requested, checkpointed at position (blk, b) of
+ * gate_up_ckpt_T [N][2I][B]. */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= N && 1 <= B && 0 <= I && 2 * I <= INT64_MAX && N * (2 * I) <= INT64_MAX &&
+      N * (2 * I) * B <= INT64_MAX;
+    requires position: 0 <= blk < N && 0 <= b < B;
+    requires dtype: dtype_ok(dt);
+    requires gu: \valid(gu + (0 .. 2 * I - 1)) && \separated(gu + (0 .. 2 * I - 1), p);
+    requires bgu: \valid_read(bgu + (0 .. 2 * I - 1));
+    requires gate_up: gate_up_ckpt_T != \null ==> tensor_writable((char *)gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * (2 * I) * B, dt) - 1), p);
+    terminates \true;
+    assigns gu[0 .. 2 * I - 1],
+      ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * (2 * I) * B, dt)) - 1]; */
+static void fwd_gate_up_row(const moe_mlp_problem *p, moe_dtype dt, int64_t B, int64_t I, float *gu,
+                            const float *bgu, void *gate_up_ckpt_T, int64_t blk, int64_t b) /*@ ghost (int64_t N) */
+{
+    const int64_t I2 = 2 * I;
+    /*@ ghost lemma_row_fits(blk, N, I2); */
+    /*@ ghost const int64_t NI2 = N * I2; */
+    const int64_t row0 = blk * I2; /* the checkpoint's rows (blk, j) start here */
+    /*@ loop invariant bounds: 0 <= j <= I2;
+        loop assigns j, gu[0 .. I2 - 1],
+          ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1];
+        loop variant I2 - j; */
+    for (int64_t j = 0; j < I2; j++) {
+        const int64_t r = row0 + j;
+        /*@ ghost lemma_row_fits(r, NI2, B); */
+        /* the checkpoint element (blk * 2I + j) * B + b, computed before the float operations (with their facts
+         * in the context, and the index as one expression, the provers failed on its overflow goals) */
+        const int64_t k = r * B + b;
+        float v = p->bias ? gu[j] + bgu[j] : gu[j];
+        v = j < I ? clamp_(v, p->has_nl_lo, p->nl_lo, p->has_nl_hi, p->nl_hi)
+                  : clamp_(v, p->has_lin_lo, p->lin_lo, p->has_lin_hi, p->lin_hi);
+        gu[j] = v;
+        if (gate_up_ckpt_T != NULL)
+            moe_ref_store(dt, gate_up_ckpt_T, k, v);
+    }
+}
+
+/* One slot's activation row: m [I] = act(g) * u from its clamped gate/up row gu [2I]; with ON_I the
+ * unscaled m is copied to m0 [I] (write_d0: for the down checkpoint; rounded with round_intermediates) and
+ * m scaled by the slot's affinity a[i]; m rounded with round_intermediates. */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= I && 2 * I <= INT64_MAX && 0 <= i;
+    requires dtype: dtype_ok(dt);
+    requires rows: \valid_read(gu + (0 .. 2 * I - 1)) && \valid(m + (0 .. I - 1)) && \valid_read(a + i);
+    requires m0: write_d0 != 0 ==> \valid(m0 + (0 .. I - 1)) &&
+      \separated(m0 + (0 .. I - 1), m + (0 .. I - 1), p);
+    requires apart: \separated(m + (0 .. I - 1), gu + (0 .. 2 * I - 1), a + i, p);
+    terminates \true;
+    assigns m[0 .. I - 1], m0[0 .. (write_d0 != 0 ? I : 0) - 1], errno; */
+static void fwd_act_row(const moe_mlp_problem *p, moe_dtype dt, int64_t I, const float *gu, float *m, float *m0,
+                        const float *a, int64_t i, int on_i, int write_d0)
+{
+    /*@ loop invariant bounds: 0 <= j <= I;
+        loop assigns j, m[0 .. I - 1], errno;
+        loop variant I - j; */
+    for (int64_t j = 0; j < I; j++)
+        m[j] = act_of(p->activation, gu[j]) * gu[I + j];
+    if (on_i) {
+        if (write_d0) {
+            copy_floats(m0, m, I);
+            if (p->round_intermediates)
+                round_row(dt, m0, I);
+        }
+        /*@ loop invariant bounds: 0 <= j <= I;
+            loop assigns j, m[0 .. I - 1];
+            loop variant I - j; */
+        for (int64_t j = 0; j < I; j++)
+            m[j] = m[j] * a[i];
+    }
+    /* the down projection's operand: rnd(m) (ON_I: rnd(act(g)*u*a), from the unrounded product) */
+    if (p->round_intermediates)
+        round_row(dt, m, I);
+}
+
+/* One slot's down row d [H] after the GEMM (d0 [H]: the unscaled one, write_d0 only): ON_H d + bd (with
+ * bias), checkpointed at position pos of down_ckpt [N*B][H], contribution c [H] = a[i] * d; ON_I c = d +
+ * a[i] * bd (with bias, else d), and the checkpoint from d0 (+ bd). */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= H && 0 <= pos < NB && NB * H <= INT64_MAX && 0 <= i;
+    requires dtype: dtype_ok(dt);
+    requires mode: write_d0 != 0 ==> on_i != 0 && down_ckpt != \null;
+    requires rows: \valid(d + (0 .. H - 1)) && \valid_read(bd + (0 .. H - 1)) && \valid_read(a + i) &&
+      \valid(c + (0 .. H - 1));
+    requires d0: write_d0 != 0 ==> \valid(d0 + (0 .. H - 1)) &&
+      \separated(d0 + (0 .. H - 1), c + (0 .. H - 1), bd + (0 .. H - 1), a + i, p);
+    requires apart: \separated(c + (0 .. H - 1), d + (0 .. H - 1), bd + (0 .. H - 1), a + i, p) &&
+      \separated(d + (0 .. H - 1), bd + (0 .. H - 1), a + i, p);
+    requires down: down_ckpt != \null ==> tensor_writable((char *)down_ckpt, NB * H, dt) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), p, d + (0 .. H - 1),
+                 c + (0 .. H - 1), bd + (0 .. H - 1), a + i) &&
+      (write_d0 != 0 ==> \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), d0 + (0 .. H - 1)));
+    terminates \true;
+    assigns d[0 .. H - 1], d0[0 .. (write_d0 != 0 ? H : 0) - 1], c[0 .. H - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(NB * H, dt)) - 1]; */
+static void fwd_down_row(const moe_mlp_problem *p, moe_dtype dt, int64_t H, float *d, float *d0, const float *bd,
+                         const float *a, int64_t i, float *c, void *down_ckpt, int64_t pos, int on_i, int write_d0)
+    /*@ ghost (int64_t NB) */
+{
+    /*@ ghost lemma_row_fits(pos, NB, H); */
+    if (!on_i) {
+        if (p->bias)
+            /*@ loop invariant bounds: 0 <= h <= H;
+                loop assigns h, d[0 .. H - 1];
+                loop variant H - h; */
+            for (int64_t h = 0; h < H; h++)
+                d[h] = d[h] + bd[h];
+        if (down_ckpt != NULL)
+            store_row(dt, down_ckpt, pos * H, d, H);
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, c[0 .. H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            c[h] = a[i] * d[h];
+    } else {
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, c[0 .. H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            c[h] = p->bias ? d[h] + a[i] * bd[h] : d[h];
+        if (write_d0) {
+            if (p->bias)
+                /*@ loop invariant bounds: 0 <= h <= H;
+                    loop assigns h, d0[0 .. H - 1];
+                    loop variant H - h; */
+                for (int64_t h = 0; h < H; h++)
+                    d0[h] = d0[h] + bd[h];
+            store_row(dt, down_ckpt, pos * H, d0, H);
+        }
+    }
+}
+
+/*@ // The input tensors of the forward as values: readable (b_gu, b_d only with bias)
+    predicate fwd_inputs_at{L}(char *hidden, char *affinities, char *w_gu, char *w_d, char *b_gu, char *b_d,
+                               integer rows, integer T, integer E, integer H, integer I, integer bias,
+                               moe_dtype dt) =
+      tensor_readable(hidden, rows * H, dt) && tensor_readable(affinities, T * E, dt) &&
+      tensor_readable(w_gu, E * H * (2 * I), dt) && tensor_readable(w_d, E * I * H, dt) &&
+      (bias != 0 ==> tensor_readable(b_gu, E * (2 * I), dt) && tensor_readable(b_d, E * H, dt));
+
+    // bytes q[0 .. bytes - 1] apart from every float the forward writes (the scratch s, contrib [V][H]).
+    // (No set-valued logic functions here: WP 25 translates them with the Why3 library vset, which the
+    // installed Why3 does not have.)
+    predicate fwd_floats_apart{L}(fwd_scratch *s, float *contrib, integer V, integer n_max, integer H, integer I,
+                                  integer on_i, char *q, integer bytes) =
+      \separated(q + (0 .. bytes - 1), s->X + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->D + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->GU + (0 .. n_max * (2 * I) - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->M + (0 .. n_max * I - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->M0 + (0 .. (on_i != 0 ? n_max * I : 0) - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->D0 + (0 .. (on_i != 0 ? n_max * H : 0) - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->a + (0 .. n_max - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->bgu + (0 .. 2 * I - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->bd + (0 .. H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->bbuf + (0 .. PC * NC - 1)) &&
+      \separated(q + (0 .. bytes - 1), contrib + (0 .. V * H - 1));
+
+    // the same for the problem struct (its float fields: the clamp limits)
+    predicate fwd_floats_apart_p{L}(fwd_scratch *s, float *contrib, integer V, integer n_max, integer H,
+                                    integer I, integer on_i, moe_mlp_problem *p) =
+      \separated(p, s->X + (0 .. n_max * H - 1)) && \separated(p, s->D + (0 .. n_max * H - 1)) &&
+      \separated(p, s->GU + (0 .. n_max * (2 * I) - 1)) && \separated(p, s->M + (0 .. n_max * I - 1)) &&
+      \separated(p, s->M0 + (0 .. (on_i != 0 ? n_max * I : 0) - 1)) &&
+      \separated(p, s->D0 + (0 .. (on_i != 0 ? n_max * H : 0) - 1)) && \separated(p, s->a + (0 .. n_max - 1)) &&
+      \separated(p, s->bgu + (0 .. 2 * I - 1)) && \separated(p, s->bd + (0 .. H - 1)) &&
+      \separated(p, s->bbuf + (0 .. PC * NC - 1)) && \separated(p, contrib + (0 .. V * H - 1));
+
+    // what fwd_expert requires of a checkpoint ck (NULL: not requested) of count elements: writable, apart
+    // from the problem, the index arrays it reads and the floats it writes
+    predicate fwd_ckpt_ok{L}(char *ck, integer count, moe_dtype dt, moe_mlp_problem *p, int64_t *slots,
+                             integer n, int64_t *pos, int64_t *token, integer V, int64_t *blocks, integer q0,
+                             integer q1, int64_t *ids, integer NB, fwd_scratch *s, float *contrib, integer n_max,
+                             integer H, integer I, integer on_i) =
+      ck != \null ==> tensor_writable(ck, count, dt) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), p) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), slots + (0 .. n - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), pos + (0 .. V - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), token + (0 .. V - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), blocks + (q0 .. q1 - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), ids + (0 .. NB - 1)) &&
+        fwd_floats_apart(s, contrib, V, n_max, H, I, on_i, ck, byte_offset(count, dt));
+
+    // the same for fwd_experts, over the whole slot index x
+    predicate fwd_ckpt_x_ok{L}(char *ck, integer count, moe_dtype dt, moe_mlp_problem *p, slot_index *x,
+                               integer V, integer E, integer N, int64_t *ids, integer NB, fwd_scratch *s,
+                               float *contrib, integer n_max, integer H, integer I, integer on_i) =
+      ck != \null ==> tensor_writable(ck, count, dt) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), p) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->expert_slots + (0 .. V - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->expert_start + (0 .. E)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->pos + (0 .. V - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->token + (0 .. V - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->block_start + (0 .. E)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), x->expert_blocks + (0 .. N - 1)) &&
+        \separated(ck + (0 .. byte_offset(count, dt) - 1), ids + (0 .. NB - 1)) &&
+        fwd_floats_apart(s, contrib, V, n_max, H, I, on_i, ck, byte_offset(count, dt));
+
+    // the inputs that fwd_expert copies into its scratch (hidden; with bias b_gu, b_d) apart from its floats
+    predicate fwd_inputs_apart{L}(char *hidden, char *b_gu, char *b_d, integer rows, integer E, integer H,
+                                  integer I, integer bias, moe_dtype dt, fwd_scratch *s, float *contrib,
+                                  integer V, integer n_max, integer on_i) =
+      fwd_floats_apart(s, contrib, V, n_max, H, I, on_i, hidden, byte_offset(rows * H, dt)) &&
+      (bias != 0 ==> fwd_floats_apart(s, contrib, V, n_max, H, I, on_i, b_gu, byte_offset(E * (2 * I), dt)) &&
+                     fwd_floats_apart(s, contrib, V, n_max, H, I, on_i, b_d, byte_offset(E * H, dt)));
+*/
+
+/* fwd_expert's gather: the rows X [n][H] of its slots' tokens (hidden), their affinities a [n] for expert e
+ * (affinities [T][E]) and, with bias, its bias rows bgu [2I], bd [H] (b_gu [E][2I], b_d [E][H]). */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= T <= rows && 0 <= e < E && 0 <= H && 0 <= I && 1 <= n <= n_max && 0 <= V &&
+      rows * H <= INT64_MAX && n_max * H <= INT64_MAX && T * E <= INT64_MAX && E * H <= INT64_MAX &&
+      E * (2 * I) <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires token: \valid_read(token + (0 .. V - 1)) && in_range(token, V, 0, T);
+    requires inputs: tensor_readable((char *)hidden, rows * H, dt) && tensor_readable((char *)affinities, T * E, dt) &&
+      (p->bias != 0 ==> tensor_readable((char *)b_gu, E * (2 * I), dt) && tensor_readable((char *)b_d, E * H, dt));
+    requires scratch: \valid(X + (0 .. n_max * H - 1)) && \valid(a + (0 .. n_max - 1)) &&
+      \valid(bgu + (0 .. 2 * I - 1)) && \valid(bd + (0 .. H - 1)) &&
+      \separated(X + (0 .. n_max * H - 1), a + (0 .. n_max - 1), bgu + (0 .. 2 * I - 1), bd + (0 .. H - 1));
+    requires apart: \separated(X + (0 .. n_max * H - 1), (char *)hidden + (0 .. byte_offset(rows * H, dt) - 1)) &&
+      (p->bias != 0 ==> \separated(bgu + (0 .. 2 * I - 1), (char *)b_gu + (0 .. byte_offset(E * (2 * I), dt) - 1)) &&
+                        \separated(bd + (0 .. H - 1), (char *)b_d + (0 .. byte_offset(E * H, dt) - 1)));
+    terminates \true;
+    assigns X[0 .. n_max * H - 1], a[0 .. n_max - 1], bgu[0 .. 2 * I - 1], bd[0 .. H - 1]; */
+static void fwd_gather(const moe_mlp_problem *p, moe_dtype dt, int64_t E, int64_t H, int64_t I, int64_t e,
+                       const int64_t *slots, int64_t n, const int64_t *token, const void *hidden,
+                       const void *affinities, const void *b_gu, const void *b_d, float *X, float *a, float *bgu,
+                       float *bd) /*@ ghost (int64_t T, int64_t V, int64_t rows, int64_t n_max) */
+{
+    const int64_t I2 = 2 * I;
+    /*@ ghost lemma_mul_monotone(n, n_max, H); */
+    gather_rows(dt, hidden, slots, token, n, H, X) /*@ ghost (V, rows) */;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, a[0 .. n_max - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(token[slots[i]], T, E); */
+        a[i] = moe_ref_load(dt, affinities, token[slots[i]] * E + e);
+    }
+    if (p->bias) {
+        /*@ ghost lemma_row_fits(e, E, I2); */
+        /*@ ghost lemma_row_fits(e, E, H); */
+        load_f32(dt, b_gu, e * I2, I2, bgu);
+        load_f32(dt, b_d, e * H, H, bd);
+    }
+}
+
+/* fwd_expert's gate/up stage: GU [n][2I] = X . W_gu[e] (w_gu [E][H][2I]), then per slot fwd_gate_up_row (bias,
+ * clamp, checkpoint at its position pos[slots[i]] of gate_up_ckpt_T [N][2I][B]) and fwd_act_row (M [n][I],
+ * with write_d0 M0 [n][I]). */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= e < E && 0 <= H && 0 <= I && 1 <= n <= n_max && 0 <= V && 0 <= N && 1 <= B &&
+      H <= SIZE_MAX / 64 && 2 * I <= SIZE_MAX / 64 && E * H <= INT64_MAX && E * H * (2 * I) <= INT64_MAX &&
+      N * B <= INT64_MAX && N * (2 * I) <= INT64_MAX && N * (2 * I) * B <= INT64_MAX &&
+      n_max * H <= INT64_MAX && n_max * (2 * I) <= INT64_MAX && n_max * I <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires mode: write_d0 != 0 ==> on_i != 0;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires pos: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B);
+    requires w_gu: tensor_readable((char *)w_gu, E * H * (2 * I), dt);
+    requires scratch: \valid_read(X + (0 .. n_max * H - 1)) && \valid(GU + (0 .. n_max * (2 * I) - 1)) &&
+      \valid(M + (0 .. n_max * I - 1)) && \valid(M0 + (0 .. (write_d0 != 0 ? n_max * I : 0) - 1)) &&
+      \valid_read(a + (0 .. n_max - 1)) && \valid_read(bgu + (0 .. 2 * I - 1)) && \valid(bbuf + (0 .. PC * NC - 1)) &&
+      \separated(GU + (0 .. n_max * (2 * I) - 1), M + (0 .. n_max * I - 1),
+                 M0 + (0 .. (write_d0 != 0 ? n_max * I : 0) - 1), a + (0 .. n_max - 1), bgu + (0 .. 2 * I - 1),
+                 bbuf + (0 .. PC * NC - 1), p) &&
+      \separated(X + (0 .. n_max * H - 1), GU + (0 .. n_max * (2 * I) - 1), M + (0 .. n_max * I - 1),
+                 M0 + (0 .. (write_d0 != 0 ? n_max * I : 0) - 1), bbuf + (0 .. PC * NC - 1));
+    requires gate_up: gate_up_ckpt_T != \null ==> tensor_writable((char *)gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * (2 * I) * B, dt) - 1), p) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * (2 * I) * B, dt) - 1), slots + (0 .. n - 1)) &&
+      \separated((char *)gate_up_ckpt_T + (0 .. byte_offset(N * (2 * I) * B, dt) - 1), pos + (0 .. V - 1));
+    terminates \true;
+    assigns GU[0 .. n_max * (2 * I) - 1], M[0 .. n_max * I - 1], M0[0 .. (write_d0 != 0 ? n_max * I : 0) - 1],
+      bbuf[0 .. PC * NC - 1], errno,
+      ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * (2 * I) * B, dt)) - 1]; */
+static void fwd_gate_up(const moe_mlp_problem *p, moe_dtype dt, int64_t B, int64_t H, int64_t I, int64_t e,
+                        const int64_t *slots, int64_t n, const int64_t *pos, const void *w_gu, const float *X,
+                        float *GU, float *M, float *M0, const float *a, const float *bgu, float *bbuf,
+                        void *gate_up_ckpt_T, int on_i, int write_d0)
+    /*@ ghost (int64_t E, int64_t N, int64_t V, int64_t n_max) */
+{
+    const int64_t I2 = 2 * I;
+    /*@ ghost lemma_row_fits(e, E, H); */
+    /*@ ghost lemma_mul_monotone(e * H + H, E * H, I2); */
+    /*@ ghost lemma_row_fits(n - 1, n_max, H); */
+    /*@ ghost lemma_mul_monotone(n, n_max, I2); */
+    mm_nn(n, I2, H, X, H, 1, dt, w_gu, e * H * I2, I2, GU, I2, bbuf);
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop invariant slots: in_range(slots, n, 0, V);
+        loop invariant pos: in_range(pos, V, 0, N * B);
+        loop assigns i, errno, GU[0 .. n_max * I2 - 1], M[0 .. n_max * I - 1],
+          M0[0 .. (write_d0 != 0 ? n_max * I : 0) - 1],
+          ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * I2 * B, dt)) - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos_i = pos[slots[i]], blk = pos_i / B, b = pos_i % B;
+        /*@ ghost lemma_div_below(pos_i, N, B); */
+        /*@ ghost lemma_row_fits(i, n_max, I2); */
+        /*@ ghost lemma_row_fits(i, n_max, I); */
+        fwd_gate_up_row(p, dt, B, I, GU + i * I2, bgu, gate_up_ckpt_T, blk, b) /*@ ghost (N) */;
+        fwd_act_row(p, dt, I, GU + i * I2, M + i * I, write_d0 ? M0 + i * I : NULL, a, i, on_i, write_d0);
+    }
+}
+
+/* fwd_expert's down stage: D [n][H] = M . W_d[e] (w_d [E][I][H]; with write_d0 also D0 = M0 . W_d[e]), then
+ * per slot fwd_down_row into its contribution row contrib[slots[i]] and the down checkpoint at its position. */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= e < E && 0 <= H && 0 <= I && 1 <= n <= n_max && 0 <= V && 0 <= NB &&
+      H <= SIZE_MAX / 64 && 2 * I <= SIZE_MAX / 64 && E * I <= INT64_MAX && E * I * H <= INT64_MAX && NB * H <= INT64_MAX &&
+      V * H <= INT64_MAX && n_max * H <= INT64_MAX && n_max * I <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires mode: write_d0 != 0 ==> on_i != 0 && down_ckpt != \null;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires pos: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, NB);
+    requires w_d: tensor_readable((char *)w_d, E * I * H, dt);
+    requires scratch: \valid_read(M + (0 .. n_max * I - 1)) && \valid_read(M0 + (0 .. (write_d0 != 0 ? n_max * I : 0) - 1)) &&
+      \valid(D + (0 .. n_max * H - 1)) && \valid(D0 + (0 .. (write_d0 != 0 ? n_max * H : 0) - 1)) &&
+      \valid_read(a + (0 .. n_max - 1)) && \valid_read(bd + (0 .. H - 1)) && \valid(bbuf + (0 .. PC * NC - 1)) &&
+      \valid(contrib + (0 .. V * H - 1)) &&
+      \separated(D + (0 .. n_max * H - 1), D0 + (0 .. (write_d0 != 0 ? n_max * H : 0) - 1), contrib + (0 .. V * H - 1),
+                 a + (0 .. n_max - 1), bd + (0 .. H - 1), bbuf + (0 .. PC * NC - 1), p) &&
+      \separated(M + (0 .. n_max * I - 1), M0 + (0 .. (write_d0 != 0 ? n_max * I : 0) - 1), D + (0 .. n_max * H - 1),
+                 D0 + (0 .. (write_d0 != 0 ? n_max * H : 0) - 1), bbuf + (0 .. PC * NC - 1));
+    requires down: down_ckpt != \null ==> tensor_writable((char *)down_ckpt, NB * H, dt) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), p) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), slots + (0 .. n - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), pos + (0 .. V - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), D + (0 .. n_max * H - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), D0 + (0 .. (write_d0 != 0 ? n_max * H : 0) - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), contrib + (0 .. V * H - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), bd + (0 .. H - 1)) &&
+      \separated((char *)down_ckpt + (0 .. byte_offset(NB * H, dt) - 1), a + (0 .. n_max - 1));
+    terminates \true;
+    assigns D[0 .. n_max * H - 1], D0[0 .. (write_d0 != 0 ? n_max * H : 0) - 1], bbuf[0 .. PC * NC - 1],
+      contrib[0 .. V * H - 1], ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(NB * H, dt)) - 1]; */
+static void fwd_down(const moe_mlp_problem *p, moe_dtype dt, int64_t H, int64_t I, int64_t e, const int64_t *slots,
+                     int64_t n, const int64_t *pos, const void *w_d, const float *M, const float *M0, float *D,
+                     float *D0, const float *a, const float *bd, float *bbuf, float *contrib, void *down_ckpt, int on_i,
+                     int write_d0) /*@ ghost (int64_t E, int64_t NB, int64_t V, int64_t n_max) */
+{
+    /*@ ghost lemma_row_fits(e, E, I); */
+    /*@ ghost lemma_mul_monotone(e * I + I, E * I, H); */
+    /*@ ghost lemma_row_fits(n - 1, n_max, I); */
+    /*@ ghost lemma_mul_monotone(n, n_max, H); */
+    mm_nn(n, H, I, M, I, 1, dt, w_d, e * I * H, H, D, H, bbuf);
+    if (write_d0)
+        mm_nn(n, H, I, M0, I, 1, dt, w_d, e * I * H, H, D0, H, bbuf);
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop invariant slots: in_range(slots, n, 0, V);
+        loop invariant pos: in_range(pos, V, 0, NB);
+        loop assigns i, D[0 .. n_max * H - 1], D0[0 .. (write_d0 != 0 ? n_max * H : 0) - 1], contrib[0 .. V * H - 1],
+          ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(NB * H, dt)) - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t sl = slots[i], pos_i = pos[sl];
+        /*@ ghost lemma_row_fits(i, n_max, H); */
+        /*@ ghost lemma_row_fits(sl, V, H); */
+        fwd_down_row(p, dt, H, D + i * H, write_d0 ? D0 + i * H : NULL, bd, a, i, contrib + sl * H, down_ckpt,
+                     pos_i, on_i, write_d0) /*@ ghost (NB) */;
+    }
+}
+
+/* The forward of expert e: its padding positions (blocks[q0 .. q1 - 1]) checkpointed +0, then its n slots
+ * (slots[0 .. n - 1]): gather (X, a, the bias rows), gate/up GEMM, per slot fwd_gate_up_row and fwd_act_row,
+ * down GEMM (and, write_d0, the unscaled one into D0), per slot fwd_down_row into contrib [V][H].
+ *   pos, token [V]: the slot index;  ids: the layout's token_position_to_id [N*B];  s: the thread's scratch */
+/*@ requires problem: \valid_read(p);
+    requires dims: fwd_dims(T, E, N, B, H, I, V, n_max, rows);
+    requires dtype: dtype_ok(dt);
+    requires expert: 0 <= e < E;
+    requires mode: write_d0 != 0 ==> on_i != 0 && down_ckpt != \null;
+    requires slots: 0 <= n <= n_max && \valid_read(slots + (0 .. n - 1)) &&
+      \forall integer r; 0 <= r < n ==> 0 <= slots[r] < V;
+    requires index: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B) &&
+      \valid_read(token + (0 .. V - 1)) && in_range(token, V, 0, T);
+    requires blocks: 0 <= q0 <= q1 && \valid_read(blocks + (q0 .. q1 - 1)) &&
+      (\forall integer q; q0 <= q < q1 ==> 0 <= blocks[q] < N);
+    requires ids: \valid_read(ids + (0 .. N * B - 1));
+    requires inputs: fwd_inputs_at((char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d, (char *)b_gu,
+      (char *)b_d, rows, T, E, H, I, p->bias, dt);
+    requires scratch: fwd_scratch_ok(s, contrib, V, n_max, H, I, on_i);
+    requires floats_apart: fwd_floats_apart_p(s, contrib, V, n_max, H, I, on_i, p) &&
+      fwd_inputs_apart((char *)hidden, (char *)b_gu, (char *)b_d, rows, E, H, I, p->bias, dt, s, contrib, V,
+                       n_max, on_i);
+    requires gate_up: fwd_ckpt_ok((char *)gate_up_ckpt_T, N * (2 * I) * B, dt, p, slots, n, pos, token, V, blocks,
+      q0, q1, ids, N * B, s, contrib, n_max, H, I, on_i);
+    requires down: fwd_ckpt_ok((char *)down_ckpt, N * B * H, dt, p, slots, n, pos, token, V, blocks, q0, q1, ids,
+      N * B, s, contrib, n_max, H, I, on_i);
+    terminates \true;
+    assigns s->X[0 .. n_max * H - 1], s->D[0 .. n_max * H - 1], s->GU[0 .. n_max * (2 * I) - 1],
+      s->M[0 .. n_max * I - 1], s->M0[0 .. (on_i != 0 ? n_max * I : 0) - 1],
+      s->D0[0 .. (on_i != 0 ? n_max * H : 0) - 1], s->a[0 .. n_max - 1], s->bgu[0 .. 2 * I - 1],
+      s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], contrib[0 .. V * H - 1], errno,
+      ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * (2 * I) * B, dt)) - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1]; */
+static void fwd_expert(const moe_mlp_problem *p, moe_dtype dt, int64_t E, int64_t B, int64_t H,
+                       int64_t I, int on_i, int write_d0, int64_t e, const int64_t *slots, int64_t n,
+                       const int64_t *pos, const int64_t *token, const int64_t *ids, const int64_t *blocks,
+                       int64_t q0, int64_t q1, const void *hidden, const void *affinities, const void *w_gu,
+                       const void *w_d, const void *b_gu, const void *b_d, void *gate_up_ckpt_T, void *down_ckpt,
+                       float *contrib, const fwd_scratch *s)
+    /*@ ghost (int64_t T, int64_t N, int64_t V, int64_t n_max, int64_t rows) */
+{
+    const int64_t I2 = 2 * I;
+    float *X = s->X, *D = s->D, *GU = s->GU, *M = s->M, *M0 = s->M0, *D0 = s->D0, *a = s->a, *bgu = s->bgu,
+          *bd = s->bd, *bbuf = s->bbuf;
+
+    /* padding positions of this expert's blocks: checkpoints +0 */
+    fwd_pad(p, dt, B, H, I2, ids, blocks, q0, q1, gate_up_ckpt_T, down_ckpt) /*@ ghost (N) */;
+    if (n == 0)
+        return;
+    fwd_gather(p, dt, E, H, I, e, slots, n, token, hidden, affinities, b_gu, b_d, X, a, bgu, bd)
+        /*@ ghost (T, V, rows, n_max) */;
+    /* gate/up projection, bias, clamp, checkpoint, activation */
+    fwd_gate_up(p, dt, B, H, I, e, slots, n, pos, w_gu, X, GU, M, M0, a, bgu, bbuf, gate_up_ckpt_T, on_i, write_d0)
+        /*@ ghost (E, N, V, n_max) */;
+    /* down projection, bias, checkpoint, contributions */
+    fwd_down(p, dt, H, I, e, slots, n, pos, w_d, M, M0, D, D0, a, bd, bbuf, contrib, down_ckpt, on_i, write_d0)
+        /*@ ghost (E, N * B, V, n_max) */;
+}
+
+/* Token t's output row: the sum of its slots' contributions (contrib rows token_slots[first .. last - 1]) in
+ * ascending slot order, rounded once; +0 when it has none.   acc [H] (read only when the token has slots) */
+/*@ requires dims: 0 <= H && 0 <= t < rows && rows * H <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires slots: 0 <= first <= last && \valid_read(token_slots + (first .. last - 1)) &&
+      (\forall integer q; first <= q < last ==> 0 <= token_slots[q] < V);
+    requires contrib: \valid_read(contrib + (0 .. V * H - 1));
+    requires acc: first < last ==> \valid(acc + (0 .. H - 1)) &&
+      \separated(acc + (0 .. H - 1), contrib + (0 .. V * H - 1));
+    requires out: tensor_writable((char *)out, rows * H, dt) &&
+      \separated((char *)out + (0 .. byte_offset(rows * H, dt) - 1), token_slots + (first .. last - 1)) &&
+      (first < last ==> \separated((char *)out + (0 .. byte_offset(rows * H, dt) - 1), acc + (0 .. H - 1)));
+    terminates \true;
+    assigns acc[0 .. (first < last ? H : 0) - 1],
+      ((char *)out)[byte_offset(t * H, dt) .. byte_offset(t * H + H, dt) - 1]; */
+static void fwd_token_row(moe_dtype dt, int64_t H, const float *contrib, const int64_t *token_slots, int64_t first,
+                          int64_t last, float *acc, void *out, int64_t t) /*@ ghost (int64_t V, int64_t rows) */
+{
+    /*@ ghost lemma_row_fits(t, rows, H); */
+    if (first == last) {
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, ((char *)out)[byte_offset(t * H, dt) .. byte_offset(t * H + H, dt) - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            moe_ref_store(dt, out, t * H + h, 0.0f);
+        return;
+    }
+    /*@ ghost lemma_row_fits(token_slots[first], V, H); */
+    const float *c0 = contrib + token_slots[first] * H;
+    copy_floats(acc, c0, H);
+    /*@ loop invariant bounds: first + 1 <= q <= last;
+        loop assigns q, acc[0 .. H - 1];
+        loop variant last - q; */
+    for (int64_t q = first + 1; q < last; q++) {
+        /*@ ghost lemma_row_fits(token_slots[q], V, H); */
+        const float *c = contrib + token_slots[q] * H;
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, acc[0 .. H - 1];
+            loop variant H - h; */
+        MLP_SIMD
+        for (int64_t h = 0; h < H; h++)
+            acc[h] = acc[h] + c[h];
+    }
+    store_row(dt, out, t * H, acc, H);
+}
+
+/* One thread's share of the experts: the orphaned `omp for` (dynamic, one expert at a time) of
+ * moe_ref_mlp_fwd's parallel region, fwd_expert for each expert e < E (its slots expert_slots[expert_start[e]
+ * ..], its blocks expert_blocks[block_start[e] ..]).  Frama-C parses it without OpenMP: the proof is of the
+ * loop run by one thread over every expert.
+ *   x: the slot index (V = x->count slots, n_max = x->max_slots);  ids: the layout's token_position_to_id */
+/*@ requires problem: \valid_read(p);
+    requires dims: fwd_dims(T, E, N, B, H, I, V, n_max, rows);
+    requires dtype: dtype_ok(dt);
+    requires mode: write_d0 != 0 ==> on_i != 0 && down_ckpt != \null;
+    requires index: slot_index_ok(x, ids, T, E, N, B) && x->count == V && x->max_slots == n_max;
+    requires ids: \valid_read(ids + (0 .. N * B - 1));
+    requires inputs: fwd_inputs_at((char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d, (char *)b_gu,
+      (char *)b_d, rows, T, E, H, I, p->bias, dt);
+    requires scratch: fwd_scratch_ok(s, contrib, V, n_max, H, I, on_i);
+    requires floats_apart: fwd_floats_apart_p(s, contrib, V, n_max, H, I, on_i, p) &&
+      fwd_inputs_apart((char *)hidden, (char *)b_gu, (char *)b_d, rows, E, H, I, p->bias, dt, s, contrib, V,
+                       n_max, on_i);
+    requires gate_up: fwd_ckpt_x_ok((char *)gate_up_ckpt_T, N * (2 * I) * B, dt, p, x, V, E, N, ids, N * B, s,
+      contrib, n_max, H, I, on_i);
+    requires down: fwd_ckpt_x_ok((char *)down_ckpt, N * B * H, dt, p, x, V, E, N, ids, N * B, s, contrib, n_max,
+      H, I, on_i);
+    terminates \true;
+    assigns s->X[0 .. n_max * H - 1], s->D[0 .. n_max * H - 1], s->GU[0 .. n_max * (2 * I) - 1],
+      s->M[0 .. n_max * I - 1], s->M0[0 .. (on_i != 0 ? n_max * I : 0) - 1],
+      s->D0[0 .. (on_i != 0 ? n_max * H : 0) - 1], s->a[0 .. n_max - 1], s->bgu[0 .. 2 * I - 1],
+      s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], contrib[0 .. V * H - 1], errno,
+      ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * (2 * I) * B, dt)) - 1],
+      ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1]; */
+static void fwd_experts(const moe_mlp_problem *p, moe_dtype dt, int64_t E, int64_t B, int64_t H,
+                        int64_t I, int on_i, int write_d0, const slot_index *x, const int64_t *ids,
+                        const void *hidden, const void *affinities, const void *w_gu, const void *w_d,
+                        const void *b_gu, const void *b_d, void *gate_up_ckpt_T, void *down_ckpt, float *contrib,
+                        const fwd_scratch *s) /*@ ghost (int64_t T, int64_t N, int64_t V, int64_t n_max, int64_t rows) */
+{
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop assigns e, s->X[0 .. n_max * H - 1], s->D[0 .. n_max * H - 1], s->GU[0 .. n_max * (2 * I) - 1],
+          s->M[0 .. n_max * I - 1], s->M0[0 .. (on_i != 0 ? n_max * I : 0) - 1],
+          s->D0[0 .. (on_i != 0 ? n_max * H : 0) - 1], s->a[0 .. n_max - 1], s->bgu[0 .. 2 * I - 1],
+          s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], contrib[0 .. V * H - 1], errno,
+          ((char *)gate_up_ckpt_T)[0 .. (gate_up_ckpt_T == \null ? 0 : byte_offset(N * (2 * I) * B, dt)) - 1],
+          ((char *)down_ckpt)[0 .. (down_ckpt == \null ? 0 : byte_offset(N * B * H, dt)) - 1];
+        loop variant E - e; */
+    MLP_OMP(for schedule(dynamic, 1))
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t first = x->expert_start[e], n = x->expert_start[e + 1] - first;
+        const int64_t q0 = x->block_start[e], q1 = x->block_start[e + 1];
+        /*@ assert slots_in: 0 <= first && first + n <= V && 0 <= n <= n_max; */
+        /*@ assert slots_kept: \forall integer r; first <= r < first + n ==> 0 <= x->expert_slots[r] < V; */
+        /*@ assert blocks_in: 0 <= q0 <= q1 <= N; */
+        fwd_expert(p, dt, E, B, H, I, on_i, write_d0, e, x->expert_slots + first, n, x->pos, x->token, ids,
+                   x->expert_blocks, q0, q1, hidden, affinities, w_gu, w_d, b_gu, b_d, gate_up_ckpt_T, down_ckpt,
+                   contrib, s) /*@ ghost (T, N, V, n_max, rows) */;
+    }
+}
+
+/* One thread's share of the token rows: the orphaned `omp for` (static) of moe_ref_mlp_fwd's parallel region,
+ * fwd_token_row for each row t < rows (the padding row t = T, when there is one, has no slots: +0).
+ *   token_start [T + 1], token_slots [V]: the slot index by token;  acc [H] when V >= 1 */
+/*@ requires dims: 0 <= H && 0 <= T <= rows && rows * H <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires index: \valid_read(token_start + (0 .. T)) && token_start[0] == 0 && token_start[T] == V &&
+      sorted_offsets(token_start, T) && \valid_read(token_slots + (0 .. V - 1)) && in_range(token_slots, V, 0, V);
+    requires contrib: \valid_read(contrib + (0 .. V * H - 1));
+    requires acc: V >= 1 ==> \valid(acc + (0 .. H - 1)) && \separated(acc + (0 .. H - 1), contrib + (0 .. V * H - 1));
+    requires out: tensor_writable((char *)out, rows * H, dt) &&
+      \separated((char *)out + (0 .. byte_offset(rows * H, dt) - 1), token_slots + (0 .. V - 1),
+                 token_start + (0 .. T)) &&
+      (V >= 1 ==> \separated((char *)out + (0 .. byte_offset(rows * H, dt) - 1), acc + (0 .. H - 1)));
+    terminates \true;
+    assigns acc[0 .. (V >= 1 ? H : 0) - 1], ((char *)out)[0 .. byte_offset(rows * H, dt) - 1]; */
+static void fwd_tokens(moe_dtype dt, int64_t T, int64_t H, int64_t rows, const int64_t *token_start,
+                       const int64_t *token_slots, const float *contrib, float *acc, void *out) /*@ ghost (int64_t V) */
+{
+    /*@ loop invariant bounds: 0 <= t <= rows;
+        loop assigns t, acc[0 .. (V >= 1 ? H : 0) - 1], ((char *)out)[0 .. byte_offset(rows * H, dt) - 1];
+        loop variant rows - t; */
+    MLP_OMP(for schedule(static))
+    for (int64_t t = 0; t < rows; t++) {
+        const int64_t first = t < T ? token_start[t] : 0, last = t < T ? token_start[t + 1] : 0;
+        /*@ assert range: 0 <= first <= last <= V; */
+        /*@ ghost lemma_row_fits(t, rows, H); */
+        fwd_token_row(dt, H, contrib, token_slots, first, last, acc, out, t) /*@ ghost (V, rows) */;
+    }
+}
+
+/* The allocating shell of the forward (contract on the prototype in ref/mlp_ref.h; stated, not proved: it
+ * allocates, and WP 25 has no model of allocation): the slot index (build_index), the per-slot contributions
+ * and the per-thread arenas, then the parallel region, in which each thread carves its scratch and runs its
+ * share of the experts (fwd_experts) and of the token rows (fwd_tokens), both proved; then it frees. */
 moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
                            const void *w_gu, const void *w_d, const void *b_gu, const void *b_d, void *out,
                            void *gate_up_ckpt_T, void *down_ckpt)
@@ -1231,117 +1928,14 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
         float *D0 = on_i ? carve(&cur, n_max * H) : NULL;
         float *a = carve(&cur, n_max), *bgu = carve(&cur, I2), *bd = carve(&cur, H);
         float *bbuf = carve(&cur, PC * NC);
+        const fwd_scratch s = {X, D, GU, M, M0, D0, a, bgu, bd, bbuf};
         const int write_d0 = on_i && down_ckpt != NULL;
 
-        MLP_OMP(for schedule(dynamic, 1))
-        for (int64_t e = 0; e < E; e++) {
-            const int64_t *slots = x.expert_slots + x.expert_start[e];
-            const int64_t n = x.expert_start[e + 1] - x.expert_start[e];
-
-            /* padding positions of this expert's blocks: checkpoints +0 */
-            for (int64_t q = x.block_start[e]; q < x.block_start[e + 1]; q++) {
-                const int64_t blk = x.expert_blocks[q];
-                for (int64_t b = 0; b < B; b++) {
-                    if (is_token(p, p->token_position_to_id[blk * B + b]))
-                        continue;
-                    if (gate_up_ckpt_T != NULL)
-                        for (int64_t i = 0; i < I2; i++)
-                            moe_ref_store(dt, gate_up_ckpt_T, (blk * I2 + i) * B + b, 0.0f);
-                    if (down_ckpt != NULL)
-                        for (int64_t h = 0; h < H; h++)
-                            moe_ref_store(dt, down_ckpt, (blk * B + b) * H + h, 0.0f);
-                }
-            }
-            if (n == 0)
-                continue;
-
-            gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
-            for (int64_t i = 0; i < n; i++)
-                a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
-            if (p->bias) {
-                load_f32(dt, b_gu, e * I2, I2, bgu);
-                load_f32(dt, b_d, e * H, H, bd);
-            }
-
-            /* gate/up projection, bias, clamp, checkpoint */
-            mm_nn(n, I2, H, X, H, 1, dt, w_gu, e * H * I2, I2, GU, I2, bbuf);
-            for (int64_t i = 0; i < n; i++) {
-                float *gu = GU + i * I2;
-                const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
-                for (int64_t j = 0; j < I2; j++) {
-                    float v = p->bias ? gu[j] + bgu[j] : gu[j];
-                    v = j < I ? clamp_(v, p->has_nl_lo, p->nl_lo, p->has_nl_hi, p->nl_hi)
-                              : clamp_(v, p->has_lin_lo, p->lin_lo, p->has_lin_hi, p->lin_hi);
-                    gu[j] = v;
-                    if (gate_up_ckpt_T != NULL)
-                        moe_ref_store(dt, gate_up_ckpt_T, (blk * I2 + j) * B + b, v);
-                }
-                float *m = M + i * I;
-                for (int64_t j = 0; j < I; j++)
-                    m[j] = act_value(p->activation, gu[j]) * gu[I + j];
-                if (on_i) {
-                    if (write_d0) {
-                        memcpy(M0 + i * I, m, (size_t)I * sizeof(float));
-                        if (p->round_intermediates)
-                            round_row(dt, M0 + i * I, I);
-                    }
-                    for (int64_t j = 0; j < I; j++)
-                        m[j] = m[j] * a[i];
-                }
-                /* the down projection's operand: rnd(m) (ON_I: rnd(act(g)*u*a), from the unrounded product) */
-                if (p->round_intermediates)
-                    round_row(dt, m, I);
-            }
-
-            /* down projection and bias */
-            mm_nn(n, H, I, M, I, 1, dt, w_d, e * I * H, H, D, H, bbuf);
-            if (write_d0)
-                mm_nn(n, H, I, M0, I, 1, dt, w_d, e * I * H, H, D0, H, bbuf);
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t s = slots[i], pos = x.pos[s];
-                float *d = D + i * H, *c = contrib + (size_t)s * (size_t)H;
-                if (!on_i) {
-                    if (p->bias)
-                        for (int64_t h = 0; h < H; h++)
-                            d[h] = d[h] + bd[h];
-                    if (down_ckpt != NULL)
-                        store_row(dt, down_ckpt, pos * H, d, H);
-                    for (int64_t h = 0; h < H; h++)
-                        c[h] = a[i] * d[h];
-                } else {
-                    for (int64_t h = 0; h < H; h++)
-                        c[h] = p->bias ? d[h] + a[i] * bd[h] : d[h];
-                    if (write_d0) {
-                        float *d0 = D0 + i * H;
-                        if (p->bias)
-                            for (int64_t h = 0; h < H; h++)
-                                d0[h] = d0[h] + bd[h];
-                        store_row(dt, down_ckpt, pos * H, d0, H);
-                    }
-                }
-            }
-        }
-
-        /* token rows: the sum of the token's slot contributions in ascending slot order */
-        MLP_OMP(for schedule(static))
-        for (int64_t t = 0; t < p->token_rows; t++) {
-            float *acc = X; /* reuse: n_max >= 1 whenever a token has a slot */
-            const int64_t first = t < T ? x.token_start[t] : 0, last = t < T ? x.token_start[t + 1] : 0;
-            if (first == last) {
-                for (int64_t h = 0; h < H; h++)
-                    moe_ref_store(dt, out, t * H + h, 0.0f);
-                continue;
-            }
-            const float *c0 = contrib + (size_t)x.token_slots[first] * (size_t)H;
-            memcpy(acc, c0, (size_t)H * sizeof(float));
-            for (int64_t q = first + 1; q < last; q++) {
-                const float *c = contrib + (size_t)x.token_slots[q] * (size_t)H;
-                MLP_SIMD
-                for (int64_t h = 0; h < H; h++)
-                    acc[h] = acc[h] + c[h];
-            }
-            store_row(dt, out, t * H, acc, H);
-        }
+        fwd_experts(p, dt, E, B, H, I, on_i, write_d0, &x, p->token_position_to_id, hidden, affinities,
+                    w_gu, w_d, b_gu, b_d, gate_up_ckpt_T, down_ckpt, contrib, &s)
+            /*@ ghost (T, p->N, x.count, n_max, p->token_rows) */;
+        /* token rows: acc = X (n_max >= 1 whenever a token has a slot) */
+        fwd_tokens(dt, T, H, p->token_rows, x.token_start, x.token_slots, contrib, X, out) /*@ ghost (x.count) */;
     }
 
     free(contrib);
@@ -1374,6 +1968,205 @@ static void store_grad(const moe_mlp_problem *p, void *dst, int64_t first, float
         for (int64_t i = 0; i < count; i++)
             v[i] = moe_ref_load(p->grad_dtype, dst, first + i) + v[i];
     store_row(p->grad_dtype, dst, first, v, count);
+}
+
+/* The backward's gather of one slot i at position pos (block blk = pos / B, row b = pos % B): its affinity
+ * a[i] = affinities[t][e] (t = its token), its gate/up row gu [2I] from the checkpoint gate_up_ckpt_T [N][2I][B]
+ * and, when the down checkpoint is given (!recompute_d), its row d [H] of down_ckpt [N*B][H]. */
+/*@ requires dims: 0 <= t < T && 0 <= e < E && T * E <= INT64_MAX && 0 <= H && 0 <= I && 2 * I <= INT64_MAX &&
+      1 <= B && 0 <= pos < N * B && N * B <= INT64_MAX && N * (2 * I) <= INT64_MAX && N * (2 * I) * B <= INT64_MAX &&
+      N * B * H <= INT64_MAX && 0 <= i;
+    requires dtype: dtype_ok(dt);
+    requires inputs: tensor_readable((char *)affinities, T * E, dt) &&
+      tensor_readable((char *)gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      (recompute_d == 0 ==> tensor_readable((char *)down_ckpt, N * B * H, dt));
+    requires rows: \valid(a + i) && \valid(gu + (0 .. 2 * I - 1)) && \valid(d + (0 .. H - 1)) &&
+      \separated(a + i, gu + (0 .. 2 * I - 1), d + (0 .. H - 1)) &&
+      (recompute_d == 0 ==> \separated(d + (0 .. H - 1), (char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1)));
+    terminates \true;
+    assigns a[i], gu[0 .. 2 * I - 1], d[0 .. H - 1]; */
+static void bwd_gather_slot(moe_dtype dt, int64_t E, int64_t B, int64_t H, int64_t I, int64_t e, int64_t t,
+                            int64_t pos, const void *affinities, const void *gate_up_ckpt_T, const void *down_ckpt,
+                            int recompute_d, float *a, int64_t i, float *gu, float *d)
+    /*@ ghost (int64_t T, int64_t N) */
+{
+    const int64_t I2 = 2 * I, blk = pos / B, b = pos % B;
+    /*@ ghost lemma_div_below(pos, N, B); */
+    /*@ ghost lemma_row_fits(t, T, E); */
+    /*@ ghost lemma_row_fits(blk, N, I2); */
+    /*@ ghost lemma_row_fits(pos, N * B, H); */
+    /*@ ghost const int64_t NI2 = N * I2; */
+    a[i] = moe_ref_load(dt, affinities, t * E + e);
+    const int64_t row0 = blk * I2; /* the checkpoint's rows (blk, j) start here */
+    /*@ loop invariant bounds: 0 <= j <= I2;
+        loop assigns j, gu[0 .. I2 - 1];
+        loop variant I2 - j; */
+    for (int64_t j = 0; j < I2; j++) {
+        const int64_t r = row0 + j;
+        /*@ ghost lemma_row_fits(r, NI2, B); */
+        gu[j] = moe_ref_load(dt, gate_up_ckpt_T, r * B + b);
+    }
+    if (!recompute_d)
+        load_f32(dt, down_ckpt, pos * H, H, d);
+}
+
+/* The per-slot input gradients of one expert: dx_slot row slots[i] [H] = column i of Tout [H][n]. */
+/*@ requires dims: 0 <= n && 0 <= H && H * n <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires Tout: \valid_read(Tout + (0 .. H * n - 1));
+    requires dx_slot: \valid(dx_slot + (0 .. V * H - 1)) &&
+      \separated(dx_slot + (0 .. V * H - 1), Tout + (0 .. H * n - 1));
+    terminates \true;
+    assigns dx_slot[0 .. V * H - 1]; */
+static void bwd_dx_scatter(int64_t n, int64_t H, const int64_t *slots, const float *Tout, float *dx_slot)
+    /*@ ghost (int64_t V) */
+{
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, dx_slot[0 .. V * H - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(slots[i], V, H); */
+        float *dst = dx_slot + slots[i] * H;
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, dx_slot[0 .. V * H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++) {
+            /*@ ghost lemma_row_fits(h, H, n); */
+            dst[h] = Tout[h * n + i];
+        }
+    }
+}
+
+/* Token t's d_hidden row: the sum of its slots' input gradients (dx_slot rows token_slots[first .. last - 1])
+ * in ascending slot order, from +0 (the first copied), rounded once.   acc [H] */
+/*@ requires dims: 0 <= H && 0 <= t < rows && rows * H <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires slots: 0 <= first <= last && \valid_read(token_slots + (first .. last - 1)) &&
+      (\forall integer q; first <= q < last ==> 0 <= token_slots[q] < V);
+    requires dx_slot: \valid_read(dx_slot + (0 .. V * H - 1));
+    requires acc: \valid(acc + (0 .. H - 1)) && \separated(acc + (0 .. H - 1), dx_slot + (0 .. V * H - 1));
+    requires out: tensor_writable((char *)d_hidden, rows * H, dt) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), acc + (0 .. H - 1));
+    terminates \true;
+    assigns acc[0 .. H - 1], ((char *)d_hidden)[byte_offset(t * H, dt) .. byte_offset(t * H + H, dt) - 1]; */
+static void bwd_token_row(moe_dtype dt, int64_t H, const float *dx_slot, const int64_t *token_slots, int64_t first,
+                          int64_t last, float *acc, void *d_hidden, int64_t t) /*@ ghost (int64_t V, int64_t rows) */
+{
+    /*@ ghost lemma_row_fits(t, rows, H); */
+    /*@ loop invariant bounds: 0 <= h <= H;
+        loop assigns h, acc[0 .. H - 1];
+        loop variant H - h; */
+    for (int64_t h = 0; h < H; h++)
+        acc[h] = 0.0f;
+    /*@ loop invariant bounds: first <= q <= last;
+        loop assigns q, acc[0 .. H - 1];
+        loop variant last - q; */
+    for (int64_t q = first; q < last; q++) {
+        /*@ ghost lemma_row_fits(token_slots[q], V, H); */
+        const float *c = dx_slot + token_slots[q] * H;
+        if (q == first) {
+            copy_floats(acc, c, H);
+            continue;
+        }
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, acc[0 .. H - 1];
+            loop variant H - h; */
+        MLP_SIMD
+        for (int64_t h = 0; h < H; h++)
+            acc[h] = acc[h] + c[h];
+    }
+    store_row(dt, d_hidden, t * H, acc, H);
+}
+
+/* Token t's d_affinities row (t < T): +0 but for the experts of its slots (token_slots[first .. last - 1]), each
+ * the slot's affinity gradient da_slot[s]; the expert of slot s is block_to_expert[pos[s] / B].   row_e [E] */
+/*@ requires dims: 0 <= t < T && T * E <= INT64_MAX && 1 <= E && 1 <= B && 0 <= N && N * B <= INT64_MAX && 0 <= V;
+    requires dtype: dtype_ok(dt);
+    requires slots: 0 <= first <= last && \valid_read(token_slots + (first .. last - 1)) &&
+      (\forall integer q; first <= q < last ==> 0 <= token_slots[q] < V);
+    requires index: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B) &&
+      \valid_read(b2e + (0 .. N - 1)) && in_range(b2e, N, 0, E);
+    requires da_slot: \valid_read(da_slot + (0 .. V - 1));
+    requires row_e: \valid(row_e + (0 .. E - 1)) && \separated(row_e + (0 .. E - 1), da_slot + (0 .. V - 1));
+    requires out: tensor_writable((char *)d_affinities, T * E, dt) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), row_e + (0 .. E - 1));
+    terminates \true;
+    assigns row_e[0 .. E - 1], ((char *)d_affinities)[byte_offset(t * E, dt) .. byte_offset(t * E + E, dt) - 1]; */
+static void bwd_token_affinities(moe_dtype dt, int64_t E, int64_t B, const int64_t *b2e, const int64_t *pos,
+                                 const int64_t *token_slots, int64_t first, int64_t last, const float *da_slot,
+                                 float *row_e, void *d_affinities, int64_t t)
+    /*@ ghost (int64_t T, int64_t N, int64_t V) */
+{
+    /*@ ghost lemma_row_fits(t, T, E); */
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop assigns e, row_e[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++)
+        row_e[e] = 0.0f;
+    /*@ loop invariant bounds: first <= q <= last;
+        loop assigns q, row_e[0 .. E - 1];
+        loop variant last - q; */
+    for (int64_t q = first; q < last; q++) {
+        const int64_t s = token_slots[q];
+        /*@ ghost lemma_div_below(pos[s], N, B); */
+        row_e[b2e[pos[s] / B]] = da_slot[s];
+    }
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop assigns e, ((char *)d_affinities)[byte_offset(t * E, dt) .. byte_offset(t * E + E, dt) - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++)
+        moe_ref_store(dt, d_affinities, t * E + e, row_e[e]);
+}
+
+/* One thread's share of the backward's token rows: the orphaned `omp for` (static) of moe_ref_mlp_bwd's
+ * parallel region; for each row t < rows its d_hidden row (bwd_token_row) and, for t < T, its d_affinities
+ * row (bwd_token_affinities).  Frama-C parses it without OpenMP: the proof is of the loop run by one thread.
+ *   token_start [T + 1], token_slots [V], pos [V]: the slot index;  b2e: the layout's block_to_expert [N];
+ *   dx_slot [V][H], da_slot [V]: the per-slot gradients;  acc [H], row_e [E]: the thread's scratch */
+/*@ requires dims: 0 <= H && 0 <= T <= rows && rows * H <= INT64_MAX && T * E <= INT64_MAX && 1 <= E && 1 <= B &&
+      0 <= N && N * B <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires index: \valid_read(token_start + (0 .. T)) && token_start[0] == 0 && token_start[T] == V &&
+      sorted_offsets(token_start, T) && \valid_read(token_slots + (0 .. V - 1)) && in_range(token_slots, V, 0, V) &&
+      \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B) &&
+      \valid_read(b2e + (0 .. N - 1)) && in_range(b2e, N, 0, E);
+    requires slot_grads: \valid_read(dx_slot + (0 .. V * H - 1)) && \valid_read(da_slot + (0 .. V - 1));
+    requires scratch: \valid(acc + (0 .. H - 1)) && \valid(row_e + (0 .. E - 1)) &&
+      \separated(acc + (0 .. H - 1), row_e + (0 .. E - 1), dx_slot + (0 .. V * H - 1), da_slot + (0 .. V - 1));
+    requires d_hidden: tensor_writable((char *)d_hidden, rows * H, dt) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), acc + (0 .. H - 1)) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), token_start + (0 .. T)) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), token_slots + (0 .. V - 1)) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), pos + (0 .. V - 1)) &&
+      \separated((char *)d_hidden + (0 .. byte_offset(rows * H, dt) - 1), b2e + (0 .. N - 1));
+    requires d_affinities: tensor_writable((char *)d_affinities, T * E, dt) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), row_e + (0 .. E - 1)) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), token_start + (0 .. T)) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), token_slots + (0 .. V - 1)) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), pos + (0 .. V - 1)) &&
+      \separated((char *)d_affinities + (0 .. byte_offset(T * E, dt) - 1), b2e + (0 .. N - 1));
+    terminates \true;
+    assigns acc[0 .. H - 1], row_e[0 .. E - 1], ((char *)d_hidden)[0 .. byte_offset(rows * H, dt) - 1],
+      ((char *)d_affinities)[0 .. byte_offset(T * E, dt) - 1]; */
+static void bwd_tokens(moe_dtype dt, int64_t T, int64_t E, int64_t B, int64_t H, int64_t rows,
+                       const int64_t *token_start, const int64_t *token_slots, const int64_t *pos, const int64_t *b2e,
+                       const float *dx_slot, const float *da_slot, float *acc, float *row_e, void *d_hidden,
+                       void *d_affinities) /*@ ghost (int64_t N, int64_t V) */
+{
+    /*@ loop invariant bounds: 0 <= t <= rows;
+        loop assigns t, acc[0 .. H - 1], row_e[0 .. E - 1], ((char *)d_hidden)[0 .. byte_offset(rows * H, dt) - 1],
+          ((char *)d_affinities)[0 .. byte_offset(T * E, dt) - 1];
+        loop variant rows - t; */
+    MLP_OMP(for schedule(static))
+    for (int64_t t = 0; t < rows; t++) {
+        const int64_t first = t < T ? token_start[t] : 0, last = t < T ? token_start[t + 1] : 0;
+        /*@ assert range: 0 <= first <= last <= V; */
+        bwd_token_row(dt, H, dx_slot, token_slots, first, last, acc, d_hidden, t) /*@ ghost (V, rows) */;
+        if (t >= T)
+            continue;
+        bwd_token_affinities(dt, E, B, b2e, pos, token_slots, first, last, da_slot, row_e, d_affinities, t)
+            /*@ ghost (T, N, V) */;
+    }
 }
 
 moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
@@ -1429,14 +2222,9 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             /* gather: x, G, a, checkpoints */
             gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
             gather_rows(dt, out_grad, slots, x.token, n, H, G) /*@ ghost (x.count, p->token_rows) */;
-            for (int64_t i = 0; i < n; i++) {
-                const int64_t pos = x.pos[slots[i]], blk = pos / B, b = pos % B;
-                a[i] = moe_ref_load(dt, affinities, x.token[slots[i]] * E + e);
-                for (int64_t j = 0; j < I2; j++)
-                    GU[i * I2 + j] = moe_ref_load(dt, gate_up_ckpt_T, (blk * I2 + j) * B + b);
-                if (!recompute_d)
-                    load_f32(dt, down_ckpt, pos * H, H, Dk + i * H);
-            }
+            for (int64_t i = 0; i < n; i++)
+                bwd_gather_slot(dt, E, B, H, I, e, x.token[slots[i]], x.pos[slots[i]], affinities, gate_up_ckpt_T,
+                                down_ckpt, recompute_d, a, i, GU + i * I2, Dk + i * H) /*@ ghost (T, p->N) */;
 
             /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
             for (int64_t i = 0; i < n; i++)
@@ -1534,43 +2322,13 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             if (n > 0) {
                 transpose(n, I2, dGU, I2, Tin);
                 mm_wn(H, n, I2, dt, w_gu, e * H * I2, I2, Tin, n, Tout, n, brow);
-                for (int64_t i = 0; i < n; i++) {
-                    float *dst = dx_slot + (size_t)slots[i] * (size_t)H;
-                    for (int64_t h = 0; h < H; h++)
-                        dst[h] = Tout[h * n + i];
-                }
+                bwd_dx_scatter(n, H, slots, Tout, dx_slot) /*@ ghost (x.count) */;
             }
         }
 
-        /* token rows of d_hidden and d_affinities */
-        MLP_OMP(for schedule(static))
-        for (int64_t t = 0; t < p->token_rows; t++) {
-            float *acc = brow; /* wide >= H */
-            const int64_t first = t < T ? x.token_start[t] : 0, last = t < T ? x.token_start[t + 1] : 0;
-            for (int64_t h = 0; h < H; h++)
-                acc[h] = 0.0f;
-            for (int64_t q = first; q < last; q++) {
-                const float *c = dx_slot + (size_t)x.token_slots[q] * (size_t)H;
-                if (q == first) {
-                    memcpy(acc, c, (size_t)H * sizeof(float));
-                    continue;
-                }
-                MLP_SIMD
-                for (int64_t h = 0; h < H; h++)
-                    acc[h] = acc[h] + c[h];
-            }
-            store_row(dt, d_hidden, t * H, acc, H);
-            if (t >= T)
-                continue;
-            for (int64_t e = 0; e < E; e++)
-                row_e[e] = 0.0f;
-            for (int64_t q = first; q < last; q++) {
-                const int64_t s = x.token_slots[q];
-                row_e[p->block_to_expert[x.pos[s] / B]] = da_slot[s];
-            }
-            for (int64_t e = 0; e < E; e++)
-                moe_ref_store(dt, d_affinities, t * E + e, row_e[e]);
-        }
+        /* token rows of d_hidden and d_affinities (acc = brow: wide >= H) */
+        bwd_tokens(dt, T, E, B, H, p->token_rows, x.token_start, x.token_slots, x.pos, p->block_to_expert, dx_slot,
+                   da_slot, brow, row_e, d_hidden, d_affinities) /*@ ghost (p->N, x.count) */;
     }
 
     free(dx_slot);

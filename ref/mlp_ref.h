@@ -201,8 +201,11 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
  * WP 25 has no model of allocation (\fresh, \freeable and the allocates/frees clauses are not
  * implemented); they also run OpenMP regions, which Frama-C does not see (ref/mlp.c under Frama-C is the
  * single-thread program).  WP proves the loop kernels they call (ref/mlp.c: build_index's cores, gather_rows,
- * mm_nn, mm_wn, transpose, store_grad, ...).  The float values are tested (tests/test_mlp*, proptest/
- * against the float64 oracle), not stated.  errno: the activations call expf, erff, tanhf. */
+ * mm_nn, mm_wn, transpose, store_grad, ...) and, since 2026-11-25, the forward's whole computation after the
+ * allocations (fwd_experts, fwd_tokens: every index in bounds, no overflow, assigns, termination) and the
+ * backward's token rows (bwd_tokens); the backward's per-expert loop is not proved (specs/README.md).  The
+ * float values are tested (tests/test_mlp*, proptest/ against the float64 oracle), not stated.  errno: the
+ * activations call expf, erff, tanhf. */
 /*@ requires problem: mlp_problem_ok(p);
     requires tensors: mlp_fwd_tensors_ok(p, (char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d,
       (char *)b_gu, (char *)b_d, (char *)out, (char *)gate_up_ckpt_T, (char *)down_ckpt);
