@@ -251,12 +251,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy()
 __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(H_PRODUCERS) : "memory"); }
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, %0;\n" ::"n"(H_CONSUMERS) : "memory"); }
 
-// dW's last, partial k-step (rows_left < 64 rows of the expert): the stage's 64-row TMA boxes hold, at rows
-// rows_left .. 63 of each of its six 64 x 128-byte MN-major blocks (two of dY, four of X), the next expert's
-// rows (zeros past M).  Every consumer thread (c in [0, 256)) zeroes its share of those rows in both operands
-// (zeroing one would not do: Inf * 0 is NaN), fences them for the async proxy, and the two warpgroups meet
-// before either's MMAs read the stage.  Called after the stage's full barrier (the TMA writes are done) and
-// while the previous k-step's MMAs still run.
 // The kernel's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle's alignment; the
 // launches ask for 1024 bytes more).
 __device__ __forceinline__ unsigned char *dynamic_smem_1k()
@@ -303,6 +297,13 @@ __device__ __forceinline__ void h_zero_tail_rows_of(uint32_t stage_addr, int row
     }
     fence_proxy_async();
 }
+
+// dW's last, partial k-step (rows_left < 64 rows of the expert): the stage's 64-row TMA boxes hold, at rows
+// rows_left .. 63 of each of its six 64 x 128-byte MN-major blocks (two of dY, four of X), the next expert's
+// rows (zeros past M).  Every consumer thread (c in [0, 256)) zeroes its share of those rows in both operands
+// (zeroing one would not do: Inf * 0 is NaN), fences them for the async proxy, and the two warpgroups meet
+// before either's MMAs read the stage.  Called after the stage's full barrier (the TMA writes are done) and
+// while the previous k-step's MMAs still run.
 __device__ __forceinline__ void h_zero_tail_rows(uint32_t stage_addr, int rows_left, int c)
 {
     h_zero_tail_rows_of<H_STAGE_BYTES, H_CONSUMERS>(stage_addr, rows_left, c);
@@ -816,7 +817,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 // warpgroups share one 128 x 256 tile, so the tensor cores idle while they write it.  Here each consumer
 // warpgroup owns whole 128 x 128 tiles (two m64n128 blocks, the same 128 fp32 accumulators per thread): the
 // CTA's tiles alternate between the warpgroups (local tile i to warpgroup i % 2), and an ordering barrier
-// lets a warpgroup start its MMAs only when the other has finished the MMAs of the previous tile, so one
+// lets a warpgroup start its MMAs only when the other has issued the MMAs of the previous tile, so one
 // warpgroup's MMAs run while the other writes its tile.
 //   Ring: P_STAGES stages of 32 KiB (dY 2 boxes {64 n, 64 rows}, X 2 boxes {64 c, 64 rows}, MN-major as in
 //   sm90_gemm_kernel), filled in tile order by producer thread 0; a warpgroup steps its ring position over the
@@ -824,8 +825,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 //   stage's empty barrier counts the 4 warps of the warpgroup that owns it.
 //   Named barriers: 1 + w, warpgroup w's turn for MMAs (the other warpgroup's 128 threads arrive, w's 128
 //   wait); 3 + w, warpgroup w alone (the tail rows of a partial last k-step, as h_zero_tail_rows).
-//   Epilogue: h_store_warp_tma (dW: ring of H_EPI_BOXES own boxes per warp, TMA stores); each output tile is
-//   owned by one warpgroup, which reduces in a fixed order: bitwise reproducible, as sm90_gemm_kernel.
+//   Epilogue: the warpgroup rounds its tile into four 8 KiB boxes of its own epilogue area (64 rows x 64
+//   16-bit columns each, the 64-row map maps.out_wide) and its thread 0 stores them by TMA; the 1 KiB boxes of
+//   h_store_warp_tma gained nothing here (bench/RESULTS.md, 2026-11-25).  Each output tile is owned by one
+//   warpgroup, which reduces in a fixed order: bitwise reproducible, as sm90_gemm_kernel.
 constexpr int P_BM = 128, P_BN = 128, P_STAGES = 5;
 constexpr int P_A_BYTES = P_BM * H_BK * 2, P_STAGE_BYTES = P_A_BYTES + P_BN * H_BK * 2; // 32 KiB
 constexpr int P_EPI_OFFSET = P_STAGES * P_STAGE_BYTES;
