@@ -911,18 +911,28 @@ bool sm90_dw_pingpong(int64_t M, int64_t E)
     return M <= H_DW_PINGPONG_ROWS * E;
 }
 
+// The other dW launches with every operand and the 16-bit output by TMA take sm90_gemm_kernel's wide
+// epilogue (8 KiB output boxes, h_store_wg_wide) unless MOE_SM90_DW_WIDE=0.
+bool sm90_dw_wide(void)
+{
+    const char *forced = getenv("MOE_SM90_DW_WIDE");
+    return forced == NULL || strcmp(forced, "0") != 0;
+}
+
 template <typename T>
 moe_status launch_sm90(int op, int bm, int cluster, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles,
                        cudaStream_t stream)
 {
     const bool pingpong = op == OP_DW && g.tma_rows && g.tma_out_wide && sm90_dw_pingpong(g.M, g.E);
+    const bool wide = op == OP_DW && !pingpong && g.tma_rows && g.tma_out_wide && sm90_dw_wide();
     auto kernel = pingpong ? sm90_dw_pingpong_kernel<T>
+                : wide ? sm90_gemm_kernel<T, OP_DW, 128, 1, true>
                 : op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128, 1>
                 : op == OP_FWD ? (bm == 256 ? sm90_gemm_kernel<T, OP_FWD, 256, 1>
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_FWD, 128, 2> : sm90_gemm_kernel<T, OP_FWD, 128, 1>)
                                : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256, 1>
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_DX, 128, 2> : sm90_gemm_kernel<T, OP_DX, 128, 1>);
-    const size_t smem_bytes = pingpong ? P_SMEM_BYTES : H_SMEM_BYTES;
+    const size_t smem_bytes = pingpong ? P_SMEM_BYTES : wide ? H_WIDE_SMEM_BYTES : H_SMEM_BYTES;
     if (pingpong) // its tiles are 128 x 128: up to twice as many as max_tiles counts
         max_tiles = g.E * ((g.N + P_BM - 1) / P_BM) * ((g.cols_j + P_BN - 1) / P_BN);
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));

@@ -90,6 +90,13 @@ constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8; // producer r
 constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_ROWS_OFFSET + 512 * 8;
 static_assert(H_EPI_OFFSET % 1024 == 0 && H_EPI_BOXES * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
 static_assert(H_SMEM_BYTES <= 232448, "shared memory of one CTA");
+// The wide dW epilogue (sm90_gemm_kernel's WIDE: dW with every operand and the 16-bit output by TMA): the
+// epilogue area is a ring of H_WIDE_RING boxes of 64 rows x 64 16-bit columns (8 KiB, maps.out_wide) per
+// consumer warpgroup, and there is no producer row table (rows come by TMA).
+constexpr int H_WIDE_BOX_BYTES = 64 * 128, H_WIDE_RING = 2;
+constexpr int H_WIDE_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 128) * H_WIDE_RING * H_WIDE_BOX_BYTES;
+constexpr size_t H_WIDE_SMEM_BYTES = 1024 /* alignment */ + H_WIDE_BARRIER_OFFSET + 2 * H_STAGES * 8;
+static_assert(H_WIDE_SMEM_BYTES <= 232448, "shared memory of one CTA (wide dW epilogue)");
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
 static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
 
@@ -507,20 +514,73 @@ __device__ __forceinline__ void h_store_warp_tma(const GemmArgs &g, const TileCo
         }
     }
 }
+
+__device__ __forceinline__ void named_sync(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads)
+{
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The wide dW epilogue of consumer warpgroup wg (all its 128 threads call it): its 64 x 256 slice of the
+// 128 x 256 tile (rows t.i0 + 64 wg .., columns t.j0 ..; d: this thread's m64n256 accumulators) rounded into
+// four 8 KiB boxes of 64 columns, written in turn into the warpgroup's ring of two (ring_addr; next_slot runs
+// on across tiles), each stored by TMA through maps.out_wide by the warpgroup's thread 0 (the map clips rows
+// past N and columns past K).  A box is overwritten two boxes after its store was issued; thread 0 waits for
+// its stores to have read their boxes (bulk_wait_read<0>: the previous box's, which ran while this one was
+// written) before the warpgroup barrier that precedes the next store, so after that barrier the other box
+// of the ring is free.  Named barrier 3 + wg: the warpgroup alone.
+template <typename T>
+__device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoord &t, const float *d, int wg,
+                                                uint32_t ring_addr, int &next_slot, const CUtensorMap *map,
+                                                uint64_t policy)
+{
+    const int lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
+    const int r = lane / 4, q = lane % 4;
+    const int64_t row0 = t.i0 + 64 * wg;
+    if (row0 >= g.N) // the same for the whole warpgroup
+        return;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const int64_t col0 = t.j0 + 64 * c;
+        if (col0 >= g.cols_j)
+            break;
+        const uint32_t box_addr = ring_addr + next_slot * H_WIDE_BOX_BYTES;
+        const uint32_t row_addr = box_addr + (warp_in_wg * 16 + r) * 128;
+        next_slot ^= 1;
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) // row 16 warp + r + 8 h of the box: (r + 8 h) & 7 == r, 128-byte swizzle
+                sts_b32(row_addr + h * 8 * 128 + ((jj ^ r) * 16) + 4 * q,
+                        pack2_rn<T>(d[4 * (8 * c + jj) + 2 * h], d[4 * (8 * c + jj) + 2 * h + 1]));
+        fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
+        if (lane_in_wg == 0)
+            bulk_wait_read<0>();
+        named_sync(3 + wg, 128);
+        if (lane_in_wg == 0)
+            tma_store_3d(map, box_addr, (int)col0, (int)row0, (int)t.e, policy);
+    }
+}
 #endif
 
 
 // CLUSTER = 2: the paired kernel (file header).  Its CTAs walk their k-steps in lockstep (every unit has the
 // same number: K for fwd, N for dX), since a stage is refilled only when the consumers of both released it.
-template <typename T, int OP, int BM, int CLUSTER>
+// WIDE: dW with the wide epilogue (h_store_wg_wide; launched only with g.tma_rows and g.tma_out_wide), its
+// own shared-memory layout (H_WIDE_SMEM_BYTES).
+template <typename T, int OP, int BM, int CLUSTER, bool WIDE = false>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
+    static_assert(!WIDE || (OP == OP_DW && BM == 128 && CLUSTER == 1), "the wide epilogue: dW");
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t full_bar = smem_base + H_BARRIER_OFFSET, empty_bar = full_bar + H_STAGES * 8;
-    int64_t *row_table = reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
+    const uint32_t full_bar = smem_base + (WIDE ? H_WIDE_BARRIER_OFFSET : H_BARRIER_OFFSET), empty_bar = full_bar + H_STAGES * 8;
+    int64_t *row_table = WIDE ? nullptr : reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
     constexpr int BN = h_bn(BM);
@@ -598,7 +658,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 }
                 // dW reads 64-row steps of the expert by TMA in 64-row boxes (the consumers zero the rows of
                 // the last step past the expert), or by cp.async when the rows are gathered
-                const bool dw_by_tma = OP == OP_DW && g.tma_rows;
+                const bool dw_by_tma = OP == OP_DW && (WIDE || g.tma_rows);
                 if (p == 0) {
                     if (OP == OP_FWD || OP == OP_DX) {
                         // W: fwd boxes of BN / CLUSTER n-rows ({64 k, BN / CLUSTER n}, K-major), dX boxes {64 c,
@@ -643,7 +703,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         const bool ok = row >= 0 && k_ok;
                         cp_async16(sa + kmajor_offset(i, kc), ok ? A + row * lda + q0 + kc * 8 : A, ok);
                     }
-                } else if (OP == OP_DW && !g.tma_rows) {
+                } else if (OP == OP_DW && !WIDE && !g.tma_rows) {
                     static_assert(OP != OP_DW || (BM == 128 && BN == 256), "dW's cp.async layout");
                     int64_t *rows = row_table + s * 128; // [0, 64): dY rows, [64, 128): X rows of this k-step
                     const int64_t q = q0 + (p & 63);
@@ -679,6 +739,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         float *epi_stage = reinterpret_cast<float *>(smem + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES);
         EpiSlots slots;
         slots.used = 0, slots.next = 0; // dW's ring: no store in flight yet
+        int wide_slot = 0;              // WIDE: the warpgroup's ring box to write next
         slots.own_addr = smem_base + H_EPI_OFFSET + consumer_warp * H_EPI_WARP_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
         // fwd and dX with TMA stores: the consumers keep the stage of a tile's last k-step (`held`) as spare
@@ -762,6 +823,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             if (OP != OP_DW)
                 slots.used = slots.count;
 
+            if constexpr (WIDE) {
+                if (!(g.sm90_skip & 1))
+                    h_store_wg_wide<T>(g, t, d[0], wg, smem_base + H_EPI_OFFSET + wg * H_WIDE_RING * H_WIDE_BOX_BYTES,
+                                       wide_slot, &maps.out_wide, out_policy);
+                continue;
+            }
             // epilogue: each warp writes its 16 rows of each m64 block
             const bool weighted = OP != OP_DW && g.weights != nullptr;
 #pragma unroll
@@ -832,22 +899,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 constexpr int P_BM = 128, P_BN = 128, P_STAGES = 5;
 constexpr int P_A_BYTES = P_BM * H_BK * 2, P_STAGE_BYTES = P_A_BYTES + P_BN * H_BK * 2; // 32 KiB
 constexpr int P_EPI_OFFSET = P_STAGES * P_STAGE_BYTES;
-constexpr int P_BOX_BYTES = 64 * 128;                        // 64 rows of 64 16-bit columns
+constexpr int P_BOX_BYTES = H_WIDE_BOX_BYTES;                // 64 rows of 64 16-bit columns
 constexpr int P_EPI_WG_BYTES = (P_BM / 64) * (P_BN / 64) * P_BOX_BYTES; // a warpgroup's whole tile, 32 KiB
 constexpr int P_BARRIER_OFFSET = P_EPI_OFFSET + 2 * P_EPI_WG_BYTES; // full[S], empty[S]
 constexpr size_t P_SMEM_BYTES = 1024 /* alignment */ + P_BARRIER_OFFSET + 2 * P_STAGES * 8;
 static_assert(P_EPI_OFFSET % 1024 == 0 && P_SMEM_BYTES <= 232448, "shared memory of the ping-pong kernel");
-
-#ifdef MOE_SM90A_DEVICE
-__device__ __forceinline__ void named_sync(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads)
-{
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-#endif
 
 template <typename T>
 __global__ void __launch_bounds__(H_THREADS, 1)

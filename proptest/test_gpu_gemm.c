@@ -170,12 +170,14 @@ static void large_offsets(oracle_rng *rng)
 /* On Hopper, case i runs the kernel variant i % 4: the automatic choice (128-row tiles for these small K),
  * 128-row tiles, 128-row tiles paired in clusters of two CTAs, 256-row tiles (fwd and dX; dW has 128).  dW:
  * variants 0 and 2 take the automatic choice (the ping-pong kernel, since these experts are short), 1 and 3
- * the 128 x 256 kernel (MOE_SM90_DW_PINGPONG=0). */
+ * the 128 x 256 kernel (MOE_SM90_DW_PINGPONG=0), 1 with its wide epilogue where it applies, 3 without
+ * (MOE_SM90_DW_WIDE=0). */
 static void pick_sm90_variant(int i)
 {
     unsetenv("MOE_SM90_TILE_ROWS");
     unsetenv("MOE_SM90_CLUSTER");
     unsetenv("MOE_SM90_DW_PINGPONG");
+    unsetenv("MOE_SM90_DW_WIDE");
     if (i % 4 == 1 || i % 4 == 2)
         CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 4 == 1 ? "1" : "2", 1) == 0,
               "setenv failed");
@@ -183,6 +185,8 @@ static void pick_sm90_variant(int i)
         CHECK(setenv("MOE_SM90_TILE_ROWS", "256", 1) == 0, "setenv failed");
     if (i % 2 == 1)
         CHECK(setenv("MOE_SM90_DW_PINGPONG", "0", 1) == 0, "setenv failed");
+    if (i % 4 == 3)
+        CHECK(setenv("MOE_SM90_DW_WIDE", "0", 1) == 0, "setenv failed");
 }
 
 /* Property 6: many experts (up to 3000: the device's size check scans 1024 experts per round).  Valid
@@ -393,10 +397,10 @@ int main(int argc, char **argv)
     }
     int64_t checked = 0;
     double worst = 0;
-    /* the kernel variants cycle (pick_sm90_variant) unless the caller sets MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER or
-     * MOE_SM90_DW_PINGPONG */
+    /* the kernel variants cycle (pick_sm90_variant) unless the caller sets MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER,
+     * MOE_SM90_DW_PINGPONG or MOE_SM90_DW_WIDE */
     const int cycle_variants = getenv("MOE_SM90_TILE_ROWS") == NULL && getenv("MOE_SM90_CLUSTER") == NULL &&
-                               getenv("MOE_SM90_DW_PINGPONG") == NULL;
+                               getenv("MOE_SM90_DW_PINGPONG") == NULL && getenv("MOE_SM90_DW_WIDE") == NULL;
     for (int trial = 0; trial < trials; trial++) {
         problem p;
         memset(&p, 0, sizeof p);
