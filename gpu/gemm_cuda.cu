@@ -900,9 +900,13 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
 
 // dW with every operand and the (16-bit) output by TMA takes the ping-pong kernel (gemm_sm90.cuh) when the
 // experts are short (at most H_DW_PINGPONG_ROWS rows on average): there the epilogue is a large part of a
-// tile's time and the other warpgroup's MMAs hide it.  With long experts sm90_gemm_kernel's 128 x 256 tiles
-// (m64n256 MMAs, a third less L2 -> SM traffic) win.  MOE_SM90_DW_PINGPONG=0|1 forces it off or on.
-constexpr int64_t H_DW_PINGPONG_ROWS = 256;
+// tile's time and the other warpgroup's MMAs hide it.  With longer experts sm90_gemm_kernel's 128 x 256 tiles
+// (m64n256 MMAs, a third less L2 -> SM traffic) with the wide epilogue win: measured (H100, bench/RESULTS.md,
+// 2026-11-25, second session) ping-pong ahead by 3-4% at 128 rows per expert (Qwen3-30B-A3B T = 2048,
+// DeepSeek-V3 T = 4096), behind by 4-20% from 256 (Mixtral T = 1024 and up, Qwen3 T = 4096 and up,
+// DeepSeek-V3 T = 8192); at 64 rows (Qwen3 T = 1024) behind by 2-3%, at 32 (DeepSeek-V3 T = 1024) even.
+// MOE_SM90_DW_PINGPONG=0|1 forces it off or on.
+constexpr int64_t H_DW_PINGPONG_ROWS = 128;
 bool sm90_dw_pingpong(int64_t M, int64_t E)
 {
     const char *forced = getenv("MOE_SM90_DW_PINGPONG");

@@ -18,7 +18,9 @@
 //     is overwritten and its rows are in tile order (g.tma_out: dW, fwd without permute_y, dX without
 //     permute_x or reduce_topk), the warps round into swizzled shared-memory boxes that TMA stores, and
 //     go on to the next tile's MMAs while the stores drain (fwd and dX borrow the stage of the tile's
-//     last k-step for those boxes until the next tile's second k-step).  An m64 block whose rows all lie
+//     last k-step for those boxes until the next tile's second k-step; dW with every operand and a 16-bit
+//     output by TMA rounds each warpgroup's 64 x 256 half into 8 KiB boxes of 64 rows, h_store_wg_wide,
+//     the WIDE variant with its own shared-memory layout).  An m64 block whose rows all lie
 //     past the expert's end issues no MMAs.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
@@ -293,6 +295,32 @@ template <typename T> __device__ __forceinline__ uint32_t pack2_rn(float v0, flo
     }
 }
 
+// A warp's 16 rows (row0 .. row0 + 15, row0 a multiple of 8) of a 64-row output box of 64 16-bit columns
+// (128-byte rows, 128-byte swizzle: the 16-byte chunk jj of row r sits at chunk jj ^ (r & 7)), from its m64
+// accumulators d (wgmma layout: group j of 8 columns, lane's row lane / 4 + 8 h, columns 2 (lane % 4) + {0, 1}
+// at d[4 j + 2 h + {0, 1}]) of column groups group0 .. group0 + 7, rounded to T.  By stmatrix, whose 8 x 8
+// fragments are that layout: 4 instructions where 32-bit st.shared took 16 (Mixtral gate_up dW T = 4096
+// 569 -> 605, the other shapes the same; bench/RESULTS.md, 2026-11-25, second session).
+template <typename T>
+__device__ __forceinline__ void h_store_box_rows(uint32_t box_addr, int row0, const float *d, int group0)
+{
+    const int lane = threadIdx.x % 32;
+    // stmatrix .x4: four 8 x 8 matrices per instruction, matrix m = (h = m & 1, jj = 2 p + m / 2); lane l gives
+    // the address of row l % 8 of matrix l / 8, and its register m holds its own two values of matrix m
+    const int m = lane / 8, rr = lane % 8;
+    const uint32_t lane_addr = box_addr + (row0 + rr + 8 * (m & 1)) * 128;
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const int jj_lane = 2 * p + m / 2;
+        const float *v = d + 4 * (group0 + 2 * p);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         lane_addr + ((jj_lane ^ rr) * 16)),
+                     "r"(pack2_rn<T>(v[0], v[1])), "r"(pack2_rn<T>(v[2], v[3])), "r"(pack2_rn<T>(v[4], v[5])),
+                     "r"(pack2_rn<T>(v[6], v[7]))
+                     : "memory");
+    }
+}
+
 // STAGE_BYTES / 8192 blocks, zeroed by THREADS threads (c in [0, THREADS)); the caller then synchronises them.
 template <int STAGE_BYTES, int THREADS>
 __device__ __forceinline__ void h_zero_tail_rows_of(uint32_t stage_addr, int rows_left, int c)
@@ -537,8 +565,7 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
                                                 uint32_t ring_addr, int &next_slot, const CUtensorMap *map,
                                                 uint64_t policy)
 {
-    const int lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
-    const int r = lane / 4, q = lane % 4;
+    const int lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32;
     const int64_t row0 = t.i0 + 64 * wg;
     if (row0 >= g.N) // the same for the whole warpgroup
         return;
@@ -548,14 +575,8 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
         if (col0 >= g.cols_j)
             break;
         const uint32_t box_addr = ring_addr + next_slot * H_WIDE_BOX_BYTES;
-        const uint32_t row_addr = box_addr + (warp_in_wg * 16 + r) * 128;
         next_slot ^= 1;
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) // row 16 warp + r + 8 h of the box: (r + 8 h) & 7 == r, 128-byte swizzle
-                sts_b32(row_addr + h * 8 * 128 + ((jj ^ r) * 16) + 4 * q,
-                        pack2_rn<T>(d[4 * (8 * c + jj) + 2 * h], d[4 * (8 * c + jj) + 2 * h + 1]));
+        h_store_box_rows<T>(box_addr, warp_in_wg * 16, d, 8 * c);
         fence_proxy_async(); // the box's generic-proxy writes before the TMA (async proxy) reads it
         if (lane_in_wg == 0)
             bulk_wait_read<0>();
@@ -1000,21 +1021,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             if (lane_in_wg == 0)
                 bulk_wait_read<0>();
             named_sync(3 + wg, 128);
-            const int r = lane / 4, q = lane % 4;
 #pragma unroll
             for (int b = 0; b < 2; b++)
 #pragma unroll
-                for (int c = 0; c < P_BN / 64; c++) {
-                    const uint32_t row_addr = epi_base + (b * (P_BN / 64) + c) * P_BOX_BYTES + (warp_in_wg * 16 + r) * 128;
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const float v0 = d[b][4 * (8 * c + jj) + 2 * h], v1 = d[b][4 * (8 * c + jj) + 2 * h + 1];
-                            // row 16 warp + r + 8 h of the box: (r + 8 h) & 7 == r
-                            sts_b32(row_addr + h * 8 * 128 + ((jj ^ r) * 16) + 4 * q, pack2_rn<T>(v0, v1));
-                        }
-                }
+                for (int c = 0; c < P_BN / 64; c++)
+                    h_store_box_rows<T>(epi_base + (b * (P_BN / 64) + c) * P_BOX_BYTES, warp_in_wg * 16, d[b], 8 * c);
             fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
             named_sync(3 + wg, 128);
             if (lane_in_wg == 0) {

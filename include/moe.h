@@ -221,8 +221,8 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
  * K); from then on every CUDA call of that key in this process uses it (accumulate or not).  With a
  * cache_path the choice is appended to that text file, which moe_gemm_autotune_load reads back in a
  * later process; a later line for the same key replaces an earlier one.  The environment overrides
- * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT, MOE_SM90_DW_PINGPONG; README) win
- * over the table.
+ * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT, MOE_SM90_DW_PINGPONG,
+ * MOE_SM90_DW_WIDE; README) win over the table.
  * -------------------------------------------------------------------------------------------------- */
 typedef enum moe_gemm_op {
     MOE_GEMM_FWD = 0,   /* moe_gemm_fwd:  a = x,  b = w,  out = y  */

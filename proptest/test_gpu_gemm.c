@@ -169,9 +169,9 @@ static void large_offsets(oracle_rng *rng)
 
 /* On Hopper, case i runs the kernel variant i % 4: the automatic choice (128-row tiles for these small K),
  * 128-row tiles, 128-row tiles paired in clusters of two CTAs, 256-row tiles (fwd and dX; dW has 128).  dW:
- * variants 0 and 2 take the automatic choice (the ping-pong kernel, since these experts are short), 1 and 3
- * the 128 x 256 kernel (MOE_SM90_DW_PINGPONG=0), 1 with its wide epilogue where it applies, 3 without
- * (MOE_SM90_DW_WIDE=0). */
+ * variants 0 and 2 take the automatic choice (the ping-pong kernel with at most 128 rows per expert on average,
+ * else the 128 x 256 kernel), 1 and 3 the 128 x 256 kernel (MOE_SM90_DW_PINGPONG=0), 1 with its wide epilogue
+ * where it applies, 3 without (MOE_SM90_DW_WIDE=0). */
 static void pick_sm90_variant(int i)
 {
     unsetenv("MOE_SM90_TILE_ROWS");
