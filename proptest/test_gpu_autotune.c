@@ -39,7 +39,7 @@ static int same_plan(const moe_tune_choice *a, const moe_gemm_tuning *b)
 {
     static const char *const kernels[] = {"simt", "sm80", "sm90"};
     return strcmp(kernels[a->kernel], b->kernel) == 0 && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
-           a->tma_store == b->tma_store;
+           a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
 }
 
 static moe_status plain_call(const tune_case *c, const moe_routing *r, const void *a, const void *b, const void *tw,
@@ -128,11 +128,11 @@ int main(int argc, char **argv)
         tunings++;
         CHECK(chosen.candidates >= 1 && chosen.median_us > 0.0, "%s: %d candidates, %.3f us", c->name,
               chosen.candidates, chosen.median_us);
-        printf("%-32s %d candidates; chosen %s rows %d cluster %d tma_store %d: %.1f us (heuristic: %s rows %d "
-               "cluster %d tma_store %d)\n", c->name, chosen.candidates, chosen.kernel, chosen.tile_rows,
-               chosen.cluster, chosen.tma_store, chosen.median_us, heuristic.kernel == MOE_TUNE_SM90 ? "sm90"
-               : heuristic.kernel == MOE_TUNE_SM80 ? "sm80" : "simt", heuristic.tile_rows, heuristic.cluster,
-               heuristic.tma_store);
+        printf("%-32s %d candidates; chosen %s rows %d cluster %d tma_store %d dw_pingpong %d: %.1f us (heuristic: "
+               "%s rows %d cluster %d tma_store %d dw_pingpong %d)\n", c->name, chosen.candidates, chosen.kernel,
+               chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong, chosen.median_us,
+               heuristic.kernel == MOE_TUNE_SM90 ? "sm90" : heuristic.kernel == MOE_TUNE_SM80 ? "sm80" : "simt",
+               heuristic.tile_rows, heuristic.cluster, heuristic.tma_store, heuristic.dw_pingpong);
         CUDA_CHECK(cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost));
         double *value = xmalloc((size_t)out_count * sizeof(double)), *bound = xmalloc((size_t)out_count * sizeof(double));
         const moe_routing *hr = &host_routing;
@@ -159,7 +159,7 @@ int main(int argc, char **argv)
         CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
         CHECK(moe_cuda_tune_last(&key, &planned) && planned.kernel == heuristic.kernel &&
                   planned.tile_rows == heuristic.tile_rows && planned.cluster == heuristic.cluster &&
-                  planned.tma_store == heuristic.tma_store,
+                  planned.tma_store == heuristic.tma_store && planned.dw_pingpong == heuristic.dw_pingpong,
               "%s: after clear the heuristic's plan is not back", c->name);
         CHECK(moe_gemm_autotune_load(cache) == MOE_OK, "load: %s", moe_last_error());
         CHECK(count_lines(cache) == tunings, "%s: %d lines in the cache after %d tunings", c->name, count_lines(cache),
