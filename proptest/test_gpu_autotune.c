@@ -2,7 +2,8 @@
  * in several modes (random routing, random data, outputs poisoned with NaN before every call):
  *   1. the tuning succeeds, times at least one candidate, and leaves in `out` a result within the float64
  *      oracle's bound;
- *   2. a plain call afterwards plans the tuned configuration and gives bitwise the same output;
+ *   2. a plain call afterwards plans the tuned configuration (the sm90 dW kernel included: the dW cases have
+ *      experts longer and shorter than the rule's H_DW_PINGPONG_ROWS) and gives bitwise the same output;
  *   3. after moe_gemm_autotune_clear the call plans the heuristic's choice again, and after
  *      moe_gemm_autotune_load of the cache file the tuned one; the file holds one line per tuning;
  *   4. an invalid routing on the device is reported by the tuning as MOE_ERR_INVALID_ROUTING.
@@ -32,6 +33,7 @@ static const tune_case cases[] = {
     {"dx bf16", MOE_GEMM_DX, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 192, 256},
     {"dx bf16 permute_y reduce_topk", MOE_GEMM_DX, MOE_BF16, 0, 1, 1, 0, 0, 512, 4, 16, 136, 128},
     {"dw bf16", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 128},
+    {"dw bf16 short experts", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 256, 2, 8, 256, 128}, /* the rule: ping-pong */
     {"dw bf16 -> f32", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 1, 700, 2, 5, 128, 136},
 };
 
