@@ -372,10 +372,10 @@ int main(int argc, char **argv)
                                         autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
                 const float t_heuristic = t_moe;
                 t_moe = time_median(&ctx, run_libmoe, &p);
-                printf("  autotune %s %s %s: %d candidates, chosen %s rows %d cluster %d tma_store %d; heuristic "
-                       "%.1f -> tuned %.1f TFLOP/s\n", sh->model, sh->gemm, op_names[op], chosen.candidates,
-                       chosen.kernel, chosen.tile_rows, chosen.cluster, chosen.tma_store, flops / t_heuristic / 1e9,
-                       flops / t_moe / 1e9);
+                printf("  autotune %s %s %s: %d candidates, chosen %s rows %d cluster %d tma_store %d dw_pingpong %d; "
+                       "heuristic %.1f -> tuned %.1f TFLOP/s\n", sh->model, sh->gemm, op_names[op], chosen.candidates,
+                       chosen.kernel, chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong,
+                       flops / t_heuristic / 1e9, flops / t_moe / 1e9);
             }
             CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * 2, cudaMemcpyDeviceToDevice));
             CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());

@@ -2190,10 +2190,10 @@ static int run_autotune(const args *a)
     call_end(&c, st);
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     printf("%s E=%lld T=%lld k=%lld (M=%lld) N=%lld K=%lld %s: %d configurations timed; kept %s, tile rows %d, "
-           "cluster %d, TMA store %d: median %.1f us (%.1f TFLOP/s); appended to %s\n",
+           "cluster %d, TMA store %d, dW ping-pong %d: median %.1f us (%.1f TFLOP/s); appended to %s\n",
            op_name, (long long)E, (long long)T, (long long)k, (long long)M, (long long)N, (long long)K,
            moe_dtype_name(o.dtype), chosen.candidates, chosen.kernel, chosen.tile_rows, chosen.cluster,
-           chosen.tma_store, chosen.median_us, chosen.median_us > 0 ? flops / chosen.median_us / 1e6 : 0.0, cache);
+           chosen.tma_store, chosen.dw_pingpong, chosen.median_us, chosen.median_us > 0 ? flops / chosen.median_us / 1e6 : 0.0, cache);
     return 0;
 #endif
 }

@@ -905,14 +905,18 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
 // 2026-11-25, second session) ping-pong ahead by 3-4% at 128 rows per expert (Qwen3-30B-A3B T = 2048,
 // DeepSeek-V3 T = 4096), behind by 4-20% from 256 (Mixtral T = 1024 and up, Qwen3 T = 4096 and up,
 // DeepSeek-V3 T = 8192); at 64 rows (Qwen3 T = 1024) behind by 2-3%, at 32 (DeepSeek-V3 T = 1024) even.
-// MOE_SM90_DW_PINGPONG=0|1 forces it off or on.
+// MOE_SM90_DW_PINGPONG=0|1 forces it off or on; a tuned sm90 choice (autotune table or the autotune driver's
+// candidate; NULL: none) with dw_pingpong 0 or 1 comes after the override, the rule (from p's rows and
+// experts) last.  plan_gemm asks only where the ping-pong kernel applies.
 constexpr int64_t H_DW_PINGPONG_ROWS = 128;
-bool sm90_dw_pingpong(int64_t M, int64_t E)
+bool sm90_dw_pingpong(const moe_gemm_problem *p, const moe_tune_choice *tuned)
 {
     const char *forced = getenv("MOE_SM90_DW_PINGPONG");
     if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
         return forced[0] == '1';
-    return M <= H_DW_PINGPONG_ROWS * E;
+    if (tuned != nullptr && tuned->kernel == MOE_TUNE_SM90 && tuned->dw_pingpong >= 0)
+        return tuned->dw_pingpong == 1;
+    return p->rows <= H_DW_PINGPONG_ROWS * p->num_experts;
 }
 
 // The other dW launches with every operand and the 16-bit output by TMA take sm90_gemm_kernel's wide
@@ -923,11 +927,12 @@ bool sm90_dw_wide(void)
     return forced == NULL || strcmp(forced, "0") != 0;
 }
 
+// Launches the sm90 kernel of op with bm-row tiles and clusters of `cluster` CTAs; pingpong (plan_gemm's
+// Plan::dw_pingpong: dW with every operand and a 16-bit output by TMA) takes sm90_dw_pingpong_kernel.
 template <typename T>
-moe_status launch_sm90(int op, int bm, int cluster, const GemmArgs &g, const Sm90Maps &maps, int64_t max_tiles,
-                       cudaStream_t stream)
+moe_status launch_sm90(int op, int bm, int cluster, bool pingpong, const GemmArgs &g, const Sm90Maps &maps,
+                       int64_t max_tiles, cudaStream_t stream)
 {
-    const bool pingpong = op == OP_DW && g.tma_rows && g.tma_out_wide && sm90_dw_pingpong(g.M, g.E);
     const bool wide = op == OP_DW && !pingpong && g.tma_rows && g.tma_out_wide && sm90_dw_wide();
     auto kernel = pingpong ? sm90_dw_pingpong_kernel<T>
                 : wide ? sm90_gemm_kernel<T, OP_DW, 128, 1, true>
@@ -1001,6 +1006,7 @@ struct Plan {
     KernelFamily family;
     int bm, bn;
     int cluster; // sm90: 2 for the paired kernel (fwd, dX with 128-row tiles), else 1
+    int dw_pingpong; // sm90 dW with every operand and a 16-bit output by TMA: 1 sm90_dw_pingpong_kernel, else 0
     Sm90Maps maps; // sm90: TMA descriptors (unused ones stay zero)
 };
 
@@ -1047,9 +1053,10 @@ void tune_key_of(const moe_gemm_problem *p, int op, moe_dtype out_dtype, bool we
 }
 
 // Picks the family for op over problem p (a, b, out: the operands as run_gemm names them) and fills
-// plan and g->tma_rows.  Order of authority: the MOE_CUDA_KERNEL / MOE_SM90_* environment overrides, then
-// the autotune driver's forced candidate, then the autotune table, then the shape heuristic.  Fails only
-// when MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
+// plan (tile shape, cluster, tensor maps, the sm90 dW kernel) and g->tma_rows.  Order of authority: the
+// MOE_CUDA_KERNEL / MOE_SM90_* environment overrides, then the autotune driver's forced candidate, then the
+// autotune table, then the shape heuristic.  Fails only when MOE_CUDA_KERNEL=sm90 forces a refused TMA
+// descriptor.
 moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *out,
                      moe_dtype out_dtype, bool weighted, GemmArgs *g, Plan *plan)
 {
@@ -1083,6 +1090,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
         plan->family = FAMILY_SM80;
         plan->cluster = 1;
     }
+    plan->dw_pingpong = plan->family == FAMILY_SM90 && op == OP_DW && g->tma_rows && g->tma_out_wide &&
+                        sm90_dw_pingpong(p, tuned);
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
     if (tunable) {
@@ -1093,6 +1102,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
         tune_last_choice.tile_rows = plan->bm;
         tune_last_choice.cluster = plan->cluster;
         tune_last_choice.tma_store = g->tma_out != 0;
+        tune_last_choice.dw_pingpong = plan->dw_pingpong;
         tune_last_choice.median_us = 0.0;
     }
     return MOE_OK;
@@ -1104,8 +1114,9 @@ moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_
     if (max_tiles <= 0 || g.cols_j <= 0)
         return MOE_OK;
     if (plan.family == FAMILY_SM90)
-        return g.dtype == MOE_BF16 ? launch_sm90<__nv_bfloat16>(op, plan.bm, plan.cluster, g, plan.maps, max_tiles, stream)
-                                   : launch_sm90<__half>(op, plan.bm, plan.cluster, g, plan.maps, max_tiles, stream);
+        return g.dtype == MOE_BF16
+                   ? launch_sm90<__nv_bfloat16>(op, plan.bm, plan.cluster, plan.dw_pingpong != 0, g, plan.maps, max_tiles, stream)
+                   : launch_sm90<__half>(op, plan.bm, plan.cluster, plan.dw_pingpong != 0, g, plan.maps, max_tiles, stream);
     if (plan.family == FAMILY_SM80)
         return g.dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
                                    : launch_tc<__half>(op, g, max_tiles, stream);

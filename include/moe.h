@@ -214,12 +214,14 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
 /* ----------------------------------------------------------------------------------------------------
  * Autotuning (CUDA backend)
  *
- * Every CUDA call picks its kernel (family, tile rows, paired CTAs, TMA-store epilogue) by a heuristic
- * from the shapes alone.  moe_gemm_autotune times the candidate configurations of one call on the
- * caller's tensors instead and keeps the fastest in a process-wide table keyed by (device name, op,
- * dtype, output dtype, permute_x, permute_y, reduce_topk, topk weights given, allow_tf32, E, T*k, N,
- * K); from then on every CUDA call of that key in this process uses it (accumulate or not).  With a
- * cache_path the choice is appended to that text file, which moe_gemm_autotune_load reads back in a
+ * Every CUDA call picks its kernel (family, tile rows, paired CTAs, TMA-store epilogue, and for sm90 dW
+ * the ping-pong kernel or the 128 x 256 one) by a heuristic from the shapes alone.  moe_gemm_autotune
+ * times the candidate configurations of one call on the caller's tensors instead and keeps the fastest
+ * in a process-wide table keyed by (device name, op, dtype, output dtype, permute_x, permute_y,
+ * reduce_topk, topk weights given, allow_tf32, E, T*k, N, K); from then on every CUDA call of that key in
+ * this process uses it (accumulate or not).  With a cache_path the choice is appended to that text file
+ * (one "libmoe-tune 2|..." line per choice, format in src/autotune.c; "libmoe-tune 1|..." lines of older
+ * files still load, their dW kernel left to the heuristic), which moe_gemm_autotune_load reads back in a
  * later process; a later line for the same key replaces an earlier one.  The environment overrides
  * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT, MOE_SM90_DW_PINGPONG,
  * MOE_SM90_DW_WIDE; README) win over the table.
@@ -236,6 +238,7 @@ typedef struct moe_gemm_tuning {
     int tile_rows;       /* rows of a tile */
     int cluster;         /* 2: pairs of CTAs share W tiles by TMA multicast (sm90 fwd/dX), else 1 */
     int tma_store;       /* 1: the output tiles are stored by TMA (sm90, outputs in tile order) */
+    int dw_pingpong;     /* sm90 dW: 1 the ping-pong kernel (128 x 128 tiles), 0 the 128 x 256 kernel */
     double median_us;    /* median wall time of one call with this configuration, microseconds */
     int candidates;      /* distinct configurations timed (moe_gemm_autotune's result only) */
 } moe_gemm_tuning;

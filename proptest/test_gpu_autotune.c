@@ -2,7 +2,8 @@
  * in several modes (random routing, random data, outputs poisoned with NaN before every call):
  *   1. the tuning succeeds, times at least one candidate, and leaves in `out` a result within the float64
  *      oracle's bound;
- *   2. a plain call afterwards plans the tuned configuration and gives bitwise the same output;
+ *   2. a plain call afterwards plans the tuned configuration (the sm90 dW kernel included: the dW cases have
+ *      experts longer and shorter than the rule's H_DW_PINGPONG_ROWS) and gives bitwise the same output;
  *   3. after moe_gemm_autotune_clear the call plans the heuristic's choice again, and after
  *      moe_gemm_autotune_load of the cache file the tuned one; the file holds one line per tuning;
  *   4. an invalid routing on the device is reported by the tuning as MOE_ERR_INVALID_ROUTING.
@@ -32,6 +33,7 @@ static const tune_case cases[] = {
     {"dx bf16", MOE_GEMM_DX, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 192, 256},
     {"dx bf16 permute_y reduce_topk", MOE_GEMM_DX, MOE_BF16, 0, 1, 1, 0, 0, 512, 4, 16, 136, 128},
     {"dw bf16", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 128},
+    {"dw bf16 short experts", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 256, 2, 8, 256, 128}, /* the rule: ping-pong */
     {"dw bf16 -> f32", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 1, 700, 2, 5, 128, 136},
 };
 
@@ -39,7 +41,7 @@ static int same_plan(const moe_tune_choice *a, const moe_gemm_tuning *b)
 {
     static const char *const kernels[] = {"simt", "sm80", "sm90"};
     return strcmp(kernels[a->kernel], b->kernel) == 0 && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
-           a->tma_store == b->tma_store;
+           a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
 }
 
 static moe_status plain_call(const tune_case *c, const moe_routing *r, const void *a, const void *b, const void *tw,
@@ -128,11 +130,11 @@ int main(int argc, char **argv)
         tunings++;
         CHECK(chosen.candidates >= 1 && chosen.median_us > 0.0, "%s: %d candidates, %.3f us", c->name,
               chosen.candidates, chosen.median_us);
-        printf("%-32s %d candidates; chosen %s rows %d cluster %d tma_store %d: %.1f us (heuristic: %s rows %d "
-               "cluster %d tma_store %d)\n", c->name, chosen.candidates, chosen.kernel, chosen.tile_rows,
-               chosen.cluster, chosen.tma_store, chosen.median_us, heuristic.kernel == MOE_TUNE_SM90 ? "sm90"
-               : heuristic.kernel == MOE_TUNE_SM80 ? "sm80" : "simt", heuristic.tile_rows, heuristic.cluster,
-               heuristic.tma_store);
+        printf("%-32s %d candidates; chosen %s rows %d cluster %d tma_store %d dw_pingpong %d: %.1f us (heuristic: "
+               "%s rows %d cluster %d tma_store %d dw_pingpong %d)\n", c->name, chosen.candidates, chosen.kernel,
+               chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong, chosen.median_us,
+               heuristic.kernel == MOE_TUNE_SM90 ? "sm90" : heuristic.kernel == MOE_TUNE_SM80 ? "sm80" : "simt",
+               heuristic.tile_rows, heuristic.cluster, heuristic.tma_store, heuristic.dw_pingpong);
         CUDA_CHECK(cudaMemcpy(out, dev_out, out_bytes, cudaMemcpyDeviceToHost));
         double *value = xmalloc((size_t)out_count * sizeof(double)), *bound = xmalloc((size_t)out_count * sizeof(double));
         const moe_routing *hr = &host_routing;
@@ -159,7 +161,7 @@ int main(int argc, char **argv)
         CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
         CHECK(moe_cuda_tune_last(&key, &planned) && planned.kernel == heuristic.kernel &&
                   planned.tile_rows == heuristic.tile_rows && planned.cluster == heuristic.cluster &&
-                  planned.tma_store == heuristic.tma_store,
+                  planned.tma_store == heuristic.tma_store && planned.dw_pingpong == heuristic.dw_pingpong,
               "%s: after clear the heuristic's plan is not back", c->name);
         CHECK(moe_gemm_autotune_load(cache) == MOE_OK, "load: %s", moe_last_error());
         CHECK(count_lines(cache) == tunings, "%s: %d lines in the cache after %d tunings", c->name, count_lines(cache),

@@ -4,7 +4,7 @@
  *
  * Cache file: UTF-8 text, one entry per line, '#' starts a comment line, blank lines are skipped:
  *
- *   libmoe-tune 1|DEVICE|OP|DTYPE|OUT_DTYPE|PX|PY|REDUCE|WEIGHTED|TF32|E|M|N|K|KERNEL|ROWS|CLUSTER|TMA|US
+ *   libmoe-tune 2|DEVICE|OP|DTYPE|OUT_DTYPE|PX|PY|REDUCE|WEIGHTED|TF32|E|M|N|K|KERNEL|ROWS|CLUSTER|TMA|PINGPONG|US
  *
  *   DEVICE     the CUDA device name (no '|', at most 79 bytes)
  *   OP         fwd | dx | dw
@@ -15,9 +15,13 @@
  *   ROWS       tile rows (sm90: 128 or 256, dw 128; sm80/simt: 1 .. 1024, informative)
  *   CLUSTER    1, or 2 (sm90 fwd/dx with 128-row tiles)
  *   TMA        0 or 1 (1 only with sm90)
+ *   PINGPONG   -1, 0 or 1: sm90 dw with every operand and a 16-bit output by TMA takes the ping-pong kernel
+ *              (1, 128 x 128 tiles) or the 128 x 256 kernel (0); -1 leaves it to the rule (gpu/gemm_cuda.cu,
+ *              sm90_dw_pingpong); 1 only with sm90, dw and TMA 1
  *   US         the measured median microseconds of one call (>= 0, informative)
  *
- * moe_gemm_autotune appends one line per tuning; loading takes the last line of each key.
+ * Version-1 lines ("libmoe-tune 1|...", 19 fields: no PINGPONG) still load, with PINGPONG -1; the writer
+ * writes version 2.  moe_gemm_autotune appends one line per tuning; loading takes the last line of each key.
  */
 #include "moe_internal.h"
 
@@ -29,8 +33,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TUNE_MAGIC "libmoe-tune 1"
-#define TUNE_FIELDS 19
+#define TUNE_MAGIC "libmoe-tune 2"
+#define TUNE_MAGIC_V1 "libmoe-tune 1" /* the version before PINGPONG: one field fewer */
+#define TUNE_FIELDS 20
+#define TUNE_PINGPONG_FIELD 18 /* the field a version-1 line lacks (0-based; US follows it) */
 #define TUNE_LINE_MAX 512
 
 /* ---------------------------------------------------------------------------------------------------
@@ -122,11 +128,11 @@ static const char *const kernel_names[] = {"simt", "sm80", "sm90"};
 void moe_tune_format_line(const moe_tune_key *key, const moe_tune_choice *choice, char *line, size_t size)
 {
     snprintf(line, size,
-             TUNE_MAGIC "|%s|%s|%s|%s|%d|%d|%d|%d|%d|%" PRId64 "|%" PRId64 "|%" PRId64 "|%" PRId64 "|%s|%d|%d|%d|%.3f",
+             TUNE_MAGIC "|%s|%s|%s|%s|%d|%d|%d|%d|%d|%" PRId64 "|%" PRId64 "|%" PRId64 "|%" PRId64 "|%s|%d|%d|%d|%d|%.3f",
              key->device, op_names[key->op], moe_dtype_name(key->dtype), moe_dtype_name(key->out_dtype),
              key->permute_x, key->permute_y, key->reduce_topk, key->weighted, key->allow_tf32, key->E, key->M,
              key->N, key->K, kernel_names[choice->kernel], choice->tile_rows, choice->cluster, choice->tma_store,
-             choice->median_us);
+             choice->dw_pingpong, choice->median_us);
 }
 
 /* The index of text in names[count], or -1. */
@@ -176,7 +182,7 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
 {
     static const char *const field_names[TUNE_FIELDS] = {
         "version", "device", "op", "dtype", "out_dtype", "permute_x", "permute_y", "reduce_topk", "weighted",
-        "allow_tf32", "E", "M", "N", "K", "kernel", "tile_rows", "cluster", "tma_store", "median_us"};
+        "allow_tf32", "E", "M", "N", "K", "kernel", "tile_rows", "cluster", "tma_store", "dw_pingpong", "median_us"};
     char copy[TUNE_LINE_MAX];
     const size_t length = strlen(line);
     if (length >= sizeof copy) {
@@ -197,12 +203,20 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
         *bar = '\0';
         cursor = bar + 1;
     }
-    if (count != TUNE_FIELDS || strcmp(field[0], TUNE_MAGIC) != 0) {
-        if (count >= 1 && strcmp(field[0], TUNE_MAGIC) != 0)
-            snprintf(why, why_size, "does not start with \"" TUNE_MAGIC "|\"");
-        else
-            snprintf(why, why_size, "%d '|'-separated fields, expected %d", count, TUNE_FIELDS);
+    const int version = strcmp(field[0], TUNE_MAGIC) == 0 ? 2 : strcmp(field[0], TUNE_MAGIC_V1) == 0 ? 1 : 0;
+    const int expected = version == 1 ? TUNE_FIELDS - 1 : TUNE_FIELDS;
+    if (version == 0) {
+        snprintf(why, why_size, "does not start with \"" TUNE_MAGIC "|\" (or the older \"" TUNE_MAGIC_V1 "|\")");
         return 0;
+    }
+    if (count != expected) {
+        snprintf(why, why_size, "%d '|'-separated fields, expected %d (version %d)", count, expected, version);
+        return 0;
+    }
+    char rule[] = "-1";
+    if (version == 1) { /* no PINGPONG: US moves up one place, PINGPONG reads as -1 (the rule) */
+        field[TUNE_FIELDS - 1] = field[TUNE_PINGPONG_FIELD];
+        field[TUNE_PINGPONG_FIELD] = rule;
     }
     memset(key, 0, sizeof *key);
     memset(choice, 0, sizeof *choice);
@@ -235,21 +249,25 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
         bad = 16;
     if (bad < 0 && !parse_int(field[17], 0, 1, &v[17]))
         bad = 17;
+    if (bad < 0 && !parse_int(field[18], -1, 1, &v[18]))
+        bad = 18;
     double us = 0.0;
     if (bad < 0) {
         char *end = NULL;
         errno = 0;
-        us = strtod(field[18], &end);
-        if (field[18][0] == '\0' || *end != '\0' || errno != 0 || !isfinite(us) || us < 0.0)
-            bad = 18;
+        us = strtod(field[19], &end);
+        if (field[19][0] == '\0' || *end != '\0' || errno != 0 || !isfinite(us) || us < 0.0)
+            bad = 19;
     }
-    if (bad >= 0) {
-        snprintf(why, why_size, "field %d (%s) = \"%s\" is not valid", bad + 1, field_names[bad], field[bad]);
+    if (bad >= 0) { /* a version-1 line's US is its field 19 */
+        const int number = version == 1 && bad > TUNE_PINGPONG_FIELD ? bad : bad + 1;
+        snprintf(why, why_size, "field %d (%s) = \"%s\" is not valid", number, field_names[bad], field[bad]);
         return 0;
     }
     key->E = v[10], key->M = v[11], key->N = v[12], key->K = v[13];
     choice->kernel = (moe_tune_kernel)kernel;
     choice->tile_rows = (int)v[15], choice->cluster = (int)v[16], choice->tma_store = (int)v[17];
+    choice->dw_pingpong = (int)v[18];
     choice->median_us = us;
     /* the combinations the kernels have */
     const char *conflict = NULL;
@@ -261,6 +279,8 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
         conflict = "cluster 2 exists only for sm90 fwd/dx with 128-row tiles";
     else if (choice->tma_store && kernel != MOE_TUNE_SM90)
         conflict = "tma_store 1 exists only for sm90";
+    else if (choice->dw_pingpong == 1 && !(kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && choice->tma_store))
+        conflict = "dw_pingpong 1 exists only for sm90 dw with tma_store 1";
     if (conflict != NULL) {
         snprintf(why, why_size, "%s", conflict);
         return 0;
@@ -361,7 +381,7 @@ static moe_status relabel(moe_status status)
 static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
 {
     return a->kernel == b->kernel && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
-           a->tma_store == b->tma_store;
+           a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
 }
 
 /* Times every distinct candidate; *best gets the fastest, *timed the number timed. */
@@ -369,11 +389,13 @@ static moe_status time_candidates(tune_call *call, int repeats, void *stream, mo
                                   moe_tune_choice *best, int *timed)
 {
     /* Every configuration the kernels have; those a device or shape cannot take collapse into another
-     * (plan_gemm falls back), and duplicates of an earlier effective plan are not timed again. */
+     * (plan_gemm falls back), and duplicates of an earlier effective plan are not timed again.  The last
+     * one, the dW ping-pong kernel, collapses into {sm90, 128, 1, 1, 0} where the ping-pong kernel does
+     * not apply (fwd, dX, a 32-bit dW output, a shape without TMA). */
     static const moe_tune_choice candidates[] = {
-        {MOE_TUNE_SM90, 256, 1, 1, 0}, {MOE_TUNE_SM90, 256, 1, 0, 0}, {MOE_TUNE_SM90, 128, 1, 1, 0},
-        {MOE_TUNE_SM90, 128, 1, 0, 0}, {MOE_TUNE_SM90, 128, 2, 1, 0}, {MOE_TUNE_SM90, 128, 2, 0, 0},
-        {MOE_TUNE_SM80, 128, 1, 0, 0},
+        {MOE_TUNE_SM90, 256, 1, 1, 0, 0}, {MOE_TUNE_SM90, 256, 1, 0, 0, 0}, {MOE_TUNE_SM90, 128, 1, 1, 0, 0},
+        {MOE_TUNE_SM90, 128, 1, 0, 0, 0}, {MOE_TUNE_SM90, 128, 2, 1, 0, 0}, {MOE_TUNE_SM90, 128, 2, 0, 0, 0},
+        {MOE_TUNE_SM80, 128, 1, 0, 0, 0}, {MOE_TUNE_SM90, 128, 1, 1, 1, 0},
     };
     enum { CANDIDATES = sizeof candidates / sizeof candidates[0] };
     moe_tune_choice seen[CANDIDATES];
@@ -405,9 +427,9 @@ static moe_status time_candidates(tune_call *call, int repeats, void *stream, mo
             return relabel(status);
         if (verbose)
             fprintf(stderr, "moe_gemm_autotune: %s %s E=%" PRId64 " M=%" PRId64 " N=%" PRId64 " K=%" PRId64
-                            ": %s rows %d cluster %d tma_store %d: %.1f us\n",
+                            ": %s rows %d cluster %d tma_store %d dw_pingpong %d: %.1f us\n",
                     key->device, op_names[key->op], key->E, key->M, key->N, key->K, kernel_names[planned.kernel],
-                    planned.tile_rows, planned.cluster, planned.tma_store, planned.median_us);
+                    planned.tile_rows, planned.cluster, planned.tma_store, planned.dw_pingpong, planned.median_us);
         seen[(*timed)++] = planned;
         if (*timed == 1 || planned.median_us < best->median_us)
             *best = planned;
@@ -439,7 +461,7 @@ moe_status moe_gemm_autotune(moe_gemm_op op, const moe_routing *routing, int64_t
     tune_call call = {op, routing, N, K, a, b, topk_weights, out, options};
     void *stream = options != NULL ? options->stream : NULL;
     moe_tune_key key;
-    moe_tune_choice best = {MOE_TUNE_SIMT, 0, 1, 0, 0.0};
+    moe_tune_choice best = {MOE_TUNE_SIMT, 0, 1, 0, 0, 0.0};
     int timed = 0;
     moe_status status = time_candidates(&call, repeats, stream, &key, &best, &timed);
     if (status != MOE_OK)
@@ -458,6 +480,7 @@ moe_status moe_gemm_autotune(moe_gemm_op op, const moe_routing *routing, int64_t
         chosen->tile_rows = best.tile_rows;
         chosen->cluster = best.cluster;
         chosen->tma_store = best.tma_store;
+        chosen->dw_pingpong = best.dw_pingpong;
         chosen->median_us = best.median_us;
         chosen->candidates = timed;
     }

@@ -146,6 +146,9 @@ typedef struct moe_tune_choice {
     int tile_rows;          /* sm90: 128 or 256 (dW: 128); other kernels: their fixed tile rows */
     int cluster;            /* 1, or 2 (sm90 fwd/dX with 128-row tiles) */
     int tma_store;          /* 0 or 1 */
+    int dw_pingpong;        /* sm90 dW with every operand and a 16-bit output by TMA: 1 the ping-pong kernel
+                             * (128 x 128 tiles), 0 the 128 x 256 kernel, -1 the rule decides (gpu/gemm_cuda.cu,
+                             * sm90_dw_pingpong); recorded plans hold 0 where the ping-pong kernel does not apply */
     double median_us;       /* measured time of one call, >= 0 */
 } moe_tune_choice;
 
@@ -155,10 +158,10 @@ int moe_tune_table_used(void);
 int moe_tune_lookup(const moe_tune_key *key, moe_tune_choice *choice);
 /* Adds or replaces the entry of key.  Thread-safe. */
 moe_status moe_tune_store(const moe_tune_key *key, const moe_tune_choice *choice);
-/* One cache-file line (no newline) of an entry: "libmoe-tune 1|device|op|dtype|..." (src/autotune.c). */
+/* One cache-file line (no newline) of an entry: "libmoe-tune 2|device|op|dtype|..." (src/autotune.c). */
 void moe_tune_format_line(const moe_tune_key *key, const moe_tune_choice *choice, char *line, size_t size);
-/* Parses one cache-file line into key and choice; on failure returns 0 and writes why (naming the field)
- * into why[why_size]. */
+/* Parses one cache-file line (version 2, or version 1, which has no dw_pingpong field: -1) into key and
+ * choice; on failure returns 0 and writes why (naming the field) into why[why_size]. */
 int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *choice, char *why, size_t why_size);
 
 #ifdef MOE_HAVE_CUDA

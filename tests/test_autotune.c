@@ -2,6 +2,8 @@
  *   1. a formatted line parses back to the same key and choice (random keys and choices);
  *   2. every field of a line, made invalid in turn, is refused with a message naming that field, and so are
  *      wrong field counts, a wrong version, over-long lines and configurations the kernels do not have;
+ *      version-1 lines (no dw_pingpong field) are still accepted, with dw_pingpong -1, and their fields named
+ *      by their own numbers;
  *   3. moe_gemm_autotune_load skips comments, blank lines and CRLF ends, lets a later line of a key replace
  *      an earlier one, and is all or nothing: a malformed line (reported as FILE:LINE) leaves the table
  *      unchanged; a missing file is MOE_ERR_IO; moe_gemm_autotune_clear empties the table;
@@ -24,7 +26,7 @@
 
 static const char *const field_names[] = {"version", "device", "op", "dtype", "out_dtype", "permute_x", "permute_y",
                                           "reduce_topk", "weighted", "allow_tf32", "E", "M", "N", "K", "kernel",
-                                          "tile_rows", "cluster", "tma_store", "median_us"};
+                                          "tile_rows", "cluster", "tma_store", "dw_pingpong", "median_us"};
 enum { FIELDS = sizeof field_names / sizeof field_names[0] };
 
 static uint64_t rng_state = 0x5eed1234abcdULL;
@@ -57,13 +59,16 @@ static moe_tune_key sample_key(int i)
 /* A configuration the kernels have, for the key's op. */
 static moe_tune_choice sample_choice(const moe_tune_key *key)
 {
-    moe_tune_choice c = {MOE_TUNE_SM90, 128, 1, 1, 0.0};
+    moe_tune_choice c = {MOE_TUNE_SM90, 128, 1, 1, 0, 0.0};
     switch (next_random() % 4) {
     case 0: c.tile_rows = key->op == MOE_GEMM_DW ? 128 : 256; break;
     case 1: c.cluster = key->op == MOE_GEMM_DW ? 1 : 2, c.tma_store = 0; break;
     case 2: c.kernel = MOE_TUNE_SM80, c.tma_store = 0; break;
     default: c.kernel = MOE_TUNE_SIMT, c.tile_rows = 64, c.tma_store = 0; break;
     }
+    c.dw_pingpong = (int)(next_random() % 3) - 1; /* 1 only where the ping-pong kernel exists */
+    if (c.dw_pingpong == 1 && !(c.kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && c.tma_store))
+        c.dw_pingpong = 0;
     c.median_us = (double)(next_random() % 10000000) / 1000.0;
     return c;
 }
@@ -79,7 +84,7 @@ static int same_key(const moe_tune_key *a, const moe_tune_key *b)
 static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
 {
     return a->kernel == b->kernel && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
-           a->tma_store == b->tma_store && a->median_us == b->median_us;
+           a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong && a->median_us == b->median_us;
 }
 
 static void round_trip(void)
@@ -137,14 +142,14 @@ static void expect_refused(const char *line, const char *needle, const char *wha
 
 static void bad_fields(void)
 {
-    const char *good = "libmoe-tune 1|NVIDIA H100 80GB HBM3|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|12.5";
+    const char *good = "libmoe-tune 2|NVIDIA H100 80GB HBM3|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|0|12.5";
     moe_tune_key key;
     moe_tune_choice choice;
     char why[200] = "";
     CHECK(moe_tune_parse_line(good, &key, &choice, why, sizeof why), "good line refused: %s", why);
     /* one bad value per field (field 0 is the version) */
     static const char *const bad_value[FIELDS][3] = {
-        {"libmoe-tune 2", "libmoe-tune", ""},
+        {"libmoe-tune 3", "libmoe-tune", ""},
         {"", "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234", NULL},
         {"bwd", "FWD", ""},
         {"fp32", "", "bf8"},
@@ -162,6 +167,7 @@ static void bad_fields(void)
         {"0", "2048", "12a"},
         {"3", "0", ""},
         {"2", "-1", ""},
+        {"2", "-2", ""},
         {"-1", "nan", "inf"},
     };
     char fields[FIELDS + 2][128], line[1024];
@@ -172,40 +178,85 @@ static void bad_fields(void)
             join(fields, FIELDS, line, sizeof line);
             char what[64];
             snprintf(what, sizeof what, "field %s = \"%s\"", field_names[f], bad_value[f][v]);
-            expect_refused(line, f == 0 ? "libmoe-tune 1|" : field_names[f], what);
+            expect_refused(line, f == 0 ? "libmoe-tune 2|" : field_names[f], what);
         }
     }
     /* field counts */
     split(good, fields);
     join(fields, FIELDS - 1, line, sizeof line);
-    expect_refused(line, "18 '|'-separated fields", "one field missing");
+    expect_refused(line, "19 '|'-separated fields, expected 20", "one field missing");
     snprintf(line, sizeof line, "%s|7", good);
-    expect_refused(line, "20 '|'-separated fields", "one field too many");
+    expect_refused(line, "21 '|'-separated fields, expected 20", "one field too many");
     expect_refused("", "does not start", "empty line");
     /* an over-long line */
     char long_line[700];
     memset(long_line, 'a', sizeof long_line - 1);
     long_line[sizeof long_line - 1] = '\0';
     expect_refused(long_line, "longer than", "700-byte line");
-    /* configurations the kernels do not have */
+    /* configurations the kernels do not have (needle: what the refusal names), and some they have (NULL):
+     * the ping-pong kernel only for sm90 dw with TMA stores, dw_pingpong -1 (the rule) and 0 anywhere */
     static const struct {
-        const char *op, *kernel, *rows, *cluster, *tma, *needle;
-    } conflicts[] = {
-        {"fwd", "sm90", "192", "1", "1", "128 or 256"}, {"dw", "sm90", "256", "1", "1", "dw has 128-row"},
-        {"fwd", "sm90", "256", "2", "0", "cluster 2"},  {"dw", "sm90", "128", "2", "0", "cluster 2"},
-        {"dx", "sm80", "128", "2", "0", "cluster 2"},   {"fwd", "sm80", "128", "1", "1", "tma_store 1"},
-        {"dx", "simt", "64", "1", "1", "tma_store 1"},
+        const char *op, *kernel, *rows, *cluster, *tma, *pingpong, *needle;
+    } configurations[] = {
+        {"fwd", "sm90", "192", "1", "1", "0", "128 or 256"}, {"dw", "sm90", "256", "1", "1", "0", "dw has 128-row"},
+        {"fwd", "sm90", "256", "2", "0", "0", "cluster 2"},  {"dw", "sm90", "128", "2", "0", "0", "cluster 2"},
+        {"dx", "sm80", "128", "2", "0", "0", "cluster 2"},   {"fwd", "sm80", "128", "1", "1", "0", "tma_store 1"},
+        {"dx", "simt", "64", "1", "1", "0", "tma_store 1"},  {"fwd", "sm90", "128", "1", "1", "1", "dw_pingpong 1"},
+        {"dx", "sm90", "256", "1", "1", "1", "dw_pingpong 1"}, {"dw", "sm90", "128", "1", "0", "1", "dw_pingpong 1"},
+        {"dw", "sm80", "128", "1", "0", "1", "dw_pingpong 1"}, {"dw", "simt", "64", "1", "0", "1", "dw_pingpong 1"},
+        {"dw", "sm90", "128", "1", "1", "1", NULL},  {"dw", "sm90", "128", "1", "1", "0", NULL},
+        {"dw", "sm90", "128", "1", "0", "-1", NULL}, {"fwd", "sm90", "256", "1", "1", "-1", NULL},
+        {"dx", "sm80", "128", "1", "0", "0", NULL},  {"dw", "simt", "64", "1", "0", "-1", NULL},
     };
-    for (size_t i = 0; i < sizeof conflicts / sizeof conflicts[0]; i++) {
+    for (size_t i = 0; i < sizeof configurations / sizeof configurations[0]; i++) {
         split(good, fields);
-        snprintf(fields[2], 128, "%s", conflicts[i].op);
-        snprintf(fields[14], 128, "%s", conflicts[i].kernel);
-        snprintf(fields[15], 128, "%s", conflicts[i].rows);
-        snprintf(fields[16], 128, "%s", conflicts[i].cluster);
-        snprintf(fields[17], 128, "%s", conflicts[i].tma);
+        snprintf(fields[2], 128, "%s", configurations[i].op);
+        snprintf(fields[14], 128, "%s", configurations[i].kernel);
+        snprintf(fields[15], 128, "%s", configurations[i].rows);
+        snprintf(fields[16], 128, "%s", configurations[i].cluster);
+        snprintf(fields[17], 128, "%s", configurations[i].tma);
+        snprintf(fields[18], 128, "%s", configurations[i].pingpong);
         join(fields, FIELDS, line, sizeof line);
-        expect_refused(line, conflicts[i].needle, "conflicting configuration");
+        if (configurations[i].needle != NULL) {
+            expect_refused(line, configurations[i].needle, "conflicting configuration");
+            continue;
+        }
+        const int ok = moe_tune_parse_line(line, &key, &choice, why, sizeof why);
+        CHECK(ok && choice.dw_pingpong == atoi(configurations[i].pingpong), "configuration %s refused or changed: %s",
+              line, why);
     }
+}
+
+/* Version-1 lines (19 fields, no dw_pingpong): accepted with dw_pingpong -1, the other fields as in version 2;
+ * refused with 20 fields; a bad field named by its version-1 number; formatted back as version 2. */
+static void version_1_lines(void)
+{
+    const char *v1 = "libmoe-tune 1|NVIDIA H100 80GB HBM3|dw|bf16|bf16|0|0|0|0|0|128|16384|1536|2048|sm90|128|1|1|12.5";
+    const char *v2 = "libmoe-tune 2|NVIDIA H100 80GB HBM3|dw|bf16|bf16|0|0|0|0|0|128|16384|1536|2048|sm90|128|1|1|-1|12.500";
+    moe_tune_key k1, k2;
+    moe_tune_choice c1, c2;
+    char why[200] = "", line[600];
+    CHECK(moe_tune_parse_line(v1, &k1, &c1, why, sizeof why), "version-1 line refused: %s", why);
+    CHECK(moe_tune_parse_line(v2, &k2, &c2, why, sizeof why), "version-2 line refused: %s", why);
+    CHECK(c1.dw_pingpong == -1 && c1.median_us == 12.5 && c1.tma_store == 1 && same_key(&k1, &k2) &&
+              same_choice(&c1, &c2),
+          "version-1 line read as kernel %d rows %d cluster %d tma_store %d dw_pingpong %d %.3f us", (int)c1.kernel,
+          c1.tile_rows, c1.cluster, c1.tma_store, c1.dw_pingpong, c1.median_us);
+    moe_tune_format_line(&k1, &c1, line, sizeof line);
+    CHECK(strcmp(line, v2) == 0, "version-1 line formats as %s, expected %s", line, v2);
+    /* version 1 with a PINGPONG field, version 2 without */
+    snprintf(line, sizeof line, "libmoe-tune 1%s", strchr(v2, '|'));
+    expect_refused(line, "20 '|'-separated fields, expected 19", "version-1 line with 20 fields");
+    snprintf(line, sizeof line, "libmoe-tune 2%s", strchr(v1, '|'));
+    expect_refused(line, "19 '|'-separated fields, expected 20", "version-2 line with 19 fields");
+    /* bad fields by their version-1 numbers: tma_store is field 18, median_us field 19 */
+    snprintf(line, sizeof line, "%.*s|7|12.5", (int)(strrchr(v1, '|') - v1 - 2), v1);
+    expect_refused(line, "field 18 (tma_store) = \"7\"", "version-1 tma_store 7");
+    snprintf(line, sizeof line, "%.*s|-3", (int)(strrchr(v1, '|') - v1), v1);
+    expect_refused(line, "field 19 (median_us) = \"-3\"", "version-1 median_us -3");
+    /* the version-1 conflicts stay */
+    expect_refused("libmoe-tune 1|GPU|dw|bf16|bf16|0|0|0|0|0|8|100|64|64|sm90|256|1|1|1.0", "dw has 128-row",
+                   "version-1 conflict");
 }
 
 static void write_file(const char *path, const char *text)
@@ -226,8 +277,9 @@ static void load_files(void)
     if (fd < 0)
         return;
     close(fd);
-    const char *a = "libmoe-tune 1|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|10.0";
-    const char *b = "libmoe-tune 1|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|256|1|0|9.0";
+    /* a and b version 2, c version 1: files of both versions, and mixed ones, load */
+    const char *a = "libmoe-tune 2|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|0|10.0";
+    const char *b = "libmoe-tune 2|GPU A|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|256|1|0|-1|9.0";
     const char *c = "libmoe-tune 1|GPU B|dw|f16|f32|1|1|0|1|0|8|100|64|64|simt|64|1|0|3.25";
     moe_tune_key ka, kc;
     moe_tune_choice ca, cb, cc, got;
@@ -253,7 +305,8 @@ static void load_files(void)
     st = moe_gemm_autotune_load(path);
     CHECK(st == MOE_OK, "load: %s (%s)", moe_strerror(st), moe_last_error());
     CHECK(moe_tune_lookup(&ka, &got) && same_choice(&got, &cb), "the later line of a key did not win");
-    CHECK(moe_tune_lookup(&kc, &got) && same_choice(&got, &cc), "entry c missing after load");
+    CHECK(moe_tune_lookup(&kc, &got) && same_choice(&got, &cc) && got.dw_pingpong == -1,
+          "entry c (version 1) missing after load, or its dw_pingpong not -1");
 
     /* all or nothing: a bad line 3 after a good line 1 */
     moe_gemm_autotune_clear();
@@ -329,7 +382,7 @@ static void *table_worker(void *arg)
             memset(&key, 0, sizeof key);
             snprintf(key.device, sizeof key.device, "thread test");
             key.E = 1000 * (t + 1) + i, key.M = 4096, key.N = 512, key.K = 256;
-            const moe_tune_choice choice = {MOE_TUNE_SM90, r % 2 ? 256 : 128, 1, 1, (double)r};
+            const moe_tune_choice choice = {MOE_TUNE_SM90, r % 2 ? 256 : 128, 1, 1, 0, (double)r};
             moe_tune_choice got;
             if (moe_tune_store(&key, &choice) != MOE_OK || !moe_tune_lookup(&key, &got) || got.tile_rows != choice.tile_rows ||
                 got.median_us != choice.median_us)
@@ -402,7 +455,8 @@ static void mutated_lines(void)
          * (reading the mutated text, reading the reprint) of at most |v| 2^-53 each */
         CHECK(ok && same_key(&got_key, &key2) && got_choice.kernel == choice2.kernel &&
                   got_choice.tile_rows == choice2.tile_rows && got_choice.cluster == choice2.cluster &&
-                  got_choice.tma_store == choice2.tma_store && fabs(got_choice.median_us - choice2.median_us) <= 5e-4 + 0x1p-52 * fabs(got_choice.median_us),
+                  got_choice.tma_store == choice2.tma_store && got_choice.dw_pingpong == choice2.dw_pingpong &&
+                  fabs(got_choice.median_us - choice2.median_us) <= 5e-4 + 0x1p-52 * fabs(got_choice.median_us),
               "accepted mutated line %d does not survive a round trip: %s -> %s", i, line, again);
     }
     CHECK(accepted > 100 && refused > 100, "mutations: %d accepted, %d refused (expected both kinds)", accepted, refused);
@@ -412,6 +466,7 @@ int main(void)
 {
     round_trip();
     bad_fields();
+    version_1_lines();
     load_files();
     autotune_arguments();
     concurrent_table();

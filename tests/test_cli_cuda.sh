@@ -135,7 +135,7 @@ for op in "fwd" "dx --reduce-topk --permute-y" "dw --dw-fp32"; do
     n=$((n + 1))
     has "autotune $op prints the choice" out "configurations timed; kept "
 done
-lines=$(grep -c '^libmoe-tune 1|' tune.txt)
+lines=$(grep -c '^libmoe-tune 2|' tune.txt)
 if [ "$lines" -eq "$n" ]; then passed=$((passed + 1)); else bad "autotune: $lines cache lines after $n calls"; fi
 
 finish
