@@ -236,7 +236,13 @@ __device__ __forceinline__ int64_t y_row(const GemmArgs &g, int64_t r) { return 
 
 // Tile -> (expert, tile row, tile col).  Row-tiled ops (fwd, dx, topk grad) tile each expert's rows;
 // dW tiles N x K for every expert.  Within an expert, consecutive tiles walk down the rows first, so
-// CTAs running together share the same weight columns in L2.
+// CTAs running together share the same weight columns in L2.  dW walks the shorter of its two output
+// dimensions first: a tile (n block, c block) reads its expert's rows of the two operands, a (m_e x N, the
+// n side) and b (m_e x K); CTAs running together share one block of the dimension walked second, and each
+// pass over it reads all of the other side's operand again, so the side that is read again should be the
+// smaller (Mixtral-8x7B gate_up dW, N = 28672, K = 4096: n blocks first re-read its 59 MB of dY per expert,
+// more than L2, for each of the 16 column blocks; column blocks first: 566 -> 643-664 at T = 8192, and the
+// shapes with N < K lose as much the other way; bench/RESULTS.md, 2026-11-25, second session).
 struct TileCoord {
     int64_t e, i0, j0, rows; // rows: valid extent of i for this expert
 };
@@ -264,8 +270,13 @@ __device__ __forceinline__ TileCoord tile_coord(const GemmArgs &g, int64_t tile,
         const int64_t row_tiles = (g.N + BM - 1) / BM;
         t.e = tile / (row_tiles * col_tiles);
         int64_t local = tile % (row_tiles * col_tiles);
-        t.i0 = (local % row_tiles) * BM;
-        t.j0 = (local / row_tiles) * BN;
+        if (g.cols_j < g.N) { // column blocks first: the b side (m_e x K) is read again
+            t.i0 = (local / col_tiles) * BM;
+            t.j0 = (local % col_tiles) * BN;
+        } else { // n blocks first: the a side (m_e x N) is read again
+            t.i0 = (local % row_tiles) * BM;
+            t.j0 = (local / row_tiles) * BN;
+        }
         t.rows = g.N;
         return t;
     }
