@@ -14,6 +14,7 @@
  */
 #include "mlp_ref.h"
 #include "moe_ref.h"
+#include "ref_threads.h" /* team_size, team_member, copy_floats */
 
 #include <inttypes.h>
 #include <math.h>
@@ -1054,19 +1055,7 @@ static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 /* ---------------------------------------------------------------------------------------------------
  * per-thread workspaces
  * ------------------------------------------------------------------------------------------------- */
-/* The OpenMP thread count (omp_get_max_threads() >= 1); 1 without OpenMP, which is what Frama-C parses
- * (it does not define _OPENMP): WP proves the contract of that branch only. */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures positive: \result >= 1; */
-static int max_threads(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
+/* team_size, team_member, copy_floats: ref/ref_threads.h. */
 
 /* Threads for a call: one for small problems (below ~2^18 multiply-adds the fork/join costs more than
  * it saves, and on a loaded machine a barrier can wait a whole time slice).  The result does not
@@ -1078,21 +1067,7 @@ static int max_threads(void)
 static int threads_for(int64_t slots, int64_t H, int64_t I)
 {
     const double work = (double)slots * (double)(H + 1) * (double)(I + 1) * 3.0;
-    return work < 262144.0 ? 1 : max_threads();
-}
-
-/* This thread's number in the parallel region (omp_get_thread_num(), in [0, threads)); 0 without OpenMP
- * (Frama-C's parse, as max_threads). */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures nonneg: \result >= 0; */
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+    return work < 262144.0 ? 1 : team_size();
 }
 
 /* One float32 arena per thread, carved into named pieces. */
@@ -1195,19 +1170,6 @@ static void gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, 
 /* ---------------------------------------------------------------------------------------------------
  * forward
  * ------------------------------------------------------------------------------------------------- */
-/* dst[0 .. count) = src[0 .. count).  Contract trusted, not proved: WP's typed model cannot follow memcpy's
- * casts of float * to char * (as ref/gemm_blocked.c's copy_floats). */
-/*@ requires count: 0 <= count;
-    requires dst: \valid(dst + (0 .. count - 1));
-    requires src: \valid_read(src + (0 .. count - 1));
-    requires separated: \separated(dst + (0 .. count - 1), src + (0 .. count - 1));
-    terminates \true;
-    assigns dst[0 .. count - 1]; */
-static inline void copy_floats(float *dst, const float *src, int64_t count)
-{
-    memcpy(dst, src, (size_t)count * sizeof *dst);
-}
-
 /* act_value with its contract reduced to termination and errno: with act_value's float postcondition
  * (`identity`) among the hypotheses, Z3 and CVC4 timed out on plain index goals of the loops that call it. */
 /*@ terminates \true;
@@ -1922,7 +1884,7 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
 
     MLP_OMP(parallel num_threads(threads))
     {
-        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *cur = ws.base + (size_t)team_member(threads) * ws.per_thread;
         float *X = carve(&cur, n_max * H), *D = carve(&cur, n_max * H), *GU = carve(&cur, n_max * I2);
         float *M = carve(&cur, n_max * I), *M0 = on_i ? carve(&cur, n_max * I) : NULL;
         float *D0 = on_i ? carve(&cur, n_max * H) : NULL;
@@ -2206,7 +2168,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
 
     MLP_OMP(parallel num_threads(threads))
     {
-        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *cur = ws.base + (size_t)team_member(threads) * ws.per_thread;
         float *X = carve(&cur, n_max * H), *G = carve(&cur, n_max * H), *Dk = carve(&cur, n_max * H);
         float *dD = carve(&cur, n_max * H), *Tin = carve(&cur, n_max * wide), *Tout = carve(&cur, n_max * wide);
         float *GU = carve(&cur, n_max * I2), *dGU = carve(&cur, n_max * I2);
