@@ -54,6 +54,7 @@
  * sign or payload bits (never in being NaN).  Every non-NaN output is bit for bit the same.
  */
 #include "moe_ref.h"
+#include "ref_threads.h" /* team_size, team_member, copy_floats */
 
 /* Frama-C/WP (specs/verify.sh) reads the scalar path only: the SSE2, vector-extension and AVX2 code is
  * trusted (tested bit for bit against gemm_naive.c by tests/test_gemm_modes).  The compiled code is
@@ -534,36 +535,7 @@ enum {
     SCRATCH_FLOATS = SCRATCH_ROW + (MB > NB ? MB : NB) + 16
 };
 
-/* The OpenMP thread count of the next parallel region (omp_get_max_threads() >= 1); 1 without OpenMP,
- * which is what Frama-C parses (it does not define _OPENMP): WP proves the contract of that branch only. */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures positive: \result >= 1; */
-static int team_size(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-/* This thread's number in a parallel region opened with num_threads(threads): omp_get_thread_num(), below
- * the team size, which num_threads bounds by threads (the OpenMP specification's promise, not proved); 0
- * without OpenMP (Frama-C's parse, proved). */
-/*@ requires threads: threads >= 1;
-    terminates \true;
-    assigns \nothing;
-    ensures member: 0 <= \result < threads; */
-static int team_member(int threads)
-{
-    (void)threads;
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
+/* team_size, team_member: ref/ref_threads.h. */
 
 /* The scratch of threads threads: threads * SCRATCH_FLOATS floats, or NULL when they cannot be had.  Not
  * proved (malloc: WP 25 has no model of allocation); its contract is stated. */
@@ -1020,18 +992,7 @@ static void pack_b(const gemm_ctx *g, const a_block *ab, int64_t j0, int64_t nj,
         pack_b_rows(g, ab, j0, nj, p0, kb, b, row);
 }
 
-/* dst[0 .. count) = src[0 .. count) (dX with reduce_topk: a slot's values).  Contract trusted, not proved:
- * WP's typed model cannot follow memcpy's casts of float * to char *. */
-/*@ requires count: 0 <= count;
-    requires dst: \valid(dst + (0 .. count - 1));
-    requires src: \valid_read(src + (0 .. count - 1));
-    requires separated: \separated(dst + (0 .. count - 1), src + (0 .. count - 1));
-    terminates \true;
-    assigns dst[0 .. count - 1]; */
-static inline void copy_floats(float *dst, const float *src, int64_t count)
-{
-    memcpy(dst, src, (size_t)count * sizeof *dst);
-}
+/* copy_floats (dX with reduce_topk: a slot's values): ref/ref_threads.h. */
 
 /*@ // The elements store_tile may write: fwd y [M][N], dX dx [M][K] (without reduce_topk), dW dw [E][N][K].
     // dX with reduce_topk writes no output here (its slot values go to g->slot_values): 0, so that the

@@ -14,6 +14,7 @@
  */
 #include "mlp_ref.h"
 #include "moe_ref.h"
+#include "ref_threads.h" /* team_size, team_member, copy_floats */
 
 #include <inttypes.h>
 #include <math.h>
@@ -887,10 +888,52 @@ static void index_by_token(int64_t *ids, int64_t T, int64_t NB, int64_t *start, 
     /*@ assert steps: ascending_steps(start, T); */
 }
 
+/* The arrays of build_index_in are apart because each is its own allocation (build_index mallocs them one
+ * by one; the layout's ids and b2e are the caller's): distinct base addresses, one fact per pair (ids and b2e,
+ * both read only, may share one).  Stated so rather than as \separated ranges: WP's separated(p, n, q, m) is
+ * a disjunction (an empty range, distinct bases, or disjoint offsets), and with 45 of them among the
+ * hypotheses Z3 ran out of memory (CVC4 timed out) framing fill_index's facts across its second and third
+ * calls; a base inequality is a unit fact that closes each disjunction at once. */
+/*@ predicate index_bases(int64_t *pos, int64_t *token, int64_t *es, int64_t *esl, int64_t *ts, int64_t *tsl,
+                          int64_t *bs, int64_t *eb, int64_t *cursor, int64_t *ids, int64_t *b2e) =
+      \base_addr(pos) != \base_addr(token) && \base_addr(pos) != \base_addr(es) &&
+      \base_addr(pos) != \base_addr(esl) && \base_addr(pos) != \base_addr(ts) &&
+      \base_addr(pos) != \base_addr(tsl) && \base_addr(pos) != \base_addr(bs) &&
+      \base_addr(pos) != \base_addr(eb) && \base_addr(pos) != \base_addr(cursor) &&
+      \base_addr(pos) != \base_addr(ids) && \base_addr(pos) != \base_addr(b2e) &&
+      \base_addr(token) != \base_addr(es) && \base_addr(token) != \base_addr(esl) &&
+      \base_addr(token) != \base_addr(ts) && \base_addr(token) != \base_addr(tsl) &&
+      \base_addr(token) != \base_addr(bs) && \base_addr(token) != \base_addr(eb) &&
+      \base_addr(token) != \base_addr(cursor) && \base_addr(token) != \base_addr(ids) &&
+      \base_addr(token) != \base_addr(b2e) &&
+      \base_addr(es) != \base_addr(esl) && \base_addr(es) != \base_addr(ts) &&
+      \base_addr(es) != \base_addr(tsl) && \base_addr(es) != \base_addr(bs) &&
+      \base_addr(es) != \base_addr(eb) && \base_addr(es) != \base_addr(cursor) &&
+      \base_addr(es) != \base_addr(ids) && \base_addr(es) != \base_addr(b2e) &&
+      \base_addr(esl) != \base_addr(ts) && \base_addr(esl) != \base_addr(tsl) &&
+      \base_addr(esl) != \base_addr(bs) && \base_addr(esl) != \base_addr(eb) &&
+      \base_addr(esl) != \base_addr(cursor) && \base_addr(esl) != \base_addr(ids) &&
+      \base_addr(esl) != \base_addr(b2e) &&
+      \base_addr(ts) != \base_addr(tsl) && \base_addr(ts) != \base_addr(bs) &&
+      \base_addr(ts) != \base_addr(eb) && \base_addr(ts) != \base_addr(cursor) &&
+      \base_addr(ts) != \base_addr(ids) && \base_addr(ts) != \base_addr(b2e) &&
+      \base_addr(tsl) != \base_addr(bs) && \base_addr(tsl) != \base_addr(eb) &&
+      \base_addr(tsl) != \base_addr(cursor) && \base_addr(tsl) != \base_addr(ids) &&
+      \base_addr(tsl) != \base_addr(b2e) &&
+      \base_addr(bs) != \base_addr(eb) && \base_addr(bs) != \base_addr(cursor) &&
+      \base_addr(bs) != \base_addr(ids) && \base_addr(bs) != \base_addr(b2e) &&
+      \base_addr(eb) != \base_addr(cursor) && \base_addr(eb) != \base_addr(ids) &&
+      \base_addr(eb) != \base_addr(b2e) &&
+      \base_addr(cursor) != \base_addr(ids) && \base_addr(cursor) != \base_addr(b2e);
+*/
+
 /* build_index_in on the arrays themselves (formals, not x's fields: shorter goals): the slots by expert
  * (index_by_expert) and by token (index_by_token), then the blocks by expert (bucket_sort of
- * block_to_expert); returns max_slots.  The arrays as in index_scratch_ok.  Contract stated, NOT proved: its frame goals time out
- * (specs/README.md, build_index_in's row); the three steps it calls are proved.
+ * block_to_expert); returns max_slots.  The arrays as in index_scratch_ok: apart by distinct base addresses
+ * (index_bases).  Proved (2026-11-25; until then its frame goals timed out: specs/README.md, build_index_in's
+ * row): index_by_expert's facts are restated after index_by_token one by one (`*_kept`), and the two starts
+ * are framed element by element across the block sort (`expert_start_kept`, `token_start_kept`, from label
+ * Sorted), from which the facts of two neighbours follow without another frame.
  *   V, C  ghost: the slots, count_lt(ids, N*B, T); the length of cursor, max(E, T) (a name rather than
  *         the conditional expression: shorter separation goals) */
 /*@ requires dims: 0 <= T && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
@@ -905,12 +948,8 @@ static void index_by_token(int64_t *ids, int64_t T, int64_t NB, int64_t *start, 
       \valid(cursor + (0 .. C - 1));
     requires zeroed: \forall integer k; 0 <= k <= E ==> expert_start[k] == 0 && block_start[k] == 0;
     requires zeroed_tokens: \forall integer k; 0 <= k <= T ==> token_start[k] == 0;
-    requires separated: \separated(pos + (0 .. V - 1), token + (0 .. V - 1), expert_start + (0 .. E),
-      expert_slots + (0 .. V - 1), token_start + (0 .. T), token_slots + (0 .. V - 1), block_start + (0 .. E),
-      expert_blocks + (0 .. N - 1), cursor + (0 .. C - 1), ids + (0 .. N * B - 1));
-    requires separated_map: \separated(b2e + (0 .. N - 1), pos + (0 .. V - 1), token + (0 .. V - 1),
-      expert_start + (0 .. E), expert_slots + (0 .. V - 1), token_start + (0 .. T), token_slots + (0 .. V - 1),
-      block_start + (0 .. E), expert_blocks + (0 .. N - 1), cursor + (0 .. C - 1));
+    requires bases: index_bases(pos, token, expert_start, expert_slots, token_start, token_slots, block_start,
+      expert_blocks, cursor, ids, b2e);
     terminates \true;
     assigns pos[0 .. V - 1], token[0 .. V - 1], expert_start[1 .. E], expert_slots[0 .. V - 1],
       token_start[1 .. T], token_slots[0 .. V - 1], block_start[1 .. E], expert_blocks[0 .. N - 1],
@@ -935,25 +974,33 @@ static int64_t fill_index(int64_t *ids, int64_t *b2e, int64_t T, int64_t E, int6
     const int64_t most = index_by_expert(ids, b2e, T, E, N, B, pos, token, expert_start, expert_slots, cursor)
         /*@ ghost (V, C) */;
     index_by_token(ids, T, N * B, token_start, token_slots, cursor) /*@ ghost (V, C) */;
+    /* index_by_expert's facts, framed across index_by_token one by one (the ensures below frame them across
+     * the block sort only) */
+    /*@ assert positions_kept: in_range(pos, V, 0, N * B); */
+    /*@ assert tokens_kept: in_range(token, V, 0, T); */
+    /*@ assert by_expert_kept: expert_start[0] == 0 && expert_start[E] == V; */
+    /*@ assert expert_steps_kept: ascending_steps(expert_start, E); */
+    /*@ assert expert_slots_kept: in_range(expert_slots, V, 0, V); */
+    /*@ assert largest_kept: \forall integer e; 0 <= e < E ==> expert_start[e + 1] - expert_start[e] <= most; */
     /*@ assert blocks_kept: in_range(b2e, N, 0, E); */
     /*@ ghost lemma_count_lt_all(b2e, N, E); */
+    /*@ ghost Sorted: ; */
     bucket_sort(N, b2e, E, b2e, 1, E, block_start, expert_blocks, cursor) /*@ ghost (N, N) */;
+    /* the two starts element by element across the block sort (one index per goal): the ensures' facts of
+     * two neighbours (steps, largest) follow from these and the facts at Sorted without another frame
+     * (framed directly, they timed out at 60 s) */
+    /*@ assert expert_start_kept: \forall integer k; 0 <= k <= E ==> expert_start[k] == \at(expert_start[k], Sorted); */
+    /*@ assert token_start_kept: \forall integer k; 0 <= k <= T ==> token_start[k] == \at(token_start[k], Sorted); */
     /*@ assert block_steps: ascending_steps(block_start, E); */
     return most;
 }
 
 /* The arrays of a slot index and the cursor scratch as build_index allocates them, for V slots of a
  * problem with T tokens, E experts, N blocks, NB = N*B positions: valid, the three starts zeroed (calloc),
- * pairwise apart and apart from the index itself and from the problem and the layout's arrays (ids [NB],
- * b2e [N]), which build_index_in reads. */
-/*@ predicate index_apart{L}(slot_index *x, int64_t *cursor, integer V, integer T, integer E, integer N,
-                              int64_t *a, integer n) =
-      \separated(a + (0 .. n - 1), x, x->pos + (0 .. V - 1), x->token + (0 .. V - 1), x->expert_start + (0 .. E),
-                 x->expert_slots + (0 .. V - 1), x->token_start + (0 .. T), x->token_slots + (0 .. V - 1),
-                 x->block_start + (0 .. E), x->expert_blocks + (0 .. N - 1),
-                 cursor + (0 .. (E > T ? E : T) - 1));
-
-    predicate index_scratch_ok{L}(slot_index *x, int64_t *cursor, int64_t *ids, int64_t *b2e, integer V,
+ * each its own allocation (index_bases: distinct base addresses, also from the layout's arrays ids [NB] and
+ * b2e [N], which build_index_in reads), and none in the object of the index itself (x: the caller's local).
+ * (Until 2026-11-25 as pairwise \separated ranges; see index_bases for why not.) */
+/*@ predicate index_scratch_ok{L}(slot_index *x, int64_t *cursor, int64_t *ids, int64_t *b2e, integer V,
                                   integer T, integer E, integer N, integer NB) =
       \valid(x->pos + (0 .. V - 1)) && \valid(x->token + (0 .. V - 1)) &&
       \valid(x->expert_start + (0 .. E)) && \valid(x->expert_slots + (0 .. V - 1)) &&
@@ -962,20 +1009,21 @@ static int64_t fill_index(int64_t *ids, int64_t *b2e, int64_t T, int64_t E, int6
       \valid(cursor + (0 .. (E > T ? E : T) - 1)) &&
       (\forall integer k; 0 <= k <= E ==> x->expert_start[k] == 0 && x->block_start[k] == 0) &&
       (\forall integer k; 0 <= k <= T ==> x->token_start[k] == 0) &&
-      \separated(x, x->pos + (0 .. V - 1), x->token + (0 .. V - 1), x->expert_start + (0 .. E),
-                 x->expert_slots + (0 .. V - 1), x->token_start + (0 .. T), x->token_slots + (0 .. V - 1),
-                 x->block_start + (0 .. E), x->expert_blocks + (0 .. N - 1),
-                 cursor + (0 .. (E > T ? E : T) - 1)) &&
-      index_apart(x, cursor, V, T, E, N, ids, NB) && index_apart(x, cursor, V, T, E, N, b2e, N);
+      index_bases(x->pos, x->token, x->expert_start, x->expert_slots, x->token_start, x->token_slots,
+                  x->block_start, x->expert_blocks, cursor, ids, b2e) &&
+      \base_addr(x) != \base_addr(x->pos) && \base_addr(x) != \base_addr(x->token) &&
+      \base_addr(x) != \base_addr(x->expert_start) && \base_addr(x) != \base_addr(x->expert_slots) &&
+      \base_addr(x) != \base_addr(x->token_start) && \base_addr(x) != \base_addr(x->token_slots) &&
+      \base_addr(x) != \base_addr(x->block_start) && \base_addr(x) != \base_addr(x->expert_blocks) &&
+      \base_addr(x) != \base_addr(cursor) && \base_addr(x) != \base_addr(ids) && \base_addr(x) != \base_addr(b2e);
 */
 
 /* Fills the slot index of a checked layout into arrays the caller allocated (build_index): the layout
  * ids = token_position_to_id [N*B] (a token in [0, T) or not a token), b2e = block_to_expert [N] (in
  * [0, E)); x->count = the slots V (count_tokens), x's eight arrays and cursor [max(E, T)] scratch, any of
  * them NULL (not allocated): MOE_ERR_OUT_OF_MEMORY with the message build_index always gave (op: the
- * caller's name).  Contract stated, NOT proved (not in specs/verify.sh's list; specs/README.md): WP proves
- * its calls' requires, RTE and assigns, but the frame goals of fill_index (a fact of one step restated after
- * the next steps) time out.  Value parameters rather than the problem: with mlp_problem_ok among the
+ * caller's name).  Proved (2026-11-25, with fill_index; the arrays apart by distinct base addresses:
+ * index_scratch_ok, index_bases).  Value parameters rather than the problem: with mlp_problem_ok among the
  * hypotheses (its products of five fields) Z3 needed 8 s for the overflow of N * B alone. */
 /*@ requires dims: 0 <= T && 1 <= E && 0 <= N && 1 <= B && N * B <= INT64_MAX;
     requires layout: \valid_read(ids + (0 .. N * B - 1)) && \valid_read(b2e + (0 .. N - 1)) &&
@@ -1004,6 +1052,14 @@ static moe_status build_index_in(const char *op, int64_t *ids, int64_t *b2e, int
         !x->block_start || !x->expert_blocks || !cursor)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the slot index of %" PRId64 " positions",
                         op, N * B);
+    /* x->count is apart from what fill_index writes (index_scratch_ok's distinct bases), stated in the form
+     * of fill_index's assigns: count_kept below then needs no unfolding (it ran out of memory in Z3 without) */
+    /*@ assert count_apart: \separated(&x->count, x->pos + (0 .. V - 1)) &&
+          \separated(&x->count, x->token + (0 .. V - 1)) && \separated(&x->count, x->expert_start + (1 .. E)) &&
+          \separated(&x->count, x->expert_slots + (0 .. V - 1)) && \separated(&x->count, x->token_start + (1 .. T)) &&
+          \separated(&x->count, x->token_slots + (0 .. V - 1)) && \separated(&x->count, x->block_start + (1 .. E)) &&
+          \separated(&x->count, x->expert_blocks + (0 .. N - 1)) &&
+          \separated(&x->count, cursor + (0 .. (E > T ? E : T) - 1)); */
     x->max_slots = fill_index(ids, b2e, T, E, N, B, x->pos, x->token, x->expert_start, x->expert_slots,
                               x->token_start, x->token_slots, x->block_start, x->expert_blocks, cursor)
         /*@ ghost (V, E > T ? E : T) */;
@@ -1054,19 +1110,7 @@ static moe_status build_index(const moe_mlp_problem *p, slot_index *x)
 /* ---------------------------------------------------------------------------------------------------
  * per-thread workspaces
  * ------------------------------------------------------------------------------------------------- */
-/* The OpenMP thread count (omp_get_max_threads() >= 1); 1 without OpenMP, which is what Frama-C parses
- * (it does not define _OPENMP): WP proves the contract of that branch only. */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures positive: \result >= 1; */
-static int max_threads(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
+/* team_size, team_member, copy_floats: ref/ref_threads.h. */
 
 /* Threads for a call: one for small problems (below ~2^18 multiply-adds the fork/join costs more than
  * it saves, and on a loaded machine a barrier can wait a whole time slice).  The result does not
@@ -1078,21 +1122,7 @@ static int max_threads(void)
 static int threads_for(int64_t slots, int64_t H, int64_t I)
 {
     const double work = (double)slots * (double)(H + 1) * (double)(I + 1) * 3.0;
-    return work < 262144.0 ? 1 : max_threads();
-}
-
-/* This thread's number in the parallel region (omp_get_thread_num(), in [0, threads)); 0 without OpenMP
- * (Frama-C's parse, as max_threads). */
-/*@ terminates \true;
-    assigns \nothing;
-    ensures nonneg: \result >= 0; */
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+    return work < 262144.0 ? 1 : team_size();
 }
 
 /* One float32 arena per thread, carved into named pieces. */
@@ -1195,19 +1225,6 @@ static void gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, 
 /* ---------------------------------------------------------------------------------------------------
  * forward
  * ------------------------------------------------------------------------------------------------- */
-/* dst[0 .. count) = src[0 .. count).  Contract trusted, not proved: WP's typed model cannot follow memcpy's
- * casts of float * to char * (as ref/gemm_blocked.c's copy_floats). */
-/*@ requires count: 0 <= count;
-    requires dst: \valid(dst + (0 .. count - 1));
-    requires src: \valid_read(src + (0 .. count - 1));
-    requires separated: \separated(dst + (0 .. count - 1), src + (0 .. count - 1));
-    terminates \true;
-    assigns dst[0 .. count - 1]; */
-static inline void copy_floats(float *dst, const float *src, int64_t count)
-{
-    memcpy(dst, src, (size_t)count * sizeof *dst);
-}
-
 /* act_value with its contract reduced to termination and errno: with act_value's float postcondition
  * (`identity`) among the hypotheses, Z3 and CVC4 timed out on plain index goals of the loops that call it. */
 /*@ terminates \true;
@@ -1922,7 +1939,7 @@ moe_status moe_ref_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const v
 
     MLP_OMP(parallel num_threads(threads))
     {
-        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *cur = ws.base + (size_t)team_member(threads) * ws.per_thread;
         float *X = carve(&cur, n_max * H), *D = carve(&cur, n_max * H), *GU = carve(&cur, n_max * I2);
         float *M = carve(&cur, n_max * I), *M0 = on_i ? carve(&cur, n_max * I) : NULL;
         float *D0 = on_i ? carve(&cur, n_max * H) : NULL;
@@ -2206,7 +2223,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
 
     MLP_OMP(parallel num_threads(threads))
     {
-        float *cur = ws.base + (size_t)thread_id() * ws.per_thread;
+        float *cur = ws.base + (size_t)team_member(threads) * ws.per_thread;
         float *X = carve(&cur, n_max * H), *G = carve(&cur, n_max * H), *Dk = carve(&cur, n_max * H);
         float *dD = carve(&cur, n_max * H), *Tin = carve(&cur, n_max * wide), *Tout = carve(&cur, n_max * wide);
         float *GU = carve(&cur, n_max * I2), *dGU = carve(&cur, n_max * I2);
