@@ -54,6 +54,7 @@
  * sign or payload bits (never in being NaN).  Every non-NaN output is bit for bit the same.
  */
 #include "moe_ref.h"
+#include "ref_bf16.h"    /* bf16_to_f32, f32_to_bf16 */
 #include "ref_threads.h" /* team_size, team_member, copy_floats */
 
 /* Frama-C/WP (specs/verify.sh) reads the scalar path only: the SSE2, vector-extension and AVX2 code is
@@ -136,7 +137,7 @@ static inline float bits_to_float(uint32_t bits)
     return value;
 }
 
-static inline float bf16_to_float(uint16_t bits) { return bits_to_float((uint32_t)bits << 16); }
+/* bf16_to_f32 (and f32_to_bf16, below): ref/ref_bf16.h */
 
 static inline float f16_to_float(uint16_t bits)
 {
@@ -154,17 +155,8 @@ static inline float f16_to_float(uint16_t bits)
     return bits_to_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-/* float -> bf16 / f16, round to nearest even: the same bits as moe_f32_to_bf16 / moe_f32_to_f16 */
-static inline uint16_t float_to_bf16(float value)
-{
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((bits >> 16) | 0x0040u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
+/* float -> f16, round to nearest even: the same bits as moe_f32_to_f16 (float -> bf16: f32_to_bf16 of
+ * ref/ref_bf16.h) */
 static inline uint16_t float_to_f16(float value)
 {
     uint32_t bits;
@@ -219,10 +211,10 @@ static inline void load_span(moe_dtype dtype, const void *src, int64_t first, in
     case MOE_BF16: {
         const uint16_t *s = (const uint16_t *)src + first;
         if (stride == 1)
-            MOE_FOR_CHUNKED(i, count, out[i] = bf16_to_float(s[i]));
+            MOE_FOR_CHUNKED(i, count, out[i] = bf16_to_f32(s[i]));
         else
             for (int64_t i = 0; i < count; i++)
-                out[i * stride] = bf16_to_float(s[i]);
+                out[i * stride] = bf16_to_f32(s[i]);
         return;
     }
     case MOE_F16: {
@@ -267,7 +259,7 @@ static void load_transposed_panel(moe_dtype dtype, const void *src, int64_t firs
                 __m128 r0, r1, r2, r3;
                 if (dtype == MOE_BF16) {
                     const uint16_t *s = (const uint16_t *)src + first + j * ld + q;
-                    /* 4 bf16 -> the upper halves of 4 32-bit lanes: exactly bf16_to_float */
+                    /* 4 bf16 -> the upper halves of 4 32-bit lanes: exactly bf16_to_f32 */
                     r0 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)s)));
                     r1 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)(s + ld))));
                     r2 = _mm_castsi128_ps(_mm_unpacklo_epi16(zero, _mm_loadl_epi64((const __m128i *)(const void *)(s + 2 * ld))));
@@ -319,9 +311,9 @@ static void store_row(moe_dtype dtype, void *out, int64_t base, const float *v, 
     case MOE_BF16: {
         uint16_t *o = (uint16_t *)out + base;
         if (accumulate)
-            MOE_FOR_CHUNKED(j, count, o[j] = float_to_bf16(bf16_to_float(o[j]) + v[j]));
+            MOE_FOR_CHUNKED(j, count, o[j] = f32_to_bf16(bf16_to_f32(o[j]) + v[j]));
         else
-            MOE_FOR_CHUNKED(j, count, o[j] = float_to_bf16(v[j]));
+            MOE_FOR_CHUNKED(j, count, o[j] = f32_to_bf16(v[j]));
         return;
     }
     case MOE_F16: {

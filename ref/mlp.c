@@ -14,6 +14,7 @@
  */
 #include "mlp_ref.h"
 #include "moe_ref.h"
+#include "ref_bf16.h"    /* bf16_to_f32, f32_to_bf16 */
 #include "ref_threads.h" /* team_size, team_member, copy_floats */
 
 #include <inttypes.h>
@@ -54,31 +55,7 @@ enum { NC = 128, PC = 64, RC = 64 };
 /* ---------------------------------------------------------------------------------------------------
  * element conversion (inline for the hot loops; bf16 -> f32 is a shift)
  * ------------------------------------------------------------------------------------------------- */
-/* Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow memcpy between a uint32_t
- * and a float (a reinterpretation of the bits); it is a pure function of its argument. */
-/*@ terminates \true;
-    assigns \nothing; */
-static inline float bf16_to_f32(uint16_t bits)
-{
-    uint32_t u = (uint32_t)bits << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* = moe_f32_to_bf16 of ref/dtype.c (round to nearest even, NaN kept quiet), inlined for the gradient
- * stores.  Contract trusted, not proved (as bf16_to_f32's). */
-/*@ terminates \true;
-    assigns \nothing; */
-static inline uint16_t f32_to_bf16(float value)
-{
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((bits >> 16) | 0x0040u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
+/* bf16_to_f32, f32_to_bf16: ref/ref_bf16.h. */
 
 /* Elements first .. of a tensor given as void *, seen as float32 (an f32 tensor) or as uint16_t (f16, bf16).
  *   count  ghost (read by the proof only): the elements the caller reads through the result
