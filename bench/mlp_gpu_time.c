@@ -8,6 +8,10 @@
  * raised) so that the per-call workspace of cudaMallocAsync is not re-mapped every call.  Also checks
  * that every call reports no error and that two backward runs are bitwise equal (d_hidden, d_w_gu).
  *
+ * With round_intermediates (16-bit dtypes) the forward is timed a second time with MOE_MLP_FUSE_GATE=0 (the
+ * gate/up GEMM and its activation as two kernels; on sm_90a they are one by default), and its outputs and
+ * checkpoints are compared bit for bit with the default forward's.
+ *
  * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
  * 0 times the float32-intermediate tile path).
  *
@@ -257,6 +261,41 @@ static unsigned char *download(const void *dev, size_t bytes)
     return host;
 }
 
+/* The device arrays and options of the timed calls. */
+typedef struct mlp_call {
+    const moe_mlp_layout *layout;
+    int64_t H, I;
+    const void *x, *aff, *w_gu, *w_d, *G;
+    void *out, *ckgu, *ckd, *dx, *da, *dwgu, *dwd;
+    const moe_mlp_options *o;
+} mlp_call;
+
+/* Milliseconds of one forward (both checkpoints written), CUDA events around the call. */
+static float time_fwd(const mlp_call *c, cudaEvent_t start, cudaEvent_t stop)
+{
+    float ms = 0;
+    CUDA_TRY(cudaEventRecord(start, NULL));
+    TRY(moe_mlp_fwd(MOE_BACKEND_CUDA, c->layout, c->H, c->I, c->x, c->aff, c->w_gu, c->w_d, NULL, NULL, c->out,
+                    c->ckgu, c->ckd, c->o));
+    CUDA_TRY(cudaEventRecord(stop, NULL));
+    TRY(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL));
+    CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
+/* Milliseconds of one backward from the forward's checkpoints. */
+static float time_bwd(const mlp_call *c, cudaEvent_t start, cudaEvent_t stop)
+{
+    float ms = 0;
+    CUDA_TRY(cudaEventRecord(start, NULL));
+    TRY(moe_mlp_bwd(MOE_BACKEND_CUDA, c->layout, c->H, c->I, c->x, c->aff, c->w_gu, c->w_d, NULL, c->ckgu, c->ckd,
+                    c->G, c->dx, c->da, c->dwgu, c->dwd, NULL, NULL, c->o));
+    CUDA_TRY(cudaEventRecord(stop, NULL));
+    TRY(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL));
+    CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    return ms;
+}
+
 int main(int argc, char **argv)
 {
     const int64_t T = argc > 1 ? atoll(argv[1]) : 4096, E = argc > 2 ? atoll(argv[2]) : 128;
@@ -324,23 +363,11 @@ int main(int argc, char **argv)
     unsigned char *first_dx = NULL, *first_dwgu = NULL;
     int identical = 1;
     const size_t dx_bytes = (size_t)(T * H) * moe_dtype_size(dt), dwgu_bytes = (size_t)(E * H * 2 * I) * moe_dtype_size(dt);
+    const mlp_call call = {&layout, H, I, x, d_aff, w_gu, w_d, G, out, ckgu, ckd, dx, da, dwgu, dwd, &o};
     for (int r = -warmup; r < repeats; r++) {
-        CUDA_TRY(cudaEventRecord(start, NULL));
-        TRY(moe_mlp_fwd(MOE_BACKEND_CUDA, &layout, H, I, x, d_aff, w_gu, w_d, NULL, NULL, out, ckgu, ckd, &o));
-        CUDA_TRY(cudaEventRecord(stop, NULL));
-        TRY(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL));
-        float ms = 0;
-        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        const float f_ms = time_fwd(&call, start, stop), b_ms = time_bwd(&call, start, stop);
         if (r >= 0)
-            ms_fwd[r] = ms;
-        CUDA_TRY(cudaEventRecord(start, NULL));
-        TRY(moe_mlp_bwd(MOE_BACKEND_CUDA, &layout, H, I, x, d_aff, w_gu, w_d, NULL, ckgu, ckd, G, dx, da, dwgu, dwd,
-                        NULL, NULL, &o));
-        CUDA_TRY(cudaEventRecord(stop, NULL));
-        TRY(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL));
-        CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-        if (r >= 0)
-            ms_bwd[r] = ms;
+            ms_fwd[r] = f_ms, ms_bwd[r] = b_ms;
         if (r == -warmup) {
             first_dx = download(dx, dx_bytes);
             first_dwgu = download(dwgu, dwgu_bytes);
@@ -354,6 +381,42 @@ int main(int argc, char **argv)
     qsort(ms_fwd, (size_t)repeats, sizeof(float), cmp_float);
     qsort(ms_bwd, (size_t)repeats, sizeof(float), cmp_float);
     const double f = ms_fwd[repeats / 2], b = ms_bwd[repeats / 2];
+
+    /* The rows path's forward again with the gate/up GEMM and its activation as two kernels
+     * (MOE_MLP_FUSE_GATE=0; on sm_90a they are one by default, elsewhere both runs are unfused): its
+     * median, and whether its outputs are bitwise those of the default forward. */
+    double f_unfused = 0;
+    float *ms_unfused = xmalloc((size_t)repeats * sizeof(float));
+    int fwd_identical = 1;
+    const int compare_fusion = round_intermediates && dt != MOE_F32;
+    if (compare_fusion) {
+        const size_t out_bytes = (size_t)(T * H) * moe_dtype_size(dt);
+        const size_t ckgu_bytes = (size_t)(N * 2 * I * B) * moe_dtype_size(dt), ckd_bytes = (size_t)(N * B * H) * moe_dtype_size(dt);
+        unsigned char *fused_out = download(out, out_bytes), *fused_ckgu = download(ckgu, ckgu_bytes);
+        unsigned char *fused_ckd = download(ckd, ckd_bytes);
+        const char *saved = getenv("MOE_MLP_FUSE_GATE");
+        char *saved_copy = saved != NULL ? strdup(saved) : NULL;
+        if (setenv("MOE_MLP_FUSE_GATE", "0", 1) != 0) {
+            fprintf(stderr, "setenv failed\n");
+            exit(1);
+        }
+        for (int r = -warmup; r < repeats; r++) {
+            const float ms = time_fwd(&call, start, stop);
+            if (r >= 0)
+                ms_unfused[r] = ms;
+        }
+        if (saved_copy != NULL ? setenv("MOE_MLP_FUSE_GATE", saved_copy, 1) != 0 : unsetenv("MOE_MLP_FUSE_GATE") != 0) {
+            fprintf(stderr, "setenv failed\n");
+            exit(1);
+        }
+        free(saved_copy);
+        unsigned char *a = download(out, out_bytes), *c = download(ckgu, ckgu_bytes), *d = download(ckd, ckd_bytes);
+        fwd_identical = memcmp(a, fused_out, out_bytes) == 0 && memcmp(c, fused_ckgu, ckgu_bytes) == 0 &&
+                        memcmp(d, fused_ckd, ckd_bytes) == 0;
+        free(a), free(c), free(d), free(fused_out), free(fused_ckgu), free(fused_ckd);
+        qsort(ms_unfused, (size_t)repeats, sizeof(float), cmp_float);
+        f_unfused = ms_unfused[repeats / 2];
+    }
     const double flop_fwd = 6.0 * (double)(T * k) * (double)I * (double)H, flop_bwd = 2.0 * flop_fwd;
     printf("T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s: N=%lld blocks (%lld positions for %lld routed pairs)\n",
            (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, (long long)B, moe_dtype_name(dt),
@@ -366,6 +429,10 @@ int main(int argc, char **argv)
     printf("backward: median %.3f ms (min %.3f, max %.3f) over %d runs = %.1f TFLOP/s\n", b, ms_bwd[0],
            ms_bwd[repeats - 1], repeats, flop_bwd / (b * 1e-3) / 1e12);
     printf("backward outputs (d_hidden, d_w_gu) bitwise equal across runs: %s\n", identical ? "yes" : "NO");
+    if (compare_fusion)
+        printf("forward with MOE_MLP_FUSE_GATE=0: median %.3f ms = %.1f TFLOP/s (default / this speed %.2fx); "
+               "outputs and checkpoints bitwise equal: %s\n", f_unfused, flop_fwd / (f_unfused * 1e-3) / 1e12,
+               f_unfused / f, fwd_identical ? "yes" : "NO");
     if (dt != MOE_F32) {
         int64_t *m_sizes = xmalloc((size_t)E * 8);
         for (int64_t e = 0; e < E; e++)
@@ -379,5 +446,5 @@ int main(int argc, char **argv)
                cf, flop_fwd / (cf * 1e-3) / 1e12, cb, flop_bwd / (cb * 1e-3) / 1e12, cf / f, cb / b);
         free(m_sizes);
     }
-    return identical ? 0 : 1;
+    return identical && fwd_identical ? 0 : 1;
 }

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <type_traits>
 
+#include "act_cuda.cuh"
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
@@ -710,6 +711,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
 }
 
 #include "gemm_sm90.cuh"
+#include "gate_sm90.cuh"
 
 // ------------------------------------------------------------------------------------------------
 // Fixed-order reductions: reduce_topk (dX[t] = sum_j slot rows) and the topk-weight gradient partials.
@@ -1247,6 +1249,33 @@ __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col
     }
 }
 
+// The fused gate/up kernel of dtype T for the activation act (moe_cuda_rows_gate_gemm).
+template <typename T, int ACT>
+moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, const GateMaps &maps, int64_t max_tiles,
+                              cudaStream_t stream)
+{
+    auto kernel = sm90_gate_up_kernel<T, ACT>;
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G_SMEM_BYTES));
+    int64_t ctas = device_sm_count(); // persistent: one CTA per SM
+    if (ctas > max_tiles)
+        ctas = max_tiles;
+    kernel<<<(unsigned)(ctas < 1 ? 1 : ctas), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+template <typename T>
+moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, const GateMaps &maps, int64_t max_tiles,
+                          cudaStream_t stream)
+{
+    switch (act) {
+    case MOE_ACT_SILU: return launch_gate_up_act<T, MOE_ACT_SILU>(g, ep, maps, max_tiles, stream);
+    case MOE_ACT_GELU: return launch_gate_up_act<T, MOE_ACT_GELU>(g, ep, maps, max_tiles, stream);
+    case MOE_ACT_GELU_TANH: return launch_gate_up_act<T, MOE_ACT_GELU_TANH>(g, ep, maps, max_tiles, stream);
+    default: return launch_gate_up_act<T, MOE_ACT_SWISH>(g, ep, maps, max_tiles, stream);
+    }
+}
+
 } // namespace
 
 moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
@@ -1288,6 +1317,97 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
         g.ws.seen = nullptr;
         g.ws.status = const_cast<int *>(r->status);
         status = launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
+    }
+    err = cudaFreeAsync(tile_start, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
+    return status;
+}
+
+moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *epi, int *taken)
+{
+    *taken = 0;
+    const char *fuse = getenv("MOE_MLP_FUSE_GATE"), *forced = getenv("MOE_CUDA_KERNEL");
+    const bool required = fuse != NULL && strcmp(fuse, "1") == 0;
+    const int64_t E = r->E, rows = r->rows, H = r->N, I = epi->I, B = epi->B, blocks = epi->num_blocks;
+    // why this call does not take the fused kernel (NULL: it does)
+    const char *why = NULL;
+    if (fuse != NULL && strcmp(fuse, "0") == 0)
+        why = "MOE_MLP_FUSE_GATE=0";
+    else if (forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0))
+        why = "MOE_CUDA_KERNEL forces another kernel family";
+    else if (r->op != MOE_ROWS_A_W || r->accumulate || r->K != 2 * I)
+        why = "not a gate/up GEMM"; // a caller's mistake: moe_cuda_mlp_fwd never passes one
+    else if (r->dtype == MOE_F32)
+        why = "f32 (the kernel is for f16 and bf16)";
+    else if (E <= 0 || rows <= 0 || H <= 0 || I <= 0)
+        why = "no rows";
+    else if (H % 8 != 0 || I % 8 != 0)
+        why = "H or I not a multiple of 8";
+    else if (!aligned16(r->a) || !aligned16(r->b) || !aligned16(epi->m_rows) ||
+             (epi->m0_rows != nullptr && !aligned16(epi->m0_rows)))
+        why = "an operand not 16-byte aligned";
+    else if (!sm90_path_available())
+        why = "no sm_90a device";
+    GateMaps maps = {};
+    const uint64_t es = 2;
+    if (why == NULL) {
+        const uint64_t dims_a[2] = {(uint64_t)H, (uint64_t)rows}, strides_a[1] = {(uint64_t)H * es};
+        const uint32_t box_a[2] = {(uint32_t)H_BK, (uint32_t)G_BM};
+        const uint64_t dims_w[3] = {(uint64_t)(2 * I), (uint64_t)H, (uint64_t)E},
+                       strides_w[2] = {(uint64_t)(2 * I) * es, (uint64_t)(H * 2 * I) * es};
+        const uint64_t dims_m[3] = {(uint64_t)I, (uint64_t)rows, 1},
+                       strides_m[2] = {(uint64_t)I * es, (uint64_t)(rows * I) * es};
+        const uint32_t box_64[3] = {64, 64, 1};
+        if (!encode_tensor_map(&maps.rows_a, r->dtype, r->a, 2, dims_a, strides_a, box_a) ||
+            !encode_tensor_map(&maps.w, r->dtype, r->b, 3, dims_w, strides_w, box_64) ||
+            !encode_tensor_map(&maps.m_rows, r->dtype, epi->m_rows, 3, dims_m, strides_m, box_64))
+            why = "a tensor map was refused";
+    }
+    if (why != NULL)
+        return required ? moe_fail(MOE_ERR_UNSUPPORTED, "%s: MOE_MLP_FUSE_GATE=1 but the fused kernel cannot take "
+                                                        "this call: %s", r->name, why)
+                        : MOE_OK;
+    GateArgs ep = {};
+    if (epi->ckpt != nullptr && B % 8 == 0 && aligned16(epi->ckpt) && blocks > 0) {
+        const uint64_t dims_c[3] = {(uint64_t)B, (uint64_t)(blocks * 2 * I), 1},
+                       strides_c[2] = {(uint64_t)B * es, (uint64_t)(blocks * 2 * I * B) * es};
+        const uint32_t box_64[3] = {64, 64, 1};
+        ep.ckpt_boxes = encode_tensor_map(&maps.ckpt, r->dtype, epi->ckpt, 3, dims_c, strides_c, box_64);
+    }
+    ep.on_i = epi->on_i, ep.bias = epi->bias != nullptr;
+    ep.I = I, ep.B = B, ep.E = epi->num_experts;
+    ep.row_pos = epi->row_pos, ep.ids = epi->ids, ep.aff = epi->affinities, ep.b_gu = epi->bias;
+    ep.has_nl_lo = epi->has_nl_lo, ep.has_nl_hi = epi->has_nl_hi, ep.has_lin_lo = epi->has_lin_lo;
+    ep.has_lin_hi = epi->has_lin_hi;
+    ep.nl_lo = epi->nl_lo, ep.nl_hi = epi->nl_hi, ep.lin_lo = epi->lin_lo, ep.lin_hi = epi->lin_hi;
+    ep.m_rows = epi->m_rows, ep.ckpt = epi->ckpt, ep.m0_rows = epi->m0_rows;
+
+    cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
+    const int64_t col_tiles = (I + G_BI - 1) / G_BI;
+    int64_t *tile_start = nullptr;
+    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(E + 1) * 2 * 8, stream)); // tile_start, lone_start
+    *taken = 1;
+    int64_t *const lone_start = tile_start + (E + 1);
+    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, E, col_tiles, G_BM, 0, tile_start, lone_start, r->status);
+    moe_status status = MOE_OK;
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
+    if (status == MOE_OK) {
+        GemmArgs g = {};
+        g.op = OP_DX; // the dX form: out = a . W[e], reduction over N = H
+        g.dtype = r->dtype, g.out_dtype = r->dtype;
+        g.T = rows, g.k = 1, g.E = E, g.M = rows, g.N = H, g.K = 2 * I;
+        g.cols_j = I; // column tiles of 64 i (gate and up)
+        g.a = r->a, g.b = r->b;
+        g.ws.offsets = const_cast<int64_t *>(r->offsets);
+        g.ws.tile_start = tile_start;
+        g.ws.lone_start = lone_start;
+        g.ws.status = const_cast<int *>(r->status);
+        const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
+        status = r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)
+                                      : launch_gate_up<__half>(epi->act, g, ep, maps, max_tiles, stream);
     }
     err = cudaFreeAsync(tile_start, stream);
     if (status == MOE_OK && err != cudaSuccess)

@@ -926,6 +926,25 @@ constexpr int P_BARRIER_OFFSET = P_EPI_OFFSET + 2 * P_EPI_WG_BYTES; // full[S], 
 constexpr size_t P_SMEM_BYTES = 1024 /* alignment */ + P_BARRIER_OFFSET + 2 * P_STAGES * 8;
 static_assert(P_EPI_OFFSET % 1024 == 0 && P_SMEM_BYTES <= 232448, "shared memory of the ping-pong kernel");
 
+#ifdef MOE_SM90A_DEVICE
+// The stage barriers of a kernel whose producer is thread 0 alone (TMA) and whose consumer warpgroups take
+// whole tiles in turn (the ping-pong schedule): full[s] waits for thread 0's arrival with the byte count,
+// empty[s] for the owning warpgroup's four warps.  Thread 0 initialises them; then the CTA synchronises.
+template <int STAGES>
+__device__ __forceinline__ void h_init_pingpong_barriers(uint32_t full_bar, uint32_t empty_bar)
+{
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full_bar + 8 * s, 1);
+            mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32 / 2);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_proxy_async();
+    }
+    __syncthreads();
+}
+#endif
+
 template <typename T>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_dw_pingpong_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
@@ -936,15 +955,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     const uint32_t full_bar = smem_base + P_BARRIER_OFFSET, empty_bar = full_bar + P_STAGES * 8;
     if (*g.ws.status != 0)
         return;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < P_STAGES; s++) {
-            mbar_init(full_bar + 8 * s, 1);                     // thread 0's arrival with the TMA byte count
-            mbar_init(empty_bar + 8 * s, H_CONSUMERS / 32 / 2); // the owning warpgroup's warps
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        fence_proxy_async();
-    }
-    __syncthreads();
+    h_init_pingpong_barriers<P_STAGES>(full_bar, empty_bar);
     const int64_t tiles = total_tiles(g, P_BM, P_BN);
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer: thread 0 alone

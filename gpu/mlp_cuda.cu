@@ -51,64 +51,13 @@
 #include <stdio.h>
 #include <type_traits>
 
+#include "act_cuda.cuh"
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
 #include "mlp_cuda.h"
 
 namespace {
-
-// ------------------------------------------------------------------------------------------------
-// Activations (element loads and stores: dtype_cuda.cuh)
-// ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-constexpr float SWISH_ALPHA = 1.702f;
-constexpr float SQRT_HALF = 0.70710678118654752440f;
-constexpr float INV_SQRT_2PI = 0.39894228040143267794f;
-constexpr float SQRT_2_OVER_PI = 0.79788456080286535588f;
-constexpr float GELU_TANH_C = 0.044715f;
-
-// The formulas of ref/mlp.c (same float32 operation order; libm differs by <= 2 ulp).
-__device__ __forceinline__ float act_value(int act, float x)
-{
-    switch (act) {
-    case MOE_ACT_SILU: return x * sigmoid(x);
-    case MOE_ACT_GELU: return 0.5f * x * (1.0f + erff(x * SQRT_HALF));
-    case MOE_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x * x * x)));
-    default: return x * sigmoid(SWISH_ALPHA * x);
-    }
-}
-
-__device__ __forceinline__ float act_derivative(int act, float x)
-{
-    switch (act) {
-    case MOE_ACT_SILU: {
-        const float s = sigmoid(x);
-        return s * (1.0f + x * (1.0f - s));
-    }
-    case MOE_ACT_GELU: return 0.5f * (1.0f + erff(x * SQRT_HALF)) + x * (INV_SQRT_2PI * expf(-0.5f * x * x));
-    case MOE_ACT_GELU_TANH: {
-        const float x2 = x * x;
-        const float t = tanhf(SQRT_2_OVER_PI * (x + GELU_TANH_C * x2 * x));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * x2);
-    }
-    default: {
-        const float s = sigmoid(SWISH_ALPHA * x);
-        return s * (1.0f + SWISH_ALPHA * x * (1.0f - s));
-    }
-    }
-}
-
-// Comparisons keep NaN (not clamped).
-__device__ __forceinline__ float clamp_value(float v, int has_lo, float lo, int has_hi, float hi)
-{
-    if (has_lo && v < lo)
-        v = lo;
-    if (has_hi && v > hi)
-        v = hi;
-    return v;
-}
 
 // ------------------------------------------------------------------------------------------------
 // The call as the kernels see it
@@ -161,7 +110,8 @@ struct MlpArgs {
     int64_t *row_pos;     // [NB]   position of each row (rows past row_offsets[E] unused)
     int64_t *pos_row;     // [NB]   row of each position, -1 for padding; NULL on the tile path
     void *Xr, *Mr, *M0r, *Sr, *dGUr; // dt rows: hidden, m, unscaled m, down-gradient operand, (dg, du)
-    float *GU, *Dr, *dMr;            // float32 rows: gate/up, down (then a*d or dX), dM
+    float *GU, *Dr, *dMr;            // float32 rows: gate/up (unfused forward only, its own allocation),
+                                     // down (then a*d or dX), dM
     int dre_bias;                    // rows path: Dre rows lack the down bias (dot_kernel adds it)
     int64_t *tok_count;              // [T]    positions of each token
     int64_t *tok_list;               // [T*E]  their rows (tile path: positions), ascending expert order
@@ -915,7 +865,9 @@ __global__ void bias_grad_kernel(MlpArgs g)
 //
 //   forward    Xr = hidden rows;  GU = Xr . W_gu (f32);  gate_act: bias, clamps, gate_up_ckpt_T,
 //              Mr = rnd(act(g)*u [*a]);  Dr = Mr . W_d (f32);  token_out: bias, a*d summed per token
-//              -> out, and ON_H's down_ckpt on the way (ON_I's: down_ckpt from Dre = rnd(m) . W_d)
+//              -> out, and ON_H's down_ckpt on the way (ON_I's: down_ckpt from Dre = rnd(m) . W_d).
+//              On sm_90a the gate/up GEMM and gate_act are one kernel (gpu/gate_sm90.cuh): the fp32 GU
+//              rows are neither written nor read, same bits (MOE_MLP_FUSE_GATE=0 turns it off)
 //   backward   Xr;  Sr = rnd(a*G) (ON_I: G);  dMr = Sr . W_d^T (f32);  gate_bwd (from the checkpoint):
 //              Mr = rnd(m [*a]), dGUr = rnd(dg, du);  [ON_I without down_ckpt: Dre = rnd(m) . W_d];
 //              dot/daff -> d_affinities;  dXr = dGUr . W_gu^T (f32) -> token_rows -> d_hidden;
@@ -1540,6 +1492,25 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
     return moe_cuda_rows_gemm(&r);
 }
 
+// The forward's gate/up GEMM fused with gate_act_kernel's work (moe_cuda_rows_gate_gemm): *fused = 0 when
+// the call does not fit it (nothing launched).
+moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
+{
+    MoeRowsGemm r = {};
+    r.name = "moe_mlp_fwd (gate/up, fused)", r.op = MOE_ROWS_A_W, r.dtype = g.dt, r.out_dtype = g.dt;
+    r.E = g.E, r.rows = g.NB, r.N = g.H, r.K = 2 * g.I;
+    r.offsets = g.row_offsets, r.status = g.status;
+    r.a = g.Xr, r.b = g.w_gu, r.out = nullptr, r.accumulate = 0, r.stream = stream;
+    MoeGateEpilogue e = {};
+    e.act = g.act, e.on_i = g.on_i;
+    e.I = g.I, e.B = g.B, e.num_blocks = g.N, e.num_experts = g.E;
+    e.row_pos = g.row_pos, e.ids = g.ids, e.affinities = g.aff, e.bias = g.bias ? g.b_gu : nullptr;
+    e.has_nl_lo = g.has_nl_lo, e.has_nl_hi = g.has_nl_hi, e.has_lin_lo = g.has_lin_lo, e.has_lin_hi = g.has_lin_hi;
+    e.nl_lo = g.nl_lo, e.nl_hi = g.nl_hi, e.lin_lo = g.lin_lo, e.lin_hi = g.lin_hi;
+    e.m_rows = g.Mr, e.ckpt = g.ckpt_gu, e.m0_rows = g.M0r;
+    return moe_cuda_rows_gate_gemm(&r, &e, fused);
+}
+
 // gather_rows_kernel, with the affinity gradient's dot product when `dot` (the down checkpoint given).
 // Needs the token lists (launch_token_lists).
 template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, const void *src, void *dst, cudaStream_t stream)
@@ -1615,7 +1586,7 @@ void launch_gate_kernel(const MlpArgs &g, Launch launch)
 struct RowsSizes {
     bool active;
     int64_t xr, mr, m0r, sr, dgur; // dt
-    int64_t gu, dr, dmr;           // float32
+    int64_t dr, dmr;               // float32
 };
 
 // Allocates the workspace, points g at it, runs the layout kernels and body(g), frees (stream-ordered).
@@ -1639,7 +1610,7 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     const size_t o_tcount = c.take(g.T, 8), o_tlist = c.take(g.T * g.E, 8), o_texp = c.take(g.T * g.E, 8);
     const size_t o_xr = c.take(rs.xr, es), o_mr = c.take(rs.mr, es), o_m0r = c.take(rs.m0r, es);
     const size_t o_sr = c.take(rs.sr, es), o_dgur = c.take(rs.dgur, es);
-    const size_t o_gu = c.take(rs.gu, 4), o_dr = c.take(rs.dr, 4), o_dmr = c.take(rs.dmr, 4);
+    const size_t o_dr = c.take(rs.dr, 4), o_dmr = c.take(rs.dmr, 4);
     unsigned char *ws = nullptr;
     cudaError_t err = cudaMallocAsync(&ws, c.bytes, stream);
     if (err != cudaSuccess)
@@ -1669,7 +1640,6 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
         g.pos_row = reinterpret_cast<int64_t *>(ws + o_prow);
         g.Xr = ws + o_xr, g.Mr = ws + o_mr, g.M0r = rs.m0r > 0 ? ws + o_m0r : nullptr;
         g.Sr = ws + o_sr, g.dGUr = ws + o_dgur;
-        g.GU = reinterpret_cast<float *>(ws + o_gu);
         g.Dr = reinterpret_cast<float *>(ws + o_dr);
         g.dMr = reinterpret_cast<float *>(ws + o_dmr);
     }
@@ -1716,25 +1686,44 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
     const bool ckpt_from_m0 = g.on_i && down_ckpt != nullptr;
     if (p->round_intermediates) {
         RowsSizes rs = {};
-        rs.active = true, rs.xr = NB * H, rs.gu = NB * 2 * I, rs.mr = NB * I, rs.m0r = ckpt_from_m0 ? NB * I : 0;
+        // no fp32 gate/up rows in the workspace: the fused kernel does without them, and the unfused path
+        // allocates them itself (805 MB at Qwen3-30B-A3B, T = 16384)
+        rs.active = true, rs.xr = NB * H, rs.mr = NB * I, rs.m0r = ckpt_from_m0 ? NB * I : 0;
         rs.dr = NB * H;
         return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             launch_token_lists(a, stream);
             moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
-            if (s == MOE_OK)
-                s = rows_gemm(a, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, a.Xr, a.w_gu, a.GU, 0, stream);
             if (s != MOE_OK)
                 return s;
             if ((a.ckpt_gu != nullptr || a.ckpt_d != nullptr) && NB > 0)
                 zero_padding_kernel<<<grid_for(a.N * zero_items_per_block(a), 1, (int64_t)sm_count() * 8), 256, 0,
                                       stream>>>(a, (I * a.B) % 4 == 0 && aligned16(a.ckpt_gu),
                                                 H % 8 == 0 && aligned16(a.ckpt_d));
-            if (NB * I > 0)
-                launch_gate_kernel(a, [&](auto dt, auto act) {
-                    const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
-                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a);
-                });
+            MOE_CUDA_CHECK(cudaGetLastError());
+            // the gate/up GEMM with the elementwise step in its epilogue where the sm_90a kernel takes the call;
+            // otherwise the GEMM's fp32 rows (allocated here, stream-ordered) and gate_act_kernel
+            int fused = 0;
+            s = gate_up_fused(a, &fused, stream);
+            if (s == MOE_OK && !fused && NB > 0) {
+                MlpArgs u = a;
+                cudaError_t err = cudaMallocAsync(reinterpret_cast<void **>(&u.GU), (size_t)(NB * 2 * I) * 4, stream);
+                if (err != cudaSuccess)
+                    return moe_fail(err == cudaErrorMemoryAllocation ? MOE_ERR_OUT_OF_MEMORY : MOE_ERR_DEVICE,
+                                    "moe_mlp_fwd: cudaMallocAsync of the %lld-byte gate/up rows failed: %s",
+                                    (long long)(NB * 2 * I * 4), cudaGetErrorString(err));
+                s = rows_gemm(u, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, u.Xr, u.w_gu, u.GU, 0, stream);
+                if (s == MOE_OK && NB * I > 0)
+                    launch_gate_kernel(u, [&](auto dt, auto act) {
+                        const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
+                        kernel<<<gate_tiles_grid(u, kernel), dim3(RT, 8), 0, stream>>>(u);
+                    });
+                err = cudaFreeAsync(u.GU, stream);
+                if (s == MOE_OK && err != cudaSuccess)
+                    s = moe_fail(MOE_ERR_DEVICE, "moe_mlp_fwd: cudaFreeAsync failed: %s", cudaGetErrorString(err));
+            }
+            if (s != MOE_OK)
+                return s;
             MOE_CUDA_CHECK(cudaGetLastError());
             s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
             if (s == MOE_OK && ckpt_from_m0)

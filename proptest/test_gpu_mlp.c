@@ -13,8 +13,13 @@
  *      padding mark, a (token, expert) pair twice, a token twice under tensor_update_overwrite) are
  *      detected on the device and reported by moe_backend_synchronize with the reference's status codes
  *      and a message naming the position, and no output byte is written; the next call is clean.
+ *   4. the forward's fused gate/up epilogue (sm_90a) on shapes that reach its every store path, against the
+ *      reference and bit for bit against the unfused path (fused_gate below).
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
- * usage: test_gpu_mlp [seed] [cases] */
+ * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case]
+ * (TEST_GPU_MLP_TRACE=1 prints each fused case before it runs, for a crash's reproducer: the same seed with
+ * the case's number as the first and 1 + that number as the count runs it alone.) */
+#include "config.h"
 #include "mlp_testlib.h"
 
 #include <cuda_runtime_api.h>
@@ -242,6 +247,106 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
     return bad;
 }
 
+/* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
+
+/* The rows path's forward runs its gate/up GEMM with the activation fused into the epilogue where the
+ * sm_90a kernel takes the call (f16/bf16, H and I multiples of 8, round_intermediates); the option cross
+ * reaches it rarely with 64-position blocks and experts of more than 128 rows.  Here: such shapes (blocks
+ * of 16 .. 128 positions, so both of its checkpoint stores; I a multiple of 64 or not, so partial column
+ * tiles; dropless, dropping and shuffled layouts; every activation, affinity, bias and clamp choice; ON_I
+ * forwards write the down checkpoint, so the unscaled copy of m too), each checked against the reference
+ * within the bounds, and against the unfused path (MOE_MLP_FUSE_GATE=0) bit for bit, outputs, checkpoints
+ * and gradients.  On an sm_90 device with the sm_90a kernels built, the fused run sets MOE_MLP_FUSE_GATE=1,
+ * so a case the fused kernel declines fails instead of quietly comparing the unfused path with itself;
+ * elsewhere both runs take the unfused path and the comparison is trivially equal. */
+static int fused_kernel_expected(void)
+{
+#ifdef MOE_HAVE_SM90A
+    int device = 0, major = 0, minor = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+#else
+    return 0;
+#endif
+}
+
+static int64_t fused_gate(uint64_t base, int first, int cases)
+{
+    oracle_rng rng = {base ^ 0x9a7e5eedULL};
+    int64_t bad = 0, done = 0, differ = 0;
+    const int strict = fused_kernel_expected();
+    const int trace = getenv("TEST_GPU_MLP_TRACE") != NULL; /* each case's line before it runs */
+    for (int index = 0; index < cases; index++) {
+        moe_mlp_options o = {0};
+        o.activation = (moe_mlp_activation)(index & 3);
+        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
+        o.bias = (index >> 3) & 1;
+        o.dtype = (index >> 4) & 1 ? MOE_F16 : MOE_BF16;
+        o.round_intermediates = 1;
+        o.padding = (moe_mlp_padding)oracle_rng_below(&rng, 2);
+        static const int64_t blocks[] = {16, 32, 64, 128, 128, 64};
+        o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
+        const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 4);
+        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 2 ? E : 2));
+        const int64_t T = 60 + (int64_t)oracle_rng_below(&rng, 300);
+        const int64_t H = 8 * (8 + (int64_t)oracle_rng_below(&rng, 12));
+        const int64_t I = oracle_rng_below(&rng, 2) ? 64 * (1 + (int64_t)oracle_rng_below(&rng, 2))
+                                                    : 8 * (2 + (int64_t)oracle_rng_below(&rng, 16));
+        const int mode = (int)oracle_rng_below(&rng, 3);
+        const int clamps = (int)oracle_rng_below(&rng, 16);
+        const int down_in_bwd = o.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
+        if (index < first) /* its draws are made: the later cases are those of the whole run */
+            continue;
+        if (trace) {
+            fprintf(stderr, "fused case %d: T %lld E %lld k %lld H %lld I %lld B %lld mode %d act %d aff %d bias %d %s "
+                    "clamps %d down_in_bwd %d\n", index, (long long)T, (long long)E, (long long)k, (long long)H,
+                    (long long)I, (long long)o.block_size, mode, (int)o.activation, (int)o.affinity, o.bias,
+                    moe_dtype_name(o.dtype), clamps, down_in_bwd);
+            fflush(stderr);
+        }
+        mt_case c;
+        mt_case_init(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
+        mt_case_scale_weights(&c);
+        if (clamps != 0 && !mt_choose_clamps(&c, clamps)) {
+            mt_case_free(&c);
+            mt_case_init(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
+            mt_case_scale_weights(&c);
+        }
+        const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
+        mt_result fused, unfused, ref;
+        use_gpu();
+        CHECK(!strict || setenv("MOE_MLP_FUSE_GATE", "1", 1) == 0, "setenv failed");
+        int64_t b = mt_run(&c, checks, down_in_bwd, &fused);
+        CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
+        b += mt_run(&c, checks, down_in_bwd, &unfused);
+        CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
+        if (!mt_results_identical(&c, &fused, &unfused, 1)) {
+            fprintf(stderr, "fused case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): fused and "
+                    "unfused forward differ\n", index, (unsigned long long)c.seed, (long long)T, (long long)E,
+                    (long long)k, (long long)H, (long long)I, (long long)o.block_size, mode);
+            b++;
+            differ++;
+        }
+        use_ref();
+        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
+        b += mt_compare_results(&c, &fused, &c, &ref, "GPU (fused gate/up) vs CPU reference");
+        if (b)
+            fprintf(stderr, "fused case %d: %lld mismatches\n", index, (long long)b);
+        bad += b;
+        done++;
+        mt_result_free(&fused);
+        mt_result_free(&unfused);
+        mt_result_free(&ref);
+        mt_case_free(&c);
+    }
+    printf("fused gate/up: %lld cases%s, %lld mismatches (%lld where fused and unfused differ)\n", (long long)done,
+           strict ? " (the fused kernel required)" : " (no sm_90a: both runs unfused)", (long long)bad,
+           (long long)differ);
+    return bad;
+}
+
 /* ---- 3: invalid device layouts ---- */
 
 /* Runs fwd and bwd on the GPU with the given layout arrays (host copies; the wrappers upload them) and
@@ -423,6 +528,7 @@ int main(int argc, char **argv)
     int64_t determinism = 0;
     int64_t bad = option_cross(seed, cases, &determinism);
     printf("determinism: %lld repeated cases compared bit for bit\n", (long long)determinism);
+    bad += fused_gate(seed, argc > 4 ? atoi(argv[4]) : 0, argc > 3 ? atoi(argv[3]) : 48);
     bad += bad_layouts(seed);
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;

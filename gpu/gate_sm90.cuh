@@ -1,0 +1,322 @@
+// The MLP forward's gate/up GEMM with the activation in its epilogue (sm_90a; issue 8).  Included by
+// gpu/gemm_cuda.cu after gemm_sm90.cuh (its primitives), inside that file's anonymous namespace; the
+// host side is moe_cuda_rows_gate_gemm (contract in gemm_cuda.cuh).
+//
+// Unfused, the rows path writes the gate/up GEMM's fp32 rows [rows][2I] (805 MB at Qwen3-30B-A3B,
+// T = 16384) and gate_act_kernel reads them back to form m and the transposed checkpoint (~830 us, memory
+// bound at 1.76 TB/s).  Here a tile's 128 wgmma columns are the gate columns i0 .. i0 + 63 of W_gu and the
+// up columns I + i0 .. I + i0 + 63 (two TMA boxes of the dX-form W map), so a consumer thread holds g and u
+// of the same (row, i), and its epilogue writes m and the checkpoint directly:
+//   - m: rounded into a 64 x 64 box per m64 block (as the wide dW epilogue, stmatrix) and stored by TMA
+//     through maps.m_rows; an m64 block with rows past the expert's last row stores element pairs instead
+//     (the rows after it belong to the next expert);
+//   - the checkpoint gate_up_ckpt_T [n][2I][B] (slot-minor): stmatrix .trans writes the block's 64 rows x 64
+//     columns transposed into two boxes [64 i][64 b] (gate, up; 128-byte swizzle) stored by TMA through
+//     maps.ckpt, a 2-D view [n 2I][B], when the block's rows are the consecutive positions p .. p + n - 1
+//     of one layout block with p % B + 64 <= B and p % 8 == 0 (then the box's positions after the last row
+//     are padding of the same block, written +0: every real position of a block is a row of its expert, and
+//     the rows of a block are consecutive in position order); otherwise (blocks of fewer than 64 positions,
+//     dropping layouts with padding inside a block, shuffled slots, the last column tile when 64 does not
+//     divide I) 2-byte stores.  p % 8: a TMA store whose innermost start coordinate is not 16-byte aligned
+//     faults ("illegal instruction" at UTMASTG; shuffled layouts of test_gpu_mlp, 2026-11-26); dropless
+//     layouts start every box at slot 0 or 64;
+//   - the unscaled copy m0 (ON_I with a down checkpoint, which is computed from it): element pairs.
+// The bias, clamps, activation and affinity scale are gate_act_kernel's expressions (gpu/act_cuda.cuh), in
+// its order, so the results are its bits.
+//
+// Schedule: the dW ping-pong kernel's (gemm_sm90.cuh): each consumer warpgroup owns whole 128 x 128 tiles
+// (two m64n128 blocks), the CTA's tiles alternate between the two, and an ordering barrier lets a
+// warpgroup start its MMAs only once the other has issued the previous tile's, so one warpgroup's
+// epilogue (the activation's math and its stores) runs while the other's MMAs do.  The 2026-11-23 try put
+// the activation into the 128 x 256 kernel's epilogue, where the tensor cores waited for it, with 2-byte
+// transposed stores from registers: 20% slower than unfused (bench/RESULTS.md).
+//   Ring: G_STAGES stages of 32 KiB (the tile's 128 hidden rows {64 k, 128 rows}, K-major; W_gu's two
+//   {64 c, 64 n} boxes, MN-major), filled by producer thread 0 in tile order.
+//   Epilogue area: per warpgroup, per m64 block, three 8 KiB boxes (m, gate, up).  A warpgroup's thread 0
+//   waits for the previous tile's TMA stores to have read them before the warpgroup writes them again.
+//   Named barriers: 1 + w, warpgroup w's turn for MMAs; 3 + w, warpgroup w alone.
+// Each output element is computed by one thread in a fixed order: bitwise reproducible.
+
+// The tensor maps of the fused kernel (one __grid_constant__ parameter).
+struct GateMaps {
+    CUtensorMap rows_a; // the hidden rows [rows][H], box {64 k, 128 rows}
+    CUtensorMap w;      // W_gu [E][H][2I], box {64 c, 64 n, 1}
+    CUtensorMap m_rows; // m [1][rows][I], box {64 i, 64 rows, 1}
+    CUtensorMap ckpt;   // gate_up_ckpt_T as [1][n 2I][B], box {64 b, 64 rows, 1} (zero when ckpt is NULL)
+};
+
+// The epilogue's parameters on the device (MoeGateEpilogue with the flags the host decided).
+struct GateArgs {
+    int on_i, bias, ckpt_boxes; // ckpt_boxes: maps.ckpt encoded (B % 8 == 0, aligned)
+    int64_t I, B, E;
+    const int64_t *row_pos, *ids;
+    const void *aff, *b_gu;
+    int has_nl_lo, has_nl_hi, has_lin_lo, has_lin_hi;
+    float nl_lo, nl_hi, lin_lo, lin_hi;
+    void *m_rows, *ckpt, *m0_rows; // m0_rows: [rows][I] unscaled m, or NULL
+};
+
+constexpr int G_BM = 128, G_BI = 64, G_STAGES = 4;
+constexpr int G_A_BYTES = G_BM * H_BK * 2, G_STAGE_BYTES = G_A_BYTES + 2 * G_BI * H_BK * 2; // 16 + 16 KiB
+constexpr int G_BOX_BYTES = 64 * 128;
+constexpr int G_EPI_OFFSET = G_STAGES * G_STAGE_BYTES;
+constexpr int G_EPI_WG_BYTES = 2 * 3 * G_BOX_BYTES; // two m64 blocks x (m, gate, up)
+constexpr int G_BARRIER_OFFSET = G_EPI_OFFSET + 2 * G_EPI_WG_BYTES; // full[S], empty[S]
+constexpr size_t G_SMEM_BYTES = 1024 /* alignment */ + G_BARRIER_OFFSET + 2 * G_STAGES * 8;
+static_assert(G_EPI_OFFSET % 1024 == 0 && G_SMEM_BYTES <= 232448, "shared memory of the fused gate/up kernel");
+
+#ifdef MOE_SM90A_DEVICE
+// A warp's 16 rows (row0 .. row0 + 15 of a 64-row block) x 64 columns of its m64 accumulators d (column
+// groups 0 .. 7, the layout of h_store_box_rows), rounded to T and written transposed into a box of 64
+// rows (= columns) of 64 16-bit values (= the block's rows), 128-byte swizzled: the 8 rows of a fragment
+// are one 16-byte chunk, (row0 / 8 + h) ^ (column & 7).  stmatrix .trans stores each 8 x 8 fragment
+// transposed: lane l addresses row l % 8 of the stored matrix l / 8, i.e. column 8 j + l % 8.
+template <typename T>
+__device__ __forceinline__ void g_store_box_cols(uint32_t box_addr, int row0, const float *d)
+{
+    const int lane = threadIdx.x % 32;
+    const int m = lane / 8, k = lane % 8, chunk = row0 / 8 + (m & 1);
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const int j = 2 * p + m / 2;
+        const float *v = d + 8 * p;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                         box_addr + (8 * j + k) * 128 + ((chunk ^ k) * 16)),
+                     "r"(pack2_rn<T>(v[0], v[1])), "r"(pack2_rn<T>(v[2], v[3])), "r"(pack2_rn<T>(v[4], v[5])),
+                     "r"(pack2_rn<T>(v[6], v[7]))
+                     : "memory");
+    }
+}
+#endif
+
+template <typename T, int ACT>
+__global__ void __launch_bounds__(H_THREADS, 1)
+    sm90_gate_up_kernel(const GemmArgs g, const GateArgs ep, const __grid_constant__ GateMaps maps)
+{
+#ifdef MOE_SM90A_DEVICE
+    unsigned char *smem = dynamic_smem_1k();
+    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t full_bar = smem_base + G_BARRIER_OFFSET, empty_bar = full_bar + G_STAGES * 8;
+    if (*g.ws.status != 0)
+        return;
+    h_init_pingpong_barriers<G_STAGES>(full_bar, empty_bar);
+    const int64_t tiles = total_tiles(g, G_BM, G_BI); // g.cols_j = I: column tiles of 64 i
+    const int64_t steps = (g.N + H_BK - 1) / H_BK;    // the reduction: H
+    if (threadIdx.x < H_PRODUCERS) {
+        // ------------------------------------------------------------------ producer: thread 0 alone
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
+        if (threadIdx.x != 0)
+            return;
+        const uint64_t w_policy = l2_policy(true);
+        uint32_t it = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const TileCoord t = tile_coord(g, tile, G_BM, G_BI);
+            const int64_t base = g.ws.offsets[t.e];
+            for (int64_t step = 0; step < steps; step++, it++) {
+                const int s = (int)(it % G_STAGES);
+                const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * G_STAGE_BYTES, sb = sa + G_A_BYTES;
+                const int q0 = (int)(step * H_BK);
+                mbar_wait(empty_bar + 8 * s, ((it / G_STAGES) & 1) ^ 1);
+                mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
+                // rows past the expert's last one belong to the next expert (or past the tensor: zeros); their
+                // results are never stored
+                tma_load_2d(sa, &maps.rows_a, bar, q0, (int)(base + t.i0));
+                tma_load_3d(sb, &maps.w, bar, (int)t.j0, q0, (int)t.e, w_policy);
+                tma_load_3d(sb + G_BOX_BYTES, &maps.w, bar, (int)(ep.I + t.j0), q0, (int)t.e, w_policy);
+            }
+        }
+    } else {
+        // ------------------------------------------------------------------ consumer warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
+        const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
+        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32, q = lane % 4;
+        const uint32_t epi_base = smem_base + G_EPI_OFFSET + wg * G_EPI_WG_BYTES;
+        const uint64_t out_policy = l2_evict_first_policy();
+        const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+        const int64_t I = ep.I, B = ep.B;
+        uint32_t it = 0;
+        int64_t local = 0;
+        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, local++) {
+            if ((local & 1) != wg) { // the other warpgroup's tile: its stages are not ours
+                it += (uint32_t)steps;
+                continue;
+            }
+            const TileCoord t = tile_coord(g, tile, G_BM, G_BI);
+            const int64_t base = g.ws.offsets[t.e];
+            // per m64 block b: its real rows (0 .. 64), the position of its first row, and whether the
+            // checkpoint goes by TMA boxes (see the file header); read before the MMAs so that their
+            // latency hides behind them
+            int rows_in[2];
+            int64_t first_pos[2];
+            bool ckpt_box[2];
+            // this thread's rows: 16 warp + lane / 4 + 8 h of block b; their position (-1: past the expert)
+            // and, with ON_I, their affinity
+            int64_t my_pos[2][2];
+            float my_a[2][2];
+            auto my_row = [&](int b, int h) { return base + t.i0 + 64 * b + 16 * warp_in_wg + lane / 4 + 8 * h; };
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int64_t left = t.rows - (t.i0 + 64 * b);
+                rows_in[b] = left <= 0 ? 0 : left >= 64 ? 64 : (int)left;
+                first_pos[b] = rows_in[b] > 0 ? ep.row_pos[base + t.i0 + 64 * b] : 0;
+                const int64_t last_pos = rows_in[b] > 0 ? ep.row_pos[base + t.i0 + 64 * b + rows_in[b] - 1] : 0;
+                ckpt_box[b] = ep.ckpt_boxes && rows_in[b] > 0 && last_pos - first_pos[b] == rows_in[b] - 1 &&
+                              first_pos[b] % B + 64 <= B && first_pos[b] % 8 == 0 && t.j0 + G_BI <= I;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = 16 * warp_in_wg + lane / 4 + 8 * h;
+                    my_pos[b][h] = row < rows_in[b] ? ep.row_pos[base + t.i0 + 64 * b + row] : -1;
+                    my_a[b][h] = 1.0f;
+                    if (ep.on_i && my_pos[b][h] >= 0)
+                        my_a[b][h] = load_as_float(g.dtype, ep.aff, ep.ids[my_pos[b][h]] * ep.E + t.e);
+                }
+            }
+            // the loads above are lane-divergent (rows past the expert, ON_I); bar.sync and wgmma are .aligned:
+            // without this, ON_I tiles hit "illegal instruction" (test_gpu_mlp, 2026-11-26)
+            __syncwarp();
+            if (local > 0)
+                named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
+            float d[2][G_BI];        // m64n128 per block: columns 0 .. 63 gate, 64 .. 127 up
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+#pragma unroll
+                for (int i = 0; i < G_BI; i++)
+                    d[b][i] = 0.0f;
+            for (int64_t step = 0; step < steps; step++, it++) {
+                const int s = (int)(it % G_STAGES);
+                const uint32_t stage = smem_base + s * G_STAGE_BYTES;
+                mbar_wait(full_bar + 8 * s, (it / G_STAGES) & 1);
+                if (rows_in[1] > 0)
+                    h_mma_step<T, 2, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+                else
+                    h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+                wgmma_wait<1>();
+                if (step > 0 && lane == 0)
+                    mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+            }
+            // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
+            if (local + 1 < my_tiles)
+                named_arrive(1 + (1 - wg), 256);
+            wgmma_wait<0>();
+            if (steps > 0 && lane == 0)
+                mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+
+            // ---- epilogue: the boxes are reused one tile later: thread 0 first waits until the previous
+            // tile's stores have read them
+            if (lane_in_wg == 0)
+                bulk_wait_read<0>();
+            __syncwarp();
+            named_sync(3 + wg, 128);
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                if (rows_in[b] == 0)
+                    continue;
+                const uint32_t box_m = epi_base + b * 3 * G_BOX_BYTES, box_g = box_m + G_BOX_BYTES,
+                               box_u = box_g + G_BOX_BYTES;
+                // d[b][4 j + 2 h + c]: row 16 warp + lane / 4 + 8 h, column i0 + 8 j + 2 q + c (gate; up at + 32)
+                float m[32], m0_even = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const int64_t i = t.j0 + 8 * j + 2 * q; // even
+                    float bg[2] = {0.0f, 0.0f}, bu[2] = {0.0f, 0.0f};
+                    if (ep.bias && i < I) {
+                        bg[0] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + i);
+                        bu[0] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + I + i);
+                        if (i + 1 < I) {
+                            bg[1] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + i + 1);
+                            bu[1] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + I + i + 1);
+                        }
+                    }
+#pragma unroll
+                    for (int c4 = 0; c4 < 4; c4++) {
+                        const int x = 4 * j + c4, h = c4 / 2, c = c4 & 1;
+                        float gv = d[b][x], uv = d[b][32 + x];
+                        if (ep.bias) {
+                            gv = gv + bg[c];
+                            uv = uv + bu[c];
+                        }
+                        gv = clamp_value(gv, ep.has_nl_lo, ep.nl_lo, ep.has_nl_hi, ep.nl_hi);
+                        uv = clamp_value(uv, ep.has_lin_lo, ep.lin_lo, ep.has_lin_hi, ep.lin_hi);
+                        const float mv = act_value(ACT, gv) * uv;
+                        m[x] = ep.on_i ? mv * my_a[b][h] : mv;
+                        // the unscaled copy (ON_I with a down checkpoint): a pair per row, once both are known
+                        if (c == 0)
+                            m0_even = mv;
+                        else if (ep.m0_rows != nullptr && my_pos[b][h] >= 0 && i < I)
+                            *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m0_rows) + my_row(b, h) * I + i) =
+                                pack2_rn<T>(m0_even, mv);
+                        // the checkpoint's values; +0 for the box's rows past the expert (padding positions)
+                        const bool real = my_pos[b][h] >= 0;
+                        d[b][x] = real ? gv : 0.0f;
+                        d[b][32 + x] = real ? uv : 0.0f;
+                    }
+                }
+                __syncwarp(); // after the lane-divergent stores of m0 (stmatrix below is .aligned)
+                if (ep.ckpt != nullptr) {
+                    if (ckpt_box[b]) {
+                        g_store_box_cols<T>(box_g, 16 * warp_in_wg, d[b]);
+                        g_store_box_cols<T>(box_u, 16 * warp_in_wg, d[b] + 32);
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int64_t pos = my_pos[b][h];
+                            if (pos < 0)
+                                continue;
+                            const int64_t n = pos / B, ckpt0 = n * 2 * I * B + (pos - n * B);
+#pragma unroll
+                            for (int j = 0; j < 8; j++)
+#pragma unroll
+                                for (int c = 0; c < 2; c++) {
+                                    const int64_t i = t.j0 + 8 * j + 2 * q + c;
+                                    if (i < I) {
+                                        store_from_float(g.dtype, ep.ckpt, ckpt0 + i * B, d[b][4 * j + 2 * h + c]);
+                                        store_from_float(g.dtype, ep.ckpt, ckpt0 + (I + i) * B, d[b][32 + 4 * j + 2 * h + c]);
+                                    }
+                                }
+                        }
+                    }
+                }
+                __syncwarp(); // after the checkpoint's per-row stores
+                if (rows_in[b] == 64) {
+                    h_store_box_rows<T>(box_m, 16 * warp_in_wg, m, 0);
+                } else {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        if (my_pos[b][h] < 0)
+                            continue;
+                        const int64_t r = my_row(b, h);
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            const int64_t i = t.j0 + 8 * j + 2 * q;
+                            if (i < I) // I % 8 == 0: i + 1 < I too; the pair is 4-byte aligned
+                                *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m_rows) + r * I + i) =
+                                    pack2_rn<T>(m[4 * j + 2 * h], m[4 * j + 2 * h + 1]);
+                        }
+                    }
+                }
+                __syncwarp(); // the per-row stores above diverge; stmatrix and the barriers below are .aligned
+            }
+            fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
+            named_sync(3 + wg, 128);
+            if (lane_in_wg == 0) {
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    const uint32_t box_m = epi_base + b * 3 * G_BOX_BYTES;
+                    if (rows_in[b] == 64) // the map clips columns past I
+                        tma_store_3d(&maps.m_rows, box_m, (int)t.j0, (int)(base + t.i0 + 64 * b), 0, out_policy);
+                    if (ep.ckpt != nullptr && ckpt_box[b]) {
+                        const int64_t n = first_pos[b] / B, b0 = first_pos[b] - n * B;
+                        tma_store_3d(&maps.ckpt, box_m + G_BOX_BYTES, (int)b0, (int)(n * 2 * I + t.j0), 0, out_policy);
+                        tma_store_3d(&maps.ckpt, box_m + 2 * G_BOX_BYTES, (int)b0, (int)(n * 2 * I + I + t.j0), 0,
+                                     out_policy);
+                    }
+                }
+            }
+        }
+        if (lane_in_wg == 0)
+            bulk_wait_all(); // the boxes stay in use until TMA has read them
+    }
+#else
+    (void)g, (void)ep, (void)maps; // compiled for another target: never launched (see sm90_path_available)
+#endif
+}
