@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         my_a[b][h] = load_as_float(g.dtype, ep.aff, ep.ids[my_pos[b][h]] * ep.E + t.e);
                 }
             }
-            // the loads above are lane-divergent (rows past the expert, ON_I); bar.sync and wgmma are .aligned:
-            // without this, ON_I tiles hit "illegal instruction" (test_gpu_mlp, 2026-11-26)
+            // the loads above are lane-divergent (rows past the expert, ON_I); bar.sync and wgmma are .aligned,
+            // so the warp reconverges first
             __syncwarp();
             if (local > 0)
                 named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
