@@ -1,7 +1,7 @@
 /* Times the CUDA blockwise MoE MLP (MOE_BACKEND_CUDA), forward and backward, on one MoE layer (default:
  * Qwen3-30B-A3B, T = 4096 tokens, E = 128 experts, k = 8, H = 2048, I = 768, bf16, B = 128, dropless
  * layout from uniformly random distinct top-k routing, SiLU, affinity on H, no bias; data uniform in
- * [-1, 1) from proptest/oracle.c).  Each direction is
+ * [-1, 1) from proptest/oracle.c, repeating every 2^24 elements).  Each direction is
  * timed with CUDA events around single calls: `warmup` untimed calls, then `repeats` timed ones; the
  * median is reported with TFLOP/s from the routed pairs (forward 6*T*k*I*H, backward 12*T*k*I*H FLOPs;
  * padding positions are not counted).  The default memory pool keeps freed memory (release threshold
@@ -9,7 +9,8 @@
  * that every call reports no error and that two backward runs are bitwise equal (d_hidden, d_w_gu).
  *
  * With round_intermediates (16-bit dtypes) the forward is timed a second time with MOE_MLP_FUSE_GATE=0 (the
- * gate/up GEMM and its activation as two kernels; on sm_90a they are one by default), and its outputs and
+ * gate/up GEMM and its activation as two kernels; on sm_90a they are one by default where the experts are
+ * long enough, and at any size with MOE_MLP_FUSE_GATE=1 in the environment), and its outputs and
  * checkpoints are compared bit for bit with the default forward's.
  *
  * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
@@ -62,17 +63,29 @@ static void *xmalloc(size_t bytes)
 
 static oracle_rng rng = {20261122};
 
-/* A device buffer of n elements of dtype: uniform in [-1, 1) (random != 0) or zero. */
+/* Random device data repeats with this period (elements): drawing every element on the host took over a
+ * minute per call for gpt-oss-120b's 3.2 G weights; the kernels' traffic and arithmetic do not depend on the
+ * values' period. */
+#define RANDOM_PERIOD ((int64_t)1 << 24)
+
+/* A device buffer of n elements of dtype: uniform in [-1, 1) (random != 0; the first RANDOM_PERIOD drawn,
+ * then copied along the buffer) or zero. */
 static void *device_array(moe_dtype dt, int64_t n, int random)
 {
-    const size_t bytes = (size_t)n * moe_dtype_size(dt);
+    const size_t es = moe_dtype_size(dt), bytes = (size_t)n * es;
     void *dev = NULL;
     CUDA_TRY(cudaMalloc(&dev, bytes ? bytes : 16));
     if (random) {
-        void *host = xmalloc(bytes);
-        oracle_fill(&rng, dt, host, n, 0);
-        CUDA_TRY(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+        const int64_t drawn = n < RANDOM_PERIOD ? n : RANDOM_PERIOD;
+        void *host = xmalloc((size_t)drawn * es);
+        oracle_fill(&rng, dt, host, drawn, 0);
+        CUDA_TRY(cudaMemcpy(dev, host, (size_t)drawn * es, cudaMemcpyHostToDevice));
         free(host);
+        for (int64_t filled = drawn; filled < n;) { /* doubling copies of what is there */
+            const int64_t chunk = filled < n - filled ? filled : n - filled;
+            CUDA_TRY(cudaMemcpy((char *)dev + (size_t)filled * es, dev, (size_t)chunk * es, cudaMemcpyDeviceToDevice));
+            filled += chunk;
+        }
     } else {
         CUDA_TRY(cudaMemset(dev, 0, bytes));
     }
@@ -383,7 +396,8 @@ int main(int argc, char **argv)
     const double f = ms_fwd[repeats / 2], b = ms_bwd[repeats / 2];
 
     /* The rows path's forward again with the gate/up GEMM and its activation as two kernels
-     * (MOE_MLP_FUSE_GATE=0; on sm_90a they are one by default, elsewhere both runs are unfused): its
+     * (MOE_MLP_FUSE_GATE=0; on sm_90a with long enough experts, or with MOE_MLP_FUSE_GATE=1 in the
+     * environment, they are one in the default run; elsewhere both runs are unfused): its
      * median, and whether its outputs are bitwise those of the default forward. */
     double f_unfused = 0;
     float *ms_unfused = xmalloc((size_t)repeats * sizeof(float));
