@@ -57,6 +57,13 @@ struct GateArgs {
 };
 
 constexpr int G_BM = 128, G_BI = 64, G_STAGES = 4;
+// The fused kernel is taken (unless MOE_MLP_FUSE_GATE=1 forces it) when the GEMM has at least this many rows
+// per expert on average (positions, padding included).  Its m64n128 MMAs, one warpgroup at a time, run
+// slower than the 128 x 256 kernel's; the epilogue it saves pays that back on long experts only.  H100,
+// mlp-gpu-time fwd fused / unfused (bench/RESULTS.md, 2026-11-26): Qwen3-30B-A3B T = 16384 (1086 positions
+// per expert) 1.13-1.15x, Mixtral-8x7B T = 4096 (1088) 1.06-1.09x, E128 k8 H4096 I512 T = 32768 (2114) 1.02x,
+// Qwen3 T = 4096 (319) 1.00-1.02x, gpt-oss-120b T = 4096 (183) 0.95x.
+constexpr int64_t G_FUSE_MIN_ROWS = 256;
 constexpr int G_A_BYTES = G_BM * H_BK * 2, G_STAGE_BYTES = G_A_BYTES + 2 * G_BI * H_BK * 2; // 16 + 16 KiB
 constexpr int G_BOX_BYTES = 64 * 128;
 constexpr int G_EPI_OFFSET = G_STAGES * G_STAGE_BYTES;

@@ -1349,6 +1349,8 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
         why = "an operand not 16-byte aligned";
     else if (!sm90_path_available())
         why = "no sm_90a device";
+    else if (!required && rows < G_FUSE_MIN_ROWS * E)
+        why = "short experts (the unfused kernels are faster)";
     GateMaps maps = {};
     const uint64_t es = 2;
     if (why == NULL) {

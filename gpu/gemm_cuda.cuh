@@ -66,10 +66,11 @@ struct MoeGateEpilogue {
 };
 // *taken = 1: launched (the status says whether the launch went well); *taken = 0: this call does not fit
 // the fused kernel (no sm_90a device, f32, I or H not a multiple of 8, a tensor not 16-byte aligned, a
-// tensor map that cannot be encoded, MOE_CUDA_KERNEL=sm80|simt or MOE_MLP_FUSE_GATE=0 in the environment):
-// nothing was launched, and the caller runs moe_cuda_rows_gemm and its own elementwise kernel.
-// MOE_MLP_FUSE_GATE=1 makes the fused kernel required (for tests): a call that does not fit it fails with
-// MOE_ERR_UNSUPPORTED and the reason instead.
+// tensor map that cannot be encoded, MOE_CUDA_KERNEL=sm80|simt or MOE_MLP_FUSE_GATE=0 in the environment)
+// or would be slower there (fewer than G_FUSE_MIN_ROWS rows per expert on average): nothing was launched,
+// and the caller runs moe_cuda_rows_gemm and its own elementwise kernel.  MOE_MLP_FUSE_GATE=1 makes the
+// fused kernel required (for tests and timing): the size rule is skipped, and a call that does not fit the
+// kernel fails with MOE_ERR_UNSUPPORTED and the reason instead.
 moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *epi, int *taken);
 
 // Waits for the stream, then reports (and clears) the first routing error detected on the device.

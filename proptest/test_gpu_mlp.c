@@ -250,13 +250,13 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
 /* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
 
 /* The rows path's forward runs its gate/up GEMM with the activation fused into the epilogue where the
- * sm_90a kernel takes the call (f16/bf16, H and I multiples of 8, round_intermediates); the option cross
- * reaches it rarely with 64-position blocks and experts of more than 128 rows.  Here: such shapes (blocks
- * of 16 .. 128 positions, so both of its checkpoint stores; I a multiple of 64 or not, so partial column
- * tiles; dropless, dropping and shuffled layouts; every activation, affinity, bias and clamp choice; ON_I
- * forwards write the down checkpoint, so the unscaled copy of m too), each checked against the reference
- * within the bounds, and against the unfused path (MOE_MLP_FUSE_GATE=0) bit for bit, outputs, checkpoints
- * and gradients.  On an sm_90 device with the sm_90a kernels built (and MOE_CUDA_KERNEL not forcing sm80 or
+ * sm_90a kernel takes the call (f16/bf16, H and I multiples of 8, round_intermediates, 256 positions per
+ * expert or more unless MOE_MLP_FUSE_GATE=1); the option cross's small cases seldom reach it.  Here,
+ * forced: blocks of 16 .. 128 positions, so both of its checkpoint stores; I a multiple of 64 or not, so
+ * partial column tiles; dropless, dropping and shuffled layouts; every activation, affinity, bias and clamp
+ * choice; ON_I forwards write the down checkpoint, so the unscaled copy of m too.  Each case is checked
+ * against the reference within the bounds, and against the unfused path (MOE_MLP_FUSE_GATE=0) bit for bit,
+ * outputs, checkpoints and gradients.  On an sm_90 device with the sm_90a kernels built (and MOE_CUDA_KERNEL not forcing sm80 or
  * simt), the fused run sets MOE_MLP_FUSE_GATE=1, so a case the fused kernel declines fails instead of quietly
  * comparing the unfused path with itself; elsewhere both runs take the unfused path and the comparison is
  * trivially equal. */
