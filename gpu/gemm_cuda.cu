@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <initializer_list>
 #include <type_traits>
 
 #include "act_cuda.cuh"
@@ -760,6 +761,15 @@ int device_sm_count()
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+// Grid of a persistent kernel: per_sm CTAs per SM, no more than max_tiles (each CTA needs a tile), at least one.
+unsigned persistent_grid(int64_t max_tiles, int per_sm = 1)
+{
+    int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
+    if (grid > max_tiles)
+        grid = max_tiles;
+    return (unsigned)(grid < 1 ? 1 : grid);
+}
+
 // Kernel family for a call.  MOE_CUDA_KERNEL=auto (default) | sm80 | simt forces a family, so tests can
 // exercise every path on one GPU; a forced family still falls back when it cannot take the shape.
 // MOE_CUDA_KERNEL=sm90 is auto, except that a refused TMA descriptor is an error instead of a quiet
@@ -992,24 +1002,14 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
     int per_sm = 0;
     MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TC_THREADS, TC_SMEM_BYTES));
-    int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
-    if (grid > max_tiles)
-        grid = max_tiles;
-    if (grid < 1)
-        grid = 1;
-    kernel<<<(unsigned)grid, TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
+    kernel<<<persistent_grid(max_tiles, per_sm), TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
 
 moe_status launch_simt(const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
 {
-    int64_t grid = (int64_t)device_sm_count() * 4;
-    if (grid > max_tiles)
-        grid = max_tiles;
-    if (grid < 1)
-        grid = 1;
-    simt_gemm_kernel<<<(unsigned)grid, SIMT_THREADS, 0, stream>>>(g);
+    simt_gemm_kernel<<<persistent_grid(max_tiles, 4), SIMT_THREADS, 0, stream>>>(g);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -1256,10 +1256,7 @@ moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, const GateM
 {
     auto kernel = sm90_gate_up_kernel<T, ACT>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G_SMEM_BYTES));
-    int64_t ctas = device_sm_count(); // persistent: one CTA per SM
-    if (ctas > max_tiles)
-        ctas = max_tiles;
-    kernel<<<(unsigned)(ctas < 1 ? 1 : ctas), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
+    kernel<<<persistent_grid(max_tiles), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
@@ -1276,6 +1273,87 @@ moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, const 
     }
 }
 
+// The frame of every rows GEMM: the tile starts of r's experts (rows_tiles_kernel: col_tiles column tiles,
+// rows_per_tile rows, paired or not) in a stream-ordered allocation, launch(tile_start, lone_start), the
+// allocation freed.  The launch's status is returned, or the frame's own failure.
+template <class Launch>
+moe_status with_tile_starts(const MoeRowsGemm *r, int64_t col_tiles, int64_t rows_per_tile, bool paired,
+                            Launch launch)
+{
+    cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
+    int64_t *tile_start = nullptr;
+    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 2 * 8, stream)); // tile_start, lone_start
+    int64_t *const lone_start = tile_start + (r->E + 1);
+    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, rows_per_tile, paired, tile_start,
+                                            lone_start, r->status);
+    moe_status status = MOE_OK;
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
+    if (status == MOE_OK)
+        status = launch(tile_start, lone_start);
+    err = cudaFreeAsync(tile_start, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
+    return status;
+}
+
+// GemmArgs of a rows GEMM (op, dtypes, shapes, operands, offsets and status from r; cols_j and the tile starts
+// from the caller).
+GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *tile_start, int64_t *lone_start)
+{
+    GemmArgs g = {};
+    g.op = op;
+    g.dtype = r->dtype, g.out_dtype = r->out_dtype;
+    g.T = r->rows, g.k = 1, g.E = r->E, g.M = r->rows, g.N = r->N, g.K = r->K;
+    g.cols_j = cols_j;
+    g.accumulate = r->accumulate;
+    g.a = r->a, g.b = r->b, g.out = r->out;
+    g.ws.offsets = const_cast<int64_t *>(r->offsets);
+    g.ws.tile_start = tile_start;
+    g.ws.lone_start = lone_start;
+    g.ws.seen = nullptr;
+    g.ws.status = const_cast<int *>(r->status);
+    return g;
+}
+
+// Why the fused MLP kernel (moe_cuda_rows_gate_gemm) does not take a call (NULL: it does).  form_ok: r is the
+// GEMM the kernel fuses; H, I: the MLP's; outs: the epilogue's outputs (NULL entries skipped); required:
+// MOE_MLP_FUSE_GATE=1 (no size rule).  A fused backward kernel would share it (branch wip/gate-bwd-fused).
+const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, int64_t I, bool required,
+                                std::initializer_list<const void *> outs)
+{
+    const char *fuse = getenv("MOE_MLP_FUSE_GATE"), *forced = getenv("MOE_CUDA_KERNEL");
+    if (fuse != NULL && strcmp(fuse, "0") == 0)
+        return "MOE_MLP_FUSE_GATE=0";
+    if (forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0))
+        return "MOE_CUDA_KERNEL forces another kernel family";
+    if (!form_ok || r->accumulate)
+        return "not the GEMM the kernel fuses"; // a caller's mistake: the MLP never passes one
+    if (r->dtype == MOE_F32)
+        return "f32 (the kernel is for f16 and bf16)";
+    if (r->E <= 0 || r->rows <= 0 || H <= 0 || I <= 0)
+        return "no rows";
+    if (H % 8 != 0 || I % 8 != 0)
+        return "H or I not a multiple of 8";
+    bool aligned = aligned16(r->a) && aligned16(r->b);
+    for (const void *out : outs)
+        aligned = aligned && (out == nullptr || aligned16(out));
+    if (!aligned)
+        return "an operand not 16-byte aligned";
+    if (!sm90_path_available())
+        return "no sm_90a device";
+    if (!required && r->rows < G_FUSE_MIN_ROWS * r->E)
+        return "short experts (the unfused kernels are faster)";
+    return NULL;
+}
+
+bool gate_fusion_required()
+{
+    const char *fuse = getenv("MOE_MLP_FUSE_GATE");
+    return fuse != NULL && strcmp(fuse, "1") == 0;
+}
+
 } // namespace
 
 moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
@@ -1288,69 +1366,29 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
     p.op = r->name;
     p.num_tokens = r->rows, p.topk = 1, p.num_experts = r->E, p.rows = r->rows, p.N = r->N, p.K = r->K;
     p.dtype = r->dtype, p.dw_dtype = r->out_dtype, p.accumulate = r->accumulate, p.stream = r->stream;
-    GemmArgs g = {};
+    GemmArgs planned = {};
     Plan plan;
-    moe_status status = plan_gemm(&p, op, r->a, r->b, r->out, r->out_dtype, false, &g, &plan);
+    moe_status status = plan_gemm(&p, op, r->a, r->b, r->out, r->out_dtype, false, &planned, &plan);
     if (status != MOE_OK)
         return status;
     const int64_t cols_j = op == OP_FWD ? r->N : r->K;
     const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
-    int64_t *tile_start = nullptr;
-    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 2 * 8, stream)); // tile_start, lone_start
-    int64_t *const lone_start = tile_start + (r->E + 1);
-    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, plan.bm, plan.cluster > 1, tile_start,
-                                            lone_start, r->status);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
-    if (status == MOE_OK) {
-        g.op = op;
-        g.dtype = r->dtype, g.out_dtype = r->out_dtype;
-        g.T = r->rows, g.k = 1, g.E = r->E, g.M = r->rows, g.N = r->N, g.K = r->K;
-        g.cols_j = cols_j;
-        g.accumulate = r->accumulate;
-        g.a = r->a, g.b = r->b, g.out = r->out;
+    return with_tile_starts(r, col_tiles, plan.bm, plan.cluster > 1, [&](int64_t *tile_start, int64_t *lone_start) {
+        GemmArgs g = rows_gemm_args(r, op, cols_j, tile_start, lone_start);
+        // what plan_gemm decided (tensor-map flags)
+        g.tma_rows = planned.tma_rows, g.tma_out = planned.tma_out, g.tma_out_wide = planned.tma_out_wide;
         g.partial_stride = col_tiles;
-        g.ws.offsets = const_cast<int64_t *>(r->offsets);
-        g.ws.tile_start = tile_start;
-        g.ws.lone_start = lone_start;
-        g.ws.seen = nullptr;
-        g.ws.status = const_cast<int *>(r->status);
-        status = launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
-    }
-    err = cudaFreeAsync(tile_start, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
-    return status;
+        return launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
+    });
 }
 
 moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *epi, int *taken)
 {
     *taken = 0;
-    const char *fuse = getenv("MOE_MLP_FUSE_GATE"), *forced = getenv("MOE_CUDA_KERNEL");
-    const bool required = fuse != NULL && strcmp(fuse, "1") == 0;
+    const bool required = gate_fusion_required();
     const int64_t E = r->E, rows = r->rows, H = r->N, I = epi->I, B = epi->B, blocks = epi->num_blocks;
-    // why this call does not take the fused kernel (NULL: it does)
-    const char *why = NULL;
-    if (fuse != NULL && strcmp(fuse, "0") == 0)
-        why = "MOE_MLP_FUSE_GATE=0";
-    else if (forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0))
-        why = "MOE_CUDA_KERNEL forces another kernel family";
-    else if (r->op != MOE_ROWS_A_W || r->accumulate || r->K != 2 * I)
-        why = "not a gate/up GEMM"; // a caller's mistake: moe_cuda_mlp_fwd never passes one
-    else if (r->dtype == MOE_F32)
-        why = "f32 (the kernel is for f16 and bf16)";
-    else if (E <= 0 || rows <= 0 || H <= 0 || I <= 0)
-        why = "no rows";
-    else if (H % 8 != 0 || I % 8 != 0)
-        why = "H or I not a multiple of 8";
-    else if (!aligned16(r->a) || !aligned16(r->b) || !aligned16(epi->m_rows) ||
-             (epi->m0_rows != nullptr && !aligned16(epi->m0_rows)))
-        why = "an operand not 16-byte aligned";
-    else if (!sm90_path_available())
-        why = "no sm_90a device";
-    else if (!required && rows < G_FUSE_MIN_ROWS * E)
-        why = "short experts (the unfused kernels are faster)";
+    const char *why = gate_fusion_refusal(r, r->op == MOE_ROWS_A_W && r->K == 2 * I, H, I, required,
+                                          {epi->m_rows, epi->m0_rows});
     GateMaps maps = {};
     const uint64_t es = 2;
     if (why == NULL) {
@@ -1387,34 +1425,15 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
 
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
     const int64_t col_tiles = (I + G_BI - 1) / G_BI;
-    int64_t *tile_start = nullptr;
-    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(E + 1) * 2 * 8, stream)); // tile_start, lone_start
     *taken = 1;
-    int64_t *const lone_start = tile_start + (E + 1);
-    rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, E, col_tiles, G_BM, 0, tile_start, lone_start, r->status);
-    moe_status status = MOE_OK;
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
-    if (status == MOE_OK) {
-        GemmArgs g = {};
-        g.op = OP_DX; // the dX form: out = a . W[e], reduction over N = H
-        g.dtype = r->dtype, g.out_dtype = r->dtype;
-        g.T = rows, g.k = 1, g.E = E, g.M = rows, g.N = H, g.K = 2 * I;
-        g.cols_j = I; // column tiles of 64 i (gate and up)
-        g.a = r->a, g.b = r->b;
-        g.ws.offsets = const_cast<int64_t *>(r->offsets);
-        g.ws.tile_start = tile_start;
-        g.ws.lone_start = lone_start;
-        g.ws.status = const_cast<int *>(r->status);
+    return with_tile_starts(r, col_tiles, G_BM, false, [&](int64_t *tile_start, int64_t *lone_start) {
+        // the dX form: out = a . W[e], reduction over N = H; column tiles of 64 i (gate and up)
+        GemmArgs g = rows_gemm_args(r, OP_DX, I, tile_start, lone_start);
+        g.out_dtype = r->dtype, g.out = nullptr;
         const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
-        status = r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)
-                                      : launch_gate_up<__half>(epi->act, g, ep, maps, max_tiles, stream);
-    }
-    err = cudaFreeAsync(tile_start, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
-    return status;
+        return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)
+                                    : launch_gate_up<__half>(epi->act, g, ep, maps, max_tiles, stream);
+    });
 }
 
 moe_status moe_cuda_gemm_fwd(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
