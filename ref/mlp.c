@@ -2163,6 +2163,79 @@ static void bwd_tokens(moe_dtype dt, int64_t T, int64_t E, int64_t B, int64_t H,
     }
 }
 
+/* act_derivative with its contract reduced to termination and errno (as act_of). */
+/*@ terminates \true;
+    assigns errno; */
+static inline float act_derivative_of(moe_mlp_activation act, float x)
+{
+    return act_derivative(act, x);
+}
+
+/* The gate/up gradients of one expert's n slots from the checkpointed g, u and the gradient dm of m:
+ * dg = (dm' u) act'(g), du = dm' act(g), each 0 where its value fails the strict limits (nl for g, lin for u;
+ * a limit applies when p's flag is set); dm' = a dm with ON_I (on_i), dm otherwise.
+ * GU [n][2I] (g, then u); dM [n][I]; a [n]; dGU [n][2I] (dg, then du; overwritten). */
+/*@ requires dims: 0 <= n && 0 <= I && 2 * I <= INT64_MAX && n * I <= INT64_MAX && n * (2 * I) <= INT64_MAX;
+    requires problem: \valid_read(p);
+    requires inputs: \valid_read(GU + (0 .. n * (2 * I) - 1)) && \valid_read(dM + (0 .. n * I - 1)) &&
+      \valid_read(a + (0 .. n - 1));
+    requires out: \valid(dGU + (0 .. n * (2 * I) - 1)) &&
+      \separated(dGU + (0 .. n * (2 * I) - 1), GU + (0 .. n * (2 * I) - 1), dM + (0 .. n * I - 1), a + (0 .. n - 1), p);
+    terminates \true;
+    assigns dGU[0 .. n * (2 * I) - 1], errno; */
+static void bwd_gate_grads(const moe_mlp_problem *p, int64_t n, int64_t I, int on_i, float nl_lo, float nl_hi,
+                           float lin_lo, float lin_hi, const float *GU, const float *dM, const float *a, float *dGU)
+{
+    const int64_t I2 = 2 * I;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, dGU[0 .. n * (2 * I) - 1], errno;
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n, I2); */
+        /*@ ghost lemma_row_fits(i, n, I); */
+        const float *g = GU + i * I2, *u = g + I;
+        float *dg = dGU + i * I2, *du = dg + I;
+        const float *dm = dM + i * I;
+        /*@ loop invariant bounds: 0 <= j <= I;
+            loop assigns j, dGU[0 .. n * (2 * I) - 1], errno;
+            loop variant I - j; */
+        for (int64_t j = 0; j < I; j++) {
+            const float dmj = on_i ? a[i] * dm[j] : dm[j];
+            const int g_free = (!p->has_nl_lo || nl_lo < g[j]) && (!p->has_nl_hi || g[j] < nl_hi);
+            const int u_free = (!p->has_lin_lo || lin_lo < u[j]) && (!p->has_lin_hi || u[j] < lin_hi);
+            dg[j] = g_free ? (dmj * u[j]) * act_derivative_of(p->activation, g[j]) : 0.0f;
+            du[j] = u_free ? dmj * act_of(p->activation, g[j]) : 0.0f;
+        }
+    }
+}
+
+/* C[c] = the sum of column c of src [n][W] over its n rows, in ascending row order from +0 (the bias gradients'
+ * sums).  C [W] (overwritten). */
+/*@ requires dims: 0 <= n && 0 <= W && n * W <= INT64_MAX;
+    requires src: \valid_read(src + (0 .. n * W - 1));
+    requires C: \valid(C + (0 .. W - 1)) && \separated(C + (0 .. W - 1), src + (0 .. n * W - 1));
+    terminates \true;
+    assigns C[0 .. W - 1]; */
+static void sum_rows(int64_t n, int64_t W, const float *src, float *C)
+{
+    /*@ loop invariant bounds: 0 <= c <= W;
+        loop assigns c, C[0 .. W - 1];
+        loop variant W - c; */
+    for (int64_t c = 0; c < W; c++)
+        C[c] = 0.0f;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, C[0 .. W - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n, W); */
+        /*@ loop invariant bounds: 0 <= c <= W;
+            loop assigns c, C[0 .. W - 1];
+            loop variant W - c; */
+        for (int64_t c = 0; c < W; c++)
+            C[c] = C[c] + src[i * W + c];
+    }
+}
+
 moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
                            const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
                            const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
@@ -2268,11 +2341,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                 store_grad(p, d_w_d, (e * I + i0) * H, C, rc * H);
             }
             if (p->bias) {
-                for (int64_t h = 0; h < H; h++)
-                    C[h] = 0.0f;
-                for (int64_t i = 0; i < n; i++)
-                    for (int64_t h = 0; h < H; h++)
-                        C[h] = C[h] + dD[i * H + h];
+                sum_rows(n, H, dD, C);
                 store_grad(p, d_b_d, e * H, C, H);
             }
 
@@ -2282,17 +2351,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                 mm_wn(I, n, H, dt, w_d, e * I * H, H, Tin, n, Tout, n, brow);
                 transpose(I, n, Tout, n, dM);
             }
-            for (int64_t i = 0; i < n; i++) {
-                const float *g = GU + i * I2, *u = g + I;
-                float *dg = dGU + i * I2, *du = dg + I, *dm = dM + i * I;
-                for (int64_t j = 0; j < I; j++) {
-                    const float dmj = on_i ? a[i] * dm[j] : dm[j];
-                    const int g_free = (!p->has_nl_lo || nl_lo < g[j]) && (!p->has_nl_hi || g[j] < nl_hi);
-                    const int u_free = (!p->has_lin_lo || lin_lo < u[j]) && (!p->has_lin_hi || u[j] < lin_hi);
-                    dg[j] = g_free ? (dmj * u[j]) * act_derivative(p->activation, g[j]) : 0.0f;
-                    du[j] = u_free ? dmj * act_value(p->activation, g[j]) : 0.0f;
-                }
-            }
+            bwd_gate_grads(p, n, I, on_i, nl_lo, nl_hi, lin_lo, lin_hi, GU, dM, a, dGU);
             /* round_intermediates: rnd(dg), rnd(du) for dW_gu, db_gu and d_hidden */
             if (p->round_intermediates)
                 round_row(dt, dGU, n * I2);
@@ -2304,11 +2363,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                 store_grad(p, d_w_gu, (e * H + h0) * I2, C, rc * I2);
             }
             if (p->bias) {
-                for (int64_t j = 0; j < I2; j++)
-                    C[j] = 0.0f;
-                for (int64_t i = 0; i < n; i++)
-                    for (int64_t j = 0; j < I2; j++)
-                        C[j] = C[j] + dGU[i * I2 + j];
+                sum_rows(n, I2, dGU, C);
                 store_grad(p, d_b_gu, e * I2, C, I2);
             }
 
