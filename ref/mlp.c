@@ -2163,6 +2163,67 @@ static void bwd_tokens(moe_dtype dt, int64_t T, int64_t E, int64_t B, int64_t H,
     }
 }
 
+/* m = act(g) * u for one expert's n slots, unscaled and unrounded.  GU [n][2I] (g, then u); M [n][I] (overwritten). */
+/*@ requires dims: 0 <= n && 0 <= I && 2 * I <= INT64_MAX && n * I <= INT64_MAX && n * (2 * I) <= INT64_MAX;
+    requires GU: \valid_read(GU + (0 .. n * (2 * I) - 1));
+    requires M: \valid(M + (0 .. n * I - 1)) && \separated(M + (0 .. n * I - 1), GU + (0 .. n * (2 * I) - 1));
+    terminates \true;
+    assigns M[0 .. n * I - 1], errno; */
+static void bwd_m_rows(moe_mlp_activation act, int64_t n, int64_t I, const float *GU, float *M)
+{
+    const int64_t I2 = 2 * I;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, M[0 .. n * I - 1], errno;
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n, I2); */
+        /*@ ghost lemma_row_fits(i, n, I); */
+        /*@ loop invariant bounds: 0 <= j <= I;
+            loop assigns j, M[0 .. n * I - 1], errno;
+            loop variant I - j; */
+        for (int64_t j = 0; j < I; j++)
+            M[i * I + j] = act_of(act, GU[i * I2 + j]) * GU[i * I2 + I + j];
+    }
+}
+
+/* The affinity gradient and the a-scaled rows of one expert's n slots: da_slot[slots[i]] = <G row i, D row i>
+ * (D: the slot's down-projection output, bias included), dD row i = a[i] * G row i, and with ON_I (on_i)
+ * M row i scaled by a[i] in place.  G, D, dD [n][H]; a [n]; M [n][I]; da_slot [V]. */
+/*@ requires dims: 0 <= n && 0 <= H && 0 <= I && n * H <= INT64_MAX && n * I <= INT64_MAX && 0 <= V;
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires inputs: \valid_read(G + (0 .. n * H - 1)) && \valid_read(D + (0 .. n * H - 1)) &&
+      \valid_read(a + (0 .. n - 1));
+    requires outputs: \valid(da_slot + (0 .. V - 1)) && \valid(dD + (0 .. n * H - 1)) && \valid(M + (0 .. n * I - 1));
+    requires apart: \separated(da_slot + (0 .. V - 1), dD + (0 .. n * H - 1), M + (0 .. n * I - 1),
+                                slots + (0 .. n - 1), G + (0 .. n * H - 1), D + (0 .. n * H - 1), a + (0 .. n - 1));
+    terminates \true;
+    assigns da_slot[0 .. V - 1], dD[0 .. n * H - 1], M[0 .. n * I - 1]; */
+static void bwd_affinity_rows(int64_t n, int64_t H, int64_t I, int on_i, const int64_t *slots, const float *G,
+                              const float *D, const float *a, float *da_slot, float *dD, float *M)
+    /*@ ghost (int64_t V) */
+{
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, da_slot[0 .. V - 1], dD[0 .. n * H - 1], M[0 .. n * I - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n, H); */
+        /*@ ghost lemma_row_fits(i, n, I); */
+        da_slot[slots[i]] = dot_seq(G + i * H, D + i * H, H);
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, dD[0 .. n * H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            dD[i * H + h] = a[i] * G[i * H + h];
+        if (on_i) {
+            /*@ loop invariant bounds: 0 <= j <= I;
+                loop assigns j, M[0 .. n * I - 1];
+                loop variant I - j; */
+            for (int64_t j = 0; j < I; j++)
+                M[i * I + j] = M[i * I + j] * a[i];
+        }
+    }
+}
+
 /* act_derivative with its contract reduced to termination and errno (as act_of). */
 /*@ terminates \true;
     assigns errno; */
@@ -2294,9 +2355,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
                                 down_ckpt, recompute_d, a, i, GU + i * I2, Dk + i * H) /*@ ghost (T, p->N) */;
 
             /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
-            for (int64_t i = 0; i < n; i++)
-                for (int64_t j = 0; j < I; j++)
-                    M[i * I + j] = act_value(p->activation, GU[i * I2 + j]) * GU[i * I2 + I + j];
+            bwd_m_rows(p->activation, n, I, GU, M);
             if (recompute_d && n > 0) {
                 /* d = rnd(m) . W_d (+ b_d) as the forward's down checkpoint; M itself stays unrounded
                  * (dW_d rounds a*m, not m); dM is free until the dM GEMM below */
@@ -2316,14 +2375,7 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             }
 
             /* affinity gradient and dD */
-            for (int64_t i = 0; i < n; i++) {
-                da_slot[slots[i]] = dot_seq(G + i * H, Dk + i * H, H);
-                for (int64_t h = 0; h < H; h++)
-                    dD[i * H + h] = a[i] * G[i * H + h];
-                if (on_i)
-                    for (int64_t j = 0; j < I; j++)
-                        M[i * I + j] = M[i * I + j] * a[i];
-            }
+            bwd_affinity_rows(n, H, I, on_i, slots, G, Dk, a, da_slot, dD, M) /*@ ghost (x.count) */;
             /* round_intermediates: dW_d's operands rnd(m) (ON_I rnd(a*m)) and rnd(a*G); dD is also what
              * db_d sums and, with ON_H, the dM GEMM's operand */
             if (p->round_intermediates) {
