@@ -236,9 +236,72 @@ static void mm_nn_tile(int64_t m, int64_t nc, int64_t pc, const float *a, int64_
     }
 }
 
+/* c[i*ldc + j] = +0 for i < m, j < nc (the first nc columns of m rows; mm_nn's start of an output tile). */
+/*@ requires dims: 0 <= m && 0 <= nc <= ldc;
+    requires c: m >= 1 ==> (m - 1) * ldc + nc <= INT64_MAX && \valid(c + (0 .. (m - 1) * ldc + nc - 1));
+    terminates \true;
+    assigns c[0 .. (m - 1) * ldc + nc - 1]; */
+static void zero_tile(int64_t m, int64_t nc, float *c, int64_t ldc)
+{
+    /*@ loop invariant rows: 0 <= i <= m;
+        loop assigns i, c[0 .. (m - 1) * ldc + nc - 1];
+        loop variant m - i; */
+    for (int64_t i = 0; i < m; i++) {
+        /*@ ghost lemma_mul_monotone(i, m - 1, ldc); */
+        float *ci = c + i * ldc;
+        /*@ loop invariant cols: 0 <= j <= nc;
+            loop assigns j, c[0 .. (m - 1) * ldc + nc - 1];
+            loop variant nc - j; */
+        for (int64_t j = 0; j < nc; j++)
+            ci[j] = 0.0f;
+    }
+}
+
+/* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} A[i*ars + p*acs] * B[p*ldb + j]   for i < m, j < n, B float32:
+ * per tile of NC output columns, C's columns zeroed, then mm_nn_tile over the depth in chunks of PC (the
+ * summation order of every element: p ascending, four at a time within a chunk, see mm_nn_tile).
+ *   A: [m][kk] with strides ars, acs (row-major: ars = kk-or-more, acs = 1; transposed: ars = 1);
+ *   B [kk][ldb] (the first n columns are read);  C [m][ldc] (the first n columns are written) */
+/*@ requires dims: 0 <= m && 0 <= n <= INT64_MAX - NC && 0 <= kk <= INT64_MAX - PC;
+    requires A_strides: 0 <= ars && 0 <= acs && (kk >= 1 ==> (kk - 1) * acs <= INT64_MAX);
+    requires A: m >= 1 && kk >= 1 ==> (m - 1) * ars + (kk - 1) * acs <= INT64_MAX &&
+      \valid_read(A + (0 .. (m - 1) * ars + (kk - 1) * acs));
+    requires strides: n <= ldb && n <= ldc;
+    requires sizes: kk * ldb <= INT64_MAX && m * ldc <= INT64_MAX;
+    requires B: \valid_read(B + (0 .. kk * ldb - 1));
+    requires C: \valid(C + (0 .. m * ldc - 1));
+    terminates \true;
+    assigns C[0 .. m * ldc - 1]; */
+static void mm_nn_f32(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars, int64_t acs, const float *B,
+                      int64_t ldb, float *C, int64_t ldc)
+{
+    /*@ loop invariant tiles: 0 <= j0 < n + NC;
+        loop assigns j0, C[0 .. m * ldc - 1];
+        loop variant n - j0; */
+    for (int64_t j0 = 0; j0 < n; j0 += NC) {
+        const int64_t nc = n - j0 < NC ? n - j0 : NC;
+        /*@ ghost if (m >= 1) lemma_row_fits(m - 1, m, ldc); */
+        zero_tile(m, nc, C + j0, ldc);
+        /*@ loop invariant depth: 0 <= p0 < kk + PC;
+            loop assigns p0, C[0 .. m * ldc - 1];
+            loop variant kk - p0; */
+        for (int64_t p0 = 0; p0 < kk; p0 += PC) {
+            const int64_t pc = kk - p0 < PC ? kk - p0 : PC;
+            /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, ldb); */
+            /*@ ghost lemma_mul_monotone(p0, p0 + pc - 1, ldb); */
+            /*@ ghost lemma_row_fits(p0 + pc - 1, kk, ldb); */
+            /*@ ghost lemma_mul_monotone(p0, kk - 1, acs); */
+            /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, acs); */
+            /*@ ghost if (m >= 1) lemma_row_fits(m - 1, m, ldc); */
+            mm_nn_tile(m, nc, pc, A + p0 * acs, ars, acs, B + p0 * ldb + j0, ldb, C + j0, ldc);
+        }
+    }
+}
+
 /* C[i*ldc + j] = sum_{p = 0 .. kk-1 ascending} A[i*ars + p*acs] * B(p, j)   for i < m, j < n,
- * B(p, j) = element boff + p*ldb + j of a tensor of dtype bdt.  bbuf holds PC*NC floats.
- * Each B element is converted once per call; the inner loop runs across output columns.
+ * B(p, j) = element boff + p*ldb + j of a tensor of dtype bdt: an f32 tensor through mm_nn_f32 in place;
+ * f16 / bf16 with the same loops, each PC x NC tile of B converted once into bbuf (PC*NC floats) first.
+ * The inner loop runs across output columns.
  *   A: [m][kk] with strides ars, acs (row-major: ars = kk-or-more, acs = 1; transposed: ars = 1);
  *   B: elements boff .. boff + kk*ldb - 1 of a dtype tensor, [kk][ldb] (the first n columns are read);
  *   C [m][ldc] (the first n columns are written);  bbuf [PC*NC] */
@@ -257,23 +320,17 @@ static void mm_nn_tile(int64_t m, int64_t nc, int64_t pc, const float *a, int64_
 static void mm_nn(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars, int64_t acs, moe_dtype bdt,
                   const void *B, int64_t boff, int64_t ldb, float *C, int64_t ldc, float *bbuf)
 {
+    if (bdt == MOE_F32) {
+        mm_nn_f32(m, n, kk, A, ars, acs, f32_elements(B, boff) /*@ ghost (kk * ldb) */, ldb, C, ldc);
+        return;
+    }
     /*@ loop invariant tiles: 0 <= j0 < n + NC;
         loop assigns j0, C[0 .. m * ldc - 1], bbuf[0 .. PC * NC - 1];
         loop variant n - j0; */
     for (int64_t j0 = 0; j0 < n; j0 += NC) {
         const int64_t nc = n - j0 < NC ? n - j0 : NC;
-        /*@ loop invariant rows: 0 <= i <= m;
-            loop assigns i, C[0 .. m * ldc - 1];
-            loop variant m - i; */
-        for (int64_t i = 0; i < m; i++) {
-            /*@ ghost lemma_row_fits(i, m, ldc); */
-            float *c = C + i * ldc + j0;
-            /*@ loop invariant cols: 0 <= j <= nc;
-                loop assigns j, C[0 .. m * ldc - 1];
-                loop variant nc - j; */
-            for (int64_t j = 0; j < nc; j++)
-                c[j] = 0.0f;
-        }
+        /*@ ghost if (m >= 1) lemma_row_fits(m - 1, m, ldc); */
+        zero_tile(m, nc, C + j0, ldc);
         /*@ loop invariant depth: 0 <= p0 < kk + PC;
             loop assigns p0, C[0 .. m * ldc - 1], bbuf[0 .. PC * NC - 1];
             loop variant kk - p0; */
@@ -281,29 +338,18 @@ static void mm_nn(int64_t m, int64_t n, int64_t kk, const float *A, int64_t ars,
             const int64_t pc = kk - p0 < PC ? kk - p0 : PC;
             /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, ldb); */
             /*@ ghost lemma_mul_monotone(p0, p0 + pc - 1, ldb); */
-            const float *bb;
-            int64_t ldbb;
-            if (bdt == MOE_F32) {
-                bb = f32_elements(B, boff + p0 * ldb + j0) /*@ ghost ((pc - 1) * ldb + nc) */;
-                ldbb = ldb;
-            } else {
-                /*@ loop invariant converted: 0 <= q <= pc;
-                    loop assigns q, bbuf[0 .. PC * NC - 1];
-                    loop variant pc - q; */
-                for (int64_t q = 0; q < pc; q++) {
-                    /*@ ghost lemma_mul_monotone(p0 + q, kk - 1, ldb); */
-                    /*@ ghost lemma_row_fits(q, PC, NC); */
-                    row_f32(bdt, B, boff + (p0 + q) * ldb + j0, nc, bbuf + q * NC);
-                }
-                bb = bbuf;
-                ldbb = NC;
+            /*@ loop invariant converted: 0 <= q <= pc;
+                loop assigns q, bbuf[0 .. PC * NC - 1];
+                loop variant pc - q; */
+            for (int64_t q = 0; q < pc; q++) {
+                /*@ ghost lemma_mul_monotone(p0 + q, kk - 1, ldb); */
+                /*@ ghost lemma_row_fits(q, PC, NC); */
+                row_f32(bdt, B, boff + (p0 + q) * ldb + j0, nc, bbuf + q * NC);
             }
-            /*@ assert B_tile: nc <= ldbb && (pc - 1) * ldbb + nc <= INT64_MAX &&
-                  \valid_read(bb + (0 .. (pc - 1) * ldbb + nc - 1)); */
             /*@ ghost lemma_mul_monotone(p0, kk - 1, acs); */
             /*@ ghost lemma_mul_monotone(p0 + pc - 1, kk - 1, acs); */
             /*@ ghost if (m >= 1) lemma_row_fits(m - 1, m, ldc); */
-            mm_nn_tile(m, nc, pc, A + p0 * acs, ars, acs, bb, ldbb, C + j0, ldc);
+            mm_nn_tile(m, nc, pc, A + p0 * acs, ars, acs, bbuf, NC, C + j0, ldc);
         }
     }
 }
@@ -2297,6 +2343,118 @@ static void sum_rows(int64_t n, int64_t W, const float *src, float *C)
     }
 }
 
+/* d recomputed (ON_I without a down checkpoint), as the forward's down checkpoint: D [n][H] = rnd(M) . W_d[e]
+ * (+ b_d[e]), rnd only with round_intermediates (M itself stays unrounded: d_w_d rounds a*m, not m; Mr [n][I]
+ * holds the rounded copy).  M [n][I]; w_d [E][I][H], b_d [E][H] (read with bias) of dtype dt;  bd [H], bbuf
+ * [PC*NC] scratch */
+/*@ requires problem: \valid_read(p);
+    requires dims: 0 <= e < E && 1 <= n && 0 <= H <= INT64_MAX - NC && 0 <= I <= INT64_MAX - PC &&
+      n * I <= INT64_MAX && n * H <= INT64_MAX && E * H <= INT64_MAX && E * I <= INT64_MAX && E * I * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires weights: tensor_readable((char *)w_d, E * I * H, dt) &&
+      (p->bias != 0 ==> tensor_readable((char *)b_d, E * H, dt) &&
+                        \separated(bd + (0 .. H - 1), (char *)b_d + (0 .. byte_offset(E * H, dt) - 1)));
+    requires scratch: \valid_read(M + (0 .. n * I - 1)) && \valid(Mr + (0 .. n * I - 1)) &&
+      \valid(D + (0 .. n * H - 1)) && \valid(bd + (0 .. H - 1)) && \valid(bbuf + (0 .. PC * NC - 1)) &&
+      \separated(M + (0 .. n * I - 1), Mr + (0 .. n * I - 1), D + (0 .. n * H - 1), bd + (0 .. H - 1),
+                 bbuf + (0 .. PC * NC - 1), p);
+    terminates \true;
+    assigns Mr[0 .. n * I - 1], D[0 .. n * H - 1], bd[0 .. H - 1], bbuf[0 .. PC * NC - 1]; */
+static void bwd_recompute_d(const moe_mlp_problem *p, moe_dtype dt, int64_t H, int64_t I, int64_t e, int64_t n,
+                            const float *M, float *Mr, const void *w_d, const void *b_d, float *D, float *bd,
+                            float *bbuf) /*@ ghost (int64_t E) */
+{
+    const float *Md = M;
+    if (p->round_intermediates) {
+        copy_floats(Mr, M, n * I);
+        round_row(dt, Mr, n * I);
+        Md = Mr;
+    }
+    /*@ ghost lemma_row_fits(e, E, I); */
+    /*@ ghost lemma_mul_monotone(e * I + I, E * I, H); */
+    /*@ ghost lemma_row_fits(n - 1, n, I); */
+    mm_nn(n, H, I, Md, I, 1, dt, w_d, e * I * H, H, D, H, bbuf);
+    if (!p->bias)
+        return;
+    /*@ ghost lemma_row_fits(e, E, H); */
+    load_f32(dt, b_d, e * H, H, bd);
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, D[0 .. n * H - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n, H); */
+        /*@ loop invariant bounds: 0 <= h <= H;
+            loop assigns h, D[0 .. n * H - 1];
+            loop variant H - h; */
+        for (int64_t h = 0; h < H; h++)
+            D[i * H + h] = D[i * H + h] + bd[h];
+    }
+}
+
+/* One expert's weight gradient and, with bias, its bias gradient, each through store_grad (p->grad_dtype, one
+ * rounding, old + value with accumulate): dw[e][r][c] = sum_{i = 0 .. n-1 ascending} A[i][r] * S[i][c] (mm_nn_f32
+ * of A^T in chunks of RC rows r, C holding one chunk), db[e][c] = sum_i bsrc[i][c] (sum_rows).  d_w_d: A = M,
+ * S = dD (ON_H) or G (ON_I), bsrc = dD; d_w_gu: A = X, S = bsrc = dGU.
+ *   A [n][R], S [n][W], bsrc [n][W];  C [RC*W] scratch;  dw [E][R][W], db [E][W] (written with bias) */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires dims: 0 <= e < E && 0 <= n <= INT64_MAX - PC && 0 <= R <= INT64_MAX - RC && 0 <= W <= INT64_MAX - NC &&
+      n * R <= INT64_MAX && n * W <= INT64_MAX && E * R <= INT64_MAX && E * R * W <= INT64_MAX &&
+      E * W <= INT64_MAX && RC * W <= INT64_MAX;
+    requires inputs: \valid_read(A + (0 .. n * R - 1)) && \valid_read(S + (0 .. n * W - 1)) &&
+      \valid_read(bsrc + (0 .. n * W - 1));
+    requires C: \valid(C + (0 .. RC * W - 1)) &&
+      \separated(C + (0 .. RC * W - 1), A + (0 .. n * R - 1), S + (0 .. n * W - 1), bsrc + (0 .. n * W - 1), p);
+    requires dw: tensor_writable((char *)dw, E * R * W, p->grad_dtype) &&
+      \separated((char *)dw + (0 .. byte_offset(E * R * W, p->grad_dtype) - 1), C + (0 .. RC * W - 1), p);
+    requires db: p->bias != 0 ==> tensor_writable((char *)db, E * W, p->grad_dtype) &&
+      \separated((char *)db + (0 .. byte_offset(E * W, p->grad_dtype) - 1), C + (0 .. RC * W - 1), p);
+    terminates \true;
+    assigns C[0 .. RC * W - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1],
+      ((char *)db)[0 .. byte_offset(p->bias != 0 ? E * W : 0, p->grad_dtype) - 1]; */
+static void bwd_weight_grad(const moe_mlp_problem *p, int64_t e, int64_t n, int64_t R, int64_t W, const float *A,
+                            const float *S, const float *bsrc, float *C, void *dw, void *db) /*@ ghost (int64_t E) */
+{
+    /*@ ghost lemma_row_fits(e, E, R); */
+    /*@ ghost if (n >= 1) lemma_row_fits(n - 1, n, R); */
+    /*@ loop invariant chunks: 0 <= r0 < R + RC;
+        loop assigns r0, C[0 .. RC * W - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1];
+        loop variant R - r0; */
+    for (int64_t r0 = 0; r0 < R; r0 += RC) {
+        const int64_t rc = R - r0 < RC ? R - r0 : RC;
+        /*@ ghost lemma_mul_monotone(rc, RC, W); */
+        /*@ ghost lemma_mul_monotone(e * R + r0 + rc, E * R, W); */
+        /*@ ghost lemma_mul_monotone(e * R + r0, e * R + r0 + rc, W); */
+        mm_nn_f32(rc, W, n, A + r0, 1, R, S, W, C, W);
+        store_grad(p, dw, (e * R + r0) * W, C, rc * W);
+    }
+    if (p->bias) {
+        /*@ ghost lemma_row_fits(e, E, W); */
+        sum_rows(n, W, bsrc, C);
+        store_grad(p, db, e * W, C, W);
+    }
+}
+
+/* Tout [R][n] = W[e] . src^T: Tout[r][i] = sum_{c = 0 .. K-1 ascending} W[e][r][c] * src[i][c] (W[e]: elements
+ * woff + r*K + c of a dtype tensor), through Tin = src^T and mm_wn (the weight row converted once, the inner loop
+ * across the n slots).  The backward's dM (W = W_d[e], K = H, R = I) and per-slot dX (W = W_gu[e], K = 2I, R = H).
+ *   src [n][K];  Tin [K*n], Tout [R*n], wrow [K] scratch */
+/*@ requires dims: 1 <= n <= INT64_MAX - NC && 0 <= K <= INT64_MAX - 32 && 0 <= R && n <= INT64_MAX - 32 &&
+      n * K <= INT64_MAX && R * n <= INT64_MAX && 0 <= woff && woff + R * K <= INT64_MAX;
+    requires dtype: dtype_ok(wdt);
+    requires weight: elements_readable((char *)w, woff, R * K, wdt);
+    requires src: \valid_read(src + (0 .. n * K - 1));
+    requires scratch: \valid(Tin + (0 .. n * K - 1)) && \valid(Tout + (0 .. R * n - 1)) &&
+      \valid(wrow + (0 .. K - 1)) &&
+      \separated(Tin + (0 .. n * K - 1), Tout + (0 .. R * n - 1), wrow + (0 .. K - 1), src + (0 .. n * K - 1));
+    terminates \true;
+    assigns Tin[0 .. n * K - 1], Tout[0 .. R * n - 1], wrow[0 .. K - 1]; */
+static void bwd_weight_rows(int64_t n, int64_t K, int64_t R, moe_dtype wdt, const void *w, int64_t woff,
+                            const float *src, float *Tin, float *Tout, float *wrow)
+{
+    transpose(n, K, src, K, Tin);
+    mm_wn(R, n, K, wdt, w, woff, K, Tin, n, Tout, n, wrow);
+}
+
 moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
                            const void *w_gu, const void *w_d, const void *b_d, const void *gate_up_ckpt_T,
                            const void *down_ckpt, const void *out_grad, void *d_hidden, void *d_affinities,
@@ -2356,23 +2514,8 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
 
             /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
             bwd_m_rows(p->activation, n, I, GU, M);
-            if (recompute_d && n > 0) {
-                /* d = rnd(m) . W_d (+ b_d) as the forward's down checkpoint; M itself stays unrounded
-                 * (dW_d rounds a*m, not m); dM is free until the dM GEMM below */
-                const float *Md = M;
-                if (p->round_intermediates) {
-                    memcpy(dM, M, (size_t)(n * I) * sizeof(float));
-                    round_row(dt, dM, n * I);
-                    Md = dM;
-                }
-                mm_nn(n, H, I, Md, I, 1, dt, w_d, e * I * H, H, Dk, H, bbuf);
-                if (p->bias) {
-                    load_f32(dt, b_d, e * H, H, bd);
-                    for (int64_t i = 0; i < n; i++)
-                        for (int64_t h = 0; h < H; h++)
-                            Dk[i * H + h] = Dk[i * H + h] + bd[h];
-                }
-            }
+            if (recompute_d && n > 0)
+                bwd_recompute_d(p, dt, H, I, e, n, M, dM, w_d, b_d, Dk, bd, bbuf) /*@ ghost (E) */;
 
             /* affinity gradient and dD */
             bwd_affinity_rows(n, H, I, on_i, slots, G, Dk, a, da_slot, dD, M) /*@ ghost (x.count) */;
@@ -2386,21 +2529,12 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
              * unscaled m; ON_I G against the scaled m */
             const float *dDsrc = on_i ? G : dD;
 
-            /* dW_d[e] = M^T . dDsrc, in chunks of RC rows;  db_d[e] = sum dD (= sum a*G either way) */
-            for (int64_t i0 = 0; i0 < I; i0 += RC) {
-                const int64_t rc = I - i0 < RC ? I - i0 : RC;
-                mm_nn(rc, H, n, M + i0, 1, I, MOE_F32, dDsrc, 0, H, C, H, bbuf);
-                store_grad(p, d_w_d, (e * I + i0) * H, C, rc * H);
-            }
-            if (p->bias) {
-                sum_rows(n, H, dD, C);
-                store_grad(p, d_b_d, e * H, C, H);
-            }
+            /* dW_d[e] = M^T . dDsrc;  db_d[e] = sum dD (= sum a*G either way) */
+            bwd_weight_grad(p, e, n, I, H, M, dDsrc, dD, C, d_w_d, d_b_d) /*@ ghost (E) */;
 
             /* dM = dD . W_d[e]^T  (ON_I: a * (G . W_d^T)), computed as (W_d[e] . dD^T)^T */
             if (n > 0) {
-                transpose(n, H, dDsrc, H, Tin);
-                mm_wn(I, n, H, dt, w_d, e * I * H, H, Tin, n, Tout, n, brow);
+                bwd_weight_rows(n, H, I, dt, w_d, e * I * H, dDsrc, Tin, Tout, brow);
                 transpose(I, n, Tout, n, dM);
             }
             bwd_gate_grads(p, n, I, on_i, nl_lo, nl_hi, lin_lo, lin_hi, GU, dM, a, dGU);
@@ -2408,21 +2542,12 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
             if (p->round_intermediates)
                 round_row(dt, dGU, n * I2);
 
-            /* dW_gu[e] = X^T . dGU in chunks of RC rows;  db_gu[e] = sum dGU */
-            for (int64_t h0 = 0; h0 < H; h0 += RC) {
-                const int64_t rc = H - h0 < RC ? H - h0 : RC;
-                mm_nn(rc, I2, n, X + h0, 1, H, MOE_F32, dGU, 0, I2, C, I2, bbuf);
-                store_grad(p, d_w_gu, (e * H + h0) * I2, C, rc * I2);
-            }
-            if (p->bias) {
-                sum_rows(n, I2, dGU, C);
-                store_grad(p, d_b_gu, e * I2, C, I2);
-            }
+            /* dW_gu[e] = X^T . dGU;  db_gu[e] = sum dGU */
+            bwd_weight_grad(p, e, n, H, I2, X, dGU, dGU, C, d_w_gu, d_b_gu) /*@ ghost (E) */;
 
             /* per-slot dX = dGU . W_gu[e]^T, computed as (W_gu[e] . dGU^T)^T */
             if (n > 0) {
-                transpose(n, I2, dGU, I2, Tin);
-                mm_wn(H, n, I2, dt, w_gu, e * H * I2, I2, Tin, n, Tout, n, brow);
+                bwd_weight_rows(n, I2, H, dt, w_gu, e * H * I2, dGU, Tin, Tout, brow);
                 bwd_dx_scatter(n, H, slots, Tout, dx_slot) /*@ ghost (x.count) */;
             }
         }
