@@ -2241,7 +2241,7 @@ static void bwd_m_rows(moe_mlp_activation act, int64_t n, int64_t I, const float
       \valid_read(a + (0 .. n - 1));
     requires outputs: \valid(da_slot + (0 .. V - 1)) && \valid(dD + (0 .. n * H - 1)) && \valid(M + (0 .. n * I - 1));
     requires apart: \separated(da_slot + (0 .. V - 1), dD + (0 .. n * H - 1), M + (0 .. n * I - 1),
-                                slots + (0 .. n - 1), G + (0 .. n * H - 1), D + (0 .. n * H - 1), a + (0 .. n - 1));
+                                G + (0 .. n * H - 1), D + (0 .. n * H - 1), a + (0 .. n - 1));
     terminates \true;
     assigns da_slot[0 .. V - 1], dD[0 .. n * H - 1], M[0 .. n * I - 1]; */
 static void bwd_affinity_rows(int64_t n, int64_t H, int64_t I, int on_i, const int64_t *slots, const float *G,
@@ -2395,29 +2395,33 @@ static void bwd_recompute_d(const moe_mlp_problem *p, moe_dtype dt, int64_t H, i
  * rounding, old + value with accumulate): dw[e][r][c] = sum_{i = 0 .. n-1 ascending} A[i][r] * S[i][c] (mm_nn_f32
  * of A^T in chunks of RC rows r, C holding one chunk), db[e][c] = sum_i bsrc[i][c] (sum_rows).  d_w_d: A = M,
  * S = dD (ON_H) or G (ON_I), bsrc = dD; d_w_gu: A = X, S = bsrc = dGU.
- *   A [n][R], S [n][W], bsrc [n][W];  C [RC*W] scratch;  dw [E][R][W], db [E][W] (written with bias) */
+ *   A [n][R], S [n][W], bsrc [n][W];  C [RC*cw] scratch (ghost cw >= W: its row capacity);  dw [E][R][W], db [E][W] (written with bias) */
 /*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
     requires dims: 0 <= e < E && 0 <= n <= INT64_MAX - PC && 0 <= R <= INT64_MAX - RC && 0 <= W <= INT64_MAX - NC &&
       n * R <= INT64_MAX && n * W <= INT64_MAX && E * R <= INT64_MAX && E * R * W <= INT64_MAX &&
-      E * W <= INT64_MAX && RC * W <= INT64_MAX;
+      E * W <= INT64_MAX && W <= cw && RC * cw <= INT64_MAX;
     requires inputs: \valid_read(A + (0 .. n * R - 1)) && \valid_read(S + (0 .. n * W - 1)) &&
       \valid_read(bsrc + (0 .. n * W - 1));
-    requires C: \valid(C + (0 .. RC * W - 1)) &&
-      \separated(C + (0 .. RC * W - 1), A + (0 .. n * R - 1), S + (0 .. n * W - 1), bsrc + (0 .. n * W - 1), p);
+    requires C: \valid(C + (0 .. RC * cw - 1)) && \separated(C + (0 .. RC * cw - 1), p);
+    requires C_A: \separated(C + (0 .. RC * cw - 1), A + (0 .. n * R - 1));
+    requires C_S: \separated(C + (0 .. RC * cw - 1), S + (0 .. n * W - 1));
+    requires C_bsrc: \separated(C + (0 .. RC * cw - 1), bsrc + (0 .. n * W - 1));
     requires dw: tensor_writable((char *)dw, E * R * W, p->grad_dtype) &&
-      \separated((char *)dw + (0 .. byte_offset(E * R * W, p->grad_dtype) - 1), C + (0 .. RC * W - 1), p);
+      \separated((char *)dw + (0 .. byte_offset(E * R * W, p->grad_dtype) - 1), C + (0 .. RC * cw - 1), p);
     requires db: p->bias != 0 ==> tensor_writable((char *)db, E * W, p->grad_dtype) &&
-      \separated((char *)db + (0 .. byte_offset(E * W, p->grad_dtype) - 1), C + (0 .. RC * W - 1), p);
+      \separated((char *)db + (0 .. byte_offset(E * W, p->grad_dtype) - 1), C + (0 .. RC * cw - 1), p);
     terminates \true;
-    assigns C[0 .. RC * W - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1],
+    assigns C[0 .. RC * cw - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1],
       ((char *)db)[0 .. byte_offset(p->bias != 0 ? E * W : 0, p->grad_dtype) - 1]; */
 static void bwd_weight_grad(const moe_mlp_problem *p, int64_t e, int64_t n, int64_t R, int64_t W, const float *A,
-                            const float *S, const float *bsrc, float *C, void *dw, void *db) /*@ ghost (int64_t E) */
+                            const float *S, const float *bsrc, float *C, void *dw, void *db)
+    /*@ ghost (int64_t E, int64_t cw) */
 {
+    /*@ ghost lemma_mul_monotone(W, cw, RC); */
     /*@ ghost lemma_row_fits(e, E, R); */
     /*@ ghost if (n >= 1) lemma_row_fits(n - 1, n, R); */
     /*@ loop invariant chunks: 0 <= r0 < R + RC;
-        loop assigns r0, C[0 .. RC * W - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1];
+        loop assigns r0, C[0 .. RC * cw - 1], ((char *)dw)[0 .. byte_offset(E * R * W, p->grad_dtype) - 1];
         loop variant R - r0; */
     for (int64_t r0 = 0; r0 < R; r0 += RC) {
         const int64_t rc = R - r0 < RC ? R - r0 : RC;
@@ -2453,6 +2457,414 @@ static void bwd_weight_rows(int64_t n, int64_t K, int64_t R, moe_dtype wdt, cons
 {
     transpose(n, K, src, K, Tin);
     mm_wn(R, n, K, wdt, w, woff, K, Tin, n, Tout, n, wrow);
+}
+
+/* The backward's per-thread scratch, carved from the thread's arena (n_max: the most slots of one expert;
+ * wide = max(H, 2I, 1)): X, G, Dk, dD [n_max][H]; Tin, Tout [n_max][wide]; GU, dGU [n_max][2I]; M, dM
+ * [n_max][I]; a [n_max]; C [RC][wide]; brow [wide]; bd [H]; bbuf [PC*NC]. */
+typedef struct bwd_scratch {
+    float *X, *G, *Dk, *dD, *Tin, *Tout, *GU, *dGU, *M, *dM, *a, *C, *brow, *bd, *bbuf;
+} bwd_scratch;
+
+/*@ // The backward's dims as values: the forward's, and the width of the transposed and chunk scratch
+    predicate bwd_dims(integer T, integer E, integer N, integer B, integer H, integer I, integer V,
+                       integer n_max, integer rows, integer wide) =
+      fwd_dims(T, E, N, B, H, I, V, n_max, rows) && 1 <= wide <= INT64_MAX - NC && H <= wide && 2 * I <= wide &&
+      n_max <= INT64_MAX - NC && n_max * wide <= INT64_MAX && RC * wide <= INT64_MAX;
+
+    // the scratch s and the per-slot gradients dx_slot [V][H], da_slot [V]: valid, pairwise apart
+    predicate bwd_scratch_ok{L}(bwd_scratch *s, float *dx_slot, float *da_slot, integer V, integer n_max,
+                                integer H, integer I, integer wide) =
+      \valid_read(s) && \valid(dx_slot + (0 .. V * H - 1)) && \valid(da_slot + (0 .. V - 1)) &&
+      \valid(s->X + (0 .. n_max * H - 1)) && \valid(s->G + (0 .. n_max * H - 1)) &&
+      \valid(s->Dk + (0 .. n_max * H - 1)) && \valid(s->dD + (0 .. n_max * H - 1)) &&
+      \valid(s->Tin + (0 .. n_max * wide - 1)) && \valid(s->Tout + (0 .. n_max * wide - 1)) &&
+      \valid(s->GU + (0 .. n_max * (2 * I) - 1)) && \valid(s->dGU + (0 .. n_max * (2 * I) - 1)) &&
+      \valid(s->M + (0 .. n_max * I - 1)) && \valid(s->dM + (0 .. n_max * I - 1)) &&
+      \valid(s->a + (0 .. n_max - 1)) && \valid(s->C + (0 .. RC * wide - 1)) &&
+      \valid(s->brow + (0 .. wide - 1)) && \valid(s->bd + (0 .. H - 1)) && \valid(s->bbuf + (0 .. PC * NC - 1)) &&
+      \separated(s->X + (0 .. n_max * H - 1), s->G + (0 .. n_max * H - 1), s->Dk + (0 .. n_max * H - 1),
+                 s->dD + (0 .. n_max * H - 1), s->Tin + (0 .. n_max * wide - 1),
+                 s->Tout + (0 .. n_max * wide - 1), s->GU + (0 .. n_max * (2 * I) - 1),
+                 s->dGU + (0 .. n_max * (2 * I) - 1), s->M + (0 .. n_max * I - 1), s->dM + (0 .. n_max * I - 1),
+                 s->a + (0 .. n_max - 1), s->C + (0 .. RC * wide - 1), s->brow + (0 .. wide - 1),
+                 s->bd + (0 .. H - 1), s->bbuf + (0 .. PC * NC - 1), dx_slot + (0 .. V * H - 1),
+                 da_slot + (0 .. V - 1));
+
+    // bytes q[0 .. bytes - 1] apart from every float the backward writes
+    predicate bwd_floats_apart{L}(bwd_scratch *s, float *dx_slot, float *da_slot, integer V, integer n_max,
+                                  integer H, integer I, integer wide, char *q, integer bytes) =
+      \separated(q + (0 .. bytes - 1), s->X + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->G + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->Dk + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->dD + (0 .. n_max * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->Tin + (0 .. n_max * wide - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->Tout + (0 .. n_max * wide - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->GU + (0 .. n_max * (2 * I) - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->dGU + (0 .. n_max * (2 * I) - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->M + (0 .. n_max * I - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->dM + (0 .. n_max * I - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->a + (0 .. n_max - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->C + (0 .. RC * wide - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->brow + (0 .. wide - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->bd + (0 .. H - 1)) &&
+      \separated(q + (0 .. bytes - 1), s->bbuf + (0 .. PC * NC - 1)) &&
+      \separated(q + (0 .. bytes - 1), dx_slot + (0 .. V * H - 1)) &&
+      \separated(q + (0 .. bytes - 1), da_slot + (0 .. V - 1));
+
+    // the same for the problem struct (its float fields: the clamp limits)
+    predicate bwd_floats_apart_p{L}(bwd_scratch *s, float *dx_slot, float *da_slot, integer V, integer n_max,
+                                    integer H, integer I, integer wide, moe_mlp_problem *p) =
+      \separated(p, s->X + (0 .. n_max * H - 1)) && \separated(p, s->G + (0 .. n_max * H - 1)) &&
+      \separated(p, s->Dk + (0 .. n_max * H - 1)) && \separated(p, s->dD + (0 .. n_max * H - 1)) &&
+      \separated(p, s->Tin + (0 .. n_max * wide - 1)) && \separated(p, s->Tout + (0 .. n_max * wide - 1)) &&
+      \separated(p, s->GU + (0 .. n_max * (2 * I) - 1)) && \separated(p, s->dGU + (0 .. n_max * (2 * I) - 1)) &&
+      \separated(p, s->M + (0 .. n_max * I - 1)) && \separated(p, s->dM + (0 .. n_max * I - 1)) &&
+      \separated(p, s->a + (0 .. n_max - 1)) && \separated(p, s->C + (0 .. RC * wide - 1)) &&
+      \separated(p, s->brow + (0 .. wide - 1)) && \separated(p, s->bd + (0 .. H - 1)) &&
+      \separated(p, s->bbuf + (0 .. PC * NC - 1)) && \separated(p, dx_slot + (0 .. V * H - 1)) &&
+      \separated(p, da_slot + (0 .. V - 1));
+
+    // the input tensors of the backward: readable (b_d only when d is recomputed with bias, down_ckpt only
+    // when it is given)
+    predicate bwd_inputs_at{L}(char *hidden, char *affinities, char *w_gu, char *w_d, char *b_d,
+                               char *gate_up_ckpt_T, char *down_ckpt, char *out_grad, integer recompute_d,
+                               integer rows, integer T, integer E, integer N, integer B, integer H, integer I,
+                               integer bias, moe_dtype dt) =
+      tensor_readable(hidden, rows * H, dt) && tensor_readable(out_grad, rows * H, dt) &&
+      tensor_readable(affinities, T * E, dt) && tensor_readable(w_gu, E * H * (2 * I), dt) &&
+      tensor_readable(w_d, E * I * H, dt) && tensor_readable(gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      (recompute_d == 0 ==> tensor_readable(down_ckpt, N * B * H, dt)) &&
+      (recompute_d != 0 && bias != 0 ==> tensor_readable(b_d, E * H, dt));
+
+    // the inputs copied into the scratch (hidden, out_grad, down_ckpt, b_d) apart from the floats written
+    predicate bwd_inputs_apart{L}(char *hidden, char *out_grad, char *down_ckpt, char *b_d, integer recompute_d,
+                                  integer rows, integer E, integer N, integer B, integer H, integer bias,
+                                  moe_dtype dt, bwd_scratch *s, float *dx_slot, float *da_slot, integer V,
+                                  integer n_max, integer I, integer wide) =
+      bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, hidden, byte_offset(rows * H, dt)) &&
+      bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, out_grad, byte_offset(rows * H, dt)) &&
+      (recompute_d == 0 ==>
+         bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, down_ckpt, byte_offset(N * B * H, dt))) &&
+      (recompute_d != 0 && bias != 0 ==>
+         bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, b_d, byte_offset(E * H, dt)));
+
+    // a gradient output g of count elements of grad dtype gd: writable, apart from the problem and the floats
+    predicate bwd_grad_ok{L}(char *g, integer count, moe_dtype gd, moe_mlp_problem *p, bwd_scratch *s,
+                             float *dx_slot, float *da_slot, integer V, integer n_max, integer H, integer I,
+                             integer wide) =
+      tensor_writable(g, count, gd) && \separated(g + (0 .. byte_offset(count, gd) - 1), p) &&
+      bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, g, byte_offset(count, gd));
+*/
+
+/* bwd_expert's gather: X, G [n][H] the hidden and output-gradient rows of its slots' tokens, and per slot
+ * (bwd_gather_slot) its affinity a[i], its gate/up checkpoint row GU [2I] and, with the down checkpoint, its
+ * row Dk [H]. */
+/*@ requires dims: 0 <= e < E && 0 <= n <= n_max && 0 <= H && 0 <= I && 2 * I <= INT64_MAX && 0 <= T <= rows &&
+      rows * H <= INT64_MAX && T * E <= INT64_MAX && 1 <= B && 0 <= N && N * B <= INT64_MAX &&
+      N * (2 * I) <= INT64_MAX && N * (2 * I) * B <= INT64_MAX && N * B * H <= INT64_MAX && 0 <= V &&
+      n_max * H <= INT64_MAX && n_max * (2 * I) <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires index: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B) &&
+      \valid_read(token + (0 .. V - 1)) && in_range(token, V, 0, T);
+    requires inputs: tensor_readable((char *)hidden, rows * H, dt) && tensor_readable((char *)out_grad, rows * H, dt) &&
+      tensor_readable((char *)affinities, T * E, dt) && tensor_readable((char *)gate_up_ckpt_T, N * (2 * I) * B, dt) &&
+      (recompute_d == 0 ==> tensor_readable((char *)down_ckpt, N * B * H, dt));
+    requires scratch: \valid(X + (0 .. n_max * H - 1)) && \valid(G + (0 .. n_max * H - 1)) &&
+      \valid(a + (0 .. n_max - 1)) && \valid(GU + (0 .. n_max * (2 * I) - 1)) && \valid(Dk + (0 .. n_max * H - 1)) &&
+      \separated(X + (0 .. n_max * H - 1), G + (0 .. n_max * H - 1), a + (0 .. n_max - 1),
+                 GU + (0 .. n_max * (2 * I) - 1), Dk + (0 .. n_max * H - 1));
+    requires apart: \separated(X + (0 .. n_max * H - 1), (char *)hidden + (0 .. byte_offset(rows * H, dt) - 1)) &&
+      \separated(G + (0 .. n_max * H - 1), (char *)out_grad + (0 .. byte_offset(rows * H, dt) - 1)) &&
+      (recompute_d == 0 ==>
+         \separated(Dk + (0 .. n_max * H - 1), (char *)down_ckpt + (0 .. byte_offset(N * B * H, dt) - 1)));
+    terminates \true;
+    assigns X[0 .. n_max * H - 1], G[0 .. n_max * H - 1], a[0 .. n_max - 1], GU[0 .. n_max * (2 * I) - 1],
+      Dk[0 .. n_max * H - 1]; */
+static void bwd_gather(moe_dtype dt, int64_t E, int64_t B, int64_t H, int64_t I, int64_t e, const int64_t *slots,
+                       int64_t n, const int64_t *pos, const int64_t *token, const void *hidden, const void *out_grad,
+                       const void *affinities, const void *gate_up_ckpt_T, const void *down_ckpt, int recompute_d,
+                       float *X, float *G, float *a, float *GU, float *Dk)
+    /*@ ghost (int64_t T, int64_t N, int64_t V, int64_t rows, int64_t n_max) */
+{
+    const int64_t I2 = 2 * I;
+    /*@ ghost lemma_mul_monotone(n, n_max, H); */
+    gather_rows(dt, hidden, slots, token, n, H, X) /*@ ghost (V, rows) */;
+    gather_rows(dt, out_grad, slots, token, n, H, G) /*@ ghost (V, rows) */;
+    /*@ loop invariant bounds: 0 <= i <= n;
+        loop assigns i, a[0 .. n_max - 1], GU[0 .. n_max * I2 - 1], Dk[0 .. n_max * H - 1];
+        loop variant n - i; */
+    for (int64_t i = 0; i < n; i++) {
+        /*@ ghost lemma_row_fits(i, n_max, I2); */
+        /*@ ghost lemma_row_fits(i, n_max, H); */
+        bwd_gather_slot(dt, E, B, H, I, e, token[slots[i]], pos[slots[i]], affinities, gate_up_ckpt_T, down_ckpt,
+                        recompute_d, a, i, GU + i * I2, Dk + i * H) /*@ ghost (T, N) */;
+    }
+}
+
+/* bwd_expert's down stage: M = act(g) u (bwd_m_rows), d recomputed when recompute_d (bwd_recompute_d), the
+ * affinity gradients da_slot and dD = a G, with ON_I M scaled by a (bwd_affinity_rows), with round_intermediates
+ * M and dD rounded, then d_w_d[e] and db_d[e] (bwd_weight_grad of M against dD with ON_H, G with ON_I) and
+ * dM = (W_d[e] . dDsrc^T)^T (bwd_weight_rows, transpose).
+ *   G, Dk, dD [n][H]; GU [n][2I]; M, dM [n][I]; a [n]; Tin, Tout [n][wide]; C [RC][wide]; brow [wide]; bd [H];
+ *   bbuf [PC*NC]; da_slot [V]; d_w_d [E][I][H], d_b_d [E][H] (with bias) of p->grad_dtype */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires dims: 0 <= e < E && 0 <= n <= n_max && 0 <= H <= wide && 0 <= I && 2 * I <= wide &&
+      1 <= wide <= INT64_MAX - NC && n_max <= INT64_MAX - NC && n_max * wide <= INT64_MAX && RC * wide <= INT64_MAX &&
+      n_max * H <= INT64_MAX && n_max * I <= INT64_MAX && n_max * (2 * I) <= INT64_MAX && E * H <= INT64_MAX &&
+      E * I <= INT64_MAX && E * I * H <= INT64_MAX && 0 <= V;
+    requires dtype: dtype_ok(dt);
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires weights: tensor_readable((char *)w_d, E * I * H, dt) &&
+      (recompute_d != 0 && p->bias != 0 ==> tensor_readable((char *)b_d, E * H, dt) &&
+         \separated(bd + (0 .. H - 1), (char *)b_d + (0 .. byte_offset(E * H, dt) - 1)));
+    requires scratch: \valid_read(G + (0 .. n_max * H - 1)) && \valid(Dk + (0 .. n_max * H - 1)) &&
+      \valid(dD + (0 .. n_max * H - 1)) && \valid_read(GU + (0 .. n_max * (2 * I) - 1)) &&
+      \valid(M + (0 .. n_max * I - 1)) && \valid(dM + (0 .. n_max * I - 1)) && \valid_read(a + (0 .. n_max - 1)) &&
+      \valid(Tin + (0 .. n_max * wide - 1)) && \valid(Tout + (0 .. n_max * wide - 1)) &&
+      \valid(C + (0 .. RC * wide - 1)) && \valid(brow + (0 .. wide - 1)) && \valid(bd + (0 .. H - 1)) &&
+      \valid(bbuf + (0 .. PC * NC - 1)) && \valid(da_slot + (0 .. V - 1)) &&
+      \separated(G + (0 .. n_max * H - 1), Dk + (0 .. n_max * H - 1), dD + (0 .. n_max * H - 1),
+                 GU + (0 .. n_max * (2 * I) - 1), M + (0 .. n_max * I - 1), dM + (0 .. n_max * I - 1),
+                 a + (0 .. n_max - 1), Tin + (0 .. n_max * wide - 1), Tout + (0 .. n_max * wide - 1),
+                 C + (0 .. RC * wide - 1), brow + (0 .. wide - 1), bd + (0 .. H - 1), bbuf + (0 .. PC * NC - 1),
+                 da_slot + (0 .. V - 1), p);
+    requires d_w_d: tensor_writable((char *)d_w_d, E * I * H, p->grad_dtype) &&
+      \separated((char *)d_w_d + (0 .. byte_offset(E * I * H, p->grad_dtype) - 1), C + (0 .. RC * wide - 1), p);
+    requires d_b_d: p->bias != 0 ==> tensor_writable((char *)d_b_d, E * H, p->grad_dtype) &&
+      \separated((char *)d_b_d + (0 .. byte_offset(E * H, p->grad_dtype) - 1), C + (0 .. RC * wide - 1), p);
+    terminates \true;
+    assigns Dk[0 .. n_max * H - 1], dD[0 .. n_max * H - 1], M[0 .. n_max * I - 1], dM[0 .. n_max * I - 1],
+      Tin[0 .. n_max * wide - 1], Tout[0 .. n_max * wide - 1], C[0 .. RC * wide - 1], brow[0 .. wide - 1],
+      bd[0 .. H - 1], bbuf[0 .. PC * NC - 1], da_slot[0 .. V - 1], errno,
+      ((char *)d_w_d)[0 .. byte_offset(E * I * H, p->grad_dtype) - 1],
+      ((char *)d_b_d)[0 .. byte_offset(p->bias != 0 ? E * H : 0, p->grad_dtype) - 1]; */
+static void bwd_down_stage(const moe_mlp_problem *p, moe_dtype dt, int64_t H, int64_t I, int64_t e, int64_t n,
+                           const int64_t *slots, int on_i, int recompute_d, const void *w_d, const void *b_d,
+                           const float *G, float *Dk, float *dD, const float *GU, float *M, float *dM, const float *a,
+                           float *Tin, float *Tout, float *C, float *brow, float *bd, float *bbuf, float *da_slot,
+                           void *d_w_d, void *d_b_d) /*@ ghost (int64_t E, int64_t V, int64_t n_max, int64_t wide) */
+{
+    /*@ ghost lemma_mul_monotone(n, n_max, H); */
+    /*@ ghost lemma_mul_monotone(n, n_max, I); */
+    /*@ ghost lemma_mul_monotone(n, n_max, 2 * I); */
+    /*@ ghost lemma_mul_monotone(n, n_max, wide); */
+    /*@ ghost lemma_mul_monotone(H, wide, RC); */
+    /*@ ghost lemma_mul_monotone(H, wide, n); */
+    /*@ ghost lemma_mul_monotone(I, wide, n); */
+    /*@ ghost lemma_row_fits(e, E, I); */
+    /*@ ghost lemma_mul_monotone(e * I + I, E * I, H); */
+    /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
+    bwd_m_rows(p->activation, n, I, GU, M);
+    if (recompute_d && n > 0)
+        bwd_recompute_d(p, dt, H, I, e, n, M, dM, w_d, b_d, Dk, bd, bbuf) /*@ ghost (E) */;
+    /* affinity gradient and dD */
+    bwd_affinity_rows(n, H, I, on_i, slots, G, Dk, a, da_slot, dD, M) /*@ ghost (V) */;
+    /* round_intermediates: dW_d's operands rnd(m) (ON_I rnd(a*m)) and rnd(a*G); dD is also what db_d sums and,
+     * with ON_H, the dM GEMM's operand */
+    if (p->round_intermediates) {
+        round_row(dt, M, n * I);
+        round_row(dt, dD, n * H);
+    }
+    /* the down-projection input gradient as the forward applied a: ON_H dD = a*G against the unscaled m; ON_I
+     * G against the scaled m */
+    const float *dDsrc = on_i ? G : dD;
+    /* dW_d[e] = M^T . dDsrc;  db_d[e] = sum dD (= sum a*G either way) */
+    bwd_weight_grad(p, e, n, I, H, M, dDsrc, dD, C, d_w_d, d_b_d) /*@ ghost (E, wide) */;
+    /* dM = dD . W_d[e]^T  (ON_I: a * (G . W_d^T)), computed as (W_d[e] . dD^T)^T */
+    if (n > 0) {
+        bwd_weight_rows(n, H, I, dt, w_d, e * I * H, dDsrc, Tin, Tout, brow);
+        transpose(I, n, Tout, n, dM);
+    }
+}
+
+/* bwd_expert's gate/up stage: dGU = (dg, du) with the clamp masks (bwd_gate_grads; limits already rounded to
+ * the dtype), rounded with round_intermediates, then d_w_gu[e] and db_gu[e] (bwd_weight_grad of X against dGU)
+ * and the per-slot dX rows = (W_gu[e] . dGU^T)^T into dx_slot (bwd_weight_rows, bwd_dx_scatter).
+ *   X [n][H]; GU, dGU [n][2I]; dM [n][I]; a [n]; Tin, Tout [n][wide]; C [RC][wide]; brow [wide];
+ *   dx_slot [V][H]; d_w_gu [E][H][2I], d_b_gu [E][2I] (with bias) of p->grad_dtype */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires dims: 0 <= e < E && 0 <= n <= n_max && 0 <= H <= wide && 0 <= I && 2 * I <= wide &&
+      1 <= wide <= INT64_MAX - NC && n_max <= INT64_MAX - NC && n_max * wide <= INT64_MAX && RC * wide <= INT64_MAX &&
+      n_max * H <= INT64_MAX && n_max * I <= INT64_MAX && n_max * (2 * I) <= INT64_MAX && E * H <= INT64_MAX &&
+      E * (2 * I) <= INT64_MAX && E * H * (2 * I) <= INT64_MAX && 0 <= V && V * H <= INT64_MAX;
+    requires dtype: dtype_ok(dt);
+    requires slots: \valid_read(slots + (0 .. n - 1)) && in_range(slots, n, 0, V);
+    requires w_gu: tensor_readable((char *)w_gu, E * H * (2 * I), dt);
+    requires scratch: \valid_read(X + (0 .. n_max * H - 1)) && \valid_read(GU + (0 .. n_max * (2 * I) - 1)) &&
+      \valid(dGU + (0 .. n_max * (2 * I) - 1)) && \valid_read(dM + (0 .. n_max * I - 1)) &&
+      \valid_read(a + (0 .. n_max - 1)) && \valid(Tin + (0 .. n_max * wide - 1)) &&
+      \valid(Tout + (0 .. n_max * wide - 1)) && \valid(C + (0 .. RC * wide - 1)) && \valid(brow + (0 .. wide - 1)) &&
+      \valid(dx_slot + (0 .. V * H - 1)) &&
+      \separated(X + (0 .. n_max * H - 1), GU + (0 .. n_max * (2 * I) - 1), dGU + (0 .. n_max * (2 * I) - 1),
+                 dM + (0 .. n_max * I - 1), a + (0 .. n_max - 1), Tin + (0 .. n_max * wide - 1),
+                 Tout + (0 .. n_max * wide - 1), C + (0 .. RC * wide - 1), brow + (0 .. wide - 1),
+                 dx_slot + (0 .. V * H - 1), p);
+    requires d_w_gu: tensor_writable((char *)d_w_gu, E * H * (2 * I), p->grad_dtype) &&
+      \separated((char *)d_w_gu + (0 .. byte_offset(E * H * (2 * I), p->grad_dtype) - 1), C + (0 .. RC * wide - 1), p);
+    requires d_b_gu: p->bias != 0 ==> tensor_writable((char *)d_b_gu, E * (2 * I), p->grad_dtype) &&
+      \separated((char *)d_b_gu + (0 .. byte_offset(E * (2 * I), p->grad_dtype) - 1), C + (0 .. RC * wide - 1), p);
+    terminates \true;
+    assigns dGU[0 .. n_max * (2 * I) - 1], Tin[0 .. n_max * wide - 1], Tout[0 .. n_max * wide - 1],
+      C[0 .. RC * wide - 1], brow[0 .. wide - 1], dx_slot[0 .. V * H - 1], errno,
+      ((char *)d_w_gu)[0 .. byte_offset(E * H * (2 * I), p->grad_dtype) - 1],
+      ((char *)d_b_gu)[0 .. byte_offset(p->bias != 0 ? E * (2 * I) : 0, p->grad_dtype) - 1]; */
+static void bwd_gate_up_stage(const moe_mlp_problem *p, moe_dtype dt, int64_t H, int64_t I, int64_t e, int64_t n,
+                              const int64_t *slots, int on_i, float nl_lo, float nl_hi, float lin_lo, float lin_hi,
+                              const void *w_gu, const float *X, const float *GU, float *dGU, const float *dM,
+                              const float *a, float *Tin, float *Tout, float *C, float *brow, float *dx_slot,
+                              void *d_w_gu, void *d_b_gu) /*@ ghost (int64_t E, int64_t V, int64_t n_max, int64_t wide) */
+{
+    const int64_t I2 = 2 * I;
+    /*@ ghost lemma_mul_monotone(n, n_max, H); */
+    /*@ ghost lemma_mul_monotone(n, n_max, I); */
+    /*@ ghost lemma_mul_monotone(n, n_max, I2); */
+    /*@ ghost lemma_mul_monotone(n, n_max, wide); */
+    /*@ ghost lemma_mul_monotone(I2, wide, RC); */
+    /*@ ghost lemma_mul_monotone(I2, wide, n); */
+    /*@ ghost lemma_mul_monotone(H, wide, n); */
+    /*@ ghost lemma_row_fits(e, E, H); */
+    /*@ ghost lemma_mul_monotone(e * H + H, E * H, I2); */
+    bwd_gate_grads(p, n, I, on_i, nl_lo, nl_hi, lin_lo, lin_hi, GU, dM, a, dGU);
+    /* round_intermediates: rnd(dg), rnd(du) for dW_gu, db_gu and d_hidden */
+    if (p->round_intermediates)
+        round_row(dt, dGU, n * I2);
+    /* dW_gu[e] = X^T . dGU;  db_gu[e] = sum dGU */
+    bwd_weight_grad(p, e, n, H, I2, X, dGU, dGU, C, d_w_gu, d_b_gu) /*@ ghost (E, wide) */;
+    /* per-slot dX = dGU . W_gu[e]^T, computed as (W_gu[e] . dGU^T)^T */
+    if (n > 0) {
+        bwd_weight_rows(n, I2, H, dt, w_gu, e * H * I2, dGU, Tin, Tout, brow);
+        bwd_dx_scatter(n, H, slots, Tout, dx_slot) /*@ ghost (V) */;
+    }
+}
+
+/*@ // a gradient output g of count elements of grad dtype gd as bwd_experts needs it: writable, apart from the
+    // problem, the slot index arrays it reads and the floats it writes
+    predicate bwd_grad_x_ok{L}(char *g, integer count, moe_dtype gd, moe_mlp_problem *p, slot_index *x,
+                               integer V, integer E, bwd_scratch *s, float *dx_slot, float *da_slot,
+                               integer n_max, integer H, integer I, integer wide) =
+      tensor_writable(g, count, gd) && \separated(g + (0 .. byte_offset(count, gd) - 1), p) &&
+      \separated(g + (0 .. byte_offset(count, gd) - 1), x->expert_slots + (0 .. V - 1)) &&
+      \separated(g + (0 .. byte_offset(count, gd) - 1), x->expert_start + (0 .. E)) &&
+      \separated(g + (0 .. byte_offset(count, gd) - 1), x->pos + (0 .. V - 1)) &&
+      \separated(g + (0 .. byte_offset(count, gd) - 1), x->token + (0 .. V - 1)) &&
+      bwd_floats_apart(s, dx_slot, da_slot, V, n_max, H, I, wide, g, byte_offset(count, gd));
+*/
+
+/* The backward of expert e over its n slots (slots[0 .. n - 1]): gather (bwd_gather), the down stage (m, d
+ * recomputed, dA and dD, d_w_d and db_d, dM: bwd_down_stage), the gate/up stage (dg/du, d_w_gu and db_gu, the
+ * per-slot dX: bwd_gate_up_stage).  An expert without slots still writes its weight (and bias) gradients: +0,
+ * or the old value through one rounding with accumulate.
+ *   pos, token [V]: the slot index;  s: the thread's scratch;  dx_slot [V][H], da_slot [V]: per-slot gradients;
+ *   limits nl_lo .. lin_hi rounded to dt */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires dims: bwd_dims(T, E, N, B, H, I, V, n_max, rows, wide);
+    requires dtype: dtype_ok(dt);
+    requires expert: 0 <= e < E;
+    requires slots: 0 <= n <= n_max && \valid_read(slots + (0 .. n - 1)) &&
+      \forall integer r; 0 <= r < n ==> 0 <= slots[r] < V;
+    requires index: \valid_read(pos + (0 .. V - 1)) && in_range(pos, V, 0, N * B) &&
+      \valid_read(token + (0 .. V - 1)) && in_range(token, V, 0, T);
+    requires inputs: bwd_inputs_at((char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d, (char *)b_d,
+      (char *)gate_up_ckpt_T, (char *)down_ckpt, (char *)out_grad, recompute_d, rows, T, E, N, B, H, I, p->bias, dt);
+    requires scratch: bwd_scratch_ok(s, dx_slot, da_slot, V, n_max, H, I, wide);
+    requires floats_apart: bwd_floats_apart_p(s, dx_slot, da_slot, V, n_max, H, I, wide, p) &&
+      bwd_inputs_apart((char *)hidden, (char *)out_grad, (char *)down_ckpt, (char *)b_d, recompute_d, rows, E, N, B,
+                       H, p->bias, dt, s, dx_slot, da_slot, V, n_max, I, wide);
+    requires d_w_gu: bwd_grad_ok((char *)d_w_gu, E * H * (2 * I), p->grad_dtype, p, s, dx_slot, da_slot, V, n_max, H,
+      I, wide);
+    requires d_w_d: bwd_grad_ok((char *)d_w_d, E * I * H, p->grad_dtype, p, s, dx_slot, da_slot, V, n_max, H, I, wide);
+    requires d_b_gu: p->bias != 0 ==> bwd_grad_ok((char *)d_b_gu, E * (2 * I), p->grad_dtype, p, s, dx_slot, da_slot,
+      V, n_max, H, I, wide);
+    requires d_b_d: p->bias != 0 ==> bwd_grad_ok((char *)d_b_d, E * H, p->grad_dtype, p, s, dx_slot, da_slot, V,
+      n_max, H, I, wide);
+    terminates \true;
+    assigns s->X[0 .. n_max * H - 1], s->G[0 .. n_max * H - 1], s->Dk[0 .. n_max * H - 1],
+      s->dD[0 .. n_max * H - 1], s->Tin[0 .. n_max * wide - 1], s->Tout[0 .. n_max * wide - 1],
+      s->GU[0 .. n_max * (2 * I) - 1], s->dGU[0 .. n_max * (2 * I) - 1], s->M[0 .. n_max * I - 1],
+      s->dM[0 .. n_max * I - 1], s->a[0 .. n_max - 1], s->C[0 .. RC * wide - 1], s->brow[0 .. wide - 1],
+      s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], dx_slot[0 .. V * H - 1], da_slot[0 .. V - 1], errno,
+      ((char *)d_w_gu)[0 .. byte_offset(E * H * (2 * I), p->grad_dtype) - 1],
+      ((char *)d_w_d)[0 .. byte_offset(E * I * H, p->grad_dtype) - 1],
+      ((char *)d_b_gu)[0 .. byte_offset(p->bias != 0 ? E * (2 * I) : 0, p->grad_dtype) - 1],
+      ((char *)d_b_d)[0 .. byte_offset(p->bias != 0 ? E * H : 0, p->grad_dtype) - 1]; */
+static void bwd_expert(const moe_mlp_problem *p, moe_dtype dt, int64_t E, int64_t B, int64_t H, int64_t I, int on_i,
+                       int recompute_d, float nl_lo, float nl_hi, float lin_lo, float lin_hi, int64_t e,
+                       const int64_t *slots, int64_t n, const int64_t *pos, const int64_t *token, const void *hidden,
+                       const void *affinities, const void *w_gu, const void *w_d, const void *b_d,
+                       const void *gate_up_ckpt_T, const void *down_ckpt, const void *out_grad, void *d_w_gu,
+                       void *d_w_d, void *d_b_gu, void *d_b_d, const bwd_scratch *s, float *dx_slot, float *da_slot)
+    /*@ ghost (int64_t T, int64_t N, int64_t V, int64_t n_max, int64_t rows, int64_t wide) */
+{
+    bwd_gather(dt, E, B, H, I, e, slots, n, pos, token, hidden, out_grad, affinities, gate_up_ckpt_T, down_ckpt,
+               recompute_d, s->X, s->G, s->a, s->GU, s->Dk) /*@ ghost (T, N, V, rows, n_max) */;
+    bwd_down_stage(p, dt, H, I, e, n, slots, on_i, recompute_d, w_d, b_d, s->G, s->Dk, s->dD, s->GU, s->M, s->dM,
+                   s->a, s->Tin, s->Tout, s->C, s->brow, s->bd, s->bbuf, da_slot, d_w_d, d_b_d)
+        /*@ ghost (E, V, n_max, wide) */;
+    bwd_gate_up_stage(p, dt, H, I, e, n, slots, on_i, nl_lo, nl_hi, lin_lo, lin_hi, w_gu, s->X, s->GU, s->dGU, s->dM,
+                      s->a, s->Tin, s->Tout, s->C, s->brow, dx_slot, d_w_gu, d_b_gu) /*@ ghost (E, V, n_max, wide) */;
+}
+
+/* One thread's share of the experts: the orphaned `omp for` (dynamic, one expert at a time) of moe_ref_mlp_bwd's
+ * parallel region, bwd_expert for each expert e < E (its slots expert_slots[expert_start[e] ..]).  Frama-C parses
+ * it without OpenMP: the proof is of the loop run by one thread over every expert.
+ *   x: the slot index (V = x->count slots, n_max = x->max_slots) */
+/*@ requires problem: \valid_read(p) && dtype_ok(p->grad_dtype);
+    requires dims: bwd_dims(T, E, N, B, H, I, V, n_max, rows, wide);
+    requires dtype: dtype_ok(dt);
+    requires index: slot_index_ok(x, ids, T, E, N, B) && x->count == V && x->max_slots == n_max;
+    requires inputs: bwd_inputs_at((char *)hidden, (char *)affinities, (char *)w_gu, (char *)w_d, (char *)b_d,
+      (char *)gate_up_ckpt_T, (char *)down_ckpt, (char *)out_grad, recompute_d, rows, T, E, N, B, H, I, p->bias, dt);
+    requires scratch: bwd_scratch_ok(s, dx_slot, da_slot, V, n_max, H, I, wide);
+    requires floats_apart: bwd_floats_apart_p(s, dx_slot, da_slot, V, n_max, H, I, wide, p) &&
+      bwd_inputs_apart((char *)hidden, (char *)out_grad, (char *)down_ckpt, (char *)b_d, recompute_d, rows, E, N, B,
+                       H, p->bias, dt, s, dx_slot, da_slot, V, n_max, I, wide);
+    requires d_w_gu: bwd_grad_x_ok((char *)d_w_gu, E * H * (2 * I), p->grad_dtype, p, x, V, E, s, dx_slot, da_slot,
+      n_max, H, I, wide);
+    requires d_w_d: bwd_grad_x_ok((char *)d_w_d, E * I * H, p->grad_dtype, p, x, V, E, s, dx_slot, da_slot, n_max, H,
+      I, wide);
+    requires d_b_gu: p->bias != 0 ==> bwd_grad_x_ok((char *)d_b_gu, E * (2 * I), p->grad_dtype, p, x, V, E, s,
+      dx_slot, da_slot, n_max, H, I, wide);
+    requires d_b_d: p->bias != 0 ==> bwd_grad_x_ok((char *)d_b_d, E * H, p->grad_dtype, p, x, V, E, s, dx_slot,
+      da_slot, n_max, H, I, wide);
+    terminates \true;
+    assigns s->X[0 .. n_max * H - 1], s->G[0 .. n_max * H - 1], s->Dk[0 .. n_max * H - 1],
+      s->dD[0 .. n_max * H - 1], s->Tin[0 .. n_max * wide - 1], s->Tout[0 .. n_max * wide - 1],
+      s->GU[0 .. n_max * (2 * I) - 1], s->dGU[0 .. n_max * (2 * I) - 1], s->M[0 .. n_max * I - 1],
+      s->dM[0 .. n_max * I - 1], s->a[0 .. n_max - 1], s->C[0 .. RC * wide - 1], s->brow[0 .. wide - 1],
+      s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], dx_slot[0 .. V * H - 1], da_slot[0 .. V - 1], errno,
+      ((char *)d_w_gu)[0 .. byte_offset(E * H * (2 * I), p->grad_dtype) - 1],
+      ((char *)d_w_d)[0 .. byte_offset(E * I * H, p->grad_dtype) - 1],
+      ((char *)d_b_gu)[0 .. byte_offset(p->bias != 0 ? E * (2 * I) : 0, p->grad_dtype) - 1],
+      ((char *)d_b_d)[0 .. byte_offset(p->bias != 0 ? E * H : 0, p->grad_dtype) - 1]; */
+static void bwd_experts(const moe_mlp_problem *p, moe_dtype dt, int64_t E, int64_t B, int64_t H, int64_t I, int on_i,
+                        int recompute_d, float nl_lo, float nl_hi, float lin_lo, float lin_hi, const slot_index *x,
+                        const void *hidden, const void *affinities, const void *w_gu, const void *w_d, const void *b_d,
+                        const void *gate_up_ckpt_T, const void *down_ckpt, const void *out_grad, void *d_w_gu,
+                        void *d_w_d, void *d_b_gu, void *d_b_d, const bwd_scratch *s, float *dx_slot, float *da_slot)
+    /*@ ghost (const int64_t *ids, int64_t T, int64_t N, int64_t V, int64_t n_max, int64_t rows, int64_t wide) */
+{
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop assigns e, s->X[0 .. n_max * H - 1], s->G[0 .. n_max * H - 1], s->Dk[0 .. n_max * H - 1],
+          s->dD[0 .. n_max * H - 1], s->Tin[0 .. n_max * wide - 1], s->Tout[0 .. n_max * wide - 1],
+          s->GU[0 .. n_max * (2 * I) - 1], s->dGU[0 .. n_max * (2 * I) - 1], s->M[0 .. n_max * I - 1],
+          s->dM[0 .. n_max * I - 1], s->a[0 .. n_max - 1], s->C[0 .. RC * wide - 1], s->brow[0 .. wide - 1],
+          s->bd[0 .. H - 1], s->bbuf[0 .. PC * NC - 1], dx_slot[0 .. V * H - 1], da_slot[0 .. V - 1], errno,
+          ((char *)d_w_gu)[0 .. byte_offset(E * H * (2 * I), p->grad_dtype) - 1],
+          ((char *)d_w_d)[0 .. byte_offset(E * I * H, p->grad_dtype) - 1],
+          ((char *)d_b_gu)[0 .. byte_offset(p->bias != 0 ? E * (2 * I) : 0, p->grad_dtype) - 1],
+          ((char *)d_b_d)[0 .. byte_offset(p->bias != 0 ? E * H : 0, p->grad_dtype) - 1];
+        loop variant E - e; */
+    MLP_OMP(for schedule(dynamic, 1))
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t first = x->expert_start[e], n = x->expert_start[e + 1] - first;
+        /*@ assert slots_in: 0 <= first && first + n <= V && 0 <= n <= n_max; */
+        /*@ assert slots_kept: \forall integer r; first <= r < first + n ==> 0 <= x->expert_slots[r] < V; */
+        bwd_expert(p, dt, E, B, H, I, on_i, recompute_d, nl_lo, nl_hi, lin_lo, lin_hi, e, x->expert_slots + first, n,
+                   x->pos, x->token, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad, d_w_gu,
+                   d_w_d, d_b_gu, d_b_d, s, dx_slot, da_slot) /*@ ghost (T, N, V, n_max, rows, wide) */;
+    }
 }
 
 moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const void *affinities,
@@ -2500,57 +2912,11 @@ moe_status moe_ref_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const v
         float *C = carve(&cur, RC * wide), *brow = carve(&cur, wide), *bd = carve(&cur, H);
         float *bbuf = carve(&cur, PC * NC), *row_e = carve(&cur, E);
 
-        MLP_OMP(for schedule(dynamic, 1))
-        for (int64_t e = 0; e < E; e++) {
-            const int64_t *slots = x.expert_slots + x.expert_start[e];
-            const int64_t n = x.expert_start[e + 1] - x.expert_start[e];
+        const bwd_scratch s = {X, G, Dk, dD, Tin, Tout, GU, dGU, M, dM, a, C, brow, bd, bbuf};
 
-            /* gather: x, G, a, checkpoints */
-            gather_rows(dt, hidden, slots, x.token, n, H, X) /*@ ghost (x.count, p->token_rows) */;
-            gather_rows(dt, out_grad, slots, x.token, n, H, G) /*@ ghost (x.count, p->token_rows) */;
-            for (int64_t i = 0; i < n; i++)
-                bwd_gather_slot(dt, E, B, H, I, e, x.token[slots[i]], x.pos[slots[i]], affinities, gate_up_ckpt_T,
-                                down_ckpt, recompute_d, a, i, GU + i * I2, Dk + i * H) /*@ ghost (T, p->N) */;
-
-            /* m = act(g) * u (the unscaled one first: ON_I without a down checkpoint recomputes d) */
-            bwd_m_rows(p->activation, n, I, GU, M);
-            if (recompute_d && n > 0)
-                bwd_recompute_d(p, dt, H, I, e, n, M, dM, w_d, b_d, Dk, bd, bbuf) /*@ ghost (E) */;
-
-            /* affinity gradient and dD */
-            bwd_affinity_rows(n, H, I, on_i, slots, G, Dk, a, da_slot, dD, M) /*@ ghost (x.count) */;
-            /* round_intermediates: dW_d's operands rnd(m) (ON_I rnd(a*m)) and rnd(a*G); dD is also what
-             * db_d sums and, with ON_H, the dM GEMM's operand */
-            if (p->round_intermediates) {
-                round_row(dt, M, n * I);
-                round_row(dt, dD, n * H);
-            }
-            /* the down-projection input gradient as the forward applied a: ON_H dD = a*G against the
-             * unscaled m; ON_I G against the scaled m */
-            const float *dDsrc = on_i ? G : dD;
-
-            /* dW_d[e] = M^T . dDsrc;  db_d[e] = sum dD (= sum a*G either way) */
-            bwd_weight_grad(p, e, n, I, H, M, dDsrc, dD, C, d_w_d, d_b_d) /*@ ghost (E) */;
-
-            /* dM = dD . W_d[e]^T  (ON_I: a * (G . W_d^T)), computed as (W_d[e] . dD^T)^T */
-            if (n > 0) {
-                bwd_weight_rows(n, H, I, dt, w_d, e * I * H, dDsrc, Tin, Tout, brow);
-                transpose(I, n, Tout, n, dM);
-            }
-            bwd_gate_grads(p, n, I, on_i, nl_lo, nl_hi, lin_lo, lin_hi, GU, dM, a, dGU);
-            /* round_intermediates: rnd(dg), rnd(du) for dW_gu, db_gu and d_hidden */
-            if (p->round_intermediates)
-                round_row(dt, dGU, n * I2);
-
-            /* dW_gu[e] = X^T . dGU;  db_gu[e] = sum dGU */
-            bwd_weight_grad(p, e, n, H, I2, X, dGU, dGU, C, d_w_gu, d_b_gu) /*@ ghost (E) */;
-
-            /* per-slot dX = dGU . W_gu[e]^T, computed as (W_gu[e] . dGU^T)^T */
-            if (n > 0) {
-                bwd_weight_rows(n, I2, H, dt, w_gu, e * H * I2, dGU, Tin, Tout, brow);
-                bwd_dx_scatter(n, H, slots, Tout, dx_slot) /*@ ghost (x.count) */;
-            }
-        }
+        bwd_experts(p, dt, E, B, H, I, on_i, recompute_d, nl_lo, nl_hi, lin_lo, lin_hi, &x, hidden, affinities, w_gu,
+                    w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad, d_w_gu, d_w_d, d_b_gu, d_b_d, &s, dx_slot, da_slot)
+            /*@ ghost (p->token_position_to_id, T, p->N, x.count, n_max, p->token_rows, wide) */;
 
         /* token rows of d_hidden and d_affinities (acc = brow: wide >= H) */
         bwd_tokens(dt, T, E, B, H, p->token_rows, x.token_start, x.token_slots, x.pos, p->block_to_expert, dx_slot,
