@@ -204,8 +204,9 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
  * moe_ref_routing_from_topk_check; next is the scratch the shell callocs.
  *   topk_ids        [rows]   expert of each slot, in [0, E)
  *   m_sizes         [E]      out: slots per expert
- *   gather_indices  [rows]   out: slots sorted by expert, stably (not proved; but every entry written is a
- *                            slot in [0, rows): `gather_range`)
+ *   gather_indices  [rows]   out: slots sorted by expert, stably: a permutation of [0, rows) whose bucket
+ *                            msum(m_sizes, e) .. + m_sizes[e] - 1 holds expert e's slots, ascending (proved:
+ *                            `grouped`, `stable`, `permutation`)
  *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices
  *   next            [E + 1]  scratch (any contents): the next free row of each expert */
 /*@ requires dims: 0 <= rows && 1 <= num_experts && rows <= INT64_MAX / 2 && num_experts <= INT64_MAX / 2;
@@ -224,7 +225,12 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
     assigns scatter_indices[0 .. rows - 1];
     ensures counts: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq(topk_ids, rows, e);
     ensures sizes_ok: sizes_ok(m_sizes, num_experts, rows);
-    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows); */
+    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows);
+    ensures grouped: \forall integer e, q; 0 <= e < num_experts && msum(m_sizes, e) <= q < msum(m_sizes, e) + m_sizes[e] ==>
+      0 <= gather_indices[q] < rows && topk_ids[gather_indices[q]] == e;
+    ensures stable: \forall integer e, q; 0 <= e < num_experts && msum(m_sizes, e) <= q && q + 1 < msum(m_sizes, e) + m_sizes[e] ==>
+      gather_indices[q] < gather_indices[q + 1];
+    ensures permutation: is_permutation(gather_indices, rows); */
 void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
                            int64_t *gather_indices, int64_t *scatter_indices, int64_t *next);
 

@@ -135,19 +135,86 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
     return MOE_OK;
 }
 
+/* The placement loop of the counting sort: for s = 0 .. rows - 1 ascending, slot s goes to the next free row r
+ * of its expert e = topk_ids[s]: gather_indices[r] = s, scatter_indices[s] = r (when not NULL), next[e] + 1.
+ * Entered with next[e] the first row of expert e's bucket (the prefix sums of the counts: `room`, `ordered`), it
+ * leaves every bucket [old next[e], next[e]) holding the slots of expert e in ascending order.
+ *   topk_ids [rows];  next [E] (in: bucket starts, out: bucket ends);  gather_indices, scatter_indices [rows] */
+/*@ requires dims: 0 <= rows <= INT64_MAX / 2 && 1 <= num_experts <= INT64_MAX / 2;
+    requires ids: \valid_read(topk_ids + (0 .. rows - 1)) && in_range(topk_ids, rows, 0, num_experts);
+    requires gather: \valid(gather_indices + (0 .. rows - 1));
+    requires scatter: scatter_indices == \null || \valid(scatter_indices + (0 .. rows - 1));
+    requires next: \valid(next + (0 .. num_experts - 1));
+    requires separated: \separated(topk_ids + (0 .. rows - 1), gather_indices + (0 .. rows - 1),
+                                   next + (0 .. num_experts - 1));
+    requires separated_scatter: scatter_indices != \null ==> \separated(scatter_indices + (0 .. rows - 1),
+                                   topk_ids + (0 .. rows - 1), gather_indices + (0 .. rows - 1),
+                                   next + (0 .. num_experts - 1));
+    requires room: \forall integer e; 0 <= e < num_experts ==>
+      0 <= next[e] && next[e] + count_eq(topk_ids, rows, e) <= rows;
+    requires ordered: \forall integer e1, e2; 0 <= e1 < e2 < num_experts ==>
+      next[e1] + count_eq(topk_ids, rows, e1) <= next[e2];
+    terminates \true;
+    assigns next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
+    ensures cursor: \forall integer e; 0 <= e < num_experts ==>
+      next[e] == \old(next[e]) + \old(count_eq(topk_ids, rows, e));
+    ensures grouped: \forall integer e, q; 0 <= e < num_experts && \old(next[e]) <= q < next[e] ==>
+      0 <= gather_indices[q] < rows && topk_ids[gather_indices[q]] == e;
+    ensures stable: \forall integer e, q; 0 <= e < num_experts && \old(next[e]) <= q && q + 1 < next[e] ==>
+      gather_indices[q] < gather_indices[q + 1];
+    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows); */
+static void place_slots(int64_t rows, const int64_t *topk_ids, int64_t *next, int64_t *gather_indices,
+                        int64_t *scatter_indices) /*@ ghost (int64_t num_experts) */
+{
+    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, rows); */
+    /*@ loop invariant bounds: 0 <= s <= rows;
+        loop invariant ids: \forall integer j; 0 <= j < rows ==> topk_ids[j] == \at(topk_ids[j], Pre);
+        loop invariant cursor: \forall integer e; 0 <= e < num_experts ==>
+          next[e] == \at(next[e], Pre) + (\let x = s; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
+        loop invariant within: \forall integer e; 0 <= e < num_experts ==>
+          \at(next[e], Pre) <= next[e] <= \at(next[e] + count_eq((int64_t *)topk_ids, rows, e), Pre);
+        loop invariant grouped: \forall integer e, q; 0 <= e < num_experts && \at(next[e], Pre) <= q < next[e] ==>
+          0 <= gather_indices[q] < s && topk_ids[gather_indices[q]] == e;
+        loop invariant stable: \forall integer e, q; 0 <= e < num_experts && \at(next[e], Pre) <= q && q + 1 < next[e] ==>
+          gather_indices[q] < gather_indices[q + 1];
+        loop invariant gather_range: \at(in_range(gather_indices, rows, 0, rows), Pre) ==>
+          in_range(gather_indices, rows, 0, rows);
+        loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
+        loop variant rows - s; */
+    for (int64_t s = 0; s < rows; s++) {
+        const int64_t e = topk_ids[s];
+        /*@ assert count_step: \let x = s; \forall integer f;
+              \at(count_eq((int64_t *)topk_ids, x + 1, f), Pre) ==
+              \at(count_eq((int64_t *)topk_ids, x, f), Pre) + (topk_ids[x] == f ? 1 : 0); */
+        /*@ assert in_bucket: \let k = e; \at(next[k], Pre) <= next[k] < \at(next[k] + count_eq((int64_t *)topk_ids, rows, k), Pre); */
+        /*@ assert apart: \forall integer f; 0 <= f < num_experts && f != e ==>
+              next[e] < \at(next[f], Pre) || \at(next[f] + count_eq((int64_t *)topk_ids, rows, f), Pre) <= next[e]; */
+        const int64_t r = next[e];
+        /*@ assert below: \forall integer q; \let k = e; \at(next[k], Pre) <= q < r ==> gather_indices[q] < s; */
+        gather_indices[r] = s;
+        if (scatter_indices != NULL)
+            scatter_indices[s] = r;
+        next[e] = r + 1;
+        /*@ assert kept: \forall integer q; 0 <= q < rows && q != r ==>
+              gather_indices[q] == \at(gather_indices[q], LoopCurrent); */
+        /*@ assert others: \forall integer f; 0 <= f < num_experts && f != e ==> next[f] == \at(next[f], LoopCurrent); */
+    }
+}
+
 /* The counting sort of moe_routing_from_topk (contract on the prototype in moe_ref.h). */
 void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
                            int64_t *gather_indices, int64_t *scatter_indices, int64_t *next)
 {
-    /* Framing: count_eq and msum read int64 memory, which every loop here writes (other addresses), so the
-     * invariants read count_eq in the pre-state (\at Pre, on \let-bound loop values); the two ghost loops
-     * (invariants frame_counted, frame_end) carry count_eq over to the current state (an induction over
-     * the slots: topk_ids itself is never written), where the single-state ghost lemma functions apply:
-     * lemma_msum_counts (the counts add up to rows, so sizes_ok) and lemma_msum_monotone_all (every cursor
-     * stays in [0, rows)).  The assertions r_separated, s_separated, count_step, cursor_in, next_step and
-     * next_kept (the same step after the stores) only name facts for the provers: without the first four the cursor
-     * goals time out, and without the last two the cursor invariant's preservation took up to 10 s (the
-     * pinned timeout) on a loaded 2-core machine (CI, 2026-11-23). */
+    /* Counts, prefix sums, then place_slots (the slots into their buckets, ascending) and, in ghost code,
+     * the bucket starts as msum of the counts and lemma_buckets_permutation (gather_indices a permutation).
+     * Framing: count_eq and msum read int64 memory, which the code here writes (other addresses), so the
+     * counting loop reads count_eq in the pre-state (\at Pre, on a \let-bound loop value) and the ghost loops
+     * frame_counted, frame_placed and frame_end carry it over to the current state (an induction over the
+     * slots: topk_ids itself is never written), where the single-state ghost lemma functions apply:
+     * lemma_msum_counts (the counts add up to rows: sizes_ok) and lemma_msum_monotone_all (the buckets are
+     * ordered and inside [0, rows)).  The label `placing` and the assertions sizes_kept, ends_cursor and
+     * ends_first only name facts for the provers (without sizes_kept, ends_cursor timed out at 60 s);
+     * lemma_count_eq_bounds bounds the counts (the counting loop's increments). */
     /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, rows); */
     /*@ loop invariant bounds: 0 <= e <= num_experts;
         loop invariant zero: \forall integer j; 0 <= j < e ==> m_sizes[j] == 0;
@@ -178,37 +245,25 @@ void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *top
     */
     moe_ref_expert_offsets(num_experts, m_sizes, next);
     /*@ assert cursor_range: \forall integer e; 0 <= e < num_experts ==> 0 <= next[e] && next[e] + m_sizes[e] <= rows; */
-    /*@ loop invariant bounds: 0 <= s <= rows;
-        loop invariant cursor: \forall integer e; 0 <= e < num_experts ==>
-          next[e] == \at(next[e], LoopEntry) + (\let x = s; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
-        loop invariant sizes: \forall integer e; 0 <= e < num_experts ==>
-          m_sizes[e] == \at(count_eq((int64_t *)topk_ids, rows, e), Pre);
-        loop invariant room: \forall integer e; 0 <= e < num_experts ==>
-          0 <= \at(next[e], LoopEntry) && \at(next[e], LoopEntry) + m_sizes[e] <= rows;
-        loop invariant ids: \forall integer j; 0 <= j < rows ==> topk_ids[j] == \at(topk_ids[j], Pre);
-        loop invariant gather_range: \at(in_range(gather_indices, rows, 0, rows), Pre) ==>
-          in_range(gather_indices, rows, 0, rows);
-        loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
-        loop variant rows - s; */
-    for (int64_t s = 0; s < rows; s++) {
-        /*@ assert count_step: \let x = s; \forall integer e;
-              \at(count_eq((int64_t *)topk_ids, x + 1, e), Pre) ==
-              \at(count_eq((int64_t *)topk_ids, x, e), Pre) + (topk_ids[x] == e ? 1 : 0); */
-        /*@ assert cursor_in: 0 <= next[topk_ids[s]] < rows; */
-        int64_t r = next[topk_ids[s]]++;
-        /*@ assert next_step: \forall integer e; 0 <= e < num_experts ==>
-              next[e] == \at(next[e], LoopCurrent) + (topk_ids[s] == e ? 1 : 0); */
-        /*@ assert r_separated: \separated(gather_indices + r, next + (0 .. num_experts),
-              m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
-        gather_indices[r] = s;
-        if (scatter_indices != NULL)
-            /*@ assert s_separated: \separated(scatter_indices + s, next + (0 .. num_experts),
-                  m_sizes + (0 .. num_experts - 1), topk_ids + (0 .. rows - 1)); */
-            scatter_indices[s] = r;
-        /*@ assert next_kept: \forall integer e; 0 <= e < num_experts ==>
-              next[e] == \at(next[e], LoopCurrent) + (topk_ids[s] == e ? 1 : 0); */
-    }
+    /*@ assert first_start: next[0] == 0; */
+    /*@ assert adjacent: \forall integer e; 0 <= e < num_experts ==> next[e] + m_sizes[e] == next[e + 1]; */
+    /*@ assert ordered: \forall integer e1, e2; 0 <= e1 < e2 < num_experts ==> next[e1] + m_sizes[e1] <= next[e2]; */
+    /*@ ghost
+        /@ loop invariant bounds: 0 <= x <= rows;
+           loop invariant frame_placed: \forall integer y, e; 0 <= y <= x ==>
+             count_eq((int64_t *)topk_ids, y, e) == \at(count_eq((int64_t *)topk_ids, y, e), Pre);
+           loop assigns x;
+           loop variant rows - x; @/
+        for (int64_t x = 0; x < rows; x++) ;
+    */
+    /*@ assert counted: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == count_eq((int64_t *)topk_ids, rows, e); */
+    /*@ ghost placing: ; */
+    place_slots(rows, topk_ids, next, gather_indices, scatter_indices) /*@ ghost (num_experts) */;
     /*@ assert ids_post: in_range((int64_t *)topk_ids, rows, 0, num_experts); */
+    /*@ assert sizes_kept: \forall integer e; 0 <= e < num_experts ==> m_sizes[e] == \at(m_sizes[e], placing); */
+    /*@ assert ends_cursor: \forall integer e; 0 <= e < num_experts ==> next[e] == \at(next[e], placing) + m_sizes[e]; */
+    /*@ assert ends_first: next[0] - m_sizes[0] == 0; */
+    /*@ assert ends: \forall integer e; 0 <= e < num_experts - 1 ==> next[e] == next[e + 1] - m_sizes[e + 1]; */
     /*@ ghost
         /@ loop invariant bounds: 0 <= x <= rows;
            loop invariant frame_end: \forall integer y, e; 0 <= y <= x ==>
@@ -217,8 +272,15 @@ void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *top
            loop variant rows - x; @/
         for (int64_t x = 0; x < rows; x++) ;
         lemma_msum_counts(m_sizes, (int64_t *)topk_ids, rows, num_experts);
+        /@ loop invariant bounds: 0 <= x <= num_experts;
+           loop invariant starts: \forall integer y; 0 <= y < x ==> next[y] - m_sizes[y] == msum(m_sizes, y);
+           loop assigns x;
+           loop variant num_experts - x; @/
+        for (int64_t x = 0; x < num_experts; x++) ;
+        lemma_buckets_permutation(gather_indices, (int64_t *)topk_ids, m_sizes, rows, num_experts);
     */
 }
+
 
 moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
                                           const int64_t *topk_ids, const int64_t *m_sizes,
