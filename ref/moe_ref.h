@@ -207,7 +207,7 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
  *   gather_indices  [rows]   out: slots sorted by expert, stably: a permutation of [0, rows) whose bucket
  *                            msum(m_sizes, e) .. + m_sizes[e] - 1 holds expert e's slots, ascending (proved:
  *                            `grouped`, `stable`, `permutation`)
- *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices
+ *   scatter_indices [rows]   out, may be NULL: the inverse of gather_indices (proved: `inverse`)
  *   next            [E + 1]  scratch (any contents): the next free row of each expert */
 /*@ requires dims: 0 <= rows && 1 <= num_experts && rows <= INT64_MAX / 2 && num_experts <= INT64_MAX / 2;
     requires ids: \valid_read(topk_ids + (0 .. rows - 1)) && in_range(topk_ids, rows, 0, num_experts);
@@ -230,7 +230,9 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
       0 <= gather_indices[q] < rows && topk_ids[gather_indices[q]] == e;
     ensures stable: \forall integer e, q; 0 <= e < num_experts && msum(m_sizes, e) <= q && q + 1 < msum(m_sizes, e) + m_sizes[e] ==>
       gather_indices[q] < gather_indices[q + 1];
-    ensures permutation: is_permutation(gather_indices, rows); */
+    ensures permutation: is_permutation(gather_indices, rows);
+    ensures inverse: scatter_indices != \null ==> \forall integer j; 0 <= j < rows ==>
+      0 <= scatter_indices[j] < rows && gather_indices[scatter_indices[j]] == j; */
 void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
                            int64_t *gather_indices, int64_t *scatter_indices, int64_t *next);
 

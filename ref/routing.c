@@ -162,7 +162,9 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
       0 <= gather_indices[q] < rows && topk_ids[gather_indices[q]] == e;
     ensures stable: \forall integer e, q; 0 <= e < num_experts && \old(next[e]) <= q && q + 1 < next[e] ==>
       gather_indices[q] < gather_indices[q + 1];
-    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows); */
+    ensures gather_range: \old(in_range(gather_indices, rows, 0, rows)) ==> in_range(gather_indices, rows, 0, rows);
+    ensures inverse: scatter_indices != \null ==> \forall integer j; 0 <= j < rows ==>
+      0 <= scatter_indices[j] < rows && gather_indices[scatter_indices[j]] == j; */
 static void place_slots(int64_t rows, const int64_t *topk_ids, int64_t *next, int64_t *gather_indices,
                         int64_t *scatter_indices) /*@ ghost (int64_t num_experts) */
 {
@@ -179,6 +181,8 @@ static void place_slots(int64_t rows, const int64_t *topk_ids, int64_t *next, in
           gather_indices[q] < gather_indices[q + 1];
         loop invariant gather_range: \at(in_range(gather_indices, rows, 0, rows), Pre) ==>
           in_range(gather_indices, rows, 0, rows);
+        loop invariant scattered: scatter_indices != \null ==> \forall integer j; 0 <= j < s ==>
+          \at(next[topk_ids[j]], Pre) <= scatter_indices[j] < next[topk_ids[j]] && gather_indices[scatter_indices[j]] == j;
         loop assigns s, next[0 .. num_experts - 1], gather_indices[0 .. rows - 1], scatter_indices[0 .. rows - 1];
         loop variant rows - s; */
     for (int64_t s = 0; s < rows; s++) {
