@@ -92,8 +92,7 @@ static moe_status check_layout_entries(const char *op, int64_t T, int64_t E, int
     requires separated: \separated(seen_pos + (0 .. T - 1), ids + (0 .. NB - 1));
     terminates \true;
     assigns seen_pos[0 .. T - 1], moe_error_model;
-    ensures accepts_exactly_top1: \result == MOE_OK <==>
-      (\forall integer a, b; 0 <= a < b < NB && ids[a] != pad ==> ids[a] != ids[b]);
+    ensures accepts_exactly_top1: \result == MOE_OK <==> tokens_once(ids, NB, pad);
     ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_OPTION; */
 static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64_t pad, const int64_t *ids,
                                     int64_t *seen_pos)
@@ -105,7 +104,7 @@ static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64
     for (int64_t t = 0; t < T; t++)
         seen_pos[t] = -1;
     /*@ loop invariant bounds: 0 <= p <= NB;
-        loop invariant once: \forall integer a, b; 0 <= a < b < p && ids[a] != pad ==> ids[a] != ids[b];
+        loop invariant once: tokens_once(ids, p, pad);
         loop invariant seen: \forall integer u; 0 <= u < T ==>
           (seen_pos[u] == -1 && (\forall integer q; 0 <= q < p ==> ids[q] != u)) ||
           (0 <= seen_pos[u] < p && ids[seen_pos[u]] == u);
@@ -124,12 +123,108 @@ static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64
     return MOE_OK;
 }
 
+/* One block of check_pairs' visit: block order[q], whose expert e is at least every expert visited before
+ * (the visit order is sorted by expert), slot by slot.  A token whose last expert (seen_expert) is e repeats
+ * a pair: reported.  Otherwise its last expert becomes e, its last position (seen_pos, for the message) p.
+ *   b2e [N], ids [N * B]    the layout (entries checked)
+ *   order [N]               the visit order: a permutation of the blocks, sorted by expert up to q
+ *   seen_expert, seen_pos [T]  per token: the last expert and position visited (-1: none) */
+/*@ requires dims: 0 <= T < INT64_MAX && 1 <= E && 0 <= q < N && 1 <= B && N * B <= INT64_MAX;
+    requires pad: pad < 0 || pad >= T;
+    requires b2e: \valid_read(b2e + (0 .. N - 1)) && in_range(b2e, N, 0, E);
+    requires ids: \valid_read(ids + (0 .. N * B - 1)) && ids_ok(ids, N * B, T, pad);
+    requires order: \valid_read(order + (0 .. N - 1)) && is_permutation(order, N);
+    requires sorted: \forall integer a; 0 <= a <= q ==> b2e[order[a]] <= b2e[order[q]];
+    requires seen: \valid(seen_expert + (0 .. T - 1)) && \valid(seen_pos + (0 .. T - 1));
+    requires separated: \separated(seen_expert + (0 .. T - 1), seen_pos + (0 .. T - 1));
+    requires bases: other_base(seen_expert, (int64_t *)ids, (int64_t *)order, (int64_t *)b2e) &&
+      other_base(seen_pos, (int64_t *)ids, (int64_t *)order, (int64_t *)b2e);
+    requires seen_range: \forall integer u; 0 <= u < T ==> -1 <= seen_expert[u] < E;
+    requires seen_below: \forall integer u; 0 <= u < T ==> seen_expert[u] <= b2e[order[q]];
+    requires once: pairs_once_visited(order, b2e, ids, B, pad, q, 0);
+    requires last: last_expert{Here, Here}(seen_expert, order, b2e, ids, T, B, q, 0);
+    terminates \true;
+    assigns seen_expert[0 .. T - 1], seen_pos[0 .. T - 1], moe_error_model;
+    ensures seen_range: \forall integer u; 0 <= u < T ==> -1 <= seen_expert[u] < E;
+    ensures seen_below: \forall integer u; 0 <= u < T ==> seen_expert[u] <= b2e[order[q]];
+    ensures once: \result == MOE_OK ==> pairs_once_visited(order, b2e, ids, B, pad, q + 1, 0);
+    ensures last: \result == MOE_OK ==> last_expert{Here, Here}(seen_expert, order, b2e, ids, T, B, q + 1, 0);
+    ensures repeated: \result != MOE_OK ==> !pairs_once(b2e, ids, N, B, pad);
+    ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_ROUTING; */
+static moe_status check_block_pairs(const char *op, int64_t T, int64_t E, int64_t N, int64_t B, int64_t pad,
+                                    const int64_t *b2e, const int64_t *ids, const int64_t *order, int64_t q,
+                                    int64_t *seen_expert, int64_t *seen_pos)
+{
+    (void)T, (void)E, (void)N; /* read by the contract and the proof only */
+    const int64_t n = order[q], e = b2e[n];
+    /*@ ghost lemma_row_fits(n, N, B); */
+    /*@ loop invariant bounds: 0 <= b <= B;
+        loop invariant seen_range: \forall integer u; 0 <= u < T ==> -1 <= seen_expert[u] < E;
+        loop invariant seen_below: \forall integer u; 0 <= u < T ==> seen_expert[u] <= e;
+        loop invariant once: pairs_once_visited{Pre}(order, b2e, ids, B, pad, q, b);
+        loop invariant last: last_expert{Here, Pre}(seen_expert, order, b2e, ids, T, B, q, b);
+        loop assigns b, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1];
+        loop variant B - b; */
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t p = n * B + b, t = ids[p];
+        /*@ assert token: t == token_at{Pre}(ids, B, n, b); */
+        if (t == pad)
+            continue;
+        if (seen_expert[t] == e) {
+            /*@ assert repeated: \exists integer a, c; 0 <= a <= q && 0 <= c < B && visited_before(a, c, q, b) &&
+                  token_at{Pre}(ids, B, \at(order[a], Pre), c) == t && \at(b2e[order[a]], Pre) == e; */
+            /*@ assert other_place: \forall integer a, c; 0 <= a <= q && 0 <= c < B && visited_before(a, c, q, b) ==>
+                  \at(order[a], Pre) != n || c != b; */
+            /*@ assert broken: !pairs_once{Pre}(b2e, ids, N, B, pad); */
+            /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
+            /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+                  token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
+            /*@ assert broken_here: !pairs_once(b2e, ids, N, B, pad); */
+            return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
+                            "] and [%" PRId64 "] both place token %" PRId64 " with expert %" PRId64
+                            ", expected each (token, expert) pair at most once", op, seen_pos[t], p, t, e);
+        }
+        /*@ assert new_pair: \forall integer a, c; 0 <= a && 0 <= c < B && visited_before(a, c, q, b) &&
+              token_at{Pre}(ids, B, \at(order[a], Pre), c) == t ==> \at(b2e[order[a]], Pre) < e; */
+        seen_expert[t] = e;
+        seen_pos[t] = p;
+    }
+    /*@ assert next_block: \forall integer a, c; 0 <= c < B ==>
+          (visited_before(a, c, q + 1, 0) <==> visited_before(a, c, q, B)); */
+    /*@ assert once_pre: pairs_once_visited{Pre}(order, b2e, ids, B, pad, q + 1, 0); */
+    /*@ assert last_pre: last_expert{Here, Pre}(seen_expert, order, b2e, ids, T, B, q + 1, 0); */
+    /*@ assert frame_order: \forall integer a; 0 <= a < N ==> order[a] == \at(order[a], Pre); */
+    /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+          token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
+    return MOE_OK;
+}
+
+/* check_pairs' visit order: the blocks sorted by expert (moe_ref_counting_sort of block_to_expert, stable),
+ * with only what check_pairs reads of it: a permutation of the blocks along which the experts ascend (a small
+ * contract: with the sort's every ensures among its hypotheses, check_pairs' frame goals took 30 s or timed out).
+ *   b2e [N];  counts [E], start [E + 1] scratch;  order [N] out */
+/*@ requires dims: 1 <= E <= INT64_MAX / 2 && 0 <= N <= INT64_MAX / 2;
+    requires b2e: \valid_read(b2e + (0 .. N - 1)) && in_range(b2e, N, 0, E);
+    requires scratch: \valid(counts + (0 .. E - 1)) && \valid(start + (0 .. E)) && \valid(order + (0 .. N - 1));
+    requires separated: \separated(counts + (0 .. E - 1), start + (0 .. E), order + (0 .. N - 1), b2e + (0 .. N - 1));
+    terminates \true;
+    assigns counts[0 .. E - 1], start[0 .. E], order[0 .. N - 1];
+    ensures permutation: is_permutation(order, N);
+    ensures sorted: \forall integer a1, a2; 0 <= a1 <= a2 < N ==> b2e[order[a1]] <= b2e[order[a2]]; */
+static void sort_blocks(int64_t N, int64_t E, const int64_t *b2e, int64_t *counts, int64_t *start, int64_t *order)
+{
+    moe_ref_counting_sort(N, E, b2e, counts, order, NULL, start);
+    /*@ ghost lemma_buckets_sorted(order, (int64_t *)b2e, counts, N, E); */
+}
+
 /* Each (token, expert) pair at most once: visit the blocks expert by expert (order: the blocks sorted by
- * expert, stably, by moe_ref_counting_sort of block_to_expert) and remember, per token, the last expert it
- * was seen with (seen_expert) and where (seen_pos).  The first repeated pair in that visit order is reported.
+ * expert, stably: sort_blocks) and remember, per token, the last expert it was seen with (seen_expert) and
+ * where (seen_pos).  In that order the blocks of one expert come together and the experts ascend, so a token
+ * repeats a pair exactly when its last expert is the current block's (check_block_pairs).  The first
+ * repeated pair in that visit order is reported.
  *   b2e [N], ids [N * B]   the layout (entries checked: check_layout_entries)
- *   counts [E], start [E + 1], order [N], seen_expert [T], seen_pos [T]   scratch, any contents; on MOE_OK
- *   seen_pos[t] is the last position of token t (check_tokens_once reads nothing else of it) */
+ *   counts [E], start [E + 1], order [N], seen_expert [T], seen_pos [T]   scratch, any contents */
 /*@ requires dims: 0 <= T < INT64_MAX && 1 <= E <= INT64_MAX / 2 && 0 <= N <= INT64_MAX / 2 && 1 <= B &&
       N * B <= INT64_MAX;
     requires pad: pad < 0 || pad >= T;
@@ -141,51 +236,37 @@ static moe_status check_tokens_once(const char *op, int64_t T, int64_t NB, int64
       seen_expert + (0 .. T - 1), seen_pos + (0 .. T - 1), b2e + (0 .. N - 1));
     requires separated_ids: \separated(ids + (0 .. N * B - 1), counts + (0 .. E - 1), start + (0 .. E),
       order + (0 .. N - 1), seen_expert + (0 .. T - 1), seen_pos + (0 .. T - 1));
+    requires bases: other_base(seen_expert, (int64_t *)ids, order, (int64_t *)b2e) &&
+      other_base(seen_pos, (int64_t *)ids, order, (int64_t *)b2e);
     terminates \true;
     assigns counts[0 .. E - 1], start[0 .. E], order[0 .. N - 1], seen_expert[0 .. T - 1], seen_pos[0 .. T - 1],
       moe_error_model;
+    ensures accepts_exactly_pairs_once: \result == MOE_OK <==> pairs_once(b2e, ids, N, B, pad);
     ensures status: \result == MOE_OK || \result == MOE_ERR_INVALID_ROUTING; */
 static moe_status check_pairs(const char *op, int64_t T, int64_t E, int64_t N, int64_t B, int64_t pad,
                               const int64_t *b2e, const int64_t *ids, int64_t *counts, int64_t *start,
                               int64_t *order, int64_t *seen_expert, int64_t *seen_pos)
 {
-    /* order[] zeroed first: then every entry is a block in [0, N) after the sort (`gather_range`) without
-     * its permutation property, which is not proved */
-    /*@ loop invariant bounds: 0 <= q <= N;
-        loop invariant zero: \forall integer x; 0 <= x < q ==> order[x] == 0;
-        loop assigns q, order[0 .. N - 1];
-        loop variant N - q; */
-    for (int64_t q = 0; q < N; q++)
-        order[q] = 0;
-    moe_ref_counting_sort(N, E, b2e, counts, order, NULL, start);
+    sort_blocks(N, E, b2e, counts, start, order);
     /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant cleared: \forall integer u; 0 <= u < t ==> seen_expert[u] == -1;
         loop assigns t, seen_expert[0 .. T - 1];
         loop variant T - t; */
     for (int64_t t = 0; t < T; t++)
         seen_expert[t] = -1;
     /*@ loop invariant bounds: 0 <= q <= N;
-        loop invariant order: in_range(order, N, 0, N);
-        loop invariant ids: ids_ok(ids, N * B, T, pad);
-        loop assigns q, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1];
+        loop invariant seen_range: \forall integer u; 0 <= u < T ==> -1 <= seen_expert[u] < E;
+        loop invariant seen_below: q < N ==> \forall integer u; 0 <= u < T ==> seen_expert[u] <= b2e[order[q]];
+        loop invariant once: pairs_once_visited(order, b2e, ids, B, pad, q, 0);
+        loop invariant last: last_expert{Here, Here}(seen_expert, order, b2e, ids, T, B, q, 0);
+        loop assigns q, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1], moe_error_model;
         loop variant N - q; */
     for (int64_t q = 0; q < N; q++) {
-        const int64_t n = order[q], e = b2e[n];
-        /*@ ghost lemma_row_fits(n, N, B); */
-        /*@ loop invariant bounds: 0 <= b <= B;
-            loop assigns b, seen_expert[0 .. T - 1], seen_pos[0 .. T - 1];
-            loop variant B - b; */
-        for (int64_t b = 0; b < B; b++) {
-            const int64_t p = n * B + b, t = ids[p];
-            if (t == pad)
-                continue;
-            if (seen_expert[t] == e)
-                return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
-                                "] and [%" PRId64 "] both place token %" PRId64 " with expert %" PRId64
-                                ", expected each (token, expert) pair at most once", op, seen_pos[t], p, t, e);
-            seen_expert[t] = e;
-            seen_pos[t] = p;
-        }
+        const moe_status status = check_block_pairs(op, T, E, N, B, pad, b2e, ids, order, q, seen_expert, seen_pos);
+        if (status != MOE_OK)
+            return status;
     }
+    /*@ ghost lemma_pairs_once_all(order, (int64_t *)b2e, (int64_t *)ids, N, B, pad); */
     return MOE_OK;
 }
 
@@ -204,8 +285,17 @@ moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *lay
                         PRId64 " blocks", op, T, N);
     /*@ ghost lemma_mul_monotone(1, B, N); */
     status = check_pairs(op, T, E, N, B, pad, b2e, ids, counts, start, order, seen_expert, seen_pos);
-    if (status == MOE_OK && overwrite)
-        status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
+    /*@ assert entries_kept: layout_entries_ok(b2e, ids, T, E, N, B, pad); */
+    if (status != MOE_OK || !overwrite)
+        return status;
+    /*@ ghost paired: ; */
+    status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
+    /* check_tokens_once wrote seen_pos only, an allocation of its own (layout_scratch_ok): the pairs stand */
+    /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], paired); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+          token_at(ids, B, x, c) == token_at{paired}(ids, B, x, c); */
+    /*@ assert pairs_kept: pairs_once(b2e, ids, N, B, pad); */
+    /*@ assert entries_kept_2: layout_entries_ok(b2e, ids, T, E, N, B, pad); */
     return status;
 }
 

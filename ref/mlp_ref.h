@@ -90,9 +90,10 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
                                     moe_mlp_padding padding, int overwrite);
 
 /* moe_ref_mlp_check_layout after its shape check, on caller-provided scratch (ref/mlp_layout.c, proved:
- * RTE, assigns, termination, `entries`): the entries (every block's expert in [0, E), every position a
- * token in [0, T) or the padding mark), each (token, expert) pair at most once, and with `overwrite` each
- * token at most once.  Scratch, any contents, all given or MOE_ERR_OUT_OF_MEMORY after the entries check:
+ * RTE, assigns, termination, `entries`, `accepts_wellformed` and `rejects_malformed`): the entries (every block's
+ * expert in [0, E), every position a token in [0, T) or the padding mark), each (token, expert) pair at
+ * most once, and with `overwrite` each token at most once.  Scratch, any contents, in allocations of its
+ * own (`layout_scratch_ok`), all given or MOE_ERR_OUT_OF_MEMORY after the entries check:
  *   counts [E], start [E + 1], order [N], seen_expert [T], seen_pos [T] */
 /*@ requires layout: \valid_read(layout) && layout_shape_ok(layout, B);
     requires arrays: \valid_read(layout->block_to_expert + (0 .. layout->num_blocks - 1)) &&
@@ -107,6 +108,13 @@ moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout
       layout_entries_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens,
                         layout->num_experts, layout->num_blocks, B,
                         padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1);
+    ensures accepts_wellformed: \result == MOE_OK ==>
+      layout_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens, layout->num_experts,
+                layout->num_blocks, B, padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1, overwrite);
+    ensures rejects_malformed: \result != MOE_OK && counts != \null && start != \null && order != \null &&
+      seen_expert != \null && seen_pos != \null ==>
+      !layout_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens, layout->num_experts,
+                 layout->num_blocks, B, padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1, overwrite);
     ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> counts == \null || start == \null ||
       order == \null || seen_expert == \null || seen_pos == \null; */
 moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *layout, int64_t B,
