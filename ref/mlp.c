@@ -711,7 +711,8 @@ static void number_slots(const int64_t *ids, int64_t n, int64_t T, int64_t *pos,
     ensures sorted: sorted_offsets(start, K);
     ensures sizes: \forall integer k; 0 <= k < K ==>
       start[k + 1] - start[k] == \old(count_key((int64_t *)filter, lim, (int64_t *)map, B, n, k));
-    ensures filled: in_range(order, count, 0, count); */
+    ensures filled: in_range(order, count, 0, count);
+    ensures permutation: is_permutation(order, count); */
 static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, const int64_t *map, int64_t B, int64_t K,
                              int64_t *start, int64_t *order, int64_t *cursor)
     /*@ ghost (int64_t count, int64_t blocks) */
@@ -756,6 +757,21 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
         loop variant K - k; */
     for (int64_t k = 0; k < K; k++)
         cursor[k] = start[k];
+    /* every place unfilled (-1, no rank) before the bucketing: then "the filled places hold distinct ranks"
+     * needs no bucket bounds (`distinct` below) */
+    const int64_t kept = start[K];
+    /*@ assert kept: kept == count; */
+    /*@ loop invariant bounds: 0 <= q <= count;
+        loop invariant unfilled: \forall integer y; 0 <= y < q ==> order[y] == -1;
+        loop invariant starts: \forall integer y; 0 <= y <= K ==> start[y] == \at(count_key_lt((int64_t *)filter, lim, (int64_t *)map, B, n, y), Pre);
+        loop invariant copied: \forall integer y; 0 <= y < K ==> cursor[y] == start[y];
+        loop invariant sorted: sorted_offsets(start, K);
+        loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
+        loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
+        loop assigns q, order[0 .. count - 1];
+        loop variant count - q; */
+    for (int64_t q = 0; q < kept; q++)
+        order[q] = -1;
     int64_t s = 0;
     /*@ loop invariant bounds: 0 <= j <= n && 0 <= s <= j;
         loop invariant sorted: sorted_offsets(start, K);
@@ -764,6 +780,9 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
           cursor[k] == start[k] + (\let x = j; \at(count_key((int64_t *)filter, lim, (int64_t *)map, B, x, k), Pre));
         loop invariant ranks: s == (\let x = j; \at(count_lt((int64_t *)filter, x, lim), Pre));
         loop invariant filled: \forall integer k, q; 0 <= k < K && start[k] <= q < cursor[k] ==> 0 <= order[q] < s;
+        loop invariant marks: \forall integer q; 0 <= q < count ==> order[q] == -1 || 0 <= order[q] < s;
+        loop invariant distinct: \forall integer q1, q2; 0 <= q1 < count && 0 <= q2 < count && q1 != q2 &&
+          0 <= order[q1] ==> order[q1] != order[q2];
         loop invariant frame: \forall integer y; 0 <= y < n ==> filter[y] == \at(filter[y], Pre);
         loop invariant frame_map: \forall integer y; 0 <= y < blocks ==> map[y] == \at(map[y], Pre);
         loop assigns j, s, cursor[0 .. K - 1], order[0 .. count - 1];
@@ -787,6 +806,7 @@ static void bucket_positions(int64_t n, const int64_t *filter, int64_t lim, cons
     /*@ assert full: \forall integer k; 0 <= k < K ==> cursor[k] == start[k + 1]; */
     /*@ assert buckets: \forall integer k, q; 0 <= k < K && start[k] <= q < start[k + 1] ==> 0 <= order[q] < count; */
     /*@ ghost lemma_buckets_cover(start, K, order, count, 0, count); */
+    /*@ assert injective: injective(order, count); */
 }
 
 /* bucket_positions as build_index_in needs it: the same requires, the postconditions but `sizes`.  With the
