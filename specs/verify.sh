@@ -9,8 +9,20 @@
 #
 # Environment: FRAMAC, WHY3 (the programs; default: found on PATH); VERIFY_ONLY=fct1,fct2 restricts the
 # run to those functions (the broken-bound test uses it); VERIFY_JOBS (default 2) files are proved at a
-# time, each by its own frama-c (most of the time goes to WP's goal generation, which is sequential).
+# time, each by its own frama-c (most of the time goes to WP's goal generation, which is sequential);
+# VERIFY_CACHE (default SRCDIR/specs/wp-cache.txt) the prover results to start from, or `none` to run the
+# provers on every goal (see "The cache" below).
 # Exit status 0 only when every goal is proved.
+#
+# The cache.  WP's cache (-wp-cache) keys each prover result by a digest of the goal exactly as it is sent
+# to the prover (the Why3 task after WP's simplifications), the prover and its version: a result is reused
+# only for the identical goal, and a goal that changed in any way (a contract, a loop, a lemma it uses)
+# has a new digest and goes to the provers.  specs/wp-cache.txt holds the results of the last full run
+# (one line per entry: digest, then WP's JSON record); each file's session starts from it, and a full run
+# (no VERIFY_ONLY) writes WORKDIR/wp-cache.txt with exactly the entries its goals used (-wp-cache cleanup),
+# to be copied over specs/wp-cache.txt when contracts change.  The summary says how many goals were
+# proved by a prover in this run and how many replayed a cached result.  With VERIFY_CACHE=none every
+# goal is proved afresh (about 1.6 times as long; WP's goal generation is the rest).
 #
 # Pinned flags (specs/README.md explains each):
 #   -wp -wp-rte                 prove the contracts and the run-time-error assertions RTE inserts
@@ -30,7 +42,8 @@
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
 #                               instead, whose goal proves the pointer equal to a listed function
 #                               (ref/gemm_blocked.c's micro-kernel call: kernel_scalar)
-#   -wp-cache update            the session cache in WORKDIR lets a re-run skip solved goals
+#   -wp-cache cleanup / update  (rebuild with VERIFY_CACHE=none) the cache described above; cleanup for a
+#                               full run, which drops the entries no goal used; update for VERIFY_ONLY runs
 set -eu
 
 # Internal: `verify.sh --one SRCDIR WORKDIR FILE:FCTS` proves one file (run in parallel by the main part).
@@ -52,7 +65,7 @@ if [ "${1:-}" = "--one" ]; then
     # shellcheck disable=SC2086
     if ! "$FRAMAC" -cpp-extra-args="-I$srcdir/include -I$srcdir/src -I$srcdir/ref -I$srcdir/specs -D_POSIX_C_SOURCE=200809L" -c11 \
         "$srcdir/$file" -wp -wp-rte -wp-fct "$fcts" -wp-model Typed+int -warn-special-float none \
-        -wp-prover z3,cvc4 -wp-timeout 60 -wp-par 2 -wp-frama-c-stdlib-terminate -rte-no-pointer-call -wp-session "$work/session/$name" -wp-cache update \
+        -wp-prover z3,cvc4 -wp-timeout 60 -wp-par 2 -wp-frama-c-stdlib-terminate -rte-no-pointer-call -wp-session "$work/session/$name" -wp-cache "$VERIFY_CACHE_MODE" \
         > "$log" 2>&1; then
         echo "verify: frama-c failed on $file (log: $log):" >&2
         tail -20 "$log" >&2
@@ -79,6 +92,15 @@ FRAMAC=${FRAMAC:-frama-c}
 WHY3=${WHY3:-why3}
 export FRAMAC WHY3
 mkdir -p "$work/session"
+cache_file=${VERIFY_CACHE:-$srcdir/specs/wp-cache.txt}
+if [ "$cache_file" = none ]; then
+    VERIFY_CACHE_MODE=rebuild
+elif [ -n "${VERIFY_ONLY:-}" ]; then
+    VERIFY_CACHE_MODE=update
+else
+    VERIFY_CACHE_MODE=cleanup
+fi
+export VERIFY_CACHE_MODE
 
 # The functions proved, per file.  Functions of these files that are not listed (they allocate, and WP 25
 # has no model of malloc/free; or they cast void * / reinterpret bits through memcpy: trusted contracts) are
@@ -92,7 +114,7 @@ mkdir -p "$work/session"
 targets="ref/gemm_blocked.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,lemma_row_fits,slot_of_row,x_row,y_row,topk_weight,spread_row,kernel_scalar,load_transposed_panel,pack_a_lane,pack_a_rows,pack_a_dw,pack_a,pack_w_panel,pack_b_w,b_row_first,prefetch_span,pack_b_rows,pack_b,store_tile,compute_tile,run_items,run_topk_item,lemma_blocks_monotone,lemma_ceil_blocks,count_blocks,setup_in,pick_kernel,out_of_scratch,plain_items,gemm_fwd_blocked_in,gemm_dw_blocked_in,topk_items,gemm_topk_blocked_in,gemm_dx_blocked_in,team_size,team_member,team_scratch,run_plain_in,run_topk_in,reduce_width,reduce_tokens,lemma_reduce_out,set_chunk0,reduce_chunks,run_reduce_in
 ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,slot_of_row,x_row,y_row,finish,fwd_dot,dx_dot,dw_dot,gemm_fwd_rows,gemm_dx_rows,invert_gather,gemm_dx_reduce_rows,gemm_dw_rows,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
 ref/mlp.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,dot_seq,round_row,transpose,row_f32,gather_rows,mm_nn_tile,zero_tile,mm_nn_f32,mm_nn,mm_wn,sigmoidf_,act_value,act_derivative,clamp_,round_to,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in,is_token,threads_for,carve,max3,store_grad,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,act_of,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens,bwd_token_row,bwd_token_affinities,bwd_tokens,bwd_gather_slot,bwd_dx_scatter,act_derivative_of,bwd_gate_grads,sum_rows,bwd_m_rows,bwd_affinity_rows,bwd_recompute_d,bwd_weight_grad,bwd_weight_rows,bwd_gather,bwd_down_stage,bwd_gate_up_stage,bwd_expert,bwd_experts
-ref/mlp_layout.c:lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
+ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_split,lemma_permutation_onto,lemma_buckets_sorted,lemma_pairs_once_all,lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,sort_blocks,check_block_pairs,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
 ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_check_routing_in,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_ref_routing_from_topk_check,moe_routing_validate,place_slots,lemma_ascending_range,lemma_buckets_permutation,moe_ref_counting_sort
 src/errors.c:moe_mul_ok
 ref/dtype.c:moe_dtype_size,moe_dtype_name,moe_dtype_unit_roundoff,moe_f32_to_bf16,moe_bf16_to_f32,moe_f32_to_f16,moe_f16_to_f32,moe_ref_load_row"
@@ -104,12 +126,33 @@ export WHY3CONFIG
 "$WHY3" config detect -C "$WHY3CONFIG" > "$work/why3-detect.log" 2>&1 || {
     cat "$work/why3-detect.log" >&2; echo "verify: why3 config detect failed" >&2; exit 1; }
 
+# Seed every file's session cache from the cache file (each file's session then holds what it used).
+if [ "$cache_file" != none ] && [ -f "$cache_file" ]; then
+    for target in $targets; do
+        name=$(echo "${target%%:*}" | tr '/.' '__')
+        mkdir -p "$work/session/$name/cache"
+        awk -v dir="$work/session/$name/cache" '/^[0-9a-f]+ \{/ {
+            f = dir "/" $1 ".json"; line = $0; sub(/^[0-9a-f]+ /, "", line); print line > f; close(f) }' "$cache_file"
+    done
+    echo "verify: prover results of $(grep -c '^[0-9a-f]* {' "$cache_file") goals seeded from $cache_file"
+elif [ "$cache_file" != none ]; then
+    echo "verify: no cache file $cache_file: every goal goes to the provers"
+fi
+
 status=0
-rm -f "$work"/goals-*.txt
+rm -f "$work"/goals-*.txt "$work"/ref_*.log "$work"/src_*.log
 # xargs -P: not POSIX, but in GNU findutils and the BSDs
 # shellcheck disable=SC2086
 printf '%s\n' $targets | xargs -P "${VERIFY_JOBS:-2}" -I '{}' sh "$0" --one "$srcdir" "$work" '{}' || status=1
 cat "$work"/goals-*.txt > "$work/goals.txt" 2> /dev/null || : > "$work/goals.txt"
+if [ -z "${VERIFY_ONLY:-}" ]; then # the entries this full run used, for specs/wp-cache.txt
+    for f in "$work"/session/*/cache/*.json; do
+        [ -f "$f" ] || continue
+        printf '%s %s\n' "$(basename "$f" .json)" "$(tr -d '\n' < "$f")"
+    done | sort -u -k1,1 > "$work/wp-cache.txt"
+fi
+# goals whose prover result came from the cache, and goals a prover ran on in this run
+cached=$(cat "$work"/*.log 2> /dev/null | grep -c '^\[wp\] \[[^]]*\] Goal .*: Valid.*(cached)$' || true)
 
 # A goal name typed_<f>_... also matches a function whose name extends f (f_more): keep the longest.  The
 # key is file and goal: a ghost lemma proved in several files (lemma_row_fits) counts, and fails, per file.
@@ -130,6 +173,9 @@ sort -u "$work/goals.txt" | awk '
          END { for (k in tot) { split(k, a, " "); printf "| %s | %s | %d / %d%s |\n", a[1], a[2], ok[k], tot[k], (ok[k] == tot[k] ? "" : " **UNPROVED**") } }' \
         "$work/goals-unique.txt" | sort
     awk '{ tot++; if ($4 == "proved") ok++ } END { printf "\nTotal: %d / %d goals proved.\n", ok, tot }' "$work/goals-unique.txt"
+    echo
+    echo "Of the goals WP sent to Z3 or CVC4, $cached were proved by a result replayed from the cache (the same"
+    echo "goal, digest for digest, proved in an earlier run: specs/verify.sh, \"The cache\"); the others by a prover in this run."
 } > "$summary"
 cat "$summary"
 
