@@ -12,6 +12,9 @@ verify:
 	FRAMAC='$(FRAMAC)' WHY3='$(WHY3)' $(SHELL) $(srcdir)/specs/verify.sh $(srcdir) specs/wp specs/wp/VERIFY-SUMMARY.md
 	@if [ -w $(srcdir)/specs ]; then cp specs/wp/VERIFY-SUMMARY.md $(srcdir)/specs/VERIFY-SUMMARY.md && \
 	  echo "verify: summary written to $(srcdir)/specs/VERIFY-SUMMARY.md"; fi
+	@if [ -w $(srcdir)/specs ] && [ -s specs/wp/wp-cache.txt ]; then \
+	  cp specs/wp/wp-cache.txt $(srcdir)/specs/wp-cache.txt && \
+	  echo "verify: the prover results of this run written to $(srcdir)/specs/wp-cache.txt"; fi
 else
 verify:
 	@echo "make verify: configure did not find Frama-C, why3, z3 and cvc4 (see the configure summary)" >&2

@@ -140,7 +140,7 @@ elif [ "$cache_file" != none ]; then
 fi
 
 status=0
-rm -f "$work"/goals-*.txt "$work"/ref_*.log "$work"/src_*.log
+rm -f "$work"/goals-*.txt "$work"/ref_*.log "$work"/src_*.log "$work/wp-cache.txt"
 # xargs -P: not POSIX, but in GNU findutils and the BSDs
 # shellcheck disable=SC2086
 printf '%s\n' $targets | xargs -P "${VERIFY_JOBS:-2}" -I '{}' sh "$0" --one "$srcdir" "$work" '{}' || status=1
