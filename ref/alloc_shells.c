@@ -50,11 +50,21 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
 typedef moe_status (*naive_kernel)(const moe_gemm_problem *p, const void *a, const void *b, const void *c,
                                    void *out, int64_t *offsets);
 
+/*@ requires problem: \valid_read(p) && 0 <= p->num_experts <= SIZE_MAX / 16;
+    terminates \true;
+    assigns __fc_heap_status;
+    ensures offsets: \result == \null || \valid(\result + (0 .. p->num_experts)); */
 static int64_t *offsets_alloc(const moe_gemm_problem *p)
 {
     return malloc(((size_t)p->num_experts + 1) * sizeof(int64_t));
 }
 
+/* Contract stated (no assigns clause: those of the kernel run): run is one of the three kernels, whose
+ * contracts (ref/moe_ref.h) hold for offsets fresh or NULL. */
+/*@ requires kernel: run == moe_ref_gemm_fwd_naive_in || run == moe_ref_gemm_dw_naive_in ||
+      run == moe_ref_gemm_topk_weights_grad_in;
+    requires problem: \valid_read(p) && 0 <= p->num_experts <= SIZE_MAX / 16;
+    terminates \true; */
 static moe_status with_offsets(naive_kernel run, const moe_gemm_problem *p, const void *a, const void *b,
                                const void *c, void *out)
 {
@@ -96,6 +106,10 @@ moe_status moe_ref_gemm_topk_weights_grad(const moe_gemm_problem *p, const void 
 
 /* The layout functions' scratch: n + 1 int64 entries (one more: malloc(0) may return NULL), n <= SIZE_MAX / 16
  * (the shape checks). */
+/*@ requires n: 0 <= n <= SIZE_MAX / 16;
+    terminates \true;
+    assigns __fc_heap_status;
+    ensures scratch: \result == \null || \valid(\result + (0 .. n)); */
 static int64_t *experts_alloc(int64_t n)
 {
     return malloc(((size_t)n + 1) * sizeof(int64_t));

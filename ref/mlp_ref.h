@@ -85,7 +85,22 @@ moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *
 /* Checks a layout's dimensions, pointers and contents for block size B and the padding convention;
  * with `overwrite`, also that each token occupies at most one position.  `op` prefixes messages.
  * The allocating shell (ref/alloc_shells.c): the shape check, then the scratch of
- * moe_ref_mlp_check_layout_in, which does the rest (not proved: WP 25 has no model of allocation). */
+ * moe_ref_mlp_check_layout_in, which does the rest.  Contract stated, not proved (WP 25 has no model of
+ * allocation): moe_ref_mlp_check_layout_shape's and moe_ref_mlp_check_layout_in's, which WP proves, for
+ * scratch that is NULL or fresh. */
+/*@ requires layout: layout == \null || \valid_read(layout);
+    requires arrays: layout_shape_ok(layout, B) ==>
+      \valid_read(layout->block_to_expert + (0 .. layout->num_blocks - 1)) &&
+      \valid_read(layout->token_position_to_id + (0 .. layout->num_blocks * B - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_only_wellformed: \result == MOE_OK ==> layout_shape_ok(layout, B) &&
+      layout_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens, layout->num_experts,
+                layout->num_blocks, B, padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1, overwrite);
+    ensures accepts_wellformed: layout_shape_ok(layout, B) &&
+      layout_ok(layout->block_to_expert, layout->token_position_to_id, layout->num_tokens, layout->num_experts,
+                layout->num_blocks, B, padding == MOE_MLP_PAD_ROW ? layout->num_tokens : -1, overwrite) ==>
+      \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_mlp_check_layout(const char *op, const moe_mlp_layout *layout, int64_t B,
                                     moe_mlp_padding padding, int overwrite);
 
@@ -129,12 +144,44 @@ moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *lay
     ensures accepts_exactly_valid_shapes: \result == MOE_OK <==> topk_shape_ok(T, k, E); */
 moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, int64_t E);
 
-/* The allocating shells (ref/alloc_shells.c; not proved: WP 25 has no model of allocation).  Each checks
- * what the size of its scratch depends on (the shapes), allocates the scratch, calls the proved function
- * below with it (NULL when the allocation failed) and frees it. */
+/* The allocating shells (ref/alloc_shells.c).  Each checks what the size of its scratch depends on (the
+ * shapes), allocates the scratch, calls the proved function below with it (NULL when the allocation failed)
+ * and frees it.  Contracts stated, not proved (WP 25 has no model of allocation): those of the proved
+ * functions below for scratch that is NULL or fresh. */
+/*@ requires ids: topk_shape_ok(T, k, E) && topk_ids != \null ==> \valid_read(topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns moe_error_model;
+    ensures accepts_only_wellformed: \result == MOE_OK ==>
+      topk_shape_ok(T, k, E) && (T * k == 0 || topk_ids != \null) && topk_ok(topk_ids, T, k, E);
+    ensures accepts_wellformed: topk_shape_ok(T, k, E) && (T * k == 0 || topk_ids != \null) &&
+      topk_ok(topk_ids, T, k, E) ==> \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t E, const int64_t *topk_ids);
+/*@ requires dims: topk_shape_ok(T, k, E) && 1 <= B;
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
+    terminates \true;
+    assigns \nothing;
+    ensures dropping: kind == MOE_MLP_DROPPING ==> \result == E;
+    ensures dropless: kind != MOE_MLP_DROPPING ==>
+      \result == -1 || (\result == topk_blocks(topk_ids, T * k, E, B) && 0 <= \result <= T * k); */
 int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
                                  const int64_t *topk_ids);
+/*@ requires dims: topk_shape_ok(T, k, E) && 1 <= B && 0 <= N && N * B <= INT64_MAX;
+    requires kind: kind == MOE_MLP_DROPLESS || kind == MOE_MLP_DROPPING;
+    requires dtype: dtype_ok(dtype);
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
+    requires blocks: N == (kind == MOE_MLP_DROPPING ? E : topk_blocks(topk_ids, T * k, E, B));
+    requires layout: \valid(block_to_expert + (0 .. N - 1)) && \valid(token_position_to_id + (0 .. N * B - 1));
+    requires affinities: affinities != \null ==> tensor_writable((char *)affinities, T * E, dtype) &&
+      tensor_readable((char *)topk_weights, T * k, dtype) &&
+      \separated((char *)affinities + (0 .. byte_offset(T * E, dtype) - 1),
+                 (char *)topk_weights + (0 .. byte_offset(T * k, dtype) - 1));
+    requires num_dropped: num_dropped == \null || \valid(num_dropped);
+    requires separated: \separated(topk_ids + (0 .. T * k - 1), block_to_expert + (0 .. N - 1),
+      token_position_to_id + (0 .. N * B - 1), num_dropped);
+    terminates \true;
+    assigns block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
+      ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                     int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
