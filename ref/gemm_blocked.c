@@ -346,7 +346,17 @@ typedef void (*micro_kernel)(int64_t kb, int first, int rows, const float *restr
 #ifdef MOE_HAVE_VECTOR_EXT
 typedef float moe_v4f __attribute__((vector_size(16)));
 
-/* rows h0 .. h0+2 of the group, with 16-byte vectors: 12 accumulators of 4 lanes */
+/* rows h0 .. h0+2 of the group, with 16-byte vectors: 12 accumulators of 4 lanes.  The vector kernels are
+ * outside Frama-C's parse (this #if branch): their contracts are stated, not checked, and the kernels are
+ * tested bit for bit against the naive twin (tests/test_gemm_modes). */
+/*@ requires depth: 0 <= kb <= KB;
+    requires half: h0 == 0 || h0 == 3;
+    requires ldc: NR <= ldc <= NB;
+    requires a: \valid_read(a + (0 .. kb * MR - 1));
+    requires b: \valid_read(b + (0 .. kb * NR - 1));
+    requires c: \valid(c + (h0 * ldc .. (h0 + 2) * ldc + NR - 1));
+    terminates \true;
+    assigns c[h0 * ldc .. (h0 + 2) * ldc + NR - 1]; */
 static inline void kernel_v4_half(int64_t kb, int first, int h0, const float *restrict a,
                                   const float *restrict b, float *restrict c, int64_t ldc)
 {
@@ -383,6 +393,15 @@ static inline void kernel_v4_half(int64_t kb, int first, int h0, const float *re
     }
 }
 
+/* Rows 0 .. 2, and 3 .. 5 when rows > 3 (padded rows computed too). */
+/*@ requires depth: 0 <= kb <= KB;
+    requires rows: 1 <= rows <= MR;
+    requires ldc: NR <= ldc <= NB;
+    requires a: \valid_read(a + (0 .. kb * MR - 1));
+    requires b: \valid_read(b + (0 .. kb * NR - 1));
+    requires c: \valid(c + (0 .. ((rows > 3 ? MR : 3) - 1) * ldc + NR - 1));
+    terminates \true;
+    assigns c[0 .. ((rows > 3 ? MR : 3) - 1) * ldc + NR - 1]; */
 static void kernel_v4(int64_t kb, int first, int rows, const float *restrict a, const float *restrict b,
                       float *restrict c, int64_t ldc)
 {
@@ -429,7 +448,16 @@ static void kernel_scalar(int64_t kb, int first, int rows, const float *restrict
 #endif
 
 #ifdef MOE_HAVE_AVX2_KERNEL
-/* The same kernel with 32-byte vectors (AVX2, no FMA): 12 accumulators of 8 lanes. */
+/* The same kernel with 32-byte vectors (AVX2, no FMA): 12 accumulators of 8 lanes, every one of the MR rows
+ * (padded rows computed too).  Outside Frama-C's parse: contract stated, not checked (as kernel_v4's). */
+/*@ requires depth: 0 <= kb <= KB;
+    requires rows: 1 <= rows <= MR;
+    requires ldc: NR <= ldc <= NB;
+    requires a: \valid_read(a + (0 .. kb * MR - 1));
+    requires b: \valid_read(b + (0 .. kb * NR - 1));
+    requires c: \valid(c + (0 .. (MR - 1) * ldc + NR - 1));
+    terminates \true;
+    assigns c[0 .. (MR - 1) * ldc + NR - 1]; */
 __attribute__((target("avx2"))) static void kernel_avx2(int64_t kb, int first, int rows,
                                                         const float *restrict a, const float *restrict b,
                                                         float *restrict c, int64_t ldc)
