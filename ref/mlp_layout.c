@@ -706,6 +706,7 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
                                        void *affinities, int64_t *num_dropped, int64_t *m, int64_t *cursor)
 {
     (void)N; /* only the proof reads it (the caller checked it is the block count) */
+    /*@ assert blocks: N == (kind == MOE_MLP_DROPPING ? E : topk_blocks(topk_ids, T * k, E, B)); */
     if (m == NULL || cursor == NULL)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, E);
     count_per_expert(T, k, E, topk_ids, m) /*@ ghost (B) */;

@@ -165,19 +165,8 @@ moe_status moe_ref_mlp_check_topk(const char *op, int64_t T, int64_t k, int64_t 
       \result == -1 || (\result == topk_blocks(topk_ids, T * k, E, B) && 0 <= \result <= T * k); */
 int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
                                  const int64_t *topk_ids);
-/*@ requires dims: topk_shape_ok(T, k, E) && 1 <= B && 0 <= N && N * B <= INT64_MAX;
-    requires kind: kind == MOE_MLP_DROPLESS || kind == MOE_MLP_DROPPING;
-    requires dtype: dtype_ok(dtype);
-    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
-    requires blocks: N == (kind == MOE_MLP_DROPPING ? E : topk_blocks(topk_ids, T * k, E, B));
-    requires layout: \valid(block_to_expert + (0 .. N - 1)) && \valid(token_position_to_id + (0 .. N * B - 1));
-    requires affinities: affinities != \null ==> tensor_writable((char *)affinities, T * E, dtype) &&
-      tensor_readable((char *)topk_weights, T * k, dtype) &&
-      \separated((char *)affinities + (0 .. byte_offset(T * E, dtype) - 1),
-                 (char *)topk_weights + (0 .. byte_offset(T * k, dtype) - 1));
-    requires num_dropped: num_dropped == \null || \valid(num_dropped);
-    requires separated: \separated(topk_ids + (0 .. T * k - 1), block_to_expert + (0 .. N - 1),
-      token_position_to_id + (0 .. N * B - 1), num_dropped);
+/*@ requires args: build_layout_args_ok(kind, T, k, E, B, dtype, topk_ids, (char *)topk_weights, N, block_to_expert,
+      token_position_to_id, (char *)affinities, num_dropped);
     terminates \true;
     assigns block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
       ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
@@ -223,22 +212,11 @@ int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t
  * padding marks everywhere, then the pairs placed in token order (place_tokens).
  *   m [E], cursor [E]  scratch (any contents), or NULL: not allocated, MOE_ERR_OUT_OF_MEMORY, nothing written
  *   N                  the block count: E for MOE_MLP_DROPPING, else topk_blocks (moe_ref_mlp_count_blocks) */
-/*@ requires dims: topk_shape_ok(T, k, E) && 1 <= B && 0 <= N && N * B <= INT64_MAX;
-    requires kind: kind == MOE_MLP_DROPLESS || kind == MOE_MLP_DROPPING;
-    requires dtype: dtype_ok(dtype);
-    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
-    requires blocks: N == (kind == MOE_MLP_DROPPING ? E : topk_blocks(topk_ids, T * k, E, B));
-    requires layout: \valid(block_to_expert + (0 .. N - 1)) && \valid(token_position_to_id + (0 .. N * B - 1));
-    requires affinities: affinities != \null ==> tensor_writable((char *)affinities, T * E, dtype) &&
-      tensor_readable((char *)topk_weights, T * k, dtype) &&
-      \separated((char *)affinities + (0 .. byte_offset(T * E, dtype) - 1),
-                 (char *)topk_weights + (0 .. byte_offset(T * k, dtype) - 1));
-    requires num_dropped: num_dropped == \null || \valid(num_dropped);
+/*@ requires args: build_layout_args_ok(kind, T, k, E, B, dtype, topk_ids, (char *)topk_weights, N, block_to_expert,
+      token_position_to_id, (char *)affinities, num_dropped);
     requires scratch: m != \null && cursor != \null ==> \valid(m + (0 .. E - 1)) && \valid(cursor + (0 .. E - 1)) &&
       \separated(m + (0 .. E - 1), cursor + (0 .. E - 1), topk_ids + (0 .. T * k - 1),
                  block_to_expert + (0 .. N - 1), token_position_to_id + (0 .. N * B - 1), num_dropped);
-    requires separated: \separated(topk_ids + (0 .. T * k - 1), block_to_expert + (0 .. N - 1),
-      token_position_to_id + (0 .. N * B - 1), num_dropped);
     terminates \true;
     assigns m[0 .. E - 1], cursor[0 .. E - 1], block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
       ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
