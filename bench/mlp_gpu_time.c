@@ -20,6 +20,9 @@
  * cuBLAS grouped calls (cublasGemmGroupedBatchedEx, one group per expert, over the routed rows sorted
  * by expert): forward = gate/up + down, backward = dM + dX + d_w_d + d_w_gu.  No gathers, activation,
  * checkpoints or token sums are timed for it, so its time is a lower bound of any such composition.
+ * Then the ceilings: the same six GEMMs as dense cublasGemmEx calls over all T*k rows (no grouping: the
+ * compute a perfect grouped GEMM could approach), and the device-to-device copy rate of cudaMemcpyAsync (the
+ * rate the memory-bound steps could approach); bench/RESULTS.md and README.md turn them into floors.
  *
  * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1)] */
 #include "moe.h"
@@ -167,19 +170,29 @@ static void grouped_run(cublasHandle_t handle, const grouped_gemm *g, cudaDataTy
                                           g->group_size, CUBLAS_COMPUTE_32F));
 }
 
-/* The grouped calls of one direction, in order: calls[0 .. count-1], all on the default stream. */
+/* The same product as one dense cublasGemmEx: g's first group (dense_ceiling sets one group of all the rows). */
+static void dense_run(cublasHandle_t handle, const grouped_gemm *g, cudaDataType type)
+{
+    CUBLAS_TRY(cublasGemmEx(handle, g->ta[0], g->tb[0], g->m[0], g->n[0], g->k[0], g->alpha, g->A[0], type, g->lda[0],
+                            g->B[0], type, g->ldb[0], g->beta, g->C[0], type, g->ldc[0], CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+/* The grouped calls of one direction, in order: calls[0 .. count-1], all on the default stream; with dense,
+ * each as one cublasGemmEx of its first group. */
 typedef struct grouped_calls {
     cublasHandle_t handle;
     const grouped_gemm *calls;
     int count;
     cudaDataType type;
+    int dense;
 } grouped_calls;
 
 static void run_grouped_calls(const void *context)
 {
     const grouped_calls *c = context;
     for (int q = 0; q < c->count; q++)
-        grouped_run(c->handle, &c->calls[q], c->type);
+        (c->dense ? dense_run : grouped_run)(c->handle, &c->calls[q], c->type);
 }
 
 /* Milliseconds between the events start and stop recorded on the default stream around work(context),
@@ -195,13 +208,18 @@ static float timed_ms(cudaEvent_t start, cudaEvent_t stop, void (*work)(const vo
     return ms;
 }
 
-/* The cuBLAS comparison (see the top comment): median forward and backward milliseconds. */
-static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int repeats,
-                        double *ms_fwd, double *ms_bwd)
+/* The cuBLAS comparison (see the top comment): median forward and backward milliseconds.  With dense, the
+ * compute ceiling instead: the same six products, each as one dense cublasGemmEx over all M rows (expert 0's
+ * weights; E is taken as 1 and m_sizes is ignored). */
+static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int64_t rows, int dense,
+                        int repeats, double *ms_fwd, double *ms_bwd)
 {
     int64_t M = 0;
-    for (int64_t e = 0; e < E; e++)
-        M += m_sizes[e];
+    if (dense)
+        E = 1, M = rows;
+    else
+        for (int64_t e = 0; e < E; e++)
+            M += m_sizes[e];
     const size_t es = moe_dtype_size(dt);
     const char *X = device_array(dt, M * H, 1), *S = device_array(dt, M * H, 1);
     const char *Mi = device_array(dt, M * I, 1), *dGU = device_array(dt, M * 2 * I, 1);
@@ -214,7 +232,7 @@ static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int
     const cublasOperation_t N_ = CUBLAS_OP_N, T_ = CUBLAS_OP_T;
     int64_t r0 = 0;
     for (int64_t e = 0; e < E; e++) {
-        const int64_t m = m_sizes[e];
+        const int64_t m = dense ? M : m_sizes[e];
         const size_t wgu = (size_t)(e * H * 2 * I) * es, wd = (size_t)(e * I * H) * es;
         /* row-major P [r][c] is column-major P^T (c x r, ld c) */
         grouped_set(&fwd[0], (int)e, N_, N_, 2 * I, m, H, Wgu + wgu, 2 * I, X + r0 * H * es, H, GU + r0 * 2 * I * es, 2 * I);
@@ -238,7 +256,7 @@ static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int
     CUDA_TRY(cudaEventCreate(&start));
     CUDA_TRY(cudaEventCreate(&stop));
     float *tf = xmalloc(sizeof(float) * (size_t)repeats), *tb = xmalloc(sizeof(float) * (size_t)repeats);
-    const grouped_calls fwd_calls = {handle, fwd, 2, type}, bwd_calls = {handle, bwd, 4, type};
+    const grouped_calls fwd_calls = {handle, fwd, 2, type, dense}, bwd_calls = {handle, bwd, 4, type, dense};
     for (int r = -2; r < repeats; r++) {
         const float ms_f = timed_ms(start, stop, run_grouped_calls, &fwd_calls);
         if (r >= 0)
@@ -259,6 +277,39 @@ static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int
     const void *bufs[] = {X, S, Mi, dGU, Wgu, Wd, GU, D, dM, dX, dWd, dWgu};
     for (size_t q = 0; q < sizeof bufs / sizeof bufs[0]; q++)
         CUDA_TRY(cudaFree((void *)bufs[q]));
+}
+
+/* Device-to-device copy rate in TB/s (bytes read plus bytes written over the median time of `repeats`
+ * cudaMemcpyAsync calls of a 1 GiB buffer, after two untimed ones): the memory-bound steps' ceiling. */
+static double copy_tb_per_s(int repeats)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *src = NULL, *dst = NULL;
+    CUDA_TRY(cudaMalloc(&src, bytes));
+    CUDA_TRY(cudaMalloc(&dst, bytes));
+    CUDA_TRY(cudaMemset(src, 0x5a, bytes));
+    cudaEvent_t start, stop;
+    CUDA_TRY(cudaEventCreate(&start));
+    CUDA_TRY(cudaEventCreate(&stop));
+    float *ms = xmalloc(sizeof(float) * (size_t)repeats);
+    for (int r = -2; r < repeats; r++) {
+        float t = 0;
+        CUDA_TRY(cudaEventRecord(start, NULL));
+        CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, NULL));
+        CUDA_TRY(cudaEventRecord(stop, NULL));
+        CUDA_TRY(cudaEventSynchronize(stop));
+        CUDA_TRY(cudaEventElapsedTime(&t, start, stop));
+        if (r >= 0)
+            ms[r] = t;
+    }
+    qsort(ms, (size_t)repeats, sizeof(float), cmp_float);
+    const double rate = 2.0 * (double)bytes / (ms[repeats / 2] * 1e-3) / 1e12;
+    free(ms);
+    CUDA_TRY(cudaEventDestroy(start));
+    CUDA_TRY(cudaEventDestroy(stop));
+    CUDA_TRY(cudaFree(src));
+    CUDA_TRY(cudaFree(dst));
+    return rate;
 }
 
 static int cmp_float(const void *a, const void *b)
@@ -453,11 +504,16 @@ int main(int argc, char **argv)
             m_sizes[e] = 0;
         for (int64_t i = 0; i < T * k; i++)
             m_sizes[topk[i]]++;
-        double cf = 0, cb = 0;
-        time_cublas(dt, E, H, I, m_sizes, repeats, &cf, &cb);
+        double cf = 0, cb = 0, df = 0, db = 0;
+        time_cublas(dt, E, H, I, m_sizes, T * k, 0, repeats, &cf, &cb);
         printf("cuBLAS grouped GEMMs alone (lower bound of an unfused composition): forward %.3f ms = %.1f TFLOP/s, "
                "backward %.3f ms = %.1f TFLOP/s; libmoe / cuBLAS speed: forward %.2fx, backward %.2fx\n",
                cf, flop_fwd / (cf * 1e-3) / 1e12, cb, flop_bwd / (cb * 1e-3) / 1e12, cf / f, cb / b);
+        time_cublas(dt, E, H, I, m_sizes, T * k, 1, repeats, &df, &db);
+        printf("ceilings: the same GEMMs as dense cuBLAS calls over all %lld rows: forward %.3f ms = %.1f TFLOP/s, "
+               "backward %.3f ms = %.1f TFLOP/s; device-to-device copy %.2f TB/s (read + written)\n",
+               (long long)(T * k), df, flop_fwd / (df * 1e-3) / 1e12, db, flop_bwd / (db * 1e-3) / 1e12,
+               copy_tb_per_s(repeats));
         free(m_sizes);
     }
     return identical && fwd_identical ? 0 : 1;
