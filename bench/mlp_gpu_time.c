@@ -210,16 +210,15 @@ static float timed_ms(cudaEvent_t start, cudaEvent_t stop, void (*work)(const vo
 
 /* The cuBLAS comparison (see the top comment): median forward and backward milliseconds.  With dense, the
  * compute ceiling instead: the same six products, each as one dense cublasGemmEx over all M rows (expert 0's
- * weights; E is taken as 1 and m_sizes is ignored). */
-static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int64_t rows, int dense,
-                        int repeats, double *ms_fwd, double *ms_bwd)
+ * weights; E is taken as 1 once the rows are counted). */
+static void time_cublas(moe_dtype dt, int64_t E, int64_t H, int64_t I, const int64_t *m_sizes, int dense, int repeats,
+                        double *ms_fwd, double *ms_bwd)
 {
     int64_t M = 0;
+    for (int64_t e = 0; e < E; e++)
+        M += m_sizes[e];
     if (dense)
-        E = 1, M = rows;
-    else
-        for (int64_t e = 0; e < E; e++)
-            M += m_sizes[e];
+        E = 1;
     const size_t es = moe_dtype_size(dt);
     const char *X = device_array(dt, M * H, 1), *S = device_array(dt, M * H, 1);
     const char *Mi = device_array(dt, M * I, 1), *dGU = device_array(dt, M * 2 * I, 1);
@@ -510,11 +509,11 @@ int main(int argc, char **argv)
         for (int64_t i = 0; i < T * k; i++)
             m_sizes[topk[i]]++;
         double cf = 0, cb = 0, df = 0, db = 0;
-        time_cublas(dt, E, H, I, m_sizes, T * k, 0, repeats, &cf, &cb);
+        time_cublas(dt, E, H, I, m_sizes, 0, repeats, &cf, &cb);
         printf("cuBLAS grouped GEMMs alone (lower bound of an unfused composition): forward %.3f ms = %.1f TFLOP/s, "
                "backward %.3f ms = %.1f TFLOP/s; libmoe / cuBLAS speed: forward %.2fx, backward %.2fx\n",
                cf, flop_fwd / (cf * 1e-3) / 1e12, cb, flop_bwd / (cb * 1e-3) / 1e12, cf / f, cb / b);
-        time_cublas(dt, E, H, I, m_sizes, T * k, 1, repeats, &df, &db);
+        time_cublas(dt, E, H, I, m_sizes, 1, repeats, &df, &db);
         const double copy = copy_tb_per_s(repeats);
         printf("ceilings: the same GEMMs as dense cuBLAS calls over all %lld rows: forward %.3f ms = %.1f TFLOP/s, "
                "backward %.3f ms = %.1f TFLOP/s; ", (long long)(T * k), df, flop_fwd / (df * 1e-3) / 1e12, db,
