@@ -13,8 +13,8 @@
 // reproducible run to run (no float atomics anywhere).
 //
 // Paths (families): sm90 (gemm_sm90.cuh: Hopper, warp-specialised wgmma kernel fed by TMA and cp.async,
-// 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: WMMA 16x16x16 on sm_80+, cp.async 3-stage
-// pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
+// 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: mma.sync m16n8k16 with ldmatrix on sm_80+, cp.async
+// 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
 // accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors; and SIMT (true fp32 FFMA; used for
 // f32 inputs, for dW with fused topk weights (the weight multiplies dY in fp32 before the product, which
 // a 16-bit tensor-core operand cannot hold), and for shapes the tensor-core paths cannot take).
@@ -22,7 +22,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cudaTypedefs.h>
-#include <mma.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -463,9 +462,15 @@ __device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const
         if (out_row < 0 || gj >= g.cols_j)
             continue;
         float v[8];
+        if (LDC % 4 == 0) { // two 16-byte reads (j is a multiple of 8)
+            const float4 lo = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j);
+            const float4 hi = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j + 4);
+            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+        } else {
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = tile_c[i * LDC + j + u];
+            for (int u = 0; u < 8; u++)
+                v[u] = tile_c[i * LDC + j + u];
+        }
         finish8(g, v, g.weights && g.op != OP_DW, row_weight[i], out_dtype, out_row * ld + gj);
     }
 }
@@ -547,19 +552,25 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
 }
 
 // ------------------------------------------------------------------------------------------------
-// Tensor-core path: 128 x 128 tiles, BK = 32, 8 warps (2 x 4), each warp 64 x 32 = 4 x 2 WMMA tiles,
-// 3-stage cp.async pipeline.  Shared-memory layouts follow the global layouts (see the file head):
-//   A q-contiguous (fwd, dx): [BM][BK+8] row_major     A i-contiguous (dw): [BK][BM+8] col_major
-//   B q-contiguous (fwd):     [BN][BK+8] col_major     B j-contiguous (dx, dw): [BK][BN+8] row_major
+// Tensor-core path for sm_80+ (Ampere, Ada, and Hopper when the sm90 family cannot take a call):
+// 128 x 128 tiles, BK = 32, 4 warps (2 x 2), each warp 64 x 64 = 4 x 8 mma.sync.m16n8k16 tiles (fp32
+// accumulators), operands from shared memory by ldmatrix (.trans for the operands whose tile dimension,
+// not q, is contiguous), a 4-stage cp.async pipeline; two CTAs per SM (2 x 71 KiB of shared memory on sm_80
+// and sm_90), so one's epilogue overlaps the other's MMAs.  Shared-memory tiles, 16-byte chunks XOR-swizzled
+// so that the eight row addresses of an ldmatrix phase hit eight distinct bank groups (and cp.async writes
+// stay conflict-free):
+//   q-contiguous [128][32] (A of fwd and dX, B of fwd):   (row, chunk c) at row * 64 + (c ^ ((row >> 1) & 3)) * 16
+//   i/j-contiguous [32][128] (A of dW, B of dX and dW):   (q, chunk c)   at q * 256 + (c ^ (q & 7)) * 16
+// (bytes; 4 chunks of 8 elements per q-contiguous row, 16 per i/j-contiguous row).  After the reduction the
+// accumulators go through an fp32 tile in shared memory (the pipeline's bytes) to the shared epilogues.
 // ------------------------------------------------------------------------------------------------
-constexpr int TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_STAGES = 3, TC_THREADS = 256;
-constexpr int TC_LD_QC = TC_BK + 8;   // leading dimension of a q-contiguous tile
-constexpr int TC_LD_IC = TC_BM + 8;   // leading dimension of an i- or j-contiguous tile
-constexpr int TC_TILE_ELEMS = TC_BM * TC_LD_QC > TC_BK * TC_LD_IC ? TC_BM * TC_LD_QC : TC_BK * TC_LD_IC;
-constexpr int TC_LDC = TC_BN + 4;
+constexpr int TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_STAGES = 4, TC_THREADS = 128;
+constexpr int TC_TILE_ELEMS = TC_BM * TC_BK; // one operand's stage: 8 KiB either layout
+constexpr int TC_LDC = TC_BN + 8; // 8 mod 32 banks: a half-warp's float2 accumulator stores hit 32 distinct banks
 constexpr size_t TC_PIPE_BYTES = (size_t)TC_STAGES * 2 * TC_TILE_ELEMS * 2;
 constexpr size_t TC_C_BYTES = (size_t)TC_BM * TC_LDC * 4;
 constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + TC_BM * 12;
+static_assert(TC_BM == TC_BN && TC_BK == 32, "the swizzles and the load loops assume 128 x 128 x 32");
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
@@ -570,6 +581,42 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Element offsets of 16-byte chunk c in the two swizzled tile layouts above.
+__device__ __forceinline__ int tc_qc_offset(int row, int c) { return row * TC_BK + ((c ^ ((row >> 1) & 3)) << 3); }
+__device__ __forceinline__ int tc_ic_offset(int q, int c) { return q * TC_BM + ((c ^ (q & 7)) << 3); }
+
+// Four 8 x 8 matrices of 16-bit elements from shared memory (this lane supplies one row address).
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr)
+{
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr));
+}
+
+// d += a * b for one m16n8k16 tile (row-major A fragment, column-major B fragment, fp32 accumulators).
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    if (std::is_same<T, __half>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One k-step's operands into stage (sa, sb): A 128 x 32 and B 32 x 128, 512 chunks each, 4 per thread;
+// chunks past the expert's rows, past N / K or past the reduction are zero-filled (never read from memory).
 template <typename T, int OP>
 __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
                                               T *sa, T *sb, const int64_t *a_rows)
@@ -577,42 +624,43 @@ __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord
     const T *A = static_cast<const T *>(g.a);
     const T *B = static_cast<const T *>(g.b);
     const int64_t base = OP == OP_DW ? g.ws.offsets[t.e] : 0;
-    // A: 128 x 32 (q-contiguous) or 32 x 128 (i-contiguous) = 512 chunks of 8 elements; 2 per thread.
-    for (int c = threadIdx.x; c < TC_BM * TC_BK / 8; c += TC_THREADS) {
-        if (OP != OP_DW) {
-            const int i = c / (TC_BK / 8), q = (c % (TC_BK / 8)) * 8;
-            const bool ok = a_rows[i] >= 0 && q0 + q < qlen;
+#pragma unroll
+    for (int u = 0; u < TC_BM * TC_BK / 8 / TC_THREADS; u++) {
+        const int c = threadIdx.x + u * TC_THREADS;
+        if (OP != OP_DW) { // [row i][q]: row c / 4, chunk c % 4
+            const int i = c >> 2, kc = c & 3;
+            const bool ok = a_rows[i] >= 0 && q0 + kc * 8 < qlen;
             const int64_t lda = OP == OP_DX ? g.N : g.K;
-            cp_async16(sa + i * TC_LD_QC + q, ok ? A + a_rows[i] * lda + q0 + q : A, ok);
-        } else {
-            const int q = c / (TC_BM / 8), i = (c % (TC_BM / 8)) * 8;
-            const bool ok = q0 + q < qlen && t.i0 + i < g.N;
+            cp_async16(sa + tc_qc_offset(i, kc), ok ? A + a_rows[i] * lda + q0 + kc * 8 : A, ok);
+        } else { // [q][i]: row q = c / 16, chunk c % 16
+            const int q = c >> 4, ic = c & 15;
+            const bool ok = q0 + q < qlen && t.i0 + ic * 8 < g.N;
             const int64_t r = base + q0 + q;
-            cp_async16(sa + q * TC_LD_IC + i, ok ? A + y_row(g, r) * g.N + t.i0 + i : A, ok);
+            cp_async16(sa + tc_ic_offset(q, ic), ok ? A + y_row(g, r) * g.N + t.i0 + ic * 8 : A, ok);
         }
     }
-    for (int c = threadIdx.x; c < TC_BN * TC_BK / 8; c += TC_THREADS) {
-        if (OP == OP_FWD || OP == OP_TOPK_GRAD) {
-            const int j = c / (TC_BK / 8), q = (c % (TC_BK / 8)) * 8;
-            const bool ok = t.j0 + j < g.cols_j && q0 + q < qlen;
-            cp_async16(sb + j * TC_LD_QC + q, ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + q : B, ok);
-        } else if (OP == OP_DX) {
-            const int q = c / (TC_BN / 8), j = (c % (TC_BN / 8)) * 8;
-            const bool ok = q0 + q < qlen && t.j0 + j < g.cols_j;
-            cp_async16(sb + q * TC_LD_IC + j, ok ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + j : B, ok);
-        } else {
-            const int q = c / (TC_BN / 8), j = (c % (TC_BN / 8)) * 8;
-            const bool ok = q0 + q < qlen && t.j0 + j < g.cols_j;
-            const int64_t r = base + q0 + q;
-            cp_async16(sb + q * TC_LD_IC + j, ok ? B + x_row(g, r) * g.K + t.j0 + j : B, ok);
+#pragma unroll
+    for (int u = 0; u < TC_BN * TC_BK / 8 / TC_THREADS; u++) {
+        const int c = threadIdx.x + u * TC_THREADS;
+        if (OP == OP_FWD || OP == OP_TOPK_GRAD) { // [n][q]
+            const int j = c >> 2, kc = c & 3;
+            const bool ok = t.j0 + j < g.cols_j && q0 + kc * 8 < qlen;
+            cp_async16(sb + tc_qc_offset(j, kc), ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 8 : B, ok);
+        } else { // [q][j]: dX W[e][q][j], dW X rows
+            const int q = c >> 4, jc = c & 15;
+            const bool ok = q0 + q < qlen && t.j0 + jc * 8 < g.cols_j;
+            // (the row lookup only when valid: past the reduction the gather index would be out of range)
+            const T *src = !ok ? B
+                         : OP == OP_DX ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + jc * 8
+                                       : B + x_row(g, base + q0 + q) * g.K + t.j0 + jc * 8;
+            cp_async16(sb + tc_ic_offset(q, jc), src, ok);
         }
     }
 }
 
 template <typename T, int OP>
-__global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
+__global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 {
-    using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char smem[];
     T *pipe = reinterpret_cast<T *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
@@ -620,12 +668,31 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
     float *row_weight = reinterpret_cast<float *>(a_rows + TC_BM);
     if (*g.ws.status != 0)
         return;
-    const int warp = threadIdx.x / 32;
-    const int warp_i = warp / 4, warp_j = warp % 4; // 2 x 4 warps, each 64 x 32
-    constexpr bool A_QC = OP != OP_DW;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wi0 = (warp / 2) * 64, wj0 = (warp % 2) * 64; // this warp's 64 x 64 block of the tile
+    constexpr bool A_QC = OP != OP_DW;                      // A q-contiguous (else i-contiguous)
     constexpr bool B_QC = OP == OP_FWD || OP == OP_TOPK_GRAD;
-    using LayoutA = typename std::conditional<A_QC, wmma::row_major, wmma::col_major>::type;
-    using LayoutB = typename std::conditional<B_QC, wmma::col_major, wmma::row_major>::type;
+    const uint32_t pipe_addr = (uint32_t)__cvta_generic_to_shared(pipe);
+    // This lane's ldmatrix row address in each fragment, as an element offset within a stage's tile, for
+    // k16 half kh (0, 1) and m16 block u / n16 pair p (.trans delivers an 8 x 8 block stored as [q][i]
+    // with the fragment layout of the [i][q] block, which is what the i/j-contiguous tiles need):
+    //   A q-contiguous: matrices (rows 0-7, k 0-7), (8-15, k 0-7), (0-7, k 8-15), (8-15, k 8-15) = a0..a3:
+    //     lane l gives row u*16 + (l & 15), chunk 2 kh + (l >> 4).
+    //   A i-contiguous (.trans): the same matrices read as [q][i]: q = 16 kh + (l & 7) + 8 (l >> 4), i chunk
+    //     (u*16 + 8 ((l >> 3) & 1)) / 8.
+    //   B q-contiguous: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) = b0, b1
+    //     of n8 tile 2p and of 2p + 1: lane l gives n p*16 + (l & 7) + 8 (l >> 4), chunk 2 kh + ((l >> 3) & 1).
+    //   B j-contiguous (.trans): q = 16 kh + (l & 7) + 8 ((l >> 3) & 1), j chunk (p*16 + 8 (l >> 4)) / 8.
+    auto a_offset = [&](int kh, int u) -> int {
+        if (A_QC)
+            return tc_qc_offset(wi0 + u * 16 + (lane & 15), 2 * kh + (lane >> 4));
+        return tc_ic_offset(16 * kh + (lane & 7) + 8 * (lane >> 4), (wi0 + u * 16) / 8 + ((lane >> 3) & 1));
+    };
+    auto b_offset = [&](int kh, int p) -> int {
+        if (B_QC)
+            return tc_qc_offset(wj0 + p * 16 + (lane & 7) + 8 * (lane >> 4), 2 * kh + ((lane >> 3) & 1));
+        return tc_ic_offset(16 * kh + (lane & 7) + 8 * ((lane >> 3) & 1), (wj0 + p * 16) / 8 + (lane >> 4));
+    };
 
     const int64_t tiles = total_tiles(g, TC_BM, TC_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -639,14 +706,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
         }
         __syncthreads();
 
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+        float acc[4][8][4];
 #pragma unroll
         for (int u = 0; u < 4; u++)
 #pragma unroll
-            for (int v = 0; v < 2; v++)
-                wmma::fill_fragment(acc[u][v], 0.0f);
+            for (int v = 0; v < 8; v++)
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    acc[u][v][x] = 0.0f;
 
         const int64_t steps = (qlen + TC_BK - 1) / TC_BK;
+        // prologue: steps 0 .. TC_STAGES - 2 in flight, one cp.async group each (empty past the reduction)
 #pragma unroll
         for (int s = 0; s < TC_STAGES - 1; s++) {
             if (s < steps)
@@ -654,9 +724,39 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
                                      pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
             cp_async_commit();
         }
+        // Fragments are double-buffered in registers: the k16 half kh + 1 (or the next step's first half) is
+        // read from shared memory while the MMAs of half kh run, and the wait for the next step's stage sits
+        // between the two halves, so the tensor cores have one half's MMAs queued across the barrier.
+        uint32_t fa[2][4][4], fb[2][4][4];
+        auto load_fragments = [&](int buf, int64_t step, int kh) {
+            const int slot = (int)(step % TC_STAGES);
+            const uint32_t sa = pipe_addr + (uint32_t)(2 * slot) * TC_TILE_ELEMS * 2;
+            const uint32_t sb = sa + TC_TILE_ELEMS * 2;
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                ldmatrix_x4<!A_QC>(fa[buf][u], sa + 2 * a_offset(kh, u));
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+                ldmatrix_x4<!B_QC>(fb[buf][p], sb + 2 * b_offset(kh, p));
+        };
+        auto mma_fragments = [&](int buf) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int v = 0; v < 8; v++)
+                    mma_m16n8k16<T>(acc[u][v], fa[buf][u], &fb[buf][v / 2][2 * (v % 2)]);
+        };
+        static_assert(TC_BK == 32 && TC_STAGES >= 3, "two k16 halves per step; a slot to refill while two are read");
+        cp_async_wait<TC_STAGES - 2>();
+        __syncthreads(); // step 0's stage is in
+        if (steps > 0)
+            load_fragments(0, 0, 0);
         for (int64_t step = 0; step < steps; step++) {
-            cp_async_wait<TC_STAGES - 2>();
-            __syncthreads();
+            load_fragments(1, step, 1);
+            mma_fragments(0);
+            // step + 1's stage is in once at most the TC_STAGES - 3 groups committed after it are pending
+            cp_async_wait<TC_STAGES - 3>();
+            __syncthreads(); // ... and every warp holds its fragments of step - 1's slot, refilled here
             const int64_t next = step + TC_STAGES - 1;
             if (next < steps) {
                 const int s = (int)(next % TC_STAGES);
@@ -664,44 +764,22 @@ __global__ void __launch_bounds__(TC_THREADS) tc_gemm_kernel(GemmArgs g)
                                      pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
             }
             cp_async_commit();
-            const int s = (int)(step % TC_STAGES);
-            const T *sa = pipe + (2 * s) * TC_TILE_ELEMS;
-            const T *sb = pipe + (2 * s + 1) * TC_TILE_ELEMS;
-#pragma unroll
-            for (int kk = 0; kk < TC_BK; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> fa[4];
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LayoutB> fb[2];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int i = warp_i * 64 + u * 16;
-                    if (A_QC)
-                        wmma::load_matrix_sync(fa[u], sa + i * TC_LD_QC + kk, TC_LD_QC);
-                    else
-                        wmma::load_matrix_sync(fa[u], sa + kk * TC_LD_IC + i, TC_LD_IC);
-                }
-#pragma unroll
-                for (int v = 0; v < 2; v++) {
-                    const int j = warp_j * 32 + v * 16;
-                    if (B_QC)
-                        wmma::load_matrix_sync(fb[v], sb + j * TC_LD_QC + kk, TC_LD_QC);
-                    else
-                        wmma::load_matrix_sync(fb[v], sb + kk * TC_LD_IC + j, TC_LD_IC);
-                }
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-#pragma unroll
-                    for (int v = 0; v < 2; v++)
-                        wmma::mma_sync(acc[u][v], fa[u], fb[v], acc[u][v]);
-            }
+            if (step + 1 < steps)
+                load_fragments(0, step + 1, 0);
+            mma_fragments(1);
         }
         cp_async_wait<0>();
-        __syncthreads(); // the pipeline buffers become the C tile
+        __syncthreads(); // the pipeline's bytes become the C tile
+        // accumulator (u, v): rows wi0 + 16u + lane / 4 (+ 8 for x = 2, 3), columns wj0 + 8v + 2 (lane % 4) + {0, 1}
 #pragma unroll
         for (int u = 0; u < 4; u++)
 #pragma unroll
-            for (int v = 0; v < 2; v++)
-                wmma::store_matrix_sync(tile_c + (warp_i * 64 + u * 16) * TC_LDC + warp_j * 32 + v * 16, acc[u][v],
-                                        TC_LDC, wmma::mem_row_major);
+            for (int v = 0; v < 8; v++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float *c = tile_c + (wi0 + 16 * u + lane / 4 + 8 * h) * TC_LDC + wj0 + 8 * v + 2 * (lane % 4);
+                    *reinterpret_cast<float2 *>(c) = make_float2(acc[u][v][2 * h], acc[u][v][2 * h + 1]);
+                }
         __syncthreads();
         if (OP == OP_TOPK_GRAD)
             epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
@@ -1000,6 +1078,8 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
                 : op == OP_DX ? tc_gemm_kernel<T, OP_DX>
                 : op == OP_DW ? tc_gemm_kernel<T, OP_DW> : tc_gemm_kernel<T, OP_TOPK_GRAD>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
+    // the largest shared-memory carveout, so that two CTAs (2 x 70 KiB) fit on an sm_80 SM next to its L1
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
     int per_sm = 0;
     MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TC_THREADS, TC_SMEM_BYTES));
     kernel<<<persistent_grid(max_tiles, per_sm), TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
