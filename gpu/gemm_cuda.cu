@@ -617,43 +617,55 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
 
 // One k-step's operands into stage (sa, sb): A 128 x 32 and B 32 x 128, 512 chunks each, 4 per thread;
 // chunks past the expert's rows, past N / K or past the reduction are zero-filled (never read from memory).
+// All threads of the CTA call it (dW's row lookups are shared by warp shuffles).
 template <typename T, int OP>
 __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
                                               T *sa, T *sb, const int64_t *a_rows)
 {
     const T *A = static_cast<const T *>(g.a);
     const T *B = static_cast<const T *>(g.b);
-    const int64_t base = OP == OP_DW ? g.ws.offsets[t.e] : 0;
+    if constexpr (OP == OP_DW) {
+        // Both operands [q][i] / [q][j]: thread tid copies chunk tid % 16 of rows q = tid / 16 + 8u (u < 4) of
+        // both, the rows of dY and X of the expert's row q0 + q.  Those are 8 distinct rows per warp (u, and
+        // h = lane / 16): lane 2u + h (< 8) looks them up once (under permute_x with a 64-bit division) and
+        // the other lanes take them by shuffle, instead of every chunk repeating the lookup.
+        const int lane = threadIdx.x % 32, ic = lane & 15;
+        const int64_t base = g.ws.offsets[t.e];
+        const int my_q = (threadIdx.x >> 5) * 2 + (lane & 1) + 8 * (lane >> 1); // lanes < 8: q of (u, h) = (lane / 2, lane % 2)
+        int64_t my_y = 0, my_x = 0;
+        if (lane < 8 && q0 + my_q < qlen) {
+            my_y = y_row(g, base + q0 + my_q);
+            my_x = x_row(g, base + q0 + my_q);
+        }
+        const bool a_col_ok = t.i0 + ic * 8 < g.N, b_col_ok = t.j0 + ic * 8 < g.cols_j;
 #pragma unroll
-    for (int u = 0; u < TC_BM * TC_BK / 8 / TC_THREADS; u++) {
-        const int c = threadIdx.x + u * TC_THREADS;
-        if (OP != OP_DW) { // [row i][q]: row c / 4, chunk c % 4
-            const int i = c >> 2, kc = c & 3;
+        for (int u = 0; u < 4; u++) {
+            const int q = (threadIdx.x >> 4) + 8 * u, from = 2 * u + (lane >> 4);
+            const int64_t y = __shfl_sync(0xffffffffu, my_y, from), x = __shfl_sync(0xffffffffu, my_x, from);
+            const bool q_ok = q0 + q < qlen, a_ok = q_ok && a_col_ok, b_ok = q_ok && b_col_ok;
+            cp_async16(sa + tc_ic_offset(q, ic), a_ok ? A + y * g.N + t.i0 + ic * 8 : A, a_ok);
+            cp_async16(sb + tc_ic_offset(q, ic), b_ok ? B + x * g.K + t.j0 + ic * 8 : B, b_ok);
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < TC_BM * TC_BK / 8 / TC_THREADS; u++) { // A [row i][q]: row c / 4, chunk c % 4
+            const int c = threadIdx.x + u * TC_THREADS, i = c >> 2, kc = c & 3;
             const bool ok = a_rows[i] >= 0 && q0 + kc * 8 < qlen;
             const int64_t lda = OP == OP_DX ? g.N : g.K;
             cp_async16(sa + tc_qc_offset(i, kc), ok ? A + a_rows[i] * lda + q0 + kc * 8 : A, ok);
-        } else { // [q][i]: row q = c / 16, chunk c % 16
-            const int q = c >> 4, ic = c & 15;
-            const bool ok = q0 + q < qlen && t.i0 + ic * 8 < g.N;
-            const int64_t r = base + q0 + q;
-            cp_async16(sa + tc_ic_offset(q, ic), ok ? A + y_row(g, r) * g.N + t.i0 + ic * 8 : A, ok);
         }
-    }
 #pragma unroll
-    for (int u = 0; u < TC_BN * TC_BK / 8 / TC_THREADS; u++) {
-        const int c = threadIdx.x + u * TC_THREADS;
-        if (OP == OP_FWD || OP == OP_TOPK_GRAD) { // [n][q]
-            const int j = c >> 2, kc = c & 3;
-            const bool ok = t.j0 + j < g.cols_j && q0 + kc * 8 < qlen;
-            cp_async16(sb + tc_qc_offset(j, kc), ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 8 : B, ok);
-        } else { // [q][j]: dX W[e][q][j], dW X rows
-            const int q = c >> 4, jc = c & 15;
-            const bool ok = q0 + q < qlen && t.j0 + jc * 8 < g.cols_j;
-            // (the row lookup only when valid: past the reduction the gather index would be out of range)
-            const T *src = !ok ? B
-                         : OP == OP_DX ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + jc * 8
-                                       : B + x_row(g, base + q0 + q) * g.K + t.j0 + jc * 8;
-            cp_async16(sb + tc_ic_offset(q, jc), src, ok);
+        for (int u = 0; u < TC_BN * TC_BK / 8 / TC_THREADS; u++) {
+            const int c = threadIdx.x + u * TC_THREADS;
+            if (OP == OP_FWD || OP == OP_TOPK_GRAD) { // B [n][q]: W[e] rows
+                const int j = c >> 2, kc = c & 3;
+                const bool ok = t.j0 + j < g.cols_j && q0 + kc * 8 < qlen;
+                cp_async16(sb + tc_qc_offset(j, kc), ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 8 : B, ok);
+            } else { // dX: B [q][j] = W[e][q][j]
+                const int q = c >> 4, jc = c & 15;
+                const bool ok = q0 + q < qlen && t.j0 + jc * 8 < g.cols_j;
+                cp_async16(sb + tc_ic_offset(q, jc), ok ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + jc * 8 : B, ok);
+            }
         }
     }
 }
