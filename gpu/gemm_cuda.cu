@@ -344,37 +344,6 @@ __device__ __forceinline__ int64_t reduction_length(const GemmArgs &g, int64_t e
     return g.K;
 }
 
-// A(i, q) and B(q, j) as floats, 0 outside the tile's valid range (used by the SIMT path).
-__device__ __forceinline__ float operand_a(const GemmArgs &g, const TileCoord &t, int64_t i, int64_t q, int64_t qlen)
-{
-    if (i >= t.rows || q >= qlen)
-        return 0.0f;
-    const int64_t base = g.ws.offsets[t.e];
-    switch (g.op) {
-    case OP_FWD:
-    case OP_TOPK_GRAD: return load_as_float(g.dtype, g.a, x_row(g, base + i) * g.K + q);
-    case OP_DX: return load_as_float(g.dtype, g.a, y_row(g, base + i) * g.N + q);
-    default: { // dW: A(n, r) = w(r) * dY[yrow(r)][n], the weight multiply in fp32
-        float v = load_as_float(g.dtype, g.a, y_row(g, base + q) * g.N + i);
-        if (g.weights)
-            v = load_as_float(g.dtype, g.weights, slot_of(g, base + q)) * v;
-        return v;
-    }
-    }
-}
-
-__device__ __forceinline__ float operand_b(const GemmArgs &g, const TileCoord &t, int64_t q, int64_t j, int64_t qlen)
-{
-    if (j >= g.cols_j || q >= qlen)
-        return 0.0f;
-    switch (g.op) {
-    case OP_FWD:
-    case OP_TOPK_GRAD: return load_as_float(g.dtype, g.b, (t.e * g.N + j) * g.K + q);
-    case OP_DX: return load_as_float(g.dtype, g.b, (t.e * g.N + q) * g.K + j);
-    default: return load_as_float(g.dtype, g.b, x_row(g, g.ws.offsets[t.e] + q) * g.K + j);
-    }
-}
-
 // ------------------------------------------------------------------------------------------------
 // Epilogue: one fp32 tile in shared memory -> the op's output, in the order of moe_ref.h
 // (v = acc; v = w * v; v = old + v; round once).
@@ -500,7 +469,12 @@ __device__ void epilogue(const GemmArgs &g, const TileCoord &t, const float *til
 }
 
 // ------------------------------------------------------------------------------------------------
-// SIMT fp32 path: 64 x 64 tiles, 256 threads each computing 4 x 4, BK = 16.
+// SIMT fp32 path: 64 x 64 tiles, 256 threads each computing 4 x 4, BK = 16.  A(i, q) and B(q, j) are read
+// as floats, 0 outside the tile's valid range:
+//   fwd, topk grad: A = X[xrow(r)][q], B = W[e][j][q];  dX: A = dY[yrow(r)][q], B = W[e][q][j];
+//   dW: A(n, r) = w(r) * dY[yrow(r)][n] (the weight multiply in fp32), B = X[xrow(r)][j].
+// The rows are looked up once, not per element (under permute_x a lookup divides): per tile for the
+// expert rows of fwd, dX and the topk grad (a_rows), per k-step for dW's rows (q_rows, q_weight).
 // ------------------------------------------------------------------------------------------------
 constexpr int SIMT_BM = 64, SIMT_BN = 64, SIMT_BK = 16, SIMT_THREADS = 256;
 
@@ -509,19 +483,50 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
     __shared__ float tile_a[SIMT_BK][SIMT_BM];
     __shared__ float tile_b[SIMT_BK][SIMT_BN];
     __shared__ float tile_c[SIMT_BM * (SIMT_BN + 1)];
+    __shared__ int64_t a_rows[SIMT_BM];     // fwd, dX, topk grad: A's source row per tile row, -1 past the expert
+    __shared__ int64_t q_rows[2][SIMT_BK];  // dW: the k-step's rows of dY and of X, -1 past the expert
+    __shared__ float q_weight[SIMT_BK];     // dW: their topk weights (1 without)
     if (*g.ws.status != 0)
         return;
     const int64_t tiles = total_tiles(g, SIMT_BM, SIMT_BN);
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const bool dw = g.op == OP_DW;
+    const int64_t lda = g.op == OP_DX ? g.N : g.K;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, SIMT_BM, SIMT_BN);
-        const int64_t qlen = reduction_length(g, t.e);
+        const int64_t qlen = reduction_length(g, t.e), base = g.ws.offsets[t.e];
+        if (!dw && threadIdx.x < SIMT_BM) {
+            const int64_t i = t.i0 + threadIdx.x, r = base + i;
+            a_rows[threadIdx.x] = i >= t.rows ? -1 : g.op == OP_DX ? y_row(g, r) : x_row(g, r);
+        }
         float acc[4][4] = {};
         for (int64_t q0 = 0; q0 < qlen; q0 += SIMT_BK) {
+            if (dw && threadIdx.x < SIMT_BK) {
+                const int64_t q = q0 + threadIdx.x, r = base + q;
+                const bool in = q < qlen;
+                q_rows[0][threadIdx.x] = in ? y_row(g, r) : -1;
+                q_rows[1][threadIdx.x] = in ? x_row(g, r) : -1;
+                q_weight[threadIdx.x] = in && g.weights ? load_as_float(g.dtype, g.weights, slot_of(g, r)) : 1.0f;
+            }
+            __syncthreads(); // the row tables are written (and the previous k-step's tiles are read)
             for (int idx = threadIdx.x; idx < SIMT_BK * SIMT_BM; idx += SIMT_THREADS) {
                 const int q = idx / SIMT_BM, i = idx % SIMT_BM;
-                tile_a[q][i] = operand_a(g, t, t.i0 + i, q0 + q, qlen);
-                tile_b[q][i] = operand_b(g, t, q0 + q, t.j0 + i, qlen);
+                const int64_t gq = q0 + q, gi = t.i0 + i, gj = t.j0 + i;
+                float a = 0.0f, b = 0.0f;
+                if (dw) {
+                    const int64_t yr = q_rows[0][q], xr = q_rows[1][q];
+                    if (yr >= 0 && gi < t.rows)
+                        a = q_weight[q] * load_as_float(g.dtype, g.a, yr * g.N + gi);
+                    if (xr >= 0 && gj < g.cols_j)
+                        b = load_as_float(g.dtype, g.b, xr * g.K + gj);
+                } else {
+                    if (a_rows[i] >= 0 && gq < qlen)
+                        a = load_as_float(g.dtype, g.a, a_rows[i] * lda + gq);
+                    if (gj < g.cols_j && gq < qlen)
+                        b = load_as_float(g.dtype, g.b, g.op == OP_DX ? (t.e * g.N + gq) * g.K + gj : (t.e * g.N + gj) * g.K + gq);
+                }
+                tile_a[q][i] = a;
+                tile_b[q][i] = b;
             }
             __syncthreads();
 #pragma unroll
@@ -538,7 +543,6 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
                     for (int v = 0; v < 4; v++)
                         acc[u][v] += a[u] * b[v];
             }
-            __syncthreads();
         }
 #pragma unroll
         for (int u = 0; u < 4; u++)
@@ -547,7 +551,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
                 tile_c[(ty + 16 * u) * (SIMT_BN + 1) + tx + 16 * v] = acc[u][v];
         __syncthreads();
         epilogue<SIMT_BM, SIMT_BN, SIMT_BN + 1>(g, t, tile_c);
-        __syncthreads();
+        __syncthreads(); // tile_c is read, and so are the k-steps' tiles and tables, before the next tile's
     }
 }
 
