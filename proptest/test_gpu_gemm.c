@@ -545,10 +545,15 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaFree(p.dev_x)); CUDA_CHECK(cudaFree(p.dev_w)); CUDA_CHECK(cudaFree(p.dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
         free(ids), free(m_sizes), free(gather), free(p.x), free(p.w), free(p.dy), free(tw);
     }
-    if (cycle_family)
+    char families[64];
+    if (cycle_family) {
         unsetenv("MOE_CUDA_KERNEL");
-    printf("%d trials passed (%d with MOE_CUDA_KERNEL=sm80): %lld output elements checked, worst error %.3f of its "
-           "bound\n", trials, sm80_trials, (long long)checked, worst);
+        snprintf(families, sizeof families, "%d of them with MOE_CUDA_KERNEL=sm80", sm80_trials);
+    } else {
+        snprintf(families, sizeof families, "MOE_CUDA_KERNEL=%s", getenv("MOE_CUDA_KERNEL"));
+    }
+    printf("%d trials passed (%s): %lld output elements checked, worst error %.3f of its bound\n", trials, families,
+           (long long)checked, worst);
     many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
     dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
     return 0;
