@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
                 tile_c[(ty + 16 * u) * (SIMT_BN + 1) + tx + 16 * v] = acc[u][v];
         __syncthreads();
         epilogue<SIMT_BM, SIMT_BN, SIMT_BN + 1>(g, t, tile_c);
-        __syncthreads(); // tile_c is read, and so are the k-steps' tiles and tables, before the next tile's
+        __syncthreads(); // tile_c, the k-steps' tiles and the row tables are read before the next tile writes them
     }
 }
 
