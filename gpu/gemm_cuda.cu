@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
 // Tensor-core path for sm_80+ (Ampere, Ada, and Hopper when the sm90 family cannot take a call):
 // 128 x 128 tiles, BK = 32, 4 warps (2 x 2), each warp 64 x 64 = 4 x 8 mma.sync.m16n8k16 tiles (fp32
 // accumulators), operands from shared memory by ldmatrix (.trans for the operands whose tile dimension,
-// not q, is contiguous), a 4-stage cp.async pipeline; two CTAs per SM (2 x 71 KiB of shared memory on sm_80
+// not q, is contiguous), a 4-stage cp.async pipeline; two CTAs per SM (2 x 69.5 KiB of shared memory on sm_80
 // and sm_90), so one's epilogue overlaps the other's MMAs.  Shared-memory tiles, 16-byte chunks XOR-swizzled
 // so that the eight row addresses of an ldmatrix phase hit eight distinct bank groups (and cp.async writes
 // stay conflict-free):
