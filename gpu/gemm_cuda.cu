@@ -248,6 +248,16 @@ struct TileCoord {
     int64_t e, i0, j0, rows; // rows: valid extent of i for this expert
 };
 
+// The row of A (fwd and the topk-weight gradient: X's, dX: dY's) that feeds row gi of row-tiled tile t, -1
+// past the expert's rows.  dx: the op is dX.
+__device__ __forceinline__ int64_t a_source_row(const GemmArgs &g, const TileCoord &t, int64_t gi, bool dx)
+{
+    if (gi >= t.rows)
+        return -1;
+    const int64_t r = g.ws.offsets[t.e] + gi;
+    return dx ? y_row(g, r) : x_row(g, r);
+}
+
 // The expert whose range of a prefix-sum table holds x: the last e in [0, E) with starts[e] <= x (experts
 // without tiles have starts[e] == starts[e + 1] and are skipped over).
 __device__ __forceinline__ int64_t expert_of(const int64_t *starts, int64_t E, int64_t x)
@@ -407,6 +417,7 @@ template <int BM, int BN, int LDC>
 __device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const float *tile_c, int64_t *row_out,
                                     float *row_weight)
 {
+    static_assert(LDC % 4 == 0, "float4 reads of the tile's rows");
     const int64_t ld = g.op == OP_FWD ? g.N : g.K;
     for (int i = threadIdx.x; i < BM; i += blockDim.x) {
         const int64_t gi = t.i0 + i;
@@ -430,16 +441,10 @@ __device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const
         const int64_t out_row = row_out[i], gj = t.j0 + j;
         if (out_row < 0 || gj >= g.cols_j)
             continue;
-        float v[8];
-        if (LDC % 4 == 0) { // two 16-byte reads (j is a multiple of 8)
-            const float4 lo = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j);
-            const float4 hi = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j + 4);
-            v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
-        } else {
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                v[u] = tile_c[i * LDC + j + u];
-        }
+        // two 16-byte reads (j is a multiple of 8, rows start 16-byte aligned)
+        const float4 lo = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j);
+        const float4 hi = *reinterpret_cast<const float4 *>(tile_c + i * LDC + j + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         finish8(g, v, g.weights && g.op != OP_DW, row_weight[i], out_dtype, out_row * ld + gj);
     }
 }
@@ -495,10 +500,8 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, SIMT_BM, SIMT_BN);
         const int64_t qlen = reduction_length(g, t.e), base = g.ws.offsets[t.e];
-        if (!dw && threadIdx.x < SIMT_BM) {
-            const int64_t i = t.i0 + threadIdx.x, r = base + i;
-            a_rows[threadIdx.x] = i >= t.rows ? -1 : g.op == OP_DX ? y_row(g, r) : x_row(g, r);
-        }
+        if (!dw && threadIdx.x < SIMT_BM)
+            a_rows[threadIdx.x] = a_source_row(g, t, t.i0 + threadIdx.x, g.op == OP_DX);
         float acc[4][4] = {};
         for (int64_t q0 = 0; q0 < qlen; q0 += SIMT_BK) {
             if (dw && threadIdx.x < SIMT_BK) {
@@ -715,10 +718,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
         const TileCoord t = tile_coord(g, tile, TC_BM, TC_BN);
         const int64_t qlen = reduction_length(g, t.e);
         if (OP != OP_DW) {
-            for (int i = threadIdx.x; i < TC_BM; i += TC_THREADS) {
-                const int64_t r = g.ws.offsets[t.e] + t.i0 + i;
-                a_rows[i] = t.i0 + i < t.rows ? (OP == OP_DX ? y_row(g, r) : x_row(g, r)) : -1;
-            }
+            for (int i = threadIdx.x; i < TC_BM; i += TC_THREADS)
+                a_rows[i] = a_source_row(g, t, t.i0 + i, OP == OP_DX);
         }
         __syncthreads();
 
