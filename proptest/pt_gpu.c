@@ -5,6 +5,8 @@
  *   2. agrees with the float64 oracle within its derived bound (exactly, on exact data);
  *   3. on exactly representable data equals the CPU reference bit for bit;
  *   4. a second run on identical inputs gives bitwise the same output (determinism, dW included).
+ * Each case also picks the kernel family (MOE_CUDA_KERNEL unset, sm80 or simt) unless the caller set it,
+ * so that a Hopper machine fuzzes the kernels Ampere runs and the fp32 fallback too.
  * True fp32 is required for f32 (allow_tf32 stays off).  The case runs in moe-fuzz's worker process,
  * so a device fault or a hang is reported as this case's failure and shrunk.
  */
@@ -85,10 +87,21 @@ static int gpu_run(pt_case *c, const gcase *g, enum gop op, const void *init, si
     return ok;
 }
 
+/* The kernel family a case forces (MOE_CUDA_KERNEL): the automatic choice first, the smallest to shrink to. */
+static const char *const gpu_families[] = {NULL, "sm80", "simt"};
+
 void pt_gpu_gemm(pt_case *c)
 {
     const enum gop op = (enum gop)pt_pick(c->src, GOPS);
-    pt_describe(c, "%s: ", gop_name(op));
+    const int family = (int)pt_pick(c->src, 3);
+    /* the caller's MOE_CUDA_KERNEL wins; else the case sets it for its own calls and unsets it after them */
+    const int forcing = getenv("MOE_CUDA_KERNEL") == NULL && gpu_families[family] != NULL;
+    if (forcing && setenv("MOE_CUDA_KERNEL", gpu_families[family], 1) != 0) {
+        pt_fail(c, "setup", "setenv MOE_CUDA_KERNEL failed");
+        return;
+    }
+    const char *family_name = getenv("MOE_CUDA_KERNEL");
+    pt_describe(c, "%s (family %s): ", gop_name(op), family_name ? family_name : "auto");
     gcase g;
     gcase_generate(c, &g, GEN_GPU);
     if (op != GOP_DX)
@@ -118,4 +131,6 @@ void pt_gpu_gemm(pt_case *c)
     }
     free(first), free(second), free(init), free(old);
     gcase_free(&g);
+    if (forcing)
+        unsetenv("MOE_CUDA_KERNEL");
 }
