@@ -10,8 +10,12 @@
  * sample of libmoe's output is compared with cuBLAS's.
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
- *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE]
+ *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
+ *                  [--topk-weights]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
+ * --topk-weights passes random bf16 topk weights to libmoe's calls (fused into fwd's and dX's epilogues and
+ * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
+ * comparison with cuBLAS is skipped.
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), appends the choice to FILE, prints both, and reports the tuned time in the table.
  * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
@@ -107,6 +111,7 @@ typedef struct problem {
     const int64_t *m_sizes; /* host */
     moe_routing dev_routing;
     void *x, *w, *dy;       /* device, bf16: X [M][K], W [E][N][K], dY [M][N] */
+    void *topk_w;           /* device, bf16 [M] (slot order): libmoe's fused topk weights (--topk-weights), or NULL */
     void *out;              /* device, bf16, max of the three outputs */
     /* grouped cuBLAS */
     const void **A, **B;
@@ -123,11 +128,11 @@ static void run_libmoe(void *state)
     o.dtype = MOE_BF16;
     moe_status st;
     if (p->op == FWD)
-        st = moe_gemm_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->w, NULL, p->out, &o);
+        st = moe_gemm_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->w, p->topk_w, p->out, &o);
     else if (p->op == DX)
-        st = moe_gemm_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->dy, p->w, NULL, p->out, &o);
+        st = moe_gemm_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->dy, p->w, p->topk_w, p->out, &o);
     else
-        st = moe_gemm_dw(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->dy, NULL, p->out, &o);
+        st = moe_gemm_dw(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->dy, p->topk_w, p->out, &o);
     CHECK(st == MOE_OK, "libmoe: %s", moe_last_error());
 }
 
@@ -280,7 +285,7 @@ int main(int argc, char **argv)
     const char *which = "all", *ops = "fwd,dx,dw", *csv_path = NULL;
     int libmoe_only = 0;
     const char *autotune_path = NULL, *tuned_path = NULL;
-    int sync_each = 0;
+    int sync_each = 0, topk_weights = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
@@ -292,10 +297,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--autotune") && i + 1 < argc) autotune_path = argv[++i];
         else if (!strcmp(argv[i], "--tuned") && i + 1 < argc) tuned_path = argv[++i];
         else if (!strcmp(argv[i], "--sync-each")) sync_each = 1;
+        else if (!strcmp(argv[i], "--topk-weights")) topk_weights = 1;
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
-                            "[--autotune FILE | --tuned FILE] [--sync-each]\n", argv[0]);
+                            "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights]\n", argv[0]);
             return 2;
         }
     }
@@ -310,6 +316,8 @@ int main(int argc, char **argv)
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs; T = %lld, bf16, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
            (long long)T, repeat, sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
+    if (topk_weights)
+        printf("libmoe with fused topk weights (random bf16); cuBLAS without them, its output not compared\n");
     bench_ctx ctx = {0};
     CHECK(repeat >= 1, "--repeat %d: expected >= 1", repeat);
     ctx.repeat = repeat;
@@ -350,6 +358,10 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * 2));
         CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * 2));
         CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * 2));
+        if (topk_weights) {
+            CUDA_CHECK(cudaMalloc(&p.topk_w, (size_t)M * 2));
+            fill_device_bf16(&rng, p.topk_w, M);
+        }
         void *check;
         CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * 2));
         fill_device_bf16(&rng, p.x, M * K);
@@ -368,7 +380,7 @@ int main(int argc, char **argv)
                 o.dtype = MOE_BF16;
                 const void *a = op == DX ? p.dy : p.x, *b = op == DW ? p.dy : p.w;
                 moe_gemm_tuning chosen;
-                CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, NULL, p.out, &o, repeat,
+                CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, p.topk_w, p.out, &o, repeat,
                                         autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
                 const float t_heuristic = t_moe;
                 t_moe = time_median(&ctx, run_libmoe, &p);
@@ -383,7 +395,8 @@ int main(int argc, char **argv)
             double diff = 0, tf_loop = 0, tf_group = 0, tf_dense = 0;
             if (!libmoe_only) {
                 float t_loop = time_median(&ctx, run_cublas_loop, &p);
-                diff = sample_difference(check, p.out, count, &rng, &finite);
+                if (!topk_weights)
+                    diff = sample_difference(check, p.out, count, &rng, &finite);
                 setup_grouped(&p);
                 float t_group = time_median(&ctx, run_cublas_grouped, &p);
                 free_grouped(&p);
@@ -403,6 +416,7 @@ int main(int argc, char **argv)
         }
         CUDA_CHECK(cudaFree(p.x)); CUDA_CHECK(cudaFree(p.w)); CUDA_CHECK(cudaFree(p.dy)); CUDA_CHECK(cudaFree(p.out));
         CUDA_CHECK(cudaFree(check)); CUDA_CHECK(cudaFree(dev_sizes)); CUDA_CHECK(cudaFree(dev_gather));
+        CUDA_CHECK(cudaFree(p.topk_w)); /* NULL without --topk-weights */
         free(ids), free(m_sizes), free(gather);
     }
     if (csv)

@@ -15,9 +15,10 @@
 // Paths (families): sm90 (gemm_sm90.cuh: Hopper, warp-specialised wgmma kernel fed by TMA and cp.async,
 // 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: mma.sync m16n8k16 with ldmatrix on sm_80+, cp.async
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
-// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors; and SIMT (true fp32 FFMA; used for
-// f32 inputs, for dW with fused topk weights (the weight multiplies dY in fp32 before the product, which
-// a 16-bit tensor-core operand cannot hold), and for shapes the tensor-core paths cannot take).
+// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (bf16 dW with fused topk weights: sm80
+// only, w * dY split exactly into two bf16 terms); and SIMT (true fp32 FFMA; used for f32 inputs, for f16 dW
+// with fused topk weights (w * dY, an fp32 product, has no exact split into f16 terms), and for shapes the
+// tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -570,6 +571,15 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
 //   i/j-contiguous [32][128] (A of dW, B of dX and dW):   (q, chunk c)   at q * 256 + (c ^ (q & 7)) * 16
 // (bytes; 4 chunks of 8 elements per q-contiguous row, 16 per i/j-contiguous row).  After the reduction the
 // accumulators go through an fp32 tile in shared memory (the pipeline's bytes) to the shared epilogues.
+//
+// bf16 dW with fused topk weights (WEIGHTED): A(n, r) = w(r) * dY[yrow(r)][n] is a product of two bf16
+// values, exact in fp32 with a 16-bit significand, but not a bf16 value.  Each A fragment element is
+// multiplied by its row's weight in registers and split exactly into two bf16 terms, hi = p truncated to
+// bf16 (round toward zero: same sign as p, never overflows) and lo = p - hi (at most 8 significant bits, so
+// exact in bf16), and every k16 step runs the MMAs twice, on hi and on lo: the sum is fl32(w * dY) times X,
+// twice the MMAs, each product entering the accumulator as two terms whose magnitudes add up to its own
+// (specs/DECISIONS.md, "Weighted dW on tensor cores", for the bound).  The weights of a stage's 32 rows
+// sit in shared memory past the pipeline's bytes (the C tile's tail, free until the epilogue).
 // ------------------------------------------------------------------------------------------------
 constexpr int TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_STAGES = 4, TC_THREADS = 128;
 constexpr int TC_TILE_ELEMS = TC_BM * TC_BK; // one operand's stage: 8 KiB either layout
@@ -578,6 +588,7 @@ constexpr size_t TC_PIPE_BYTES = (size_t)TC_STAGES * 2 * TC_TILE_ELEMS * 2;
 constexpr size_t TC_C_BYTES = (size_t)TC_BM * TC_LDC * 4;
 constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + TC_BM * 12;
 static_assert(TC_BM == TC_BN && TC_BK == 32, "the swizzles and the load loops assume 128 x 128 x 32");
+static_assert(TC_PIPE_BYTES + TC_STAGES * TC_BK * 4 <= TC_C_BYTES, "weighted dW: the stages' weights after the pipeline");
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
 {
@@ -622,12 +633,30 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Weighted bf16 dW: the bf16 pair a (element k in the low half, k + 1 in the high half) times the fp32 weights
+// w0 (of k) and w1 (of k + 1) -> hi + lo exactly, each a bf16 pair (see the section comment).  p = w * a is
+// exact (a product of two bf16 values); hi keeps p's upper 16 bits (truncation = round toward zero), the rest
+// lo = p - hi is exact and has at most 8 significant bits, so its lower 16 bits are zero too.  An infinite p
+// stays in hi (lo = 0, not inf - inf); a NaN p makes both NaN.  Inexact only where p is an fp32 subnormal
+// (|p| < 2^-126), as is the fp32 product itself.
+__device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float w1, uint32_t &hi, uint32_t &lo)
+{
+    const float p0 = __uint_as_float(a << 16) * w0, p1 = __uint_as_float(a & 0xffff0000u) * w1;
+    const float h0 = __uint_as_float(__float_as_uint(p0) & 0xffff0000u);
+    const float h1 = __uint_as_float(__float_as_uint(p1) & 0xffff0000u);
+    const float r0 = fabsf(p0) == INFINITY ? 0.0f : p0 - h0, r1 = fabsf(p1) == INFINITY ? 0.0f : p1 - h1;
+    hi = __byte_perm(__float_as_uint(p0), __float_as_uint(p1), 0x7632); // upper halves: (p1, p0)
+    lo = __byte_perm(__float_as_uint(r0), __float_as_uint(r1), 0x7632);
+}
+
 // One k-step's operands into stage (sa, sb): A 128 x 32 and B 32 x 128, 512 chunks each, 4 per thread;
 // chunks past the expert's rows, past N / K or past the reduction are zero-filled (never read from memory).
-// All threads of the CTA call it (dW's row lookups are shared by warp shuffles).
-template <typename T, int OP>
+// All threads of the CTA call it (dW's row lookups are shared by warp shuffles).  WEIGHTED (dW): also the
+// stage's 32 topk weights into q_weight (0 past the reduction), by plain shared-memory stores that the same
+// barriers as the stage's tiles order.
+template <typename T, int OP, bool WEIGHTED>
 __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
-                                              T *sa, T *sb, const int64_t *a_rows)
+                                              T *sa, T *sb, const int64_t *a_rows, float *q_weight)
 {
     const T *A = static_cast<const T *>(g.a);
     const T *B = static_cast<const T *>(g.b);
@@ -644,6 +673,8 @@ __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord
             my_y = y_row(g, base + q0 + my_q);
             my_x = x_row(g, base + q0 + my_q);
         }
+        if (WEIGHTED && lane < 8)
+            q_weight[my_q] = q0 + my_q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q0 + my_q)) : 0.0f;
         const bool a_col_ok = t.i0 + ic * 8 < g.N, b_col_ok = t.j0 + ic * 8 < g.cols_j;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -677,12 +708,15 @@ __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord
     }
 }
 
-template <typename T, int OP>
+template <typename T, int OP, bool WEIGHTED = false>
 __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 {
+    static_assert(!WEIGHTED || (OP == OP_DW && std::is_same<T, __nv_bfloat16>::value),
+                  "the exact two-term split of w * dY needs bf16 (a product of two f16 values can underflow f16)");
     extern __shared__ __align__(128) unsigned char smem[];
     T *pipe = reinterpret_cast<T *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
+    float *stage_weights = reinterpret_cast<float *>(smem + TC_PIPE_BYTES); // WEIGHTED: [TC_STAGES][TC_BK]
     int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES));
     float *row_weight = reinterpret_cast<float *>(a_rows + TC_BM);
     if (*g.ws.status != 0)
@@ -737,14 +771,16 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 #pragma unroll
         for (int s = 0; s < TC_STAGES - 1; s++) {
             if (s < steps)
-                tc_load_stage<T, OP>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
-                                     pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
+                tc_load_stage<T, OP, WEIGHTED>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+                                               pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
             cp_async_commit();
         }
         // Fragments are double-buffered in registers: the k16 half kh + 1 (or the next step's first half) is
         // read from shared memory while the MMAs of half kh run, and the wait for the next step's stage sits
         // between the two halves, so the tensor cores have one half's MMAs queued across the barrier.
         uint32_t fa[2][4][4], fb[2][4][4];
+        // WEIGHTED: the weights of this lane's four fragment rows q = 16 kh + 2 (lane % 4) + {0, 1} (+ 8)
+        float fw[2][4];
         auto load_fragments = [&](int buf, int64_t step, int kh) {
             const int slot = (int)(step % TC_STAGES);
             const uint32_t sa = pipe_addr + (uint32_t)(2 * slot) * TC_TILE_ELEMS * 2;
@@ -755,13 +791,32 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 #pragma unroll
             for (int p = 0; p < 4; p++)
                 ldmatrix_x4<!B_QC>(fb[buf][p], sb + 2 * b_offset(kh, p));
+            if (WEIGHTED) {
+                const float *w = stage_weights + slot * TC_BK + 16 * kh + 2 * (lane % 4);
+                const float2 w01 = *reinterpret_cast<const float2 *>(w), w89 = *reinterpret_cast<const float2 *>(w + 8);
+                fw[buf][0] = w01.x, fw[buf][1] = w01.y, fw[buf][2] = w89.x, fw[buf][3] = w89.y;
+            }
         };
         auto mma_fragments = [&](int buf) {
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < 4; u++) {
+                if (WEIGHTED) { // a0, a1: k pair (fw 0, 1); a2, a3: k + 8 (fw 2, 3); the lo MMAs after the hi ones
+                    uint32_t hi[4], lo[4];
 #pragma unroll
-                for (int v = 0; v < 8; v++)
-                    mma_m16n8k16<T>(acc[u][v], fa[buf][u], &fb[buf][v / 2][2 * (v % 2)]);
+                    for (int x = 0; x < 4; x++)
+                        split_weighted_pair(fa[buf][u][x], fw[buf][x & 2], fw[buf][(x & 2) + 1], hi[x], lo[x]);
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        mma_m16n8k16<T>(acc[u][v], hi, &fb[buf][v / 2][2 * (v % 2)]);
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        mma_m16n8k16<T>(acc[u][v], lo, &fb[buf][v / 2][2 * (v % 2)]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        mma_m16n8k16<T>(acc[u][v], fa[buf][u], &fb[buf][v / 2][2 * (v % 2)]);
+                }
+            }
         };
         static_assert(TC_BK == 32 && TC_STAGES >= 3, "two k16 halves per step; a slot to refill while two are read");
         cp_async_wait<TC_STAGES - 2>();
@@ -777,8 +832,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
             const int64_t next = step + TC_STAGES - 1;
             if (next < steps) {
                 const int s = (int)(next % TC_STAGES);
-                tc_load_stage<T, OP>(g, t, next * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
-                                     pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows);
+                tc_load_stage<T, OP, WEIGHTED>(g, t, next * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+                                               pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
             }
             cp_async_commit();
             if (step + 1 < steps)
@@ -886,8 +941,9 @@ bool sm90_path_available()
 #endif
 }
 
-// Whether the tensor-core path can take the problem: 16-bit inputs, 16-byte vectors along every
-// contiguous dimension (loads and the vectorised epilogue), and (dW) no fused weight on the dY operand.
+// Whether the tensor-core path can take the problem: 16-bit inputs and 16-byte vectors along every
+// contiguous dimension (loads and the vectorised epilogue).  plan_gemm adds the dW rule: fused topk
+// weights only for bf16, and only on the sm80 family.
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
     if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
@@ -1094,6 +1150,9 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
     auto kernel = op == OP_FWD ? tc_gemm_kernel<T, OP_FWD>
                 : op == OP_DX ? tc_gemm_kernel<T, OP_DX>
                 : op == OP_DW ? tc_gemm_kernel<T, OP_DW> : tc_gemm_kernel<T, OP_TOPK_GRAD>;
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) // plan_gemm sends weighted dW here for bf16 only
+        if (op == OP_DW && g.weights != nullptr)
+            kernel = tc_gemm_kernel<T, OP_DW, true>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
     // the largest shared-memory carveout, so that two CTAs (2 x 70 KiB) fit on an sm_80 SM next to its L1
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
@@ -1181,13 +1240,15 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                                  : tune_forced != nullptr ? tune_forced
                                  : moe_tune_table_used() && moe_tune_lookup(&key, &table_choice) ? &table_choice
                                  : nullptr;
-    const bool use_tc = tensor_core_ok(p, a, b, out) && !(op == OP_DW && weighted) &&
+    // dW with fused topk weights: the sm80 kernel's two-term split for bf16; f16 stays on SIMT (no exact split)
+    const bool weighted_dw = op == OP_DW && weighted;
+    const bool use_tc = tensor_core_ok(p, a, b, out) && !(weighted_dw && p->dtype != MOE_BF16) &&
                         !(forced != NULL && strcmp(forced, "simt") == 0) &&
                         !(!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SIMT);
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
-                 : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
+                 : op != OP_TOPK_GRAD && !weighted_dw && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0, g->tma_out_wide = 0;
     const int sm90_bm = sm90_tile_rows(op, tuned);

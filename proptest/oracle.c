@@ -174,7 +174,9 @@ void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
                     mag += fabs(term);
                 }
                 const int64_t i = (e * N + n) * K + c;
-                int64_t roundings = count + (topk_weights != NULL); /* the weight multiply adds one */
+                /* fused weights: one for the weight multiply, and each row may enter the sum as two terms
+                 * (the bf16 tensor-core kernel splits the exact product w * dy into hi + lo, DECISIONS.md) */
+                int64_t roundings = topk_weights != NULL ? 2 * count + 1 : count;
                 if (o->accumulate) {
                     double old = oracle_load(out_dtype, old_dw, i);
                     sum += old;

@@ -8,7 +8,9 @@
  *   bound = g(L) * S  +  u_out * (|value| + g(L) * S)  +  eta_out  +  L * 2^-52 * S
  *
  *   L       float32 roundings on the way to the element: the length of the dot product, plus one for a
- *           topk-weight multiply, plus one for an accumulate add (and N + 2k for reduce_topk);
+ *           topk-weight multiply, plus one for an accumulate add (and N + 2k for reduce_topk); dW with
+ *           fused topk weights counts its dot length twice (each row's exact product w*dy may enter the
+ *           sum as two terms, hi + lo, whose magnitudes add up to its own: specs/DECISIONS.md);
  *   S       the sum of |terms| (|w*a*b| with the topk weight when fused; plus |old| with accumulate);
  *   g(L)    = L 2^-24 / (1 - L 2^-24);
  *   u_out   unit roundoff of the output dtype; eta_out half its smallest subnormal (underflow);
