@@ -15,8 +15,8 @@
 // Paths (families): sm90 (gemm_sm90.cuh: Hopper, warp-specialised wgmma kernel fed by TMA and cp.async,
 // 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: mma.sync m16n8k16 with ldmatrix on sm_80+, cp.async
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
-// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (bf16 dW with fused topk weights: sm80
-// only, w * dY split exactly into two bf16 terms); and SIMT (true fp32 FFMA; used for f32 inputs, for f16 dW
+// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (bf16 dW with fused topk weights: w * dY
+// split exactly into two bf16 terms, both MMA'd); and SIMT (true fp32 FFMA; used for f32 inputs, for f16 dW
 // with fused topk weights (w * dY, an fp32 product, has no exact split into f16 terms), and for shapes the
 // tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
@@ -637,8 +637,8 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
 // w0 (of k) and w1 (of k + 1) -> hi + lo exactly, each a bf16 pair (see the section comment).  p = w * a is
 // exact (a product of two bf16 values); hi keeps p's upper 16 bits (truncation = round toward zero), the rest
 // lo = p - hi is exact and has at most 8 significant bits, so its lower 16 bits are zero too.  An infinite p
-// stays in hi (lo = 0, not inf - inf); a NaN p makes both NaN.  Inexact only where p is an fp32 subnormal
-// (|p| < 2^-126), as is the fp32 product itself.
+// stays in hi (lo = 0, not inf - inf); a NaN p makes both NaN.  Exact for |p| >= 2^-118; below, lo is an
+// fp32 subnormal whose bits under bf16's smallest subnormal are dropped (less than 2^-133 per product).
 __device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float w1, uint32_t &hi, uint32_t &lo)
 {
     const float p0 = __uint_as_float(a << 16) * w0, p1 = __uint_as_float(a & 0xffff0000u) * w1;
@@ -943,7 +943,7 @@ bool sm90_path_available()
 
 // Whether the tensor-core path can take the problem: 16-bit inputs and 16-byte vectors along every
 // contiguous dimension (loads and the vectorised epilogue).  plan_gemm adds the dW rule: fused topk
-// weights only for bf16, and only on the sm80 family.
+// weights only for bf16 (and on sm90 not the wide or ping-pong kernels).
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
     if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
@@ -1107,7 +1107,8 @@ template <typename T>
 moe_status launch_sm90(int op, int bm, int cluster, bool pingpong, const GemmArgs &g, const Sm90Maps &maps,
                        int64_t max_tiles, cudaStream_t stream)
 {
-    const bool wide = op == OP_DW && !pingpong && g.tma_rows && g.tma_out_wide && sm90_dw_wide();
+    const bool weighted_dw = op == OP_DW && g.weights != nullptr; // bf16 only (plan_gemm); never wide or ping-pong
+    const bool wide = op == OP_DW && !pingpong && !weighted_dw && g.tma_rows && g.tma_out_wide && sm90_dw_wide();
     auto kernel = pingpong ? sm90_dw_pingpong_kernel<T>
                 : wide ? sm90_gemm_kernel<T, OP_DW, 128, 1, true>
                 : op == OP_DW ? sm90_gemm_kernel<T, OP_DW, 128, 1>
@@ -1115,6 +1116,9 @@ moe_status launch_sm90(int op, int bm, int cluster, bool pingpong, const GemmArg
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_FWD, 128, 2> : sm90_gemm_kernel<T, OP_FWD, 128, 1>)
                                : (bm == 256 ? sm90_gemm_kernel<T, OP_DX, 256, 1>
                                   : cluster == 2 ? sm90_gemm_kernel<T, OP_DX, 128, 2> : sm90_gemm_kernel<T, OP_DX, 128, 1>);
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+        if (weighted_dw)
+            kernel = sm90_gemm_kernel<T, OP_DW, 128, 1, false, true>;
     const size_t smem_bytes = pingpong ? P_SMEM_BYTES : wide ? H_WIDE_SMEM_BYTES : H_SMEM_BYTES;
     if (pingpong) // its tiles are 128 x 128: up to twice as many as max_tiles counts
         max_tiles = g.E * ((g.N + P_BM - 1) / P_BM) * ((g.cols_j + P_BN - 1) / P_BN);
@@ -1240,7 +1244,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                                  : tune_forced != nullptr ? tune_forced
                                  : moe_tune_table_used() && moe_tune_lookup(&key, &table_choice) ? &table_choice
                                  : nullptr;
-    // dW with fused topk weights: the sm80 kernel's two-term split for bf16; f16 stays on SIMT (no exact split)
+    // dW with fused topk weights: the two-term split of the sm90 and sm80 kernels for bf16; f16 stays on SIMT
+    // (no exact split)
     const bool weighted_dw = op == OP_DW && weighted;
     const bool use_tc = tensor_core_ok(p, a, b, out) && !(weighted_dw && p->dtype != MOE_BF16) &&
                         !(forced != NULL && strcmp(forced, "simt") == 0) &&
@@ -1248,7 +1253,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
-                 : op != OP_TOPK_GRAD && !weighted_dw && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
+                 : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0, g->tma_out_wide = 0;
     const int sm90_bm = sm90_tile_rows(op, tuned);
@@ -1261,7 +1266,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
         plan->family = FAMILY_SM80;
         plan->cluster = 1;
     }
-    plan->dw_pingpong = plan->family == FAMILY_SM90 && op == OP_DW && g->tma_rows && g->tma_out_wide &&
+    plan->dw_pingpong = plan->family == FAMILY_SM90 && op == OP_DW && !weighted_dw && g->tma_rows && g->tma_out_wide &&
                         sm90_dw_pingpong(p, tuned);
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;

@@ -21,7 +21,8 @@
 //     last k-step for those boxes until the next tile's second k-step; dW with every operand and a 16-bit
 //     output by TMA rounds each warpgroup's 64 x 256 half into 8 KiB boxes of 64 rows, h_store_wg_wide,
 //     the WIDE variant with its own shared-memory layout).  An m64 block whose rows all lie
-//     past the expert's end issues no MMAs.
+//     past the expert's end issues no MMAs.  bf16 dW with fused topk weights (WEIGHTED) takes A = w * dY
+//     from registers: ldmatrix.trans, the exact two-term split of the sm80 kernel, wgmma on both terms.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
 // tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
 // tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
@@ -89,7 +90,8 @@ constexpr int H_EPI_BOXES = 2, H_SPARE_BOXES = H_STAGE_BYTES / H_TMA_BOX_BYTES /
 constexpr int H_EPI_WARP_BYTES = (16 * H_EPI_LD * 4 + H_TMA_BOX_BYTES - 1) / H_TMA_BOX_BYTES * H_TMA_BOX_BYTES;
 constexpr int H_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 32) * H_EPI_WARP_BYTES; // full[S], empty[S]
 constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8; // producer row table, int64 [512]
-constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_ROWS_OFFSET + 512 * 8;
+constexpr int H_WEIGHTS_OFFSET = H_ROWS_OFFSET + 512 * 8; // weighted dW: each stage's 64 topk weights, float [S][64]
+constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_WEIGHTS_OFFSET + H_STAGES * H_BK * 4;
 static_assert(H_EPI_OFFSET % 1024 == 0 && H_EPI_BOXES * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
 static_assert(H_SMEM_BYTES <= 232448, "shared memory of one CTA");
 // The wide dW epilogue (sm90_gemm_kernel's WIDE: dW with every operand and the 16-bit output by TMA): the
@@ -359,6 +361,13 @@ __device__ __forceinline__ void h_zero_tail_rows(uint32_t stage_addr, int rows_l
                    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
                    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B))
+// d += A(a, registers: the m16n8k16 A fragment of each warp's 16 rows) * B(desc_b) for one 64 x 256 x 16 step.
+#define MOE_WGMMA_M64N256K16_RS(TY) \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " " \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, %133;\n}\n" \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(TRANS_B))
 #define MOE_WGMMA_M64N128K16(TY) \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " \
@@ -385,7 +394,14 @@ __device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t desc_a, uint64_t
             MOE_WGMMA_M64N128K16("f16");
     }
 }
+// d += A(a in registers) * B(desc_b), 64 x 256 x 16, bf16 (weighted dW only).
+template <int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n256k16_rs_bf16(float *d, const uint32_t a[4], uint64_t desc_b)
+{
+    MOE_WGMMA_M64N256K16_RS("bf16");
+}
 #undef MOE_WGMMA_M64N256K16
+#undef MOE_WGMMA_M64N256K16_RS
 #undef MOE_WGMMA_M64N128K16
 
 // One k-step (H_BK) of MMAs for the first NB m64 blocks of a consumer warpgroup: A blocks of 64 rows
@@ -409,6 +425,44 @@ __device__ __forceinline__ void h_mma_step(float (&d)[MB][BN / 2], uint32_t a_ad
         }
     }
     wgmma_commit();
+}
+
+// Weighted bf16 dW: one k-step (H_BK rows) of the warpgroup's m64 block with A = w * dY from registers.  The
+// A block is MN-major ([64 rows q][64 n], 128-byte rows, 16-byte chunk c of row q at c ^ (q & 7)); each warp
+// reads its 16 n of each k16 by ldmatrix.x4.trans into the m16n8k16 A fragment (the wgmma register layout:
+// warp w holds rows 16w .. 16w + 15 of the m64 block), scales and splits it exactly into hi + lo (sm80's
+// split_weighted_pair, gemm_cuda.cu) and issues the wgmma on both.  weights: the stage's 64 row weights.
+// Waits for its own MMAs before it returns (the A registers are read asynchronously).
+template <int TRANS_B>
+__device__ __forceinline__ void h_mma_step_weighted(float *d, uint32_t a_addr, uint32_t b_addr, const float *weights,
+                                                    int warp_in_wg, int lane, bool by_cp_async)
+{
+    uint32_t hi[H_BK / 16][4], lo[H_BK / 16][4];
+    const int mi = lane >> 3; // the 8 x 8 matrix this lane addresses: (n + 8 (mi & 1), q + 8 (mi >> 1))
+#pragma unroll
+    for (int kk = 0; kk < H_BK / 16; kk++) {
+        const int q = kk * 16 + 8 * (mi >> 1) + (lane & 7), chunk = 2 * warp_in_wg + (mi & 1);
+        uint32_t a[4];
+        ldmatrix_x4<true>(a, a_addr + q * 128 + ((chunk ^ (q & 7)) << 4));
+        // a0, a1: rows q = kk * 16 + 2 (lane % 4) + {0, 1}; a2, a3: the same + 8
+        const float2 w01 = *reinterpret_cast<const float2 *>(weights + kk * 16 + 2 * (lane % 4));
+        const float2 w89 = *reinterpret_cast<const float2 *>(weights + kk * 16 + 8 + 2 * (lane % 4));
+        split_weighted_pair(a[0], w01.x, w01.y, hi[kk][0], lo[kk][0]);
+        split_weighted_pair(a[1], w01.x, w01.y, hi[kk][1], lo[kk][1]);
+        split_weighted_pair(a[2], w89.x, w89.y, hi[kk][2], lo[kk][2]);
+        split_weighted_pair(a[3], w89.x, w89.y, hi[kk][3], lo[kk][3]);
+    }
+    if (by_cp_async)
+        fence_proxy_async(); // B came through cp.async (generic proxy); wgmma reads it via the async proxy
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < H_BK / 16; kk++) {
+        const uint64_t db = smem_descriptor(b_addr + kk * 2048, 8192, 1024);
+        wgmma_m64n256k16_rs_bf16<TRANS_B>(d, hi[kk], db);
+        wgmma_m64n256k16_rs_bf16<TRANS_B>(d, lo[kk], db);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
 }
 
 // Writes a consumer warp's 16 x BN slice of an m64 block: d[4j + 2h + {0, 1}] is (row lane/4 + 8h of the
@@ -591,14 +645,19 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
 // CLUSTER = 2: the paired kernel (file header).  Its CTAs walk their k-steps in lockstep (every unit has the
 // same number: K for fwd, N for dX), since a stage is refilled only when the consumers of both released it.
 // WIDE: dW with the wide epilogue (h_store_wg_wide; launched only with g.tma_rows and g.tma_out_wide), its
-// own shared-memory layout (H_WIDE_SMEM_BYTES).
-template <typename T, int OP, int BM, int CLUSTER, bool WIDE = false>
+// own shared-memory layout (H_WIDE_SMEM_BYTES).  WEIGHTED: bf16 dW with fused topk weights: the producer
+// also writes each stage's 64 row weights (H_WEIGHTS_OFFSET, before its arrival on the stage's full barrier)
+// and the consumers take A = w * dY through registers (h_mma_step_weighted).
+template <typename T, int OP, int BM, int CLUSTER, bool WIDE = false, bool WEIGHTED = false>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gemm_kernel(const GemmArgs g, const __grid_constant__ Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
     static_assert(!WIDE || (OP == OP_DW && BM == 128 && CLUSTER == 1), "the wide epilogue: dW");
+    static_assert(!WEIGHTED || (OP == OP_DW && !WIDE && std::is_same<T, __nv_bfloat16>::value),
+                  "weighted: bf16 dW without the wide epilogue (its own shared-memory layout)");
     unsigned char *smem = dynamic_smem_1k();
+    float *stage_weights = reinterpret_cast<float *>(smem + H_WEIGHTS_OFFSET); // WEIGHTED: [H_STAGES][H_BK]
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + (WIDE ? H_WIDE_BARRIER_OFFSET : H_BARRIER_OFFSET), empty_bar = full_bar + H_STAGES * 8;
     int64_t *row_table = WIDE ? nullptr : reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
@@ -709,9 +768,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         }
                     } else if (dw_by_tma) {
                         h_load_dw_stage<BM / 64, BN / 64>(maps, bar, sa_addr, sb_addr, t.i0, t.j0, base + q0);
-                    } else {
-                        mbar_arrive(bar);
-                    }
+                    } // dW by cp.async: thread 0 arrives after the producers' barrier below
                 }
                 if (OP != OP_DW && !g.tma_rows && has_rows) { // A K-major, BM rows x 8 chunks: thread p copies chunk p % 8 of BM/16 rows
                     const int kc = p & 7;
@@ -729,7 +786,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     int64_t *rows = row_table + s * 128; // [0, 64): dY rows, [64, 128): X rows of this k-step
                     const int64_t q = q0 + (p & 63);
                     rows[p] = q < qlen ? (p < 64 ? y_row(g, base + q) : x_row(g, base + q)) : -1;
+                    if (WEIGHTED && p < 64)
+                        stage_weights[s * H_BK + p] = q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q)) : 0.0f;
                     producer_sync();
+                    if (p == 0) // after the barrier: its release covers the weights the other producers wrote
+                        mbar_arrive(bar);
 #pragma unroll
                     for (int u = 0; u < 8; u++) { // A MN-major [k 64][n 128]: 16 chunks per k row
                         const int c = p + H_PRODUCERS * u, k = c >> 4, mc = c & 15;
@@ -745,6 +806,13 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         cp_async16(sb + mnmajor_offset(k, mc), ok ? B + row * g.K + t.j0 + mc * 8 : B, ok);
                     }
                 }
+                if (WEIGHTED && g.tma_rows) // each of warp 0's lanes: two rows' weights, before its own arrival
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int64_t q = q0 + p + 32 * h;
+                        stage_weights[s * H_BK + p + 32 * h] =
+                            q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q)) : 0.0f;
+                    }
                 if (g.tma_rows)
                     mbar_arrive(bar);
                 else
@@ -819,7 +887,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     const uint32_t b_addr = smem_base + s * H_STAGE_BYTES + A_BYTES;
                     // one straight-line batch per pattern of active blocks (a wgmma under a per-block
                     // condition makes ptxas serialise them all)
-                    if (active[M_BLOCKS - 1])
+                    if constexpr (WEIGHTED)
+                        h_mma_step_weighted<TRANS_B>(d[0], a_addr, b_addr, stage_weights + s * H_BK, warp_in_wg, lane,
+                                                     !g.tma_rows);
+                    else if (active[M_BLOCKS - 1])
                         h_mma_step<T, M_BLOCKS, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
                     else if (M_BLOCKS > 1 && active[0])
                         h_mma_step<T, 1, BN, TRANS_A, TRANS_B>(d, a_addr, b_addr, !g.tma_rows);
