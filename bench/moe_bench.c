@@ -11,11 +11,12 @@
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
- *                  [--topk-weights]
+ *                  [--topk-weights] [--dtype bf16|f32|tf32]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
  * --topk-weights passes random bf16 topk weights to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
  * comparison with cuBLAS is skipped.
+ * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only.
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), appends the choice to FILE, prints both, and reports the tuned time in the table.
  * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
@@ -110,9 +111,11 @@ typedef struct problem {
     int64_t E, M, N, K;
     const int64_t *m_sizes; /* host */
     moe_routing dev_routing;
-    void *x, *w, *dy;       /* device, bf16: X [M][K], W [E][N][K], dY [M][N] */
-    void *topk_w;           /* device, bf16 [M] (slot order): libmoe's fused topk weights (--topk-weights), or NULL */
-    void *out;              /* device, bf16, max of the three outputs */
+    void *x, *w, *dy;       /* device, of dtype: X [M][K], W [E][N][K], dY [M][N] */
+    void *topk_w;           /* device [M] (slot order): libmoe's fused topk weights (--topk-weights), or NULL */
+    moe_dtype dtype;        /* of x, w, dy, out, topk_w (--dtype; cuBLAS runs only for bf16) */
+    int allow_tf32;         /* --dtype tf32: f32 tensors with options.allow_tf32 */
+    void *out;              /* device, of dtype, max of the three outputs */
     /* grouped cuBLAS */
     const void **A, **B;
     void **C;
@@ -125,7 +128,8 @@ static void run_libmoe(void *state)
 {
     problem *p = state;
     moe_gemm_options o = {0};
-    o.dtype = MOE_BF16;
+    o.dtype = p->dtype;
+    o.allow_tf32 = p->allow_tf32;
     moe_status st;
     if (p->op == FWD)
         st = moe_gemm_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->w, p->topk_w, p->out, &o);
@@ -238,21 +242,23 @@ static void free_grouped(problem *p)
     free(p->ta), free(p->tb), free(p->alphas), free(p->betas);
 }
 
-/* Random bf16 data (never zeros): one 8 Mi-element random block, repeated over the tensor (the
- * largest weights, 15 GB for DeepSeek-V3, would take minutes to draw element by element). */
-static void fill_device_bf16(oracle_rng *rng, void *dev, int64_t count)
+/* Random data of dtype (bf16 or f32; never zeros): one 8 Mi-element random block, repeated over the tensor
+ * (the largest weights, 15 GB for DeepSeek-V3 in bf16, would take minutes to draw element by element). */
+static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dtype)
 {
     const int64_t chunk = 1 << 23;
-    static uint16_t *block = NULL;
-    if (block == NULL) {
-        block = malloc((size_t)(chunk + 4096) * 2);
-        CHECK(block != NULL, "out of memory");
-        oracle_fill(rng, MOE_BF16, block, chunk + 4096, 0);
+    static unsigned char *block[2] = {NULL, NULL};
+    const int f32 = dtype == MOE_F32;
+    const size_t es = f32 ? 4 : 2;
+    if (block[f32] == NULL) {
+        block[f32] = malloc((size_t)(chunk + 4096) * es);
+        CHECK(block[f32] != NULL, "out of memory");
+        oracle_fill(rng, f32 ? MOE_F32 : MOE_BF16, block[f32], chunk + 4096, 0);
     }
     for (int64_t first = 0; first < count; first += chunk) {
         int64_t n = count - first < chunk ? count - first : chunk;
         /* shift each repeat so that rows of different experts do not see the same values */
-        CUDA_CHECK(cudaMemcpy((char *)dev + first * 2, block + (first / chunk * 7919) % 4096, (size_t)n * 2,
+        CUDA_CHECK(cudaMemcpy((char *)dev + first * es, block[f32] + (first / chunk * 7919) % 4096 * es, (size_t)n * es,
                               cudaMemcpyHostToDevice));
     }
 }
@@ -286,6 +292,7 @@ int main(int argc, char **argv)
     int libmoe_only = 0;
     const char *autotune_path = NULL, *tuned_path = NULL;
     int sync_each = 0, topk_weights = 0;
+    const char *dtype_name = "bf16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
@@ -298,13 +305,26 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tuned") && i + 1 < argc) tuned_path = argv[++i];
         else if (!strcmp(argv[i], "--sync-each")) sync_each = 1;
         else if (!strcmp(argv[i], "--topk-weights")) topk_weights = 1;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype_name = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
-                            "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights]\n", argv[0]);
+                            "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] [--dtype bf16|f32|tf32]\n",
+                    argv[0]);
             return 2;
         }
     }
+    const moe_dtype dtype = strcmp(dtype_name, "bf16") == 0 ? MOE_BF16 : MOE_F32;
+    const int allow_tf32 = strcmp(dtype_name, "tf32") == 0;
+    if (dtype == MOE_F32 && !allow_tf32 && strcmp(dtype_name, "f32") != 0) {
+        fprintf(stderr, "moe-bench: --dtype is bf16, f32 or tf32 (f32 with allow_tf32), got '%s'\n", dtype_name);
+        return 2;
+    }
+    if (dtype != MOE_BF16 && !libmoe_only) {
+        fprintf(stderr, "moe-bench: --dtype %s times libmoe alone: add --libmoe-only\n", dtype_name);
+        return 2;
+    }
+    const size_t es = dtype == MOE_F32 ? 4 : 2;
     printf("seed %llu\n", (unsigned long long)seed);
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA device\n");
@@ -314,10 +334,10 @@ int main(int argc, char **argv)
         CHECK(moe_gemm_autotune_load(tuned_path) == MOE_OK, "%s", moe_last_error());
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs; T = %lld, bf16, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
-           (long long)T, repeat, sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
+    printf("device: %s, %d SMs; T = %lld, %s, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
+           (long long)T, allow_tf32 ? "f32 with allow_tf32" : dtype_name, repeat, sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
     if (topk_weights)
-        printf("libmoe with fused topk weights (random bf16); cuBLAS without them, its output not compared\n");
+        printf("libmoe with fused topk weights (random, of the dtype); cuBLAS without them, its output not compared\n");
     bench_ctx ctx = {0};
     CHECK(repeat >= 1, "--repeat %d: expected >= 1", repeat);
     ctx.repeat = repeat;
@@ -354,30 +374,32 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMemcpy(dev_gather, gather, (size_t)M * 8, cudaMemcpyHostToDevice));
         p.dev_routing = (moe_routing){T, k, E, dev_sizes, dev_gather};
         const int64_t out_elems = E * N * K > M * (N > K ? N : K) ? E * N * K : M * (N > K ? N : K);
-        CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * 2));
-        CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * 2));
-        CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * 2));
-        CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * 2));
+        p.dtype = dtype, p.allow_tf32 = allow_tf32;
+        CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * es));
+        CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * es));
+        CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * es));
+        CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * es));
         if (topk_weights) {
-            CUDA_CHECK(cudaMalloc(&p.topk_w, (size_t)M * 2));
-            fill_device_bf16(&rng, p.topk_w, M);
+            CUDA_CHECK(cudaMalloc(&p.topk_w, (size_t)M * es));
+            fill_device(&rng, p.topk_w, M, dtype);
         }
         void *check;
-        CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * 2));
-        fill_device_bf16(&rng, p.x, M * K);
-        fill_device_bf16(&rng, p.w, E * N * K);
-        fill_device_bf16(&rng, p.dy, M * N);
+        CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * es));
+        fill_device(&rng, p.x, M * K, dtype);
+        fill_device(&rng, p.w, E * N * K, dtype);
+        fill_device(&rng, p.dy, M * N, dtype);
         for (int op = FWD; op <= DW; op++) {
             if (!strstr(ops, op_names[op]))
                 continue;
             p.op = op;
             const int64_t count = op == FWD ? M * N : op == DX ? M * K : E * N * K;
-            CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * 2)); /* NaN poison */
+            CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * es)); /* NaN poison */
             const double flops = 2.0 * (double)M * (double)N * (double)K;
             float t_moe = time_median(&ctx, run_libmoe, &p);
             if (autotune_path != NULL) {
                 moe_gemm_options o = {0};
-                o.dtype = MOE_BF16;
+                o.dtype = dtype;
+                o.allow_tf32 = allow_tf32;
                 const void *a = op == DX ? p.dy : p.x, *b = op == DW ? p.dy : p.w;
                 moe_gemm_tuning chosen;
                 CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, p.topk_w, p.out, &o, repeat,
@@ -389,7 +411,7 @@ int main(int argc, char **argv)
                        chosen.kernel, chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong,
                        flops / t_heuristic / 1e9, flops / t_moe / 1e9);
             }
-            CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * 2, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * es, cudaMemcpyDeviceToDevice));
             CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
             int finite = 1;
             double diff = 0, tf_loop = 0, tf_group = 0, tf_dense = 0;

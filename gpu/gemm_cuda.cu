@@ -16,9 +16,10 @@
 // 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: mma.sync m16n8k16 with ldmatrix on sm_80+, cp.async
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
 // accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (bf16 dW with fused topk weights: w * dY
-// split exactly into two bf16 terms, both MMA'd); and SIMT (true fp32 FFMA; used for f32 inputs, for f16 dW
-// with fused topk weights (w * dY, an fp32 product, has no exact split into f16 terms), and for shapes the
-// tensor-core paths cannot take).
+// split exactly into two bf16 terms, both MMA'd), and the sm80 family's TF32 kernel (tf32_gemm_kernel:
+// f32 inputs with allow_tf32, fwd, dX and unweighted dW, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used
+// for f32 inputs otherwise, for f16 dW with fused topk weights (w * dY, an fp32 product, has no exact split
+// into f16 terms), and for shapes the tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -708,6 +709,80 @@ __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord
     }
 }
 
+// Shared by tc_gemm_kernel and tf32_gemm_kernel (the same tiles, warps and accumulator layout).
+// The family's shared memory past the pipeline (which the C tile replaces after a tile's reduction): the
+// per-row facts of a tile.
+struct TcRowFacts {
+    int64_t *a_rows;   // [TC_BM] A's source rows (fwd, dX, topk grad), then the output rows (epilogue)
+    float *row_weight; // [TC_BM] the epilogue's topk weights
+};
+__device__ __forceinline__ TcRowFacts tc_row_facts(unsigned char *smem)
+{
+    int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES));
+    return TcRowFacts{a_rows, reinterpret_cast<float *>(a_rows + TC_BM)};
+}
+
+// A tile's start: the source rows of A for row-tiled ops (a_rows), zeroed accumulators; returns the length of
+// the reduction.
+template <int OP>
+__device__ __forceinline__ int64_t tc_start_tile(const GemmArgs &g, const TileCoord &t, int64_t *a_rows,
+                                                 float (&acc)[4][8][4])
+{
+    if (OP != OP_DW) {
+        for (int i = threadIdx.x; i < TC_BM; i += TC_THREADS)
+            a_rows[i] = a_source_row(g, t, t.i0 + i, OP == OP_DX);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                acc[u][v][x] = 0.0f;
+    return reduction_length(g, t.e);
+}
+
+// The pipeline's prologue: steps 0 .. TC_STAGES - 2 in flight (load_stage(s) issues step s into slot s), one
+// cp.async group each, empty past the reduction.
+template <typename LoadStage>
+__device__ __forceinline__ void tc_prologue(int64_t steps, LoadStage load_stage)
+{
+#pragma unroll
+    for (int s = 0; s < TC_STAGES - 1; s++) {
+        if (s < steps)
+            load_stage(s);
+        cp_async_commit();
+    }
+}
+
+// A tile's end: once every cp.async landed, the warp's 64 x 64 accumulators (m16n8 tile (u, v): rows
+// wi0 + 16u + lane / 4 (+ 8 for x = 2, 3), columns wj0 + 8v + 2 (lane % 4) + {0, 1}) go to the fp32 C tile that
+// replaces the pipeline's bytes, and the epilogue writes it out.
+template <int OP>
+__device__ __forceinline__ void tc_finish_tile(const GemmArgs &g, const TileCoord &t, const float (&acc)[4][8][4],
+                                               float *tile_c, const TcRowFacts &facts, int wi0, int wj0)
+{
+    const int lane = threadIdx.x % 32;
+    cp_async_wait<0>();
+    __syncthreads(); // the pipeline's bytes become the C tile
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float *c = tile_c + (wi0 + 16 * u + lane / 4 + 8 * h) * TC_LDC + wj0 + 8 * v + 2 * (lane % 4);
+                *reinterpret_cast<float2 *>(c) = make_float2(acc[u][v][2 * h], acc[u][v][2 * h + 1]);
+            }
+    __syncthreads();
+    if (OP == OP_TOPK_GRAD)
+        epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
+    else
+        epilogue_vectorised<TC_BM, TC_BN, TC_LDC>(g, t, tile_c, facts.a_rows, facts.row_weight);
+    __syncthreads();
+}
+
 template <typename T, int OP, bool WEIGHTED = false>
 __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 {
@@ -717,8 +792,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
     T *pipe = reinterpret_cast<T *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
     float *stage_weights = reinterpret_cast<float *>(smem + TC_PIPE_BYTES); // WEIGHTED: [TC_STAGES][TC_BK]
-    int64_t *a_rows = reinterpret_cast<int64_t *>(smem + (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES));
-    float *row_weight = reinterpret_cast<float *>(a_rows + TC_BM);
+    const TcRowFacts facts = tc_row_facts(smem);
+    int64_t *a_rows = facts.a_rows;
     if (*g.ws.status != 0)
         return;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -750,31 +825,14 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
     const int64_t tiles = total_tiles(g, TC_BM, TC_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, TC_BM, TC_BN);
-        const int64_t qlen = reduction_length(g, t.e);
-        if (OP != OP_DW) {
-            for (int i = threadIdx.x; i < TC_BM; i += TC_THREADS)
-                a_rows[i] = a_source_row(g, t, t.i0 + i, OP == OP_DX);
-        }
-        __syncthreads();
-
         float acc[4][8][4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int v = 0; v < 8; v++)
-#pragma unroll
-                for (int x = 0; x < 4; x++)
-                    acc[u][v][x] = 0.0f;
+        const int64_t qlen = tc_start_tile<OP>(g, t, a_rows, acc);
 
         const int64_t steps = (qlen + TC_BK - 1) / TC_BK;
-        // prologue: steps 0 .. TC_STAGES - 2 in flight, one cp.async group each (empty past the reduction)
-#pragma unroll
-        for (int s = 0; s < TC_STAGES - 1; s++) {
-            if (s < steps)
-                tc_load_stage<T, OP, WEIGHTED>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
-                                               pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
-            cp_async_commit();
-        }
+        tc_prologue(steps, [&](int s) {
+            tc_load_stage<T, OP, WEIGHTED>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+                                           pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
+        });
         // Fragments are double-buffered in registers: the k16 half kh + 1 (or the next step's first half) is
         // read from shared memory while the MMAs of half kh run, and the wait for the next step's stage sits
         // between the two halves, so the tensor cores have one half's MMAs queued across the barrier.
@@ -840,24 +898,176 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
                 load_fragments(0, step + 1, 0);
             mma_fragments(1);
         }
-        cp_async_wait<0>();
-        __syncthreads(); // the pipeline's bytes become the C tile
-        // accumulator (u, v): rows wi0 + 16u + lane / 4 (+ 8 for x = 2, 3), columns wj0 + 8v + 2 (lane % 4) + {0, 1}
+        tc_finish_tile<OP>(g, t, acc, tile_c, facts, wi0, wj0);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// TF32 path (f32 inputs with allow_tf32, fwd / dX / dW without fused dW weights; sm_80+): the sm80 kernel's
+// 128 x 128 tiles, 4 warps of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage)
+// and mma.sync.m16n8k8 on TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error
+// at most 2^-11 per operand, which the oracle's TF32 term counts) with fp32 accumulators.
+// Operand tiles, in floats (a stage's operand takes TF_TILE_FLOATS, both layouts):
+//   q-contiguous [128][16] (A of fwd and dX, B of fwd): element (row, q) at row * 16 + q, unpadded: a quarter-warp's
+//     16-byte reads cover rows 2r, 2r + 1 = 32 distinct banks;
+//   i/j-contiguous [16][128] (A of dW, B of dX and dW): element (q, i) in row q, 4-float chunk (i / 4) ^ (2 ((q / 4) % 4))
+//     (tf_ic_offset): a warp's fragment reads (q = 4t + j for t < 4, i = i0 + g for g < 8, i0 a multiple of 8) hit
+//     chunks (i0 / 4 + g / 4) ^ 2t, 8 distinct ones, so 32 distinct banks; the cp.async writes stay conflict-free.
+// The reduction order inside a 16-wide step is permuted the same way for both operands: lane (g = lane / 4,
+// t = lane % 4) of k8 MMA s reads its k = t from q = 4t + 2s and its k = t + 4 from q = 4t + 2s + 1, so that a
+// q-contiguous fragment pair is one 8-byte read and one 16-byte read serves both MMAs of the step.
+// ------------------------------------------------------------------------------------------------
+constexpr int TF_BK = 16;
+constexpr int TF_TILE_FLOATS = TF_BK * TC_BM; // either layout
+constexpr size_t TF_PIPE_BYTES = (size_t)TC_STAGES * 2 * TF_TILE_FLOATS * 4;
+static_assert(TF_PIPE_BYTES == TC_PIPE_BYTES,
+              "the TF32 stages fit the sm80 kernel's shared memory (TC_SMEM_BYTES: pipeline or C tile, then row facts)");
+
+__device__ __forceinline__ int tf_ic_offset(int q, int i) { return q * TC_BM + ((((i >> 2) ^ (((q >> 2) & 3) << 1))) << 2) + (i & 3); }
+
+__device__ __forceinline__ uint32_t to_tf32(float x)
+{
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// d += a * b for one m16n8k8 tile of TF32 operands (row-major A, column-major B, fp32 accumulators).
+__device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// One k-step's operands (16 reduction rows) into stage (sa, sb), 16-byte chunks of 4 floats, 512 per operand,
+// 4 per thread; zero-filled past the expert's rows, past N / K and past the reduction.
+template <int OP>
+__device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
+                                              float *sa, float *sb, const int64_t *a_rows)
+{
+    const float *A = static_cast<const float *>(g.a);
+    const float *B = static_cast<const float *>(g.b);
+    if constexpr (OP == OP_DW) {
+        // both [q][i]: thread tid copies chunk lane of row q = warp + 4u (u < 4); lane u of the warp looks up
+        // the rows of dY and X for its q once and the warp shares them
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int64_t base = g.ws.offsets[t.e];
+        int64_t my_y = 0, my_x = 0;
+        if (lane < 4 && q0 + warp + 4 * lane < qlen) {
+            my_y = y_row(g, base + q0 + warp + 4 * lane);
+            my_x = x_row(g, base + q0 + warp + 4 * lane);
+        }
+        const bool a_col_ok = t.i0 + lane * 4 < g.N, b_col_ok = t.j0 + lane * 4 < g.cols_j;
 #pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < 4; u++) {
+            const int q = warp + 4 * u;
+            const int64_t y = __shfl_sync(0xffffffffu, my_y, u), x = __shfl_sync(0xffffffffu, my_x, u);
+            const bool q_ok = q0 + q < qlen, a_ok = q_ok && a_col_ok, b_ok = q_ok && b_col_ok;
+            cp_async16(sa + tf_ic_offset(q, lane * 4), a_ok ? A + y * g.N + t.i0 + lane * 4 : A, a_ok);
+            cp_async16(sb + tf_ic_offset(q, lane * 4), b_ok ? B + x * g.K + t.j0 + lane * 4 : B, b_ok);
+        }
+    } else {
+        const int64_t lda = OP == OP_DX ? g.N : g.K;
 #pragma unroll
-            for (int v = 0; v < 8; v++)
+        for (int u = 0; u < 4; u++) { // A [row i][q]: row c / 4, chunk c % 4
+            const int c = threadIdx.x + u * TC_THREADS, i = c >> 2, kc = c & 3;
+            const bool ok = a_rows[i] >= 0 && q0 + kc * 4 < qlen;
+            cp_async16(sa + i * TF_BK + kc * 4, ok ? A + a_rows[i] * lda + q0 + kc * 4 : A, ok);
+        }
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float *c = tile_c + (wi0 + 16 * u + lane / 4 + 8 * h) * TC_LDC + wj0 + 8 * v + 2 * (lane % 4);
-                    *reinterpret_cast<float2 *>(c) = make_float2(acc[u][v][2 * h], acc[u][v][2 * h + 1]);
+        for (int u = 0; u < 4; u++) {
+            const int c = threadIdx.x + u * TC_THREADS;
+            if (OP == OP_FWD) { // B [n][q]: W[e] rows
+                const int j = c >> 2, kc = c & 3;
+                const bool ok = t.j0 + j < g.cols_j && q0 + kc * 4 < qlen;
+                cp_async16(sb + j * TF_BK + kc * 4, ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 4 : B, ok);
+            } else { // dX: B [q][j] = W[e][q][j]
+                const int q = c >> 5, jc = c & 31;
+                const bool ok = q0 + q < qlen && t.j0 + jc * 4 < g.cols_j;
+                cp_async16(sb + tf_ic_offset(q, jc * 4), ok ? B + (t.e * g.N + q0 + q) * g.K + t.j0 + jc * 4 : B, ok);
+            }
+        }
+    }
+}
+
+template <int OP>
+__global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
+{
+    static_assert(OP == OP_FWD || OP == OP_DX || OP == OP_DW, "fwd, dX and dW");
+    extern __shared__ __align__(128) unsigned char smem[];
+    float *pipe = reinterpret_cast<float *>(smem);
+    float *tile_c = reinterpret_cast<float *>(smem);
+    const TcRowFacts facts = tc_row_facts(smem);
+    int64_t *a_rows = facts.a_rows;
+    if (*g.ws.status != 0)
+        return;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    const int wi0 = (warp / 2) * 64, wj0 = (warp % 2) * 64;
+    constexpr bool A_QC = OP != OP_DW, B_QC = OP == OP_FWD;
+
+    const int64_t tiles = total_tiles(g, TC_BM, TC_BN);
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = tile_coord(g, tile, TC_BM, TC_BN);
+        float acc[4][8][4];
+        const int64_t qlen = tc_start_tile<OP>(g, t, a_rows, acc);
+
+        const int64_t steps = (qlen + TF_BK - 1) / TF_BK;
+        tc_prologue(steps, [&](int s) {
+            tf_load_stage<OP>(g, t, s * TF_BK, qlen, pipe + (2 * s) * TF_TILE_FLOATS, pipe + (2 * s + 1) * TF_TILE_FLOATS,
+                              a_rows);
+        });
+        for (int64_t step = 0; step < steps; step++) {
+            cp_async_wait<TC_STAGES - 2>();
+            __syncthreads(); // this step's stage is in, and every warp is done with the slot refilled below
+            const int64_t next = step + TC_STAGES - 1;
+            if (next < steps) {
+                const int sl = (int)(next % TC_STAGES);
+                tf_load_stage<OP>(g, t, next * TF_BK, qlen, pipe + (2 * sl) * TF_TILE_FLOATS,
+                                  pipe + (2 * sl + 1) * TF_TILE_FLOATS, a_rows);
+            }
+            cp_async_commit();
+            const int slot = (int)(step % TC_STAGES);
+            const float *sa = pipe + (2 * slot) * TF_TILE_FLOATS, *sb = sa + TF_TILE_FLOATS;
+            // fragments of both k8 MMAs (s = 0, 1): A a[u][s] = {(g, k t), (g + 8, k t), (g, k t + 4), (g + 8, k t + 4)}
+            // of m16 block u; B b[v][s] = {(k t, n g), (k t + 4, n g)} of n8 block v; k t <-> q 4t + 2s, k t + 4 <-> 4t + 2s + 1
+            uint32_t a[4][2][4], b[8][2][2];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // rows g (h = 0) and g + 8
+                    const int i = wi0 + 16 * u + gq + 8 * h;
+                    float4 v;
+                    if (A_QC)
+                        v = *reinterpret_cast<const float4 *>(sa + i * TF_BK + 4 * tq);
+                    else
+                        v = make_float4(sa[tf_ic_offset(4 * tq, i)], sa[tf_ic_offset(4 * tq + 1, i)],
+                                        sa[tf_ic_offset(4 * tq + 2, i)], sa[tf_ic_offset(4 * tq + 3, i)]);
+                    a[u][0][h] = to_tf32(v.x), a[u][0][2 + h] = to_tf32(v.y);
+                    a[u][1][h] = to_tf32(v.z), a[u][1][2 + h] = to_tf32(v.w);
                 }
-        __syncthreads();
-        if (OP == OP_TOPK_GRAD)
-            epilogue<TC_BM, TC_BN, TC_LDC>(g, t, tile_c);
-        else
-            epilogue_vectorised<TC_BM, TC_BN, TC_LDC>(g, t, tile_c, a_rows, row_weight);
-        __syncthreads();
+#pragma unroll
+            for (int v = 0; v < 8; v++) {
+                const int j = wj0 + 8 * v + gq;
+                float4 w;
+                if (B_QC)
+                    w = *reinterpret_cast<const float4 *>(sb + j * TF_BK + 4 * tq);
+                else
+                    w = make_float4(sb[tf_ic_offset(4 * tq, j)], sb[tf_ic_offset(4 * tq + 1, j)],
+                                    sb[tf_ic_offset(4 * tq + 2, j)], sb[tf_ic_offset(4 * tq + 3, j)]);
+                b[v][0][0] = to_tf32(w.x), b[v][0][1] = to_tf32(w.y);
+                b[v][1][0] = to_tf32(w.z), b[v][1][1] = to_tf32(w.w);
+            }
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+#pragma unroll
+                    for (int v = 0; v < 8; v++)
+                        mma_m16n8k8_tf32(acc[u][v], a[u][s], b[v][s]);
+        }
+        tc_finish_tile<OP>(g, t, acc, tile_c, facts, wi0, wj0);
     }
 }
 
@@ -941,12 +1151,13 @@ bool sm90_path_available()
 #endif
 }
 
-// Whether the tensor-core path can take the problem: 16-bit inputs and 16-byte vectors along every
-// contiguous dimension (loads and the vectorised epilogue).  plan_gemm adds the dW rule: fused topk
-// weights only for bf16 (and on sm90 not the wide or ping-pong kernels).
+// Whether the tensor-core path can take the problem's shape: 16-byte vectors along every contiguous
+// dimension (loads and the vectorised epilogue).  plan_gemm adds the dtype rules: f32 only with allow_tf32
+// (the TF32 kernel: fwd, dX, unweighted dW), dW with fused topk weights only for bf16 (and on sm90 not the
+// wide or ping-pong kernels).
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
-    if (p->dtype == MOE_F32 || p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
+    if (p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
         return false;
     return true;
 }
@@ -1148,6 +1359,20 @@ moe_status launch_sm90(int op, int bm, int cluster, bool pingpong, const GemmArg
     return MOE_OK;
 }
 
+// Launches a kernel of the sm80 family (tc_gemm_kernel, tf32_gemm_kernel: TC_THREADS threads, TC_SMEM_BYTES of
+// shared memory) persistently, as many CTAs per SM as fit.
+moe_status launch_sm80_family(void (*kernel)(GemmArgs), const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
+    // the largest shared-memory carveout, so that two CTAs (2 x 70 KiB) fit on an sm_80 SM next to its L1
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
+    int per_sm = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TC_THREADS, TC_SMEM_BYTES));
+    kernel<<<persistent_grid(max_tiles, per_sm), TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
 template <typename T>
 moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
 {
@@ -1157,14 +1382,14 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
     if constexpr (std::is_same<T, __nv_bfloat16>::value) // plan_gemm sends weighted dW here for bf16 only
         if (op == OP_DW && g.weights != nullptr)
             kernel = tc_gemm_kernel<T, OP_DW, true>;
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TC_SMEM_BYTES));
-    // the largest shared-memory carveout, so that two CTAs (2 x 70 KiB) fit on an sm_80 SM next to its L1
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
-    int per_sm = 0;
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, TC_THREADS, TC_SMEM_BYTES));
-    kernel<<<persistent_grid(max_tiles, per_sm), TC_THREADS, TC_SMEM_BYTES, stream>>>(g);
-    MOE_CUDA_CHECK(cudaGetLastError());
-    return MOE_OK;
+    return launch_sm80_family(kernel, g, max_tiles, stream);
+}
+
+moe_status launch_tf32(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
+{
+    return launch_sm80_family(op == OP_FWD ? tf32_gemm_kernel<OP_FWD> : op == OP_DX ? tf32_gemm_kernel<OP_DX>
+                                                                    : tf32_gemm_kernel<OP_DW>,
+                              g, max_tiles, stream);
 }
 
 moe_status launch_simt(const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
@@ -1247,13 +1472,17 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     // dW with fused topk weights: the two-term split of the sm90 and sm80 kernels for bf16; f16 stays on SIMT
     // (no exact split)
     const bool weighted_dw = op == OP_DW && weighted;
-    const bool use_tc = tensor_core_ok(p, a, b, out) && !(weighted_dw && p->dtype != MOE_BF16) &&
+    // f32: true fp32 (SIMT) unless the caller allows TF32, which the TF32 kernel (sm80 family) uses for fwd, dX
+    // and unweighted dW
+    const bool f32_ok = p->dtype != MOE_F32 || (p->allow_tf32 && op != OP_TOPK_GRAD && !weighted_dw);
+    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && !(weighted_dw && p->dtype != MOE_BF16) &&
                         !(forced != NULL && strcmp(forced, "simt") == 0) &&
                         !(!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SIMT);
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
-                 : op != OP_TOPK_GRAD && sm90_path_available() && !want_sm80 ? FAMILY_SM90 : FAMILY_SM80;
+                 : op != OP_TOPK_GRAD && p->dtype != MOE_F32 && sm90_path_available() && !want_sm80 ? FAMILY_SM90
+                 : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0, g->tma_out_wide = 0;
     const int sm90_bm = sm90_tile_rows(op, tuned);
@@ -1295,7 +1524,8 @@ moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_
                    : launch_sm90<__half>(op, plan.bm, plan.cluster, plan.dw_pingpong != 0, g, plan.maps, max_tiles, stream);
     if (plan.family == FAMILY_SM80)
         return g.dtype == MOE_BF16 ? launch_tc<__nv_bfloat16>(op, g, max_tiles, stream)
-                                   : launch_tc<__half>(op, g, max_tiles, stream);
+             : g.dtype == MOE_F16  ? launch_tc<__half>(op, g, max_tiles, stream)
+                                   : launch_tf32(op, g, max_tiles, stream);
     return launch_simt(g, max_tiles, stream);
 }
 

@@ -38,10 +38,19 @@ double oracle_load(moe_dtype dtype, const void *base, int64_t i)
     return (double)((const float *)base)[i];
 }
 
-/* The bound of oracle.h for L roundings, magnitude sum S and exact value v. */
-static double element_bound(moe_dtype out_dtype, int64_t roundings, double magnitude, double value)
+/* The relative error of one product when the call allows TF32 (f32 inputs only): each operand rounded to
+ * nearest TF32 (10 explicit mantissa bits, unit roundoff 2^-11), so |fl(a) fl(b) - a b| <= (2^-10 + 2^-22) |a b|;
+ * 0 otherwise. */
+static double product_error(const moe_gemm_options *o)
 {
-    double accumulation = oracle_gamma(roundings) * magnitude;
+    return o->allow_tf32 && o->dtype == MOE_F32 ? 0x1p-10 + 0x1p-22 : 0.0;
+}
+
+/* The bound of oracle.h for L roundings, magnitude sum S, exact value v and per-product relative error d
+ * (TF32): the terms carry d S before the accumulation, whose gamma(L) then applies to (1 + d) S. */
+static double element_bound(moe_dtype out_dtype, int64_t roundings, double magnitude, double value, double d)
+{
+    double accumulation = oracle_gamma(roundings) * magnitude * (1.0 + d) + d * magnitude;
     return accumulation + oracle_output_rounding(out_dtype, fabs(value) + accumulation) +
            (double)roundings * 0x1p-52 * magnitude;
 }
@@ -106,7 +115,7 @@ void oracle_gemm_fwd(const moe_routing *routing, int64_t N, int64_t K, const voi
                 roundings++;
             }
             value[yr * N + n] = sum;
-            bound[yr * N + n] = element_bound(o->dtype, roundings, magnitude, sum);
+            bound[yr * N + n] = element_bound(o->dtype, roundings, magnitude, sum, product_error(o));
         }
     }
     free_rows(&map);
@@ -147,7 +156,7 @@ void oracle_gemm_dx(const moe_routing *routing, int64_t N, int64_t K, const void
             value[i] += old;
             mag += fabs(old);
         }
-        bound[i] = element_bound(o->dtype, roundings, mag, value[i]);
+        bound[i] = element_bound(o->dtype, roundings, mag, value[i], product_error(o));
     }
     free_rows(&map);
 }
@@ -184,7 +193,7 @@ void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
                     roundings++;
                 }
                 value[i] = sum;
-                bound[i] = element_bound(out_dtype, roundings, mag, sum);
+                bound[i] = element_bound(out_dtype, roundings, mag, sum, product_error(o));
             }
         first += count;
     }
@@ -225,7 +234,7 @@ void oracle_gemm_topk_weights_grad(const moe_routing *routing, int64_t N, int64_
             roundings++;
         }
         value[slot] = sum;
-        bound[slot] = element_bound(out_dtype, roundings, mag, sum) + inherited;
+        bound[slot] = element_bound(out_dtype, roundings, mag, sum, 0.0) + inherited; /* never TF32 */
     }
     free_rows(&map);
 }

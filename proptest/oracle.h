@@ -5,7 +5,7 @@
  * inputs, and `bound`, the largest error a correct float32-accumulating, once-rounding implementation
  * may have:
  *
- *   bound = g(L) * S  +  u_out * (|value| + g(L) * S)  +  eta_out  +  L * 2^-52 * S
+ *   bound = A  +  u_out * (|value| + A)  +  eta_out  +  L * 2^-52 * S,   A = g(L) * (1 + d) * S  +  d * S
  *
  *   L       float32 roundings on the way to the element: the length of the dot product, plus one for a
  *           topk-weight multiply, plus one for an accumulate add (and N + 2k for reduce_topk); dW with
@@ -13,6 +13,8 @@
  *           sum as two terms, hi + lo, whose magnitudes add up to its own: specs/DECISIONS.md);
  *   S       the sum of |terms| (|w*a*b| with the topk weight when fused; plus |old| with accumulate);
  *   g(L)    = L 2^-24 / (1 - L 2^-24);
+ *   d       0, or with allow_tf32 (f32; fwd, dX, dW) 2^-10 + 2^-22, the relative error of a product of two
+ *           operands each rounded to TF32 (the whole S is charged, |old| of accumulate included: an overestimate);
  *   u_out   unit roundoff of the output dtype; eta_out half its smallest subnormal (underflow);
  *   the last term covers the oracle's own float64 rounding.
  *

@@ -164,13 +164,13 @@ void gcase_generate(pt_case *c, gcase *g, int restrictions)
 
 void gcase_describe(pt_case *c, const gcase *g)
 {
-    pt_describe(c, " T=%lld k=%lld E=%lld N=%lld K=%lld %s routing=%s values=%s%s%s%s%s%s%s%s",
+    pt_describe(c, " T=%lld k=%lld E=%lld N=%lld K=%lld %s routing=%s values=%s%s%s%s%s%s%s%s%s",
                 (long long)g->T, (long long)g->k, (long long)g->E, (long long)g->N, (long long)g->K,
                 moe_dtype_name(g->opt.dtype), pt_routing_kind_name(g->routing_kind), pt_dist_name(g->dist),
                 g->opt.permute_x ? " permute_x" : "", g->opt.permute_y ? " permute_y" : "",
                 g->weighted ? " topk_weights" : "", g->opt.accumulate ? " accumulate" : "",
                 g->opt.reduce_topk ? " reduce_topk" : "", g->opt.dw_fp32 ? " dw_fp32" : "",
-                g->r.gather_indices ? "" : " no-gather");
+                g->opt.allow_tf32 ? " allow_tf32" : "", g->r.gather_indices ? "" : " no-gather");
 }
 
 void gcase_fill_values(gcase *g)

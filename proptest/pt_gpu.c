@@ -7,7 +7,8 @@
  *   4. a second run on identical inputs gives bitwise the same output (determinism, dW included).
  * Each case also picks the kernel family (MOE_CUDA_KERNEL unset, sm80 or simt) unless the caller set it,
  * so that a Hopper machine fuzzes the kernels Ampere runs and the fp32 fallback too.
- * True fp32 is required for f32 (allow_tf32 stays off).  The case runs in moe-fuzz's worker process,
+ * f32 cases allow TF32 half of the time (the TF32 kernel; the oracle's bound then charges TF32's product
+ * error), and otherwise require true fp32.  The case runs in moe-fuzz's worker process,
  * so a device fault or a hang is reported as this case's failure and shrunk.
  */
 #include "pt_gemm.h"
@@ -104,6 +105,10 @@ void pt_gpu_gemm(pt_case *c)
     pt_describe(c, "%s (family %s): ", gop_name(op), family_name ? family_name : "auto");
     gcase g;
     gcase_generate(c, &g, GEN_GPU);
+    if (g.opt.dtype == MOE_F32 && pt_pick(c->src, 2)) {
+        g.opt.allow_tf32 = 1;
+        pt_describe(c, " allow_tf32");
+    }
     if (op != GOP_DX)
         g.opt.reduce_topk = 0;
     if (op != GOP_DW && op != GOP_DTOPK)
