@@ -163,6 +163,11 @@ typedef struct args {
      "the library runs in it and the result is rounded to it. Default: f16 when every floating input is " \
      "a float16 .npy, else f32. Needed for uint16/void16 files, which hold bf16 (--dtype bf16) or f16 " \
      "(--dtype f16) bit patterns."}
+#define OPT_TF32                                                                                       \
+    {"--allow-tf32", NULL,                                                                             \
+     "with --dtype f32: allow TF32 tensor cores on the CUDA backend (fwd, dx and dw without topk "      \
+     "weights; the reference stays true fp32); --bound-out then includes TF32's rounding. Refused "     \
+     "with f16 and bf16."}
 #define OPT_BACKEND                                                                                    \
     {"--backend", "ref|cuda",                                                                          \
      "ref (default): the CPU reference. cuda: the library's CUDA kernels on the first GPU: every input " \
@@ -203,6 +208,7 @@ static const opt gemm_fwd_opts[] = {
     {"--w", "W.npy", "expert weights, shape (E, N, K): Y row = X row . W[e]^T."},
     OPT_ROUTING,
     OPT_DTYPE,
+    OPT_TF32,
     OPT_BACKEND,
     {"--out", "Y.npy", "where to write Y, shape (M, N): expert order, or slot order with --permute-y."},
     OPT_RAW,
@@ -219,6 +225,7 @@ static const opt gemm_dx_opts[] = {
     {"--reduce-topk", NULL,
      "sum the k rows of each token: write dX of shape (T, K), dX[t] = sum_j dXslot[t*k + j] (needs --gather)."},
     OPT_DTYPE,
+    OPT_TF32,
     OPT_BACKEND,
     {"--out", "DX.npy",
      "where to write dX, shape (M, K) (expert order, or slot order with --permute-x), or (T, K) with "
@@ -234,6 +241,7 @@ static const opt gemm_dw_opts[] = {
     OPT_ROUTING,
     {"--dw-fp32", NULL, "round dW (and the topk-weight gradient) to float32 instead of the computation dtype."},
     OPT_DTYPE,
+    OPT_TF32,
     OPT_BACKEND,
     {"--out", "DW.npy", "where to write dW, shape (E, N, K); experts without rows get zeros."},
     {"--w", "W.npy", "expert weights, shape (E, N, K): only for --out-topk-weights-grad."},
@@ -372,6 +380,7 @@ static const opt autotune_opts[] = {
     {"--reduce-topk", NULL, "dx: tune the call that sums each token's k rows."},
     {"--topk-weights", NULL, "tune the call with fused topk weights (random, slot order)."},
     {"--dw-fp32", NULL, "dw: tune the call that writes dW in float32."},
+    {"--allow-tf32", NULL, "with --dtype f32: tune the call that allows TF32 tensor cores."},
     {"--repeats", "R", "timed runs per candidate, 1 .. 1000 (default 20); the median decides."},
     {"--seed", "S", "seed of the random routing and data (default 1)."},
     {"--cache", "FILE",
@@ -383,21 +392,21 @@ static const opt autotune_opts[] = {
 static const command commands[] = {
     {"gemm-fwd",
      "--x X.npy --w W.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
-     "[--topk-weights TW.npy] [--dtype f32|f16|bf16] [--backend ref|cuda] --out Y.npy [--raw] [--bound-out B.npy]",
+     "[--topk-weights TW.npy] [--dtype f32|f16|bf16] [--allow-tf32] [--backend ref|cuda] --out Y.npy [--raw] [--bound-out B.npy]",
      "grouped GEMM forward: Y = X . W[e]^T per expert (moe_gemm_fwd)",
      "For expert-order row r of expert e: y_r = xsrc_r . W[e]^T, accumulated in float32 and rounded once "
      "(SEMANTICS section 2). Rows [off_e, off_e + m_e) belong to expert e.",
      gemm_fwd_opts, 0, run_gemm_fwd},
     {"gemm-dx",
      "--dy DY.npy --w W.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
-     "[--topk-weights TW.npy] [--reduce-topk] [--dtype ...] [--backend ...] --out DX.npy [--raw] [--bound-out B.npy]",
+     "[--topk-weights TW.npy] [--reduce-topk] [--dtype ...] [--allow-tf32] [--backend ...] --out DX.npy [--raw] [--bound-out B.npy]",
      "grouped GEMM input gradient: dX = dY . W[e] per expert (moe_gemm_dx)",
      "The routing flags describe the forward whose gradient this is: --permute-y reads dY in slot order, "
      "--permute-x writes dX in slot order, --topk-weights scales each dY source row.",
      gemm_dx_opts, 0, run_gemm_dx},
     {"gemm-dw",
      "--x X.npy --dy DY.npy --m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] "
-     "[--topk-weights TW.npy] [--dw-fp32] [--dtype ...] [--backend ...] --out DW.npy "
+     "[--topk-weights TW.npy] [--dw-fp32] [--dtype ...] [--allow-tf32] [--backend ...] --out DW.npy "
      "[--w W.npy --out-topk-weights-grad DTW.npy] [--raw] [--bound-out B.npy]",
      "grouped GEMM weight gradient: dW[e] = sum over rows of dY^T (x) X (moe_gemm_dw)",
      "dW[e] sums, over the rows r of expert e, dysrc_r^T (x) xsrc_r, with the sources chosen by the "
@@ -481,7 +490,7 @@ static const command commands[] = {
      mlp_bwd_opts, 0, run_mlp_bwd},
     {"autotune",
      "--op fwd|dx|dw --tokens T [--topk K] --experts E --n N --k K [--dtype ...] [--permute-x] [--permute-y] "
-     "[--reduce-topk] [--topk-weights] [--dw-fp32] [--repeats R] [--seed S] --cache FILE",
+     "[--reduce-topk] [--topk-weights] [--dw-fp32] [--allow-tf32] [--repeats R] [--seed S] --cache FILE",
      "time the CUDA kernel candidates of one grouped GEMM shape and cache the fastest (moe_gemm_autotune)",
      "Makes a uniformly random routing of T tokens to k distinct experts of E and random inputs (uniform "
      "in [-1, 1), rounded to the dtype) on the first GPU, runs moe_gemm_autotune on that call, prints how "
@@ -1042,6 +1051,7 @@ static void gemm_options(const args *a, const routing_in *ri, moe_gemm_options *
         require_gather(ri, "--permute-y");
     if (get(a, "--topk-weights") != NULL)
         require_gather(ri, "--topk-weights");
+    o->allow_tf32 = get(a, "--allow-tf32") != NULL; /* the library refuses it for a 16-bit dtype */
 }
 
 static void check_weights(const char *path, const npy_array *w, int64_t E, const char *m_path)
@@ -2142,6 +2152,7 @@ static int run_autotune(const args *a)
         die("--dtype %s: expected f32, f16 or bf16", get(a, "--dtype"));
     o.permute_x = get(a, "--permute-x") != NULL, o.permute_y = get(a, "--permute-y") != NULL;
     o.reduce_topk = get(a, "--reduce-topk") != NULL, o.dw_fp32 = get(a, "--dw-fp32") != NULL;
+    o.allow_tf32 = get(a, "--allow-tf32") != NULL;
     const int weighted = get(a, "--topk-weights") != NULL;
     if (o.reduce_topk && op != MOE_GEMM_DX)
         die("--reduce-topk: only with --op dx");

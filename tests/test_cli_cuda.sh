@@ -80,6 +80,26 @@ for dt in f32 f16 bf16; do
     done
 done
 
+# ---- f32 with --allow-tf32 (TF32 tensor cores where the shape allows them): cuda within the bound the ref
+# run writes with the same flag, which charges TF32's rounding (the reference itself stays true fp32) ----
+d=f32
+gemm_mode "$d" 0 0 0
+for b in ref cuda; do
+    # shellcheck disable=SC2086 # word splitting of the flag lists is intended
+    {
+    run_ok "gemm-fwd --allow-tf32 $b" "$MOE" gemm-fwd --x "$x" --w "$d/w.npy" $flags --allow-tf32 --backend $b \
+        --out "$d/$b/y_tf32.npy" --bound-out "$d/$b/y_tf32.bound.npy"
+    run_ok "gemm-dx --allow-tf32 $b" "$MOE" gemm-dx --dy "$d/dy.npy" --w "$d/w.npy" $flags --allow-tf32 --backend $b \
+        --out "$d/$b/dx_tf32.npy" --bound-out "$d/$b/dx_tf32.bound.npy"
+    run_ok "gemm-dw --allow-tf32 $b" "$MOE" gemm-dw --x "$x" --dy "$d/dy.npy" $flags --allow-tf32 --backend $b \
+        --out "$d/$b/dw_tf32.npy" --bound-out "$d/$b/dw_tf32.bound.npy"
+    }
+done
+for o in y dx dw; do
+    run_ok "$o f32 --allow-tf32: cuda = ref within the bound" "$MOE" compare --dtype f32 \
+        --bound "$d/ref/${o}_tf32.bound.npy" "$d/ref/${o}_tf32.npy" "$d/cuda/${o}_tf32.npy"
+done
+
 # ---- a bad routing is refused with --backend cuda too (the host check runs first) ----
 "$NPY" mk mbad.npy '<i8' 2 1 2
 "$NPY" mk gbad.npy '<i8' 3 0 0 1

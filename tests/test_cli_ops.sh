@@ -25,6 +25,11 @@ run_ok "gemm-dw --raw bf16" "$MOE" gemm-dw --x x.npy --dy dy.npy --m-sizes m.npy
 run_ok "info" "$NPY" info dw_raw.npy
 has "--raw bf16 writes uint16 patterns" out "<u2 (2, 2, 2)"
 run_ok "gemm-dw --raw known values" "$MOE" compare --exact --dtype bf16 dw_want.npy dw_raw.npy
+# --allow-tf32: the reference stays true fp32 (the known answer, exactly); refused with a 16-bit dtype
+run_ok "gemm-fwd --allow-tf32" "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --allow-tf32 --out y_tf32.npy
+run_ok "gemm-fwd --allow-tf32 known values" "$MOE" compare --exact y_want.npy y_tf32.npy
+refused "--allow-tf32 with bf16" "options.allow_tf32 applies to MOE_F32 only" -- \
+    "$MOE" gemm-fwd --x x.npy --w w.npy --m-sizes m.npy --dtype bf16 --allow-tf32 --out y_tf32_bf16.npy
 # an empty problem: T = 0
 "$NPY" mk m0.npy '<i4' 3 0
 "$NPY" mk x0.npy '<f4' 0,4
@@ -115,12 +120,12 @@ check_help() {
     has "moe $cmd --help documents its flags" out "usage: moe $cmd" "$@" "--help"
     has "moe --help documents $cmd's flags" full_help "$@"
 }
-check_help gemm-fwd --x --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dtype --backend \
-    --out --raw --bound-out "NaN bytes"
+check_help gemm-fwd --x --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dtype --allow-tf32 \
+    --backend --out --raw --bound-out "NaN bytes"
 check_help gemm-dx --dy --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --reduce-topk --dtype \
-    --backend --out --raw
+    --allow-tf32 --backend --out --raw
 check_help gemm-dw --x --dy --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dw-fp32 --dtype \
-    --backend --out --w --out-topk-weights-grad --raw
+    --allow-tf32 --backend --out --w --out-topk-weights-grad --raw
 check_help route --topk-ids --experts --block-size --dropping --padding --topk-weights --dtype --raw --out m_sizes.npy \
     gather_indices.npy token_position_to_id.npy block_to_expert.npy expert_affinities_masked.npy
 check_help compare --dtype --reduction-length --bound --exact --atol --rtol "Exit status 1" "2*(u*max(|a|,|b|) + eta)"
