@@ -1,5 +1,6 @@
 /* moe_gemm_autotune on a GPU (skipped with exit 77 where no CUDA device is visible).  For fwd, dX and dW
- * in several modes (random routing, random data, outputs poisoned with NaN before every call):
+ * in several modes, weighted bf16 dW and f32 with allow_tf32 included (random routing, random data, outputs
+ * poisoned with NaN before every call):
  *   1. the tuning succeeds, times at least one candidate, and leaves in `out` a result within the float64
  *      oracle's bound;
  *   2. a plain call afterwards plans the tuned configuration (the sm90 dW kernel included: the dW cases have
@@ -25,16 +26,19 @@ typedef struct tune_case {
     moe_dtype dtype;
     int permute_x, permute_y, reduce_topk, weights, dw_fp32;
     int64_t T, k, E, N, K;
+    int allow_tf32;
 } tune_case;
 
 static const tune_case cases[] = {
-    {"fwd bf16", MOE_GEMM_FWD, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 192},
-    {"fwd f16 permute_x weights", MOE_GEMM_FWD, MOE_F16, 1, 0, 0, 1, 0, 600, 2, 6, 128, 264},
-    {"dx bf16", MOE_GEMM_DX, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 192, 256},
-    {"dx bf16 permute_y reduce_topk", MOE_GEMM_DX, MOE_BF16, 0, 1, 1, 0, 0, 512, 4, 16, 136, 128},
-    {"dw bf16", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 128},
-    {"dw bf16 short experts", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 256, 2, 8, 256, 128}, /* the rule: ping-pong */
-    {"dw bf16 -> f32", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 1, 700, 2, 5, 128, 136},
+    {"fwd bf16", MOE_GEMM_FWD, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 192, 0},
+    {"fwd f16 permute_x weights", MOE_GEMM_FWD, MOE_F16, 1, 0, 0, 1, 0, 600, 2, 6, 128, 264, 0},
+    {"dx bf16", MOE_GEMM_DX, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 192, 256, 0},
+    {"dx bf16 permute_y reduce_topk", MOE_GEMM_DX, MOE_BF16, 0, 1, 1, 0, 0, 512, 4, 16, 136, 128, 0},
+    {"dw bf16", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 1024, 2, 8, 256, 128, 0},
+    {"dw bf16 short experts", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 256, 2, 8, 256, 128, 0}, /* the rule: ping-pong */
+    {"dw bf16 -> f32", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 1, 700, 2, 5, 128, 136, 0},
+    {"dw bf16 permute_y weights", MOE_GEMM_DW, MOE_BF16, 0, 1, 0, 1, 0, 512, 2, 8, 128, 256, 0}, /* the split, sm90 or sm80 */
+    {"fwd f32 allow_tf32", MOE_GEMM_FWD, MOE_F32, 0, 0, 0, 0, 0, 512, 2, 8, 128, 128, 1}, /* the TF32 kernel */
 };
 
 static int same_plan(const moe_tune_choice *a, const moe_gemm_tuning *b)
@@ -113,7 +117,7 @@ int main(int argc, char **argv)
         moe_gemm_options o;
         memset(&o, 0, sizeof o);
         o.dtype = c->dtype, o.dw_fp32 = c->dw_fp32, o.permute_x = c->permute_x, o.permute_y = c->permute_y;
-        o.reduce_topk = c->reduce_topk;
+        o.reduce_topk = c->reduce_topk, o.allow_tf32 = c->allow_tf32;
 
         /* the heuristic's plan, before any tuning of this key */
         moe_tune_key key;
