@@ -638,7 +638,8 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
 // w0 (of k) and w1 (of k + 1) -> hi + lo exactly, each a bf16 pair (see the section comment).  p = w * a is
 // exact (a product of two bf16 values); hi keeps p's upper 16 bits (truncation = round toward zero), the rest
 // lo = p - hi is exact and has at most 8 significant bits, so its lower 16 bits are zero too.  An infinite p
-// stays in hi (lo = 0, not inf - inf); a NaN p makes both NaN.  Exact for |p| >= 2^-118; below, lo is an
+// stays in hi (lo = 0, not inf - inf); a NaN p makes lo NaN (hi may truncate to an infinity), so the sum is
+// NaN.  Exact for |p| >= 2^-118; below, lo is an
 // fp32 subnormal whose bits under bf16's smallest subnormal are dropped (less than 2^-133 per product).
 __device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float w1, uint32_t &hi, uint32_t &lo)
 {
@@ -914,8 +915,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 //     (tf_ic_offset): a warp's fragment reads (q = 4t + j for t < 4, i = i0 + g for g < 8, i0 a multiple of 8) hit
 //     chunks (i0 / 4 + g / 4) ^ 2t, 8 distinct ones, so 32 distinct banks; the cp.async writes stay conflict-free.
 // The reduction order inside a 16-wide step is permuted the same way for both operands: lane (g = lane / 4,
-// t = lane % 4) of k8 MMA s reads its k = t from q = 4t + 2s and its k = t + 4 from q = 4t + 2s + 1, so that a
-// q-contiguous fragment pair is one 8-byte read and one 16-byte read serves both MMAs of the step.
+// t = lane % 4) of k8 MMA s reads its k = t from q = 4t + 2s and its k = t + 4 from q = 4t + 2s + 1, so that
+// one 16-byte read of a q-contiguous row (q = 4t .. 4t + 3) gives the lane its elements of both MMAs.
 // ------------------------------------------------------------------------------------------------
 constexpr int TF_BK = 16;
 constexpr int TF_TILE_FLOATS = TF_BK * TC_BM; // either layout
