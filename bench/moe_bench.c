@@ -13,7 +13,7 @@
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
  *                  [--topk-weights] [--dtype bf16|f32|tf32]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
- * --topk-weights passes random bf16 topk weights to libmoe's calls (fused into fwd's and dX's epilogues and
+ * --topk-weights passes random topk weights (of --dtype) to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
  * comparison with cuBLAS is skipped.
  * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only.

@@ -236,6 +236,11 @@ __device__ __forceinline__ int64_t x_row(const GemmArgs &g, int64_t r)
     return g.permute_x ? slot_of(g, r) / g.k : r;
 }
 __device__ __forceinline__ int64_t y_row(const GemmArgs &g, int64_t r) { return g.permute_y ? slot_of(g, r) : r; }
+// The fused topk weight of expert-order row r (g.weights set), as fp32.
+__device__ __forceinline__ float topk_weight(const GemmArgs &g, int64_t r)
+{
+    return load_as_float(g.dtype, g.weights, slot_of(g, r));
+}
 
 // Tile -> (expert, tile row, tile col).  Row-tiled ops (fwd, dx, topk grad) tile each expert's rows;
 // dW tiles N x K for every expert.  Within an expert, consecutive tiles walk down the rows first, so
@@ -372,7 +377,7 @@ __device__ __forceinline__ void store_output(const GemmArgs &g, const TileCoord 
     } else {
         const int64_t r = g.ws.offsets[t.e] + gi;
         if (g.weights)
-            v = load_as_float(g.dtype, g.weights, slot_of(g, r)) * v;
+            v = topk_weight(g, r) * v;
         if (g.op == OP_FWD) {
             out_index = y_row(g, r) * g.N + gj;
         } else { // dX: expert order, or slot order under permute_x or into the reduce workspace
@@ -434,7 +439,7 @@ __device__ void epilogue_vectorised(const GemmArgs &g, const TileCoord &t, const
         }
         const int64_t r = g.ws.offsets[t.e] + gi;
         row_out[i] = g.op == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
-        row_weight[i] = g.weights ? load_as_float(g.dtype, g.weights, slot_of(g, r)) : 1.0f;
+        row_weight[i] = g.weights ? topk_weight(g, r) : 1.0f;
     }
     __syncthreads();
     const moe_dtype out_dtype = g.out_is_workspace ? MOE_F32 : g.out_dtype;
@@ -511,7 +516,7 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
                 const bool in = q < qlen;
                 q_rows[0][threadIdx.x] = in ? y_row(g, r) : -1;
                 q_rows[1][threadIdx.x] = in ? x_row(g, r) : -1;
-                q_weight[threadIdx.x] = in && g.weights ? load_as_float(g.dtype, g.weights, slot_of(g, r)) : 1.0f;
+                q_weight[threadIdx.x] = in && g.weights ? topk_weight(g, r) : 1.0f;
             }
             __syncthreads(); // the row tables are written (and the previous k-step's tiles are read)
             for (int idx = threadIdx.x; idx < SIMT_BK * SIMT_BM; idx += SIMT_THREADS) {
@@ -639,8 +644,8 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
 // exact (a product of two bf16 values); hi keeps p's upper 16 bits (truncation = round toward zero), the rest
 // lo = p - hi is exact and has at most 8 significant bits, so its lower 16 bits are zero too.  An infinite p
 // stays in hi (lo = 0, not inf - inf); a NaN p makes lo NaN (hi may truncate to an infinity), so the sum is
-// NaN.  Exact for |p| >= 2^-118; below, lo is an
-// fp32 subnormal whose bits under bf16's smallest subnormal are dropped (less than 2^-133 per product).
+// NaN.  Exact for |p| >= 2^-118; below, lo is an fp32 subnormal whose bits under bf16's smallest subnormal
+// are dropped (less than 2^-133 per product).
 __device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float w1, uint32_t &hi, uint32_t &lo)
 {
     const float p0 = __uint_as_float(a << 16) * w0, p1 = __uint_as_float(a & 0xffff0000u) * w1;
@@ -676,7 +681,7 @@ __device__ __forceinline__ void tc_load_stage(const GemmArgs &g, const TileCoord
             my_x = x_row(g, base + q0 + my_q);
         }
         if (WEIGHTED && lane < 8)
-            q_weight[my_q] = q0 + my_q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q0 + my_q)) : 0.0f;
+            q_weight[my_q] = q0 + my_q < qlen ? topk_weight(g, base + q0 + my_q) : 0.0f;
         const bool a_col_ok = t.i0 + ic * 8 < g.N, b_col_ok = t.j0 + ic * 8 < g.cols_j;
 #pragma unroll
         for (int u = 0; u < 4; u++) {

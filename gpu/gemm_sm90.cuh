@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     const int64_t q = q0 + (p & 63);
                     rows[p] = q < qlen ? (p < 64 ? y_row(g, base + q) : x_row(g, base + q)) : -1;
                     if (WEIGHTED && p < 64)
-                        stage_weights[s * H_BK + p] = q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q)) : 0.0f;
+                        stage_weights[s * H_BK + p] = q < qlen ? topk_weight(g, base + q) : 0.0f;
                     producer_sync();
                     if (p == 0) // after the barrier: its release covers the weights the other producers wrote
                         mbar_arrive(bar);
@@ -810,8 +810,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int64_t q = q0 + p + 32 * h;
-                        stage_weights[s * H_BK + p + 32 * h] =
-                            q < qlen ? load_as_float(g.dtype, g.weights, slot_of(g, base + q)) : 0.0f;
+                        stage_weights[s * H_BK + p + 32 * h] = q < qlen ? topk_weight(g, base + q) : 0.0f;
                     }
                 if (g.tma_rows)
                     mbar_arrive(bar);
@@ -939,7 +938,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                         const int64_t r = g.ws.offsets[t.e] + gi;
                         out_row[h] = OP == OP_FWD ? y_row(g, r) : (g.permute_x || g.out_is_workspace) ? slot_of(g, r) : r;
                         if (weighted)
-                            row_weight[h] = load_as_float(g.dtype, g.weights, slot_of(g, r));
+                            row_weight[h] = topk_weight(g, r);
                     }
                 }
                 if (g.sm90_skip & 1)
