@@ -184,7 +184,7 @@ void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
                 }
                 const int64_t i = (e * N + n) * K + c;
                 /* fused weights: one for the weight multiply, and each row may enter the sum as two terms
-                 * (the bf16 tensor-core kernel splits the exact product w * dy into hi + lo, DECISIONS.md) */
+                 * (the bf16 tensor-core kernels split the exact product w * dy into hi + lo, DECISIONS.md) */
                 int64_t roundings = topk_weights != NULL ? 2 * count + 1 : count;
                 if (o->accumulate) {
                     double old = oracle_load(out_dtype, old_dw, i);
