@@ -1031,7 +1031,7 @@ static void write_bound(const args *a, enum oracle_op op, const routing_in *ri, 
     else if (op == ORACLE_DX)
         oracle_gemm_dx(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
     else
-        oracle_gemm_dw(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
+        oracle_gemm_dw_split(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
     write_array(path, NPY_T_F64, ndim, shape, bound);
     xfree(value);
     xfree(bound);

@@ -161,8 +161,10 @@ void oracle_gemm_dx(const moe_routing *routing, int64_t N, int64_t K, const void
     free_rows(&map);
 }
 
-void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
-                    const void *topk_weights, const void *old_dw, const moe_gemm_options *o,
+/* oracle_gemm_dw and oracle_gemm_dw_split: split, whether the backend may add a bf16 row's fused product
+ * w * dy as two terms (oracle.h). */
+static void gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
+                    const void *topk_weights, const void *old_dw, const moe_gemm_options *o, int split,
                     double *value, double *bound)
 {
     const moe_dtype out_dtype = o->dw_fp32 ? MOE_F32 : o->dtype;
@@ -183,9 +185,11 @@ void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
                     mag += fabs(term);
                 }
                 const int64_t i = (e * N + n) * K + c;
-                /* fused weights: one for the weight multiply, and each row may enter the sum as two terms
-                 * (the bf16 tensor-core kernels split the exact product w * dy into hi + lo, DECISIONS.md) */
-                int64_t roundings = topk_weights != NULL ? 2 * count + 1 : count;
+                /* fused weights: one for the weight multiply; where the backend splits the exact bf16 product
+                 * w * dy into hi + lo (the CUDA tensor-core kernels, DECISIONS.md), each row may enter the sum
+                 * as two terms */
+                const int two_terms = split && topk_weights != NULL && o->dtype == MOE_BF16;
+                int64_t roundings = (two_terms ? 2 * count : count) + (topk_weights != NULL);
                 if (o->accumulate) {
                     double old = oracle_load(out_dtype, old_dw, i);
                     sum += old;
@@ -198,6 +202,20 @@ void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
         first += count;
     }
     free_rows(&map);
+}
+
+void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
+                    const void *topk_weights, const void *old_dw, const moe_gemm_options *o,
+                    double *value, double *bound)
+{
+    gemm_dw(routing, N, K, x, dy, topk_weights, old_dw, o, 0, value, bound);
+}
+
+void oracle_gemm_dw_split(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
+                          const void *topk_weights, const void *old_dw, const moe_gemm_options *o,
+                          double *value, double *bound)
+{
+    gemm_dw(routing, N, K, x, dy, topk_weights, old_dw, o, 1, value, bound);
 }
 
 void oracle_gemm_topk_weights_grad(const moe_routing *routing, int64_t N, int64_t K, const void *x,

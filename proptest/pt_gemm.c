@@ -227,7 +227,12 @@ void gop_oracle(const gcase *g, enum gop op, const void *old, double *value, dou
     switch (op) {
     case GOP_FWD: oracle_gemm_fwd(&r, g->N, g->K, g->x, g->w, tw, old, &g->opt, value, bound); break;
     case GOP_DX: oracle_gemm_dx(&r, g->N, g->K, g->dy, g->w, tw, old, &g->opt, value, bound); break;
-    case GOP_DW: oracle_gemm_dw(&r, g->N, g->K, g->x, g->dy, tw, old, &g->opt, value, bound); break;
+    case GOP_DW:
+        if (g->split_backend)
+            oracle_gemm_dw_split(&r, g->N, g->K, g->x, g->dy, tw, old, &g->opt, value, bound);
+        else
+            oracle_gemm_dw(&r, g->N, g->K, g->x, g->dy, tw, old, &g->opt, value, bound);
+        break;
     default: oracle_gemm_topk_weights_grad(&r, g->N, g->K, g->x, g->w, g->dy, old, &g->opt, value, bound); break;
     }
 }

@@ -22,6 +22,7 @@ typedef struct gcase {
     void *w;                      /* [E][N][K] */
     void *dy;                     /* [M][N] */
     void *tw;                     /* [M] or NULL */
+    int split_backend;            /* checked against the CUDA backend: the bound of oracle_gemm_dw_split */
 } gcase;
 
 /* Restrictions a property puts on the generator. */

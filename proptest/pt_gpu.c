@@ -105,6 +105,7 @@ void pt_gpu_gemm(pt_case *c)
     pt_describe(c, "%s (family %s): ", gop_name(op), family_name ? family_name : "auto");
     gcase g;
     gcase_generate(c, &g, GEN_GPU);
+    g.split_backend = 1;
     if (g.opt.dtype == MOE_F32 && pt_pick(c->src, 2)) {
         g.opt.allow_tf32 = 1;
         pt_describe(c, " allow_tf32");

@@ -147,7 +147,7 @@ int main(int argc, char **argv)
         else if (c->op == MOE_GEMM_DX)
             oracle_gemm_dx(hr, N, K, a, b, c->weights ? tw : NULL, NULL, &o, value, bound);
         else
-            oracle_gemm_dw(hr, N, K, a, b, c->weights ? tw : NULL, NULL, &o, value, bound);
+            oracle_gemm_dw_split(hr, N, K, a, b, c->weights ? tw : NULL, NULL, &o, value, bound);
         const int64_t bad = oracle_compare(c->name, out_dtype, out, value, bound, out_count, stderr, 5, NULL);
         CHECK(bad == 0, "%s: %lld elements of the tuned call outside the oracle's bound", c->name, (long long)bad);
 

@@ -70,7 +70,9 @@ static void oracle(const problem *p, enum op op, const void *old, double *value,
     switch (op) {
     case FWD: oracle_gemm_fwd(&p->routing, p->N, p->K, p->x, p->w, p->weights, old, &p->opt, value, bound); break;
     case DX: oracle_gemm_dx(&p->routing, p->N, p->K, p->dy, p->w, p->weights, old, &p->opt, value, bound); break;
-    case DW: oracle_gemm_dw(&p->routing, p->N, p->K, p->x, p->dy, p->weights, old, &p->opt, value, bound); break;
+    case DW: /* the CUDA backend may split a bf16 row's w * dy into two terms */
+        oracle_gemm_dw_split(&p->routing, p->N, p->K, p->x, p->dy, p->weights, old, &p->opt, value, bound);
+        break;
     default: oracle_gemm_topk_weights_grad(&p->routing, p->N, p->K, p->x, p->w, p->dy, old, &p->opt, value, bound);
     }
 }
