@@ -749,8 +749,8 @@ __device__ __forceinline__ int64_t tc_start_tile(const GemmArgs &g, const TileCo
     return reduction_length(g, t.e);
 }
 
-// The pipeline's prologue: steps 0 .. TC_STAGES - 2 in flight (load_stage(s) issues step s into slot s), one
-// cp.async group each, empty past the reduction.
+// The pipeline's prologue: steps 0 .. TC_STAGES - 2 in flight (load_stage(s) issues step s into its slot, s),
+// one cp.async group each, empty past the reduction.
 template <typename LoadStage>
 __device__ __forceinline__ void tc_prologue(int64_t steps, LoadStage load_stage)
 {
@@ -835,10 +835,12 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
         const int64_t qlen = tc_start_tile<OP>(g, t, a_rows, acc);
 
         const int64_t steps = (qlen + TC_BK - 1) / TC_BK;
-        tc_prologue(steps, [&](int s) {
-            tc_load_stage<T, OP, WEIGHTED>(g, t, s * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
+        auto load_stage = [&](int64_t step) { // k-step `step` into its ring slot
+            const int s = (int)(step % TC_STAGES);
+            tc_load_stage<T, OP, WEIGHTED>(g, t, step * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
                                            pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
-        });
+        };
+        tc_prologue(steps, load_stage);
         // Fragments are double-buffered in registers: the k16 half kh + 1 (or the next step's first half) is
         // read from shared memory while the MMAs of half kh run, and the wait for the next step's stage sits
         // between the two halves, so the tensor cores have one half's MMAs queued across the barrier.
@@ -893,12 +895,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
             // step + 1's stage is in once at most the TC_STAGES - 3 groups committed after it are pending
             cp_async_wait<TC_STAGES - 3>();
             __syncthreads(); // ... and every warp holds its fragments of step - 1's slot, refilled here
-            const int64_t next = step + TC_STAGES - 1;
-            if (next < steps) {
-                const int s = (int)(next % TC_STAGES);
-                tc_load_stage<T, OP, WEIGHTED>(g, t, next * TC_BK, qlen, pipe + (2 * s) * TC_TILE_ELEMS,
-                                               pipe + (2 * s + 1) * TC_TILE_ELEMS, a_rows, stage_weights + s * TC_BK);
-            }
+            if (step + TC_STAGES - 1 < steps)
+                load_stage(step + TC_STAGES - 1);
             cp_async_commit();
             if (step + 1 < steps)
                 load_fragments(0, step + 1, 0);
@@ -1020,19 +1018,17 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
         const int64_t qlen = tc_start_tile<OP>(g, t, a_rows, acc);
 
         const int64_t steps = (qlen + TF_BK - 1) / TF_BK;
-        tc_prologue(steps, [&](int s) {
-            tf_load_stage<OP>(g, t, s * TF_BK, qlen, pipe + (2 * s) * TF_TILE_FLOATS, pipe + (2 * s + 1) * TF_TILE_FLOATS,
-                              a_rows);
-        });
+        auto load_stage = [&](int64_t step) { // k-step `step` into its ring slot
+            const int s = (int)(step % TC_STAGES);
+            tf_load_stage<OP>(g, t, step * TF_BK, qlen, pipe + (2 * s) * TF_TILE_FLOATS,
+                              pipe + (2 * s + 1) * TF_TILE_FLOATS, a_rows);
+        };
+        tc_prologue(steps, load_stage);
         for (int64_t step = 0; step < steps; step++) {
             cp_async_wait<TC_STAGES - 2>();
             __syncthreads(); // this step's stage is in, and every warp is done with the slot refilled below
-            const int64_t next = step + TC_STAGES - 1;
-            if (next < steps) {
-                const int sl = (int)(next % TC_STAGES);
-                tf_load_stage<OP>(g, t, next * TF_BK, qlen, pipe + (2 * sl) * TF_TILE_FLOATS,
-                                  pipe + (2 * sl + 1) * TF_TILE_FLOATS, a_rows);
-            }
+            if (step + TC_STAGES - 1 < steps)
+                load_stage(step + TC_STAGES - 1);
             cp_async_commit();
             const int slot = (int)(step % TC_STAGES);
             const float *sa = pipe + (2 * slot) * TF_TILE_FLOATS, *sb = sa + TF_TILE_FLOATS;
