@@ -50,7 +50,8 @@ for round in $(seq 1 "$rounds"); do
   for name in "${names[@]}"; do
     line=$(cd /tmp/ab-"$name"/libmoe-* && LD_LIBRARY_PATH=$PWD/.libs ./bench/moe-bench --tokens 4096 --repeat 20 \
              --libmoe-only ${AB_BENCH_ARGS:-} 2>&1 | tee -a "$out/bench_$name.log" |
-             awk '/^(qwen|mixtral|deepseek)/ {printf "%s %s %s %s  ", $1, $2, $3, $8}')
+             awk '/^(qwen|mixtral|deepseek)/ {printf "%s %s %s %s  ", $1, $2, $3, $8}'
+           exit "${PIPESTATUS[0]}") || status=1 # moe-bench's status: 1 when an output failed its checks
     echo "$name round $round: $line"
   done
 done

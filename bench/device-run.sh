@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # Builds libmoe from a `make dist` tarball on a GPU machine and runs, logging under $OUT (or ./out):
 #   1. the GPU property test (proptest/test_gpu_gemm) at its fixed seed, for each kernel family, and
 #      its --large case (E*N*K past 2^31),
@@ -50,17 +50,21 @@ case "$steps" in *sanitize*)
 esac
 case "$steps" in *bench*)
   echo "== benchmark"
-  ./bench/moe-bench --tokens 4096 --repeat 20 --csv "$out/bench.csv" ${MOE_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log" || status=1
+  ./bench/moe-bench --tokens 4096 --repeat 20 --csv "$out/bench.csv" ${MOE_BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1 # moe-bench's own status: 1 when a row's output failed its checks
 esac
 case "$steps" in *quick*)
   echo "== benchmark, libmoe alone"
-  ./bench/moe-bench --tokens 4096 --repeat 20 --libmoe-only ${MOE_BENCH_ARGS:-} 2>&1 | tee "$out/quick.log" || status=1
+  ./bench/moe-bench --tokens 4096 --repeat 20 --libmoe-only ${MOE_BENCH_ARGS:-} 2>&1 | tee "$out/quick.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 esac
 case "$steps" in *sweep*)
   for setting in ${MOE_SWEEP:-}; do
     echo "== benchmark, libmoe alone, $setting"
-    env "$setting" ./bench/moe-bench --tokens 4096 --repeat 10 --libmoe-only ${MOE_BENCH_ARGS:-} 2>&1 |
-      tee -a "$out/sweep.log" | grep -E "^(qwen|mixtral|deepseek)" || status=1
+    env "$setting" ./bench/moe-bench --tokens 4096 --repeat 10 --libmoe-only ${MOE_BENCH_ARGS:-} \
+      > "$out/sweep_one.log" 2>&1 || status=1
+    cat "$out/sweep_one.log" >> "$out/sweep.log"
+    grep -E "^(qwen|mixtral|deepseek)|FAIL" "$out/sweep_one.log" || true
   done
 esac
 case "$steps" in *profile*)

@@ -5,9 +5,15 @@
  *   cublas-loop  one cublasGemmEx per expert
  *   cublas-group cublasGemmGroupedBatchedEx (one group per expert)
  *   dense        one cublasGemmEx of the same total M x N x K: the practical ceiling
- * and prints TFLOP/s (2 M N K / time) with ratios, plus a CSV (--csv FILE).  Inputs are random bf16
- * (never zeros); outputs are poisoned before the first run and checked to be finite after, and a
- * sample of libmoe's output is compared with cuBLAS's.
+ * and prints TFLOP/s (2 M N K / time) with ratios, plus a CSV (--csv FILE).  Inputs are random (never zeros).
+ * Checks of libmoe's output (poisoned with NaN before its first run, checked after its last one):
+ *   always (every mode, --dtype and --topk-weights included): every element finite (output_finite, on the
+ *     device); a row that fails ends "NONFINITE OUTPUT";
+ *   bf16 without --topk-weights and without --libmoe-only: also 4096 sampled elements compared with
+ *     cuBLAS's (cublas-loop's) output, relative difference <= 0.05; a row that fails ends "MISMATCH vs cuBLAS".
+ * Every row is printed; then, if any row failed, a line on stderr counts the failures and the exit status
+ * is 1 (0 when all rows pass, 77 without a CUDA device, 2 on a usage error; 1 also, at once, when a CUDA,
+ * cuBLAS or libmoe call fails).
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
@@ -15,8 +21,9 @@
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
  * --topk-weights passes random topk weights (of --dtype) to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
- * comparison with cuBLAS is skipped.
- * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only.
+ * comparison with cuBLAS is skipped (the finiteness check still runs).
+ * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only
+ * (so only the finiteness check applies).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), appends the choice to FILE, prints both, and reports the tuned time in the table.
  * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
@@ -263,19 +270,50 @@ static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dty
     }
 }
 
-/* Output finite everywhere, and libmoe's output within bf16 rounding of cuBLAS's on a sample. */
-static double sample_difference(const void *a, const void *b, int64_t count, oracle_rng *rng, int *finite)
+/* Whether all count elements of dtype at dev (libmoe's output) are finite, checked on the device: the
+ * 4096-element sample of sample_difference would usually miss one unwritten (NaN-poisoned) tile, and
+ * copying a whole output to the host (15 GB for DeepSeek-V3's dW in bf16) would take longer than the
+ * timing.  The dot product of the output with itself (fp32 accumulation) is NaN or Inf as soon as one
+ * element is: squares are never negative, so an Inf cannot cancel.  It is also Inf if the squares overflow
+ * fp32: one square beyond |x| ~ 1.8e19, or a chunk of 2^30 squares beyond an RMS of ~5.6e14; such an
+ * output is reported as non-finite too, rightly: here outputs are sums of products of random values in
+ * [-1, 1], so |x| is at most the reduction length (~1e5).  cuBLAS's n is an int (the DeepSeek-V3 dW
+ * output has 7.5e9 elements), hence chunks of at most 2^30 elements.  The result lands in host memory (the
+ * default pointer mode), so each call returns once its dot product is done. */
+static int output_finite(cublasHandle_t handle, const void *dev, int64_t count, moe_dtype dtype)
+{
+    const int64_t chunk = (int64_t)1 << 30;
+    const int f32 = dtype == MOE_F32;
+    const cudaDataType type = f32 ? CUDA_R_32F : CUDA_R_16BF; /* bf16: the result is bf16 too (cuBLAS's rule) */
+    const size_t es = f32 ? 4 : 2;
+    for (int64_t first = 0; first < count; first += chunk) {
+        const int n = (int)(count - first < chunk ? count - first : chunk);
+        const void *x = (const char *)dev + (size_t)first * es;
+        float dot;
+        if (f32) {
+            CUBLAS_CHECK(cublasDotEx(handle, n, x, type, 1, x, type, 1, &dot, CUDA_R_32F, CUDA_R_32F));
+        } else {
+            uint16_t bits;
+            CUBLAS_CHECK(cublasDotEx(handle, n, x, type, 1, x, type, 1, &bits, CUDA_R_16BF, CUDA_R_32F));
+            dot = moe_bf16_to_f32(bits);
+        }
+        if (!isfinite(dot))
+            return 0;
+    }
+    return 1;
+}
+
+/* Worst relative difference between libmoe's bf16 output a and cuBLAS's b on 4096 sampled elements (a's
+ * finiteness is output_finite's job; a NaN difference, from a non-finite b, is not counted). */
+static double sample_difference(const void *a, const void *b, int64_t count, oracle_rng *rng)
 {
     double worst = 0;
-    *finite = 1;
     for (int s = 0; s < 4096 && count > 0; s++) {
         int64_t i = (int64_t)oracle_rng_below(rng, (uint64_t)count);
         uint16_t va, vb;
         CUDA_CHECK(cudaMemcpy(&va, (const char *)a + i * 2, 2, cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(&vb, (const char *)b + i * 2, 2, cudaMemcpyDeviceToHost));
         double x = moe_bf16_to_f32(va), y = moe_bf16_to_f32(vb);
-        if (!isfinite(x))
-            *finite = 0;
         double d = fabs(x - y) / (fabs(y) + 1e-3);
         if (d > worst)
             worst = d;
@@ -357,6 +395,8 @@ int main(int argc, char **argv)
     printf("%-14s %-8s %-4s %6s %6s %6s | %8s %8s %8s %8s | %6s %6s\n", "model", "gemm", "op", "M", "N", "K",
            "libmoe", "cub-loop", "cub-grp", "dense", "/best", "/dense");
     oracle_rng rng = {seed};
+    /* a failed check marks its row and the table goes on (every row printed); the exit status tells at the end */
+    int rows = 0, failed_rows = 0, nonfinite_rows = 0, mismatch_rows = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const shape *sh = &shapes[s];
         if (strcmp(which, "all") && strncmp(sh->model, which, strlen(which)))
@@ -413,12 +453,13 @@ int main(int argc, char **argv)
             }
             CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * es, cudaMemcpyDeviceToDevice));
             CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
-            int finite = 1;
+            /* on check, libmoe's output as its last timed run left it: the cuBLAS runs below overwrite p.out */
+            const int finite = output_finite(ctx.handle, check, count, dtype);
             double diff = 0, tf_loop = 0, tf_group = 0, tf_dense = 0;
             if (!libmoe_only) {
                 float t_loop = time_median(&ctx, run_cublas_loop, &p);
-                if (!topk_weights)
-                    diff = sample_difference(check, p.out, count, &rng, &finite);
+                if (!topk_weights) /* p.out: cublas-loop's output (the grouped and dense runs come after) */
+                    diff = sample_difference(check, p.out, count, &rng);
                 setup_grouped(&p);
                 float t_group = time_median(&ctx, run_cublas_grouped, &p);
                 free_grouped(&p);
@@ -427,11 +468,14 @@ int main(int argc, char **argv)
             }
             const double tf_moe = flops / t_moe / 1e9;
             const double best = tf_loop > tf_group ? tf_loop : tf_group;
-            printf("%-14s %-8s %-4s %6lld %6lld %6lld | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f%s\n", sh->model, sh->gemm,
-                   op_names[op], (long long)M, (long long)N, (long long)K, tf_moe, tf_loop, tf_group, tf_dense,
-                   best > 0 ? tf_moe / best : 0.0, tf_dense > 0 ? tf_moe / tf_dense : 0.0,
-                   !finite ? "  NONFINITE OUTPUT" : diff > 0.05 ? "  MISMATCH vs cuBLAS" : "");
+            const int mismatch = diff > 0.05;
+            printf("%-14s %-8s %-4s %6lld %6lld %6lld | %8.1f %8.1f %8.1f %8.1f | %6.2f %6.2f%s%s\n", sh->model,
+                   sh->gemm, op_names[op], (long long)M, (long long)N, (long long)K, tf_moe, tf_loop, tf_group,
+                   tf_dense, best > 0 ? tf_moe / best : 0.0, tf_dense > 0 ? tf_moe / tf_dense : 0.0,
+                   !finite ? "  NONFINITE OUTPUT" : "", mismatch ? "  MISMATCH vs cuBLAS" : "");
             fflush(stdout);
+            rows++;
+            nonfinite_rows += !finite, mismatch_rows += mismatch, failed_rows += !finite || mismatch;
             if (csv)
                 fprintf(csv, "%s,%s,%s,%lld,%lld,%lld,%.1f,%.1f,%.1f,%.1f\n", sh->model, sh->gemm, op_names[op],
                         (long long)M, (long long)N, (long long)K, tf_moe, tf_loop, tf_group, tf_dense);
@@ -450,5 +494,11 @@ int main(int argc, char **argv)
     free(ctx.starts), free(ctx.stops);
     CUDA_CHECK(cudaFree(ctx.flush));
     cublasDestroy(ctx.handle);
+    if (failed_rows > 0) {
+        fprintf(stderr, "moe-bench: FAIL: %d of %d rows: %d with a non-finite libmoe output (NaN or Inf, or squares "
+                        "beyond fp32's range), %d with a mismatch vs cuBLAS (sampled relative difference > 0.05)\n",
+                failed_rows, rows, nonfinite_rows, mismatch_rows);
+        return 1;
+    }
     return 0;
 }

@@ -226,7 +226,8 @@ struct GemmArgs {
     int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
     int tma_out_wide;       // sm90, dW with a 16-bit output and tma_out: maps.out_wide (64-row boxes) encoded
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
-                            // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right)
+                            // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right);
+                            // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right)
     Workspace ws;
 };
 
@@ -1704,6 +1705,7 @@ GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *t
     g.cols_j = cols_j;
     g.accumulate = r->accumulate;
     g.a = r->a, g.b = r->b, g.out = r->out;
+    g.sm90_skip = getenv("MOE_SM90_SKIP") ? atoi(getenv("MOE_SM90_SKIP")) : 0; // as the grouped GEMM's calls
     g.ws.offsets = const_cast<int64_t *>(r->offsets);
     g.ws.tile_start = tile_start;
     g.ws.lone_start = lone_start;

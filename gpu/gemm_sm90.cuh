@@ -18,7 +18,8 @@
 //     is overwritten and its rows are in tile order (g.tma_out: dW, fwd without permute_y, dX without
 //     permute_x or reduce_topk), the warps round into swizzled shared-memory boxes that TMA stores, and
 //     go on to the next tile's MMAs while the stores drain (fwd and dX borrow the stage of the tile's
-//     last k-step for those boxes until the next tile's second k-step; dW with every operand and a 16-bit
+//     last k-step for those boxes, once both warpgroups' MMAs are done with it, until the next tile's
+//     second k-step; dW with every operand and a 16-bit
 //     output by TMA rounds each warpgroup's 64 x 256 half into 8 KiB boxes of 64 rows, h_store_wg_wide,
 //     the WIDE variant with its own shared-memory layout).  An m64 block whose rows all lie
 //     past the expert's end issues no MMAs.  bf16 dW with fused topk weights (WEIGHTED) takes A = w * dY
@@ -876,9 +877,15 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 #pragma unroll
                 for (int i = 0; i < BN / 2; i++)
                     d[h][i] = 0.0f;
+            // race probe (tests only, MOE_SM90_SKIP & 32): the second warpgroup issues each tile's last MMAs
+            // ~20 us late, so that the first reaches its epilogue long before they have read the stage
+            const bool late_last_step = (g.sm90_skip & 32) && wg == 1;
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % H_STAGES);
                 mbar_wait(full_bar + 8 * s, (it / H_STAGES) & 1);
+                if (late_last_step && step == steps - 1)
+                    for (int i = 0; i < 40; i++)
+                        __nanosleep(500);
                 if (OP == OP_DW && g.tma_rows && qlen - step * H_BK < H_BK)
                     h_zero_tail_rows(smem_base + s * H_STAGE_BYTES, (int)(qlen - step * H_BK), threadIdx.x - H_PRODUCERS);
                 if (!(g.sm90_skip & 2)) {
@@ -906,6 +913,16 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             const bool hold = HOLD_LAST_STAGE && g.tma_out && steps > 0 && !(g.sm90_skip & 1);
             if (steps > 0 && !hold)
                 release((it - 1) % H_STAGES);
+            // The spare boxes of the held stage overlay the operands both warpgroups' MMAs of its k-step read
+            // (consumer warp c writes KiB 6c .. 6c + 5 of it: the first warpgroup's warps the second's A rows and
+            // B's first 8 KiB, the second's the rest of B), so no warp writes one before both warpgroups' MMAs
+            // are done (wgmma_wait<0> above waits for the warpgroup's own only).  Without this barrier a
+            // warpgroup that ran ahead overwrote the other's operands: NaN in rows 64 .. 127 of a tile under
+            // compute-sanitizer's racecheck, and test_gpu_gemm's race probe fails (bench/RESULTS.md,
+            // 2026-11-27, eighth session).  Placing the wait before a warp's first box in B instead, with the
+            // boxes in the warpgroup's own A rows first, measured 2% slower on Qwen3-30B-A3B (same note).
+            if (hold)
+                named_sync(1, H_CONSUMERS);
             held = hold ? (int)((it - 1) % H_STAGES) : -1;
             slots.spare_addr = smem_base + (hold ? held * H_STAGE_BYTES : 0) + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES;
             slots.count = hold ? H_EPI_BOXES + H_SPARE_BOXES : H_EPI_BOXES;

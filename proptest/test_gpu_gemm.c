@@ -13,7 +13,12 @@
  *      exact data; invalid size lists are reported as a walk over m_sizes in expert order finds them;
  *   7. (after the trials) dW isolates experts: Inf and NaN in one expert's rows of dY (and of X, in expert
  *      order) leave every other expert's dW bitwise unchanged, although an expert's last, partial k-step
- *      loads its neighbour's rows (the kernel must zero them in both operands: Inf * 0 is NaN).
+ *      loads its neighbour's rows (the kernel must zero them in both operands: Inf * 0 is NaN);
+ *   8. (after the trials) the Hopper kernel's race probe: fwd and dX with TMA stores (no permutes) and
+ *      experts of 100 rows or more give bitwise the same output when, through MOE_SM90_SKIP=32, its second
+ *      consumer warpgroup issues each tile's last MMAs ~20 us late (so a warp of the first that reused
+ *      shared memory the second still reads would corrupt the second's rows).  Skipped when the caller
+ *      set MOE_SM90_SKIP; on other GPUs the probe changes nothing and the property holds trivially.
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
@@ -376,6 +381,73 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
            checked);
 }
 
+static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
+{
+    if (getenv("MOE_SM90_SKIP") != NULL) {
+        printf("race probe: skipped (MOE_SM90_SKIP is set)\n");
+        return;
+    }
+    static const int64_t dims[] = {128, 136, 256, 264}; /* two or more output boxes per warp and row group */
+    for (int c = 0; c < cases; c++) {
+        if (cycle_variants)
+            pick_sm90_variant(c);
+        const int64_t E = 1 + (int64_t)oracle_rng_below(rng, 3), k = 1 + (int64_t)oracle_rng_below(rng, E < 2 ? 1 : 2);
+        const int64_t T = (100 + (int64_t)oracle_rng_below(rng, 300)) * E / k, M = T * k;
+        const int64_t N = dims[oracle_rng_below(rng, 4)], K = dims[oracle_rng_below(rng, 4)];
+        const moe_dtype dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F16;
+        moe_gemm_options o = {0};
+        o.dtype = dtype;
+        const int weighted = (int)oracle_rng_below(rng, 2);
+        int64_t *ids = xmalloc((size_t)M * 8), *m = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
+        oracle_topk_ids(rng, T, k, E, ids);
+        CHECK(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        uint16_t *x = xmalloc((size_t)(M * K) * 2), *w = xmalloc((size_t)(E * N * K) * 2);
+        uint16_t *dy = xmalloc((size_t)(M * N) * 2), *tw = xmalloc((size_t)M * 2);
+        oracle_fill(rng, dtype, x, M * K, 0);
+        oracle_fill(rng, dtype, w, E * N * K, 0);
+        oracle_fill(rng, dtype, dy, M * N, 0);
+        oracle_fill(rng, dtype, tw, M, 0);
+        moe_routing dev = {T, k, E, to_device(m, (size_t)E * 8), to_device(gather, (size_t)M * 8)};
+        void *dev_x = to_device(x, (size_t)(M * K) * 2), *dev_w = to_device(w, (size_t)(E * N * K) * 2);
+        void *dev_dy = to_device(dy, (size_t)(M * N) * 2), *dev_tw = weighted ? to_device(tw, (size_t)M * 2) : NULL;
+        const size_t bytes = (size_t)(M * (N > K ? N : K)) * 2;
+        uint16_t *poison = xmalloc(bytes), *plain = xmalloc(bytes), *probed = xmalloc(bytes);
+        oracle_poison(dtype, poison, M * (N > K ? N : K));
+        void *dev_out = to_device(poison, bytes);
+        for (int op = FWD; op <= DX; op++) {
+            for (int probe = 0; probe < 2; probe++) {
+                if (probe)
+                    CHECK(setenv("MOE_SM90_SKIP", "32", 1) == 0, "setenv failed");
+                CUDA_CHECK(cudaMemcpy(dev_out, poison, bytes, cudaMemcpyHostToDevice));
+                const moe_status st =
+                    op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_w, dev_tw, dev_out, &o)
+                              : moe_gemm_dx(MOE_BACKEND_CUDA, &dev, N, K, dev_dy, dev_w, dev_tw, dev_out, &o);
+                CHECK(st == MOE_OK && moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "race probe case %d %s: %s",
+                      c, op_names[op], moe_last_error());
+                unsetenv("MOE_SM90_SKIP");
+                to_host(probe ? probed : plain, dev_out, bytes);
+            }
+            const int64_t count = M * (op == FWD ? N : K);
+            int64_t first_difference = -1;
+            for (int64_t i = 0; i < count && first_difference < 0; i++)
+                if (plain[i] != probed[i])
+                    first_difference = i;
+            const int64_t cols = op == FWD ? N : K;
+            CHECK(first_difference < 0,
+                  "FAIL race probe: %s with a late second warpgroup differs from the plain run at element %lld (row "
+                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d",
+                  op_names[op], (long long)first_difference, (long long)(first_difference / cols),
+                  (long long)(first_difference % cols), c, (long long)T, (long long)k, (long long)E, (long long)N,
+                  (long long)K, moe_dtype_name(dtype), weighted);
+        }
+        CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_w));
+        CUDA_CHECK(cudaFree(dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
+        CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
+        free(ids), free(m), free(gather), free(x), free(w), free(dy), free(tw), free(poison), free(plain), free(probed);
+    }
+    printf("race probe: %d cases, fwd and dX bitwise the same with the second warpgroup's last MMAs late\n", cases);
+}
+
 static int64_t pick_dim(oracle_rng *rng)
 {
     static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
@@ -561,5 +633,6 @@ int main(int argc, char **argv)
            "bound\n", trials, families, tf32_trials, (long long)checked, worst);
     many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
     dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
+    race_probe(&rng, trials / 6 > 8 ? trials / 6 : 8, cycle_variants);
     return 0;
 }
