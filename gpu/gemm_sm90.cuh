@@ -922,7 +922,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             // 2026-11-27, eighth session).  Placing the wait before a warp's first box in B instead, with the
             // boxes in the warpgroup's own A rows first, measured 2% slower on Qwen3-30B-A3B (same note).
             if (hold)
-                named_sync(1, H_CONSUMERS);
+                consumer_sync(); // named barrier 2: barrier 1 is the producers' (producer_sync)
             held = hold ? (int)((it - 1) % H_STAGES) : -1;
             slots.spare_addr = smem_base + (hold ? held * H_STAGE_BYTES : 0) + consumer_warp * H_SPARE_BOXES * H_TMA_BOX_BYTES;
             slots.count = hold ? H_EPI_BOXES + H_SPARE_BOXES : H_EPI_BOXES;

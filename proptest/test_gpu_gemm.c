@@ -14,7 +14,7 @@
  *   7. (after the trials) dW isolates experts: Inf and NaN in one expert's rows of dY (and of X, in expert
  *      order) leave every other expert's dW bitwise unchanged, although an expert's last, partial k-step
  *      loads its neighbour's rows (the kernel must zero them in both operands: Inf * 0 is NaN);
- *   8. (after the trials) the Hopper kernel's race probe: fwd and dX with TMA stores (no permutes) and
+ *   8. (after the trials) the Hopper kernel's race probe: fwd (X by TMA or gathered) and dX with TMA stores and
  *      experts of 100 rows or more give bitwise the same output when, through MOE_SM90_SKIP=32, its second
  *      consumer warpgroup issues each tile's last MMAs ~20 us late (so a warp of the first that reused
  *      shared memory the second still reads would corrupt the second's rows).  Skipped when the caller
@@ -397,6 +397,7 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
         const moe_dtype dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F16;
         moe_gemm_options o = {0};
         o.dtype = dtype;
+        o.permute_x = (int)oracle_rng_below(rng, 2); /* fwd: X rows gathered by the producers (cp.async) */
         const int weighted = (int)oracle_rng_below(rng, 2);
         int64_t *ids = xmalloc((size_t)M * 8), *m = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
         oracle_topk_ids(rng, T, k, E, ids);
@@ -435,10 +436,10 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
             const int64_t cols = op == FWD ? N : K;
             CHECK(first_difference < 0,
                   "FAIL race probe: %s with a late second warpgroup differs from the plain run at element %lld (row "
-                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d",
+                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d permute_x=%d",
                   op_names[op], (long long)first_difference, (long long)(first_difference / cols),
                   (long long)(first_difference % cols), c, (long long)T, (long long)k, (long long)E, (long long)N,
-                  (long long)K, moe_dtype_name(dtype), weighted);
+                  (long long)K, moe_dtype_name(dtype), weighted, o.permute_x);
         }
         CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_w));
         CUDA_CHECK(cudaFree(dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
