@@ -381,7 +381,7 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
            checked);
 }
 
-static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
+static void race_probe(oracle_rng *rng, int cases, int cycle_variants, const char *argv0, uint64_t seed, int trials)
 {
     if (getenv("MOE_SM90_SKIP") != NULL) {
         printf("race probe: skipped (MOE_SM90_SKIP is set)\n");
@@ -423,8 +423,8 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
                 const moe_status st =
                     op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_w, dev_tw, dev_out, &o)
                               : moe_gemm_dx(MOE_BACKEND_CUDA, &dev, N, K, dev_dy, dev_w, dev_tw, dev_out, &o);
-                CHECK(st == MOE_OK && moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "race probe case %d %s: %s",
-                      c, op_names[op], moe_last_error());
+                CHECK(st == MOE_OK && moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK,
+                      "race probe case %d %s: %s", c, op_names[op], moe_last_error());
                 unsetenv("MOE_SM90_SKIP");
                 to_host(probe ? probed : plain, dev_out, bytes);
             }
@@ -436,10 +436,11 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants)
             const int64_t cols = op == FWD ? N : K;
             CHECK(first_difference < 0,
                   "FAIL race probe: %s with a late second warpgroup differs from the plain run at element %lld (row "
-                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d permute_x=%d",
+                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d permute_x=%d\n"
+                  "  replay: %s %llu %d",
                   op_names[op], (long long)first_difference, (long long)(first_difference / cols),
                   (long long)(first_difference % cols), c, (long long)T, (long long)k, (long long)E, (long long)N,
-                  (long long)K, moe_dtype_name(dtype), weighted, o.permute_x);
+                  (long long)K, moe_dtype_name(dtype), weighted, o.permute_x, argv0, (unsigned long long)seed, trials);
         }
         CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_w));
         CUDA_CHECK(cudaFree(dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
@@ -634,6 +635,6 @@ int main(int argc, char **argv)
            "bound\n", trials, families, tf32_trials, (long long)checked, worst);
     many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
     dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
-    race_probe(&rng, trials / 6 > 8 ? trials / 6 : 8, cycle_variants);
+    race_probe(&rng, trials / 6 > 8 ? trials / 6 : 8, cycle_variants, argv[0], seed, trials);
     return 0;
 }
