@@ -194,14 +194,14 @@ static void run_dense(void *state)
 static void setup_grouped(problem *p)
 {
     const int64_t E = p->E, N = p->N, K = p->K;
-    p->A = malloc(sizeof(void *) * (size_t)E), p->B = malloc(sizeof(void *) * (size_t)E), p->C = malloc(sizeof(void *) * (size_t)E);
-    p->gm = malloc(sizeof(int) * (size_t)E), p->gn = malloc(sizeof(int) * (size_t)E), p->gk = malloc(sizeof(int) * (size_t)E);
-    p->glda = malloc(sizeof(int) * (size_t)E), p->gldb = malloc(sizeof(int) * (size_t)E), p->gldc = malloc(sizeof(int) * (size_t)E);
-    p->gsize = malloc(sizeof(int) * (size_t)E);
-    p->ta = malloc(sizeof(cublasOperation_t) * (size_t)E), p->tb = malloc(sizeof(cublasOperation_t) * (size_t)E);
-    p->alphas = malloc(sizeof(float) * (size_t)E), p->betas = malloc(sizeof(float) * (size_t)E);
-    const void **hA = malloc(sizeof(void *) * (size_t)E), **hB = malloc(sizeof(void *) * (size_t)E);
-    void **hC = malloc(sizeof(void *) * (size_t)E);
+    /* host arrays of the per-group arguments; A, B, C (the groups' pointers) live on the device, below */
+    const size_t ints = sizeof(int) * (size_t)E, ptrs = sizeof(void *) * (size_t)E;
+    p->gm = xmalloc(ints), p->gn = xmalloc(ints), p->gk = xmalloc(ints);
+    p->glda = xmalloc(ints), p->gldb = xmalloc(ints), p->gldc = xmalloc(ints), p->gsize = xmalloc(ints);
+    p->ta = xmalloc(sizeof(cublasOperation_t) * (size_t)E), p->tb = xmalloc(sizeof(cublasOperation_t) * (size_t)E);
+    p->alphas = xmalloc(sizeof(float) * (size_t)E), p->betas = xmalloc(sizeof(float) * (size_t)E);
+    const void **hA = xmalloc(ptrs), **hB = xmalloc(ptrs);
+    void **hC = xmalloc(ptrs);
     int64_t row0 = 0;
     const char *X = p->x, *W = p->w, *DY = p->dy;
     char *OUT = p->out;
@@ -223,12 +223,12 @@ static void setup_grouped(problem *p)
         }
         row0 += m;
     }
-    CUDA_CHECK(cudaMalloc((void **)&p->A, sizeof(void *) * (size_t)E));
-    CUDA_CHECK(cudaMalloc((void **)&p->B, sizeof(void *) * (size_t)E));
-    CUDA_CHECK(cudaMalloc((void **)&p->C, sizeof(void *) * (size_t)E));
-    CUDA_CHECK(cudaMemcpy(p->A, hA, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(p->B, hB, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(p->C, hC, sizeof(void *) * (size_t)E, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc((void **)&p->A, ptrs));
+    CUDA_CHECK(cudaMalloc((void **)&p->B, ptrs));
+    CUDA_CHECK(cudaMalloc((void **)&p->C, ptrs));
+    CUDA_CHECK(cudaMemcpy(p->A, hA, ptrs, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p->B, hB, ptrs, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(p->C, hC, ptrs, cudaMemcpyHostToDevice));
     free(hA), free(hB), free(hC);
 }
 
@@ -373,7 +373,8 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs; T = %lld, %s, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
-           (long long)T, allow_tf32 ? "f32 with allow_tf32" : dtype_name, repeat, sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
+           (long long)T, allow_tf32 ? "f32 with allow_tf32" : dtype_name, repeat,
+           sync_each ? "host waits for each call" : "L2 flushed before each call, no host waits");
     if (topk_weights)
         printf("libmoe with fused topk weights (random, of the dtype); cuBLAS without them, its output not compared\n");
     bench_ctx ctx = {0};
@@ -402,7 +403,7 @@ int main(int argc, char **argv)
         if (strcmp(which, "all") && strncmp(sh->model, which, strlen(which)))
             continue;
         const int64_t E = sh->E, k = sh->k, N = sh->N, K = sh->K, M = T * k;
-        int64_t *ids = malloc((size_t)M * 8), *m_sizes = malloc((size_t)E * 8), *gather = malloc((size_t)M * 8);
+        int64_t *ids = xmalloc((size_t)M * 8), *m_sizes = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
         oracle_topk_ids(&rng, T, k, E, ids); /* k distinct experts per token, uniformly at random */
         CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
         problem p = {0};
