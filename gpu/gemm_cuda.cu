@@ -1251,6 +1251,13 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
     return true;
 }
 
+// GemmArgs::sm90_skip of every call, the grouped GEMM's and the MLP's rows GEMMs': MOE_SM90_SKIP, else 0.
+int sm90_skip_from_env()
+{
+    const char *skip = getenv("MOE_SM90_SKIP");
+    return skip != NULL ? atoi(skip) : 0;
+}
+
 // Tile rows of the sm90 kernel: the heuristic of gemm_sm90.cuh takes 128 for every shape.
 // MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned choice (autotune table or the
 // autotune driver's candidate; NULL: none) comes after the override.
@@ -1594,7 +1601,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         g.out = (op == OP_TOPK_GRAD || reduce) ? static_cast<void *>(ws + partial_offset) : out;
         g.out_is_workspace = op == OP_TOPK_GRAD || reduce;
         g.partial_stride = col_tiles;
-        g.sm90_skip = getenv("MOE_SM90_SKIP") ? atoi(getenv("MOE_SM90_SKIP")) : 0;
+        g.sm90_skip = sm90_skip_from_env();
         g.ws = w;
         status = launch_plan(plan, op, g, max_tiles_of(op, E, M, p->N, BM, col_tiles), stream);
         if (status != MOE_OK)
@@ -1705,7 +1712,7 @@ GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *t
     g.cols_j = cols_j;
     g.accumulate = r->accumulate;
     g.a = r->a, g.b = r->b, g.out = r->out;
-    g.sm90_skip = getenv("MOE_SM90_SKIP") ? atoi(getenv("MOE_SM90_SKIP")) : 0; // as the grouped GEMM's calls
+    g.sm90_skip = sm90_skip_from_env();
     g.ws.offsets = const_cast<int64_t *>(r->offsets);
     g.ws.tile_start = tile_start;
     g.ws.lone_start = lone_start;
