@@ -65,6 +65,7 @@ struct Workspace {
     int64_t *offsets;     // [E+1] expert row offsets
     int64_t *tile_start;  // [E+1] first tile of each expert (row-tiled ops); paired sm90 kernel: first pair unit
     int64_t *lone_start;  // [E+1] first lone tile of each expert (paired sm90 kernel; all 0 otherwise)
+    unsigned long long *tile_counter; // tiles taken after the CTAs' first (sm90 dynamic tiles), zeroed as status
     unsigned *seen;       // [M/32+1] permutation bitmap
     int *status;          // this call's status (DeviceErrorKind)
 };
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(SIZES_THREADS) check_sizes_kernel(const int64_
     for (int64_t i = threadIdx.x; i < seen_words; i += SIZES_THREADS)
         ws.seen[i] = 0;
     if (threadIdx.x == 0)
-        *ws.status = 0, ws.offsets[0] = 0, ws.tile_start[0] = 0, ws.lone_start[0] = 0;
+        *ws.status = 0, *ws.tile_counter = 0, ws.offsets[0] = 0, ws.tile_start[0] = 0, ws.lone_start[0] = 0;
     int64_t carried[3] = {0, 0, 0}; // rows, tiles, lone tiles of the experts of earlier rounds
     for (int64_t e0 = 0; e0 < E; e0 += SIZES_THREADS) {
         const int64_t e = e0 + threadIdx.x;
@@ -225,6 +226,7 @@ struct GemmArgs {
     int tma_rows;           // sm90: the row operands are contiguous and come by TMA (see gemm_sm90.cuh)
     int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
     int tma_out_wide;       // sm90, dW with a 16-bit output and tma_out: maps.out_wide (64-row boxes) encoded
+    int dynamic_tiles;      // sm90_gemm_kernel without clusters, with tma_rows: later tiles from ws.tile_counter
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right);
                             // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right)
@@ -1258,6 +1260,24 @@ int sm90_skip_from_env()
     return skip != NULL ? atoi(skip) : 0;
 }
 
+// Dynamic tiles (gemm_sm90.cuh, h_run_scheduler: a CTA takes its next tile when its ring reaches it, not
+// every gridDim.x-th) in sm90_gemm_kernel without clusters, where every operand comes by TMA, for fwd and dX
+// with a reduction of at least H_DYNAMIC_REDUCTION.  There tiles are long and few per CTA, and an expert's last
+// row tile, often short, unbalances the static order; where the reduction is short they cost time.  Measured
+// on H100s (bench/RESULTS.md, 2026-11-27, ninth session; T = 4096, TFLOP/s static -> dynamic): DeepSeek-V3 dX
+// (N = 4096) 333 -> 347-350 in five calls, Mixtral-8x7B down dX (N = 4096) +2-6% in most calls, and with the
+// pairing rule of sm90_cluster_size DeepSeek-V3 T = 8192 fwd / dX 432 / 423 -> 502 / 490; Qwen3-30B-A3B (K = 2048,
+// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).
+// MOE_SM90_DYNAMIC=0|1 forces them off or on (where the kernel can take them).
+constexpr int64_t H_DYNAMIC_REDUCTION = 4096;
+bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
+{
+    const char *forced = getenv("MOE_SM90_DYNAMIC");
+    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
+        return forced[0] == '1';
+    return (op == OP_FWD && p->K >= H_DYNAMIC_REDUCTION) || (op == OP_DX && p->N >= H_DYNAMIC_REDUCTION);
+}
+
 // Tile rows of the sm90 kernel: the heuristic of gemm_sm90.cuh takes 128 for every shape.
 // MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned choice (autotune table or the
 // autotune driver's candidate; NULL: none) comes after the override.
@@ -1274,13 +1294,17 @@ int sm90_tile_rows(int op, const moe_tune_choice *tuned)
 }
 
 // The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the
-// reduction K has at least H_PAIRED_REDUCTION elements, whatever the rows per expert: measured on an H100
+// reduction K has at least H_PAIRED_REDUCTION elements and the experts at least H_PAIRED_ROWS rows on average.
+// Before dynamic tiles (sm90_dynamic_tiles) it took every K >= H_PAIRED_REDUCTION: measured on an H100
 // (bench/RESULTS.md, 2026-11-24, MOE_SM90_CLUSTER=1 vs 2, TFLOP/s) DeepSeek-V3 fwd T = 2048 169 vs 171, T = 4096
 // 260 vs 333, T = 8192 259 vs 432; Mixtral fwd T = 1024 gate_up 418 vs 417, down 452 vs 458, T = 4096 down 651 vs
-// 687.  Where K is short it loses (Qwen3 gate_up, K = 2048: T = 4096 463 vs 373, T = 8192 599 vs 527), and for dX
-// on every shape (Qwen3 gate_up T = 4096 474 vs 365, Mixtral down 650 vs 577), which keeps the kernel for
-// autotune and MOE_SM90_CLUSTER=2.  (Until 2026-11-23 pairs also needed >= 512 rows per expert, from autotune
-// tables taken before the held-stage epilogue.)  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
+// 687.  With dynamic tiles the unpaired kernel wins where the experts are short (2026-11-27, ninth session:
+// T = 1024 Mixtral gate_up / down fwd 528 / 453 vs 446 / 383, T = 4096 DeepSeek-V3 345 vs 332, Mixtral gate_up
+// 673-696 vs 657-687) and pairs still win on long experts (Mixtral T = 16384, 4096 rows per expert: down fwd
+// 750 vs 649).  Where K is short pairs lose (Qwen3 gate_up, K = 2048: T = 4096 463 vs 373, T = 8192 599 vs 527),
+// and for dX on every shape (Qwen3 gate_up T = 4096 474 vs 365, Mixtral down 650 vs 577), which keeps the
+// kernel for autotune and MOE_SM90_CLUSTER=2.  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
+constexpr int64_t H_PAIRED_ROWS = 2048;
 int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_choice *tuned)
 {
     if (op == OP_DW || bm != 128)
@@ -1290,7 +1314,7 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90)
         return tuned->cluster == 2 ? 2 : 1;
-    return op == OP_FWD && p->K >= H_PAIRED_REDUCTION ? 2 : 1;
+    return op == OP_FWD && p->K >= H_PAIRED_REDUCTION && p->rows >= H_PAIRED_ROWS * p->num_experts ? 2 : 1;
 }
 
 // dW with every operand and the (16-bit) output by TMA takes the ping-pong kernel (gemm_sm90.cuh) when the
@@ -1507,6 +1531,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     }
     plan->dw_pingpong = plan->family == FAMILY_SM90 && op == OP_DW && !weighted_dw && g->tma_rows && g->tma_out_wide &&
                         sm90_dw_pingpong(p, tuned);
+    g->dynamic_tiles = plan->family == FAMILY_SM90 && plan->cluster == 1 && (op == OP_FWD || op == OP_DX) &&
+                       g->tma_rows && sm90_dynamic_tiles(p, op);
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
     if (tunable) {
@@ -1565,7 +1591,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     // workspace: offsets, tile starts, bitmap, status, and the fp32 buffer of a reduction
     const int64_t bitmap_words = M / 32 + 1;
     const int64_t partials = op == OP_TOPK_GRAD ? M * col_tiles : reduce ? M * p->K : 0;
-    size_t bytes = (size_t)(3 * (E + 1)) * 8 + (size_t)bitmap_words * 4 + 16;
+    size_t bytes = (size_t)(3 * (E + 1) + 1) * 8 + (size_t)bitmap_words * 4 + 16;
     bytes = (bytes + 255) / 256 * 256;
     const size_t partial_offset = bytes;
     bytes += (size_t)partials * 4;
@@ -1575,7 +1601,8 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     w.offsets = reinterpret_cast<int64_t *>(ws);
     w.tile_start = w.offsets + (E + 1);
     w.lone_start = w.tile_start + (E + 1);
-    w.seen = reinterpret_cast<unsigned *>(w.lone_start + (E + 1));
+    w.tile_counter = reinterpret_cast<unsigned long long *>(w.lone_start + (E + 1));
+    w.seen = reinterpret_cast<unsigned *>(w.tile_counter + 1);
     w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
     do {
         const bool check_gather = p->gather_indices != NULL && M > 0;
@@ -1627,14 +1654,15 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
 // Tile starts of a rows GEMM from trusted offsets: one warp, 32 experts at a time, shuffle prefix sums.
 // (paired: also the lone tiles' starts, as check_sizes_kernel.)
 __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col_tiles, int64_t rows_per_tile,
-                                  int paired, int64_t *tile_start, int64_t *lone_start, const int *status)
+                                  int paired, int64_t *tile_start, int64_t *lone_start,
+                                  unsigned long long *tile_counter, const int *status)
 {
     if (blockIdx.x != 0 || threadIdx.x >= 32 || *status != 0)
         return;
     const int lane = threadIdx.x;
     int64_t carried = 0, carried_lone = 0;
     if (lane == 0)
-        tile_start[0] = 0, lone_start[0] = 0;
+        tile_start[0] = 0, lone_start[0] = 0, *tile_counter = 0;
     for (int64_t e0 = 0; e0 < E; e0 += 32) {
         const int64_t e = e0 + lane;
         int64_t lone = 0;
@@ -1685,25 +1713,28 @@ moe_status with_tile_starts(const MoeRowsGemm *r, int64_t col_tiles, int64_t row
 {
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
     int64_t *tile_start = nullptr;
-    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)(r->E + 1) * 2 * 8, stream)); // tile_start, lone_start
+    // tile_start, lone_start, the tile counter
+    MOE_CUDA_CHECK(cudaMallocAsync(&tile_start, (size_t)((r->E + 1) * 2 + 1) * 8, stream));
     int64_t *const lone_start = tile_start + (r->E + 1);
+    unsigned long long *const tile_counter = reinterpret_cast<unsigned long long *>(lone_start + (r->E + 1));
     rows_tiles_kernel<<<1, 32, 0, stream>>>(r->offsets, r->E, col_tiles, rows_per_tile, paired, tile_start,
-                                            lone_start, r->status);
+                                            lone_start, tile_counter, r->status);
     moe_status status = MOE_OK;
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
     if (status == MOE_OK)
-        status = launch(tile_start, lone_start);
+        status = launch(tile_start, lone_start, tile_counter);
     err = cudaFreeAsync(tile_start, stream);
     if (status == MOE_OK && err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
     return status;
 }
 
-// GemmArgs of a rows GEMM (op, dtypes, shapes, operands, offsets and status from r; cols_j and the tile starts
-// from the caller).
-GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *tile_start, int64_t *lone_start)
+// GemmArgs of a rows GEMM (op, dtypes, shapes, operands, offsets and status from r; cols_j, the tile starts
+// and the tile counter from the caller).
+GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *tile_start, int64_t *lone_start,
+                        unsigned long long *tile_counter)
 {
     GemmArgs g = {};
     g.op = op;
@@ -1716,6 +1747,7 @@ GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *t
     g.ws.offsets = const_cast<int64_t *>(r->offsets);
     g.ws.tile_start = tile_start;
     g.ws.lone_start = lone_start;
+    g.ws.tile_counter = tile_counter;
     g.ws.seen = nullptr;
     g.ws.status = const_cast<int *>(r->status);
     return g;
@@ -1777,10 +1809,12 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
         return status;
     const int64_t cols_j = op == OP_FWD ? r->N : r->K;
     const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
-    return with_tile_starts(r, col_tiles, plan.bm, plan.cluster > 1, [&](int64_t *tile_start, int64_t *lone_start) {
-        GemmArgs g = rows_gemm_args(r, op, cols_j, tile_start, lone_start);
-        // what plan_gemm decided (tensor-map flags)
+    return with_tile_starts(r, col_tiles, plan.bm, plan.cluster > 1, [&](int64_t *tile_start, int64_t *lone_start,
+                                                                               unsigned long long *tile_counter) {
+        GemmArgs g = rows_gemm_args(r, op, cols_j, tile_start, lone_start, tile_counter);
+        // what plan_gemm decided (tensor-map flags, dynamic tiles)
         g.tma_rows = planned.tma_rows, g.tma_out = planned.tma_out, g.tma_out_wide = planned.tma_out_wide;
+        g.dynamic_tiles = planned.dynamic_tiles;
         g.partial_stride = col_tiles;
         return launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
     });
@@ -1830,9 +1864,10 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
     const int64_t col_tiles = (I + G_BI - 1) / G_BI;
     *taken = 1;
-    return with_tile_starts(r, col_tiles, G_BM, false, [&](int64_t *tile_start, int64_t *lone_start) {
+    return with_tile_starts(r, col_tiles, G_BM, false, [&](int64_t *tile_start, int64_t *lone_start,
+                                                                     unsigned long long *tile_counter) {
         // the dX form: out = a . W[e], reduction over N = H; column tiles of 64 i (gate and up)
-        GemmArgs g = rows_gemm_args(r, OP_DX, I, tile_start, lone_start);
+        GemmArgs g = rows_gemm_args(r, OP_DX, I, tile_start, lone_start, tile_counter);
         g.out_dtype = r->dtype, g.out = nullptr;
         const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
         return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)

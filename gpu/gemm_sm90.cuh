@@ -92,7 +92,12 @@ constexpr int H_EPI_WARP_BYTES = (16 * H_EPI_LD * 4 + H_TMA_BOX_BYTES - 1) / H_T
 constexpr int H_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 32) * H_EPI_WARP_BYTES; // full[S], empty[S]
 constexpr int H_ROWS_OFFSET = H_BARRIER_OFFSET + 2 * H_STAGES * 8; // producer row table, int64 [512]
 constexpr int H_WEIGHTS_OFFSET = H_ROWS_OFFSET + 512 * 8; // weighted dW: each stage's 64 topk weights, float [S][64]
-constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_WEIGHTS_OFFSET + H_STAGES * H_BK * 4;
+// The dynamic tiles' shared memory (g.dynamic_tiles; after the weights or, WIDE, after the ring's barriers):
+// the consumers' queue, H_TILE_QUEUE tile numbers (int64) then their full and empty mbarriers, then the
+// scheduler's claimed tile (int64) and its request and done mbarriers.
+constexpr int H_TILE_QUEUE = 4, H_TILE_QUEUE_BYTES = 3 * H_TILE_QUEUE * 8 + 3 * 8;
+constexpr int H_QUEUE_OFFSET = H_WEIGHTS_OFFSET + H_STAGES * H_BK * 4;
+constexpr size_t H_SMEM_BYTES = 1024 /* alignment */ + H_QUEUE_OFFSET + H_TILE_QUEUE_BYTES;
 static_assert(H_EPI_OFFSET % 1024 == 0 && H_EPI_BOXES * H_TMA_BOX_BYTES <= H_EPI_WARP_BYTES, "epilogue area");
 static_assert(H_SMEM_BYTES <= 232448, "shared memory of one CTA");
 // The wide dW epilogue (sm90_gemm_kernel's WIDE: dW with every operand and the 16-bit output by TMA): the
@@ -100,7 +105,8 @@ static_assert(H_SMEM_BYTES <= 232448, "shared memory of one CTA");
 // consumer warpgroup, and there is no producer row table (rows come by TMA).
 constexpr int H_WIDE_BOX_BYTES = 64 * 128, H_WIDE_RING = 2;
 constexpr int H_WIDE_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 128) * H_WIDE_RING * H_WIDE_BOX_BYTES;
-constexpr size_t H_WIDE_SMEM_BYTES = 1024 /* alignment */ + H_WIDE_BARRIER_OFFSET + 2 * H_STAGES * 8;
+constexpr int H_WIDE_QUEUE_OFFSET = H_WIDE_BARRIER_OFFSET + 2 * H_STAGES * 8;
+constexpr size_t H_WIDE_SMEM_BYTES = 1024 /* alignment */ + H_WIDE_QUEUE_OFFSET + H_TILE_QUEUE_BYTES;
 static_assert(H_WIDE_SMEM_BYTES <= 232448, "shared memory of one CTA (wide dW epilogue)");
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
 static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
@@ -640,8 +646,61 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
             tma_store_3d(map, box_addr, (int)col0, (int)row0, (int)t.e, policy);
     }
 }
-#endif
 
+// Dynamic tiles (sm90_gemm_kernel with g.dynamic_tiles and every operand by TMA).  A CTA's first tile is
+// blockIdx.x, as in the static order; each later one is gridDim.x + the next value of the call's tile counter
+// (zeroed by the call's first kernel), so that a CTA whose tiles were short (an expert's last row tile) takes
+// more of them and none waits at the end for a CTA that drew several long ones.  Tiles are still taken in
+// tile order (L2 sharing as in the static order), and each is reduced by one CTA in a fixed order: results
+// stay bitwise reproducible.  The claim is the atomic of a scheduler, lane 0 of producer warp 1 (idle when
+// every operand comes by TMA): producer thread 0 asks for the next tile (the request barrier) when it issues
+// the current tile's last H_STAGES k-steps (at once for a tile without k-steps) and takes the answer (the done
+// barrier) when it reaches that tile, so the atomic's latency is off the ring's path.  (The claim made by thread
+// 0 itself, at the tile's start or H_STAGES k-steps ahead, measured the same: all three ran Qwen3-30B-A3B 2-4%
+// slower than the static order while reading fewer bytes, which is why gemm_cuda.cu's sm90_dynamic_tiles takes
+// them only for long reductions; bench/RESULTS.md, 2026-11-27, ninth session.)  Thread 0 then hands the tile
+// number to the consumers: number tile_count of a CTA goes into slot tile_count % H_TILE_QUEUE once the
+// consumers took the number that slot held before (its empty barrier).
+__device__ __forceinline__ void h_publish_tile(volatile int64_t *queue_tiles, uint32_t tile_full_bar,
+                                               uint32_t tile_empty_bar, int64_t tile_count, int64_t tile)
+{
+    const int q = (int)(tile_count % H_TILE_QUEUE);
+    const uint32_t round = (uint32_t)(tile_count / H_TILE_QUEUE);
+    mbar_wait(tile_empty_bar + 8 * q, (round & 1) ^ 1);
+    queue_tiles[q] = tile;
+    mbar_arrive(tile_full_bar + 8 * q); // release: the consumers' wait on it acquires the slot's value
+}
+
+// The scheduler (one thread, see above): answers each request of producer thread 0 with a claimed tile
+// number, until it claims one past the last tile (the producer stops there and asks no more).
+__device__ __forceinline__ void h_run_scheduler(const GemmArgs &g, int64_t tiles, volatile int64_t *claimed_tile,
+                                                uint32_t request_bar, uint32_t done_bar)
+{
+    for (uint32_t n = 0;; n++) {
+        mbar_wait(request_bar, n & 1);
+        const int64_t tile = (int64_t)gridDim.x + (int64_t)atomicAdd(g.ws.tile_counter, 1ull);
+        *claimed_tile = tile;
+        mbar_arrive(done_bar); // release: the producer's wait on it acquires the tile number
+        if (tile >= tiles)
+            return;
+    }
+}
+
+// The consumers' tile number tile_count: every consumer thread waits for its slot; each warp's lane 0 frees
+// the slot once the warp has read it.
+__device__ __forceinline__ int64_t h_take_tile(volatile int64_t *queue_tiles, uint32_t tile_full_bar,
+                                               uint32_t tile_empty_bar, int64_t tile_count, int lane)
+{
+    const int q = (int)(tile_count % H_TILE_QUEUE);
+    mbar_wait(tile_full_bar + 8 * q, (uint32_t)(tile_count / H_TILE_QUEUE) & 1);
+    const int64_t tile = queue_tiles[q];
+    __syncwarp();
+    if (lane == 0)
+        mbar_arrive(tile_empty_bar + 8 * q);
+    return tile;
+}
+
+#endif
 
 // CLUSTER = 2: the paired kernel (file header).  Its CTAs walk their k-steps in lockstep (every unit has the
 // same number: K for fwd, N for dX), since a stage is refilled only when the consumers of both released it.
@@ -662,6 +721,15 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + (WIDE ? H_WIDE_BARRIER_OFFSET : H_BARRIER_OFFSET), empty_bar = full_bar + H_STAGES * 8;
     int64_t *row_table = WIDE ? nullptr : reinterpret_cast<int64_t *>(smem + H_ROWS_OFFSET);
+    // dynamic tiles (h_run_scheduler and h_publish_tile above): the consumers' queue of H_TILE_QUEUE slots, each
+    // with a full barrier (thread 0's arrival) and an empty one (one arrival per consumer warp); the scheduler's
+    // answer and its request and done barriers (one arrival each)
+    const int queue_offset = WIDE ? H_WIDE_QUEUE_OFFSET : H_QUEUE_OFFSET;
+    volatile int64_t *queue_tiles = reinterpret_cast<volatile int64_t *>(smem + queue_offset);
+    volatile int64_t *claimed_tile = queue_tiles + 3 * H_TILE_QUEUE;
+    const uint32_t tile_full_bar = smem_base + queue_offset + H_TILE_QUEUE * 8, tile_empty_bar = tile_full_bar + H_TILE_QUEUE * 8;
+    const uint32_t request_bar = tile_empty_bar + H_TILE_QUEUE * 8 + 8, done_bar = request_bar + 8;
+    const bool dynamic = CLUSTER == 1 && g.dynamic_tiles && g.tma_rows;
     constexpr int TRANS_A = OP == OP_DW ? 1 : 0;
     constexpr int TRANS_B = OP == OP_FWD ? 0 : 1;
     constexpr int BN = h_bn(BM);
@@ -680,6 +748,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             mbar_init(full_bar + 8 * s, loaders + 1); // the loaders' (cp.async) arrivals + thread 0's (expect_tx) arrival
             mbar_init(empty_bar + 8 * s, CLUSTER * H_CONSUMERS / 32);
         }
+        for (int q = 0; q < H_TILE_QUEUE; q++) {
+            mbar_init(tile_full_bar + 8 * q, 1);
+            mbar_init(tile_empty_bar + 8 * q, H_CONSUMERS / 32);
+        }
+        mbar_init(request_bar, 1);
+        mbar_init(done_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
@@ -705,14 +779,32 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         const T *B = static_cast<const T *>(g.b);
         const uint64_t w_policy = l2_policy(!(g.sm90_skip & 16));
         uint32_t it = 0; // k-steps issued by this CTA over all its tiles (the consumers count the same)
-        int64_t tile_count = 0;
-        for (int64_t tile = p < loaders ? first_tile : tiles; tile < tiles; tile += tile_stride, tile_count++) {
+        if (dynamic && p == 32 && first_tile < tiles)
+            h_run_scheduler(g, tiles, claimed_tile, request_bar, done_bar);
+        int64_t tile = first_tile;
+        for (int64_t tile_count = 0; p < loaders; tile_count++) {
+            if (dynamic) { // (loaders == 32: warp 0)
+                if (p == 0) {
+                    if (tile_count > 0) {
+                        mbar_wait(done_bar, (uint32_t)(tile_count - 1) & 1);
+                        tile = *claimed_tile;
+                    }
+                    h_publish_tile(queue_tiles, tile_full_bar, tile_empty_bar, tile_count, tile);
+                }
+                tile = __shfl_sync(0xffffffffu, tile, 0);
+            } else if (tile_count > 0) {
+                tile += tile_stride;
+            }
+            if (tile >= tiles)
+                break;
             bool multicast;
             const TileCoord t = coord(tile, &multicast);
             // no rows (no loads, no MMAs): only the idle CTA of the paired kernel's last lone-tile unit
             const bool has_rows = CLUSTER == 1 || t.i0 < t.rows;
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
+            if (dynamic && p == 0 && steps == 0)
+                mbar_arrive(request_bar); // no k-step to ask at: the scheduler claims the next tile now
             const int64_t base = g.ws.offsets[t.e];
             // fwd, dX with gathered rows: source rows of A for this tile (-1 past m_e), double-buffered by
             // tile parity
@@ -727,6 +819,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % H_STAGES);
                 const uint32_t bar = full_bar + 8 * s;
+                if (dynamic && p == 0 && step == (steps > H_STAGES ? steps - H_STAGES : 0))
+                    mbar_arrive(request_bar); // the scheduler claims the next tile
                 mbar_wait(empty_bar + 8 * s, ((it / H_STAGES) & 1) ^ 1);
                 unsigned char *sa = smem + s * H_STAGE_BYTES, *sb = sa + A_BYTES;
                 const uint32_t sa_addr = smem_base + s * H_STAGE_BYTES, sb_addr = sa_addr + A_BYTES;
@@ -860,7 +954,11 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             release((uint32_t)held);
             held = -1;
         };
-        for (int64_t tile = first_tile; tile < tiles; tile += tile_stride) {
+        for (int64_t tile_count = 0;; tile_count++) {
+            const int64_t tile = dynamic ? h_take_tile(queue_tiles, tile_full_bar, tile_empty_bar, tile_count, lane)
+                                         : first_tile + tile_count * tile_stride;
+            if (tile >= tiles)
+                break;
             bool multicast;
             const TileCoord t = coord(tile, &multicast);
             const int64_t qlen = reduction_length(g, t.e);
