@@ -24,12 +24,13 @@
 //     the WIDE variant with its own shared-memory layout).  An m64 block whose rows all lie
 //     past the expert's end issues no MMAs.  bf16 dW with fused topk weights (WEIGHTED) takes A = w * dY
 //     from registers: ldmatrix.trans, the exact two-term split of the sm80 kernel, wgmma on both terms.
-// Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x); within an expert consecutive
-// tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each output
-// tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
+// Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x) or, for fwd and dX with long reductions
+// (g.dynamic_tiles, h_run_scheduler), dynamically in the same order from a per-call counter; within an expert
+// consecutive tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each
+// output tile is owned by one CTA that reduces in a fixed order: results are bitwise reproducible.
 //
 // Paired kernel (CLUSTER = 2; fwd and dX with 128-row tiles; the heuristic takes it for fwd when
-// K >= H_PAIRED_REDUCTION, autotune may take it for dX too):
+// K >= H_PAIRED_REDUCTION with long experts, sm90_cluster_size in gemm_cuda.cu; autotune may take it for dX too):
 // clusters of two CTAs take units of work (pair_unit_coord in gemm_cuda.cu).  A pair unit is two row tiles of
 // one expert with the same W block: each CTA's producer loads half of that block by TMA multicast into both
 // CTAs (box BN/2 n rows for fwd, half the 64 x 64 boxes for dX), so W crosses L2 -> SM once per pair.  Each
@@ -57,7 +58,8 @@
 
 // Tile shapes, BM x BN with BM * BN = 32768 (a stage holds 48 KiB either way):
 //   128 x 256: each consumer warpgroup one m64n256 block.  What the heuristic takes for every op (dW: N x K
-//              tiles, reduction over the expert's rows), paired for fwd when K >= H_PAIRED_REDUCTION.
+//              tiles, reduction over the expert's rows), paired for fwd when K >= H_PAIRED_REDUCTION with long
+//              experts.
 //   256 x 128: each consumer warpgroup two m64n128 blocks: one tile covers an expert of up to 256 rows, so
 //              its W block is read from DRAM once.  It used to be the choice for small experts; since the
 //              held-stage epilogue the paired 128-row kernel, which also reads a W block once for two row
@@ -65,7 +67,8 @@
 //              T = 2048 / 4096 / 8192: 166 / 317 / 324 with 256-row tiles, 171 / 334 / 434 paired), and the
 //              unpaired 128-row kernel beats it where K is short (Qwen3 T = 2048 down fwd 266 vs 246) and for
 //              dX.  It stays for autotune (moe_gemm_autotune) and MOE_SM90_TILE_ROWS=256.
-constexpr int H_PAIRED_REDUCTION = 4096; // fwd pairs CTAs from this K (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
+// fwd pairs CTAs from this K with long experts (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
+constexpr int H_PAIRED_REDUCTION = 4096;
 
 // The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
 // (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
