@@ -1314,7 +1314,9 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
         return atoi(forced);
     if (tuned != NULL && tuned->kernel == MOE_TUNE_SM90)
         return tuned->cluster == 2 ? 2 : 1;
-    return op == OP_FWD && p->K >= H_PAIRED_REDUCTION && p->rows >= H_PAIRED_ROWS * p->num_experts ? 2 : 1;
+    return op == OP_FWD && p->K >= H_PAIRED_REDUCTION && p->num_experts > 0 && p->rows / p->num_experts >= H_PAIRED_ROWS
+               ? 2
+               : 1;
 }
 
 // dW with every operand and the (16-bit) output by TMA takes the ping-pong kernel (gemm_sm90.cuh) when the
