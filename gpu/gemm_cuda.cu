@@ -1285,7 +1285,9 @@ int sm90_skip_from_env()
 // on H100s (bench/RESULTS.md, 2026-11-27, ninth session; T = 4096, TFLOP/s static -> dynamic): DeepSeek-V3 dX
 // (N = 4096) 333 -> 347-350 in five calls, Mixtral-8x7B down dX (N = 4096) +2-6% in most calls, and with the
 // pairing rule of sm90_cluster_size DeepSeek-V3 T = 8192 fwd / dX 432 / 423 -> 502 / 490; Qwen3-30B-A3B (K = 2048,
-// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).
+// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).  Likely why
+// (tenth session): a dynamic tile goes to whichever CTA asks, so the tiles sharing a W block or rows run on
+// SMs scattered over the device, and the L2 -> SM traffic that bounds these kernels grows (see sm90_grid_cap).
 // MOE_SM90_DYNAMIC=0|1 forces them off or on (where the kernel can take them).
 constexpr int64_t H_DYNAMIC_REDUCTION = 4096;
 bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
