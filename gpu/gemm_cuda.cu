@@ -1126,18 +1126,18 @@ int device_sm_count()
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Grid of a persistent kernel: per_sm CTAs per SM, no more than max_tiles (each CTA needs a tile), at least one.
 // The CTAs of sm90_gemm_kernel for fwd and dX in the static tile order (tile t on CTA t mod gridDim.x): a
 // multiple of H_GRID_ALIGN, 128 of an H100's 132 SMs.  Tiles next to each other in the order share operands
 // (an expert's row tiles one W block, its column tiles the rows), and the L2 -> SM traffic, which bounds these
 // kernels (ncu: L2 throughput 82-88% of peak at Qwen3-30B-A3B), depends on which CTAs run them: CTA b starting
 // at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd at 331-400 TFLOP/s instead of 475 with 26% more L2
 // bytes (an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs, e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for
-// CTAs 8 .. 15; bench/RESULTS.md, 2026-11-27, tenth session).  With 132 CTAs a wave's tiles shift by 4 against those groups of 8 from one wave
-// to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up fwd / dX 472 / 474 -> 484 / 477, down fwd /
-// dX 400 / 400 -> 405 / 404 (2 rounds each, the kernel 427 -> 413 us, L2 bytes -2%); 120 CTAs lost (456 / 453).
-// Not for dynamic tiles (a CTA takes whichever tile comes next; Mixtral gate_up fwd / dX 672-690 / 631-640 ->
-// 656-681 / 624 with 128) nor dW (Qwen3 gate_up 419 -> 412, DeepSeek-V3 296 -> 281).  MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
+// CTAs 8 .. 15; bench/RESULTS.md, 2026-11-27, tenth session).  With 132 CTAs a wave's tiles shift by 4 against
+// those groups of 8 from one wave to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up fwd / dX
+// 472 / 474 -> 484 / 477, down fwd / dX 400 / 400 -> 405 / 404 (2 rounds each, the kernel 427 -> 413 us, L2
+// bytes -2%); 120 CTAs lost (456 / 453).  Not for dynamic tiles (a CTA takes whichever tile comes next; Mixtral
+// gate_up fwd / dX 672-690 / 631-640 -> 656-681 / 624 with 128) nor dW (Qwen3 gate_up 419 -> 412, DeepSeek-V3
+// 296 -> 281).  MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
 constexpr int64_t H_GRID_ALIGN = 8;
 int64_t sm90_grid_cap(int64_t ctas)
 {
@@ -1145,6 +1145,7 @@ int64_t sm90_grid_cap(int64_t ctas)
     return cap != NULL && atoi(cap) > 0 && ctas > atoi(cap) ? atoi(cap) : ctas;
 }
 
+// Grid of a persistent kernel: per_sm CTAs per SM, no more than max_tiles (each CTA needs a tile), at least one.
 unsigned persistent_grid(int64_t max_tiles, int per_sm = 1)
 {
     int64_t grid = (int64_t)device_sm_count() * (per_sm > 0 ? per_sm : 1);
