@@ -1129,10 +1129,13 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 // The CTAs of sm90_gemm_kernel for fwd and dX in the static tile order (tile t on CTA t mod gridDim.x): a
 // multiple of H_GRID_ALIGN, 128 of an H100's 132 SMs.  Tiles next to each other in the order share operands
 // (an expert's row tiles one W block, its column tiles the rows), and the L2 -> SM traffic, which bounds these
-// kernels (ncu: L2 throughput 82-88% of peak at Qwen3-30B-A3B), depends on which CTAs run them: CTA b starting
-// at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd at 331-400 TFLOP/s instead of 475 with 26% more L2
-// bytes (an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs, e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for
-// CTAs 8 .. 15; bench/RESULTS.md, 2026-11-27, tenth session).  With 132 CTAs a wave's tiles shift by 4 against
+// kernels (ncu: L2 throughput 82-88% of peak at Qwen3-30B-A3B), depends on where and when they run: CTA b
+// starting at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd at 331-400 TFLOP/s instead of 475 with 26%
+// more L2 bytes (bench/RESULTS.md, 2026-11-27, tenth session).  Where: the L2 is two partitions, each holding
+// what the SMs on its side read, and an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs of one side
+// (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides measured in the eleventh session, 2026-11-28).
+// When: tiles that share operands start together and walk their k-steps side by side, and the SMs then send
+// ~15% fewer sectors to the L2 than the tiles load (same session).  With 132 CTAs a wave's tiles shift by 4 against
 // those groups of 8 from one wave to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up fwd / dX
 // 472 / 474 -> 484 / 477, down fwd / dX 400 / 400 -> 405 / 404 (2 rounds each, the kernel 427 -> 413 us, L2
 // bytes -2%); 120 CTAs lost (456 / 453).  Not for dynamic tiles (a CTA takes whichever tile comes next; Mixtral
@@ -1286,9 +1289,13 @@ int sm90_skip_from_env()
 // on H100s (bench/RESULTS.md, 2026-11-27, ninth session; T = 4096, TFLOP/s static -> dynamic): DeepSeek-V3 dX
 // (N = 4096) 333 -> 347-350 in five calls, Mixtral-8x7B down dX (N = 4096) +2-6% in most calls, and with the
 // pairing rule of sm90_cluster_size DeepSeek-V3 T = 8192 fwd / dX 432 / 423 -> 502 / 490; Qwen3-30B-A3B (K = 2048,
-// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).  Likely why
-// (tenth session): a dynamic tile goes to whichever CTA asks, so the tiles sharing a W block or rows run on
-// SMs scattered over the device, and the L2 -> SM traffic that bounds these kernels grows (see sm90_grid_cap).
+// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).  Why (tenth and
+// eleventh sessions, see sm90_grid_cap): a dynamic tile goes to whichever CTA asks when it asks, so the tiles
+// sharing a W block or rows run on both sides of the L2 (35% more sectors cross between its partitions) and at
+// different moments (the SMs send every sector their tiles load, ~15% more than in the static order).  Claims
+// kept on the claiming CTA's side of the L2 (the sides measured at run time) brought the crossings back to the
+// static order's and two thirds of the Qwen3 loss with them, but no shape gained more than 1.2% over this rule
+// (bench/RESULTS.md, 2026-11-28, run92; not kept).
 // MOE_SM90_DYNAMIC=0|1 forces them off or on (where the kernel can take them).
 constexpr int64_t H_DYNAMIC_REDUCTION = 4096;
 bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)

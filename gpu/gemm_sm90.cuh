@@ -661,11 +661,11 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
 // barrier) when it reaches that tile, so the atomic's latency is off the ring's path.  (The claim made by thread
 // 0 itself, at the tile's start or H_STAGES k-steps ahead, measured the same: all three ran Qwen3-30B-A3B 2-4%
 // slower than the static order while reading fewer bytes, which is why gemm_cuda.cu's sm90_dynamic_tiles takes
-// them only for long reductions; bench/RESULTS.md, 2026-11-27, ninth session.  The tenth session found the
-// likely cause: which CTAs run the tiles that share data changes the L2 traffic, and a claimed tile goes to
-// whichever CTA asks.)  Thread 0 then hands the tile
-// number to the consumers: number tile_count of a CTA goes into slot tile_count % H_TILE_QUEUE once the
-// consumers took the number that slot held before (its empty barrier).
+// them only for long reductions; bench/RESULTS.md, 2026-11-27, ninth session.  The cause, found later: a
+// claimed tile runs where and when a CTA asks, not beside the tiles it shares data with; gemm_cuda.cu's
+// sm90_dynamic_tiles.)  Thread 0 then hands the tile number to the consumers: number tile_count of a CTA goes
+// into slot tile_count % H_TILE_QUEUE once the consumers took the number that slot held before (its empty
+// barrier).
 __device__ __forceinline__ void h_publish_tile(volatile int64_t *queue_tiles, uint32_t tile_full_bar,
                                                uint32_t tile_empty_bar, int64_t tile_count, int64_t tile)
 {
