@@ -1133,7 +1133,8 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 // starting at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd at 331-400 TFLOP/s instead of 475 with 26%
 // more L2 bytes (bench/RESULTS.md, 2026-11-27, tenth session).  Where: the L2 is two partitions, each holding
 // what the SMs on its side read, and an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs of one side
-// (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides measured in the eleventh session, 2026-11-28).
+// (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides as measured on two machines in the eleventh
+// session, 2026-11-28).
 // When: tiles that share operands start together and walk their k-steps side by side, and the SMs then send
 // ~15% fewer sectors to the L2 than the tiles load (same session).  With 132 CTAs a wave's tiles shift by 4 against
 // those groups of 8 from one wave to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up fwd / dX
@@ -1291,7 +1292,7 @@ int sm90_skip_from_env()
 // pairing rule of sm90_cluster_size DeepSeek-V3 T = 8192 fwd / dX 432 / 423 -> 502 / 490; Qwen3-30B-A3B (K = 2048,
 // N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).  Why (tenth and
 // eleventh sessions, see sm90_grid_cap): a dynamic tile goes to whichever CTA asks when it asks, so the tiles
-// sharing a W block or rows run on both sides of the L2 (35% more sectors cross between its partitions) and at
+// sharing a W block or rows run on both sides of the L2 (a third more sectors cross between its partitions) and at
 // different moments (the SMs send every sector their tiles load, ~15% more than in the static order).  Claims
 // kept on the claiming CTA's side of the L2 (the sides measured at run time) brought the crossings back to the
 // static order's and two thirds of the Qwen3 loss with them, but no shape gained more than 1.2% over this rule
