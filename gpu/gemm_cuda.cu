@@ -227,6 +227,8 @@ struct GemmArgs {
     int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
     int tma_out_wide;       // sm90, dW with a 16-bit output and tma_out: maps.out_wide (64-row boxes) encoded
     int dynamic_tiles;      // sm90_gemm_kernel without clusters, with tma_rows: later tiles from ws.tile_counter
+    int full_blocks;        // sm90_gemm_kernel without clusters, fwd / dX: every m64 block issues its MMAs, also
+                            // one past the expert's rows (never stored), so that all tiles take as long
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right);
                             // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right)
@@ -1307,6 +1309,29 @@ bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
     return (op == OP_FWD && p->K >= H_DYNAMIC_REDUCTION) || (op == OP_DX && p->N >= H_DYNAMIC_REDUCTION);
 }
 
+// Tiles of one length (GemmArgs::full_blocks; sm90_gemm_kernel without clusters, fwd and dX).  An m64 block
+// whose rows all lie past the expert's end skips its MMAs, so an expert's short last row tile takes about half
+// as long as a full one, and the CTA that ran it starts its next tile out of phase with the tiles that share
+// its operands.  Tiles that share a W block or rows and start together walk their k-steps side by side, and
+// their loads cost the L2 and DRAM less (bench/RESULTS.md, 2026-11-28, eleventh session: the static order's
+// SMs send ~15% fewer sectors to the L2 than their tiles load).  With long experts (H_FULL_BLOCK_ROWS rows
+// or more on average) such blocks issue their MMAs anyway, at most 64 E extra rows of MMAs against the M rows
+// (6%).  On H100s (run97, run98; TFLOP/s skipping -> not, rounds of one call): Mixtral-8x7B T = 4096 gate_up fwd
+// 698, 696, 696, 692, 696 -> 735, 736, 724, 724, 724, its dX 710, 693, 659, 706, 693 -> 671, 685, 711, 719, 721
+// (DRAM reads 5.1 -> 3.0 GB, 2.35 the minimum; 2.68 -> 2.60 ms under ncu), down dX 718, 732, 707, 718, 698 ->
+// 740, 705, 721, 724, 721, down fwd unchanged; Qwen3-30B-A3B T = 16384 gate_up fwd / dX 635, 636 / 626, 624 ->
+// 654, 654 / 633, 635, down fwd / dX -1%; the MLP within its spread.  Mixtral T = 16384 (one round) dX 697 ->
+// 678.  With shorter experts the extra MMAs cost more than the phase saves (run97: Qwen3 T = 4096 fwd / dX -2%,
+// down fwd -3%; DeepSeek-V3 T = 8192 -1%).  MOE_SM90_FULL_BLOCKS=0|1 forces it off or on.
+constexpr int64_t H_FULL_BLOCK_ROWS = 1024;
+bool sm90_full_blocks(const moe_gemm_problem *p)
+{
+    const char *forced = getenv("MOE_SM90_FULL_BLOCKS");
+    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
+        return forced[0] == '1';
+    return p->num_experts > 0 && p->rows >= H_FULL_BLOCK_ROWS * p->num_experts;
+}
+
 // Tile rows of the sm90 kernel: the heuristic of gemm_sm90.cuh takes 128 for every shape.
 // MOE_SM90_TILE_ROWS=128|256 overrides it for fwd and dX (tuning runs); a tuned choice (autotune table or the
 // autotune driver's candidate; NULL: none) comes after the override.
@@ -1568,6 +1593,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                         sm90_dw_pingpong(p, tuned);
     g->dynamic_tiles = plan->family == FAMILY_SM90 && plan->cluster == 1 && (op == OP_FWD || op == OP_DX) &&
                        g->tma_rows && sm90_dynamic_tiles(p, op);
+    g->full_blocks = plan->family == FAMILY_SM90 && plan->cluster == 1 && (op == OP_FWD || op == OP_DX) &&
+                     sm90_full_blocks(p);
     plan->bm = plan->family == FAMILY_SM90 ? sm90_bm : use_tc ? TC_BM : SIMT_BM;
     plan->bn = plan->family == FAMILY_SM90 ? h_bn(sm90_bm) : use_tc ? TC_BN : SIMT_BN;
     if (tunable) {
@@ -1849,7 +1876,7 @@ moe_status moe_cuda_rows_gemm(const MoeRowsGemm *r)
         GemmArgs g = rows_gemm_args(r, op, cols_j, tile_start, lone_start, tile_counter);
         // what plan_gemm decided (tensor-map flags, dynamic tiles)
         g.tma_rows = planned.tma_rows, g.tma_out = planned.tma_out, g.tma_out_wide = planned.tma_out_wide;
-        g.dynamic_tiles = planned.dynamic_tiles;
+        g.dynamic_tiles = planned.dynamic_tiles, g.full_blocks = planned.full_blocks;
         g.partial_stride = col_tiles;
         return launch_plan(plan, op, g, max_tiles_of(op, r->E, r->rows, r->N, plan.bm, col_tiles), stream);
     });

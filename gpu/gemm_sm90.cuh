@@ -19,11 +19,12 @@
 //     permute_x or reduce_topk), the warps round into swizzled shared-memory boxes that TMA stores, and
 //     go on to the next tile's MMAs while the stores drain (fwd and dX borrow the stage of the tile's
 //     last k-step for those boxes, once both warpgroups' MMAs are done with it, until the next tile's
-//     second k-step; dW with every operand and a 16-bit
-//     output by TMA rounds each warpgroup's 64 x 256 half into 8 KiB boxes of 64 rows, h_store_wg_wide,
-//     the WIDE variant with its own shared-memory layout).  An m64 block whose rows all lie
-//     past the expert's end issues no MMAs.  bf16 dW with fused topk weights (WEIGHTED) takes A = w * dY
-//     from registers: ldmatrix.trans, the exact two-term split of the sm80 kernel, wgmma on both terms.
+//     second k-step; dW with every operand and a 16-bit output by TMA rounds each warpgroup's 64 x 256
+//     half into 8 KiB boxes of 64 rows, h_store_wg_wide, the WIDE variant with its own shared-memory
+//     layout).  An m64 block whose rows all lie past the expert's end issues no MMAs (unless
+//     g.full_blocks: gemm_cuda.cu's sm90_full_blocks).  bf16 dW with fused topk weights (WEIGHTED) takes
+//     A = w * dY from registers: ldmatrix.trans, the exact two-term split of the sm80 kernel, wgmma on both
+//     terms.
 // Tiles are handed out statically (tile = blockIdx.x + i * gridDim.x) or, for fwd and dX with long reductions
 // (g.dynamic_tiles, h_run_scheduler), dynamically in the same order from a per-call counter; within an expert
 // consecutive tiles walk down the rows first, so CTAs running together share one block of W[e] in L2.  Each
@@ -969,11 +970,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             const int64_t qlen = reduction_length(g, t.e);
             const int64_t steps = (qlen + H_BK - 1) / H_BK;
             // an m64 block whose rows are all past the expert's last row skips its MMAs (the other blocks
-            // then have the tensor cores to themselves); the stages are still released
+            // then have the tensor cores to themselves), unless g.full_blocks keeps every tile as long; the
+            // stages are still released
             bool active[M_BLOCKS];
 #pragma unroll
             for (int h = 0; h < M_BLOCKS; h++)
-                active[h] = OP == OP_DW || t.i0 + (wg * M_BLOCKS + h) * 64 < t.rows;
+                active[h] = OP == OP_DW || g.full_blocks || t.i0 + (wg * M_BLOCKS + h) * 64 < t.rows;
             float d[M_BLOCKS][BN / 2];
 #pragma unroll
             for (int h = 0; h < M_BLOCKS; h++)

@@ -227,8 +227,9 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
  * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT, MOE_SM90_DW_PINGPONG,
  * MOE_SM90_DW_WIDE; README) win over the table.  Dynamic tiles (the unpaired sm90 kernel for fwd and dX with a
  * reduction of 4096 or more) are not a tuned choice: they follow that rule under any table, unless
- * MOE_SM90_DYNAMIC=0|1 forces them; nor is the CTA count (a multiple of 8 for fwd and dX in the static
- * tile order; MOE_SM90_GRID=N caps it for every sm90 launch).
+ * MOE_SM90_DYNAMIC=0|1 forces them; nor are tiles of one length (fwd and dX with 1024 or more rows per
+ * expert on average; MOE_SM90_FULL_BLOCKS=0|1 forces them) or the CTA count (a multiple of 8 for fwd and dX in
+ * the static tile order; MOE_SM90_GRID=N caps it for every sm90 launch).
  * -------------------------------------------------------------------------------------------------- */
 typedef enum moe_gemm_op {
     MOE_GEMM_FWD = 0,   /* moe_gemm_fwd:  a = x,  b = w,  out = y  */

@@ -180,7 +180,8 @@ static void large_offsets(oracle_rng *rng)
  * 128-row tiles, 128-row tiles paired in clusters of two CTAs, 256-row tiles (fwd and dX; dW has 128).  The
  * unpaired variants 1 and 3 take dynamic tiles (MOE_SM90_DYNAMIC=1; where every operand comes by TMA) when
  * i / 4 is even and static ones when it is odd; the automatic choice has them only for reductions of 4096 and
- * more, which these cases rarely reach.  dW:
+ * more, which these cases rarely reach.  Those variants also keep every tile as long (MOE_SM90_FULL_BLOCKS=1:
+ * m64 blocks past the expert's rows issue their MMAs; automatic from 1024 rows per expert) when i / 8 is odd.  dW:
  * variants 0 and 2 take the automatic choice (the ping-pong kernel with at most 128 rows per expert on average,
  * else the 128 x 256 kernel), 1 and 3 the 128 x 256 kernel (MOE_SM90_DW_PINGPONG=0), 1 with its wide epilogue
  * where it applies, 3 without (MOE_SM90_DW_WIDE=0). */
@@ -191,8 +192,11 @@ static void pick_sm90_variant(int i)
     unsetenv("MOE_SM90_DW_PINGPONG");
     unsetenv("MOE_SM90_DW_WIDE");
     unsetenv("MOE_SM90_DYNAMIC");
+    unsetenv("MOE_SM90_FULL_BLOCKS");
     if (i % 4 == 1 || i % 4 == 3)
         CHECK(setenv("MOE_SM90_DYNAMIC", i / 4 % 2 == 0 ? "1" : "0", 1) == 0, "setenv failed");
+    if ((i % 4 == 1 || i % 4 == 3) && i / 8 % 2 == 1)
+        CHECK(setenv("MOE_SM90_FULL_BLOCKS", "1", 1) == 0, "setenv failed");
     if (i % 4 == 1 || i % 4 == 2)
         CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 4 == 1 ? "1" : "2", 1) == 0,
               "setenv failed");
@@ -482,10 +486,10 @@ int main(int argc, char **argv)
     int64_t checked = 0;
     double worst = 0;
     /* the kernel variants cycle (pick_sm90_variant) unless the caller sets MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER,
-     * MOE_SM90_DW_PINGPONG, MOE_SM90_DW_WIDE or MOE_SM90_DYNAMIC */
+     * MOE_SM90_DW_PINGPONG, MOE_SM90_DW_WIDE, MOE_SM90_DYNAMIC or MOE_SM90_FULL_BLOCKS */
     const int cycle_variants = getenv("MOE_SM90_TILE_ROWS") == NULL && getenv("MOE_SM90_CLUSTER") == NULL &&
                                getenv("MOE_SM90_DW_PINGPONG") == NULL && getenv("MOE_SM90_DW_WIDE") == NULL &&
-                               getenv("MOE_SM90_DYNAMIC") == NULL;
+                               getenv("MOE_SM90_DYNAMIC") == NULL && getenv("MOE_SM90_FULL_BLOCKS") == NULL;
     /* The automatic choice sends fwd, dX and dW to the Hopper kernels on an sm_90 device; unless the caller set
      * MOE_CUDA_KERNEL, every third trial forces the sm80 family (what Ampere and Ada run), so that one device
      * checks both (a function of the trial number: the replay line reproduces it). */
