@@ -1136,19 +1136,19 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 // more L2 bytes (bench/RESULTS.md, 2026-11-27, tenth session).  Where: the L2 is two partitions, each holding
 // what the SMs on its side read, and an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs of one side
 // (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides as measured on two machines in the eleventh
-// session, 2026-11-28).
-// When: tiles that share operands start together and walk their k-steps side by side, and the SMs then send
-// ~15% fewer sectors to the L2 than the tiles load (same session).  With 132 CTAs a wave's tiles shift by 4 against
-// those groups of 8 from one wave to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up fwd / dX
-// 472 / 474 -> 484 / 477, down fwd / dX 400 / 400 -> 405 / 404 (2 rounds each, the kernel 427 -> 413 us, L2
-// bytes -2%); 120 CTAs lost (456 / 453).  Not for dynamic tiles (a CTA takes whichever tile comes next; Mixtral
-// gate_up fwd / dX 672-690 / 631-640 -> 656-681 / 624 with 128) nor dW (Qwen3 gate_up 419 -> 412, DeepSeek-V3
-// 296 -> 281).  MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
+// session, 2026-11-28).  When: tiles that share operands start together and walk their k-steps side by side,
+// and the SMs then send ~15% fewer sectors to the L2 than the tiles load (same session).  With 132 CTAs a
+// wave's tiles shift by 4 against those groups of 8 from one wave to the next; with 128 they do not, and Qwen3
+// T = 4096 ran gate_up fwd / dX 472 / 474 -> 484 / 477, down fwd / dX 400 / 400 -> 405 / 404 (2 rounds each, the
+// kernel 427 -> 413 us, L2 bytes -2%); 120 CTAs lost (456 / 453).  Not for dynamic tiles (a CTA takes whichever
+// tile comes next; Mixtral gate_up fwd / dX 672-690 / 631-640 -> 656-681 / 624 with 128) nor dW (Qwen3 gate_up
+// 419 -> 412, DeepSeek-V3 296 -> 281).  MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
 constexpr int64_t H_GRID_ALIGN = 8;
 int64_t sm90_grid_cap(int64_t ctas)
 {
-    const char *cap = getenv("MOE_SM90_GRID");
-    return cap != NULL && atoi(cap) > 0 && ctas > atoi(cap) ? atoi(cap) : ctas;
+    const char *env = getenv("MOE_SM90_GRID");
+    const int64_t cap = env != NULL ? atoi(env) : 0;
+    return cap > 0 && ctas > cap ? cap : ctas;
 }
 
 // Grid of a persistent kernel: per_sm CTAs per SM, no more than max_tiles (each CTA needs a tile), at least one.
@@ -1278,6 +1278,14 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
     return true;
 }
 
+// An on/off override from the environment: 1 or 0 when the variable `name` is exactly "1" or "0", else -1 (unset
+// or anything else: the caller's rule decides).
+int env_switch(const char *name)
+{
+    const char *value = getenv(name);
+    return value != NULL && (strcmp(value, "0") == 0 || strcmp(value, "1") == 0) ? value[0] - '0' : -1;
+}
+
 // GemmArgs::sm90_skip of every call, the grouped GEMM's and the MLP's rows GEMMs': MOE_SM90_SKIP, else 0.
 int sm90_skip_from_env()
 {
@@ -1303,9 +1311,9 @@ int sm90_skip_from_env()
 constexpr int64_t H_DYNAMIC_REDUCTION = 4096;
 bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
 {
-    const char *forced = getenv("MOE_SM90_DYNAMIC");
-    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
-        return forced[0] == '1';
+    const int forced = env_switch("MOE_SM90_DYNAMIC");
+    if (forced >= 0)
+        return forced == 1;
     return (op == OP_FWD && p->K >= H_DYNAMIC_REDUCTION) || (op == OP_DX && p->N >= H_DYNAMIC_REDUCTION);
 }
 
@@ -1326,9 +1334,9 @@ bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
 constexpr int64_t H_FULL_BLOCK_ROWS = 1024;
 bool sm90_full_blocks(const moe_gemm_problem *p)
 {
-    const char *forced = getenv("MOE_SM90_FULL_BLOCKS");
-    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
-        return forced[0] == '1';
+    const int forced = env_switch("MOE_SM90_FULL_BLOCKS");
+    if (forced >= 0)
+        return forced == 1;
     return p->num_experts > 0 && p->rows >= H_FULL_BLOCK_ROWS * p->num_experts;
 }
 
@@ -1386,9 +1394,9 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
 constexpr int64_t H_DW_PINGPONG_ROWS = 128;
 bool sm90_dw_pingpong(const moe_gemm_problem *p, const moe_tune_choice *tuned)
 {
-    const char *forced = getenv("MOE_SM90_DW_PINGPONG");
-    if (forced != NULL && (strcmp(forced, "0") == 0 || strcmp(forced, "1") == 0))
-        return forced[0] == '1';
+    const int forced = env_switch("MOE_SM90_DW_PINGPONG");
+    if (forced >= 0)
+        return forced == 1;
     if (tuned != nullptr && tuned->kernel == MOE_TUNE_SM90 && tuned->dw_pingpong >= 0)
         return tuned->dw_pingpong == 1;
     return p->rows <= H_DW_PINGPONG_ROWS * p->num_experts;
