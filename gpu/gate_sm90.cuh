@@ -29,7 +29,12 @@
 // warpgroup start its MMAs only once the other has issued the previous tile's, so one warpgroup's
 // epilogue (the activation's math and its stores) runs while the other's MMAs do.  The 2026-11-23 try put
 // the activation into the 128 x 256 kernel's epilogue, where the tensor cores waited for it, with 2-byte
-// transposed stores from registers: 20% slower than unfused (bench/RESULTS.md).
+// transposed stores from registers: 20% slower than unfused (bench/RESULTS.md).  The twelfth session's try
+// (2026-11-28, branch wip/gate-wide) put it into a 128 x 128 i tile with m64n256 MMAs, both warpgroups on one
+// tile: its MMAs alone ran Qwen3-30B-A3B T = 16384 in 1.12 ms (736 TFLOP/s; this kernel's alone 1.54, bound by
+// the L2: a third more bytes per MMA), but the activation, no longer hidden behind MMAs, added 0.97 ms (2.25
+// in all, 1.50 here); it won only on gpt-oss-120b T = 4096 (2.14 vs 2.43 ms), which runs unfused.  So the
+// activation's math needs warps of its own beside 128 x 256 MMAs (bench/RESULTS.md, run99-run101).
 //   Ring: G_STAGES stages of 32 KiB (the tile's 128 hidden rows {64 k, 128 rows}, K-major; W_gu's two
 //   {64 c, 64 n} boxes, MN-major), filled by producer thread 0 in tile order.
 //   Epilogue area: per warpgroup, per m64 block, three 8 KiB boxes (m, gate, up).  A warpgroup's thread 0
@@ -96,6 +101,184 @@ __device__ __forceinline__ void g_store_box_cols(uint32_t box_addr, int row0, co
 }
 #endif
 
+#ifdef MOE_SM90A_DEVICE
+// An m64 block of a tile (rows t.i0 + block0 .. + 63 of expert t.e) as a consumer thread sees it: count, its
+// real rows (0 .. 64); the positions of its first and last real rows; and the thread's two rows (16 warp +
+// lane / 4 + 8 h): row0, its row h = 0 in the rows GEMM (row h is row0 + 8 h), pos[h] the position (-1: past
+// the expert), aff[h] the affinity (ON_I; else 1).  Lane-divergent loads: the caller reconverges the warp.
+struct GateBlockRows {
+    int count;
+    int64_t first_pos, last_pos, row0, pos[2];
+    float aff[2];
+};
+
+__device__ __forceinline__ GateBlockRows g_block_rows(const GemmArgs &g, const GateArgs &ep, const TileCoord &t,
+                                                      int block0, int warp_in_wg)
+{
+    GateBlockRows r;
+    const int64_t first = g.ws.offsets[t.e] + t.i0 + block0, left = t.rows - (t.i0 + block0);
+    const int lane_row = 16 * warp_in_wg + (threadIdx.x % 32) / 4;
+    r.count = left <= 0 ? 0 : left >= 64 ? 64 : (int)left;
+    r.first_pos = r.count > 0 ? ep.row_pos[first] : 0;
+    r.last_pos = r.count > 0 ? ep.row_pos[first + r.count - 1] : 0;
+    r.row0 = first + lane_row;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        r.pos[h] = lane_row + 8 * h < r.count ? ep.row_pos[r.row0 + 8 * h] : -1;
+        r.aff[h] = 1.0f;
+        if (ep.on_i && r.pos[h] >= 0)
+            r.aff[h] = load_as_float(g.dtype, ep.aff, ep.ids[r.pos[h]] * ep.E + t.e);
+    }
+    return r;
+}
+
+// The activation of one m64 block's 64 rows x 64 i (columns i0 .. i0 + 63 of expert e) in a consumer thread's
+// registers.  dg, du: its 32 gate and 32 up accumulators (wgmma layout: dg[4 j + 2 h + c] is its row h,
+// column i0 + 8 j + 2 (lane % 4) + c); pos[h]: the position of its row h (-1: past the expert), aff[h] that
+// row's affinity (ON_I); row0: its row h = 0 in the rows GEMM (row h is row0 + 8 h).  Leaves m (scaled by the
+// affinity with ON_I) in m[32] and the checkpoint's values in dg, du (the clamped gate and up; +0 on rows past
+// the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.
+template <typename T, int ACT>
+__device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep, int64_t e, int64_t i0, float *dg,
+                                           float *du, float *m, const int64_t pos[2], const float aff[2], int64_t row0)
+{
+    const int q = threadIdx.x % 4;
+    const int64_t I = ep.I;
+    float m0_even = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int64_t i = i0 + 8 * j + 2 * q; // even
+        float bg[2] = {0.0f, 0.0f}, bu[2] = {0.0f, 0.0f};
+        if (ep.bias && i < I) {
+            bg[0] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + i);
+            bu[0] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + I + i);
+            if (i + 1 < I) {
+                bg[1] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + i + 1);
+                bu[1] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + I + i + 1);
+            }
+        }
+#pragma unroll
+        for (int c4 = 0; c4 < 4; c4++) {
+            const int x = 4 * j + c4, h = c4 / 2, c = c4 & 1;
+            float gv = dg[x], uv = du[x];
+            if (ep.bias) {
+                gv = gv + bg[c];
+                uv = uv + bu[c];
+            }
+            gv = clamp_value(gv, ep.has_nl_lo, ep.nl_lo, ep.has_nl_hi, ep.nl_hi);
+            uv = clamp_value(uv, ep.has_lin_lo, ep.lin_lo, ep.has_lin_hi, ep.lin_hi);
+            const float mv = act_value(ACT, gv) * uv;
+            m[x] = ep.on_i ? mv * aff[h] : mv;
+            // the unscaled copy (ON_I with a down checkpoint): a pair per row, once both are known
+            if (c == 0)
+                m0_even = mv;
+            else if (ep.m0_rows != nullptr && pos[h] >= 0 && i < I)
+                *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m0_rows) + (row0 + 8 * h) * I + i) =
+                    pack2_rn<T>(m0_even, mv);
+            // the checkpoint's values; +0 for the box's rows past the expert (padding positions)
+            const bool real = pos[h] >= 0;
+            dg[x] = real ? gv : 0.0f;
+            du[x] = real ? uv : 0.0f;
+        }
+    }
+    __syncwarp(); // after the lane-divergent stores of m0 (stmatrix in g_write_block is .aligned)
+}
+
+// g_activate, or (timing experiments: MOE_SM90_SKIP & 128, results wrong) m = the gate accumulators.
+template <typename T, int ACT>
+__device__ __forceinline__ void g_activate_or_skip(const GemmArgs &g, const GateArgs &ep, int64_t e, int64_t i0,
+                                                   float *dg, float *du, float *m, const int64_t pos[2],
+                                                   const float aff[2], int64_t row0)
+{
+    if (g.sm90_skip & 128) {
+#pragma unroll
+        for (int x = 0; x < 32; x++)
+            m[x] = dg[x];
+    } else {
+        g_activate<T, ACT>(g, ep, e, i0, dg, du, m, pos, aff, row0);
+    }
+}
+
+// Writes what g_activate left for one m64 block (columns i0 .. i0 + 63; the same pos and row0): the checkpoint
+// into the block's gate and up boxes (box_m + 8 KiB, box_m + 16 KiB) when ckpt_box, else by 2-byte stores;
+// m into box_m when the block has 64 rows (full), else by element pairs.  The boxes leave by g_store_boxes
+// once every warp of the warpgroup has written them.
+template <typename T>
+__device__ __forceinline__ void g_write_block(const GemmArgs &g, const GateArgs &ep, int64_t i0, const float *dg,
+                                              const float *du, const float *m, const int64_t pos[2], int64_t row0,
+                                              bool ckpt_box, bool full, uint32_t box_m, int warp_in_wg)
+{
+    const int q = threadIdx.x % 4;
+    const int64_t I = ep.I, B = ep.B;
+    if (ep.ckpt != nullptr) {
+        if (ckpt_box) {
+            g_store_box_cols<T>(box_m + G_BOX_BYTES, 16 * warp_in_wg, dg);
+            g_store_box_cols<T>(box_m + 2 * G_BOX_BYTES, 16 * warp_in_wg, du);
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (pos[h] < 0)
+                    continue;
+                const int64_t n = pos[h] / B, ckpt0 = n * 2 * I * B + (pos[h] - n * B);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int64_t i = i0 + 8 * j + 2 * q + c;
+                        if (i < I) {
+                            store_from_float(g.dtype, ep.ckpt, ckpt0 + i * B, dg[4 * j + 2 * h + c]);
+                            store_from_float(g.dtype, ep.ckpt, ckpt0 + (I + i) * B, du[4 * j + 2 * h + c]);
+                        }
+                    }
+            }
+        }
+    }
+    __syncwarp(); // after the checkpoint's per-row stores
+    if (full) {
+        h_store_box_rows<T>(box_m, 16 * warp_in_wg, m, 0);
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (pos[h] < 0)
+                continue;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int64_t i = i0 + 8 * j + 2 * q;
+                if (i < I) // I % 8 == 0: i + 1 < I too; the pair is 4-byte aligned
+                    *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m_rows) + (row0 + 8 * h) * I + i) =
+                        pack2_rn<T>(m[4 * j + 2 * h], m[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+    __syncwarp(); // the per-row stores above diverge; stmatrix and the barriers after are .aligned
+}
+
+// The TMA stores (one thread) of the boxes g_write_block wrote for one m64 block: m when the block is full
+// (rows m_row0 .. m_row0 + 63; the map clips columns past I), the gate and up boxes of the checkpoint when
+// ckpt_box (the block's positions start at first_pos).
+__device__ __forceinline__ void g_store_boxes(const GateMaps &maps, const GateArgs &ep, uint32_t box_m, int64_t i0,
+                                              int64_t m_row0, bool full, bool ckpt_box, int64_t first_pos,
+                                              uint64_t policy)
+{
+    if (full)
+        tma_store_3d(&maps.m_rows, box_m, (int)i0, (int)m_row0, 0, policy);
+    if (ep.ckpt != nullptr && ckpt_box) {
+        const int64_t n = first_pos / ep.B, b0 = first_pos - n * ep.B;
+        tma_store_3d(&maps.ckpt, box_m + G_BOX_BYTES, (int)b0, (int)(n * 2 * ep.I + i0), 0, policy);
+        tma_store_3d(&maps.ckpt, box_m + 2 * G_BOX_BYTES, (int)b0, (int)(n * 2 * ep.I + ep.I + i0), 0, policy);
+    }
+}
+
+// Whether the checkpoint of an m64 block (rows: its real rows, 1 .. 64; positions first_pos .. last_pos)
+// and columns i0 .. i0 + 63 goes by TMA boxes (see the file header).
+__device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int64_t first_pos, int64_t last_pos,
+                                              int64_t i0)
+{
+    return ep.ckpt_boxes && rows > 0 && last_pos - first_pos == rows - 1 && first_pos % ep.B + 64 <= ep.B &&
+           first_pos % 8 == 0 && i0 + 64 <= ep.I;
+}
+#endif
+
 template <typename T, int ACT>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gate_up_kernel(const GemmArgs g, const GateArgs ep, const __grid_constant__ GateMaps maps)
@@ -136,11 +319,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         // ------------------------------------------------------------------ consumer warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
         const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
-        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32, q = lane % 4;
+        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
         const uint32_t epi_base = smem_base + G_EPI_OFFSET + wg * G_EPI_WG_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
         const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-        const int64_t I = ep.I, B = ep.B;
         uint32_t it = 0;
         int64_t local = 0;
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, local++) {
@@ -150,33 +332,14 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             }
             const TileCoord t = tile_coord(g, tile, G_BM, G_BI);
             const int64_t base = g.ws.offsets[t.e];
-            // per m64 block b: its real rows (0 .. 64), the position of its first row, and whether the
-            // checkpoint goes by TMA boxes (see the file header); read before the MMAs so that their
-            // latency hides behind them
-            int rows_in[2];
-            int64_t first_pos[2];
+            // per m64 block b: its rows (read before the MMAs so that their latency hides behind them), and
+            // whether its checkpoint goes by TMA boxes
+            GateBlockRows rows[2];
             bool ckpt_box[2];
-            // this thread's rows: 16 warp + lane / 4 + 8 h of block b; their position (-1: past the expert)
-            // and, with ON_I, their affinity
-            int64_t my_pos[2][2];
-            float my_a[2][2];
-            auto my_row = [&](int b, int h) { return base + t.i0 + 64 * b + 16 * warp_in_wg + lane / 4 + 8 * h; };
 #pragma unroll
             for (int b = 0; b < 2; b++) {
-                const int64_t left = t.rows - (t.i0 + 64 * b);
-                rows_in[b] = left <= 0 ? 0 : left >= 64 ? 64 : (int)left;
-                first_pos[b] = rows_in[b] > 0 ? ep.row_pos[base + t.i0 + 64 * b] : 0;
-                const int64_t last_pos = rows_in[b] > 0 ? ep.row_pos[base + t.i0 + 64 * b + rows_in[b] - 1] : 0;
-                ckpt_box[b] = ep.ckpt_boxes && rows_in[b] > 0 && last_pos - first_pos[b] == rows_in[b] - 1 &&
-                              first_pos[b] % B + 64 <= B && first_pos[b] % 8 == 0 && t.j0 + G_BI <= I;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int row = 16 * warp_in_wg + lane / 4 + 8 * h;
-                    my_pos[b][h] = row < rows_in[b] ? ep.row_pos[base + t.i0 + 64 * b + row] : -1;
-                    my_a[b][h] = 1.0f;
-                    if (ep.on_i && my_pos[b][h] >= 0)
-                        my_a[b][h] = load_as_float(g.dtype, ep.aff, ep.ids[my_pos[b][h]] * ep.E + t.e);
-                }
+                rows[b] = g_block_rows(g, ep, t, 64 * b, warp_in_wg);
+                ckpt_box[b] = g_ckpt_by_box(ep, rows[b].count, rows[b].first_pos, rows[b].last_pos, t.j0);
             }
             // the loads above are lane-divergent (rows past the expert, ON_I); bar.sync and wgmma are .aligned,
             // so the warp reconverges first
@@ -193,7 +356,13 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 const int s = (int)(it % G_STAGES);
                 const uint32_t stage = smem_base + s * G_STAGE_BYTES;
                 mbar_wait(full_bar + 8 * s, (it / G_STAGES) & 1);
-                if (rows_in[1] > 0)
+                // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
+                // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
+                // tile of an expert's last few rows takes as long as the others and the tiles that share its W
+                // block stay in phase.  ncu, the kernel alone, skipping -> not (bench/RESULTS.md, 2026-11-28,
+                // twelfth session, run101): Qwen3-30B-A3B T = 16384 1.62 -> 1.50 ms, T = 4096 0.633 -> 0.615,
+                // Mixtral-8x7B T = 4096 3.48 -> 3.26 (DRAM reads 4.37 -> 2.93 GB), gpt-oss-120b T = 8192 3.48 -> 2.86
+                if (rows[1].count > 0 || g.full_blocks)
                     h_mma_step<T, 2, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
                 else
                     h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
@@ -208,6 +377,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             if (steps > 0 && lane == 0)
                 mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
 
+            if (g.sm90_skip & 64) // timing experiments: no epilogue (results wrong)
+                continue;
             // ---- epilogue: the boxes are reused one tile later: thread 0 first waits until the previous
             // tile's stores have read them
             if (lane_in_wg == 0)
@@ -216,109 +387,21 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             named_sync(3 + wg, 128);
 #pragma unroll
             for (int b = 0; b < 2; b++) {
-                if (rows_in[b] == 0)
+                const GateBlockRows &r = rows[b];
+                if (r.count == 0)
                     continue;
-                const uint32_t box_m = epi_base + b * 3 * G_BOX_BYTES, box_g = box_m + G_BOX_BYTES,
-                               box_u = box_g + G_BOX_BYTES;
-                // d[b][4 j + 2 h + c]: row 16 warp + lane / 4 + 8 h, column i0 + 8 j + 2 q + c (gate; up at + 32)
-                float m[32], m0_even = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int64_t i = t.j0 + 8 * j + 2 * q; // even
-                    float bg[2] = {0.0f, 0.0f}, bu[2] = {0.0f, 0.0f};
-                    if (ep.bias && i < I) {
-                        bg[0] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + i);
-                        bu[0] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + I + i);
-                        if (i + 1 < I) {
-                            bg[1] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + i + 1);
-                            bu[1] = load_as_float(g.dtype, ep.b_gu, t.e * 2 * I + I + i + 1);
-                        }
-                    }
-#pragma unroll
-                    for (int c4 = 0; c4 < 4; c4++) {
-                        const int x = 4 * j + c4, h = c4 / 2, c = c4 & 1;
-                        float gv = d[b][x], uv = d[b][32 + x];
-                        if (ep.bias) {
-                            gv = gv + bg[c];
-                            uv = uv + bu[c];
-                        }
-                        gv = clamp_value(gv, ep.has_nl_lo, ep.nl_lo, ep.has_nl_hi, ep.nl_hi);
-                        uv = clamp_value(uv, ep.has_lin_lo, ep.lin_lo, ep.has_lin_hi, ep.lin_hi);
-                        const float mv = act_value(ACT, gv) * uv;
-                        m[x] = ep.on_i ? mv * my_a[b][h] : mv;
-                        // the unscaled copy (ON_I with a down checkpoint): a pair per row, once both are known
-                        if (c == 0)
-                            m0_even = mv;
-                        else if (ep.m0_rows != nullptr && my_pos[b][h] >= 0 && i < I)
-                            *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m0_rows) + my_row(b, h) * I + i) =
-                                pack2_rn<T>(m0_even, mv);
-                        // the checkpoint's values; +0 for the box's rows past the expert (padding positions)
-                        const bool real = my_pos[b][h] >= 0;
-                        d[b][x] = real ? gv : 0.0f;
-                        d[b][32 + x] = real ? uv : 0.0f;
-                    }
-                }
-                __syncwarp(); // after the lane-divergent stores of m0 (stmatrix below is .aligned)
-                if (ep.ckpt != nullptr) {
-                    if (ckpt_box[b]) {
-                        g_store_box_cols<T>(box_g, 16 * warp_in_wg, d[b]);
-                        g_store_box_cols<T>(box_u, 16 * warp_in_wg, d[b] + 32);
-                    } else {
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const int64_t pos = my_pos[b][h];
-                            if (pos < 0)
-                                continue;
-                            const int64_t n = pos / B, ckpt0 = n * 2 * I * B + (pos - n * B);
-#pragma unroll
-                            for (int j = 0; j < 8; j++)
-#pragma unroll
-                                for (int c = 0; c < 2; c++) {
-                                    const int64_t i = t.j0 + 8 * j + 2 * q + c;
-                                    if (i < I) {
-                                        store_from_float(g.dtype, ep.ckpt, ckpt0 + i * B, d[b][4 * j + 2 * h + c]);
-                                        store_from_float(g.dtype, ep.ckpt, ckpt0 + (I + i) * B, d[b][32 + 4 * j + 2 * h + c]);
-                                    }
-                                }
-                        }
-                    }
-                }
-                __syncwarp(); // after the checkpoint's per-row stores
-                if (rows_in[b] == 64) {
-                    h_store_box_rows<T>(box_m, 16 * warp_in_wg, m, 0);
-                } else {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        if (my_pos[b][h] < 0)
-                            continue;
-                        const int64_t r = my_row(b, h);
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            const int64_t i = t.j0 + 8 * j + 2 * q;
-                            if (i < I) // I % 8 == 0: i + 1 < I too; the pair is 4-byte aligned
-                                *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m_rows) + r * I + i) =
-                                    pack2_rn<T>(m[4 * j + 2 * h], m[4 * j + 2 * h + 1]);
-                        }
-                    }
-                }
-                __syncwarp(); // the per-row stores above diverge; stmatrix and the barriers below are .aligned
+                float m[32];
+                g_activate_or_skip<T, ACT>(g, ep, t.e, t.j0, d[b], d[b] + 32, m, r.pos, r.aff, r.row0);
+                g_write_block<T>(g, ep, t.j0, d[b], d[b] + 32, m, r.pos, r.row0, ckpt_box[b], r.count == 64,
+                                 epi_base + b * 3 * G_BOX_BYTES, warp_in_wg);
             }
             fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
             named_sync(3 + wg, 128);
-            if (lane_in_wg == 0) {
+            if (lane_in_wg == 0)
 #pragma unroll
-                for (int b = 0; b < 2; b++) {
-                    const uint32_t box_m = epi_base + b * 3 * G_BOX_BYTES;
-                    if (rows_in[b] == 64) // the map clips columns past I
-                        tma_store_3d(&maps.m_rows, box_m, (int)t.j0, (int)(base + t.i0 + 64 * b), 0, out_policy);
-                    if (ep.ckpt != nullptr && ckpt_box[b]) {
-                        const int64_t n = first_pos[b] / B, b0 = first_pos[b] - n * B;
-                        tma_store_3d(&maps.ckpt, box_m + G_BOX_BYTES, (int)b0, (int)(n * 2 * I + t.j0), 0, out_policy);
-                        tma_store_3d(&maps.ckpt, box_m + 2 * G_BOX_BYTES, (int)b0, (int)(n * 2 * I + I + t.j0), 0,
-                                     out_policy);
-                    }
-                }
-            }
+                for (int b = 0; b < 2; b++)
+                    g_store_boxes(maps, ep, epi_base + b * 3 * G_BOX_BYTES, t.j0, base + t.i0 + 64 * b,
+                                  rows[b].count == 64, ckpt_box[b], rows[b].first_pos, out_policy);
         }
         if (lane_in_wg == 0)
             bulk_wait_all(); // the boxes stay in use until TMA has read them

@@ -231,7 +231,8 @@ struct GemmArgs {
                             // one past the expert's rows (never stored), so that all tiles take as long
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right);
-                            // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right)
+                            // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right);
+                            // the fused gate/up kernels: 64 no epilogue, 128 no activation (results wrong)
     Workspace ws;
 };
 
@@ -1939,6 +1940,7 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
         // the dX form: out = a . W[e], reduction over N = H; column tiles of 64 i (gate and up)
         GemmArgs g = rows_gemm_args(r, OP_DX, I, tile_start, lone_start, tile_counter);
         g.out_dtype = r->dtype, g.out = nullptr;
+        g.full_blocks = env_switch("MOE_SM90_FULL_BLOCKS") != 0; // tiles of one length (gate_sm90.cuh): always
         const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
         return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)
                                     : launch_gate_up<__half>(epi->act, g, ep, maps, max_tiles, stream);
