@@ -227,8 +227,9 @@ struct GemmArgs {
     int tma_out;            // sm90: the output is written by TMA stores (overwritten, rows in tile order)
     int tma_out_wide;       // sm90, dW with a 16-bit output and tma_out: maps.out_wide (64-row boxes) encoded
     int dynamic_tiles;      // sm90_gemm_kernel without clusters, with tma_rows: later tiles from ws.tile_counter
-    int full_blocks;        // sm90_gemm_kernel without clusters, fwd / dX: every m64 block issues its MMAs, also
-                            // one past the expert's rows (never stored), so that all tiles take as long
+    int full_blocks;        // sm90_gemm_kernel without clusters, fwd / dX, and the fused gate/up kernel (set for
+                            // every call there): every m64 block issues its MMAs, also one past the expert's
+                            // rows (never stored), so that all tiles take as long
     int sm90_skip;          // timing experiments only (MOE_SM90_SKIP): 1 stores, 2 MMAs, 4 loads (results wrong);
                             // 8 plain instead of streaming stores, 16 no L2 evict_last hint on W (results right);
                             // 32 the race probe of sm90_gemm_kernel (tests: a warpgroup late; results right);
