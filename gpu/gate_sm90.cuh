@@ -53,6 +53,7 @@ struct GateMaps {
 // The epilogue's parameters on the device (MoeGateEpilogue with the flags the host decided).
 struct GateArgs {
     int on_i, bias, ckpt_boxes; // ckpt_boxes: maps.ckpt encoded (B % 8 == 0, aligned)
+    int plain;                  // no bias, no clamp, not on_i, no m0_rows: the kernel's PLAIN instance
     int64_t I, B, E;
     const int64_t *row_pos, *ids;
     const void *aff, *b_gu;
@@ -137,8 +138,14 @@ __device__ __forceinline__ GateBlockRows g_block_rows(const GemmArgs &g, const G
 // column i0 + 8 j + 2 (lane % 4) + c); pos[h]: the position of its row h (-1: past the expert), aff[h] that
 // row's affinity (ON_I); row0: its row h = 0 in the rows GEMM (row h is row0 + 8 h).  Leaves m (scaled by the
 // affinity with ON_I) in m[32] and the checkpoint's values in dg, du (the clamped gate and up; +0 on rows past
-// the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.
-template <typename T, int ACT>
+// the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.  PLAIN: the call
+// has no bias, no clamp, the affinity on H and no m0 (GateArgs::plain), and those steps are compiled out (the
+// epilogue's instructions are issued by the consumer warps while the other warpgroup's MMAs run, and are a
+// co-bottleneck: MOE_SM90_SKIP=128, no activation, took Qwen3-30B-A3B T = 16384 from 1.48 to 1.38 ms, run100).
+// ncu, the kernel alone, general / PLAIN instance (H200, 2026-11-28, thirteenth session, run104): Qwen3 T = 16384
+// 1.44 / 1.35 ms, T = 4096 0.51 / 0.44, Mixtral-8x7B T = 4096 2.90 / 2.83; MOE_MLP_GATE_PLAIN=0 forces the general
+// instance (bench/RESULTS.md).
+template <typename T, int ACT, bool PLAIN>
 __device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep, int64_t e, int64_t i0, float *dg,
                                            float *du, float *m, const int64_t pos[2], const float aff[2], int64_t row0)
 {
@@ -149,7 +156,7 @@ __device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep
     for (int j = 0; j < 8; j++) {
         const int64_t i = i0 + 8 * j + 2 * q; // even
         float bg[2] = {0.0f, 0.0f}, bu[2] = {0.0f, 0.0f};
-        if (ep.bias && i < I) {
+        if (!PLAIN && ep.bias && i < I) {
             bg[0] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + i);
             bu[0] = load_as_float(g.dtype, ep.b_gu, e * 2 * I + I + i);
             if (i + 1 < I) {
@@ -161,18 +168,20 @@ __device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep
         for (int c4 = 0; c4 < 4; c4++) {
             const int x = 4 * j + c4, h = c4 / 2, c = c4 & 1;
             float gv = dg[x], uv = du[x];
-            if (ep.bias) {
-                gv = gv + bg[c];
-                uv = uv + bu[c];
+            if (!PLAIN) {
+                if (ep.bias) {
+                    gv = gv + bg[c];
+                    uv = uv + bu[c];
+                }
+                gv = clamp_value(gv, ep.has_nl_lo, ep.nl_lo, ep.has_nl_hi, ep.nl_hi);
+                uv = clamp_value(uv, ep.has_lin_lo, ep.lin_lo, ep.has_lin_hi, ep.lin_hi);
             }
-            gv = clamp_value(gv, ep.has_nl_lo, ep.nl_lo, ep.has_nl_hi, ep.nl_hi);
-            uv = clamp_value(uv, ep.has_lin_lo, ep.lin_lo, ep.has_lin_hi, ep.lin_hi);
             const float mv = act_value(ACT, gv) * uv;
-            m[x] = ep.on_i ? mv * aff[h] : mv;
+            m[x] = !PLAIN && ep.on_i ? mv * aff[h] : mv;
             // the unscaled copy (ON_I with a down checkpoint): a pair per row, once both are known
             if (c == 0)
                 m0_even = mv;
-            else if (ep.m0_rows != nullptr && pos[h] >= 0 && i < I)
+            else if (!PLAIN && ep.m0_rows != nullptr && pos[h] >= 0 && i < I)
                 *reinterpret_cast<uint32_t *>(static_cast<T *>(ep.m0_rows) + (row0 + 8 * h) * I + i) =
                     pack2_rn<T>(m0_even, mv);
             // the checkpoint's values; +0 for the box's rows past the expert (padding positions)
@@ -185,7 +194,7 @@ __device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep
 }
 
 // g_activate, or (timing experiments: MOE_SM90_SKIP & 128, results wrong) m = the gate accumulators.
-template <typename T, int ACT>
+template <typename T, int ACT, bool PLAIN>
 __device__ __forceinline__ void g_activate_or_skip(const GemmArgs &g, const GateArgs &ep, int64_t e, int64_t i0,
                                                    float *dg, float *du, float *m, const int64_t pos[2],
                                                    const float aff[2], int64_t row0)
@@ -195,7 +204,7 @@ __device__ __forceinline__ void g_activate_or_skip(const GemmArgs &g, const Gate
         for (int x = 0; x < 32; x++)
             m[x] = dg[x];
     } else {
-        g_activate<T, ACT>(g, ep, e, i0, dg, du, m, pos, aff, row0);
+        g_activate<T, ACT, PLAIN>(g, ep, e, i0, dg, du, m, pos, aff, row0);
     }
 }
 
@@ -279,7 +288,7 @@ __device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int6
 }
 #endif
 
-template <typename T, int ACT>
+template <typename T, int ACT, bool PLAIN>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_gate_up_kernel(const GemmArgs g, const GateArgs ep, const __grid_constant__ GateMaps maps)
 {
@@ -391,7 +400,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 if (r.count == 0)
                     continue;
                 float m[32];
-                g_activate_or_skip<T, ACT>(g, ep, t.e, t.j0, d[b], d[b] + 32, m, r.pos, r.aff, r.row0);
+                g_activate_or_skip<T, ACT, PLAIN>(g, ep, t.e, t.j0, d[b], d[b] + 32, m, r.pos, r.aff, r.row0);
                 g_write_block<T>(g, ep, t.j0, d[b], d[b] + 32, m, r.pos, r.row0, ckpt_box[b], r.count == 64,
                                  epi_base + b * 3 * G_BOX_BYTES, warp_in_wg);
             }

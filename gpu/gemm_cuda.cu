@@ -1752,12 +1752,13 @@ __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col
     }
 }
 
-// The fused gate/up kernel of dtype T for the activation act (moe_cuda_rows_gate_gemm).
+// The fused gate/up kernel of dtype T for the activation act (moe_cuda_rows_gate_gemm); its PLAIN instance
+// when ep.plain.
 template <typename T, int ACT>
 moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, const GateMaps &maps, int64_t max_tiles,
                               cudaStream_t stream)
 {
-    auto kernel = sm90_gate_up_kernel<T, ACT>;
+    auto kernel = ep.plain ? sm90_gate_up_kernel<T, ACT, true> : sm90_gate_up_kernel<T, ACT, false>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G_SMEM_BYTES));
     kernel<<<(unsigned)sm90_grid_cap((int64_t)persistent_grid(max_tiles)), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
     MOE_CUDA_CHECK(cudaGetLastError());
@@ -1932,6 +1933,9 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
     ep.has_lin_hi = epi->has_lin_hi;
     ep.nl_lo = epi->nl_lo, ep.nl_hi = epi->nl_hi, ep.lin_lo = epi->lin_lo, ep.lin_hi = epi->lin_hi;
     ep.m_rows = epi->m_rows, ep.ckpt = epi->ckpt, ep.m0_rows = epi->m0_rows;
+    // MOE_MLP_GATE_PLAIN=0: the general instance for every call (A/B runs)
+    ep.plain = !ep.on_i && !ep.bias && !ep.has_nl_lo && !ep.has_nl_hi && !ep.has_lin_lo && !ep.has_lin_hi &&
+               ep.m0_rows == nullptr && env_switch("MOE_MLP_GATE_PLAIN") != 0;
 
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
     const int64_t col_tiles = (I + G_BI - 1) / G_BI;
