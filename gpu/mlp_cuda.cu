@@ -708,25 +708,46 @@ __global__ void token_lists_kernel(MlpArgs g)
     }
 }
 
-// dst[t][h] = sum over the token's positions in ascending expert order of rows[row][h]; +0 for tokens
-// in no block and for the pad row.  (out in the forward, d_hidden in the backward.)
+// The token sums' walk: for every token t < token_rows and V-wide chunk h of H (grid-stride),
+// dst[t][h ..] = the sum over j = 0 .. tok_count[t] - 1 (ascending expert order) of what
+// contribution(t, j, h, c) leaves in c[V] (its first term taken as is: no +0 added); +0 for tokens in no
+// block and for the pad row.
+template <int V, class Contribution>
+__device__ __forceinline__ void token_sums(const MlpArgs &g, void *dst, Contribution contribution)
+{
+    const int64_t H = g.H, chunks = H / V;
+    GRID_STRIDE(idx, g.token_rows * chunks)
+    {
+        const int64_t t = idx / chunks, h = idx % chunks * V;
+        float acc[V];
+        for (int u = 0; u < V; u++)
+            acc[u] = 0.0f;
+        if (t < g.T) {
+            const int64_t count = g.tok_count[t];
+            for (int64_t j = 0; j < count; j++) {
+                float c[V];
+                contribution(t, j, h, c);
+                for (int u = 0; u < V; u++)
+                    acc[u] = j == 0 ? c[u] : acc[u] + c[u];
+            }
+        }
+        store_v<V>(g.dt, dst, t * H + h, acc);
+    }
+}
+
+// dst[t][h] = sum over the token's positions in ascending expert order of rows[row][h].  (out in the
+// forward, d_hidden in the backward.)  V-wide chunks of h (V = 8: 16-byte stores of 16-bit
+// dst; token_rows picks it when H % 8 == 0 and both tensors are 16-byte aligned; ncu on an H200, one element
+// per thread / V = 8: Qwen3-30B-A3B T = 16384 367 / 261 us, Mixtral-8x7B T = 4096 106 / 43 us;
+// bench/RESULTS.md, 2026-11-28, thirteenth session, run106).
+template <int V>
 __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
 {
     if (*g.status != ERR_NONE)
         return;
-    GRID_STRIDE(idx, g.token_rows * g.H)
-    {
-        const int64_t t = idx / g.H, h = idx % g.H;
-        float acc = 0.0f;
-        if (t < g.T) {
-            const int64_t count = g.tok_count[t], *list = g.tok_list + t * g.E;
-            for (int64_t j = 0; j < count; j++) {
-                const float c = rows[list[j] * g.H + h];
-                acc = j == 0 ? c : acc + c;
-            }
-        }
-        store_from_float(g.dt, dst, idx, acc);
-    }
+    token_sums<V>(g, dst, [&](int64_t t, int64_t j, int64_t h, float *c) {
+        load_v<V>(MOE_F32, rows, g.tok_list[t * g.E + j] * g.H + h, c);
+    });
 }
 
 // Rows path forward: out[t][h] = sum over the token's positions (ascending expert order) of its
@@ -738,43 +759,30 @@ __global__ void token_out_kernel(MlpArgs g, int write_ckpt)
 {
     if (*g.status != ERR_NONE)
         return;
-    const int64_t H = g.H, chunks = H / V;
-    GRID_STRIDE(idx, g.token_rows * chunks)
-    {
-        const int64_t t = idx / chunks, h = idx % chunks * V;
-        float acc[V];
-        for (int u = 0; u < V; u++)
-            acc[u] = 0.0f;
-        if (t < g.T) {
-            const int64_t count = g.tok_count[t];
-            for (int64_t j = 0; j < count; j++) {
-                const int64_t row = g.tok_list[t * g.E + j], e = g.tok_expert[t * g.E + j];
-                const float a = load_as_float(g.dt, g.aff, t * g.E + e);
-                float c[V], bd[V];
-                load_v<V>(MOE_F32, g.Dr, row * H + h, c);
-                if (write_ckpt) { // ON_H
-                    if (g.bias) {
-                        load_v<V>(g.dt, g.b_d, e * H + h, bd);
-                        for (int u = 0; u < V; u++)
-                            c[u] = c[u] + bd[u];
-                    }
-                    store_v<V>(g.dt, g.ckpt_d, g.row_pos[row] * H + h, c);
-                    for (int u = 0; u < V; u++)
-                        c[u] = a * c[u];
-                } else if (g.bias) {
-                    load_v<V>(g.dt, g.b_d, e * H + h, bd);
-                    for (int u = 0; u < V; u++)
-                        c[u] = g.on_i ? c[u] + a * bd[u] : a * (c[u] + bd[u]);
-                } else if (!g.on_i) {
-                    for (int u = 0; u < V; u++)
-                        c[u] = a * c[u];
-                }
+    const int64_t H = g.H;
+    token_sums<V>(g, g.out, [&](int64_t t, int64_t j, int64_t h, float *c) {
+        const int64_t row = g.tok_list[t * g.E + j], e = g.tok_expert[t * g.E + j];
+        const float a = load_as_float(g.dt, g.aff, t * g.E + e);
+        float bd[V];
+        load_v<V>(MOE_F32, g.Dr, row * H + h, c);
+        if (write_ckpt) { // ON_H
+            if (g.bias) {
+                load_v<V>(g.dt, g.b_d, e * H + h, bd);
                 for (int u = 0; u < V; u++)
-                    acc[u] = j == 0 ? c[u] : acc[u] + c[u];
+                    c[u] = c[u] + bd[u];
             }
+            store_v<V>(g.dt, g.ckpt_d, g.row_pos[row] * H + h, c);
+            for (int u = 0; u < V; u++)
+                c[u] = a * c[u];
+        } else if (g.bias) {
+            load_v<V>(g.dt, g.b_d, e * H + h, bd);
+            for (int u = 0; u < V; u++)
+                c[u] = g.on_i ? c[u] + a * bd[u] : a * (c[u] + bd[u]);
+        } else if (!g.on_i) {
+            for (int u = 0; u < V; u++)
+                c[u] = a * c[u];
         }
-        store_v<V>(g.dt, g.out, t * H + h, acc);
-    }
+    });
 }
 
 // da[pos] = <G[tok], d[pos]>, d from the down checkpoint or recomputed in float32 (ON_I without one: the
@@ -1074,9 +1082,10 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
 // along i, through shared memory.
 constexpr int RT = 32, GATE_SPAN = 256;
 
-// The walk both gate kernels share.  Grid-stride over the tiles (RT rows from r0, GATE_SPAN columns from
-// i_first); per tile, warp ty = 0 loads the RowInfo of its rows into info (shared, [RT]), then the tile is
-// walked RT columns (a chunk from i0) at a time, each chunk after a __syncthreads():
+// gate_act_kernel's walk (gate_bwd_kernel walks the same tiles and chunks, its loads one chunk ahead).
+// Grid-stride over the tiles (RT rows from r0, GATE_SPAN columns from i_first); per tile, warp ty = 0 loads
+// the RowInfo of its rows into info (shared, [RT]), then the tile is walked RT columns (a chunk from i0) at a
+// time, each chunk after a __syncthreads():
 //   chunk(r0, i0)   the chunk's work, through the element walks below
 // R = rows_total(g), passed in so that it is read once per kernel.  The gate kernels are speed-critical:
 // time any change here or below per kernel (ncu gpu__time_duration; bench/RESULTS.md has the history).
@@ -1099,18 +1108,22 @@ __device__ __forceinline__ void walk_gate_tiles(const MlpArgs &g, int64_t R, Row
 }
 
 // A chunk's elements with lanes along i, V consecutive i per thread (V = 4 needs 4 | I): RT / V threads
-// per row of the chunk, 8 V rows per pass; element(row, col, r, i) for each row inside R and i < I (row,
-// col: the first of the V in the tile; r, i: in R x I).
+// per row of the chunk, 8 V rows per pass, LANE_PASSES<V> passes; element(pass, row, col, r, i) for each row
+// inside R and i < I (row, col: the first of the V in the tile; r, i: in R x I).
+template <int V> constexpr int LANE_PASSES = RT / (8 * V);
 template <int V, class Element>
 __device__ __forceinline__ void chunk_lanes_along_i(int64_t R, int64_t I, int64_t r0, int64_t i0, Element element)
 {
     constexpr int PER_ROW = RT / V;
+    static_assert(LANE_PASSES<V> * 8 * V == RT, "V divides RT / 8");
     const int t = threadIdx.y * RT + threadIdx.x, col = t % PER_ROW * V;
-    for (int rr = t / PER_ROW; rr < RT; rr += RT * 8 / PER_ROW) {
+#pragma unroll
+    for (int pass = 0; pass < LANE_PASSES<V>; pass++) {
+        const int rr = t / PER_ROW + pass * 8 * V;
         const int64_t r = r0 + rr, i = i0 + col;
         if (r >= R || i >= I)
             continue;
-        element(rr, col, r, i);
+        element(pass, rr, col, r, i);
     }
 }
 
@@ -1172,7 +1185,7 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
     __shared__ RowInfo info[RT];
     const int64_t R = rows_total(g), I = g.I;
     walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
-        chunk_lanes_along_i<1>(R, I, r0, i0, [&](int row, int col, int64_t r, int64_t i) {
+        chunk_lanes_along_i<1>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
             const int64_t e = info[row].e;
             float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
             if (g.bias) {
@@ -1273,51 +1286,103 @@ __global__ void down_ckpt_kernel(MlpArgs g)
     }
 }
 
+// cp.async (sm_80+): BYTES (4 or 16) from global src to shared dst, completed by cp_async_wait; before sm_80
+// (never built by default: --with-cuda-arch lists 80 and up) a plain copy.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(void *dst, const void *src)
+{
+    static_assert(BYTES == 4 || BYTES == 16, "cp.async copies 4 or 16 bytes here");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t shared_dst = (uint32_t)__cvta_generic_to_shared(dst);
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_dst), "l"(src) : "memory");
+#else
+    if constexpr (BYTES == 16)
+        *static_cast<uint4 *>(dst) = *static_cast<const uint4 *>(src);
+    else
+        *static_cast<uint32_t *>(dst) = *static_cast<const uint32_t *>(src);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most PENDING of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
 // recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.  Compiled
 // per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread, and with
 // `pairs` (slot_pairs) the checkpoint is read in 32-bit words of two slots where they allow (ncu, Qwen3
 // T = 16384: 881 -> 772 us; bench/RESULTS.md, 2026-11-24, second session).
+//   The loads are asynchronous and one chunk ahead: chunk c + 1's dMr values and checkpoint columns are copied
+// into shared memory (cp.async; 2-byte checkpoint values outside slot-pair words synchronously) while chunk c
+// is computed from the other of two stages.  Loaded synchronously, chunk by chunk, the kernel was bound by
+// latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per scheduler of which 0.9 eligible); the
+// asynchronous loads took it from 719 us to 665 (dMr loads issued first) and then to 592-602 (this form;
+// Mixtral-8x7B T = 4096 832 -> 673; bench/RESULTS.md, 2026-11-28, thirteenth session, run106 and run108).
+// Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up] the checkpoint's values as stored (ES
+// bytes), column-major [col][row] with LD elements per column (16-bit: 34, so that a slot-pair word lands
+// 4-byte aligned; float32: 33; both read without bank conflicts).
 template <int DT, int ACT, int V>
 __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
 {
     constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
+    constexpr int ES = dt == MOE_F32 ? 4 : 2, LD = ES == 4 ? RT + 1 : RT + 2;
     if (*g.status != ERR_NONE)
         return;
-    __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
+    __shared__ __align__(16) float dm_s[2][RT][RT];
+    __shared__ __align__(16) unsigned char ck_s[2][2][RT * LD * ES];
     __shared__ RowInfo info[RT];
-    const int64_t R = rows_total(g), I = g.I, B = g.B;
-    walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
+    const int64_t R = rows_total(g), I = g.I, B = g.B, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    const unsigned char *ckpt = static_cast<const unsigned char *>(g.ckpt_gu_in);
+    // chunk (r0, i0) into stage `stage`: the elements compute() below reads, and no others
+    auto issue = [&](int stage, int64_t r0, int64_t i0) {
+        chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
+            cp_async<4 * V>(&dm_s[stage][row][col], g.dMr + r * I + i);
+        });
         chunk_slot_pairs(R, I, r0, i0, [&](int row, int col, int64_t i, bool second) {
+            unsigned char *gs = ck_s[stage][0] + (col * LD + row) * ES, *us = ck_s[stage][1] + (col * LD + row) * ES;
             const int64_t c = info[row].ckpt + i * B;
             if (slot_pair_word(info, row, c, second, pairs)) {
-                const uint16_t *p = static_cast<const uint16_t *>(g.ckpt_gu_in) + c;
-                float v[2];
-                unpack_word(dt, *reinterpret_cast<const uint32_t *>(p), v);
-                gs[row][col] = v[0], gs[row + 1][col] = v[1];
-                unpack_word(dt, *reinterpret_cast<const uint32_t *>(p + I * B), v);
-                us[row][col] = v[0], us[row + 1][col] = v[1];
+                cp_async<4>(gs, ckpt + c * 2);
+                cp_async<4>(us, ckpt + (c + I * B) * 2);
                 return;
             }
-            gs[row][col] = load_as_float(dt, g.ckpt_gu_in, c);
-            us[row][col] = load_as_float(dt, g.ckpt_gu_in, c + I * B);
-            if (second) {
-                const int64_t c1 = info[row + 1].ckpt + i * B;
-                gs[row + 1][col] = load_as_float(dt, g.ckpt_gu_in, c1);
-                us[row + 1][col] = load_as_float(dt, g.ckpt_gu_in, c1 + I * B);
+            for (int k = 0; k < (second ? 2 : 1); k++) {
+                const int64_t ck = k == 0 ? c : info[row + 1].ckpt + i * B;
+                if (ES == 4) {
+                    cp_async<4>(gs + 4 * k, ckpt + ck * 4);
+                    cp_async<4>(us + 4 * k, ckpt + (ck + I * B) * 4);
+                } else {
+                    reinterpret_cast<uint16_t *>(gs)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck];
+                    reinterpret_cast<uint16_t *>(us)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck + I * B];
+                }
             }
         });
-        __syncthreads();
-        chunk_lanes_along_i<V>(R, I, r0, i0, [&](int row, int col, int64_t r, int64_t i) {
+        cp_async_commit();
+    };
+    auto compute = [&](int stage, int64_t r0, int64_t i0) {
+        chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
             const float a = info[row].a;
-            float dmv[V], m[V], dg[V], du[V];
-            load_v<V>(MOE_F32, g.dMr, r * I + i, dmv);
+            float m[V], dg[V], du[V];
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                const float gv = gs[row][col + v], uv = us[row][col + v];
+                const float gv = load_as_float(dt, ck_s[stage][0], (col + v) * LD + row);
+                const float uv = load_as_float(dt, ck_s[stage][1], (col + v) * LD + row);
                 const float act = act_value(ACT, gv);
                 m[v] = act * uv;
-                const float dm = g.on_i ? a * dmv[v] : dmv[v];
+                const float dm = g.on_i ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
                 const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
                 const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
                 du[v] = pass_u ? dm * act : 0.0f;
@@ -1333,7 +1398,28 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
             store_v<V>(dt, g.dGUr, r * 2 * I + i, dg);
             store_v<V>(dt, g.dGUr, r * 2 * I + I + i, du);
         });
-    });
+    };
+    for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
+        const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
+        const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
+        // the previous tile's last chunk ended with a barrier: info and both stages are free
+        if (threadIdx.y == 0 && r0 + threadIdx.x < R)
+            info[threadIdx.x] = row_info(g, r0 + threadIdx.x);
+        __syncthreads();
+        issue(0, r0, i_first);
+        int stage = 0;
+        for (int64_t i0 = i_first; i0 < i_end; i0 += RT, stage ^= 1) {
+            if (i0 + RT < i_end) { // the next chunk into the other stage (last read by the chunk before this one)
+                issue(stage ^ 1, r0, i0 + RT);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads(); // every thread's copies of this chunk have landed
+            compute(stage, r0, i0);
+            __syncthreads(); // this stage is read before the next chunk but one refills it
+        }
+    }
 }
 
 // db_d[e][h] = sum of rnd(a*G) over the expert's rows, db_gu[e][j] = sum of dGUr (ascending rows).
@@ -1667,8 +1753,12 @@ moe_status token_rows(const MlpArgs &g, const float *rows, void *dst, cudaStream
 {
     if (g.token_rows * g.H == 0)
         return MOE_OK;
-    token_rows_kernel<<<resident_grid(token_rows_kernel, 256, host_cdiv(g.token_rows * g.H, 256)), 256, 0, stream>>>(
-        g, rows, dst);
+    if (g.H % 8 == 0 && aligned16(rows) && aligned16(dst))
+        token_rows_kernel<8><<<resident_grid(token_rows_kernel<8>, 256, host_cdiv(g.token_rows * g.H / 8, 256)), 256, 0,
+                               stream>>>(g, rows, dst);
+    else
+        token_rows_kernel<1><<<resident_grid(token_rows_kernel<1>, 256, host_cdiv(g.token_rows * g.H, 256)), 256, 0,
+                               stream>>>(g, rows, dst);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
