@@ -213,8 +213,35 @@ __global__ void finalize_kernel(MlpArgs g)
     }
 }
 
+// Called by one whole warp: counts[1 .. n] (counts[0] not read) become running totals, counts[e] = the sum
+// of the counts 1 .. e given, counts[0] = 0; 32 entries at a time by a shuffle scan, where a serial sum by
+// one thread waited on each global load in turn (ncu on an H100, Qwen3-30B-A3B T = 16384, E = 128, serial /
+// this: expert_lists_kernel 47.2-47.9 / 45.4-46.0 us, row_offsets_kernel 11.3-11.5 / 8.7-9.1; bench/RESULTS.md,
+// 2026-11-28, thirteenth session, run110).  The caller synchronises the CTA before and after.
+__device__ __forceinline__ void warp_prefix_sum(int64_t *counts, int64_t n)
+{
+    const int lane = threadIdx.x % 32;
+    int64_t carry = 0; // the sum of the entries before e0
+    for (int64_t e0 = 0; e0 < n; e0 += 32) {
+        const bool inside = e0 + lane < n;
+        int64_t sum = inside ? counts[e0 + lane + 1] : 0;
+        for (int offset = 1; offset < 32; offset *= 2) { // inclusive scan over the lanes
+            const int64_t below = __shfl_up_sync(0xffffffffu, sum, offset);
+            if (lane >= offset)
+                sum += below;
+        }
+        if (inside)
+            counts[e0 + lane + 1] = carry + sum;
+        carry += __shfl_sync(0xffffffffu, sum, 31);
+    }
+    if (lane == 0)
+        counts[0] = 0;
+}
+
 // One CTA of 32 warps.  expert_start[e] .. expert_start[e+1]-1 index expert_blocks, which lists the
-// blocks of expert e in ascending order (warp ballots over the blocks in order: no atomics).
+// blocks of expert e in ascending order (warp ballots over the blocks in order: no atomics).  Its time is
+// the two passes over block_to_expert, one global load per 32 blocks per expert in turn (45 us at
+// Qwen3-30B-A3B T = 16384, E = 128, N = 1086, on an H100; 5 us at Mixtral-8x7B's E = 8).
 constexpr int LIST_THREADS = 1024;
 __global__ void __launch_bounds__(LIST_THREADS) expert_lists_kernel(MlpArgs g)
 {
@@ -231,11 +258,8 @@ __global__ void __launch_bounds__(LIST_THREADS) expert_lists_kernel(MlpArgs g)
             g.expert_start[e + 1] = count;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        g.expert_start[0] = 0;
-        for (int64_t e = 0; e < g.E; e++)
-            g.expert_start[e + 1] += g.expert_start[e];
-    }
+    if (warp == 0)
+        warp_prefix_sum(g.expert_start, g.E);
     __syncthreads();
     for (int64_t e = warp; e < g.E; e += warps) {
         int64_t next = g.expert_start[e];
@@ -930,11 +954,8 @@ __global__ void __launch_bounds__(LIST_THREADS) row_offsets_kernel(MlpArgs g)
         g.row_offsets[e + 1] = total;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        g.row_offsets[0] = 0;
-        for (int64_t e = 0; e < g.E; e++)
-            g.row_offsets[e + 1] += g.row_offsets[e];
-    }
+    if (threadIdx.x < 32)
+        warp_prefix_sum(g.row_offsets, g.E);
     __syncthreads();
     for (int64_t e = threadIdx.x; e < g.E; e += blockDim.x)
         for (int64_t q = g.expert_start[e]; q < g.expert_start[e + 1]; q++)
@@ -1333,7 +1354,8 @@ __device__ __forceinline__ void cp_async_wait()
 // Mixtral-8x7B T = 4096 832 -> 673; bench/RESULTS.md, 2026-11-28, thirteenth session, run106 and run108).
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up] the checkpoint's values as stored (ES
 // bytes), column-major [col][row] with LD elements per column (16-bit: 34, so that a slot-pair word lands
-// 4-byte aligned; float32: 33; both read without bank conflicts).
+// 4-byte aligned; float32: 33, compiled but not launched: the rows path takes f16 and bf16 only; both read
+// without bank conflicts).
 template <int DT, int ACT, int V>
 __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
 {
