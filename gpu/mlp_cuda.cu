@@ -1349,9 +1349,11 @@ __device__ __forceinline__ void cp_async_wait()
 //   The loads are asynchronous and one chunk ahead: chunk c + 1's dMr values and checkpoint columns are copied
 // into shared memory (cp.async; 2-byte checkpoint values outside slot-pair words synchronously) while chunk c
 // is computed from the other of two stages.  Loaded synchronously, chunk by chunk, the kernel was bound by
-// latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per scheduler of which 0.9 eligible); the
-// asynchronous loads took it from 719 us to 665 (dMr loads issued first) and then to 592-602 (this form;
-// Mixtral-8x7B T = 4096 832 -> 673; bench/RESULTS.md, 2026-11-28, thirteenth session, run106 and run108).
+// latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per scheduler of which 0.9 eligible).  ncu,
+// Qwen3 T = 16384: on one H200 719 -> 665 us with the dMr loads issued first (run106); on another, that form
+// 642-647 us -> this one 592-602 (Mixtral-8x7B T = 4096 746-748 -> 673-674; run108); on an H100 0.665 ms
+// for this form, where the README's floor table has 0.77 for the first (run109; bench/RESULTS.md,
+// 2026-11-28, thirteenth session).
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up] the checkpoint's values as stored (ES
 // bytes), column-major [col][row] with LD elements per column (16-bit: 34, so that a slot-pair word lands
 // 4-byte aligned; float32: 33, compiled but not launched: the rows path takes f16 and bf16 only; both read
