@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "act_cuda.cuh"
+#include "cp_async_cuda.cuh"
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
@@ -602,15 +603,6 @@ constexpr size_t TC_C_BYTES = (size_t)TC_BM * TC_LDC * 4;
 constexpr size_t TC_SMEM_BYTES = (TC_PIPE_BYTES > TC_C_BYTES ? TC_PIPE_BYTES : TC_C_BYTES) + TC_BM * 12;
 static_assert(TC_BM == TC_BN && TC_BK == 32, "the swizzles and the load loops assume 128 x 128 x 32");
 static_assert(TC_PIPE_BYTES + TC_STAGES * TC_BK * 4 <= TC_C_BYTES, "weighted dW: the stages' weights after the pipeline");
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Element offsets of 16-byte chunk c in the two swizzled tile layouts above.
 __device__ __forceinline__ int tc_qc_offset(int row, int c) { return row * TC_BK + ((c ^ ((row >> 1) & 3)) << 3); }

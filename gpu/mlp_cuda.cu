@@ -52,6 +52,7 @@
 #include <type_traits>
 
 #include "act_cuda.cuh"
+#include "cp_async_cuda.cuh"
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
@@ -1307,40 +1308,6 @@ __global__ void down_ckpt_kernel(MlpArgs g)
     }
 }
 
-// cp.async (sm_80+): BYTES (4 or 16) from global src to shared dst, completed by cp_async_wait; before sm_80
-// (never built by default: --with-cuda-arch lists 80 and up) a plain copy.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(void *dst, const void *src)
-{
-    static_assert(BYTES == 4 || BYTES == 16, "cp.async copies 4 or 16 bytes here");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const uint32_t shared_dst = (uint32_t)__cvta_generic_to_shared(dst);
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_dst), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_dst), "l"(src) : "memory");
-#else
-    if constexpr (BYTES == 16)
-        *static_cast<uint4 *>(dst) = *static_cast<const uint4 *>(src);
-    else
-        *static_cast<uint32_t *>(dst) = *static_cast<const uint32_t *>(src);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most PENDING of this thread's committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
-#endif
-}
-
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
 // recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.  Compiled
 // per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread, and with
@@ -1373,21 +1340,24 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
     // chunk (r0, i0) into stage `stage`: the elements compute() below reads, and no others
     auto issue = [&](int stage, int64_t r0, int64_t i0) {
         chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
-            cp_async<4 * V>(&dm_s[stage][row][col], g.dMr + r * I + i);
+            if constexpr (V == 4)
+                cp_async16(&dm_s[stage][row][col], g.dMr + r * I + i, true);
+            else
+                cp_async4(&dm_s[stage][row][col], g.dMr + r * I + i);
         });
         chunk_slot_pairs(R, I, r0, i0, [&](int row, int col, int64_t i, bool second) {
             unsigned char *gs = ck_s[stage][0] + (col * LD + row) * ES, *us = ck_s[stage][1] + (col * LD + row) * ES;
             const int64_t c = info[row].ckpt + i * B;
             if (slot_pair_word(info, row, c, second, pairs)) {
-                cp_async<4>(gs, ckpt + c * 2);
-                cp_async<4>(us, ckpt + (c + I * B) * 2);
+                cp_async4(gs, ckpt + c * 2);
+                cp_async4(us, ckpt + (c + I * B) * 2);
                 return;
             }
             for (int k = 0; k < (second ? 2 : 1); k++) {
                 const int64_t ck = k == 0 ? c : info[row + 1].ckpt + i * B;
                 if (ES == 4) {
-                    cp_async<4>(gs + 4 * k, ckpt + ck * 4);
-                    cp_async<4>(us + 4 * k, ckpt + (ck + I * B) * 4);
+                    cp_async4(gs + 4 * k, ckpt + ck * 4);
+                    cp_async4(us + 4 * k, ckpt + (ck + I * B) * 4);
                 } else {
                     reinterpret_cast<uint16_t *>(gs)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck];
                     reinterpret_cast<uint16_t *>(us)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck + I * B];
