@@ -53,7 +53,6 @@ struct GateMaps {
 // The epilogue's parameters on the device (MoeGateEpilogue with the flags the host decided).
 struct GateArgs {
     int on_i, bias, ckpt_boxes; // ckpt_boxes: maps.ckpt encoded (B % 8 == 0, aligned)
-    int plain;                  // no bias, no clamp, not on_i, no m0_rows: the kernel's PLAIN instance
     int64_t I, B, E;
     const int64_t *row_pos, *ids;
     const void *aff, *b_gu;
@@ -139,7 +138,7 @@ __device__ __forceinline__ GateBlockRows g_block_rows(const GemmArgs &g, const G
 // row's affinity (ON_I); row0: its row h = 0 in the rows GEMM (row h is row0 + 8 h).  Leaves m (scaled by the
 // affinity with ON_I) in m[32] and the checkpoint's values in dg, du (the clamped gate and up; +0 on rows past
 // the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.  PLAIN: the call
-// has no bias, no clamp, the affinity on H and no m0 (GateArgs::plain), and those steps are compiled out (the
+// has no bias, no clamp, the affinity on H and no m0 (launch_gate_up_act's `plain`), and those steps are compiled out (the
 // epilogue's instructions are issued by the consumer warps while the other warpgroup's MMAs run, and are a
 // co-bottleneck: MOE_SM90_SKIP=128, no activation, took Qwen3-30B-A3B T = 16384 from 1.48 to 1.38 ms, run100).
 // ncu, the kernel alone, general / PLAIN instance (H200, 2026-11-28, thirteenth session, run104): Qwen3 T = 16384

@@ -37,6 +37,7 @@
 #include "cuda_check.cuh"
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
+#include "warp_scan_cuda.cuh"
 
 namespace {
 
@@ -98,26 +99,15 @@ constexpr int SIZES_THREADS = 1024;
 __device__ __forceinline__ void block_inclusive_scan3(int64_t v[3], int64_t *totals)
 {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int off = 1; off < 32; off *= 2)
-        for (int c = 0; c < 3; c++) {
-            const int64_t below = __shfl_up_sync(0xffffffffu, v[c], off);
-            if (lane >= off)
-                v[c] += below;
-        }
+    for (int c = 0; c < 3; c++)
+        v[c] = warp_inclusive_sum(v[c]);
     if (lane == 31)
         for (int c = 0; c < 3; c++)
             totals[c * 32 + warp] = v[c];
     __syncthreads();
     if (warp == 0)
-        for (int c = 0; c < 3; c++) {
-            int64_t t = totals[c * 32 + lane];
-            for (int off = 1; off < 32; off *= 2) {
-                const int64_t below = __shfl_up_sync(0xffffffffu, t, off);
-                if (lane >= off)
-                    t += below;
-            }
-            totals[c * 32 + lane] = t; // inclusive over warps
-        }
+        for (int c = 0; c < 3; c++)
+            totals[c * 32 + lane] = warp_inclusive_sum(totals[c * 32 + lane]); // inclusive over warps
     __syncthreads();
     if (warp > 0)
         for (int c = 0; c < 3; c++)
@@ -1731,26 +1721,21 @@ __global__ void rows_tiles_kernel(const int64_t *offsets, int64_t E, int64_t col
         const int64_t e = e0 + lane;
         int64_t lone = 0;
         int64_t tiles = e < E ? expert_tiles(offsets[e + 1] - offsets[e], rows_per_tile, col_tiles, paired, &lone) : 0;
-        for (int off = 1; off < 32; off *= 2) { // inclusive scans
-            const int64_t below = __shfl_up_sync(0xffffffffu, tiles, off);
-            const int64_t below_lone = __shfl_up_sync(0xffffffffu, lone, off);
-            if (lane >= off)
-                tiles += below, lone += below_lone;
-        }
+        tiles = warp_inclusive_sum(tiles), lone = warp_inclusive_sum(lone);
         if (e < E)
             tile_start[e + 1] = carried + tiles, lone_start[e + 1] = carried_lone + lone;
-        carried += __shfl_sync(0xffffffffu, tiles, 31);
-        carried_lone += __shfl_sync(0xffffffffu, lone, 31);
+        carried += warp_last_lane(tiles);
+        carried_lone += warp_last_lane(lone);
     }
 }
 
 // The fused gate/up kernel of dtype T for the activation act (moe_cuda_rows_gate_gemm); its PLAIN instance
-// when ep.plain.
+// when plain (no bias, no clamp, not on_i, no m0_rows).
 template <typename T, int ACT>
-moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, const GateMaps &maps, int64_t max_tiles,
-                              cudaStream_t stream)
+moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, bool plain, const GateMaps &maps,
+                              int64_t max_tiles, cudaStream_t stream)
 {
-    auto kernel = ep.plain ? sm90_gate_up_kernel<T, ACT, true> : sm90_gate_up_kernel<T, ACT, false>;
+    auto kernel = plain ? sm90_gate_up_kernel<T, ACT, true> : sm90_gate_up_kernel<T, ACT, false>;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G_SMEM_BYTES));
     kernel<<<(unsigned)sm90_grid_cap((int64_t)persistent_grid(max_tiles)), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
     MOE_CUDA_CHECK(cudaGetLastError());
@@ -1758,14 +1743,14 @@ moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, const GateM
 }
 
 template <typename T>
-moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, const GateMaps &maps, int64_t max_tiles,
-                          cudaStream_t stream)
+moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, bool plain, const GateMaps &maps,
+                          int64_t max_tiles, cudaStream_t stream)
 {
     switch (act) {
-    case MOE_ACT_SILU: return launch_gate_up_act<T, MOE_ACT_SILU>(g, ep, maps, max_tiles, stream);
-    case MOE_ACT_GELU: return launch_gate_up_act<T, MOE_ACT_GELU>(g, ep, maps, max_tiles, stream);
-    case MOE_ACT_GELU_TANH: return launch_gate_up_act<T, MOE_ACT_GELU_TANH>(g, ep, maps, max_tiles, stream);
-    default: return launch_gate_up_act<T, MOE_ACT_SWISH>(g, ep, maps, max_tiles, stream);
+    case MOE_ACT_SILU: return launch_gate_up_act<T, MOE_ACT_SILU>(g, ep, plain, maps, max_tiles, stream);
+    case MOE_ACT_GELU: return launch_gate_up_act<T, MOE_ACT_GELU>(g, ep, plain, maps, max_tiles, stream);
+    case MOE_ACT_GELU_TANH: return launch_gate_up_act<T, MOE_ACT_GELU_TANH>(g, ep, plain, maps, max_tiles, stream);
+    default: return launch_gate_up_act<T, MOE_ACT_SWISH>(g, ep, plain, maps, max_tiles, stream);
     }
 }
 
@@ -1926,7 +1911,7 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
     ep.nl_lo = epi->nl_lo, ep.nl_hi = epi->nl_hi, ep.lin_lo = epi->lin_lo, ep.lin_hi = epi->lin_hi;
     ep.m_rows = epi->m_rows, ep.ckpt = epi->ckpt, ep.m0_rows = epi->m0_rows;
     // MOE_MLP_GATE_PLAIN=0: the general instance for every call (A/B runs)
-    ep.plain = !ep.on_i && !ep.bias && !ep.has_nl_lo && !ep.has_nl_hi && !ep.has_lin_lo && !ep.has_lin_hi &&
+    const bool plain = !ep.on_i && !ep.bias && !ep.has_nl_lo && !ep.has_nl_hi && !ep.has_lin_lo && !ep.has_lin_hi &&
                ep.m0_rows == nullptr && env_switch("MOE_MLP_GATE_PLAIN") != 0;
 
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
@@ -1939,8 +1924,8 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
         g.out_dtype = r->dtype, g.out = nullptr;
         g.full_blocks = env_switch("MOE_SM90_FULL_BLOCKS") != 0; // tiles of one length (gate_sm90.cuh): always
         const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
-        return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, maps, max_tiles, stream)
-                                    : launch_gate_up<__half>(epi->act, g, ep, maps, max_tiles, stream);
+        return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, plain, maps, max_tiles, stream)
+                                    : launch_gate_up<__half>(epi->act, g, ep, plain, maps, max_tiles, stream);
     });
 }
 

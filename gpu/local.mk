@@ -2,7 +2,7 @@
 # .cu files become libtool objects through build-aux/nvcc-lt (libtool does not know nvcc).
 MOE_CUDA_SRCS = gpu/cuda_backend.cu gpu/gemm_cuda.cu
 MOE_CUDA_HDRS = gpu/act_cuda.cuh gpu/cp_async_cuda.cuh gpu/cuda_check.cuh gpu/dtype_cuda.cuh gpu/gemm_cuda.cuh gpu/gate_sm90.cuh \
-	gpu/gemm_sm90.cuh
+	gpu/gemm_sm90.cuh gpu/warp_scan_cuda.cuh
 # the blockwise MoE MLP (gpu/mlp_cuda.h is C, included by src/mlp_api.c)
 MOE_CUDA_SRCS += gpu/mlp_cuda.cu
 MOE_CUDA_HDRS += gpu/mlp_cuda.h

@@ -57,6 +57,7 @@
 #include "dtype_cuda.cuh"
 #include "gemm_cuda.cuh"
 #include "mlp_cuda.h"
+#include "warp_scan_cuda.cuh"
 
 namespace {
 
@@ -225,52 +226,103 @@ __device__ __forceinline__ void warp_prefix_sum(int64_t *counts, int64_t n)
     int64_t carry = 0; // the sum of the entries before e0
     for (int64_t e0 = 0; e0 < n; e0 += 32) {
         const bool inside = e0 + lane < n;
-        int64_t sum = inside ? counts[e0 + lane + 1] : 0;
-        for (int offset = 1; offset < 32; offset *= 2) { // inclusive scan over the lanes
-            const int64_t below = __shfl_up_sync(0xffffffffu, sum, offset);
-            if (lane >= offset)
-                sum += below;
-        }
+        const int64_t sum = warp_inclusive_sum(inside ? counts[e0 + lane + 1] : 0);
         if (inside)
             counts[e0 + lane + 1] = carry + sum;
-        carry += __shfl_sync(0xffffffffu, sum, 31);
+        carry += warp_last_lane(sum);
     }
     if (lane == 0)
         counts[0] = 0;
 }
 
 // One CTA of 32 warps.  expert_start[e] .. expert_start[e+1]-1 index expert_blocks, which lists the
-// blocks of expert e in ascending order (warp ballots over the blocks in order: no atomics).  Its time is
-// the two passes over block_to_expert, one global load per 32 blocks per expert in turn (45 us at
-// Qwen3-30B-A3B T = 16384, E = 128, N = 1086, on an H100; 5 us at Mixtral-8x7B's E = 8).
-constexpr int LIST_THREADS = 1024;
+// blocks of expert e in ascending order: a stable counting sort of the blocks by expert, without atomics.
+// Warp w owns the w-th of 32 contiguous segments of the blocks and walks it 32 blocks at a time; the lanes
+// holding blocks of one expert find each other by __match_any_sync, and the group's lowest lane counts them.
+// Experts go in windows of LIST_WINDOW (one window up to E = 128), with per warp and expert of the window a
+// count in shared memory (counts[w][e - e0]):
+//   1. per window: the segments' counts; thread j sums expert e0 + j's over the warps into expert_start[e + 1];
+//   2. expert_start becomes the running totals (warp_prefix_sum);
+//   3. per window: the counts again, turned by thread j into each segment's first index of expert e0 + j
+//      (expert_start[e] + the blocks of e in earlier segments); each warp then places its blocks from there,
+//      a group's lanes in lane order.
+// The kernel this replaced had each warp scan every block once per expert of its own (twice), an instruction
+// stream of E * N / 32 ballots on one SM.  ncu on an H200, that kernel / this one (bench/RESULTS.md,
+// 2026-11-28, fourteenth session, run115): Qwen3-30B-A3B T = 16384 (E = 128, 1086 blocks) 44-46 / 6.5-7.4 us,
+// T = 4096 16-17 / 6.1-7.2, E = 256 T = 4096 30 / 9.1-10.3, Qwen3 T = 16384 with B = 16 (~8300 blocks)
+// 297 / 12-13, Mixtral-8x7B T = 4096 (E = 8, 72 blocks) 4.3 / 4.7-4.9.
+constexpr int LIST_THREADS = 1024, LIST_WARPS = LIST_THREADS / 32, LIST_WINDOW = 128;
+
+// Warp `warp`'s blocks of the window's experts: calls visit(n, e, group, lane_is_lowest) per chunk of 32 blocks
+// for every lane holding block n of expert e in [e0, e0 + LIST_WINDOW) (group: the lanes of the chunk holding
+// that expert's blocks).  Whole-warp calls only (every lane runs every chunk).
+template <class Visit>
+__device__ __forceinline__ void walk_segment(const MlpArgs &g, int warp, int64_t e0, Visit visit)
+{
+    const int lane = threadIdx.x % 32;
+    const int64_t per_warp = (g.N + LIST_WARPS - 1) / LIST_WARPS;
+    const int64_t begin = warp * per_warp, end = begin + per_warp < g.N ? begin + per_warp : g.N;
+    for (int64_t n0 = begin; n0 < end; n0 += 32) {
+        const int64_t n = n0 + lane;
+        const int64_t e = n < end ? g.b2e[n] : -1;
+        const bool inside = e >= e0 && e < e0 + LIST_WINDOW;
+        const unsigned group = __match_any_sync(0xffffffffu, (unsigned long long)(inside ? e : -1));
+        if (inside)
+            visit(n, e, group, lane == __ffs(group) - 1);
+        __syncwarp();
+    }
+}
+
 __global__ void __launch_bounds__(LIST_THREADS) expert_lists_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
         return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = LIST_THREADS / 32;
-    for (int64_t e = warp; e < g.E; e += warps) {
-        int64_t count = 0;
-        for (int64_t n0 = 0; n0 < g.N; n0 += 32) {
-            const bool mine = n0 + lane < g.N && g.b2e[n0 + lane] == e;
-            count += __popc(__ballot_sync(0xffffffffu, mine));
+    __shared__ int64_t counts[LIST_WARPS][LIST_WINDOW];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = threadIdx.x;
+    // this window's counts per warp (the CTA synchronised before and after)
+    auto count_window = [&](int64_t e0) {
+        for (int q = lane; q < LIST_WINDOW; q += 32)
+            counts[warp][q] = 0;
+        __syncwarp();
+        walk_segment(g, warp, e0, [&](int64_t, int64_t e, unsigned group, bool lowest) {
+            if (lowest)
+                counts[warp][e - e0] += __popc(group);
+        });
+    };
+    for (int64_t e0 = 0; e0 < g.E; e0 += LIST_WINDOW) {
+        count_window(e0);
+        __syncthreads();
+        if (j < LIST_WINDOW && e0 + j < g.E) {
+            int64_t total = 0;
+            for (int w = 0; w < LIST_WARPS; w++)
+                total += counts[w][j];
+            g.expert_start[e0 + j + 1] = total;
         }
-        if (lane == 0)
-            g.expert_start[e + 1] = count;
+        __syncthreads();
     }
-    __syncthreads();
     if (warp == 0)
         warp_prefix_sum(g.expert_start, g.E);
     __syncthreads();
-    for (int64_t e = warp; e < g.E; e += warps) {
-        int64_t next = g.expert_start[e];
-        for (int64_t n0 = 0; n0 < g.N; n0 += 32) {
-            const bool mine = n0 + lane < g.N && g.b2e[n0 + lane] == e;
-            const unsigned bits = __ballot_sync(0xffffffffu, mine);
-            if (mine)
-                g.expert_blocks[next + __popc(bits & ((1u << lane) - 1u))] = n0 + lane;
-            next += __popc(bits);
+    for (int64_t e0 = 0; e0 < g.E; e0 += LIST_WINDOW) {
+        count_window(e0);
+        __syncthreads();
+        if (j < LIST_WINDOW && e0 + j < g.E) {
+            int64_t next = g.expert_start[e0 + j];
+            for (int w = 0; w < LIST_WARPS; w++) {
+                const int64_t c = counts[w][j];
+                counts[w][j] = next;
+                next += c;
+            }
         }
+        __syncthreads();
+        walk_segment(g, warp, e0, [&](int64_t n, int64_t e, unsigned group, bool lowest) {
+            int64_t &next = counts[warp][e - e0];
+            g.expert_blocks[next + __popc(group & ((1u << lane) - 1u))] = n;
+            __syncwarp(group);
+            if (lowest)
+                next += __popc(group);
+        });
+        __syncthreads();
     }
 }
 

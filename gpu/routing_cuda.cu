@@ -24,6 +24,7 @@
 
 #include "cuda_check.cuh"
 #include "routing_cuda.h"
+#include "warp_scan_cuda.cuh"
 
 namespace {
 
@@ -120,14 +121,10 @@ __global__ void finalize_kernel(Args a)
         int64_t v = e < a.E ? a.counts[e] : 0;
         if (e < a.E && a.m_sizes != nullptr)
             a.m_sizes[e] = v;
-        for (int off = 1; off < 32; off *= 2) {
-            const int64_t below = __shfl_up_sync(0xffffffffu, v, off);
-            if (lane >= off)
-                v += below;
-        }
+        v = warp_inclusive_sum(v);
         if (e < a.E)
             a.offsets[e + 1] = carried + v;
-        carried += __shfl_sync(0xffffffffu, v, 31);
+        carried += warp_last_lane(v);
     }
 }
 
@@ -181,15 +178,11 @@ __global__ void blocks_kernel(Args a)
         const int64_t m = e < a.E ? a.counts[e] : 0;
         int64_t v = e < a.E ? (a.dropping ? 1 : (m + a.B - 1) / a.B) : 0;
         int64_t d = a.dropping && m > a.B ? m - a.B : 0;
-        for (int off = 1; off < 32; off *= 2) {
-            const int64_t below = __shfl_up_sync(0xffffffffu, v, off), dbelow = __shfl_up_sync(0xffffffffu, d, off);
-            if (lane >= off)
-                v += below, d += dbelow;
-        }
+        v = warp_inclusive_sum(v), d = warp_inclusive_sum(d);
         if (e < a.E)
             a.block_start[e + 1] = carried + v;
-        carried += __shfl_sync(0xffffffffu, v, 31);
-        dropped += __shfl_sync(0xffffffffu, d, 31);
+        carried += warp_last_lane(v);
+        dropped += warp_last_lane(d);
     }
     if (lane == 0) {
         if (a.num_used != nullptr)
