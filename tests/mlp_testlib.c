@@ -571,6 +571,31 @@ static void expect_free(expect *x)
 
 /* old_*: the gradient buffers' contents before the call (accumulate), as double, or NULL.
  * exact_rounding: how every rounding to a dtype enters (rnd). */
+/* The real positions (a token's) grouped by key, ascending within a group: list[first[k] .. first[k + 1]) for key
+ * k in [0, keys), the key of position p being its token (by_token) or its expert.  The expectation's sums over a
+ * token's or an expert's positions walk these lists, in the ascending position order of a scan over all
+ * positions (the sums are the same), in O(positions) instead of O(keys x positions) (E = 700 took seconds). */
+static void group_positions(const mt_case *c, int by_token, int64_t keys, int64_t **first, int64_t **list)
+{
+    const int64_t NB = c->N * c->B;
+    int64_t *f = mt_xmalloc((size_t)(keys + 1) * sizeof(int64_t)), *l = mt_xmalloc((size_t)(NB + 1) * sizeof(int64_t));
+    for (int64_t k = 0; k <= keys; k++)
+        f[k] = 0;
+    for (int64_t p = 0; p < NB; p++)
+        if (is_tok(c, c->ids[p]))
+            f[(by_token ? c->ids[p] : pos_expert(c, p)) + 1]++;
+    for (int64_t k = 0; k < keys; k++)
+        f[k + 1] += f[k];
+    int64_t *next = mt_xmalloc((size_t)(keys + 1) * sizeof(int64_t));
+    for (int64_t k = 0; k < keys; k++)
+        next[k] = f[k];
+    for (int64_t p = 0; p < NB; p++)
+        if (is_tok(c, c->ids[p]))
+            l[next[by_token ? c->ids[p] : pos_expert(c, p)]++] = p;
+    free(next);
+    *first = f, *list = l;
+}
+
 static void compute_expect(const mt_case *c, const double *old_wgu, const double *old_wd, const double *old_bgu,
                            const double *old_bd, int down_ckpt_in_bwd, int exact_rounding, expect *X)
 {
@@ -669,15 +694,18 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         }
     }
 
+    int64_t *token_first, *token_pos, *expert_first, *expert_pos;
+    group_positions(c, 1, T, &token_first, &token_pos);
+    group_positions(c, 0, E, &expert_first, &expert_pos);
     /* token rows */
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
             acc_t so = {0}, sx = {0};
-            for (int64_t p = 0; p < NB; p++)
-                if (c->ids[p] == t) {
-                    acc_term(&so, c_out[p * H + h]);
-                    acc_term(&sx, dx_s[p * H + h]);
-                }
+            for (int64_t q = token_first[t]; q < token_first[t + 1]; q++) {
+                const int64_t p = token_pos[q];
+                acc_term(&so, c_out[p * H + h]);
+                acc_term(&sx, dx_s[p * H + h]);
+            }
             X->out[t * H + h] = rnd(acc_done(&so), dt, xr);
             X->dx[t * H + h] = rnd(acc_done(&sx), dt, xr);
         }
@@ -686,9 +714,10 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t i = 0; i < I; i++)
             for (int64_t h = 0; h < H; h++) {
                 acc_t s = {0};
-                for (int64_t p = 0; p < NB; p++)
-                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
-                        acc_prod(&s, mw[p * I + i], dsrc[p * H + h]);
+                for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
+                    const int64_t p = expert_pos[q];
+                    acc_prod(&s, mw[p * I + i], dsrc[p * H + h]);
+                }
                 if (old_wd)
                     acc_term(&s, ex(old_wd[(e * I + i) * H + h]));
                 X->dwd[(e * I + i) * H + h] = rnd(acc_done(&s), gdt, xr);
@@ -696,9 +725,10 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t h = 0; h < H; h++)
             for (int64_t j = 0; j < I2; j++) {
                 acc_t s = {0};
-                for (int64_t p = 0; p < NB; p++)
-                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
-                        acc_prod(&s, ex(c->x[c->ids[p] * H + h]), dgu[p * I2 + j]);
+                for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
+                    const int64_t p = expert_pos[q];
+                    acc_prod(&s, ex(c->x[c->ids[p] * H + h]), dgu[p * I2 + j]);
+                }
                 if (old_wgu)
                     acc_term(&s, ex(old_wgu[(e * H + h) * I2 + j]));
                 X->dwgu[(e * H + h) * I2 + j] = rnd(acc_done(&s), gdt, xr);
@@ -706,18 +736,20 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         if (bias) {
             for (int64_t h = 0; h < H; h++) {
                 acc_t s = {0};
-                for (int64_t p = 0; p < NB; p++)
-                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
-                        acc_term(&s, dD[p * H + h]);
+                for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
+                    const int64_t p = expert_pos[q];
+                    acc_term(&s, dD[p * H + h]);
+                }
                 if (old_bd)
                     acc_term(&s, ex(old_bd[e * H + h]));
                 X->dbd[e * H + h] = rnd(acc_done(&s), gdt, xr);
             }
             for (int64_t j = 0; j < I2; j++) {
                 acc_t s = {0};
-                for (int64_t p = 0; p < NB; p++)
-                    if (is_tok(c, c->ids[p]) && pos_expert(c, p) == e)
-                        acc_term(&s, dgu[p * I2 + j]);
+                for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
+                    const int64_t p = expert_pos[q];
+                    acc_term(&s, dgu[p * I2 + j]);
+                }
                 if (old_bgu)
                     acc_term(&s, ex(old_bgu[e * I2 + j]));
                 X->dbgu[e * I2 + j] = rnd(acc_done(&s), gdt, xr);
@@ -726,6 +758,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
     }
     free(c_out), free(dx_s), free(dgu), free(mw), free(dsrc), free(dD), free(gF), free(gB), free(mF);
     free(mF0), free(mB0), free(d_bwd), free(dM), free(free_mask), free(mF0r), free(mB0r);
+    free(token_first), free(token_pos), free(expert_first), free(expert_pos);
 }
 
 /* rnd_peak of the case's analytic expectation (no accumulate contents: they add at most 1) */
