@@ -587,7 +587,7 @@ int main(int argc, char **argv)
     printf("determinism: %lld repeated cases compared bit for bit\n", (long long)determinism);
     bad += fused_gate(seed, argc > 4 ? atoi(argv[4]) : 0, argc > 3 ? atoi(argv[3]) : 48);
     bad += bad_layouts(seed);
-    bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 6);
+    bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 12);
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;
 }
