@@ -138,8 +138,8 @@ __device__ __forceinline__ GateBlockRows g_block_rows(const GemmArgs &g, const G
 // row's affinity (ON_I); row0: its row h = 0 in the rows GEMM (row h is row0 + 8 h).  Leaves m (scaled by the
 // affinity with ON_I) in m[32] and the checkpoint's values in dg, du (the clamped gate and up; +0 on rows past
 // the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.  PLAIN: the call
-// has no bias, no clamp, the affinity on H and no m0 (launch_gate_up_act's `plain`), and those steps are compiled out (the
-// epilogue's instructions are issued by the consumer warps while the other warpgroup's MMAs run, and are a
+// has no bias, no clamp, the affinity on H and no m0 (launch_gate_up_act's `plain`), and those steps are compiled
+// out (the epilogue's instructions are issued by the consumer warps while the other warpgroup's MMAs run, and are a
 // co-bottleneck: MOE_SM90_SKIP=128, no activation, took Qwen3-30B-A3B T = 16384 from 1.48 to 1.38 ms, run100).
 // ncu, the kernel alone, general / PLAIN instance (H200, 2026-11-28, thirteenth session, run104): Qwen3 T = 16384
 // 1.44 / 1.35 ms, T = 4096 0.51 / 0.44, Mixtral-8x7B T = 4096 2.90 / 2.83; MOE_MLP_GATE_PLAIN=0 forces the general

@@ -1912,7 +1912,7 @@ moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *
     ep.m_rows = epi->m_rows, ep.ckpt = epi->ckpt, ep.m0_rows = epi->m0_rows;
     // MOE_MLP_GATE_PLAIN=0: the general instance for every call (A/B runs)
     const bool plain = !ep.on_i && !ep.bias && !ep.has_nl_lo && !ep.has_nl_hi && !ep.has_lin_lo && !ep.has_lin_hi &&
-               ep.m0_rows == nullptr && env_switch("MOE_MLP_GATE_PLAIN") != 0;
+                       ep.m0_rows == nullptr && env_switch("MOE_MLP_GATE_PLAIN") != 0;
 
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
     const int64_t col_tiles = (I + G_BI - 1) / G_BI;

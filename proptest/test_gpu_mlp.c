@@ -358,52 +358,6 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
     return bad;
 }
 
-/* ---- 5: many experts ---- */
-
-/* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
- * experts by 32 warps, each over its own segment of the blocks; the option cross has at most 6 experts.
- * Here E is 128, 129, 255, 256, 257 or 700 (one window, two, three, six), with blocks of 1 .. 16 positions
- * (up to ~2400 blocks: several chunks of 32 per warp), in the three layout modes, both paths
- * (round_intermediates or not), checked against the CPU reference within the bounds. */
-static int64_t many_experts(uint64_t base, int cases)
-{
-    oracle_rng rng = {base ^ 0x3e5e9a11ULL};
-    int64_t bad = 0;
-    static const int64_t experts[] = {128, 129, 255, 256, 257, 700};
-    static const int64_t blocks[] = {1, 1, 3, 16};
-    for (int index = 0; index < cases; index++) {
-        moe_mlp_options o = {0};
-        o.activation = (moe_mlp_activation)(index & 3);
-        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
-        o.dtype = (moe_dtype)(index % 3);
-        o.round_intermediates = o.dtype != MOE_F32 && (index & 8) != 0;
-        o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
-        const int64_t E = experts[index % (int)(sizeof experts / sizeof experts[0])];
-        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, 4);
-        const int64_t T = 100 + (int64_t)oracle_rng_below(&rng, 500);
-        const int64_t H = 8 * (1 + (int64_t)oracle_rng_below(&rng, 3)), I = 8 * (1 + (int64_t)oracle_rng_below(&rng, 2));
-        const int mode = (int)oracle_rng_below(&rng, 3);
-        mt_case c;
-        mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-        mt_result gpu, ref;
-        use_gpu();
-        int64_t b = mt_run(&c, MT_CHECK_BOUND, 1, &gpu);
-        use_ref();
-        b += mt_run(&c, MT_CHECK_BOUND, 1, &ref);
-        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU vs CPU reference");
-        if (b)
-            fprintf(stderr, "many-experts case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld "
-                    "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
-                    (long long)H, (long long)I, (long long)o.block_size, mode, (long long)b);
-        bad += b;
-        mt_result_free(&gpu);
-        mt_result_free(&ref);
-        mt_case_free(&c);
-    }
-    printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
-    return bad;
-}
-
 /* ---- 3: invalid device layouts ---- */
 
 /* Runs fwd and bwd on the GPU with the given layout arrays (host copies; the wrappers upload them) and
@@ -570,6 +524,52 @@ static int64_t bad_layouts(uint64_t seed)
         mt_case_free(&c);
     }
     printf("invalid layouts: %lld checks, %lld failures\n", (long long)checks, (long long)bad);
+    return bad;
+}
+
+/* ---- 5: many experts ---- */
+
+/* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
+ * experts by 32 warps, each over its own segment of the blocks; the option cross has at most 6 experts.
+ * Here E is 128, 129, 255, 256, 257 or 700 (one window, two, three, six), with blocks of 1 .. 16 positions
+ * (up to ~2400 blocks: several chunks of 32 per warp), in the three layout modes, both paths
+ * (round_intermediates or not), checked against the CPU reference within the bounds. */
+static int64_t many_experts(uint64_t base, int cases)
+{
+    oracle_rng rng = {base ^ 0x3e5e9a11ULL};
+    int64_t bad = 0;
+    static const int64_t experts[] = {128, 129, 255, 256, 257, 700};
+    static const int64_t blocks[] = {1, 1, 3, 16};
+    for (int index = 0; index < cases; index++) {
+        moe_mlp_options o = {0};
+        o.activation = (moe_mlp_activation)(index & 3);
+        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
+        o.dtype = (moe_dtype)(index % 3);
+        o.round_intermediates = o.dtype != MOE_F32 && (index & 8) != 0;
+        o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
+        const int64_t E = experts[index % (int)(sizeof experts / sizeof experts[0])];
+        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, 4);
+        const int64_t T = 100 + (int64_t)oracle_rng_below(&rng, 500);
+        const int64_t H = 8 * (1 + (int64_t)oracle_rng_below(&rng, 3)), I = 8 * (1 + (int64_t)oracle_rng_below(&rng, 2));
+        const int mode = (int)oracle_rng_below(&rng, 3);
+        mt_case c;
+        mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
+        mt_result gpu, ref;
+        use_gpu();
+        int64_t b = mt_run(&c, MT_CHECK_BOUND, 1, &gpu);
+        use_ref();
+        b += mt_run(&c, MT_CHECK_BOUND, 1, &ref);
+        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU vs CPU reference");
+        if (b)
+            fprintf(stderr, "many-experts case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld "
+                    "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
+                    (long long)H, (long long)I, (long long)o.block_size, mode, (long long)b);
+        bad += b;
+        mt_result_free(&gpu);
+        mt_result_free(&ref);
+        mt_case_free(&c);
+    }
+    printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
     return bad;
 }
 

@@ -569,8 +569,6 @@ static void expect_free(expect *x)
     free(x->dbgu), free(x->dbd);
 }
 
-/* old_*: the gradient buffers' contents before the call (accumulate), as double, or NULL.
- * exact_rounding: how every rounding to a dtype enters (rnd). */
 /* The real positions (a token's) grouped by key, ascending within a group: list[first[k] .. first[k + 1]) for key
  * k in [0, keys), the key of position p being its token (by_token) or its expert.  The expectation's sums over a
  * token's or an expert's positions walk these lists, in the ascending position order of a scan over all
@@ -596,6 +594,8 @@ static void group_positions(const mt_case *c, int by_token, int64_t keys, int64_
     *first = f, *list = l;
 }
 
+/* old_*: the gradient buffers' contents before the call (accumulate), as double, or NULL.
+ * exact_rounding: how every rounding to a dtype enters (rnd). */
 static void compute_expect(const mt_case *c, const double *old_wgu, const double *old_wd, const double *old_bgu,
                            const double *old_bd, int down_ckpt_in_bwd, int exact_rounding, expect *X)
 {
