@@ -243,9 +243,9 @@ __device__ __forceinline__ void warp_prefix_sum(int64_t *counts, int64_t n)
 // count in shared memory (counts[w][e - e0]):
 //   1. per window: the segments' counts; thread j sums expert e0 + j's over the warps into expert_start[e + 1];
 //   2. expert_start becomes the running totals (warp_prefix_sum);
-//   3. per window: the counts again, turned by thread j into each segment's first index of expert e0 + j
-//      (expert_start[e] + the blocks of e in earlier segments); each warp then places its blocks from there,
-//      a group's lanes in lane order.
+//   3. per window: the counts again (with one window, E <= LIST_WINDOW, pass 1's, still in shared memory),
+//      turned by thread j into each segment's first index of expert e0 + j (expert_start[e] + the blocks of e
+//      in earlier segments); each warp then places its blocks from there, a group's lanes in lane order.
 // The kernel this replaced had each warp scan every block once per expert of its own (twice), an instruction
 // stream of E * N / 32 ballots on one SM.  ncu on an H200, that kernel / this one (bench/RESULTS.md,
 // 2026-11-28, fourteenth session, run115): Qwen3-30B-A3B T = 16384 (E = 128, 1086 blocks) 44-46 / 6.5-7.4 us,
@@ -304,7 +304,8 @@ __global__ void __launch_bounds__(LIST_THREADS) expert_lists_kernel(MlpArgs g)
         warp_prefix_sum(g.expert_start, g.E);
     __syncthreads();
     for (int64_t e0 = 0; e0 < g.E; e0 += LIST_WINDOW) {
-        count_window(e0);
+        if (g.E > LIST_WINDOW) // one window: pass 1's counts are still there (the prefix sum left them)
+            count_window(e0);
         __syncthreads();
         if (j < LIST_WINDOW && e0 + j < g.E) {
             int64_t next = g.expert_start[e0 + j];
