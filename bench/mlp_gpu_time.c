@@ -9,8 +9,9 @@
  * that every call reports no error and that two backward runs are bitwise equal (d_hidden, d_w_gu).
  *
  * With round_intermediates (16-bit dtypes) the forward is timed a second time with MOE_MLP_FUSE_GATE=0 (the
- * gate/up GEMM and its activation as two kernels; on sm_90a they are one by default where the experts are
- * long enough, and at any size with MOE_MLP_FUSE_GATE=1 in the environment), and its outputs and
+ * gate/up GEMM and its activation as two kernels, and the down GEMM on the 128 x 256 kernel; on sm_90a the
+ * first two are one by default where the experts are long enough, and at any size with MOE_MLP_FUSE_GATE=1
+ * in the environment, and the down GEMM of a short I runs on the ping-pong rows kernel), and its outputs and
  * checkpoints are compared bit for bit with the default forward's.
  *
  * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
@@ -450,10 +451,11 @@ int main(int argc, char **argv)
     qsort(ms_bwd, (size_t)repeats, sizeof(float), cmp_float);
     const double f = ms_fwd[repeats / 2], b = ms_bwd[repeats / 2];
 
-    /* The rows path's forward again with the gate/up GEMM and its activation as two kernels
-     * (MOE_MLP_FUSE_GATE=0; on sm_90a with long enough experts, or with MOE_MLP_FUSE_GATE=1 in the
-     * environment, they are one in the default run; elsewhere both runs are unfused): its
-     * median, and whether its outputs are bitwise those of the default forward. */
+    /* The rows path's forward again with the gate/up GEMM and its activation as two kernels and the down
+     * GEMM on the 128 x 256 kernel (MOE_MLP_FUSE_GATE=0; on sm_90a with long enough experts, or with
+     * MOE_MLP_FUSE_GATE=1 in the environment, the default run takes the fused and ping-pong kernels;
+     * elsewhere both runs are the same): its median, and whether its outputs are bitwise those of the
+     * default forward. */
     double f_unfused = 0;
     float *ms_unfused = xmalloc((size_t)repeats * sizeof(float));
     int fwd_identical = 1;

@@ -1,6 +1,7 @@
-// The MLP forward's gate/up GEMM with the activation in its epilogue (sm_90a; issue 8).  Included by
+// The MLP forward's gate/up GEMM with the activation in its epilogue (sm_90a; issue 8), and at the end of the
+// file the ping-pong rows kernel with fp32 output on the same schedule (the forward's down GEMM).  Included by
 // gpu/gemm_cuda.cu after gemm_sm90.cuh (its primitives), inside that file's anonymous namespace; the
-// host side is moe_cuda_rows_gate_gemm (contract in gemm_cuda.cuh).
+// host sides are moe_cuda_rows_gate_gemm and moe_cuda_rows_gemm (contracts in gemm_cuda.cuh).
 //
 // Unfused, the rows path writes the gate/up GEMM's fp32 rows [rows][2I] (805 MB at Qwen3-30B-A3B,
 // T = 16384) and gate_act_kernel reads them back to form m and the transposed checkpoint (~830 us, memory
@@ -285,6 +286,102 @@ __device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int6
     return ep.ckpt_boxes && rows > 0 && last_pos - first_pos == rows - 1 && first_pos % ep.B + 64 <= ep.B &&
            first_pos % 8 == 0 && i0 + 64 <= ep.I;
 }
+
+// The ring of the ping-pong rows kernels (this one and sm90_rows_f32_kernel below), filled by the producer
+// warpgroup's thread 0 in tile order: per tile (tile_cols output columns from t.j0) `steps` k-steps of the
+// tile's 128 rows {64 k, 128 rows} (K-major, rows_a) and two W boxes {64 c, 64 n} (MN-major, w) at columns
+// t.j0 and t.j0 + second (the gate/up kernel: I, the up columns of the same i; the f32 kernel: 64).  Rows past
+// the expert's last one belong to the next expert (or lie past the tensor: zeros); their results are never
+// stored.
+__device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *rows_a, const CUtensorMap *w,
+                                          int tile_cols, int64_t second, int64_t tiles, int64_t steps,
+                                          uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar)
+{
+    const uint64_t w_policy = l2_policy(true);
+    uint32_t it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = tile_coord(g, tile, G_BM, tile_cols);
+        const int64_t base = g.ws.offsets[t.e];
+        for (int64_t step = 0; step < steps; step++, it++) {
+            const int s = (int)(it % G_STAGES);
+            const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * G_STAGE_BYTES, sb = sa + G_A_BYTES;
+            const int q0 = (int)(step * H_BK);
+            mbar_wait(empty_bar + 8 * s, ((it / G_STAGES) & 1) ^ 1);
+            mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
+            tma_load_2d(sa, rows_a, bar, q0, (int)(base + t.i0));
+            tma_load_3d(sb, w, bar, (int)t.j0, q0, (int)t.e, w_policy);
+            tma_load_3d(sb + G_BOX_BYTES, w, bar, (int)(second + t.j0), q0, (int)t.e, w_policy);
+        }
+    }
+}
+
+// Consumer warpgroup wg's MMAs of its tile (the CTA's local-th; my_tiles in all) from the ring: d = the tile's
+// 128 rows x 128 columns (two m64n128 blocks; the second only when second_block or g.full_blocks).  Waits for its
+// turn (the other warpgroup has issued the previous tile's MMAs), hands the turn on after its last k-step's
+// MMAs are issued, and returns with them complete and every stage it read freed; it runs on over the stages.
+template <typename T>
+__device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI], bool second_block, int64_t steps,
+                                           uint32_t &it, int wg, int64_t local, int64_t my_tiles, uint32_t smem_base,
+                                           uint32_t full_bar, uint32_t empty_bar)
+{
+    const int lane = threadIdx.x % 32;
+    if (local > 0)
+        named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+#pragma unroll
+        for (int i = 0; i < G_BI; i++)
+            d[b][i] = 0.0f;
+    for (int64_t step = 0; step < steps; step++, it++) {
+        const int s = (int)(it % G_STAGES);
+        const uint32_t stage = smem_base + s * G_STAGE_BYTES;
+        mbar_wait(full_bar + 8 * s, (it / G_STAGES) & 1);
+        // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
+        // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
+        // tile of an expert's last few rows takes as long as the others and the tiles that share its W
+        // block stay in phase.  ncu, the gate/up kernel alone, skipping -> not (bench/RESULTS.md, 2026-11-28,
+        // twelfth session, run101): Qwen3-30B-A3B T = 16384 1.62 -> 1.50 ms, T = 4096 0.633 -> 0.615,
+        // Mixtral-8x7B T = 4096 3.48 -> 3.26 (DRAM reads 4.37 -> 2.93 GB), gpt-oss-120b T = 8192 3.48 -> 2.86
+        if (second_block || g.full_blocks)
+            h_mma_step<T, 2, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+        else
+            h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+        wgmma_wait<1>();
+        if (step > 0 && lane == 0)
+            mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+    }
+    // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
+    if (local + 1 < my_tiles)
+        named_arrive(1 + (1 - wg), 256);
+    wgmma_wait<0>();
+    if (steps > 0 && lane == 0)
+        mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+}
+
+// The consumer warpgroups' loop of the ping-pong rows kernels: the CTA's tiles (tile_cols columns each) in
+// order, warpgroup wg taking every other one (its ring position runs on over the other's k-steps).  For each of
+// its own it calls tile(t, mma), where mma(d, second_block) runs g_mma_tile into d; at the end it waits for
+// the warpgroup's TMA stores to have completed.
+template <typename T, class Tile>
+__device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, int64_t tiles, int64_t steps,
+                                            uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar, Tile tile)
+{
+    const int wg = threadIdx.x / 128 - 1;
+    const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    uint32_t it = 0;
+    int64_t local = 0;
+    for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x, local++) {
+        if ((local & 1) != wg) { // the other warpgroup's tile: its stages are not ours
+            it += (uint32_t)steps;
+            continue;
+        }
+        tile(tile_coord(g, tile_index, G_BM, tile_cols), [&](float(&d)[2][G_BI], bool second_block) {
+            g_mma_tile<T>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar, empty_bar);
+        });
+    }
+    if (threadIdx.x % 128 == 0)
+        bulk_wait_all(); // the epilogue's boxes stay in use until TMA has read them
+}
 #endif
 
 template <typename T, int ACT, bool PLAIN>
@@ -303,42 +400,16 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer: thread 0 alone
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
-        if (threadIdx.x != 0)
-            return;
-        const uint64_t w_policy = l2_policy(true);
-        uint32_t it = 0;
-        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const TileCoord t = tile_coord(g, tile, G_BM, G_BI);
-            const int64_t base = g.ws.offsets[t.e];
-            for (int64_t step = 0; step < steps; step++, it++) {
-                const int s = (int)(it % G_STAGES);
-                const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * G_STAGE_BYTES, sb = sa + G_A_BYTES;
-                const int q0 = (int)(step * H_BK);
-                mbar_wait(empty_bar + 8 * s, ((it / G_STAGES) & 1) ^ 1);
-                mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
-                // rows past the expert's last one belong to the next expert (or past the tensor: zeros); their
-                // results are never stored
-                tma_load_2d(sa, &maps.rows_a, bar, q0, (int)(base + t.i0));
-                tma_load_3d(sb, &maps.w, bar, (int)t.j0, q0, (int)t.e, w_policy);
-                tma_load_3d(sb + G_BOX_BYTES, &maps.w, bar, (int)(ep.I + t.j0), q0, (int)t.e, w_policy);
-            }
-        }
+        if (threadIdx.x == 0)
+            g_produce(g, &maps.rows_a, &maps.w, G_BI, ep.I, tiles, steps, smem_base, full_bar, empty_bar);
     } else {
         // ------------------------------------------------------------------ consumer warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
         const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128;
-        const int warp_in_wg = lane_in_wg / 32, lane = lane_in_wg % 32;
+        const int warp_in_wg = lane_in_wg / 32;
         const uint32_t epi_base = smem_base + G_EPI_OFFSET + wg * G_EPI_WG_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
-        const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-        uint32_t it = 0;
-        int64_t local = 0;
-        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, local++) {
-            if ((local & 1) != wg) { // the other warpgroup's tile: its stages are not ours
-                it += (uint32_t)steps;
-                continue;
-            }
-            const TileCoord t = tile_coord(g, tile, G_BM, G_BI);
+        g_consumers<T>(g, G_BI, tiles, steps, smem_base, full_bar, empty_bar, [&](const TileCoord &t, auto mma) {
             const int64_t base = g.ws.offsets[t.e];
             // per m64 block b: its rows (read before the MMAs so that their latency hides behind them), and
             // whether its checkpoint goes by TMA boxes
@@ -352,41 +423,10 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             // the loads above are lane-divergent (rows past the expert, ON_I); bar.sync and wgmma are .aligned,
             // so the warp reconverges first
             __syncwarp();
-            if (local > 0)
-                named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
-            float d[2][G_BI];        // m64n128 per block: columns 0 .. 63 gate, 64 .. 127 up
-#pragma unroll
-            for (int b = 0; b < 2; b++)
-#pragma unroll
-                for (int i = 0; i < G_BI; i++)
-                    d[b][i] = 0.0f;
-            for (int64_t step = 0; step < steps; step++, it++) {
-                const int s = (int)(it % G_STAGES);
-                const uint32_t stage = smem_base + s * G_STAGE_BYTES;
-                mbar_wait(full_bar + 8 * s, (it / G_STAGES) & 1);
-                // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
-                // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
-                // tile of an expert's last few rows takes as long as the others and the tiles that share its W
-                // block stay in phase.  ncu, the kernel alone, skipping -> not (bench/RESULTS.md, 2026-11-28,
-                // twelfth session, run101): Qwen3-30B-A3B T = 16384 1.62 -> 1.50 ms, T = 4096 0.633 -> 0.615,
-                // Mixtral-8x7B T = 4096 3.48 -> 3.26 (DRAM reads 4.37 -> 2.93 GB), gpt-oss-120b T = 8192 3.48 -> 2.86
-                if (rows[1].count > 0 || g.full_blocks)
-                    h_mma_step<T, 2, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
-                else
-                    h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
-                wgmma_wait<1>();
-                if (step > 0 && lane == 0)
-                    mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
-            }
-            // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
-            if (local + 1 < my_tiles)
-                named_arrive(1 + (1 - wg), 256);
-            wgmma_wait<0>();
-            if (steps > 0 && lane == 0)
-                mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
-
+            float d[2][G_BI]; // m64n128 per block: columns 0 .. 63 gate, 64 .. 127 up
+            mma(d, rows[1].count > 0);
             if (g.sm90_skip & 64) // timing experiments: no epilogue (results wrong)
-                continue;
+                return;
             // ---- epilogue: the boxes are reused one tile later: thread 0 first waits until the previous
             // tile's stores have read them
             if (lane_in_wg == 0)
@@ -410,11 +450,147 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 for (int b = 0; b < 2; b++)
                     g_store_boxes(maps, ep, epi_base + b * 3 * G_BOX_BYTES, t.j0, base + t.i0 + 64 * b,
                                   rows[b].count == 64, ckpt_box[b], rows[b].first_pos, out_policy);
-        }
-        if (lane_in_wg == 0)
-            bulk_wait_all(); // the boxes stay in use until TMA has read them
+        });
     }
 #else
     (void)g, (void)ep, (void)maps; // compiled for another target: never launched (see sm90_path_available)
+#endif
+}
+
+// ------------------------------------------------------------------------------------------------
+// The ping-pong rows kernel with fp32 output (moe_cuda_rows_gemm, dX form, out_dtype f32, overwrite): out = a . W[e]
+// for the rows of each expert, on the gate/up kernel's schedule and ring (g_produce, g_consumers, g_mma_tile) with
+// tiles of 128 rows x 128 columns (the two W boxes at t.j0 and t.j0 + 64), so that one warpgroup's epilogue (64 KiB of
+// fp32 per tile) runs while the other's MMAs do.  The MLP forward's down GEMM (Mr . W_d -> Dr) is this GEMM; the 128 x
+// 256 kernel (sm90_gemm_kernel) runs its epilogue with both warpgroups while the tensor cores wait.  Epilogue per m64
+// block: with all 64 rows in the expert, the accumulators go into four boxes {32 columns, 64 rows} (128-byte swizzle)
+// stored by TMA through maps.out, the warpgroup's thread 0 first waiting for the previous block's stores to have read
+// them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the next expert).
+// The MMAs are the 128 x 256 kernel's k16 steps in the same order, so the results are its bits.  The epilogue is not
+// wholly hidden: ncu at Qwen3-30B-A3B T = 16384 (H200, run121), without epilogues (MOE_SM90_SKIP=64 here, =1 there) /
+// with: this kernel 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs and loads are the
+// slower (R_PINGPONG_MAX_N).
+struct RowsF32Maps {
+    CUtensorMap rows_a; // a [rows][N], box {64 k, 128 rows}
+    CUtensorMap w;      // W [E][N][K], box {64 c, 64 n, 1}
+    CUtensorMap out;    // out as [1][rows][K] fp32, box {32 columns, 64 rows, 1}
+};
+// The longest reduction (N) the rows kernels hand it (rows_f32_pingpong in gemm_cuda.cu).  Its 128 x 128 tiles
+// move a third more bytes per MMA from L2 and shared memory than the 128 x 256 kernel's, which only a large
+// share of epilogue in the tile's time pays back: with short reductions.  ncu, the MLP forward's down GEMM alone
+// (N = I), 128 x 256 kernel / this one, us (H200, bench/RESULTS.md, 2026-11-28, fifteenth session, run120,
+// run121): N = 512 (E128 k8 H4096 T = 32768) 2635 / 2310, N = 768 (Qwen3-30B-A3B T = 16384) 864 / 822,
+// T = 4096 269 / 259; N = 1536 1389 / 1399, N = 2048 5923 / 5891, N = 4096 797 / 830, N = 8192 2998 / 3266,
+// N = 14336 (Mixtral-8x7B T = 4096) 1384 / 1448.
+constexpr int64_t R_PINGPONG_MAX_N = 1024;
+constexpr int R_BN = 2 * G_BI;                  // output columns per tile
+constexpr int R_EPI_WG_BYTES = 4 * G_BOX_BYTES; // one m64 block's 64 rows x 128 fp32 columns
+constexpr int R_BARRIER_OFFSET = G_EPI_OFFSET + 2 * R_EPI_WG_BYTES; // full[S], empty[S]
+constexpr size_t R_SMEM_BYTES = 1024 /* alignment */ + R_BARRIER_OFFSET + 2 * G_STAGES * 8;
+static_assert(R_SMEM_BYTES <= 232448, "shared memory of the f32 rows kernel");
+
+#ifdef MOE_SM90A_DEVICE
+// A warp's 16 rows (16 warp_in_wg ..) of an m64 block's accumulators d (m64n128: d[4 j + 2 h + c] is row
+// lane / 4 + 8 h, column 8 j + 2 (lane % 4) + c) into the four fp32 boxes at box_addr (box j / 4 holds columns
+// 32 (j / 4) ..; 128-byte rows, the 16-byte chunk k of row r at k ^ (r & 7)).
+__device__ __forceinline__ void r_store_box_f32(uint32_t box_addr, int warp_in_wg, const float *d)
+{
+    const int lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = 16 * warp_in_wg + lane / 4 + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int chunk = 2 * (j % 4) + q / 2;
+            sts_f32x2(box_addr + (j / 4) * G_BOX_BYTES + r * 128 + ((chunk ^ (r & 7)) * 16) + (q & 1) * 8,
+                      d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    }
+}
+
+// The same rows by float2 stores into out [rows][K] (row0: the block's first row; only its first count rows,
+// only columns below K).
+__device__ __forceinline__ void r_store_rows_f32(float *out, int64_t K, int64_t row0, int count, int64_t j0,
+                                                 int warp_in_wg, const float *d)
+{
+    const int lane = threadIdx.x % 32, q = lane % 4;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = 16 * warp_in_wg + lane / 4 + 8 * h;
+        if (r >= count)
+            continue;
+        float *dst = out + (row0 + r) * K;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int64_t col = j0 + 8 * j + 2 * q; // K % 8 == 0: col + 1 < K too, 8-byte aligned
+            if (col < K)
+                *reinterpret_cast<float2 *>(dst + col) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+        }
+    }
+    __syncwarp(); // the stores diverge; the barriers after are .aligned
+}
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(H_THREADS, 1)
+    sm90_rows_f32_kernel(const GemmArgs g, const __grid_constant__ RowsF32Maps maps)
+{
+#ifdef MOE_SM90A_DEVICE
+    unsigned char *smem = dynamic_smem_1k();
+    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
+    const uint32_t full_bar = smem_base + R_BARRIER_OFFSET, empty_bar = full_bar + G_STAGES * 8;
+    if (*g.ws.status != 0)
+        return;
+    h_init_pingpong_barriers<G_STAGES>(full_bar, empty_bar);
+    const int64_t tiles = total_tiles(g, G_BM, R_BN); // g.cols_j = K
+    const int64_t steps = (g.N + H_BK - 1) / H_BK;    // the reduction: N
+    if (threadIdx.x < H_PRODUCERS) {
+        // ------------------------------------------------------------------ producer: thread 0 alone
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
+        if (threadIdx.x == 0)
+            g_produce(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar, empty_bar);
+    } else {
+        // ------------------------------------------------------------------ consumer warpgroups
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
+        const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32;
+        const uint32_t epi_base = smem_base + G_EPI_OFFSET + wg * R_EPI_WG_BYTES;
+        const uint64_t out_policy = l2_evict_first_policy();
+        g_consumers<T>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, [&](const TileCoord &t, auto mma) {
+            int count[2]; // the real rows of each m64 block
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int64_t left = t.rows - (t.i0 + 64 * b);
+                count[b] = left <= 0 ? 0 : left >= 64 ? 64 : (int)left;
+            }
+            float d[2][G_BI];
+            mma(d, count[1] > 0);
+            if (g.sm90_skip & 64) // timing experiments: no epilogue (results wrong)
+                return;
+            const int64_t base = g.ws.offsets[t.e];
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int64_t row0 = base + t.i0 + 64 * b;
+                if (count[b] == 64) {
+                    if (lane_in_wg == 0)
+                        bulk_wait_read<0>(); // the previous block's stores have read the boxes
+                    __syncwarp();
+                    named_sync(3 + wg, 128);
+                    r_store_box_f32(epi_base, warp_in_wg, d[b]);
+                    fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
+                    named_sync(3 + wg, 128);
+                    if (lane_in_wg == 0)
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            if (t.j0 + 32 * k < g.cols_j)
+                                tma_store_3d(&maps.out, epi_base + k * G_BOX_BYTES, (int)(t.j0 + 32 * k), (int)row0, 0,
+                                             out_policy);
+                } else if (count[b] > 0) {
+                    r_store_rows_f32(static_cast<float *>(g.out), g.cols_j, row0, count[b], t.j0, warp_in_wg, d[b]);
+                }
+            }
+        });
+    }
+#else
+    (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
 #endif
 }

@@ -954,7 +954,9 @@ __global__ void bias_grad_kernel(MlpArgs g)
 //              -> out, and ON_H's down_ckpt on the way (ON_I's: down_ckpt from Dre = rnd(m) . W_d).
 //              On sm_90a with long enough experts the gate/up GEMM and gate_act are one kernel
 //              (gpu/gate_sm90.cuh, G_FUSE_MIN_ROWS): the fp32 GU rows are neither written nor read, same
-//              bits (MOE_MLP_FUSE_GATE=0 turns it off, =1 forces it)
+//              bits (MOE_MLP_FUSE_GATE=0 turns it off, =1 forces it); there the down GEMM, when I is short
+//              (R_PINGPONG_MAX_N), runs on the same schedule with its fp32 epilogue beside the other
+//              warpgroup's MMAs (sm90_rows_f32_kernel; MOE_MLP_FUSE_GATE=0 turns it off too)
 //   backward   Xr;  Sr = rnd(a*G) (ON_I: G);  dMr = Sr . W_d^T (f32);  gate_bwd (from the checkpoint):
 //              Mr = rnd(m [*a]), dGUr = rnd(dg, du);  [ON_I without down_ckpt: Dre = rnd(m) . W_d];
 //              dot/daff -> d_affinities;  dXr = dGUr . W_gu^T (f32) -> token_rows -> d_hidden;
