@@ -293,6 +293,7 @@ __device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int6
 // t.j0 and t.j0 + second (the gate/up kernel: I, the up columns of the same i; the f32 kernel: 64).  Rows past
 // the expert's last one belong to the next expert (or lie past the tensor: zeros); their results are never
 // stored.
+template <int STAGES = G_STAGES>
 __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *rows_a, const CUtensorMap *w,
                                           int tile_cols, int64_t second, int64_t tiles, int64_t steps,
                                           uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar)
@@ -303,10 +304,10 @@ __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *
         const TileCoord t = tile_coord(g, tile, G_BM, tile_cols);
         const int64_t base = g.ws.offsets[t.e];
         for (int64_t step = 0; step < steps; step++, it++) {
-            const int s = (int)(it % G_STAGES);
+            const int s = (int)(it % STAGES);
             const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * G_STAGE_BYTES, sb = sa + G_A_BYTES;
             const int q0 = (int)(step * H_BK);
-            mbar_wait(empty_bar + 8 * s, ((it / G_STAGES) & 1) ^ 1);
+            mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);
             mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
             tma_load_2d(sa, rows_a, bar, q0, (int)(base + t.i0));
             tma_load_3d(sb, w, bar, (int)t.j0, q0, (int)t.e, w_policy);
@@ -319,7 +320,7 @@ __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *
 // 128 rows x 128 columns (two m64n128 blocks; the second only when second_block or g.full_blocks).  Waits for its
 // turn (the other warpgroup has issued the previous tile's MMAs), hands the turn on after its last k-step's
 // MMAs are issued, and returns with them complete and every stage it read freed; it runs on over the stages.
-template <typename T>
+template <typename T, int STAGES = G_STAGES>
 __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI], bool second_block, int64_t steps,
                                            uint32_t &it, int wg, int64_t local, int64_t my_tiles, uint32_t smem_base,
                                            uint32_t full_bar, uint32_t empty_bar)
@@ -333,9 +334,9 @@ __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI
         for (int i = 0; i < G_BI; i++)
             d[b][i] = 0.0f;
     for (int64_t step = 0; step < steps; step++, it++) {
-        const int s = (int)(it % G_STAGES);
+        const int s = (int)(it % STAGES);
         const uint32_t stage = smem_base + s * G_STAGE_BYTES;
-        mbar_wait(full_bar + 8 * s, (it / G_STAGES) & 1);
+        mbar_wait(full_bar + 8 * s, (it / STAGES) & 1);
         // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
         // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
         // tile of an expert's last few rows takes as long as the others and the tiles that share its W
@@ -348,21 +349,21 @@ __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI
             h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
         wgmma_wait<1>();
         if (step > 0 && lane == 0)
-            mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+            mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));
     }
     // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
     if (local + 1 < my_tiles)
         named_arrive(1 + (1 - wg), 256);
     wgmma_wait<0>();
     if (steps > 0 && lane == 0)
-        mbar_arrive(empty_bar + 8 * ((it - 1) % G_STAGES));
+        mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));
 }
 
 // The consumer warpgroups' loop of the ping-pong rows kernels: the CTA's tiles (tile_cols columns each) in
 // order, warpgroup wg taking every other one (its ring position runs on over the other's k-steps).  For each of
 // its own it calls tile(t, mma), where mma(d, second_block) runs g_mma_tile into d; at the end it waits for
 // the warpgroup's TMA stores to have completed.
-template <typename T, class Tile>
+template <typename T, class Tile, int STAGES = G_STAGES>
 __device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, int64_t tiles, int64_t steps,
                                             uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar, Tile tile)
 {
@@ -376,7 +377,7 @@ __device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, in
             continue;
         }
         tile(tile_coord(g, tile_index, G_BM, tile_cols), [&](float(&d)[2][G_BI], bool second_block) {
-            g_mma_tile<T>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar, empty_bar);
+            g_mma_tile<T, STAGES>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar, empty_bar);
         });
     }
     if (threadIdx.x % 128 == 0)
@@ -468,8 +469,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 // them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the next expert).
 // The MMAs are the 128 x 256 kernel's k16 steps in the same order, so the results are its bits.  The epilogue is not
 // wholly hidden: ncu at Qwen3-30B-A3B T = 16384 (H200, run121), without epilogues (MOE_SM90_SKIP=64 here, =1 there) /
-// with: this kernel 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs and loads are the
-// slower (R_PINGPONG_MAX_N).
+// with: this kernel (then of four stages) 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs
+// and loads are the slower (R_PINGPONG_MAX_N).
 struct RowsF32Maps {
     CUtensorMap rows_a; // a [rows][N], box {64 k, 128 rows}
     CUtensorMap w;      // W [E][N][K], box {64 c, 64 n, 1}
@@ -481,12 +482,17 @@ struct RowsF32Maps {
 // (N = I), 128 x 256 kernel / this one, us (H200, bench/RESULTS.md, 2026-11-28, fifteenth session, run120,
 // run121): N = 512 (E128 k8 H4096 T = 32768) 2635 / 2310, N = 768 (Qwen3-30B-A3B T = 16384) 864 / 822,
 // T = 4096 269 / 259; N = 1536 1389 / 1399, N = 2048 5923 / 5891, N = 4096 797 / 830, N = 8192 2998 / 3266,
-// N = 14336 (Mixtral-8x7B T = 4096) 1384 / 1448.
+// N = 14336 (Mixtral-8x7B T = 4096) 1384 / 1448.  (With four stages; the fifth, R_STAGES, came after.)
 constexpr int64_t R_PINGPONG_MAX_N = 1024;
 constexpr int R_BN = 2 * G_BI;                  // output columns per tile
+// The ring: one stage more than the gate/up kernel's, since this epilogue area is smaller (ncu, the kernel alone,
+// 4 / 5 stages, H200, run125: Qwen3-30B-A3B T = 16384 807-811 / 771-773 us, T = 4096 255-258 / 245-246, E128 k8
+// H4096 I512 T = 32768 2303-2307 / 2217-2218; 3 stages with both blocks' boxes, run124: 985-990 at Qwen3).
+constexpr int R_STAGES = G_STAGES + 1;
+constexpr int R_EPI_OFFSET = R_STAGES * G_STAGE_BYTES;
 constexpr int R_EPI_WG_BYTES = 4 * G_BOX_BYTES; // one m64 block's 64 rows x 128 fp32 columns
-constexpr int R_BARRIER_OFFSET = G_EPI_OFFSET + 2 * R_EPI_WG_BYTES; // full[S], empty[S]
-constexpr size_t R_SMEM_BYTES = 1024 /* alignment */ + R_BARRIER_OFFSET + 2 * G_STAGES * 8;
+constexpr int R_BARRIER_OFFSET = R_EPI_OFFSET + 2 * R_EPI_WG_BYTES; // full[S], empty[S]
+constexpr size_t R_SMEM_BYTES = 1024 /* alignment */ + R_BARRIER_OFFSET + 2 * R_STAGES * 8;
 static_assert(R_SMEM_BYTES <= 232448, "shared memory of the f32 rows kernel");
 
 #ifdef MOE_SM90A_DEVICE
@@ -538,24 +544,24 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 #ifdef MOE_SM90A_DEVICE
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t full_bar = smem_base + R_BARRIER_OFFSET, empty_bar = full_bar + G_STAGES * 8;
+    const uint32_t full_bar = smem_base + R_BARRIER_OFFSET, empty_bar = full_bar + R_STAGES * 8;
     if (*g.ws.status != 0)
         return;
-    h_init_pingpong_barriers<G_STAGES>(full_bar, empty_bar);
+    h_init_pingpong_barriers<R_STAGES>(full_bar, empty_bar);
     const int64_t tiles = total_tiles(g, G_BM, R_BN); // g.cols_j = K
     const int64_t steps = (g.N + H_BK - 1) / H_BK;    // the reduction: N
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer: thread 0 alone
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
         if (threadIdx.x == 0)
-            g_produce(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar, empty_bar);
+            g_produce<R_STAGES>(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar, empty_bar);
     } else {
         // ------------------------------------------------------------------ consumer warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
         const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32;
-        const uint32_t epi_base = smem_base + G_EPI_OFFSET + wg * R_EPI_WG_BYTES;
+        const uint32_t epi_base = smem_base + R_EPI_OFFSET + wg * R_EPI_WG_BYTES;
         const uint64_t out_policy = l2_evict_first_policy();
-        g_consumers<T>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, [&](const TileCoord &t, auto mma) {
+        auto tile = [&](const TileCoord &t, auto mma) {
             int count[2]; // the real rows of each m64 block
 #pragma unroll
             for (int b = 0; b < 2; b++) {
@@ -588,7 +594,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                     r_store_rows_f32(static_cast<float *>(g.out), g.cols_j, row0, count[b], t.j0, warp_in_wg, d[b]);
                 }
             }
-        });
+        };
+        g_consumers<T, decltype(tile), R_STAGES>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, tile);
     }
 #else
     (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
