@@ -462,11 +462,12 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 // The ping-pong rows kernel with fp32 output (moe_cuda_rows_gemm, dX form, out_dtype f32, overwrite): out = a . W[e]
 // for the rows of each expert, on the gate/up kernel's schedule and ring (g_produce, g_consumers, g_mma_tile) with
 // tiles of 128 rows x 128 columns (the two W boxes at t.j0 and t.j0 + 64), so that one warpgroup's epilogue (64 KiB of
-// fp32 per tile) runs while the other's MMAs do.  The MLP forward's down GEMM (Mr . W_d -> Dr) is this GEMM; the 128 x
-// 256 kernel (sm90_gemm_kernel) runs its epilogue with both warpgroups while the tensor cores wait.  Epilogue per m64
-// block: with all 64 rows in the expert, the accumulators go into four boxes {32 columns, 64 rows} (128-byte swizzle)
-// stored by TMA through maps.out, the warpgroup's thread 0 first waiting for the previous block's stores to have read
-// them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the next expert).
+// fp32 per tile) runs while the other's MMAs do.  The MLP forward's down GEMM (Mr . W_d -> Dr) is this GEMM; the
+// 128 x 256 kernel (sm90_gemm_kernel) runs its epilogue with both warpgroups while the tensor cores wait.  Epilogue per
+// m64 block: with all 64 rows in the expert, the accumulators go into four boxes {32 columns, 64 rows} (128-byte
+// swizzle) stored by TMA through maps.out, the warpgroup's thread 0 first waiting for the previous block's stores to
+// have read them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the
+// next expert).
 // The MMAs are the 128 x 256 kernel's k16 steps in the same order, so the results are its bits.  The epilogue is not
 // wholly hidden: ncu at Qwen3-30B-A3B T = 16384 (H200, run121), without epilogues (MOE_SM90_SKIP=64 here, =1 there) /
 // with: this kernel (then of four stages) 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs
