@@ -289,11 +289,13 @@ __device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int6
 
 // The ring of the ping-pong rows kernels (this one and sm90_rows_f32_kernel below), filled by the producer
 // warpgroup's thread 0 in tile order: per tile (tile_cols output columns from t.j0) `steps` k-steps of the
-// tile's 128 rows {64 k, 128 rows} (K-major, rows_a) and two W boxes {64 c, 64 n} (MN-major, w) at columns
-// t.j0 and t.j0 + second (the gate/up kernel: I, the up columns of the same i; the f32 kernel: 64).  Rows past
-// the expert's last one belong to the next expert (or lie past the tensor: zeros); their results are never
-// stored.
-template <int STAGES = G_STAGES>
+// tile's 128 rows {64 k, 128 rows} (K-major, rows_a) and two W boxes at output columns t.j0 and t.j0 + second
+// (the gate/up kernel: I, the up columns of the same i; the f32 kernel: 64).  W is [E][N][K] with boxes
+// {64, 64, 1}: TRANS_B = 1 (the dX form, out = a . W[e], reduction N) reads them as {64 c, 64 n} (MN-major B),
+// TRANS_B = 0 (the forward form, out = a . W[e]^T, reduction K) as {64 k, 64 n} (K-major B; the two boxes make
+// one 128-row K-major operand).  Rows past the expert's last one belong to the next expert (or lie past the
+// tensor: zeros); their results are never stored.
+template <int STAGES = G_STAGES, int TRANS_B = 1>
 __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *rows_a, const CUtensorMap *w,
                                           int tile_cols, int64_t second, int64_t tiles, int64_t steps,
                                           uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar)
@@ -310,8 +312,13 @@ __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *
             mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);
             mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
             tma_load_2d(sa, rows_a, bar, q0, (int)(base + t.i0));
-            tma_load_3d(sb, w, bar, (int)t.j0, q0, (int)t.e, w_policy);
-            tma_load_3d(sb + G_BOX_BYTES, w, bar, (int)(second + t.j0), q0, (int)t.e, w_policy);
+            if (TRANS_B) {
+                tma_load_3d(sb, w, bar, (int)t.j0, q0, (int)t.e, w_policy);
+                tma_load_3d(sb + G_BOX_BYTES, w, bar, (int)(second + t.j0), q0, (int)t.e, w_policy);
+            } else {
+                tma_load_3d(sb, w, bar, q0, (int)t.j0, (int)t.e, w_policy);
+                tma_load_3d(sb + G_BOX_BYTES, w, bar, q0, (int)(second + t.j0), (int)t.e, w_policy);
+            }
         }
     }
 }
@@ -320,7 +327,8 @@ __device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *
 // 128 rows x 128 columns (two m64n128 blocks; the second only when second_block or g.full_blocks).  Waits for its
 // turn (the other warpgroup has issued the previous tile's MMAs), hands the turn on after its last k-step's
 // MMAs are issued, and returns with them complete and every stage it read freed; it runs on over the stages.
-template <typename T, int STAGES = G_STAGES>
+// TRANS_B: g_produce's.
+template <typename T, int STAGES = G_STAGES, int TRANS_B = 1>
 __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI], bool second_block, int64_t steps,
                                            uint32_t &it, int wg, int64_t local, int64_t my_tiles, uint32_t smem_base,
                                            uint32_t full_bar, uint32_t empty_bar)
@@ -344,9 +352,9 @@ __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI
         // twelfth session, run101): Qwen3-30B-A3B T = 16384 1.62 -> 1.50 ms, T = 4096 0.633 -> 0.615,
         // Mixtral-8x7B T = 4096 3.48 -> 3.26 (DRAM reads 4.37 -> 2.93 GB), gpt-oss-120b T = 8192 3.48 -> 2.86
         if (second_block || g.full_blocks)
-            h_mma_step<T, 2, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+            h_mma_step<T, 2, 2 * G_BI, 0, TRANS_B>(d, stage, stage + G_A_BYTES, false);
         else
-            h_mma_step<T, 1, 2 * G_BI, 0, 1>(d, stage, stage + G_A_BYTES, false);
+            h_mma_step<T, 1, 2 * G_BI, 0, TRANS_B>(d, stage, stage + G_A_BYTES, false);
         wgmma_wait<1>();
         if (step > 0 && lane == 0)
             mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));
@@ -362,8 +370,8 @@ __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI
 // The consumer warpgroups' loop of the ping-pong rows kernels: the CTA's tiles (tile_cols columns each) in
 // order, warpgroup wg taking every other one (its ring position runs on over the other's k-steps).  For each of
 // its own it calls tile(t, mma), where mma(d, second_block) runs g_mma_tile into d; at the end it waits for
-// the warpgroup's TMA stores to have completed.
-template <typename T, class Tile, int STAGES = G_STAGES>
+// the warpgroup's TMA stores to have completed.  TRANS_B: g_produce's.
+template <typename T, class Tile, int STAGES = G_STAGES, int TRANS_B = 1>
 __device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, int64_t tiles, int64_t steps,
                                             uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar, Tile tile)
 {
@@ -377,7 +385,8 @@ __device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, in
             continue;
         }
         tile(tile_coord(g, tile_index, G_BM, tile_cols), [&](float(&d)[2][G_BI], bool second_block) {
-            g_mma_tile<T, STAGES>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar, empty_bar);
+            g_mma_tile<T, STAGES, TRANS_B>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar,
+                                           empty_bar);
         });
     }
     if (threadIdx.x % 128 == 0)
@@ -459,8 +468,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 }
 
 // ------------------------------------------------------------------------------------------------
-// The ping-pong rows kernel with fp32 output (moe_cuda_rows_gemm, dX form, out_dtype f32, overwrite): out = a . W[e]
-// for the rows of each expert, on the gate/up kernel's schedule and ring (g_produce, g_consumers, g_mma_tile) with
+// The ping-pong rows kernel with fp32 output (moe_cuda_rows_gemm, out_dtype f32, overwrite): out = a . W[e] (the dX
+// form, TRANS_B = 1) or a . W[e]^T (the forward form, TRANS_B = 0; the MLP backward's dM and dX) for the rows of
+// each expert, on the gate/up kernel's schedule and ring (g_produce, g_consumers, g_mma_tile) with
 // tiles of 128 rows x 128 columns (the two W boxes at t.j0 and t.j0 + 64), so that one warpgroup's epilogue (64 KiB of
 // fp32 per tile) runs while the other's MMAs do.  The MLP forward's down GEMM (Mr . W_d -> Dr) is this GEMM; the
 // 128 x 256 kernel (sm90_gemm_kernel) runs its epilogue with both warpgroups while the tensor cores wait.  Epilogue per
@@ -473,17 +483,19 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 // with: this kernel (then of four stages) 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs
 // and loads are the slower (R_PINGPONG_MAX_N).
 struct RowsF32Maps {
-    CUtensorMap rows_a; // a [rows][N], box {64 k, 128 rows}
-    CUtensorMap w;      // W [E][N][K], box {64 c, 64 n, 1}
-    CUtensorMap out;    // out as [1][rows][K] fp32, box {32 columns, 64 rows, 1}
+    CUtensorMap rows_a; // a [rows][reduction] (dX form: N, forward form: K), box {64, 128 rows}
+    CUtensorMap w;      // W [E][N][K], box {64, 64, 1}
+    CUtensorMap out;    // out as [1][rows][g.cols_j] fp32 (dX form: K, forward form: N), box {32 columns, 64 rows, 1}
 };
-// The longest reduction (N) the rows kernels hand it (rows_f32_pingpong in gemm_cuda.cu).  Its 128 x 128 tiles
-// move a third more bytes per MMA from L2 and shared memory than the 128 x 256 kernel's, which only a large
-// share of epilogue in the tile's time pays back: with short reductions.  ncu, the MLP forward's down GEMM alone
-// (N = I), 128 x 256 kernel / this one, us (H200, bench/RESULTS.md, 2026-11-28, fifteenth session, run120,
-// run121): N = 512 (E128 k8 H4096 T = 32768) 2635 / 2310, N = 768 (Qwen3-30B-A3B T = 16384) 864 / 822,
-// T = 4096 269 / 259; N = 1536 1389 / 1399, N = 2048 5923 / 5891, N = 4096 797 / 830, N = 8192 2998 / 3266,
-// N = 14336 (Mixtral-8x7B T = 4096) 1384 / 1448.  (With four stages; the fifth, R_STAGES, came after.)
+// The longest reduction (dX form: N, forward form: K) the rows kernels hand it (rows_f32_pingpong in
+// gemm_cuda.cu).  Its 128 x 128 tiles move a third more bytes per MMA from L2 and shared memory than the
+// 128 x 256 kernel's, which only a large share of epilogue in the tile's time pays back: with short reductions.
+// ncu, the kernel alone, 128 x 256 kernel / this one with five stages, us (H200, bench/RESULTS.md, 2026-11-28,
+// sixteenth session, run127).  The MLP forward's down GEMM (dX form, reduction I): 512 (E128 k8 H4096 T = 32768)
+// 2649 / 2254, 768 (Qwen3-30B-A3B T = 16384) 862 / 784, 1536 1416 / 1414, 2048 6026 / 6114, 4096 809 / 876, 14336
+// (Mixtral-8x7B T = 4096) 1394 / 1531.  The backward's dX (forward form, reduction 2 I): 1024 (the E128 row) 3953 /
+// 3816, 1536 (Qwen3) 1410 / 1424, 28672 (Mixtral) 2740 / 3081; its dM (reduction H): 2048 (Qwen3) 701 / 711,
+// 4096 (the E128 row) 1678 / 1849, 7168 5493 / 6282.
 constexpr int64_t R_PINGPONG_MAX_N = 1024;
 constexpr int R_BN = 2 * G_BI;                  // output columns per tile
 // The ring: one stage more than the gate/up kernel's, since this epilogue area is smaller (ncu, the kernel alone,
@@ -538,7 +550,7 @@ __device__ __forceinline__ void r_store_rows_f32(float *out, int64_t K, int64_t 
 }
 #endif
 
-template <typename T>
+template <typename T, int TRANS_B>
 __global__ void __launch_bounds__(H_THREADS, 1)
     sm90_rows_f32_kernel(const GemmArgs g, const __grid_constant__ RowsF32Maps maps)
 {
@@ -549,13 +561,14 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     if (*g.ws.status != 0)
         return;
     h_init_pingpong_barriers<R_STAGES>(full_bar, empty_bar);
-    const int64_t tiles = total_tiles(g, G_BM, R_BN); // g.cols_j = K
-    const int64_t steps = (g.N + H_BK - 1) / H_BK;    // the reduction: N
+    const int64_t tiles = total_tiles(g, G_BM, R_BN);               // g.cols_j: the output's columns
+    const int64_t steps = ((TRANS_B ? g.N : g.K) + H_BK - 1) / H_BK; // the reduction
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer: thread 0 alone
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
         if (threadIdx.x == 0)
-            g_produce<R_STAGES>(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar, empty_bar);
+            g_produce<R_STAGES, TRANS_B>(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar,
+                                         empty_bar);
     } else {
         // ------------------------------------------------------------------ consumer warpgroups
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
@@ -596,7 +609,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
                 }
             }
         };
-        g_consumers<T, decltype(tile), R_STAGES>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, tile);
+        g_consumers<T, decltype(tile), R_STAGES, TRANS_B>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, tile);
     }
 #else
     (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)

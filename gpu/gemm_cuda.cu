@@ -1804,8 +1804,9 @@ GemmArgs rows_gemm_args(const MoeRowsGemm *r, int op, int64_t cols_j, int64_t *t
 }
 
 // Why the fused MLP kernel (moe_cuda_rows_gate_gemm) does not take a call (NULL: it does).  form_ok: r is the
-// GEMM the kernel fuses; H, I: the MLP's; outs: the epilogue's outputs (NULL entries skipped); required:
-// MOE_MLP_FUSE_GATE=1 (no size rule).  A fused backward kernel would share it (branch wip/gate-bwd-fused).
+// GEMM the kernel fuses; H, I: the MLP's (positive multiples of 8 required); outs: the epilogue's outputs (NULL
+// entries skipped); required: MOE_MLP_FUSE_GATE=1 (no size rule).  The f32 rows kernel on the same schedule
+// (rows_f32_pingpong) takes its calls under these rules too.
 const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, int64_t I, bool required,
                                 std::initializer_list<const void *> outs)
 {
@@ -1841,33 +1842,32 @@ bool gate_fusion_required()
 }
 
 // The ping-pong rows kernel with fp32 output (sm90_rows_f32_kernel, gate_sm90.cuh) for r, or *taken = 0 (r goes
-// to the planned kernels): it takes the dX form with an fp32 output it overwrites and 16-bit operands, on
-// sm_90a, with long experts (G_FUSE_MIN_ROWS rows per expert on average, the fused gate/up kernel's rule) and a
-// reduction of at most R_PINGPONG_MAX_N.  MOE_SM90_ROWS_PINGPONG=0 turns it off and =1 drops both size rules,
-// as MOE_MLP_FUSE_GATE=1 does; MOE_MLP_FUSE_GATE=0 and MOE_CUDA_KERNEL=simt|sm80 turn it off too, so that the
-// MLP's unfused forward is the 128 x 256 kernel's (mlp-gpu-time and test_gpu_mlp compare the two bit for bit).
+// to the planned kernels): it takes the dX and forward forms with an fp32 output it overwrites and 16-bit
+// operands, on sm_90a, under the fused gate/up kernel's rules (gate_fusion_refusal: long experts, N and K multiples
+// of 8, 16-byte alignment), and a reduction of at most R_PINGPONG_MAX_N.  MOE_SM90_ROWS_PINGPONG=0 turns it off
+// and =1 drops both size rules, as MOE_MLP_FUSE_GATE=1 does; MOE_MLP_FUSE_GATE=0 and MOE_CUDA_KERNEL=simt|sm80 turn
+// it off too, so that the MLP's unfused path is the 128 x 256 kernel's (mlp-gpu-time and test_gpu_mlp compare the
+// two bit for bit).
 moe_status rows_f32_pingpong(const MoeRowsGemm *r, int *taken)
 {
     *taken = 0;
-    const int sw = env_switch("MOE_SM90_ROWS_PINGPONG"), fuse = env_switch("MOE_MLP_FUSE_GATE");
-    const char *forced = getenv("MOE_CUDA_KERNEL");
-    if (sw == 0 || fuse == 0 || (forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0)))
+    const int sw = env_switch("MOE_SM90_ROWS_PINGPONG");
+    if (sw == 0)
         return MOE_OK;
-    if (r->op != OP_DX || r->out_dtype != MOE_F32 || r->accumulate || r->dtype == MOE_F32)
-        return MOE_OK;
-    if (r->E <= 0 || r->rows <= 0 || r->N <= 0 || r->K <= 0 || r->N % 8 != 0 || r->K % 8 != 0)
-        return MOE_OK;
-    if (!aligned16(r->a) || !aligned16(r->b) || !aligned16(r->out) || !sm90_path_available())
-        return MOE_OK;
-    if (sw != 1 && fuse != 1 && (r->rows < G_FUSE_MIN_ROWS * r->E || r->N > R_PINGPONG_MAX_N))
+    const bool required = sw == 1 || gate_fusion_required(), dx_form = r->op == OP_DX;
+    const int64_t reduction = dx_form ? r->N : r->K, out_cols = dx_form ? r->K : r->N;
+    const bool form_ok = (dx_form || r->op == OP_FWD) && r->out_dtype == MOE_F32;
+    if (gate_fusion_refusal(r, form_ok, reduction, out_cols, required, {r->out}) != NULL ||
+        (!required && reduction > R_PINGPONG_MAX_N))
         return MOE_OK;
     RowsF32Maps maps = {};
     const uint64_t es = 2, N = (uint64_t)r->N, K = (uint64_t)r->K, rows = (uint64_t)r->rows, E = (uint64_t)r->E;
-    const uint64_t dims_a[2] = {N, rows}, strides_a[1] = {N * es};
+    const uint64_t red = (uint64_t)reduction, cols = (uint64_t)out_cols;
+    const uint64_t dims_a[2] = {red, rows}, strides_a[1] = {red * es};
     const uint32_t box_a[2] = {(uint32_t)H_BK, (uint32_t)G_BM};
     const uint64_t dims_w[3] = {K, N, E}, strides_w[2] = {K * es, N * K * es};
     const uint32_t box_w[3] = {64, 64, 1};
-    const uint64_t dims_o[3] = {K, rows, 1}, strides_o[2] = {K * 4, rows * K * 4};
+    const uint64_t dims_o[3] = {cols, rows, 1}, strides_o[2] = {cols * 4, rows * cols * 4};
     const uint32_t box_o[3] = {32, 64, 1};
     if (!encode_tensor_map(&maps.rows_a, r->dtype, r->a, 2, dims_a, strides_a, box_a) ||
         !encode_tensor_map(&maps.w, r->dtype, r->b, 3, dims_w, strides_w, box_w) ||
@@ -1875,13 +1875,15 @@ moe_status rows_f32_pingpong(const MoeRowsGemm *r, int *taken)
         return MOE_OK;
     *taken = 1;
     cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
-    const int64_t col_tiles = (r->K + R_BN - 1) / R_BN;
+    const int64_t col_tiles = (out_cols + R_BN - 1) / R_BN;
     return with_tile_starts(r, col_tiles, G_BM, false, [&](int64_t *tile_start, int64_t *lone_start,
                                                             unsigned long long *tile_counter) {
-        GemmArgs g = rows_gemm_args(r, OP_DX, r->K, tile_start, lone_start, tile_counter);
+        GemmArgs g = rows_gemm_args(r, r->op, out_cols, tile_start, lone_start, tile_counter);
         g.full_blocks = env_switch("MOE_SM90_FULL_BLOCKS") != 0; // tiles of one length, as the gate/up kernel's
         const int64_t max_tiles = (r->rows / G_BM + r->E) * col_tiles;
-        auto kernel = r->dtype == MOE_BF16 ? sm90_rows_f32_kernel<__nv_bfloat16> : sm90_rows_f32_kernel<__half>;
+        auto kernel = r->dtype == MOE_BF16 ? (dx_form ? sm90_rows_f32_kernel<__nv_bfloat16, 1>
+                                                      : sm90_rows_f32_kernel<__nv_bfloat16, 0>)
+                                           : (dx_form ? sm90_rows_f32_kernel<__half, 1> : sm90_rows_f32_kernel<__half, 0>);
         MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)R_SMEM_BYTES));
         kernel<<<(unsigned)sm90_grid_cap((int64_t)persistent_grid(max_tiles)), H_THREADS, R_SMEM_BYTES, stream>>>(g,
                                                                                                                   maps);

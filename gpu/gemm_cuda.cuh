@@ -24,9 +24,9 @@ moe_status moe_cuda_gemm_topk_weights_grad(const moe_gemm_problem *p, const void
 //   MOE_ROWS_A_W   out[rows][K] = a[rows][N] . W[e]         b = W [E][N][K]   (the dX form)
 //   MOE_ROWS_AT_B  out[e][N][K] = sum_r a[r][N]^T b[r][K]   over e's rows; +0 for an expert without rows
 // a and b are of `dtype`, out of `out_dtype` (overwritten, or old + sum with accumulate).  The kernel
-// family follows run_gemm's rules (MOE_CUDA_KERNEL included), except that MOE_ROWS_A_W with a short
-// reduction and an fp32 output it overwrites may go to the ping-pong rows kernel (gpu/gate_sm90.cuh,
-// rows_f32_pingpong in gemm_cuda.cu), with the same bits; deterministic.
+// family follows run_gemm's rules (MOE_CUDA_KERNEL included), except that MOE_ROWS_A_W and MOE_ROWS_A_WT
+// with a short reduction and an fp32 output they overwrite may go to the ping-pong rows kernel
+// (gpu/gate_sm90.cuh, rows_f32_pingpong in gemm_cuda.cu), with the same bits; deterministic.
 enum MoeRowsOp { MOE_ROWS_A_WT = 0, MOE_ROWS_A_W = 1, MOE_ROWS_AT_B = 2 };
 struct MoeRowsGemm {
     const char *name;       // for messages

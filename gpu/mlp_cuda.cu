@@ -960,7 +960,9 @@ __global__ void bias_grad_kernel(MlpArgs g)
 //   backward   Xr;  Sr = rnd(a*G) (ON_I: G);  dMr = Sr . W_d^T (f32);  gate_bwd (from the checkpoint):
 //              Mr = rnd(m [*a]), dGUr = rnd(dg, du);  [ON_I without down_ckpt: Dre = rnd(m) . W_d];
 //              dot/daff -> d_affinities;  dXr = dGUr . W_gu^T (f32) -> token_rows -> d_hidden;
-//              d_w_d = Mr^T . Sr;  d_w_gu = Xr^T . dGUr;  bias sums over the expert's rows
+//              d_w_d = Mr^T . Sr;  d_w_gu = Xr^T . dGUr;  bias sums over the expert's rows.  dMr and dXr
+//              take the ping-pong rows kernel under the down GEMM's rules (a reduction, H or 2 I, of at
+//              most R_PINGPONG_MAX_N)
 //
 // rnd = one rounding to the call's dtype (specs/MLP.md, "Rounded intermediates").  Every kernel returns
 // at once while the call's status word is set.  Deterministic: no atomics on values.
