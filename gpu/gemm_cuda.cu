@@ -1881,9 +1881,9 @@ moe_status rows_f32_pingpong(const MoeRowsGemm *r, int *taken)
         GemmArgs g = rows_gemm_args(r, r->op, out_cols, tile_start, lone_start, tile_counter);
         g.full_blocks = env_switch("MOE_SM90_FULL_BLOCKS") != 0; // tiles of one length, as the gate/up kernel's
         const int64_t max_tiles = (r->rows / G_BM + r->E) * col_tiles;
-        auto kernel = r->dtype == MOE_BF16 ? (dx_form ? sm90_rows_f32_kernel<__nv_bfloat16, 1>
-                                                      : sm90_rows_f32_kernel<__nv_bfloat16, 0>)
-                                           : (dx_form ? sm90_rows_f32_kernel<__half, 1> : sm90_rows_f32_kernel<__half, 0>);
+        auto kernel = r->dtype == MOE_BF16
+                          ? (dx_form ? sm90_rows_f32_kernel<__nv_bfloat16, 1> : sm90_rows_f32_kernel<__nv_bfloat16, 0>)
+                          : (dx_form ? sm90_rows_f32_kernel<__half, 1> : sm90_rows_f32_kernel<__half, 0>);
         MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)R_SMEM_BYTES));
         kernel<<<(unsigned)sm90_grid_cap((int64_t)persistent_grid(max_tiles)), H_THREADS, R_SMEM_BYTES, stream>>>(g,
                                                                                                                   maps);

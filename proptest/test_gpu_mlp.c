@@ -260,10 +260,10 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
  * against the reference within the bounds, and against the unfused path (MOE_MLP_FUSE_GATE=0) bit for bit,
  * outputs, checkpoints and gradients.  The same switch takes the down GEMM (and ON_I's recomputed d) and the
  * backward's dM and dX GEMMs to the ping-pong rows kernel (=1, sm90_rows_f32_kernel, both of its forms) or the
- * 128 x 256 kernel (=0), so that kernel is compared bit for bit too.  On an sm_90 device with the sm_90a kernels built (and MOE_CUDA_KERNEL not forcing sm80 or
- * simt), the fused run sets MOE_MLP_FUSE_GATE=1, so a case the fused kernel declines fails instead of quietly
- * comparing the unfused path with itself; elsewhere both runs take the unfused path and the comparison is
- * trivially equal. */
+ * 128 x 256 kernel (=0), so that kernel is compared bit for bit too.  On an sm_90 device with the sm_90a kernels
+ * built (and MOE_CUDA_KERNEL not forcing sm80 or simt), the fused run sets MOE_MLP_FUSE_GATE=1, so a case the
+ * fused kernel declines fails instead of quietly comparing the unfused path with itself; elsewhere both runs take
+ * the unfused path and the comparison is trivially equal. */
 static int fused_kernel_expected(void)
 {
 #ifdef MOE_HAVE_SM90A
