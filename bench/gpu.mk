@@ -19,3 +19,5 @@ else
 EXTRA_DIST += bench/mlp_gpu_time.c
 endif
 EXTRA_DIST += bench/device-run-mlp.sh
+# ncu --csv -> one line per kernel launch (name, grid, us): the per-kernel tables of bench/RESULTS.md
+EXTRA_DIST += bench/ncu-kernel-times.py
