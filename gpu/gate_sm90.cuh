@@ -561,8 +561,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
     if (*g.ws.status != 0)
         return;
     h_init_pingpong_barriers<R_STAGES>(full_bar, empty_bar);
-    const int64_t tiles = total_tiles(g, G_BM, R_BN);               // g.cols_j: the output's columns
-    const int64_t steps = ((TRANS_B ? g.N : g.K) + H_BK - 1) / H_BK; // the reduction
+    const int64_t tiles = total_tiles(g, G_BM, R_BN);                // g.cols_j: the output's columns
+    const int64_t steps = (reduction_length(g, 0) + H_BK - 1) / H_BK; // N (dX form) or K: every expert's
     if (threadIdx.x < H_PRODUCERS) {
         // ------------------------------------------------------------------ producer: thread 0 alone
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
