@@ -2,7 +2,7 @@
 # The CUDA blockwise MoE MLP on a GPU machine, from a `make dist` tarball, logging under $OUT (or ./out):
 #   1. bench/mlp-gpu-time on Qwen3-30B-A3B (T = 4096, E = 128, k = 8, H = 2048, I = 768, B = 128, bf16),
 #   2. proptest/test_gpu_mlp at its fixed seed (the full option cross, determinism, the fused gate/up kernel,
-#      invalid layouts, many experts),
+#      invalid layouts, many experts, tensors one element off),
 #   3. a reduced batch of it under compute-sanitizer memcheck (and racecheck on a smaller one),
 # each step limited to $MOE_STEP_TIMEOUT seconds (default 240).
 # usage: bench/device-run-mlp.sh TARBALL [steps]   steps: any of "test sanitize time" (default all)

@@ -1221,29 +1221,6 @@ __device__ __forceinline__ void chunk_lanes_along_slot(int64_t R, int64_t I, int
     }
 }
 
-// A chunk's elements with lanes along the checkpoint's slot, two rows per thread: rows 2p and 2p + 1 of
-// the tile (p = thread % 16) and columns thread / 16, thread / 16 + 16 of the chunk, so that a warp reads
-// or writes two checkpoint rows of 16 words; pair(row, col, i, second) for each row 2p inside R (second:
-// row 2p + 1 is too).
-template <class Pair>
-__device__ __forceinline__ void chunk_slot_pairs(int64_t R, int64_t I, int64_t r0, int64_t i0, Pair pair)
-{
-    const int t = threadIdx.y * RT + threadIdx.x, row = 2 * (t % 16);
-    for (int ii = t / 16; ii < RT; ii += RT * 8 / 16) {
-        const int64_t r = r0 + row, i = i0 + ii;
-        if (r >= R || i >= I)
-            continue;
-        pair(row, ii, i, r + 1 < R);
-    }
-}
-
-// Whether tile rows row and row + 1 sit in one aligned 32-bit word at checkpoint index c (and at c + I*B):
-// consecutive slots of one block, c even, and `pairs` (slot_pairs: 16-bit dtype, aligned base, I*B even).
-__device__ __forceinline__ bool slot_pair_word(const RowInfo *info, int row, int64_t c, bool second, bool pairs)
-{
-    return pairs && second && info[row + 1].ckpt == info[row].ckpt + 1 && (c & 1) == 0;
-}
-
 // The gate kernels are compiled per dtype (DT, a moe_dtype) and activation (ACT, a moe_mlp_activation),
 // which must equal g.dt and g.act (launch_gate_kernel): with both switched at run time per element they
 // issued about twice the instructions the memory traffic needs (ncu, Qwen3 T = 16384: issue-active 57%,
@@ -1365,35 +1342,52 @@ __global__ void down_ckpt_kernel(MlpArgs g)
     }
 }
 
+// A checkpoint value from the 32-bit word of shared memory that holds it: the word itself (f32), or its half
+// at bit `shift` (0 or 16; f16 and bf16).
+template <int DT>
+__device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
+{
+    if constexpr (DT == MOE_F32)
+        return __uint_as_float(word);
+    else if constexpr (DT == MOE_F16)
+        return __half2float(__ushort_as_half((unsigned short)(word >> shift)));
+    else
+        return __uint_as_float((word >> shift) << 16);
+}
+
 // Backward: from the checkpoint and dMr, Mr = rnd(m [*a]) (d_w_d's operand), M0r = rnd(m) (when d is
 // recomputed), dGUr = (rnd(dg), rnd(du)) with the strict clamp masks on the checkpointed values.  Compiled
-// per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread, and with
-// `pairs` (slot_pairs) the checkpoint is read in 32-bit words of two slots where they allow (ncu, Qwen3
-// T = 16384: 881 -> 772 us; bench/RESULTS.md, 2026-11-24, second session).
+// per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread.
 //   The loads are asynchronous and one chunk ahead: chunk c + 1's dMr values and checkpoint columns are copied
-// into shared memory (cp.async; 2-byte checkpoint values outside slot-pair words synchronously) while chunk c
-// is computed from the other of two stages.  Loaded synchronously, chunk by chunk, the kernel was bound by
-// latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per scheduler of which 0.9 eligible).  ncu,
-// Qwen3 T = 16384: on one H200 719 -> 665 us with the dMr loads issued first (run106); on another, that form
-// 642-647 us -> this one 592-602 (Mixtral-8x7B T = 4096 746-748 -> 673-674; run108); on an H100 0.665 ms
-// for this form, where the README's floor table has 0.77 for the first (run109; bench/RESULTS.md,
-// 2026-11-28, thirteenth session).
-// Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up] the checkpoint's values as stored (ES
-// bytes), column-major [col][row] with LD elements per column (16-bit: 34, so that a slot-pair word lands
-// 4-byte aligned; float32: 33, compiled but not launched: the rows path takes f16 and bf16 only; both read
-// without bank conflicts).
+// into shared memory (cp.async) while chunk c is computed from the other of two stages.  Loaded synchronously,
+// chunk by chunk, the kernel was bound by latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per
+// scheduler of which 0.9 eligible; bench/RESULTS.md, 2026-11-28, thirteenth session).
+//   The checkpoint is read with lanes along the slot, one 4-byte copy per (row, i, gate or up): of a 16-bit
+// dtype, the aligned 32-bit word that holds the row's element (`words`, ckpt_words: a 4-byte aligned
+// checkpoint and B even; the word's other half is the neighbouring slot's and goes unused), from which
+// compute() takes the half at bit 16 * (slot & 1).  (It read two rows' elements as one word where they were
+// consecutive slots at an even index, and the others by 2-byte loads: those waited in the issuing thread and
+// made 27% of the kernel's stall samples; ncu on an H200, Qwen3-30B-A3B T = 16384: 567-594 -> 540-543 us,
+// Mixtral-8x7B T = 4096 663-674 -> 629-643; run132-run134, bench/RESULTS.md, 2026-11-28, seventeenth
+// session.)  Without `words` (a checkpoint aligned to 2 bytes only, or B odd) the 16-bit elements are loaded
+// synchronously into the low halves.  The f32 instances are compiled but not launched (the rows path takes
+// f16 and bf16 only).
+// Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up][col][row] the 32-bit words (RT + 1 per
+// column: the copies' lanes along row and compute's (8 column groups x 4 rows) both free of bank conflicts).
 template <int DT, int ACT, int V>
-__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
+__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool words)
 {
     constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
-    constexpr int ES = dt == MOE_F32 ? 4 : 2, LD = ES == 4 ? RT + 1 : RT + 2;
+    constexpr int ES = dt == MOE_F32 ? 4 : 2;
     if (*g.status != ERR_NONE)
         return;
     __shared__ __align__(16) float dm_s[2][RT][RT];
-    __shared__ __align__(16) unsigned char ck_s[2][2][RT * LD * ES];
+    __shared__ uint32_t ck_s[2][2][RT][RT + 1];
     __shared__ RowInfo info[RT];
     const int64_t R = rows_total(g), I = g.I, B = g.B, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
-    const unsigned char *ckpt = static_cast<const unsigned char *>(g.ckpt_gu_in);
+    const int64_t i_stride = B * ES, half_stride = I * B * ES; // bytes from (i) to (i + 1), from gate to up
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const unsigned char *ck_row = nullptr; // this thread's checkpoint row (tile row tx) at i = 0, gate half
     // chunk (r0, i0) into stage `stage`: the elements compute() below reads, and no others
     auto issue = [&](int stage, int64_t r0, int64_t i0) {
         chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
@@ -1402,35 +1396,28 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
             else
                 cp_async4(&dm_s[stage][row][col], g.dMr + r * I + i);
         });
-        chunk_slot_pairs(R, I, r0, i0, [&](int row, int col, int64_t i, bool second) {
-            unsigned char *gs = ck_s[stage][0] + (col * LD + row) * ES, *us = ck_s[stage][1] + (col * LD + row) * ES;
-            const int64_t c = info[row].ckpt + i * B;
-            if (slot_pair_word(info, row, c, second, pairs)) {
-                cp_async4(gs, ckpt + c * 2);
-                cp_async4(us, ckpt + (c + I * B) * 2);
-                return;
-            }
-            for (int k = 0; k < (second ? 2 : 1); k++) {
-                const int64_t ck = k == 0 ? c : info[row + 1].ckpt + i * B;
-                if (ES == 4) {
-                    cp_async4(gs + 4 * k, ckpt + ck * 4);
-                    cp_async4(us + 4 * k, ckpt + (ck + I * B) * 4);
+        if (ck_row != nullptr)
+            for (int ii = ty; ii < RT && i0 + ii < I; ii += 8) {
+                const unsigned char *gate = ck_row + (i0 + ii) * i_stride, *up = gate + half_stride;
+                if (ES == 4 || words) {
+                    cp_async4(&ck_s[stage][0][ii][tx], gate);
+                    cp_async4(&ck_s[stage][1][ii][tx], up);
                 } else {
-                    reinterpret_cast<uint16_t *>(gs)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck];
-                    reinterpret_cast<uint16_t *>(us)[k] = reinterpret_cast<const uint16_t *>(ckpt)[ck + I * B];
+                    ck_s[stage][0][ii][tx] = *reinterpret_cast<const uint16_t *>(gate);
+                    ck_s[stage][1][ii][tx] = *reinterpret_cast<const uint16_t *>(up);
                 }
             }
-        });
         cp_async_commit();
     };
     auto compute = [&](int stage, int64_t r0, int64_t i0) {
         chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
             const float a = info[row].a;
+            const int shift = ES == 2 && words ? 16 * (int)(info[row].ckpt & 1) : 0;
             float m[V], dg[V], du[V];
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                const float gv = load_as_float(dt, ck_s[stage][0], (col + v) * LD + row);
-                const float uv = load_as_float(dt, ck_s[stage][1], (col + v) * LD + row);
+                const float gv = ckpt_word_value<DT>(ck_s[stage][0][col + v][row], shift);
+                const float uv = ckpt_word_value<DT>(ck_s[stage][1][col + v][row], shift);
                 const float act = act_value(ACT, gv);
                 m[v] = act * uv;
                 const float dm = g.on_i ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
@@ -1450,13 +1437,19 @@ __global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool pairs)
             store_v<V>(dt, g.dGUr, r * 2 * I + I + i, du);
         });
     };
+    const unsigned char *ckpt = static_cast<const unsigned char *>(g.ckpt_gu_in);
     for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
         const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
         const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
         // the previous tile's last chunk ended with a barrier: info and both stages are free
-        if (threadIdx.y == 0 && r0 + threadIdx.x < R)
-            info[threadIdx.x] = row_info(g, r0 + threadIdx.x);
+        if (ty == 0 && r0 + tx < R)
+            info[tx] = row_info(g, r0 + tx);
         __syncthreads();
+        ck_row = nullptr;
+        if (r0 + tx < R) {
+            const int64_t c = info[tx].ckpt; // its aligned word's at c & ~1 (every element of the row: B even)
+            ck_row = ckpt + (ES == 2 && words ? c & ~(int64_t)1 : c) * ES;
+        }
         issue(0, r0, i_first);
         int stage = 0;
         for (int64_t i0 = i_first; i0 < i_end; i0 += RT, stage ^= 1) {
@@ -1600,12 +1593,13 @@ moe_status launch_layout(const MlpArgs &g, cudaStream_t stream)
 bool aligned_to(const void *p, uintptr_t bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
 bool aligned16(const void *p) { return aligned_to(p, 16); }
 
-// Whether the gate kernels may move two slots of the checkpoint as one 32-bit word (slot_pair_word): a
-// 16-bit dtype, a 4-byte aligned checkpoint, and I * B even, so that the up half (I * B elements on) of
-// an aligned gate-half pair is aligned too.
-bool slot_pairs(const MlpArgs &g, moe_dtype dt, const void *ckpt)
+// Whether gate_bwd_kernel may read each 16-bit checkpoint element through the aligned 32-bit word that holds
+// it, taking the half of the element's slot parity: a 16-bit dtype, a 4-byte aligned checkpoint (so that every
+// such word lies inside it: a (block, half, i) run of B elements starts at an even index), and B even, so that
+// the element of slot b at (half, i), index n*2*I*B + (half*I + i)*B + b, has b's parity for every half and i.
+bool ckpt_words(const MlpArgs &g, moe_dtype dt, const void *ckpt)
 {
-    return dt != MOE_F32 && aligned_to(ckpt, 4) && (g.I * g.B) % 2 == 0;
+    return dt != MOE_F32 && aligned_to(ckpt, 4) && g.B % 2 == 0;
 }
 
 moe_status launch_rows_layout(const MlpArgs &g, cudaStream_t stream)
@@ -1942,10 +1936,10 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                 return s;
             if (NB * I > 0)
                 launch_gate_kernel(a, [&](auto dt, auto act) {
-                    const bool pairs = slot_pairs(a, static_cast<moe_dtype>(decltype(dt)::value), a.ckpt_gu_in);
+                    const bool words = ckpt_words(a, static_cast<moe_dtype>(decltype(dt)::value), a.ckpt_gu_in);
                     const auto kernel = I % 4 == 0 ? gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 4>
                                                    : gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 1>;
-                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a, pairs);
+                    kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a, words);
                 });
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {

@@ -16,9 +16,11 @@
  *   4. the forward's fused gate/up epilogue (sm_90a) on shapes that reach its every store path, against the
  *      reference and bit for bit against the unfused path (fused_gate below);
  *   5. many experts (E = 128 .. 700: the device's expert lists go in windows of 128 experts) and many
- *      blocks (block size 1), against the reference (many_experts below).
+ *      blocks (block size 1), against the reference (many_experts below);
+ *   6. every tensor one element off its usual alignment, so that the kernels' unaligned paths run, against
+ *      the reference (offset_tensors below).
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
- * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases]
+ * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases] [offset cases]
  * (TEST_GPU_MLP_TRACE=1 prints each fused case before it runs, for a crash's reproducer: the same seed with
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
@@ -35,27 +37,36 @@
 
 /* ---- device copies of host arrays ---- */
 
-/* A device copy of `bytes` bytes of host (NULL stays NULL, so "not given" is preserved). */
-static void *up(const void *host, size_t bytes)
+/* Bytes past a cudaMalloc'd (256-byte aligned) start at which up() places each tensor: 0, except in the
+ * offset-tensors property (6), which places every tensor one element off (2 bytes for f16/bf16, 4 for f32),
+ * so that no tensor is 16-byte aligned and no 16-bit one 4-byte aligned. */
+static size_t tensor_offset;
+
+/* A device copy of `bytes` bytes of host at `offset` bytes past its allocation's start (NULL stays NULL, so
+ * "not given" is preserved). */
+static void *up_at(const void *host, size_t bytes, size_t offset)
 {
     if (host == NULL)
         return NULL;
-    void *dev = NULL;
-    CUDA_CHECK(cudaMalloc(&dev, bytes ? bytes : 16));
+    char *dev = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dev, offset + (bytes ? bytes : 16)));
     if (bytes)
-        CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-    return dev;
+        CUDA_CHECK(cudaMemcpy(dev + offset, host, bytes, cudaMemcpyHostToDevice));
+    return dev + offset;
 }
+static void *up(const void *host, size_t bytes) { return up_at(host, bytes, tensor_offset); }
 
-/* Copies a device output back over its host array (when the call succeeded) and frees it. */
-static void down(void *host, void *dev, size_t bytes, int copy)
+/* Copies a device output (placed `offset` bytes into its allocation) back over its host array (when the call
+ * succeeded) and frees it. */
+static void down_at(void *host, void *dev, size_t bytes, int copy, size_t offset)
 {
     if (dev == NULL)
         return;
     if (copy && bytes)
         CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(dev));
+    CUDA_CHECK(cudaFree((char *)dev - offset));
 }
+static void down(void *host, void *dev, size_t bytes, int copy) { down_at(host, dev, bytes, copy, tensor_offset); }
 
 typedef struct sizes {
     size_t es, gs;         /* element sizes: dtype, gradient dtype */
@@ -77,15 +88,15 @@ static sizes sizes_of(const moe_mlp_layout *l, int64_t H, int64_t I, const moe_m
 static moe_mlp_layout layout_up(const moe_mlp_layout *l, const sizes *s)
 {
     moe_mlp_layout d = *l;
-    d.block_to_expert = up(l->block_to_expert, (size_t)s->N * 8);
-    d.token_position_to_id = up(l->token_position_to_id, (size_t)s->NB * 8);
+    d.block_to_expert = up_at(l->block_to_expert, (size_t)s->N * 8, 0);
+    d.token_position_to_id = up_at(l->token_position_to_id, (size_t)s->NB * 8, 0);
     return d;
 }
 
 static void layout_free(moe_mlp_layout *d)
 {
-    down(NULL, (void *)d->block_to_expert, 0, 0);
-    down(NULL, (void *)d->token_position_to_id, 0, 0);
+    down_at(NULL, (void *)d->block_to_expert, 0, 0, 0);
+    down_at(NULL, (void *)d->token_position_to_id, 0, 0, 0);
 }
 
 /* moe_mlp_fwd on the GPU with host arguments (the signature of mt_fwd_fn): uploads everything (the
@@ -575,6 +586,58 @@ static int64_t many_experts(uint64_t base, int cases)
     return bad;
 }
 
+/* ---- 6: tensors off their alignment ---- */
+
+/* The kernels take 16-byte vector and 4-byte word paths only where a tensor's address allows them
+ * (gpu/mlp_cuda.cu: aligned16, ckpt_words); cudaMalloc'd tensors always allow them.  Here every tensor sits
+ * one element past a 256-byte boundary (tensor_offset), so that each call takes the other paths: cases of
+ * every dtype, activation, affinity and bias choice, H and I multiples of 8 (where the aligned paths would
+ * have been taken), blocks of 16 .. 128 positions, half of the f16/bf16 cases on the rows path, checked
+ * within the bounds and against the CPU reference.  (grad_fp32 stays off: its float32 gradients would sit
+ * one 16-bit element off, misaligned for float32 itself.) */
+static int64_t offset_tensors(uint64_t base, int cases)
+{
+    oracle_rng rng = {base ^ 0x0ff5e7edULL};
+    int64_t bad = 0;
+    static const int64_t blocks[] = {16, 32, 64, 128};
+    for (int index = 0; index < cases; index++) {
+        moe_mlp_options o = {0};
+        o.activation = (moe_mlp_activation)(index & 3);
+        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
+        o.bias = (index >> 3) & 1;
+        o.dtype = (moe_dtype)(index % 3);
+        o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+        o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
+        const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 4);
+        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 2 ? E : 2));
+        const int64_t T = 30 + (int64_t)oracle_rng_below(&rng, 200);
+        const int64_t H = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12)), I = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12));
+        const int mode = (int)oracle_rng_below(&rng, 3);
+        const int down_in_bwd = o.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
+        mt_case c;
+        mt_case_init(&c, base * 15485863ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
+        mt_result gpu, ref;
+        use_gpu();
+        tensor_offset = moe_dtype_size(o.dtype);
+        int64_t b = mt_run(&c, MT_CHECK_BOUND | (o.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0), down_in_bwd, &gpu);
+        tensor_offset = 0;
+        use_ref();
+        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
+        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU (tensors one element off) vs CPU reference");
+        if (b)
+            fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): %lld "
+                    "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
+                    (long long)H, (long long)I, (long long)o.block_size, mode, moe_dtype_name(o.dtype),
+                    o.round_intermediates ? ", rows path" : "", (long long)b);
+        bad += b;
+        mt_result_free(&gpu);
+        mt_result_free(&ref);
+        mt_case_free(&c);
+    }
+    printf("tensors one element off: %d cases, %lld mismatches\n", cases, (long long)bad);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
@@ -590,6 +653,7 @@ int main(int argc, char **argv)
     bad += fused_gate(seed, argc > 4 ? atoi(argv[4]) : 0, argc > 3 ? atoi(argv[3]) : 48);
     bad += bad_layouts(seed);
     bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 12);
+    bad += offset_tensors(seed, argc > 6 ? atoi(argv[6]) : 24);
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;
 }
