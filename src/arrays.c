@@ -1,4 +1,4 @@
-/* The array checks every entry point shares: sizes, NULL pointers, overlaps (see moe_internal.h). */
+/* The array checks every entry point shares: sizes, NULL pointers, alignment, overlaps (see moe_internal.h). */
 #include "moe_internal.h"
 
 #include <inttypes.h>
@@ -18,6 +18,15 @@ static moe_status check_array(const char *op, const moe_array_arg *a, int64_t *b
                         a->name, a->rows, a->cols);
     if (a->data == NULL)
         *bytes = 0;
+    return moe_check_aligned(op, a->name, a->data, element_bytes(a), a->is_index ? "int64" : moe_dtype_name(a->dtype));
+}
+
+moe_status moe_check_aligned(const char *op, const char *name, const void *data, int64_t element_size,
+                             const char *type)
+{
+    if ((uintptr_t)data % (uintptr_t)element_size != 0)
+        return moe_fail(MOE_ERR_MISALIGNED, "%s: %s at %p is not aligned to its %" PRId64 "-byte %s elements", op,
+                        name, data, element_size, type);
     return MOE_OK;
 }
 

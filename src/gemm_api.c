@@ -54,6 +54,11 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
                         opt->permute_x ? "permute_x" : opt->permute_y ? "permute_y"
                         : opt->reduce_topk ? "reduce_topk" : topk_weights != NULL ? "topk_weights"
                         : "the topk-weight gradient");
+    moe_status aligned = moe_check_aligned(op, "routing.m_sizes", routing->m_sizes, 8, "int64");
+    if (aligned == MOE_OK)
+        aligned = moe_check_aligned(op, "routing.gather_indices", routing->gather_indices, 8, "int64");
+    if (aligned != MOE_OK)
+        return aligned;
     if (table->validates_routing_on_host) {
         moe_status status = moe_ref_check_routing(op, E, M, routing->m_sizes, routing->gather_indices,
                                                   need_gather || routing->gather_indices != NULL);

@@ -57,6 +57,18 @@ static moe_status check_options(const char *op, const moe_mlp_options *o, int64_
 }
 
 /* Backend, options, layout and dimensions; fills the problem. */
+/* The layout's index arrays aligned to their int64 elements, checked before anything reads them (a NULL
+ * layout or array is left to moe_ref_mlp_check_layout*, which names it). */
+static moe_status check_layout_alignment(const char *op, const moe_mlp_layout *layout)
+{
+    if (layout == NULL)
+        return MOE_OK;
+    moe_status status = moe_check_aligned(op, "layout.block_to_expert", layout->block_to_expert, 8, "int64");
+    if (status != MOE_OK)
+        return status;
+    return moe_check_aligned(op, "layout.token_position_to_id", layout->token_position_to_id, 8, "int64");
+}
+
 static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_layout *layout, int64_t H,
                           int64_t I, const moe_mlp_options **opt, moe_mlp_problem *p)
 {
@@ -80,6 +92,9 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     if (H < 0 || I < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: hidden_size = %" PRId64 ", intermediate_size = %" PRId64
                         ", expected both >= 0", op, H, I);
+    status = check_layout_alignment(op, layout);
+    if (status != MOE_OK)
+        return status;
     /* a device layout's contents are checked on the device (gpu/mlp_cuda.cu) */
     status = backend == MOE_BACKEND_CUDA
                  ? moe_ref_mlp_check_layout_shape(op, layout, B)
@@ -240,6 +255,9 @@ moe_status moe_mlp_layout_validate(const moe_mlp_layout *layout, const moe_mlp_o
         options = &default_options;
     int64_t B = 0;
     moe_status status = check_options(op, options, &B);
+    if (status != MOE_OK)
+        return status;
+    status = check_layout_alignment(op, layout);
     if (status != MOE_OK)
         return status;
     return moe_ref_mlp_check_layout(op, layout, B, options->padding, options->tensor_update_overwrite != 0);

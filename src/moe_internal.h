@@ -71,9 +71,15 @@ typedef struct moe_array_arg {
     int is_index;       /* an int64 index array */
 } moe_array_arg;
 
-/* Checks that each array's byte size is representable, that no array with elements is NULL, and that
- * no output overlaps any other array (a kernel never reads what it overwrites).  count <= 32. */
+/* Checks that each array's byte size is representable, that no array with elements is NULL, that each
+ * non-NULL array is aligned to its element size (MOE_ERR_MISALIGNED; a CUDA kernel's load of a misaligned
+ * element faults and poisons the context), and that no output overlaps any other array (a kernel never reads
+ * what it overwrites).  count <= 32. */
 moe_status moe_check_arrays(const char *op, const moe_array_arg *args, int count);
+/* MOE_ERR_MISALIGNED (naming op, name and type) unless data is a multiple of element_size (NULL is): also for
+ * the index arrays a front end reads on the host before moe_check_arrays sees them. */
+moe_status moe_check_aligned(const char *op, const char *name, const void *data, int64_t element_size,
+                             const char *type);
 
 /* A grouped GEMM call after validation.  Row counts and dimensions are all >= 0 and every product of
  * them used for indexing fits in int64 and in size_t bytes. */

@@ -48,7 +48,8 @@ enum { DW_OFF = DX_OFF + DX_LEN + 64, DW_LEN = E0 * NN * KK * 4 };
 enum { DT_OFF = DW_OFF + DW_LEN + 64, DT_LEN = M0 * 4 };
 enum { ARENA = DT_OFF + DT_LEN + 64 };
 
-static unsigned char arena[ARENA], snapshot[ARENA];
+static _Alignas(16) unsigned char arena[ARENA];
+static unsigned char snapshot[ARENA];
 static int64_t base_ids[M0], base_m_sizes[E0], base_gather[M0];
 /* routing copies a case may edit; compared after the call too (inputs must not change) */
 static int64_t m_sizes[E0], gather[M0];
@@ -303,6 +304,33 @@ static void null_tensors(void)
     expect_fail("dw NULL (dw_only)", OP_BWD, a, MOE_ERR_NULL_POINTER, "dw is NULL");
 }
 
+/* Tensors and routing arrays off their element alignment: refused before anything reads them; a 16-bit
+ * tensor two bytes off is fine. */
+static void misaligned(void)
+{
+    call_args a = baseline_for(OP_FWD);
+    a.x = arena + X_OFF + 2;
+    expect_fail("x 2 bytes off (f32)", OP_FWD, a, MOE_ERR_MISALIGNED, "x at");
+    a = baseline_for(OP_DW);
+    a.dw = arena + DW_OFF + 1;
+    expect_fail("dw 1 byte off", OP_DW, a, MOE_ERR_MISALIGNED, "dw at");
+    a = baseline_for(OP_BWD);
+    a.o.dtype = MOE_BF16;
+    a.w = arena + W_OFF + 1;
+    expect_fail("w 1 byte off (bf16)", OP_BWD, a, MOE_ERR_MISALIGNED, "2-byte bf16 elements");
+    a = baseline_for(OP_BWD);
+    a.o.dtype = MOE_BF16;
+    a.w = arena + W_OFF + 2, a.dx = arena + DX_OFF + 2;
+    expect_ok("w and dx 2 bytes off (bf16)", OP_BWD, a);
+    a = baseline_for(OP_FWD);
+    a.r.m_sizes = (int64_t *)(void *)((unsigned char *)m_sizes + 4);
+    expect_fail("routing.m_sizes 4 bytes off", OP_FWD, a, MOE_ERR_MISALIGNED, "routing.m_sizes at");
+    a = baseline_for(OP_FWD);
+    a.o.permute_x = 1;
+    a.r.gather_indices = (int64_t *)(void *)((unsigned char *)gather + 2);
+    expect_fail("routing.gather_indices 2 bytes off", OP_FWD, a, MOE_ERR_MISALIGNED, "8-byte int64 elements");
+}
+
 /* bwd-only option errors. */
 static void bwd_options(void)
 {
@@ -517,7 +545,7 @@ static void routing_builders(void)
 /* Every status has a description; unknown codes too. */
 static void status_strings(void)
 {
-    for (int s = 0; s <= (int)MOE_ERR_IO; s++) {
+    for (int s = 0; s <= (int)MOE_ERR_MISALIGNED; s++) {
         const char *text = moe_strerror((moe_status)s);
         CHECK(text != NULL && text[0] != '\0' && strcmp(text, "unknown status code") != 0, "moe_strerror(%d) = %s", s,
               text ? text : "(null)");
@@ -552,6 +580,7 @@ int main(void)
     routing_defects();
     missing_gather();
     null_tensors();
+    misaligned();
     bwd_options();
     overlaps();
     routing_overlaps();

@@ -290,6 +290,20 @@ static void test_validation(void)
         EXPECT(memcmp(b2e_copy, b2e0, sizeof b2e0) == 0 && memcmp(ids_copy, ids0, sizeof ids0) == 0,
                "a refused call changed the layout");
     }
+    /* tensors and layout arrays off their element alignment (a CUDA kernel would fault on them) */
+    x = baseline(), x.hidden = (const char *)bufs[0] + 2;
+    expect_error("hidden misaligned", &x, 3, MOE_ERR_MISALIGNED, "hidden at");
+    x = baseline(), x.dwgu = (char *)bufs[15] + 1;
+    expect_error("d_w_gu misaligned", &x, 2, MOE_ERR_MISALIGNED, "d_w_gu at");
+    x = baseline(), x.ckpt_gu = (char *)bufs[11] + 2;
+    expect_error("gate_up_ckpt_T misaligned", &x, 1, MOE_ERR_MISALIGNED, "4-byte f32 elements");
+    x = baseline(), x.layout.block_to_expert = (const int64_t *)(const void *)((const char *)b2e0 + 4);
+    expect_error("layout.block_to_expert misaligned", &x, 3, MOE_ERR_MISALIGNED, "layout.block_to_expert at");
+    {
+        const moe_status st = moe_mlp_layout_validate(&x.layout, &x.opt);
+        EXPECT(st == MOE_ERR_MISALIGNED && strstr(moe_last_error(), "moe_mlp_layout_validate") != NULL,
+               "moe_mlp_layout_validate, block_to_expert misaligned: status %d (%s)", (int)st, moe_last_error());
+    }
     x = baseline(), x.H = -1;
     expect_error("negative H", &x, 3, MOE_ERR_INVALID_SHAPE, "hidden_size = -1");
     x = baseline(), x.I = INT64_MAX / 4;
