@@ -15,13 +15,14 @@
 # Example (the method of bench/RESULTS.md, 2026-11-24; `x` builds the change with a macro it reads):
 #   AB_BENCH_ARGS="--ops dw" bench/device-ab.sh base=base.tar.gz new=new.tar.gz x=new.tar.gz:-DMY_VARIANT=1
 set -u
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/ab-variants.sh"
 out=${OUT:-$PWD/out}
 mkdir -p "$out"
 rounds=${AB_ROUNDS:-2}
 trials=${AB_TRIALS:-30}
 [ $# -ge 1 ] || { sed -n '2,16p' "$0"; exit 2; }
 jobs=$(( $(nproc) / $# )); [ "$jobs" -ge 1 ] || jobs=1
-names=()
 build() { # name tarball flags
   local dir=/tmp/ab-$1
   rm -rf "$dir" && mkdir -p "$dir" && tar -C "$dir" -xzf "$2" && cd "$dir"/libmoe-* &&
@@ -30,15 +31,7 @@ build() { # name tarball flags
     make -j"$jobs" proptest/test_gpu_gemm bench/moe-bench >> "$out/build_$1.log" 2>&1
   echo "build $1: exit $?"
 }
-for spec in "$@"; do
-  name=${spec%%=*}; rest=${spec#*=}; tarball=${rest%%:*}; flags=""
-  [ "$rest" != "$tarball" ] && flags=${rest#*:}
-  case "$name" in *[!A-Za-z0-9_]*|"") echo "bad variant name '$name'" >&2; exit 2;; esac
-  [ -f "$tarball" ] || { echo "no tarball $tarball" >&2; exit 2; }
-  names+=("$name")
-  build "$name" "$tarball" "$flags" &
-done
-wait
+ab_build_variants build "$@"
 status=0
 for name in "${names[@]:1}"; do
   [ "$trials" -gt 0 ] || break

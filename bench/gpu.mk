@@ -7,7 +7,7 @@ bench_moe_bench_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lcublas -l
 else
 EXTRA_DIST += bench/moe_bench.c
 endif
-EXTRA_DIST += bench/device-run.sh bench/device-ab.sh
+EXTRA_DIST += bench/device-run.sh bench/device-ab.sh bench/ab-variants.sh
 
 # The CUDA blockwise MoE MLP timing (bench/mlp_gpu_time.c) and its device script.
 if MOE_CUDA
@@ -18,6 +18,6 @@ bench_mlp_gpu_time_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lcublas
 else
 EXTRA_DIST += bench/mlp_gpu_time.c
 endif
-EXTRA_DIST += bench/device-run-mlp.sh
+EXTRA_DIST += bench/device-run-mlp.sh bench/device-ab-mlp.sh
 # ncu --csv -> one line per kernel launch (name, grid, us): the per-kernel tables of bench/RESULTS.md
 EXTRA_DIST += bench/ncu-kernel-times.py

@@ -1374,8 +1374,15 @@ __device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
 // f16 and bf16 only).
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up][col][row] the 32-bit words (RT + 1 per
 // column: the copies' lanes along row and compute's (8 column groups x 4 rows) both free of bank conflicts).
+// MOE_GATE_BWD_MIN_CTAS, a compile-time knob for experiments: the CTAs per SM asked of ptxas.  Unset, ptxas
+// picks 48 registers (5 CTAs per SM); an explicit 1 gives 51, which rounds to 4 CTAs.
+#ifdef MOE_GATE_BWD_MIN_CTAS
+#define MOE_GATE_BWD_BOUNDS __launch_bounds__(RT * 8, MOE_GATE_BWD_MIN_CTAS)
+#else
+#define MOE_GATE_BWD_BOUNDS __launch_bounds__(RT * 8)
+#endif
 template <int DT, int ACT, int V>
-__global__ void __launch_bounds__(RT * 8) gate_bwd_kernel(MlpArgs g, bool words)
+__global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
 {
     constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
     constexpr int ES = dt == MOE_F32 ? 4 : 2;
