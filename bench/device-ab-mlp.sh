@@ -37,7 +37,8 @@ jobs=$(( $(nproc) / $# )); [ "$jobs" -ge 1 ] || jobs=1
 build() { # name tarball flags
   local dir=/tmp/ab-mlp-$1
   rm -rf "$dir" && mkdir -p "$dir" && tar -C "$dir" -xzf "$2" && cd "$dir"/libmoe-* &&
-    ./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror NVCCFLAGS="$3" > "$out/configure_$1.log" 2>&1 &&
+    ./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror NVCCFLAGS="$3" \
+      > "$out/configure_$1.log" 2>&1 &&
     make -j"$jobs" > "$out/build_$1.log" 2>&1 &&
     make -j"$jobs" proptest/test_gpu_mlp bench/mlp-gpu-time >> "$out/build_$1.log" 2>&1
   echo "build $1: exit $?" | tee -a "$summary"

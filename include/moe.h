@@ -52,7 +52,7 @@ typedef enum moe_status {
     MOE_ERR_DEVICE = 10,          /* a CUDA call failed; moe_last_error() has the CUDA message */
     MOE_ERR_INVALID_INDEX = 11,   /* an index array holds a value out of its range */
     MOE_ERR_IO = 12,              /* a file could not be opened, read or written, or is malformed */
-    MOE_ERR_MISALIGNED = 13       /* a tensor's address is not a multiple of its element size */
+    MOE_ERR_MISALIGNED = 13       /* an array's address is not a multiple of its element size */
 } moe_status;
 
 /* A short constant description of a status code ("invalid routing", ...). Never NULL. */

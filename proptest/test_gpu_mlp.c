@@ -611,7 +611,8 @@ static int64_t offset_tensors(uint64_t base, int cases)
         const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 4);
         const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 2 ? E : 2));
         const int64_t T = 30 + (int64_t)oracle_rng_below(&rng, 200);
-        const int64_t H = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12)), I = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12));
+        const int64_t H = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12));
+        const int64_t I = 8 * (1 + (int64_t)oracle_rng_below(&rng, 12));
         const int mode = (int)oracle_rng_below(&rng, 3);
         const int down_in_bwd = o.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
         mt_case c;
@@ -625,8 +626,8 @@ static int64_t offset_tensors(uint64_t base, int cases)
         b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
         b += mt_compare_results(&c, &gpu, &c, &ref, "GPU (tensors one element off) vs CPU reference");
         if (b)
-            fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): %lld "
-                    "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
+            fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): "
+                    "%lld mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
                     (long long)H, (long long)I, (long long)o.block_size, mode, moe_dtype_name(o.dtype),
                     o.round_intermediates ? ", rows path" : "", (long long)b);
         bad += b;

@@ -18,7 +18,8 @@ static moe_status check_array(const char *op, const moe_array_arg *a, int64_t *b
                         a->name, a->rows, a->cols);
     if (a->data == NULL)
         *bytes = 0;
-    return moe_check_aligned(op, a->name, a->data, element_bytes(a), a->is_index ? "int64" : moe_dtype_name(a->dtype));
+    return moe_check_aligned(op, a->name, a->data, element_bytes(a),
+                             a->is_index ? "int64" : moe_dtype_name(a->dtype));
 }
 
 moe_status moe_check_aligned(const char *op, const char *name, const void *data, int64_t element_size,

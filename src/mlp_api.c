@@ -56,7 +56,6 @@ static moe_status check_options(const char *op, const moe_mlp_options *o, int64_
     return MOE_OK;
 }
 
-/* Backend, options, layout and dimensions; fills the problem. */
 /* The layout's index arrays aligned to their int64 elements, checked before anything reads them (a NULL
  * layout or array is left to moe_ref_mlp_check_layout*, which names it). */
 static moe_status check_layout_alignment(const char *op, const moe_mlp_layout *layout)
@@ -69,6 +68,7 @@ static moe_status check_layout_alignment(const char *op, const moe_mlp_layout *l
     return moe_check_aligned(op, "layout.token_position_to_id", layout->token_position_to_id, 8, "int64");
 }
 
+/* Backend, options, layout and dimensions; fills the problem. */
 static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_layout *layout, int64_t H,
                           int64_t I, const moe_mlp_options **opt, moe_mlp_problem *p)
 {
