@@ -540,6 +540,24 @@ static int64_t bad_layouts(uint64_t seed)
     return bad;
 }
 
+/* One case on the GPU (its tensors `offset` bytes into their allocations: tensor_offset) with `gpu_checks`,
+ * then on the CPU reference within the bounds, and the two results compared (`what` names the comparison);
+ * the mismatches of all three. */
+static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd, size_t offset, const char *what)
+{
+    mt_result gpu, ref;
+    use_gpu();
+    tensor_offset = offset;
+    int64_t b = mt_run(c, gpu_checks, down_in_bwd, &gpu);
+    tensor_offset = 0;
+    use_ref();
+    b += mt_run(c, MT_CHECK_BOUND, down_in_bwd, &ref);
+    b += mt_compare_results(c, &gpu, c, &ref, what);
+    mt_result_free(&gpu);
+    mt_result_free(&ref);
+    return b;
+}
+
 /* ---- 5: many experts ---- */
 
 /* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
@@ -567,19 +585,12 @@ static int64_t many_experts(uint64_t base, int cases)
         const int mode = (int)oracle_rng_below(&rng, 3);
         mt_case c;
         mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-        mt_result gpu, ref;
-        use_gpu();
-        int64_t b = mt_run(&c, MT_CHECK_BOUND, 1, &gpu);
-        use_ref();
-        b += mt_run(&c, MT_CHECK_BOUND, 1, &ref);
-        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU vs CPU reference");
+        const int64_t b = gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference");
         if (b)
             fprintf(stderr, "many-experts case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld "
                     "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
                     (long long)H, (long long)I, (long long)o.block_size, mode, (long long)b);
         bad += b;
-        mt_result_free(&gpu);
-        mt_result_free(&ref);
         mt_case_free(&c);
     }
     printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
@@ -617,22 +628,15 @@ static int64_t offset_tensors(uint64_t base, int cases)
         const int down_in_bwd = o.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
         mt_case c;
         mt_case_init(&c, base * 15485863ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-        mt_result gpu, ref;
-        use_gpu();
-        tensor_offset = moe_dtype_size(o.dtype);
-        int64_t b = mt_run(&c, MT_CHECK_BOUND | (o.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0), down_in_bwd, &gpu);
-        tensor_offset = 0;
-        use_ref();
-        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
-        b += mt_compare_results(&c, &gpu, &c, &ref, "GPU (tensors one element off) vs CPU reference");
+        const int checks = MT_CHECK_BOUND | (o.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
+        const int64_t b = gpu_against_ref(&c, checks, down_in_bwd, moe_dtype_size(o.dtype),
+                                          "GPU (tensors one element off) vs CPU reference");
         if (b)
             fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): "
                     "%lld mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
                     (long long)H, (long long)I, (long long)o.block_size, mode, moe_dtype_name(o.dtype),
                     o.round_intermediates ? ", rows path" : "", (long long)b);
         bad += b;
-        mt_result_free(&gpu);
-        mt_result_free(&ref);
         mt_case_free(&c);
     }
     printf("tensors one element off: %d cases, %lld mismatches\n", cases, (long long)bad);
