@@ -1372,10 +1372,20 @@ __device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
 // session.)  Without `words` (a checkpoint aligned to 2 bytes only, or B odd) the 16-bit elements are loaded
 // synchronously into the low halves.  The f32 instances are compiled but not launched (the rows path takes
 // f16 and bf16 only).
+//   Instructions are kept few, for the kernel was bound in part by issuing them (ncu source counters of the words
+// form: 516 warp instructions per chunk and warp, stalls "not selected" and "selected" a third of the samples): a
+// whole chunk's checkpoint copies are one unrolled run (RT / 8 per thread, 40 instructions per copy pair as a
+// loop); the chunks of a call without clamps, affinity on I or M0r (GENERAL false) skip those steps' tests; a
+// tile's start reads the affinity's chain (ids, b2e, affinities) only with ON_I.  ncu on an H200: executed
+// instructions 406M -> 257M (built for 5 CTAs per SM, run140); Qwen3-30B-A3B T = 16384 540-545 -> 455-460 us,
+// Mixtral-8x7B T = 4096 630-636 -> 570-576 (bench/RESULTS.md, 2026-11-28, eighteenth session, run139-run141).
+// Issuing the next tile's first chunk before the current tile's last is computed (no idle tile start) measured
+// slower each time, through the instructions it added (run138, run141).
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up][col][row] the 32-bit words (RT + 1 per
 // column: the copies' lanes along row and compute's (8 column groups x 4 rows) both free of bank conflicts).
 // MOE_GATE_BWD_MIN_CTAS, a compile-time knob for experiments: the CTAs per SM asked of ptxas.  Unset, ptxas
-// picks 48 registers (5 CTAs per SM); an explicit 1 gives 51, which rounds to 4 CTAs.
+// picks 57 registers for the bf16 SiLU V = 4 instance (4 CTAs per SM); 5 forces 48 without spills there and
+// was slower (467-472 us against 455-460 at Qwen3 T = 16384, run140).
 #ifdef MOE_GATE_BWD_MIN_CTAS
 #define MOE_GATE_BWD_BOUNDS __launch_bounds__(RT * 8, MOE_GATE_BWD_MIN_CTAS)
 #else
@@ -1403,7 +1413,16 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
             else
                 cp_async4(&dm_s[stage][row][col], g.dMr + r * I + i);
         });
-        if (ck_row != nullptr)
+        if (ck_row == nullptr) { // this thread's row lies past R: no checkpoint to copy
+        } else if ((ES == 4 || words) && i0 + RT <= I) { // a whole chunk: RT / 8 columns, unrolled
+            const unsigned char *gate = ck_row + (i0 + ty) * i_stride;
+            const int64_t step = 8 * i_stride;
+#pragma unroll
+            for (int j = 0; j < RT / 8; j++) {
+                cp_async4(&ck_s[stage][0][ty + 8 * j][tx], gate + j * step);
+                cp_async4(&ck_s[stage][1][ty + 8 * j][tx], gate + j * step + half_stride);
+            }
+        } else {
             for (int ii = ty; ii < RT && i0 + ii < I; ii += 8) {
                 const unsigned char *gate = ck_row + (i0 + ii) * i_stride, *up = gate + half_stride;
                 if (ES == 4 || words) {
@@ -1414,11 +1433,15 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
                     ck_s[stage][1][ii][tx] = *reinterpret_cast<const uint16_t *>(up);
                 }
             }
+        }
         cp_async_commit();
     };
-    auto compute = [&](int stage, int64_t r0, int64_t i0) {
+    // GENERAL (a std::bool_constant): false for a call without clamps, affinity on I or M0r, whose chunks
+    // then run without those steps' tests and arithmetic
+    auto compute_as = [&](auto GENERAL, int stage, int64_t r0, int64_t i0) {
+        constexpr bool general = decltype(GENERAL)::value;
         chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
-            const float a = info[row].a;
+            const float a = general && g.on_i ? info[row].a : 1.0f;
             const int shift = ES == 2 && words ? 16 * (int)(info[row].ckpt & 1) : 0;
             float m[V], dg[V], du[V];
 #pragma unroll
@@ -1427,15 +1450,15 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
                 const float uv = ckpt_word_value<DT>(ck_s[stage][1][col + v][row], shift);
                 const float act = act_value(ACT, gv);
                 m[v] = act * uv;
-                const float dm = g.on_i ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
-                const bool pass_u = (!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi);
-                const bool pass_g = (!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi);
+                const float dm = general && g.on_i ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
+                const bool pass_u = !general || ((!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi));
+                const bool pass_g = !general || ((!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi));
                 du[v] = pass_u ? dm * act : 0.0f;
                 dg[v] = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
             }
-            if (g.M0r != nullptr)
+            if (general && g.M0r != nullptr)
                 store_v<V>(dt, g.M0r, r * I + i, m);
-            if (g.on_i)
+            if (general && g.on_i)
 #pragma unroll
                 for (int v = 0; v < V; v++)
                     m[v] = a * m[v];
@@ -1444,13 +1467,24 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
             store_v<V>(dt, g.dGUr, r * 2 * I + I + i, du);
         });
     };
+    const bool general = g.on_i || g.M0r != nullptr || g.has_lin_lo || g.has_lin_hi || g.has_nl_lo || g.has_nl_hi;
+    auto compute = [&](int stage, int64_t r0, int64_t i0) {
+        if (general)
+            compute_as(std::true_type{}, stage, r0, i0);
+        else
+            compute_as(std::false_type{}, stage, r0, i0);
+    };
     const unsigned char *ckpt = static_cast<const unsigned char *>(g.ckpt_gu_in);
     for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
         const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
         const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
         // the previous tile's last chunk ended with a barrier: info and both stages are free
-        if (ty == 0 && r0 + tx < R)
-            info[tx] = row_info(g, r0 + tx);
+        if (ty == 0 && r0 + tx < R) { // the affinity (two more dependent loads) only where it is used
+            const int64_t pos = g.row_pos[r0 + tx], n = pos / B, b = pos - n * B;
+            info[tx].ckpt = n * 2 * I * B + b;
+            if (g.on_i)
+                info[tx].a = load_as_float(g.dt, g.aff, g.ids[pos] * g.E + g.b2e[n]);
+        }
         __syncthreads();
         ck_row = nullptr;
         if (r0 + tx < R) {
