@@ -17,6 +17,8 @@
 #   AB_TEST      test_gpu_mlp's arguments ("20261122 96 16 0 2 8": seed, option-cross, fused, first fused,
 #                many-experts and offset cases; empty skips the test)
 #   AB_TIME      mlp-gpu-time repeats (10; 0 skips the timing)
+#   AB_OPTIONS   mlp-gpu-time's activation and affinity ("silu h"; e.g. "gelu i": the gate kernels' GELU
+#                instances and their general form)
 # Exit status 1 when a build, a test or a timing run failed.
 # Example (bench/RESULTS.md, 2026-11-28, seventeenth session):
 #   AB_KERNELS="gate_bwd|gather_rows" bench/device-ab-mlp.sh base=base.tar.gz new=new.tar.gz x=new.tar.gz:-DMY_KNOB=3
@@ -29,9 +31,10 @@ launches=${AB_LAUNCHES:-3}
 shapes=${AB_SHAPES:-"16384 128 8 2048 768;4096 8 2 4096 14336"}
 test_args=${AB_TEST-"20261122 96 16 0 2 8"}
 repeats=${AB_TIME:-10}
+options=${AB_OPTIONS:-"silu h"}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/ab-variants.sh"
-[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
 say() { echo "$*" | tee -a "$summary"; }
 jobs=$(( $(nproc) / $# )); [ "$jobs" -ge 1 ] || jobs=1
 build() { # name tarball flags
@@ -61,22 +64,23 @@ IFS=';' read -r -a shape_list <<< "$shapes"
 for shape in "${shape_list[@]}"; do
   if [ -n "$kernels" ]; then
     for name in "${names[@]}"; do
-      say "== ncu $name, $shape, kernels /$kernels/"
+      say "== ncu $name, $shape ($options), kernels /$kernels/"
       in_variant "$name" ncu --csv --clock-control none --metrics gpu__time_duration.sum -k regex:"$kernels" \
-        --launch-count "$launches" ./bench/mlp-gpu-time $shape 128 bf16 1 1 2> "$out/ncu_stderr_$name.log" |
+        --launch-count "$launches" ./bench/mlp-gpu-time $shape 128 bf16 1 1 $options 2> "$out/ncu_stderr_$name.log" |
         python3 "$here/ncu-kernel-times.py" | tee -a "$summary"
     done
   fi
   if [ "$repeats" -gt 0 ]; then
     for name in "${names[@]}"; do
-      line=$(in_variant "$name" ./bench/mlp-gpu-time $shape 128 bf16 "$repeats" 2>&1 | tee -a "$out/time_$name.log" |
+      line=$(in_variant "$name" ./bench/mlp-gpu-time $shape 128 bf16 "$repeats" 1 $options 2>&1 |
+               tee -a "$out/time_$name.log" |
                awk '/^(forward|backward) *:/ { # "forward : median 2.926 ms (min ...) ... = 422.8 TFLOP/s"
                       name = $1; sub(":", "", name)
                       match($0, /median [0-9.]+ ms/); med = substr($0, RSTART + 7, RLENGTH - 10)
                       match($0, /= [0-9.]+ TFLOP/); tf = substr($0, RSTART + 2, RLENGTH - 8)
                       printf "%s %s ms %s TFLOP/s   ", name, med, tf }'
              exit "${PIPESTATUS[0]}") || status=1
-      say "time $name, $shape: $line"
+      say "time $name, $shape ($options): $line"
     done
   fi
 done

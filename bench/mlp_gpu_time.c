@@ -15,7 +15,9 @@
  * checkpoints are compared bit for bit with the default forward's.
  *
  * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
- * 0 times the float32-intermediate tile path).
+ * 0 times the float32-intermediate tile path).  The 10th and 11th set the activation (default silu) and
+ * where the affinity is applied (h, the default, or i): the kernels are compiled per activation, and the
+ * affinity on I takes the general form of the gate kernels.
  *
  * In the same run (16-bit dtypes), the comparison: the GEMMs of an unfused composition alone, as
  * cuBLAS grouped calls (cublasGemmGroupedBatchedEx, one group per expert, over the routed rows sorted
@@ -25,7 +27,8 @@
  * compute a perfect grouped GEMM could approach), and the device-to-device copy rate of cudaMemcpyAsync (the
  * rate the memory-bound steps could approach); bench/RESULTS.md and README.md turn them into floors.
  *
- * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1)] */
+ * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1)
+ *                     activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] */
 #include "moe.h"
 #include "moe_mlp.h"
 #include "oracle.h"
@@ -365,22 +368,38 @@ static float time_bwd(const mlp_call *c, cudaEvent_t start, cudaEvent_t stop)
     return ms;
 }
 
+/* The index of `name` in the NULL-terminated `names`, or -1. */
+static int name_index(const char *name, const char *const *names)
+{
+    for (int i = 0; names[i] != NULL; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
+    static const char *const dtype_names[] = {"f32", "f16", "bf16", NULL}; /* moe_dtype order */
+    static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "swish", NULL}; /* moe_mlp_activation */
+    static const char *const affinity_names[] = {"h", "i", NULL}; /* moe_mlp_affinity */
     const int64_t T = argc > 1 ? atoll(argv[1]) : 4096, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t k = argc > 3 ? atoll(argv[3]) : 8, H = argc > 4 ? atoll(argv[4]) : 2048;
     const int64_t I = argc > 5 ? atoll(argv[5]) : 768, B = argc > 6 ? atoll(argv[6]) : 128;
-    const char *dname = argc > 7 ? argv[7] : "bf16";
+    const int dtype_index = name_index(argc > 7 ? argv[7] : "bf16", dtype_names);
     const int repeats = argc > 8 ? atoi(argv[8]) : 10, warmup = 2;
-    const moe_dtype dt = strcmp(dname, "f32") == 0 ? MOE_F32 : strcmp(dname, "f16") == 0 ? MOE_F16 : MOE_BF16;
+    const int act_index = name_index(argc > 10 ? argv[10] : "silu", act_names);
+    const int affinity_index = name_index(argc > 11 ? argv[11] : "h", affinity_names);
+    if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1 || dtype_index < 0 ||
+        act_index < 0 || affinity_index < 0 || argc > 12) {
+        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1) "
+                        "activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] with 1 <= k <= E\n");
+        return 2;
+    }
+    const moe_dtype dt = (moe_dtype)dtype_index;
     const int round_intermediates = argc > 9 ? atoi(argv[9]) != 0 : dt != MOE_F32;
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA backend or device\n");
         return 77;
-    }
-    if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1) {
-        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype repeats round_intermediates] with 1 <= k <= E\n");
-        return 2;
     }
     cudaMemPool_t pool;
     CUDA_TRY(cudaDeviceGetDefaultMemPool(&pool, 0));
@@ -401,6 +420,8 @@ int main(int argc, char **argv)
     o.dtype = dt;
     o.block_size = B;
     o.round_intermediates = round_intermediates;
+    o.activation = (moe_mlp_activation)act_index;
+    o.affinity = (moe_mlp_affinity)affinity_index;
     int64_t N = 0;
     TRY(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, T, k, E, topk, &o, &N));
     int64_t *b2e = xmalloc((size_t)N * 8), *ids = xmalloc((size_t)(N * B) * 8);
@@ -489,9 +510,11 @@ int main(int argc, char **argv)
         f_unfused = ms_unfused[repeats / 2];
     }
     const double flop_fwd = 6.0 * (double)(T * k) * (double)I * (double)H, flop_bwd = 2.0 * flop_fwd;
-    printf("T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s: N=%lld blocks (%lld positions for %lld routed pairs)\n",
+    printf("T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s %s, affinity on %s: N=%lld blocks (%lld positions for %lld "
+           "routed pairs)\n",
            (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, (long long)B, moe_dtype_name(dt),
-           (long long)N, (long long)(N * B), (long long)(T * k));
+           act_names[act_index], affinity_index == MOE_AFFINITY_ON_I ? "I" : "H", (long long)N, (long long)(N * B),
+           (long long)(T * k));
     printf("intermediates: %s\n", round_intermediates && dt != MOE_F32
                                       ? "rounded to the dtype (round_intermediates: rows path, tensor-core GEMMs)"
                                       : "float32 (tile path)");
