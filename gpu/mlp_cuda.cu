@@ -1370,8 +1370,8 @@ __device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
 // made 27% of the kernel's stall samples; ncu on an H200, Qwen3-30B-A3B T = 16384: 567-594 -> 540-543 us,
 // Mixtral-8x7B T = 4096 663-674 -> 629-643; run132-run134, bench/RESULTS.md, 2026-11-28, seventeenth
 // session.)  Without `words` (a checkpoint aligned to 2 bytes only, or B odd) the 16-bit elements are loaded
-// synchronously into the low halves.  The f32 instances are compiled but not launched (the rows path takes
-// f16 and bf16 only).
+// synchronously into the low halves.  It is instantiated for f16 and bf16 only (launch_gate_kernel: the rows
+// path takes no f32); its ES == 4 branches keep the template whole for f32.
 //   Instructions are kept few, for the kernel was bound in part by issuing them (ncu source counters of the words
 // form: 516 warp instructions per chunk and warp, stalls "not selected" and "selected" a third of the samples): a
 // whole chunk's checkpoint copies are one unrolled run (RT / 8 per thread, 40 instructions per copy pair as a
@@ -1736,22 +1736,28 @@ unsigned gate_tiles_grid(const MlpArgs &g, Kernel kernel)
 }
 
 // Calls launch(dt, act) with std::integral_constant values of the call's dtype and activation, so that
-// it can name the gate kernel compiled for them (gate_act_kernel / gate_bwd_kernel<DT, ACT>).
+// it can name the gate kernel compiled for them (gate_act_kernel / gate_bwd_kernel<DT, ACT>).  Instantiated
+// for f16 and bf16 only: the rows path, the only caller, takes no f32 (mlp_api.c clears round_intermediates
+// for it), and the f32 instances cost compile time for kernels never launched.  Another dtype or an unknown
+// activation launches nothing and fails (neither can come through the front end's checks).
 template <class Launch>
-void launch_gate_kernel(const MlpArgs &g, Launch launch)
+moe_status launch_gate_kernel(const MlpArgs &g, const char *op, Launch launch)
 {
-    auto with_act = [&](auto dt) {
+    auto with_act = [&](auto dt) -> moe_status {
         switch (g.act) {
-        case MOE_ACT_SILU: launch(dt, std::integral_constant<int, MOE_ACT_SILU>{}); return;
-        case MOE_ACT_GELU: launch(dt, std::integral_constant<int, MOE_ACT_GELU>{}); return;
-        case MOE_ACT_GELU_TANH: launch(dt, std::integral_constant<int, MOE_ACT_GELU_TANH>{}); return;
-        case MOE_ACT_SWISH: launch(dt, std::integral_constant<int, MOE_ACT_SWISH>{}); return;
+        case MOE_ACT_SILU: launch(dt, std::integral_constant<int, MOE_ACT_SILU>{}); return MOE_OK;
+        case MOE_ACT_GELU: launch(dt, std::integral_constant<int, MOE_ACT_GELU>{}); return MOE_OK;
+        case MOE_ACT_GELU_TANH: launch(dt, std::integral_constant<int, MOE_ACT_GELU_TANH>{}); return MOE_OK;
+        case MOE_ACT_SWISH: launch(dt, std::integral_constant<int, MOE_ACT_SWISH>{}); return MOE_OK;
         }
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: activation %d has no gate kernel", op, (int)g.act);
     };
     switch (g.dt) {
-    case MOE_F32: with_act(std::integral_constant<int, MOE_F32>{}); return;
-    case MOE_F16: with_act(std::integral_constant<int, MOE_F16>{}); return;
-    case MOE_BF16: with_act(std::integral_constant<int, MOE_BF16>{}); return;
+    case MOE_F16: return with_act(std::integral_constant<int, MOE_F16>{});
+    case MOE_BF16: return with_act(std::integral_constant<int, MOE_BF16>{});
+    default:
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the rows path's gate kernels take f16 and bf16, not %s", op,
+                        moe_dtype_name(g.dt));
     }
 }
 
@@ -1891,7 +1897,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                                     (long long)(NB * 2 * I * 4), cudaGetErrorString(err));
                 s = rows_gemm(u, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, u.Xr, u.w_gu, u.GU, 0, stream);
                 if (s == MOE_OK && NB * I > 0)
-                    launch_gate_kernel(u, [&](auto dt, auto act) {
+                    s = launch_gate_kernel(u, "moe_mlp_fwd", [&](auto dt, auto act) {
                         const auto kernel = gate_act_kernel<decltype(dt)::value, decltype(act)::value>;
                         kernel<<<gate_tiles_grid(u, kernel), dim3(RT, 8), 0, stream>>>(u);
                     });
@@ -1976,12 +1982,14 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             if (NB * I > 0)
-                launch_gate_kernel(a, [&](auto dt, auto act) {
+                s = launch_gate_kernel(a, "moe_mlp_bwd", [&](auto dt, auto act) {
                     const bool words = ckpt_words(a, static_cast<moe_dtype>(decltype(dt)::value), a.ckpt_gu_in);
                     const auto kernel = I % 4 == 0 ? gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 4>
                                                    : gate_bwd_kernel<decltype(dt)::value, decltype(act)::value, 1>;
                     kernel<<<gate_tiles_grid(a, kernel), dim3(RT, 8), 0, stream>>>(a, words);
                 });
+            if (s != MOE_OK)
+                return s;
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
                 s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
