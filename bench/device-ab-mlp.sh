@@ -18,7 +18,7 @@
 #                many-experts and offset cases; empty skips the test)
 #   AB_TIME      mlp-gpu-time repeats (10; 0 skips the timing)
 #   AB_OPTIONS   mlp-gpu-time's activation and affinity ("silu h"; e.g. "gelu i": the gate kernels' GELU
-#                instances and their general form)
+#                instances and their general form); a tarball older than main 6c61953 ignores them (SiLU, H)
 # Exit status 1 when a build, a test or a timing run failed.
 # Example (bench/RESULTS.md, 2026-11-28, seventeenth session):
 #   AB_KERNELS="gate_bwd|gather_rows" bench/device-ab-mlp.sh base=base.tar.gz new=new.tar.gz x=new.tar.gz:-DMY_KNOB=3
