@@ -368,6 +368,15 @@ static float time_bwd(const mlp_call *c, cudaEvent_t start, cudaEvent_t stop)
     return ms;
 }
 
+/* The dtype that moe_dtype_name calls `name`, or -1. */
+static int dtype_named(const char *name)
+{
+    for (int d = MOE_F32; d <= MOE_BF16; d++)
+        if (strcmp(name, moe_dtype_name((moe_dtype)d)) == 0)
+            return d;
+    return -1;
+}
+
 /* The index of `name` in the NULL-terminated `names`, or -1. */
 static int name_index(const char *name, const char *const *names)
 {
@@ -379,13 +388,12 @@ static int name_index(const char *name, const char *const *names)
 
 int main(int argc, char **argv)
 {
-    static const char *const dtype_names[] = {"f32", "f16", "bf16", NULL}; /* moe_dtype order */
     static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "swish", NULL}; /* moe_mlp_activation */
     static const char *const affinity_names[] = {"h", "i", NULL}; /* moe_mlp_affinity */
     const int64_t T = argc > 1 ? atoll(argv[1]) : 4096, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t k = argc > 3 ? atoll(argv[3]) : 8, H = argc > 4 ? atoll(argv[4]) : 2048;
     const int64_t I = argc > 5 ? atoll(argv[5]) : 768, B = argc > 6 ? atoll(argv[6]) : 128;
-    const int dtype_index = name_index(argc > 7 ? argv[7] : "bf16", dtype_names);
+    const int dtype_index = dtype_named(argc > 7 ? argv[7] : "bf16");
     const int repeats = argc > 8 ? atoi(argv[8]) : 10, warmup = 2;
     const int act_index = name_index(argc > 10 ? argv[10] : "silu", act_names);
     const int affinity_index = name_index(argc > 11 ? argv[11] : "h", affinity_names);
