@@ -1056,15 +1056,18 @@ struct RowInfo {
     float a;      // A[tok][e]
 };
 
-__device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r)
+// With `expert_affinity` false, e, tok and a are left zero (two dependent loads fewer).
+__device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r, bool expert_affinity)
 {
-    RowInfo ri;
+    RowInfo ri = {};
     ri.pos = g.row_pos[r];
     const int64_t n = ri.pos / g.B, b = ri.pos - n * g.B;
-    ri.e = g.b2e[n];
-    ri.tok = g.ids[ri.pos];
     ri.ckpt = n * 2 * g.I * g.B + b;
-    ri.a = load_as_float(g.dt, g.aff, ri.tok * g.E + ri.e);
+    if (expert_affinity) {
+        ri.e = g.b2e[n];
+        ri.tok = g.ids[ri.pos];
+        ri.a = load_as_float(g.dt, g.aff, ri.tok * g.E + ri.e);
+    }
     return ri;
 }
 
@@ -1081,8 +1084,16 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r)
 // rows in flight per SM (each row starts with a chain of dependent index loads): BATCH and the template
 // flags keep each instance at <= 64 registers, 4 CTAs of 256 threads per SM (MOE_GATHER_MIN_CTAS, a
 // compile-time knob for experiments; at 6 ptxas spills).  bench/RESULTS.md, 2026-11-24 third session.
+// With 16-bit rows (V = 8) the values in flight are the raw 16-byte vectors, converted to fp32 at use: the
+// scaled and dot instances went from 64 registers to 45-58, and the dY gather with the dot from 450 to
+// 369-373 us at Qwen3-30B-A3B T = 16384 (58 -> 49 us at Mixtral-8x7B T = 4096, 85 -> 66 at gpt-oss-120b);
+// a batch of 3 (MOE_GATHER_BATCH, 64 registers) or 4 (with MOE_GATHER_MIN_CTAS=3) was no faster
+// (371-375 us).  ncu, H200; bench/RESULTS.md, 2026-11-29.
 #ifndef MOE_GATHER_MIN_CTAS
 #define MOE_GATHER_MIN_CTAS 4
+#endif
+#ifndef MOE_GATHER_BATCH
+#define MOE_GATHER_BATCH 2
 #endif
 template <int V, int BATCH, bool SCALE, bool DOT>
 __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(MlpArgs g, const void *__restrict__ src, void *__restrict__ dst)
@@ -1106,6 +1117,39 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
                 for (int u = 0; u < BATCH; u++)
                     if (h0 + u * 32 * V < H)
                         reinterpret_cast<uint4 *>(dst)[(r * H + h0 + u * 32 * V) / 8] = chunk[u];
+            } else if constexpr (V == 8) { // 16-bit rows, scaled or with the dot: raw vectors in flight
+                uint4 vr[BATCH], dr[DOT ? BATCH : 1];
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int64_t h = h0 + u * 32 * V;
+                    if (h < H) {
+                        vr[u] = reinterpret_cast<const uint4 *>(src)[(tok * H + h) / 8];
+                        if (DOT)
+                            dr[DOT ? u : 0] = reinterpret_cast<const uint4 *>(g.ckpt_d_in)[(pos * H + h) / 8];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < BATCH; u++) {
+                    const int64_t h = h0 + u * 32 * V;
+                    if (h < H) {
+                        float v[8], d[8];
+                        unpack_word(g.dt, vr[u].x, v), unpack_word(g.dt, vr[u].y, v + 2);
+                        unpack_word(g.dt, vr[u].z, v + 4), unpack_word(g.dt, vr[u].w, v + 6);
+                        if (DOT) {
+                            const uint4 w = dr[DOT ? u : 0];
+                            unpack_word(g.dt, w.x, d), unpack_word(g.dt, w.y, d + 2);
+                            unpack_word(g.dt, w.z, d + 4), unpack_word(g.dt, w.w, d + 6);
+                        }
+#pragma unroll
+                        for (int c = 0; c < 8; c++) {
+                            if (DOT)
+                                sum = fmaf(v[c], d[c], sum);
+                            if (SCALE)
+                                v[c] = a * v[c];
+                        }
+                        store_v<8>(g.dt, dst, r * H + h, v);
+                    }
+                }
             } else {
                 float v[BATCH][V], d[DOT ? BATCH : 1][V];
 #pragma unroll
@@ -1161,31 +1205,6 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
 // along i, through shared memory.
 constexpr int RT = 32, GATE_SPAN = 256;
 
-// gate_act_kernel's walk (gate_bwd_kernel walks the same tiles and chunks, its loads one chunk ahead).
-// Grid-stride over the tiles (RT rows from r0, GATE_SPAN columns from i_first); per tile, warp ty = 0 loads
-// the RowInfo of its rows into info (shared, [RT]), then the tile is walked RT columns (a chunk from i0) at a
-// time, each chunk after a __syncthreads():
-//   chunk(r0, i0)   the chunk's work, through the element walks below
-// R = rows_total(g), passed in so that it is read once per kernel.  The gate kernels are speed-critical:
-// time any change here or below per kernel (ncu gpu__time_duration; bench/RESULTS.md has the history).
-template <class Chunk>
-__device__ __forceinline__ void walk_gate_tiles(const MlpArgs &g, int64_t R, RowInfo *info, Chunk chunk)
-{
-    const int64_t I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
-        const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
-        const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
-        __syncthreads();
-        if (ty == 0 && r0 + tx < R)
-            info[tx] = row_info(g, r0 + tx);
-        for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
-            __syncthreads();
-            chunk(r0, i0);
-        }
-    }
-}
-
 // A chunk's elements with lanes along i, V consecutive i per thread (V = 4 needs 4 | I): RT / V threads
 // per row of the chunk, 8 V rows per pass, LANE_PASSES<V> passes; element(pass, row, col, r, i) for each row
 // inside R and i < I (row, col: the first of the V in the tile; r, i: in R x I).
@@ -1206,63 +1225,86 @@ __device__ __forceinline__ void chunk_lanes_along_i(int64_t R, int64_t I, int64_
     }
 }
 
-// A chunk's elements with lanes along the checkpoint's slot: this thread's are row tx of the tile and
-// columns ty, ty + 8, ... of the chunk; element(row, col, r, i) for each inside R x I.
-template <class Element>
-__device__ __forceinline__ void chunk_lanes_along_slot(int64_t R, int64_t I, int64_t r0, int64_t i0,
-                                                       Element element)
-{
-    const int tx = threadIdx.x, ty = threadIdx.y;
-    for (int ii = ty; ii < RT; ii += 8) {
-        const int64_t r = r0 + tx, i = i0 + ii;
-        if (r >= R || i >= I)
-            continue;
-        element(tx, ii, r, i);
-    }
-}
-
 // The gate kernels are compiled per dtype (DT, a moe_dtype) and activation (ACT, a moe_mlp_activation),
 // which must equal g.dt and g.act (launch_gate_kernel): with both switched at run time per element they
 // issued about twice the instructions the memory traffic needs (ncu, Qwen3 T = 16384: issue-active 57%,
-// 1.2-1.7 TB/s; bench/RESULTS.md, 2026-11-23 fourth session).
+// 1.2-1.7 TB/s; bench/RESULTS.md, 2026-11-23 fourth session).  The gate kernels are speed-critical: time any
+// change to them per kernel (ncu gpu__time_duration; bench/RESULTS.md has the history).
 //
 // Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
-// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).  One i per thread and 2-byte checkpoint stores: 4
-// consecutive i per thread and slot-pair words (as gate_bwd_kernel) measured slower here (ncu, Qwen3
-// T = 16384: 1130 us with both, 883 us with the words alone, 843 us as it is; bench/RESULTS.md,
-// 2026-11-24, second session).
+// (ON_I with a down checkpoint) M0r = rnd(act(g)*u).  Grid-stride over the tiles (RT rows from r0,
+// GATE_SPAN columns from i_first), each walked RT columns (a chunk from i0) at a time.  Warp ty = 0 loads
+// the RowInfo of a tile's rows into info when the tile starts.  In a chunk, thread (tx, ty) has column
+// i0 + tx of rows r0 + ty, r0 + ty + 8, ... (lanes along i), whose gate and up values go through gs / us to
+// the checkpoint stores with lanes along the slot (row r0 + tx, columns ty, ty + 8, ...).
+//
+// Measured (ncu, H200, bench/RESULTS.md, 2026-11-29):
+// - The chunk's fp32 loads are all issued before its first store, which the compiler may not move them past
+//   (Mr may alias GU for all it knows): Qwen3-30B-A3B T = 16384 unfused 740 -> 703-714 us, gpt-oss-120b
+//   T = 4096 401 -> 398 us.  Loading the next chunk's values during this one's work gained less (Qwen3 710,
+//   gpt-oss 405 us, at 64 registers); the GENERAL split of gate_bwd with unrolled checkpoint stores lost
+//   (gpt-oss 402 -> 435 us).
+// - What bounds it is issue, not load latency: at gpt-oss, SM throughput 65%, DRAM 38% (1.82 TB/s), 12.3
+//   cycles per issued instruction at 34 warps per SM (5 CTAs).
+// - 4 consecutive i per thread and slot-pair words (as gate_bwd_kernel): slower (Qwen3 T = 16384: 1130 us
+//   with both, 883 us with the words alone, 843 us as it was; 2026-11-24, second session).
 template <int DT, int ACT>
 __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 {
     constexpr moe_dtype dt = static_cast<moe_dtype>(DT);
+    constexpr int P = RT / 8; // rows per thread in a chunk
     if (*g.status != ERR_NONE)
         return;
     __shared__ float gs[RT][RT + 1], us[RT][RT + 1];
     __shared__ RowInfo info[RT];
-    const int64_t R = rows_total(g), I = g.I;
-    walk_gate_tiles(g, R, info, [&](int64_t r0, int64_t i0) {
-        chunk_lanes_along_i<1>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
-            const int64_t e = info[row].e;
-            float gv = g.GU[r * 2 * I + i], uv = g.GU[r * 2 * I + I + i];
-            if (g.bias) {
-                gv = gv + load_as_float(dt, g.b_gu, e * 2 * I + i);
-                uv = uv + load_as_float(dt, g.b_gu, e * 2 * I + I + i);
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t R = rows_total(g), I = g.I, spans = (I + GATE_SPAN - 1) / GATE_SPAN;
+    for (int64_t tile = blockIdx.x; tile < (R + RT - 1) / RT * spans; tile += gridDim.x) {
+        const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
+        const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
+        __syncthreads(); // the previous chunk's checkpoint stores have read info
+        if (ty == 0 && r0 + tx < R)
+            info[tx] = row_info(g, r0 + tx, g.bias || g.on_i);
+        for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
+            float gv[P], uv[P]; // 0 outside R x I
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int64_t r = r0 + ty + 8 * p, i = i0 + tx;
+                const bool inside = r < R && i < I;
+                gv[p] = inside ? g.GU[r * 2 * I + i] : 0.0f;
+                uv[p] = inside ? g.GU[r * 2 * I + I + i] : 0.0f;
             }
-            gv = clamp_value(gv, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
-            uv = clamp_value(uv, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
-            const float m = act_value(ACT, gv) * uv;
-            store_from_float(dt, g.Mr, r * I + i, g.on_i ? m * info[row].a : m);
-            if (g.M0r != nullptr)
-                store_from_float(dt, g.M0r, r * I + i, m);
-            gs[row][col] = gv, us[row][col] = uv;
-        });
-        __syncthreads();
-        if (g.ckpt_gu != nullptr)
-            chunk_lanes_along_slot(R, I, r0, i0, [&](int row, int col, int64_t, int64_t i) {
-                store_from_float(dt, g.ckpt_gu, info[row].ckpt + i * g.B, gs[row][col]);
-                store_from_float(dt, g.ckpt_gu, info[row].ckpt + (I + i) * g.B, us[row][col]);
-            });
-    });
+            __syncthreads(); // info is written; the previous chunk's checkpoint stores have read gs and us
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int row = ty + 8 * p;
+                const int64_t r = r0 + row, i = i0 + tx;
+                if (r >= R || i >= I)
+                    continue;
+                const int64_t e = info[row].e;
+                float gp = gv[p], up = uv[p];
+                if (g.bias) {
+                    gp = gp + load_as_float(dt, g.b_gu, e * 2 * I + i);
+                    up = up + load_as_float(dt, g.b_gu, e * 2 * I + I + i);
+                }
+                gp = clamp_value(gp, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
+                up = clamp_value(up, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
+                const float m = act_value(ACT, gp) * up;
+                store_from_float(dt, g.Mr, r * I + i, g.on_i ? m * info[row].a : m);
+                if (g.M0r != nullptr)
+                    store_from_float(dt, g.M0r, r * I + i, m);
+                gs[row][tx] = gp, us[row][tx] = up;
+            }
+            __syncthreads();
+            if (g.ckpt_gu != nullptr && r0 + tx < R) {
+                for (int col = ty; col < RT && i0 + col < I; col += 8) {
+                    const int64_t i = i0 + col;
+                    store_from_float(dt, g.ckpt_gu, info[tx].ckpt + i * g.B, gs[tx][col]);
+                    store_from_float(dt, g.ckpt_gu, info[tx].ckpt + (I + i) * g.B, us[tx][col]);
+                }
+            }
+        }
+    }
 }
 
 // +0 at the padding positions of the checkpoints, before the epilogues write the real ones.  Work items over
@@ -1479,12 +1521,8 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
         const int64_t r0 = tile / spans * RT, i_first = tile % spans * GATE_SPAN;
         const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
         // the previous tile's last chunk ended with a barrier: info and both stages are free
-        if (ty == 0 && r0 + tx < R) { // the affinity (two more dependent loads) only where it is used
-            const int64_t pos = g.row_pos[r0 + tx], n = pos / B, b = pos - n * B;
-            info[tx].ckpt = n * 2 * I * B + b;
-            if (g.on_i)
-                info[tx].a = load_as_float(g.dt, g.aff, g.ids[pos] * g.E + g.b2e[n]);
-        }
+        if (ty == 0 && r0 + tx < R) // the affinity (two more dependent loads) only where it is used
+            info[tx] = row_info(g, r0 + tx, g.on_i);
         __syncthreads();
         ck_row = nullptr;
         if (r0 + tx < R) {
@@ -1688,7 +1726,8 @@ moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
 // Needs the token lists (launch_token_lists).
 template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, const void *src, void *dst, cudaStream_t stream)
 {
-    constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : 2; // copy 8, scaled or with the dot 2 (<= 64 registers)
+    // copy 8, scaled or with the dot MOE_GATHER_BATCH (2: <= 64 registers)
+    constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : MOE_GATHER_BATCH;
     const auto kernel = gather_rows_kernel<V, batch, SCALE, DOT>;
     kernel<<<resident_grid(kernel, 256, host_cdiv((DOT ? g.NB : g.T) * 32, 256)), 256, 0, stream>>>(g, src, dst);
 }
@@ -1704,7 +1743,7 @@ template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *d
 moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
 {
     if (g.NB > 0 && g.H > 0 && g.T > 0) {
-        if (g.H % 8 == 0 && aligned16(src) && aligned16(dst) && (!dot || aligned16(g.ckpt_d_in)))
+        if (g.dt != MOE_F32 && g.H % 8 == 0 && aligned16(src) && aligned16(dst) && (!dot || aligned16(g.ckpt_d_in)))
             launch_gather_v<8>(g, src, dst, scale, dot, stream);
         else
             launch_gather_v<1>(g, src, dst, scale, dot, stream);
