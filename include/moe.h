@@ -106,7 +106,8 @@ typedef struct moe_routing {
  *   scatter_indices[T*k]  out (may be NULL): the inverse permutation, scatter[gather[r]] = r
  * Host pointers.  Fails with MOE_ERR_INVALID_INDEX (naming t, j and the value) when an id is out of
  * range; then nothing is written.  The arrays must not overlap (the proof of the sort, ref/routing.c
- * moe_ref_counting_sort, assumes it). */
+ * moe_ref_counting_sort, assumes it): an overlap fails with MOE_ERR_INVALID_OPTION, an array not aligned to
+ * 8 bytes with MOE_ERR_MISALIGNED, both before any array is read. */
 moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
                                  const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
                                  int64_t *scatter_indices);
@@ -159,7 +160,9 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
  * -------------------------------------------------------------------------------------------------- */
 typedef struct moe_gemm_options {
     moe_dtype dtype;      /* dtype of every tensor argument (X, W, dY, topk_weights, Y, dX, dW) */
-    int dw_fp32;          /* dW (and d_topk_weights) written as float32 instead of `dtype` */
+    int dw_fp32;          /* dW (and d_topk_weights) written as float32 instead of `dtype`; fwd and dX
+                             write no such output and do not read it (one options struct may serve a
+                             layer's calls); the options of other ops are refused where they do not apply */
     int permute_x;        /* forward gathered X on load: X is token order [T][K], row r reads X[g_r / k] */
     int permute_y;        /* forward scattered Y on store: Y and dY are slot order, row r is at g_r */
     int reduce_topk;      /* dX: write [T][K] with dX[t] = sum_j dXslot[t*k + j] (needs gather_indices) */

@@ -24,6 +24,19 @@ moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t ro
     return status;
 }
 
+moe_status moe_ref_routing_arrays_check(const char *op, int64_t rows, int64_t num_experts, const int64_t *topk_ids,
+                                        const int64_t *m_sizes, const int64_t *gather_indices,
+                                        const int64_t *scatter_indices)
+{
+    const moe_array_arg args[] = {
+        {"topk_ids", topk_ids, rows, 1, MOE_F32, 0, 1},
+        {"m_sizes", m_sizes, num_experts, 1, MOE_F32, 1, 1},
+        {"gather_indices", gather_indices, rows, 1, MOE_F32, 1, 1},
+        {"scatter_indices", scatter_indices, scatter_indices ? rows : 0, 1, MOE_F32, 1, 1},
+    };
+    return moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+}
+
 moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
                                  const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
                                  int64_t *scatter_indices)
@@ -31,8 +44,16 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
     static const char op[] = "moe_routing_from_topk";
     moe_clear_error();
     int64_t rows = 0;
-    const moe_status status = moe_ref_routing_from_topk_check(op, num_tokens, topk, num_experts, topk_ids,
-                                                              m_sizes, gather_indices, &rows);
+    /* alignment and overlaps (an output overlapping topk_ids rewrote the ids the sort then indexed with:
+     * an audit, 2026-11-29), before the ids are read; NULL arrays are left to the check below, which
+     * names them */
+    moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
+    if (status == MOE_OK && m_sizes != NULL && (rows == 0 || (topk_ids != NULL && gather_indices != NULL)))
+        status = moe_ref_routing_arrays_check(op, rows, num_experts, topk_ids, m_sizes, gather_indices,
+                                              scatter_indices);
+    if (status == MOE_OK)
+        status = moe_ref_routing_from_topk_check(op, num_tokens, topk, num_experts, topk_ids, m_sizes,
+                                                 gather_indices, &rows);
     if (status != MOE_OK)
         return status;
     /* next [E + 1]: the counting sort's cursors (E + 1 <= SIZE_MAX / 8, checked) */

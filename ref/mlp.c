@@ -1176,9 +1176,9 @@ typedef struct arena {
 
 /* Allocates threads arenas of at least floats_per_thread + 16 floats each (a multiple of 16: threads
  * never share a cache line).  Contract stated, not proved (malloc: WP 25 has no model of allocation).
- * `arena` is conditional: the overflow check bounds floats_per_thread * threads, not the rounded-up
- * per_thread * threads (up to 31 * threads floats more), so near the bound threads * per_thread * 4 could
- * wrap around SIZE_MAX (only for arenas of about 2^62 bytes; specs/README.md). */
+ * Fails (0) when threads * per_thread floats, per_thread rounded up, would not fit in size_t bytes: the
+ * bound is checked after the rounding, which adds up to 31 floats per thread (checked before it, 4 threads
+ * of 2^60 - 17 floats passed and the byte count wrapped to 0; an audit, 2026-11-29). */
 /*@ requires a: \valid(a);
     requires threads: threads >= 1;
     terminates \true;
@@ -1186,15 +1186,17 @@ typedef struct arena {
     allocates a->base;
     ensures allocated: \result != 0 <==> a->base != \null;
     ensures per_thread: \result != 0 ==> a->per_thread >= floats_per_thread + 16 && a->per_thread % 16 == 0;
-    ensures arena: \result != 0 && threads * a->per_thread <= SIZE_MAX / 4 ==>
-      \valid(a->base + (0 .. threads * a->per_thread - 1)); */
+    ensures bounded: \result != 0 ==> threads * a->per_thread <= SIZE_MAX / 4;
+    ensures arena: \result != 0 ==> \valid(a->base + (0 .. threads * a->per_thread - 1)); */
 static int arena_alloc(arena *a, int threads, size_t floats_per_thread)
 {
     a->base = NULL;
-    if (floats_per_thread > (SIZE_MAX / sizeof(float) - 64) / (size_t)threads)
+    if (floats_per_thread > SIZE_MAX / sizeof(float) - 32)
         return 0;
     /* round up to a cache line so that threads never share one */
     a->per_thread = (floats_per_thread + 15) / 16 * 16 + 16;
+    if (a->per_thread > SIZE_MAX / sizeof(float) / (size_t)threads)
+        return 0;
     a->base = malloc((size_t)threads * a->per_thread * sizeof(float));
     return a->base != NULL;
 }

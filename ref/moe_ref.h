@@ -200,6 +200,15 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
                                           const int64_t *topk_ids, const int64_t *m_sizes,
                                           const int64_t *gather_indices, int64_t *rows);
 
+/* The arrays of moe_routing_from_topk / moe_routing_build (host or device pointers, not read): topk_ids
+ * [rows], m_sizes [num_experts], gather_indices [rows], scatter_indices [rows] or NULL, through
+ * moe_check_arrays (NULL with elements, alignment, no output overlapping another array).  rows and
+ * num_experts come from moe_ref_check_routing_dims.  Contract not stated: moe_check_arrays has none
+ * (ref/alloc_shells.c, not proved). */
+moe_status moe_ref_routing_arrays_check(const char *op, int64_t rows, int64_t num_experts, const int64_t *topk_ids,
+                                        const int64_t *m_sizes, const int64_t *gather_indices,
+                                        const int64_t *scatter_indices);
+
 /* The counting sort of moe_routing_from_topk (ref/alloc_shells.c), on arguments checked by
  * moe_ref_routing_from_topk_check; next is the scratch the shell callocs.
  *   topk_ids        [rows]   expert of each slot, in [0, E)

@@ -25,6 +25,7 @@
  */
 #include "moe_internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -155,10 +156,12 @@ static int parse_dtype(const char *text, moe_dtype *dtype)
     return 1;
 }
 
-/* A decimal integer filling the whole field, in [lo, hi]. */
+/* A decimal integer filling the whole field, in [lo, hi]: digits, after an optional '-' (strtoll alone
+ * also takes leading blanks and '+'). */
 static int parse_int(const char *text, int64_t lo, int64_t hi, int64_t *value)
 {
-    if (text[0] == '\0' || text[0] == '+' || text[0] == ' ')
+    const char *digits = text[0] == '-' ? text + 1 : text;
+    if (!isdigit((unsigned char)digits[0]))
         return 0;
     char *end = NULL;
     errno = 0;
@@ -256,7 +259,7 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
         char *end = NULL;
         errno = 0;
         us = strtod(field[19], &end);
-        if (field[19][0] == '\0' || *end != '\0' || errno != 0 || !isfinite(us) || us < 0.0)
+        if (!isdigit((unsigned char)field[19][0]) || *end != '\0' || errno != 0 || !isfinite(us) || us < 0.0)
             bad = 19;
     }
     if (bad >= 0) { /* a version-1 line's US is its field 19 */
@@ -301,9 +304,21 @@ moe_status moe_gemm_autotune_load(const char *cache_path)
     int64_t count = 0, capacity = 0, line_number = 0;
     moe_status status = MOE_OK;
     char line[TUNE_LINE_MAX + 2];
-    while (status == MOE_OK && fgets(line, sizeof line, file) != NULL) {
+    /* zeroed before each read, so that the bytes fgets stored end at the last non-zero one: a NUL byte
+     * inside a line (which strlen stops at) is then told from a line too long (an audit, 2026-11-29) */
+    while (status == MOE_OK) {
+        memset(line, 0, sizeof line);
+        if (fgets(line, sizeof line, file) == NULL)
+            break;
         line_number++;
-        size_t length = strlen(line);
+        size_t length = strlen(line), stored = sizeof line - 1;
+        while (stored > 0 && line[stored - 1] == '\0')
+            stored--;
+        if (stored > length) {
+            status = moe_fail(MOE_ERR_IO, "%s: %s:%" PRId64 ": a NUL byte at column %zu", op, cache_path, line_number,
+                              length + 1);
+            break;
+        }
         if (length > 0 && line[length - 1] == '\n')
             line[--length] = '\0';
         else if (!feof(file)) {

@@ -23,19 +23,29 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
     if (T < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.num_tokens = %" PRId64 ", expected >= 0", op, T);
     if (k < 0 || (k == 0 && T > 0))
-        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.topk = %" PRId64 ", expected >= 1", op, k);
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.topk = %" PRId64 ", expected >= 1 (0 only with "
+                        "num_tokens = 0)", op, k);
     if (E < 1)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: routing.num_experts = %" PRId64 ", expected >= 1", op, E);
     if (N < 0 || K < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: N = %" PRId64 ", K = %" PRId64 ", expected both >= 0", op,
                         N, K);
+    /* each cause its own message (one shared message blamed T*k or E*N*K for the other bounds; an audit,
+     * 2026-11-29); SIZE_MAX / 16 bounds the index arrays and the per-expert scratch in bytes */
     int64_t M = 0, EN = 0, ENK = 0;
-    if (!moe_mul_ok(T, k, &M) || !moe_mul_ok(E, N, &EN) || !moe_mul_ok(EN, K, &ENK) ||
-        (uint64_t)M > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: T*k = %" PRId64 "*%" PRId64 " or E*N*K = %" PRId64 "*%" PRId64
-                        "*%" PRId64 " overflows 64 bits", op, T, k, E, N, K);
+    if (!moe_mul_ok(T, k, &M))
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: T*k = %" PRId64 "*%" PRId64 " overflows 64 bits", op, T, k);
+    if ((uint64_t)M > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: T*k = %" PRId64 " rows exceeds SIZE_MAX / 16", op, M);
+    if ((uint64_t)E > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: routing.num_experts = %" PRId64 " exceeds SIZE_MAX / 16", op, E);
+    if (!moe_mul_ok(E, N, &EN) || !moe_mul_ok(EN, K, &ENK))
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: E*N*K = %" PRId64 "*%" PRId64 "*%" PRId64 " overflows 64 bits", op,
+                        E, N, K);
 
-    /* options that do not belong to this op are refused, never ignored */
+    /* options that do not belong to this op are refused, never ignored; except dw_fp32, the output dtype
+     * of dW and d_topk_weights, which one options struct shared by a layer's calls carries to fwd and dX
+     * too (moe_gemm_bwd's dX is checked against moe_gemm_dx with the same options) */
     if (opt->reduce_topk && which != OP_DX && which != OP_BWD)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.reduce_topk applies to dX only", op);
     if ((opt->dx_only || opt->dw_only) && which != OP_BWD)
@@ -103,6 +113,10 @@ static moe_status check_tensors(const char *op, const moe_gemm_problem *p, const
 static const moe_dispatch *backend_table(const char *op, moe_backend backend)
 {
     const moe_dispatch *table = moe_dispatch_for(backend);
+    if (backend != MOE_BACKEND_REF && backend != MOE_BACKEND_CUDA) { /* as the MLP's entry points say it */
+        moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d is not a libmoe backend", op, (int)backend);
+        return NULL;
+    }
     if (table == NULL) {
         moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) was not built into this libmoe", op, (int)backend,
                  moe_backend_name(backend));
@@ -252,13 +266,20 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
         return status;
     if (want_dtopk && (status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights)) != MOE_OK)
         return status;
-    /* the outputs of one call must not overlap each other either (outputs not computed count as empty) */
+    /* the outputs of one call must not overlap each other, nor an input another of its products reads (dW
+     * reads x after dX is written; an audit, 2026-11-29, found dx == x accepted and dW computed from dX).
+     * Outputs not computed and inputs not read count as empty. */
+    const int64_t x_read = want_dw || want_dtopk ? x_rows(&p) : 0, w_read = want_dx || want_dtopk ? p.num_experts * N : 0;
     const moe_array_arg outs[] = {
+        {"x", x, x_read, K, p.dtype, 0, 0},
+        {"w", w, w_read, K, p.dtype, 0, 0},
+        {"dy", dy, p.rows, N, p.dtype, 0, 0},
+        {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0, 0},
         {"dx", dx, want_dx ? (p.reduce_topk ? p.num_tokens : p.rows) : 0, K, p.dtype, 1, 0},
         {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1, 0},
         {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1, 0},
     };
-    if ((status = check_tensors(op, &p, outs, 3)) != MOE_OK)
+    if ((status = check_tensors(op, &p, outs, 7)) != MOE_OK)
         return status;
 
     if (want_dx && (status = table->gemm_dx(&p, dy, w, topk_weights, dx)) != MOE_OK)

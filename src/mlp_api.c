@@ -103,11 +103,17 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
         return status;
     const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks;
     int64_t I2 = 0, EH = 0, EI2 = 0, EHI2 = 0, NB = 0, NBH = 0, NBI2 = 0;
-    if (!moe_mul_ok(I, 2, &I2) || !moe_mul_ok(E, H, &EH) || !moe_mul_ok(E, I2, &EI2) || !moe_mul_ok(EH, I2, &EHI2) ||
-        !moe_mul_ok(N, B, &NB) || !moe_mul_ok(NB, H, &NBH) || !moe_mul_ok(NB, I2, &NBI2) ||
-        (uint64_t)I2 > SIZE_MAX / 64 || (uint64_t)H > SIZE_MAX / 64)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: E*H*2I = %" PRId64 "*%" PRId64 "*2*%" PRId64 " or N*B*max(H, 2I)"
-                        " with N = %" PRId64 ", B = %" PRId64 " overflows 64 bits", op, E, H, I, N, B);
+    /* each bound its own message (one shared message blamed the products for the size bounds; an audit,
+     * 2026-11-29); SIZE_MAX / 64 bounds a row of H or 2I elements in the reference's scratch, in bytes */
+    if (!moe_mul_ok(I, 2, &I2) || (uint64_t)I2 > SIZE_MAX / 64 || (uint64_t)H > SIZE_MAX / 64)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: hidden_size = %" PRId64 " or 2 * intermediate_size = 2 * %" PRId64
+                        " exceeds SIZE_MAX / 64", op, H, I);
+    if (!moe_mul_ok(E, H, &EH) || !moe_mul_ok(E, I2, &EI2) || !moe_mul_ok(EH, I2, &EHI2))
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: E*H*2I = %" PRId64 "*%" PRId64 "*2*%" PRId64 " overflows 64 bits", op,
+                        E, H, I);
+    if (!moe_mul_ok(N, B, &NB) || !moe_mul_ok(NB, H, &NBH) || !moe_mul_ok(NB, I2, &NBI2))
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: N*B*max(H, 2I) with N = %" PRId64 ", B = %" PRId64 ", H = %" PRId64
+                        ", I = %" PRId64 " overflows 64 bits", op, N, B, H, I);
 
     p->op = op;
     p->T = T;
@@ -281,6 +287,8 @@ static moe_status check_routing(const char *op, moe_mlp_layout_kind kind, int64_
     moe_status status = check_options(op, options, B);
     if (status == MOE_OK)
         status = check_kind(op, kind);
+    if (status == MOE_OK) /* before the ids are read */
+        status = moe_check_aligned(op, "topk_ids", topk_ids, 8, "int64");
     if (status == MOE_OK)
         status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
     return status;
@@ -300,6 +308,9 @@ moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_token
         return status;
     if (num_blocks == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
+    status = moe_check_aligned(op, "num_blocks", num_blocks, 8, "int64");
+    if (status != MOE_OK)
+        return status;
     int64_t N = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
     if (N < 0)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
@@ -426,6 +437,9 @@ moe_status moe_mlp_layout_max_blocks(moe_mlp_layout_kind kind, int64_t num_token
     moe_clear_error();
     if (num_blocks == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
+    const moe_status status = moe_check_aligned(op, "num_blocks", num_blocks, 8, "int64");
+    if (status != MOE_OK)
+        return status;
     int64_t B = 0;
     return layout_capacity(op, kind, num_tokens, topk, num_experts, options ? options : &default_options, &B,
                            num_blocks);

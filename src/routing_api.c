@@ -30,13 +30,7 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
     if ((uint64_t)rows > SIZE_MAX / 16 || (uint64_t)num_experts > SIZE_MAX / 16)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64 " overflows", op,
                         num_tokens, topk);
-    const moe_array_arg args[] = {
-        {"topk_ids", topk_ids, rows, 1, MOE_F32, 0, 1},
-        {"m_sizes", m_sizes, num_experts, 1, MOE_F32, 1, 1},
-        {"gather_indices", gather_indices, rows, 1, MOE_F32, 1, 1},
-        {"scatter_indices", scatter_indices, scatter_indices ? rows : 0, 1, MOE_F32, 1, 1},
-    };
-    status = moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
+    status = moe_ref_routing_arrays_check(op, rows, num_experts, topk_ids, m_sizes, gather_indices, scatter_indices);
     if (status != MOE_OK)
         return status;
 #ifdef MOE_HAVE_CUDA

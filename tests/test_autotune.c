@@ -147,8 +147,9 @@ static void bad_fields(void)
     moe_tune_choice choice;
     char why[200] = "";
     CHECK(moe_tune_parse_line(good, &key, &choice, why, sizeof why), "good line refused: %s", why);
-    /* one bad value per field (field 0 is the version) */
-    static const char *const bad_value[FIELDS][3] = {
+    /* bad values per field (field 0 is the version); a leading tab or space was accepted by strtoll /
+     * strtod where the rest of the format has no blanks (an audit, 2026-11-29) */
+    static const char *const bad_value[FIELDS][4] = {
         {"libmoe-tune 3", "libmoe-tune", ""},
         {"", "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234", NULL},
         {"bwd", "FWD", ""},
@@ -160,7 +161,7 @@ static void bad_fields(void)
         {"yes", "", "1.0"},
         {"10", "", "-0x1"},
         {"0", "-5", "1e3"},
-        {"-1", "", "99999999999999999999"},
+        {"-1", "", "99999999999999999999", "\t8"},
         {"abc", "-8", "1 "},
         {"", "0x10", "9223372036854775808"},
         {"sm100", "SM90", ""},
@@ -168,11 +169,11 @@ static void bad_fields(void)
         {"3", "0", ""},
         {"2", "-1", ""},
         {"2", "-2", ""},
-        {"-1", "nan", "inf"},
+        {"-1", "nan", "inf", " 1"},
     };
     char fields[FIELDS + 2][128], line[1024];
     for (int f = 0; f < FIELDS; f++) {
-        for (int v = 0; v < 3 && bad_value[f][v] != NULL; v++) {
+        for (int v = 0; v < 4 && bad_value[f][v] != NULL; v++) {
             CHECK(split(good, fields) == FIELDS, "split");
             snprintf(fields[f], 128, "%s", bad_value[f][v]);
             join(fields, FIELDS, line, sizeof line);
@@ -327,6 +328,23 @@ static void load_files(void)
     st = moe_gemm_autotune_load(path);
     CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), "longer than") != NULL, "long line: %s (%s)",
           moe_strerror(st), moe_last_error());
+
+    /* a NUL byte inside line 2 (it was reported as a line too long; an audit, 2026-11-29) */
+    {
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL, "cannot write %s", path);
+        if (f) {
+            fprintf(f, "# ok\n%s", a);
+            fputc('\0', f);
+            fputs("|junk\n", f);
+            fclose(f);
+        }
+        st = moe_gemm_autotune_load(path);
+        char nul_where[640];
+        snprintf(nul_where, sizeof nul_where, "%s:2: a NUL byte at column %zu", path, strlen(a) + 1);
+        CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), nul_where) != NULL, "NUL byte: %s (%s)", moe_strerror(st),
+              moe_last_error());
+    }
 
     /* store and replace through the internal interface, as the driver does */
     CHECK(moe_tune_store(&kc, &cc) == MOE_OK && moe_tune_store(&kc, &cb) == MOE_OK, "store failed");

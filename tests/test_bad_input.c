@@ -199,10 +199,15 @@ static void routing_defects(void)
             CASE("N = -1", a.N = -1, MOE_ERR_INVALID_SHAPE, "N");
             CASE("K = -3", a.K = -3, MOE_ERR_INVALID_SHAPE, "K");
             CASE("T*k past 64 bits", (a.r.num_tokens = (int64_t)1 << 62, a.r.topk = 4), MOE_ERR_OVERFLOW,
-                 "4611686018427387904");
+                 "T*k = 4611686018427387904*4 overflows");
+            CASE("T*k past SIZE_MAX / 16", (a.r.num_tokens = (int64_t)1 << 60, a.r.topk = 2), MOE_ERR_OVERFLOW,
+                 "T*k = 2305843009213693952 rows exceeds SIZE_MAX / 16");
+            CASE("E past SIZE_MAX / 16", (a.r.num_experts = (int64_t)1 << 61, a.N = 0, a.K = 0), MOE_ERR_OVERFLOW,
+                 "num_experts = 2305843009213693952 exceeds");
+            CASE("topk = 0 with tokens", a.r.topk = 0, MOE_ERR_INVALID_SHAPE, "0 only with num_tokens = 0");
             CASE("E*N*K past 64 bits (E=16, N=K=2^40)",
                  (a.r.num_experts = 16, a.N = (int64_t)1 << 40, a.K = (int64_t)1 << 40), MOE_ERR_OVERFLOW,
-                 "1099511627776");
+                 "E*N*K = 16*1099511627776*1099511627776 overflows");
             CASE("N*K*4 bytes past 64 bits (N=2^31, K=2^30)", (a.N = (int64_t)1 << 31, a.K = (int64_t)1 << 30),
                  MOE_ERR_OVERFLOW, NULL);
             CASE("dtype = 3", a.o.dtype = (moe_dtype)3, MOE_ERR_INVALID_DTYPE, "dtype");
@@ -211,7 +216,7 @@ static void routing_defects(void)
                  "allow_tf32");
             CASE("allow_tf32 with f16", (a.o.dtype = MOE_F16, a.o.allow_tf32 = 1), MOE_ERR_INVALID_OPTION,
                  "allow_tf32");
-            CASE("backend 7", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, NULL);
+            CASE("backend 7", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, "backend 7 is not a libmoe backend");
             if (!moe_backend_available(MOE_BACKEND_CUDA))
                 CASE("CUDA backend not available", a.backend = MOE_BACKEND_CUDA, MOE_ERR_NO_BACKEND, NULL);
             if (op != OP_BWD) {
@@ -373,6 +378,12 @@ static void overlaps(void)
     OVERLAP("dw overlaps x (dw_only)", OP_BWD, (a.o.dw_only = 1, a.dw = arena + X_OFF + 4));
     OVERLAP("d_topk_weights overlaps dw (dw_only)", OP_BWD,
             (a.o.dw_only = 1, a.tw = arena + TW_OFF, a.dt = arena + DW_OFF + 8));
+    /* an output on an input that only another product of the call reads (an audit, 2026-11-29: dx == x
+     * was accepted and dW computed from dX; dw == w gave a wrong d_topk_weights) */
+    OVERLAP("dx overlaps x (dW reads it)", OP_BWD, a.dx = arena + X_OFF);
+    OVERLAP("dw overlaps w (d_topk_weights reads it)", OP_BWD, (a.tw = arena + TW_OFF, a.dt = arena + DT_OFF,
+                                                              a.dw = arena + W_OFF));
+    OVERLAP("d_topk_weights overlaps topk_weights", OP_BWD, (a.tw = arena + TW_OFF, a.dt = arena + TW_OFF));
 #undef OVERLAP
 }
 
@@ -485,6 +496,16 @@ static void valid_edge_calls(void)
         a = baseline_for((enum op)op);
         a.o.allow_tf32 = 1;
         expect_ok("allow_tf32 with f32", (enum op)op, a);
+    }
+    /* an empty dW with a huge N: nothing to write, done at once (an audit, 2026-11-29: the reference walked
+     * E * ceil(N / 96) blocks, 20 s and 8 GB at N = 2^35; at 2^40 it failed for memory) */
+    {
+        static const int64_t one_zero[1] = {0};
+        moe_routing r0 = {0, 1, 1, one_zero, NULL};
+        moe_gemm_options o0 = {0};
+        o0.dtype = MOE_F32;
+        const moe_status st0 = moe_gemm_dw(MOE_BACKEND_REF, &r0, (int64_t)1 << 40, 0, NULL, NULL, NULL, NULL, &o0);
+        CHECK(st0 == MOE_OK, "moe_gemm_dw, T = 0, N = 2^40, K = 0: %d (%s)", (int)st0, moe_last_error());
     }
     /* NULL options means defaults */
     reset_arena();

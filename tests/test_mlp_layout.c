@@ -3,10 +3,15 @@
  *     documented layout, affinity matrix and dropped count, and the validator accepts them;
  *   - every bad layout, option, option combination, pointer and shape returns its status code with a
  *     message naming the argument, and leaves every output byte untouched (fwd, bwd, builders). */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "mlp_testlib.h"
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static int64_t failures;
 
@@ -307,7 +312,9 @@ static void test_validation(void)
     x = baseline(), x.H = -1;
     expect_error("negative H", &x, 3, MOE_ERR_INVALID_SHAPE, "hidden_size = -1");
     x = baseline(), x.I = INT64_MAX / 4;
-    expect_error("huge I", &x, 3, MOE_ERR_OVERFLOW, "overflows");
+    expect_error("huge I", &x, 3, MOE_ERR_OVERFLOW, "2 * intermediate_size = 2 * 2305843009213693951 exceeds");
+    x = baseline(), x.H = (int64_t)1 << 31, x.I = (int64_t)1 << 31;
+    expect_error("E*H*2I past 64 bits", &x, 3, MOE_ERR_OVERFLOW, "E*H*2I = ");
     /* layouts */
     x = baseline();
     {
@@ -453,6 +460,28 @@ static void test_builder_errors(void)
     EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 3, NULL, pos, aff, NULL, &o) ==
                MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "block_to_expert"),
            "NULL block_to_expert: %s", moe_last_error());
+    /* misaligned int64 arrays, refused before they are read or written (an audit, 2026-11-29: num_blocks
+     * read a misaligned topk_ids and wrote a misaligned num_blocks; build read the ids before refusing) */
+    int64_t raw[16];
+    memcpy((char *)raw + 1, ids, sizeof ids);
+    const int64_t *ids_off = (const int64_t *)(const void *)((const char *)raw + 1);
+    int64_t *n_off = (int64_t *)(void *)((char *)(raw + 10) + 4);
+    N = -7;
+    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, &o, &N) == MOE_ERR_MISALIGNED &&
+               N == -7 && strstr(moe_last_error(), "topk_ids at"),
+           "num_blocks, topk_ids misaligned: %s", moe_last_error());
+    memset(pos, 0x5A, sizeof pos);
+    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, w, 3, b2e, pos, aff, NULL, &o) ==
+                   MOE_ERR_MISALIGNED && strstr(moe_last_error(), "topk_ids at") && ((unsigned char *)pos)[0] == 0x5A,
+           "build, topk_ids misaligned: %s", moe_last_error());
+    memset(raw, 0x5A, sizeof raw);
+    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, n_off) == MOE_ERR_MISALIGNED &&
+               strstr(moe_last_error(), "num_blocks at") && ((unsigned char *)raw)[84] == 0x5A,
+           "num_blocks, num_blocks misaligned: %s", moe_last_error());
+    EXPECT(moe_mlp_layout_max_blocks(MOE_MLP_DROPLESS, 2, 3, 3, &o, n_off) == MOE_ERR_MISALIGNED &&
+               strstr(moe_last_error(), "moe_mlp_layout_max_blocks: num_blocks at") &&
+               ((unsigned char *)raw)[84] == 0x5A,
+           "max_blocks, num_blocks misaligned: %s", moe_last_error());
     /* the empty problem */
     EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 0, 0, 3, NULL, &o, &N) == MOE_OK && N == 0, "T = 0");
     EXPECT(moe_mlp_layout_build(MOE_MLP_DROPPING, 0, 0, 3, NULL, NULL, 3, b2e, pos, NULL, &dropped, &o) == MOE_OK &&
@@ -460,11 +489,57 @@ static void test_builder_errors(void)
            "T = 0 dropping: %s", moe_last_error());
 }
 
+/* A forward whose per-thread float32 workspace is at the size_t bound (an audit, 2026-11-29): T = 349501
+ * tokens on one expert, H = 1, I = 1099586081712, 4 threads: 2^60 - 17 floats per thread, rounded up to
+ * 2^60, so 4 * 2^60 * 4 bytes wrapped to malloc(0) and the forward wrote past it.  Every tensor has its full
+ * size: the weights (6.6 TB) are MAP_NORESERVE mappings the call never touches.  Now MOE_ERR_OUT_OF_MEMORY.
+ * Skipped where the address space or the overcommit policy refuses the mapping. */
+static void test_workspace_bound(void)
+{
+    const int64_t T = 349501, E = 1, H = 1, I = 1099586081712LL, B = 128, N = (T + B - 1) / B;
+    const size_t w_bytes = (size_t)(E * H * 2 * I) * 2;
+    void *w_gu = mmap(NULL, w_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *w_d = mmap(NULL, w_bytes / 2, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    int64_t *b2e = calloc((size_t)N, 8), *ids = malloc((size_t)(N * B) * 8);
+    uint16_t *hidden = calloc((size_t)T, 2), *aff = calloc((size_t)T, 2), *out = malloc((size_t)T * 2);
+    if (w_gu == MAP_FAILED || w_d == MAP_FAILED || !b2e || !ids || !hidden || !aff || !out) {
+        printf("workspace bound: skipped (no %.1f TB mapping or no memory)\n", (double)w_bytes * 1.5 / 1e12);
+    } else {
+        for (int64_t p = 0; p < N * B; p++)
+            ids[p] = p < T ? p : -1;
+        for (int64_t t = 0; t < T; t++)
+            hidden[t] = aff[t] = 0x3F80; /* 1.0 in bf16 */
+        memset(out, 0x5A, (size_t)T * 2);
+        moe_mlp_options o = {0};
+        o.dtype = MOE_BF16, o.block_size = B;
+        const moe_mlp_layout L = {T, E, N, b2e, ids};
+        EXPECT(moe_mlp_layout_validate(&L, &o) == MOE_OK, "workspace bound: layout %s", moe_last_error());
+#ifdef _OPENMP
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(4);
+#endif
+        const moe_status s = moe_mlp_fwd(MOE_BACKEND_REF, &L, H, I, hidden, aff, w_gu, w_d, NULL, NULL, out, NULL,
+                                         NULL, &o);
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#endif
+        EXPECT(s == MOE_ERR_OUT_OF_MEMORY && strstr(moe_last_error(), "float32 workspace") &&
+                   ((unsigned char *)out)[0] == 0x5A && ((unsigned char *)out)[T * 2 - 1] == 0x5A,
+               "workspace bound: status %d (%s)", (int)s, moe_last_error());
+    }
+    if (w_gu != MAP_FAILED)
+        munmap(w_gu, w_bytes);
+    if (w_d != MAP_FAILED)
+        munmap(w_d, w_bytes / 2);
+    free(b2e), free(ids), free(hidden), free(aff), free(out);
+}
+
 int main(void)
 {
     test_builders();
     test_validation();
     test_builder_errors();
+    test_workspace_bound();
     printf("%lld failures\n", (long long)failures);
     return failures == 0 ? 0 : 1;
 }

@@ -205,6 +205,47 @@ static void from_topk_bad_ids(void)
         }
 }
 
+/* Overlapping or misaligned arrays: refused before any is read or written (an audit, 2026-11-29: m_sizes
+ * on top of topk_ids was accepted, and the sort then indexed with the ids it had overwritten). */
+static void from_topk_bad_arrays(void)
+{
+    enum { T = 4, k = 1, E = 4, M = T * k };
+    int64_t buf[3 * M + 2], gather[M], scatter[M];
+    struct {
+        const char *label;
+        moe_status want;
+        const char *needle;
+        const int64_t *ids;
+        int64_t *m_sizes, *gather, *scatter;
+    } cases[] = {
+        {"m_sizes on topk_ids", MOE_ERR_INVALID_OPTION, "output m_sizes overlaps input topk_ids", buf, buf,
+         gather, scatter},
+        {"gather on topk_ids", MOE_ERR_INVALID_OPTION, "output gather_indices overlaps input topk_ids", buf,
+         buf + 2 * M, buf + 1, NULL},
+        {"scatter on gather", MOE_ERR_INVALID_OPTION, "overlaps", buf, buf + 2 * M, gather, gather + 1},
+        {"topk_ids misaligned", MOE_ERR_MISALIGNED, "topk_ids at",
+         (const int64_t *)(const void *)((const char *)buf + 4), buf + 2 * M, gather, NULL},
+        {"gather misaligned", MOE_ERR_MISALIGNED, "gather_indices at", buf, buf + 2 * M,
+         (int64_t *)(void *)((char *)gather + 2), NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int64_t s = 0; s < 3 * M + 2; s++)
+            buf[s] = 0; /* ids all 0: a valid routing when read in place */
+        memset(gather, POISON, sizeof gather);
+        memset(scatter, POISON, sizeof scatter);
+        const moe_status st = moe_routing_from_topk(T, k, E, cases[c].ids, cases[c].m_sizes, cases[c].gather,
+                                                    cases[c].scatter);
+        int64_t nonzero = 0;
+        for (int64_t s = 0; s < 3 * M + 2; s++)
+            nonzero += buf[s] != 0;
+        CHECK(st == cases[c].want && strstr(moe_last_error(), cases[c].needle) != NULL &&
+                  strstr(moe_last_error(), "moe_routing_from_topk") != NULL,
+              "from_topk %s: status %d, \"%s\"", cases[c].label, (int)st, moe_last_error());
+        CHECK(nonzero == 0 && all_bytes(gather, sizeof gather, POISON) && all_bytes(scatter, sizeof scatter, POISON),
+              "from_topk %s wrote before failing", cases[c].label);
+    }
+}
+
 /* ---- moe_routing_validate rejections ---- */
 
 static void expect_invalid(const char *what, const moe_routing *routing, int require_gather, moe_status want,
@@ -339,6 +380,7 @@ int main(int argc, char **argv)
     rng_state = seed;
     from_topk_cases();
     from_topk_bad_ids();
+    from_topk_bad_arrays();
     validate_cases();
     if (failures) {
         printf("%ld failures (seed %llu)\n", failures, (unsigned long long)seed);
