@@ -339,6 +339,13 @@ moe_status moe_routing_validate(const moe_routing *routing, int require_gather)
     if (need_gather && rows > 0 && routing->gather_indices == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing.gather_indices is NULL with T*k = %" PRId64 " > 0",
                         op, rows);
+    /* before the arrays are read (a misaligned one was read: an audit, 2026-11-29) */
+    status = moe_check_aligned(op, "routing.m_sizes", routing->m_sizes, 8, "int64");
+    if (status != MOE_OK)
+        return status;
+    status = moe_check_aligned(op, "routing.gather_indices", routing->gather_indices, 8, "int64");
+    if (status != MOE_OK)
+        return status;
     return moe_ref_check_routing(op, routing->num_experts, rows, routing->m_sizes, routing->gather_indices,
                                  need_gather);
 }

@@ -277,6 +277,17 @@ static void validate_cases(void)
     RESET();
     CHECK(moe_routing_validate(&r, 1) == MOE_OK, "base routing rejected: %s", moe_last_error());
 
+    /* misaligned arrays, refused before they are read (an audit, 2026-11-29) */
+    int64_t shifted[14];
+    RESET();
+    memcpy((char *)shifted + 4, m_sizes, sizeof m_sizes);
+    r.m_sizes = (const int64_t *)(const void *)((const char *)shifted + 4);
+    expect_invalid("m_sizes misaligned", &r, 1, MOE_ERR_MISALIGNED, "routing.m_sizes at");
+    RESET();
+    memcpy((char *)shifted + 2, gather, sizeof gather);
+    r.gather_indices = (const int64_t *)(const void *)((const char *)shifted + 2);
+    expect_invalid("gather_indices misaligned", &r, 1, MOE_ERR_MISALIGNED, "routing.gather_indices at");
+
     /* negative size (sum kept right) */
     RESET();
     ms[3] = -2, ms[4] += m_sizes[3] + 2; /* sum kept; the negative entry comes first */
