@@ -97,7 +97,10 @@ static inline const uint16_t *u16_elements(const void *base, int64_t first) /*@ 
 static void store_row(moe_dtype dtype, void *base, int64_t first, const float *v, int64_t count)
 {
     switch (dtype) {
-    case MOE_F32: memcpy((float *)base + first, v, (size_t)count * sizeof(float)); return;
+    case MOE_F32: /* an empty tensor may be NULL, which memcpy must not be given even for 0 bytes */
+        if (count > 0)
+            memcpy((float *)base + first, v, (size_t)count * sizeof(float));
+        return;
     case MOE_BF16: {
         uint16_t *dst = (uint16_t *)base + first;
         for (int64_t i = 0; i < count; i++)
@@ -167,7 +170,7 @@ static const float *row_f32(moe_dtype dtype, const void *base, int64_t first, in
 static void load_f32(moe_dtype dtype, const void *base, int64_t first, int64_t count, float *out)
 {
     const float *src = row_f32(dtype, base, first, count, out);
-    if (src != out)
+    if (src != out && count > 0) /* an empty tensor may be NULL (memcpy's arguments must not be) */
         memcpy(out, src, (size_t)count * sizeof(float));
 }
 

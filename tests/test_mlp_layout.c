@@ -534,12 +534,32 @@ static void test_workspace_bound(void)
     free(b2e), free(ids), free(hidden), free(aff), free(out);
 }
 
+/* H = 0 with bias: b_d [E][0], hidden, out and w_* are empty and may be NULL (an audit, 2026-11-29: the
+ * reference passed their NULL to memcpy with 0 bytes, undefined behaviour that UBSan reports) */
+static void test_empty_hidden(void)
+{
+    int64_t b2e[1] = {0}, ids[2] = {0, -1};
+    const moe_mlp_layout L = {1, 1, 1, b2e, ids};
+    moe_mlp_options o = {0};
+    o.block_size = 2, o.bias = 1;
+    float aff[1] = {1}, b_gu[4] = {0.5f, -1, 2, 0.25f}, ckpt[8];
+    memset(ckpt, 0x5A, sizeof ckpt);
+    const moe_status s = moe_mlp_fwd(MOE_BACKEND_REF, &L, 0, 2, NULL, aff, NULL, NULL, b_gu, NULL, NULL, ckpt, NULL,
+                                     &o);
+    /* gate / up of slot 0 are the bias alone (no hidden columns); slot 1 is padding: +0 */
+    EXPECT(s == MOE_OK && ckpt[0] == 0.5f && ckpt[2] == -1 && ckpt[4] == 2 && ckpt[6] == 0.25f && ckpt[1] == 0 &&
+               ckpt[7] == 0,
+           "H = 0 with bias: status %d (%s), ckpt %g %g %g %g", (int)s, moe_last_error(), ckpt[0], ckpt[2], ckpt[4],
+           ckpt[6]);
+}
+
 int main(void)
 {
     test_builders();
     test_validation();
     test_builder_errors();
     test_workspace_bound();
+    test_empty_hidden();
     printf("%lld failures\n", (long long)failures);
     return failures == 0 ? 0 : 1;
 }
