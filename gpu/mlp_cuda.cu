@@ -1095,6 +1095,9 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r, bool ex
 #ifndef MOE_GATHER_BATCH
 #define MOE_GATHER_BATCH 2
 #endif
+#ifndef MOE_GATHER_COPY_CTAS
+#define MOE_GATHER_COPY_CTAS 2
+#endif
 template <int V, int BATCH, bool SCALE, bool DOT>
 __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(MlpArgs g, const void *__restrict__ src, void *__restrict__ dst)
 {
@@ -1729,7 +1732,17 @@ template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, cons
     // copy 8, scaled or with the dot MOE_GATHER_BATCH (2: <= 64 registers)
     constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : MOE_GATHER_BATCH;
     const auto kernel = gather_rows_kernel<V, batch, SCALE, DOT>;
-    kernel<<<resident_grid(kernel, 256, host_cdiv((DOT ? g.NB : g.T) * 32, 256)), 256, 0, stream>>>(g, src, dst);
+    unsigned grid = resident_grid(kernel, 256, host_cdiv((DOT ? g.NB : g.T) * 32, 256));
+    // The plain 16-bit copy runs at most MOE_GATHER_COPY_CTAS CTAs per SM (0: as many as fit, 4).  Fewer
+    // rows in flight were faster: ncu on an H200, the X gather at Qwen3-30B-A3B T = 16384 took 188-195 us
+    // at grid 528 (4 per SM), 178-182 at 396 (3), 175-177 at 264 (2); at gpt-oss-120b T = 4096 40-41.5,
+    // 39-41 and 35-36.5 us.  bench/RESULTS.md, 2026-11-29 (run147).
+    if (V == 8 && !SCALE && !DOT && MOE_GATHER_COPY_CTAS > 0) {
+        const int64_t cap = (int64_t)MOE_GATHER_COPY_CTAS * sm_count();
+        if ((int64_t)grid > cap)
+            grid = (unsigned)cap;
+    }
+    kernel<<<grid, 256, 0, stream>>>(g, src, dst);
 }
 
 template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
