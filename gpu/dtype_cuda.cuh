@@ -52,6 +52,13 @@ static __device__ __forceinline__ uint32_t pack_word(moe_dtype dtype, float a, f
     return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
+// Eight 16-bit elements (f16 or bf16) in one 16-byte vector, as loaded by load8, as float.
+static __device__ __forceinline__ void unpack8(moe_dtype dtype, uint4 raw, float *v)
+{
+    unpack_word(dtype, raw.x, v), unpack_word(dtype, raw.y, v + 2);
+    unpack_word(dtype, raw.z, v + 4), unpack_word(dtype, raw.w, v + 6);
+}
+
 // 8 consecutive elements base[i .. i+7] as float (i a multiple of 8, base 16-byte aligned).
 static __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, int64_t i, float *v)
 {
@@ -61,9 +68,7 @@ static __device__ __forceinline__ void load8(moe_dtype dtype, const void *base, 
         v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
         return;
     }
-    const uint4 raw = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i);
-    unpack_word(dtype, raw.x, v), unpack_word(dtype, raw.y, v + 2);
-    unpack_word(dtype, raw.z, v + 4), unpack_word(dtype, raw.w, v + 6);
+    unpack8(dtype, *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(base) + i), v);
 }
 
 // streaming: evict-first stores (st.global.cs), so that an output written once does not push the

@@ -1136,13 +1136,9 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
                     const int64_t h = h0 + u * 32 * V;
                     if (h < H) {
                         float v[8], d[8];
-                        unpack_word(g.dt, vr[u].x, v), unpack_word(g.dt, vr[u].y, v + 2);
-                        unpack_word(g.dt, vr[u].z, v + 4), unpack_word(g.dt, vr[u].w, v + 6);
-                        if (DOT) {
-                            const uint4 w = dr[DOT ? u : 0];
-                            unpack_word(g.dt, w.x, d), unpack_word(g.dt, w.y, d + 2);
-                            unpack_word(g.dt, w.z, d + 4), unpack_word(g.dt, w.w, d + 6);
-                        }
+                        unpack8(g.dt, vr[u], v);
+                        if (DOT)
+                            unpack8(g.dt, dr[DOT ? u : 0], d);
 #pragma unroll
                         for (int c = 0; c < 8; c++) {
                             if (DOT)
