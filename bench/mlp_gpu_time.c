@@ -27,7 +27,7 @@
  * compute a perfect grouped GEMM could approach), and the device-to-device copy rate of cudaMemcpyAsync (the
  * rate the memory-bound steps could approach); bench/RESULTS.md and README.md turn them into floors.
  *
- * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1)
+ * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16, or an alias of moe_dtype_from_name) repeats round_intermediates(0|1)
  *                     activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] */
 #include "moe.h"
 #include "moe_mlp.h"
@@ -368,15 +368,6 @@ static float time_bwd(const mlp_call *c, cudaEvent_t start, cudaEvent_t stop)
     return ms;
 }
 
-/* The dtype that moe_dtype_name calls `name`, or -1. */
-static int dtype_named(const char *name)
-{
-    for (int d = MOE_F32; d <= MOE_BF16; d++)
-        if (strcmp(name, moe_dtype_name((moe_dtype)d)) == 0)
-            return d;
-    return -1;
-}
-
 /* The index of `name` in the NULL-terminated `names`, or -1. */
 static int name_index(const char *name, const char *const *names)
 {
@@ -393,17 +384,17 @@ int main(int argc, char **argv)
     const int64_t T = argc > 1 ? atoll(argv[1]) : 4096, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t k = argc > 3 ? atoll(argv[3]) : 8, H = argc > 4 ? atoll(argv[4]) : 2048;
     const int64_t I = argc > 5 ? atoll(argv[5]) : 768, B = argc > 6 ? atoll(argv[6]) : 128;
-    const int dtype_index = dtype_named(argc > 7 ? argv[7] : "bf16");
+    moe_dtype dt = MOE_BF16;
+    const int dtype_known = moe_dtype_from_name(argc > 7 ? argv[7] : "bf16", &dt) == MOE_OK;
     const int repeats = argc > 8 ? atoi(argv[8]) : 10, warmup = 2;
     const int act_index = name_index(argc > 10 ? argv[10] : "silu", act_names);
     const int affinity_index = name_index(argc > 11 ? argv[11] : "h", affinity_names);
-    if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1 || dtype_index < 0 ||
+    if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1 || !dtype_known ||
         act_index < 0 || affinity_index < 0 || argc > 12) {
-        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1) "
+        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16, or an alias of moe_dtype_from_name) repeats round_intermediates(0|1) "
                         "activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] with 1 <= k <= E\n");
         return 2;
     }
-    const moe_dtype dt = (moe_dtype)dtype_index;
     const int round_intermediates = argc > 9 ? atoi(argv[9]) != 0 : dt != MOE_F32;
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA backend or device\n");

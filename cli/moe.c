@@ -704,17 +704,10 @@ static double parse_double_arg(const char *flag, const char *s)
     return v;
 }
 
+/* 1 and *dtype set when s names a dtype (moe_dtype_from_name: f32, f16, bf16 and their aliases), else 0. */
 static int parse_dtype(const char *s, moe_dtype *dtype)
 {
-    if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0 || strcmp(s, "fp32") == 0)
-        *dtype = MOE_F32;
-    else if (strcmp(s, "f16") == 0 || strcmp(s, "float16") == 0 || strcmp(s, "fp16") == 0)
-        *dtype = MOE_F16;
-    else if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0)
-        *dtype = MOE_BF16;
-    else
-        return 0;
-    return 1;
+    return moe_dtype_from_name(s, dtype) == MOE_OK;
 }
 
 #ifdef MOE_CLI_CUDA

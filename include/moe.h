@@ -76,6 +76,10 @@ typedef enum moe_dtype {
 size_t moe_dtype_size(moe_dtype dtype);
 /* "f32", "f16", "bf16", or "?" */
 const char *moe_dtype_name(moe_dtype dtype);
+/* The dtype of a name: moe_dtype_name's three, or the aliases "float32", "fp32", "float16", "fp16" and
+ * "bfloat16" (exact, case-sensitive).  Sets *dtype and returns MOE_OK; MOE_ERR_NULL_POINTER when name or dtype
+ * is NULL, MOE_ERR_INVALID_DTYPE (the message quotes the name) for any other name; *dtype is then unchanged. */
+moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
 
 /* Conversions.  float -> 16-bit rounds to nearest even, overflows to +-Inf, keeps NaN a (quiet) NaN and
  * keeps the sign of zero; 16-bit -> float is exact. */

@@ -12,7 +12,8 @@
  *     all 2^32 float patterns;
  *   - named special cases: f16 subnormals, overflow (65520 -> Inf, 65519.99 -> 65504), signed zero, Inf,
  *     signalling and quiet NaN;
- *   - moe_dtype_size, moe_dtype_name, moe_dtype_unit_roundoff, including unknown dtype values.
+ *   - moe_dtype_size, moe_dtype_name, moe_dtype_unit_roundoff, including unknown dtype values;
+ *   - moe_dtype_from_name: names, aliases, non-names and NULLs.
  *
  * Usage: test_dtype [seed] */
 #include "moe.h"
@@ -335,6 +336,52 @@ static void dtype_helpers(void)
     }
 }
 
+/* moe_dtype_from_name: every name and alias, names that are not dtypes (case, blanks, prefixes, "?"), NULLs;
+ * on failure the status, the message quoting the name and an untouched output. */
+static void dtype_from_name(void)
+{
+    static const struct {
+        const char *name;
+        moe_dtype dtype;
+    } known[] = {{"f32", MOE_F32},    {"float32", MOE_F32}, {"fp32", MOE_F32},     {"f16", MOE_F16},
+                 {"float16", MOE_F16}, {"fp16", MOE_F16},    {"bf16", MOE_BF16}, {"bfloat16", MOE_BF16}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        moe_dtype d = (moe_dtype)99;
+        const moe_status st = moe_dtype_from_name(known[i].name, &d);
+        CHECK(st == MOE_OK && d == known[i].dtype, "moe_dtype_from_name(\"%s\") = %d, dtype %d; expected 0, %d",
+              known[i].name, (int)st, (int)d, (int)known[i].dtype);
+        CHECK(moe_last_error()[0] == '\0', "moe_dtype_from_name(\"%s\") left the message \"%s\"", known[i].name,
+              moe_last_error());
+    }
+    for (int d = MOE_F32; d <= MOE_BF16; d++) { /* round trip through moe_dtype_name */
+        moe_dtype back = (moe_dtype)99;
+        CHECK(moe_dtype_from_name(moe_dtype_name((moe_dtype)d), &back) == MOE_OK && back == (moe_dtype)d,
+              "moe_dtype_from_name(moe_dtype_name(%d)) = %d", d, (int)back);
+    }
+    static const char *const unknown[] = {"", "F32", "BF16", "f64", "float64", "bf16 ", " f16", "f3", "fp32x",
+                                          "bfloat", "?", "int64", "half"};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        moe_dtype d = (moe_dtype)77;
+        const moe_status st = moe_dtype_from_name(unknown[i], &d);
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "\"%s\"", unknown[i]);
+        CHECK(st == MOE_ERR_INVALID_DTYPE && d == (moe_dtype)77 && strstr(moe_last_error(), quoted) != NULL,
+              "moe_dtype_from_name(\"%s\") = %d, dtype %d, message \"%s\"", unknown[i], (int)st, (int)d,
+              moe_last_error());
+    }
+    moe_dtype d = (moe_dtype)77;
+    CHECK(moe_dtype_from_name(NULL, &d) == MOE_ERR_NULL_POINTER && d == (moe_dtype)77 &&
+              strstr(moe_last_error(), "name") != NULL,
+          "moe_dtype_from_name(NULL) = dtype %d, message \"%s\"", (int)d, moe_last_error());
+    CHECK(moe_dtype_from_name("bf16", NULL) == MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "dtype") != NULL,
+          "moe_dtype_from_name(\"bf16\", NULL): message \"%s\"", moe_last_error());
+    char long_name[200]; /* the message quotes at most 64 characters of it */
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    CHECK(moe_dtype_from_name(long_name, &d) == MOE_ERR_INVALID_DTYPE && strlen(moe_last_error()) < 200,
+          "moe_dtype_from_name(200 x): message of %zu characters", strlen(moe_last_error()));
+}
+
 int main(int argc, char **argv)
 {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261123;
@@ -353,6 +400,7 @@ int main(int argc, char **argv)
     }
     named_cases();
     dtype_helpers();
+    dtype_from_name();
     if (failures) {
         printf("%ld failures (seed %llu)\n", failures, (unsigned long long)seed);
         return 1;
