@@ -31,7 +31,8 @@ moe_status moe_ref_mlp_check_layout_shape(const char *op, const moe_mlp_layout *
     if (!moe_mul_ok(N, B, &NB) || !moe_mul_ok(T, E, &TE) || T == INT64_MAX ||
         (uint64_t)NB > SIZE_MAX / 16 || (uint64_t)T > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: layout.num_blocks * B = %" PRId64 " * %" PRId64
-                        " or num_tokens * num_experts = %" PRId64 " * %" PRId64 " overflows", op, N, B, T, E);
+                        " or num_tokens * num_experts = %" PRId64 " * %" PRId64 " is too large (past 64 bits, or"
+                        " past SIZE_MAX / 16 positions, tokens or experts)", op, N, B, T, E);
     if (N > 0 && layout->block_to_expert == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: layout.block_to_expert is NULL but num_blocks = %" PRId64,
                         op, N);
@@ -281,8 +282,9 @@ moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *lay
     if (status != MOE_OK)
         return status;
     if (counts == NULL || start == NULL || order == NULL || seen_expert == NULL || seen_pos == NULL)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory to check a layout of %" PRId64 " tokens and %"
-                        PRId64 " blocks", op, T, N);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the scratch of the layout check (2 E + 2 T + N + 1"
+                        " int64 for E = %" PRId64 " experts, T = %" PRId64 " tokens, N = %" PRId64 " blocks)", op, E,
+                        T, N);
     /*@ ghost lemma_mul_monotone(1, B, N); */
     status = check_pairs(op, T, E, N, B, pad, b2e, ids, counts, start, order, seen_expert, seen_pos);
     /*@ assert entries_kept: layout_entries_ok(b2e, ids, T, E, N, B, pad); */
@@ -394,7 +396,7 @@ moe_status moe_ref_mlp_check_topk_shape(const char *op, int64_t T, int64_t k, in
     if (!moe_mul_ok(T, k, &M) || !moe_mul_ok(T, E, &TE) || (uint64_t)M > SIZE_MAX / 16 ||
         (uint64_t)TE > SIZE_MAX / 16 || (uint64_t)E > SIZE_MAX / 16)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
-                        " or num_tokens * num_experts overflows", op, T, k);
+                        " or num_tokens * num_experts is too large (past 64 bits, or past SIZE_MAX / 16)", op, T, k);
     return MOE_OK;
 }
 

@@ -131,7 +131,7 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
                         num_experts);
     if (!moe_mul_ok(num_tokens, topk, rows) || (uint64_t)*rows > SIZE_MAX / sizeof(int64_t))
         return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64
-                        " overflows", op, num_tokens, topk);
+                        " is too large (past 64 bits, or past SIZE_MAX / 8 rows)", op, num_tokens, topk);
     return MOE_OK;
 }
 

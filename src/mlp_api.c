@@ -349,9 +349,12 @@ static moe_status check_layout_arrays(const char *op, int64_t T, int64_t k, int6
                                       const int64_t *token_position_to_id, const void *affinities,
                                       const int64_t *num_dropped, const int64_t *num_blocks_used, int64_t *NB)
 {
-    if (!moe_mul_ok(num_blocks, B, NB) || (uint64_t)*NB > max_positions)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows", op,
+    if (!moe_mul_ok(num_blocks, B, NB))
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " * %" PRId64 " overflows 64 bits", op,
                         num_blocks, B);
+    if ((uint64_t)*NB > max_positions)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_blocks * B = %" PRId64 " positions, more than the %" PRIu64
+                        " whose arrays this builder can address", op, *NB, max_positions);
     const int64_t M = T * k, TE = T * E;
     const moe_array_arg args[] = {
         {"topk_ids", topk_ids, M, 1, MOE_F32, 0, 1},

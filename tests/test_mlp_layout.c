@@ -482,6 +482,17 @@ static void test_builder_errors(void)
                strstr(moe_last_error(), "moe_mlp_layout_max_blocks: num_blocks at") &&
                ((unsigned char *)raw)[84] == 0x5A,
            "max_blocks, num_blocks misaligned: %s", moe_last_error());
+    /* num_blocks * B past 64 bits, and past what the arrays can address (SIZE_MAX / 16 positions for build_on):
+     * refused before any array is read, each with its own message */
+    EXPECT(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 62, b2e, pos,
+                                   aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
+               strstr(moe_last_error(), "num_blocks * B = 4611686018427387904 * 2 overflows 64 bits"),
+           "build_on, num_blocks * B past 64 bits: %s", moe_last_error());
+    EXPECT(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 59, b2e, pos,
+                                   aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
+               strstr(moe_last_error(), "num_blocks * B = 1152921504606846976 positions, more than the ") &&
+               strstr(moe_last_error(), " whose arrays this builder can address"),
+           "build_on, num_blocks * B past SIZE_MAX / 16: %s", moe_last_error());
     /* the empty problem */
     EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 0, 0, 3, NULL, &o, &N) == MOE_OK && N == 0, "T = 0");
     EXPECT(moe_mlp_layout_build(MOE_MLP_DROPPING, 0, 0, 3, NULL, NULL, 3, b2e, pos, NULL, &dropped, &o) == MOE_OK &&
