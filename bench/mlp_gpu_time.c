@@ -27,8 +27,9 @@
  * compute a perfect grouped GEMM could approach), and the device-to-device copy rate of cudaMemcpyAsync (the
  * rate the memory-bound steps could approach); bench/RESULTS.md and README.md turn them into floors.
  *
- * usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16, or an alias of moe_dtype_from_name) repeats round_intermediates(0|1)
- *                     activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] */
+ * usage: mlp-gpu-time [T E k H I B dtype repeats round_intermediates(0|1) activation(silu|gelu|gelu_tanh|swish)
+ *                     affinity_on(h|i)]
+ * dtype: f32, f16, bf16 or an alias that moe_dtype_from_name takes (fp32, bfloat16, ...). */
 #include "moe.h"
 #include "moe_mlp.h"
 #include "oracle.h"
@@ -391,7 +392,7 @@ int main(int argc, char **argv)
     const int affinity_index = name_index(argc > 11 ? argv[11] : "h", affinity_names);
     if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1 || !dtype_known ||
         act_index < 0 || affinity_index < 0 || argc > 12) {
-        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16, or an alias of moe_dtype_from_name) repeats round_intermediates(0|1) "
+        fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1) "
                         "activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] with 1 <= k <= E\n");
         return 2;
     }

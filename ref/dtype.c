@@ -28,7 +28,8 @@ moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype)
 {
     moe_clear_error();
     if (name == NULL || dtype == NULL)
-        return moe_fail(MOE_ERR_NULL_POINTER, "moe_dtype_from_name: %s is NULL", name == NULL ? "name" : "dtype");
+        return moe_fail(MOE_ERR_NULL_POINTER, "moe_dtype_from_name: %s is NULL",
+                        name == NULL ? "name" : "dtype");
     if (strcmp(name, "f32") == 0 || strcmp(name, "float32") == 0 || strcmp(name, "fp32") == 0)
         *dtype = MOE_F32;
     else if (strcmp(name, "f16") == 0 || strcmp(name, "float16") == 0 || strcmp(name, "fp16") == 0)
@@ -36,9 +37,8 @@ moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype)
     else if (strcmp(name, "bf16") == 0 || strcmp(name, "bfloat16") == 0)
         *dtype = MOE_BF16;
     else
-        return moe_fail(MOE_ERR_INVALID_DTYPE,
-                        "moe_dtype_from_name: \"%.64s\" is not a dtype (f32, f16, bf16; float32, fp32, float16, fp16, bfloat16)",
-                        name);
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "moe_dtype_from_name: \"%.64s\" is not a dtype (f32, f16, bf16; "
+                        "float32, fp32, float16, fp16, bfloat16)", name);
     return MOE_OK;
 }
 

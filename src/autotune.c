@@ -145,8 +145,8 @@ static int name_index(const char *text, const char *const *names, int count)
     return -1;
 }
 
-/* Only moe_dtype_name's spellings (which moe_tune_format_line writes), not moe_dtype_from_name's aliases: a line is
- * the one text of its key (tests/test_autotune refuses "fp32"). */
+/* Only moe_dtype_name's spellings (which moe_tune_format_line writes), not moe_dtype_from_name's aliases: a
+ * line is the one text of its key (tests/test_autotune refuses "fp32"). */
 static int parse_dtype(const char *text, moe_dtype *dtype)
 {
     static const char *const names[] = {"f32", "f16", "bf16"};
