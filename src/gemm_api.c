@@ -269,7 +269,8 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
     /* the outputs of one call must not overlap each other, nor an input another of its products reads (dW
      * reads x after dX is written; an audit, 2026-11-29, found dx == x accepted and dW computed from dX).
      * Outputs not computed and inputs not read count as empty. */
-    const int64_t x_read = want_dw || want_dtopk ? x_rows(&p) : 0, w_read = want_dx || want_dtopk ? p.num_experts * N : 0;
+    const int64_t x_read = want_dw || want_dtopk ? x_rows(&p) : 0;
+    const int64_t w_read = want_dx || want_dtopk ? p.num_experts * N : 0;
     const moe_array_arg outs[] = {
         {"x", x, x_read, K, p.dtype, 0, 0},
         {"w", w, w_read, K, p.dtype, 0, 0},

@@ -294,6 +294,15 @@ static moe_status check_routing(const char *op, moe_mlp_layout_kind kind, int64_
     return status;
 }
 
+/* The int64 output of moe_mlp_layout_num_blocks and moe_mlp_layout_max_blocks: not NULL, 8-byte aligned
+ * (checked before it is written). */
+static moe_status check_num_blocks_output(const char *op, const int64_t *num_blocks)
+{
+    if (num_blocks == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
+    return moe_check_aligned(op, "num_blocks", num_blocks, 8, "int64");
+}
+
 moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_tokens, int64_t topk,
                                      int64_t num_experts, const int64_t *topk_ids,
                                      const moe_mlp_options *options, int64_t *num_blocks)
@@ -306,9 +315,7 @@ moe_status moe_mlp_layout_num_blocks(moe_mlp_layout_kind kind, int64_t num_token
     moe_status status = check_routing(op, kind, num_tokens, topk, num_experts, topk_ids, options, &B);
     if (status != MOE_OK)
         return status;
-    if (num_blocks == NULL)
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
-    status = moe_check_aligned(op, "num_blocks", num_blocks, 8, "int64");
+    status = check_num_blocks_output(op, num_blocks);
     if (status != MOE_OK)
         return status;
     int64_t N = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
@@ -438,9 +445,7 @@ moe_status moe_mlp_layout_max_blocks(moe_mlp_layout_kind kind, int64_t num_token
 {
     static const char op[] = "moe_mlp_layout_max_blocks";
     moe_clear_error();
-    if (num_blocks == NULL)
-        return moe_fail(MOE_ERR_NULL_POINTER, "%s: num_blocks is NULL", op);
-    const moe_status status = moe_check_aligned(op, "num_blocks", num_blocks, 8, "int64");
+    const moe_status status = check_num_blocks_output(op, num_blocks);
     if (status != MOE_OK)
         return status;
     int64_t B = 0;
