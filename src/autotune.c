@@ -149,13 +149,12 @@ static int name_index(const char *text, const char *const *names, int count)
  * line is the one text of its key (tests/test_autotune refuses "fp32"). */
 static int parse_dtype(const char *text, moe_dtype *dtype)
 {
-    static const char *const names[] = {"f32", "f16", "bf16"};
-    static const moe_dtype values[] = {MOE_F32, MOE_F16, MOE_BF16};
-    const int i = name_index(text, names, 3);
-    if (i < 0)
-        return 0;
-    *dtype = values[i];
-    return 1;
+    for (int d = MOE_F32; d <= MOE_BF16; d++)
+        if (strcmp(text, moe_dtype_name((moe_dtype)d)) == 0) {
+            *dtype = (moe_dtype)d;
+            return 1;
+        }
+    return 0;
 }
 
 /* A decimal integer filling the whole field, in [lo, hi]: digits, after an optional '-' (strtoll alone
