@@ -27,9 +27,12 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
     moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
     if (status != MOE_OK)
         return status;
-    if ((uint64_t)rows > SIZE_MAX / 16 || (uint64_t)num_experts > SIZE_MAX / 16)
-        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64 " overflows", op,
-                        num_tokens, topk);
+    if ((uint64_t)rows > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_tokens * topk = %" PRId64 " * %" PRId64 " = %" PRId64
+                        " rows is too large for the CUDA builder (past SIZE_MAX / 16)", op, num_tokens, topk, rows);
+    if ((uint64_t)num_experts > SIZE_MAX / 16)
+        return moe_fail(MOE_ERR_OVERFLOW, "%s: num_experts = %" PRId64 " is too large for the CUDA builder (past "
+                        "SIZE_MAX / 16)", op, num_experts);
     status = moe_ref_routing_arrays_check(op, rows, num_experts, topk_ids, m_sizes, gather_indices, scatter_indices);
     if (status != MOE_OK)
         return status;

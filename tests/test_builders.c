@@ -281,6 +281,22 @@ int main(int argc, char **argv)
             check_bad_ids(trial, T, k, E, ids);
         free(ids);
     }
+    /* CUDA: sizes the proved checks accept but the device arrays cannot hold (past SIZE_MAX / 16) are refused
+     * before any array is read (the pointers below are never dereferenced); the host builder has no such bound */
+    if (backend == MOE_BACKEND_CUDA && SIZE_MAX / 16 < INT64_MAX / 2) {
+        int64_t *d_any = b_copy(NULL, 64);
+        const int64_t big_rows_T = ((int64_t)(SIZE_MAX / 16) >> 21) + 1, big_rows_k = (int64_t)1 << 21;
+        moe_status st = moe_routing_build(backend, big_rows_T, big_rows_k, 8, d_any, d_any, d_any, d_any, NULL);
+        CHECK(st == MOE_ERR_OVERFLOW && strstr(moe_last_error(), " rows is too large for the CUDA builder") != NULL,
+              "T * k = %" PRId64 " * %" PRId64 " past SIZE_MAX / 16: status %d (%s)", big_rows_T, big_rows_k, (int)st,
+              moe_last_error());
+        const int64_t big_E = (int64_t)(SIZE_MAX / 16) + 1;
+        st = moe_routing_build(backend, 4, 2, big_E, d_any, d_any, d_any, d_any, NULL);
+        CHECK(st == MOE_ERR_OVERFLOW && strstr(moe_last_error(), "num_experts = ") != NULL &&
+                  strstr(moe_last_error(), "is too large for the CUDA builder") != NULL,
+              "E = %" PRId64 " past SIZE_MAX / 16: status %d (%s)", big_E, (int)st, moe_last_error());
+        b_free(d_any);
+    }
     /* a capacity below the bound is refused before anything runs */
     {
         const int64_t ids[4] = {0, 1, 1, 0};
