@@ -2054,62 +2054,105 @@ int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice)
 }
 
 // Events are recorded around each call and read after the last: one synchronisation per candidate.
-static moe_status time_calls_with(cudaStream_t stream, moe_status (*run)(void *), void *context, int repeats,
-                                  cudaEvent_t *events, double *median_us)
+// The candidates are timed in rounds: each round runs every candidate once, in turn, so that every candidate
+// sees the same spread of the GPU's clock and thermal state (as bench/device-ab.sh alternates its variants)
+// instead of one block of runs each.  Each timed call follows a rewrite of `flush` (flush_bytes, several times
+// the L2), so that it starts with none of its operands in L2, as in a training step, where other work runs
+// between two calls of one GEMM, and as bench/moe-bench times (after triton.testing.do_bench).
+static moe_status time_rounds_with(cudaStream_t stream, moe_status (*run)(void *, int), void *context, int candidates,
+                                   int repeats, cudaEvent_t *events, void *flush, size_t flush_bytes, double *median_us)
 {
-    moe_status status = run(context); // warm-up
-    if (status != MOE_OK)
-        return status;
-    for (int i = 0; i < repeats; i++) {
-        MOE_CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
-        status = run(context);
+    for (int c = 0; c < candidates; c++) { // warm-up
+        const moe_status status = run(context, c);
         if (status != MOE_OK)
             return status;
-        MOE_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
     }
-    MOE_CUDA_CHECK(cudaEventSynchronize(events[2 * repeats - 1]));
+    for (int r = 0; r < repeats; r++)
+        for (int c = 0; c < candidates; c++) {
+            cudaEvent_t *pair = events + 2 * ((int64_t)c * repeats + r);
+            MOE_CUDA_CHECK(cudaMemsetAsync(flush, (r * candidates + c) & 0xff, flush_bytes, stream));
+            MOE_CUDA_CHECK(cudaEventRecord(pair[0], stream));
+            const moe_status status = run(context, c);
+            if (status != MOE_OK)
+                return status;
+            MOE_CUDA_CHECK(cudaEventRecord(pair[1], stream));
+        }
+    MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     double *ms = static_cast<double *>(malloc((size_t)repeats * sizeof(double)));
     if (ms == nullptr)
         return moe_fail(MOE_ERR_OUT_OF_MEMORY, "moe_gemm_autotune: no memory for %d timings", repeats);
-    for (int i = 0; i < repeats; i++) {
-        float elapsed = 0.0f;
-        const cudaError_t err = cudaEventElapsedTime(&elapsed, events[2 * i], events[2 * i + 1]);
-        if (err != cudaSuccess) {
-            free(ms);
-            return moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaEventElapsedTime failed: %s", cudaGetErrorString(err));
+    for (int c = 0; c < candidates; c++) {
+        for (int r = 0; r < repeats; r++) {
+            const cudaEvent_t *pair = events + 2 * ((int64_t)c * repeats + r);
+            float elapsed = 0.0f;
+            const cudaError_t err = cudaEventElapsedTime(&elapsed, pair[0], pair[1]);
+            if (err != cudaSuccess) {
+                free(ms);
+                return moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaEventElapsedTime failed: %s",
+                                cudaGetErrorString(err));
+            }
+            ms[r] = elapsed;
         }
-        ms[i] = elapsed;
+        for (int i = 1; i < repeats; i++) // insertion sort: repeats <= 1000
+            for (int j = i; j > 0 && ms[j - 1] > ms[j]; j--) {
+                const double t = ms[j];
+                ms[j] = ms[j - 1], ms[j - 1] = t;
+            }
+        median_us[c] = 1000.0 * (repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]));
     }
-    for (int i = 1; i < repeats; i++) // insertion sort: repeats <= 1000
-        for (int j = i; j > 0 && ms[j - 1] > ms[j]; j--) {
-            const double t = ms[j];
-            ms[j] = ms[j - 1], ms[j - 1] = t;
-        }
-    *median_us = 1000.0 * (repeats % 2 ? ms[repeats / 2] : 0.5 * (ms[repeats / 2 - 1] + ms[repeats / 2]));
     free(ms);
     return MOE_OK;
 }
 
-moe_status moe_cuda_time_calls(void *stream, moe_status (*run)(void *context), void *context, int repeats,
-                               double *median_us)
+moe_status moe_cuda_time_rounds(void *stream, moe_status (*run)(void *context, int candidate), void *context,
+                                int candidates, int repeats, double *median_us)
 {
     if (repeats < 1 || repeats > 1000)
         return moe_fail(MOE_ERR_INVALID_OPTION, "moe_gemm_autotune: repeats = %d, expected 1 .. 1000", repeats);
-    cudaEvent_t *events = static_cast<cudaEvent_t *>(calloc((size_t)2 * repeats, sizeof(cudaEvent_t)));
+    if (candidates < 1 || candidates > 64)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "moe_gemm_autotune: %d candidates, expected 1 .. 64", candidates);
+    const size_t event_count = (size_t)2 * candidates * repeats;
+    cudaEvent_t *events = static_cast<cudaEvent_t *>(calloc(event_count, sizeof(cudaEvent_t)));
     if (events == nullptr)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "moe_gemm_autotune: no memory for %d events", 2 * repeats);
+        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "moe_gemm_autotune: no memory for %zu events", event_count);
     moe_status status = MOE_OK;
-    int created = 0;
-    for (; created < 2 * repeats; created++) {
+    size_t created = 0;
+    for (; created < event_count; created++) {
         const cudaError_t err = cudaEventCreate(&events[created]);
         if (err != cudaSuccess) {
             status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaEventCreate failed: %s", cudaGetErrorString(err));
             break;
         }
     }
+    // the L2 flush buffer: four times the device's L2 (200-240 MB on an H100 / H200)
+    void *flush = nullptr;
+    size_t flush_bytes = 0;
+    if (status == MOE_OK) {
+        int device = 0, l2_bytes = 0;
+        cudaError_t err = cudaGetDevice(&device);
+        if (err == cudaSuccess)
+            err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+        if (err != cudaSuccess)
+            status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: the L2 size query failed: %s", cudaGetErrorString(err));
+        flush_bytes = 4 * (size_t)(l2_bytes > 0 ? l2_bytes : 1 << 20);
+        if (status == MOE_OK && (err = cudaMalloc(&flush, flush_bytes)) != cudaSuccess) {
+            flush = nullptr;
+            status = moe_fail(err == cudaErrorMemoryAllocation ? MOE_ERR_OUT_OF_MEMORY : MOE_ERR_DEVICE,
+                              "moe_gemm_autotune: no device memory for the %zu-byte buffer that flushes the L2 "
+                              "before each timed call (four times the L2): %s",
+                              flush_bytes, cudaGetErrorString(err));
+        }
+    }
     if (status == MOE_OK)
-        status = time_calls_with(static_cast<cudaStream_t>(stream), run, context, repeats, events, median_us);
-    for (int i = 0; i < created; i++)
+        status = time_rounds_with(static_cast<cudaStream_t>(stream), run, context, candidates, repeats, events, flush,
+                                  flush_bytes, median_us);
+    if (flush != nullptr) {
+        const cudaError_t err = cudaFree(flush); // synchronises with the timed calls
+        if (err != cudaSuccess && status == MOE_OK)
+            status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: cudaFree of the L2 flush buffer failed: %s",
+                              cudaGetErrorString(err));
+    }
+    for (size_t i = 0; i < created; i++)
         cudaEventDestroy(events[i]); // best effort: a failure here changes no result
     free(events);
     return status;

@@ -257,14 +257,17 @@ typedef struct moe_gemm_tuning {
 } moe_gemm_tuning;
 
 /* Times each candidate configuration of the call moe_gemm_fwd / _dx / _dw(MOE_BACKEND_CUDA, routing,
- * N, K, a, b, topk_weights, out, options) `repeats` times (after one warm-up run each; CUDA events on
- * options->stream, median), keeps the fastest (see above), appends it to cache_path when that is not
+ * N, K, a, b, topk_weights, out, options) `repeats` times (CUDA events on options->stream, median; after
+ * one untimed run each, in `repeats` rounds that each run every candidate once in turn, so that all see the
+ * same clock and thermal state; before each timed run the L2 is flushed by rewriting a device buffer of four
+ * times its size, allocated for the call, so that each run starts as a call in a training step does, with its
+ * operands not in L2), keeps the fastest (see above), appends it to cache_path when that is not
  * NULL, and runs the call once more with it, so that `out` holds the call's result.  The arguments are
  * those of the op (device pointers; the routing on the device), validated as the op validates them.
  *   repeats   1 .. 1000
  *   chosen    out, may be NULL: the configuration kept
  * Refuses options->accumulate (MOE_ERR_INVALID_OPTION): the candidates overwrite out many times.
- * MOE_ERR_NO_BACKEND without a CUDA device; MOE_ERR_IO when cache_path cannot be appended to (the
+ * MOE_ERR_NO_BACKEND without a CUDA device; MOE_ERR_OUT_OF_MEMORY when the flush buffer does not fit; MOE_ERR_IO when cache_path cannot be appended to (the
  * choice is still kept in the process table).  Routing errors found on the device are returned. */
 moe_status moe_gemm_autotune(moe_gemm_op op, const moe_routing *routing, int64_t N, int64_t K,
                              const void *a, const void *b, const void *topk_weights, void *out,

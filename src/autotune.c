@@ -400,6 +400,20 @@ static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
            a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
 }
 
+/* The distinct candidates of one call, for moe_cuda_time_rounds: candidate c runs the call under forced[c]. */
+enum { MAX_TUNE_CANDIDATES = 16 };
+typedef struct timed_candidates {
+    tune_call *call;
+    const moe_tune_choice *forced[MAX_TUNE_CANDIDATES];
+} timed_candidates;
+
+static moe_status run_timed_candidate(void *context, int c)
+{
+    timed_candidates *t = context;
+    moe_cuda_tune_force(t->forced[c]);
+    return run_tune_call(t->call);
+}
+
 /* Times every distinct candidate; *best gets the fastest, *timed the number timed. */
 static moe_status time_candidates(tune_call *call, int repeats, void *stream, moe_tune_key *key,
                                   moe_tune_choice *best, int *timed)
@@ -414,43 +428,51 @@ static moe_status time_candidates(tune_call *call, int repeats, void *stream, mo
         {MOE_TUNE_SM80, 128, 1, 0, 0, 0}, {MOE_TUNE_SM90, 128, 1, 1, 1, 0},
     };
     enum { CANDIDATES = sizeof candidates / sizeof candidates[0] };
+    _Static_assert((int)CANDIDATES <= (int)MAX_TUNE_CANDIDATES, "timed_candidates holds every candidate");
     moe_tune_choice seen[CANDIDATES];
+    timed_candidates distinct;
+    distinct.call = call;
     const char *verbose_env = getenv("MOE_AUTOTUNE_VERBOSE"); /* =1: each candidate's time on stderr */
     const int verbose = verbose_env != NULL && strcmp(verbose_env, "0") != 0;
     *timed = 0;
+    /* which plan each configuration becomes (one untimed call each) */
     for (int i = 0; i < CANDIDATES; i++) {
         moe_cuda_tune_force(&candidates[i]);
-        moe_status status = run_tune_call(call); /* plans it; the untimed warm-up of moe_cuda_time_calls follows */
+        moe_status status = run_tune_call(call);
         if (status == MOE_OK)
             status = moe_backend_synchronize(MOE_BACKEND_CUDA, stream);
         moe_tune_choice planned;
         if (status == MOE_OK && !moe_cuda_tune_last(key, &planned))
             status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: the call planned no GEMM");
-        if (status != MOE_OK) {
-            moe_cuda_tune_force(NULL);
+        moe_cuda_tune_force(NULL);
+        if (status != MOE_OK)
             return relabel(status);
-        }
         int duplicate = 0;
         for (int j = 0; j < *timed; j++)
             duplicate |= same_choice(&seen[j], &planned);
         if (duplicate)
             continue;
-        status = moe_cuda_time_calls(stream, run_tune_call, call, repeats, &planned.median_us);
-        if (status == MOE_OK)
-            status = moe_backend_synchronize(MOE_BACKEND_CUDA, stream);
-        moe_cuda_tune_force(NULL);
-        if (status != MOE_OK)
-            return relabel(status);
+        distinct.forced[*timed] = &candidates[i];
+        seen[(*timed)++] = planned;
+    }
+    /* the distinct plans timed in interleaved rounds (moe_cuda_time_rounds) */
+    double median_us[CANDIDATES];
+    moe_status status = moe_cuda_time_rounds(stream, run_timed_candidate, &distinct, *timed, repeats, median_us);
+    if (status == MOE_OK)
+        status = moe_backend_synchronize(MOE_BACKEND_CUDA, stream);
+    moe_cuda_tune_force(NULL);
+    if (status != MOE_OK)
+        return relabel(status);
+    for (int j = 0; j < *timed; j++) {
+        seen[j].median_us = median_us[j];
         if (verbose)
             fprintf(stderr, "moe_gemm_autotune: %s %s E=%" PRId64 " M=%" PRId64 " N=%" PRId64 " K=%" PRId64
                             ": %s rows %d cluster %d tma_store %d dw_pingpong %d: %.1f us\n",
-                    key->device, op_names[key->op], key->E, key->M, key->N, key->K, kernel_names[planned.kernel],
-                    planned.tile_rows, planned.cluster, planned.tma_store, planned.dw_pingpong, planned.median_us);
-        seen[(*timed)++] = planned;
-        if (*timed == 1 || planned.median_us < best->median_us)
-            *best = planned;
+                    key->device, op_names[key->op], key->E, key->M, key->N, key->K, kernel_names[seen[j].kernel],
+                    seen[j].tile_rows, seen[j].cluster, seen[j].tma_store, seen[j].dw_pingpong, seen[j].median_us);
+        if (j == 0 || seen[j].median_us < best->median_us)
+            *best = seen[j];
     }
-    moe_cuda_tune_force(NULL);
     return MOE_OK;
 }
 #endif

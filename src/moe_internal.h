@@ -180,10 +180,12 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
  * planned (returns 0 when this thread has planned no call). */
 void moe_cuda_tune_force(const moe_tune_choice *choice);
 int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice);
-/* Times `repeats` calls of run(context) on the stream with CUDA events, after one untimed call; writes
- * the median microseconds.  Returns the first failing status of run or of a CUDA call. */
-moe_status moe_cuda_time_calls(void *stream, moe_status (*run)(void *context), void *context, int repeats,
-                               double *median_us);
+/* Times run(context, c) for each candidate c in [0, candidates) on the stream with CUDA events: one untimed
+ * call of each, then `repeats` rounds that each run every candidate once in turn, the L2 flushed before
+ * every timed call; writes each candidate's median microseconds to median_us[c].  Returns the first failing
+ * status of run or of a CUDA call. */
+moe_status moe_cuda_time_rounds(void *stream, moe_status (*run)(void *context, int candidate), void *context,
+                                int candidates, int repeats, double *median_us);
 #endif
 
 #endif /* LIBMOE_INTERNAL_H */
