@@ -2058,7 +2058,10 @@ int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice)
 // sees the same spread of the GPU's clock and thermal state (as bench/device-ab.sh alternates its variants)
 // instead of one block of runs each.  Each timed call follows a rewrite of `flush` (flush_bytes, several times
 // the L2), so that it starts with none of its operands in L2, as in a training step, where other work runs
-// between two calls of one GEMM, and as bench/moe-bench times (after triton.testing.do_bench).
+// between two calls of one GEMM, and as bench/moe-bench times (after triton.testing.do_bench).  Timed in blocks,
+// back to back and then also with the flush, the autotune took the dW ping-pong kernel at Mixtral-8x7B down
+// (T = 4096), which moe-bench, alternating the two kernels, times 10% slower than the rule's; in rounds it takes
+// the rule's (H200, bench/RESULTS.md, 2026-11-29, twenty-first session, run151, run154, run155).
 static moe_status time_rounds_with(cudaStream_t stream, moe_status (*run)(void *, int), void *context, int candidates,
                                    int repeats, cudaEvent_t *events, void *flush, size_t flush_bytes, double *median_us)
 {
