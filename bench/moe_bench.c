@@ -25,7 +25,10 @@
  * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only
  * (so only the finiteness check applies).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
- * candidate), appends the choice to FILE, prints both, and reports the tuned time in the table.
+ * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
+ * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
+ * tuned time in the table.  Each heuristic timing starts from an empty table, so that no line of FILE (of this
+ * run or an earlier one) stands in for the heuristic.
  * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
  * Timing (time_median): as triton.testing.do_bench, which ANCHORS.md used: L2 flushed before each call,
  * no host synchronisation between calls; --sync-each waits for each call instead (the method before
@@ -436,6 +439,8 @@ int main(int argc, char **argv)
             const int64_t count = op == FWD ? M * N : op == DX ? M * K : E * N * K;
             CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * es)); /* NaN poison */
             const double flops = 2.0 * (double)M * (double)N * (double)K;
+            if (autotune_path != NULL)
+                moe_gemm_autotune_clear(); /* the heuristic's choice, not an entry of an earlier row (reloaded below) */
             float t_moe = time_median(&ctx, run_libmoe, &p);
             if (autotune_path != NULL) {
                 moe_gemm_options o = {0};
@@ -445,12 +450,23 @@ int main(int argc, char **argv)
                 moe_gemm_tuning chosen;
                 CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, p.topk_w, p.out, &o, repeat,
                                         autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
-                const float t_heuristic = t_moe;
-                t_moe = time_median(&ctx, run_libmoe, &p);
+                /* the heuristic and the tuned choice again, alternated, in the machine state the autotune's runs
+                 * left (timed only before it, the heuristic ran in another: up to 10% apart on an H200) */
+                const float t_before = t_moe;
+                float t_heuristic[2], t_tuned[2];
+                for (int round = 0; round < 2; round++) {
+                    moe_gemm_autotune_clear();
+                    t_heuristic[round] = time_median(&ctx, run_libmoe, &p);
+                    CHECK(moe_gemm_autotune_load(autotune_path) == MOE_OK, "%s", moe_last_error());
+                    t_tuned[round] = time_median(&ctx, run_libmoe, &p);
+                }
+                t_moe = t_tuned[1];
                 printf("  autotune %s %s %s: %d candidates, chosen %s rows %d cluster %d tma_store %d dw_pingpong %d; "
-                       "heuristic %.1f -> tuned %.1f TFLOP/s\n", sh->model, sh->gemm, op_names[op], chosen.candidates,
-                       chosen.kernel, chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong,
-                       flops / t_heuristic / 1e9, flops / t_moe / 1e9);
+                       "heuristic %.1f before, then alternated: heuristic %.1f, %.1f / tuned %.1f, %.1f TFLOP/s\n",
+                       sh->model, sh->gemm, op_names[op], chosen.candidates, chosen.kernel, chosen.tile_rows,
+                       chosen.cluster, chosen.tma_store, chosen.dw_pingpong, flops / t_before / 1e9,
+                       flops / t_heuristic[0] / 1e9, flops / t_heuristic[1] / 1e9, flops / t_tuned[0] / 1e9,
+                       flops / t_tuned[1] / 1e9);
             }
             CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * es, cudaMemcpyDeviceToDevice));
             CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
