@@ -15,6 +15,16 @@
 
 static int64_t failures;
 
+#if defined(__SANITIZE_ADDRESS__)
+/* Under AddressSanitizer an allocation past its maximum aborts the process instead of returning NULL, as
+ * malloc does; test_scratch_out_of_memory wants the NULL (CI runs this test under ASan). */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
+
 #define EXPECT(cond, ...)                                                                            \
     do {                                                                                             \
         if (!(cond)) {                                                                               \
@@ -399,6 +409,20 @@ static void test_validation(void)
     EXPECT(moe_mlp_layout_validate(NULL, NULL) == MOE_ERR_NULL_POINTER, "validate(NULL)");
 }
 
+/* The layout check's scratch (2 E + 2 T + N + 1 int64) that no allocator can give: E = 2^59 experts (the shape
+ * checks accept up to SIZE_MAX / 16), no token, no block; the check reads no entry before it allocates. */
+static void test_scratch_out_of_memory(void)
+{
+    moe_mlp_layout huge = {0};
+    huge.num_experts = (int64_t)1 << 59;
+    const moe_status st = moe_mlp_layout_validate(&huge, NULL);
+    EXPECT(st == MOE_ERR_OUT_OF_MEMORY &&
+               strstr(moe_last_error(), "moe_mlp_layout_validate: no memory for the scratch of the layout check") !=
+                   NULL &&
+               strstr(moe_last_error(), "E = 576460752303423488 experts, T = 0 tokens, N = 0 blocks") != NULL,
+           "validate with E = 2^59: status %d (%s)", (int)st, moe_last_error());
+}
+
 static void test_builder_errors(void)
 {
     const int64_t ids[6] = {0, 1, 2, 0, 1, 2};
@@ -569,6 +593,7 @@ int main(void)
     test_builders();
     test_validation();
     test_builder_errors();
+    test_scratch_out_of_memory();
     test_workspace_bound();
     test_empty_hidden();
     printf("%lld failures\n", (long long)failures);
