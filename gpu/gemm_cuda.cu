@@ -2053,7 +2053,7 @@ int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice)
     return 1;
 }
 
-// Events are recorded around each call and read after the last: one synchronisation per candidate.
+// Events are recorded around each call and read after the last round: one synchronisation for the whole timing.
 // The candidates are timed in rounds: each round runs every candidate once, in turn, so that every candidate
 // sees the same spread of the GPU's clock and thermal state (as bench/device-ab.sh alternates its variants)
 // instead of one block of runs each.  Each timed call follows a rewrite of `flush` (flush_bytes, several times
@@ -2136,7 +2136,8 @@ moe_status moe_cuda_time_rounds(void *stream, moe_status (*run)(void *context, i
         if (err == cudaSuccess)
             err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
         if (err != cudaSuccess)
-            status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: the L2 size query failed: %s", cudaGetErrorString(err));
+            status = moe_fail(MOE_ERR_DEVICE, "moe_gemm_autotune: the L2 size query failed: %s",
+                              cudaGetErrorString(err));
         flush_bytes = 4 * (size_t)(l2_bytes > 0 ? l2_bytes : 1 << 20);
         if (status == MOE_OK && (err = cudaMalloc(&flush, flush_bytes)) != cudaSuccess) {
             flush = nullptr;

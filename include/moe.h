@@ -267,8 +267,9 @@ typedef struct moe_gemm_tuning {
  *   repeats   1 .. 1000
  *   chosen    out, may be NULL: the configuration kept
  * Refuses options->accumulate (MOE_ERR_INVALID_OPTION): the candidates overwrite out many times.
- * MOE_ERR_NO_BACKEND without a CUDA device; MOE_ERR_OUT_OF_MEMORY when the flush buffer does not fit; MOE_ERR_IO when cache_path cannot be appended to (the
- * choice is still kept in the process table).  Routing errors found on the device are returned. */
+ * MOE_ERR_NO_BACKEND without a CUDA device; MOE_ERR_OUT_OF_MEMORY when the flush buffer does not fit in
+ * device memory; MOE_ERR_IO when cache_path cannot be appended to (the choice is still kept in the process
+ * table).  Routing errors found on the device are returned. */
 moe_status moe_gemm_autotune(moe_gemm_op op, const moe_routing *routing, int64_t N, int64_t K,
                              const void *a, const void *b, const void *topk_weights, void *out,
                              const moe_gemm_options *options, int repeats, const char *cache_path,
