@@ -24,17 +24,41 @@ const char *moe_dtype_name(moe_dtype dtype)
     return "?";
 }
 
+/* 1 when the string name is exactly word, whose length characters (no nul among them) are its letters; 0
+ * otherwise.  Used instead of strcmp so that WP can prove the reads: strcmp requires both arguments to be
+ * strings, which WP 25 cannot show for a string literal (its contents are not in the Typed model), while
+ * reading word's first length characters needs only their validity.  name is read up to its nul at most. */
+/*@ requires name: valid_read_string(name);
+    requires word: \valid_read(word + (0 .. length - 1));
+    requires length: 1 <= length;
+    terminates \true;
+    assigns \nothing; */
+static int spells(const char *name, const char *word, size_t length)
+{
+    size_t i = 0;
+    /*@ loop invariant bounds: 0 <= i <= length;
+        loop invariant within: i <= strlen(name);
+        loop assigns i;
+        loop variant length - i; */
+    for (; i < length; i++)
+        if (name[i] == '\0' || name[i] != word[i])
+            return 0;
+    return name[length] == '\0';
+}
+/* name is the string literal word (the literal's characters, without its nul) */
+#define SPELLS(name, word) spells(name, word, sizeof(word) - 1)
+
 moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype)
 {
     moe_clear_error();
     if (name == NULL || dtype == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "moe_dtype_from_name: %s is NULL",
                         name == NULL ? "name" : "dtype");
-    if (strcmp(name, "f32") == 0 || strcmp(name, "float32") == 0 || strcmp(name, "fp32") == 0)
+    if (SPELLS(name, "f32") || SPELLS(name, "float32") || SPELLS(name, "fp32"))
         *dtype = MOE_F32;
-    else if (strcmp(name, "f16") == 0 || strcmp(name, "float16") == 0 || strcmp(name, "fp16") == 0)
+    else if (SPELLS(name, "f16") || SPELLS(name, "float16") || SPELLS(name, "fp16"))
         *dtype = MOE_F16;
-    else if (strcmp(name, "bf16") == 0 || strcmp(name, "bfloat16") == 0)
+    else if (SPELLS(name, "bf16") || SPELLS(name, "bfloat16"))
         *dtype = MOE_BF16;
     else
         return moe_fail(MOE_ERR_INVALID_DTYPE, "moe_dtype_from_name: \"%.64s\" is not a dtype (f32, f16, bf16; "

@@ -35,8 +35,8 @@
 #include "gemm.acsl"    /* specs/: the grouped GEMM over the reals (Frama-C only) */
 
 /* The dtype functions of ref/dtype.c (prototypes in include/moe.h, which carries no ACSL), redeclared with
- * their contracts for Frama-C only; Frama-C merges them with moe.h's prototypes.  WP proves seven of the
- * eight in ref/dtype.c (specs/verify.sh; moe_dtype_from_name's contract is stated, not proved: specs/README.md),
+ * their contracts for Frama-C only; Frama-C merges them with moe.h's prototypes.  WP proves all eight in
+ * ref/dtype.c (specs/verify.sh; moe_dtype_from_name through its string comparison `spells`, not strcmp),
  * relying on the trusted contracts of its bit casts float_bits / bits_float (memcpy between a float and a
  * uint32_t, which WP's typed model cannot follow).  The conversions' values
  * (round to nearest even, NaN and Inf kept) are not stated; tests/test_dtype checks them.  Gap: Frama-C 25's
