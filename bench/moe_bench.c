@@ -17,13 +17,13 @@
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
- *                  [--topk-weights] [--dtype bf16|f32|tf32]
+ *                  [--topk-weights] [--dtype bf16|f16|f32|tf32]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
  * --topk-weights passes random topk weights (of --dtype) to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
  * comparison with cuBLAS is skipped (the finiteness check still runs).
- * --dtype f32 | tf32 times libmoe on f32 tensors (tf32: with options.allow_tf32), with --libmoe-only only
- * (so only the finiteness check applies).
+ * --dtype f16 | f32 | tf32 times libmoe on f16 or f32 tensors (tf32: f32 with options.allow_tf32), with
+ * --libmoe-only only (so only the finiteness check applies).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
@@ -252,24 +252,23 @@ static void free_grouped(problem *p)
     free(p->ta), free(p->tb), free(p->alphas), free(p->betas);
 }
 
-/* Random data of dtype (bf16 or f32; never zeros): one 8 Mi-element random block, repeated over the tensor
- * (the largest weights, 15 GB for DeepSeek-V3 in bf16, would take minutes to draw element by element). */
+/* Random data of dtype (never zeros): one 8 Mi-element random block per dtype, repeated over the tensor (the
+ * largest weights, 15 GB for DeepSeek-V3 in bf16, would take minutes to draw element by element). */
 static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dtype)
 {
     const int64_t chunk = 1 << 23;
-    static unsigned char *block[2] = {NULL, NULL};
-    const int f32 = dtype == MOE_F32;
-    const size_t es = f32 ? 4 : 2;
-    if (block[f32] == NULL) {
-        block[f32] = malloc((size_t)(chunk + 4096) * es);
-        CHECK(block[f32] != NULL, "out of memory");
-        oracle_fill(rng, f32 ? MOE_F32 : MOE_BF16, block[f32], chunk + 4096, 0);
+    static unsigned char *block[3] = {NULL, NULL, NULL}; /* by moe_dtype */
+    const size_t es = moe_dtype_size(dtype);
+    if (block[dtype] == NULL) {
+        block[dtype] = malloc((size_t)(chunk + 4096) * es);
+        CHECK(block[dtype] != NULL, "out of memory");
+        oracle_fill(rng, dtype, block[dtype], chunk + 4096, 0);
     }
     for (int64_t first = 0; first < count; first += chunk) {
         int64_t n = count - first < chunk ? count - first : chunk;
         /* shift each repeat so that rows of different experts do not see the same values */
-        CUDA_CHECK(cudaMemcpy((char *)dev + first * es, block[f32] + (first / chunk * 7919) % 4096 * es, (size_t)n * es,
-                              cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy((char *)dev + first * es, block[dtype] + (first / chunk * 7919) % 4096 * es,
+                              (size_t)n * es, cudaMemcpyHostToDevice));
     }
 }
 
@@ -282,9 +281,24 @@ static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dty
  * output is reported as non-finite too, rightly: here outputs are sums of products of random values in
  * [-1, 1], so |x| is at most the reduction length (~1e5).  cuBLAS's n is an int (the DeepSeek-V3 dW
  * output has 7.5e9 elements), hence chunks of at most 2^30 elements.  The result lands in host memory (the
- * default pointer mode), so each call returns once its dot product is done. */
+ * default pointer mode), so each call returns once its dot product is done.  f16, whose dot products would
+ * overflow at 65504, is copied to the host in chunks and its exponent fields read there instead. */
 static int output_finite(cublasHandle_t handle, const void *dev, int64_t count, moe_dtype dtype)
 {
+    if (dtype == MOE_F16) {
+        const int64_t chunk = (int64_t)1 << 26;
+        uint16_t *host = malloc((size_t)chunk * 2);
+        CHECK(host != NULL, "out of memory");
+        int finite = 1;
+        for (int64_t first = 0; first < count && finite; first += chunk) {
+            const int64_t n = count - first < chunk ? count - first : chunk;
+            CUDA_CHECK(cudaMemcpy(host, (const uint16_t *)dev + first, (size_t)n * 2, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < n; i++)
+                finite &= (host[i] & 0x7C00u) != 0x7C00u; /* exponent all ones: Inf or NaN */
+        }
+        free(host);
+        return finite;
+    }
     const int64_t chunk = (int64_t)1 << 30;
     const int f32 = dtype == MOE_F32;
     const cudaDataType type = f32 ? CUDA_R_32F : CUDA_R_16BF; /* bf16: the result is bf16 too (cuBLAS's rule) */
@@ -350,22 +364,23 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
-                            "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] [--dtype bf16|f32|tf32]\n",
+                            "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] "
+                            "[--dtype bf16|f16|f32|tf32]\n",
                     argv[0]);
             return 2;
         }
     }
-    const moe_dtype dtype = strcmp(dtype_name, "bf16") == 0 ? MOE_BF16 : MOE_F32;
     const int allow_tf32 = strcmp(dtype_name, "tf32") == 0;
-    if (dtype == MOE_F32 && !allow_tf32 && strcmp(dtype_name, "f32") != 0) {
-        fprintf(stderr, "moe-bench: --dtype is bf16, f32 or tf32 (f32 with allow_tf32), got '%s'\n", dtype_name);
+    moe_dtype dtype = MOE_F32;
+    if (!allow_tf32 && moe_dtype_from_name(dtype_name, &dtype) != MOE_OK) {
+        fprintf(stderr, "moe-bench: --dtype is bf16, f16, f32 or tf32 (f32 with allow_tf32), got '%s'\n", dtype_name);
         return 2;
     }
     if (dtype != MOE_BF16 && !libmoe_only) {
         fprintf(stderr, "moe-bench: --dtype %s times libmoe alone: add --libmoe-only\n", dtype_name);
         return 2;
     }
-    const size_t es = dtype == MOE_F32 ? 4 : 2;
+    const size_t es = moe_dtype_size(dtype);
     printf("seed %llu\n", (unsigned long long)seed);
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA device\n");

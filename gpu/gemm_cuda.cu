@@ -15,11 +15,11 @@
 // Paths (families): sm90 (gemm_sm90.cuh: Hopper, warp-specialised wgmma kernel fed by TMA and cp.async,
 // 128 x 256 tiles; fwd, dX, dW), sm80 (tc_gemm_kernel: mma.sync m16n8k16 with ldmatrix on sm_80+, cp.async
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
-// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (bf16 dW with fused topk weights: w * dY
-// split exactly into two bf16 terms, both MMA'd), and the sm80 family's TF32 kernel (tf32_gemm_kernel:
-// f32 inputs with allow_tf32, fwd, dX and unweighted dW, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used
-// for f32 inputs otherwise, for f16 dW with fused topk weights (w * dY, an fp32 product, has no exact split
-// into f16 terms), and for shapes the tensor-core paths cannot take).
+// accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (dW with fused topk weights: w * dY
+// split exactly into two bf16 terms for bf16, both MMA'd, and into two TF32 terms for f16, on the sm80 kernel
+// only), and the sm80 family's TF32 kernel (tf32_gemm_kernel: f32 inputs with allow_tf32, fwd, dX and
+// unweighted dW, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used for f32 inputs otherwise, f32 dW with fused
+// topk weights included, and for shapes the tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -582,8 +582,11 @@ __global__ void __launch_bounds__(SIMT_THREADS) simt_gemm_kernel(GemmArgs g)
 // bf16 (round toward zero: same sign as p, never overflows) and lo = p - hi (at most 8 significant bits, so
 // exact in bf16), and every k16 step runs the MMAs twice, on hi and on lo: the sum is fl32(w * dY) times X,
 // twice the MMAs, each product entering the accumulator as two terms whose magnitudes add up to its own
-// (specs/DECISIONS.md, "Weighted dW on tensor cores", for the bound).  The weights of a stage's 32 rows
-// sit in shared memory past the pipeline's bytes (the C tile's tail, free until the epilogue).
+// (specs/DECISIONS.md, "Weighted dW on tensor cores", for the bound).  f16 dW with fused topk weights
+// (WEIGHTED, T = __half) splits p into two TF32 terms instead (split_weighted_pair_tf32) and runs each k16
+// half-step as two m16n8k8 TF32 MMAs per term, X's f16 fragments converted to TF32 in registers.  The weights
+// of a stage's 32 rows sit in shared memory past the pipeline's bytes (the C tile's tail, free until the
+// epilogue).
 // ------------------------------------------------------------------------------------------------
 constexpr int TC_BM = 128, TC_BN = 128, TC_BK = 32, TC_STAGES = 4, TC_THREADS = 128;
 constexpr int TC_TILE_ELEMS = TC_BM * TC_BK; // one operand's stage: 8 KiB either layout
@@ -628,6 +631,15 @@ __device__ __forceinline__ void mma_m16n8k16(float d[4], const uint32_t a[4], co
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// d += a * b for one m16n8k8 tile of TF32 operands (row-major A, column-major B, fp32 accumulators).
+__device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 // Weighted bf16 dW: the bf16 pair a (element k in the low half, k + 1 in the high half) times the fp32 weights
 // w0 (of k) and w1 (of k + 1) -> hi + lo exactly, each a bf16 pair (see the section comment).  p = w * a is
 // exact (a product of two bf16 values); hi keeps p's upper 16 bits (truncation = round toward zero), the rest
@@ -643,6 +655,23 @@ __device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float 
     const float r0 = fabsf(p0) == INFINITY ? 0.0f : p0 - h0, r1 = fabsf(p1) == INFINITY ? 0.0f : p1 - h1;
     hi = __byte_perm(__float_as_uint(p0), __float_as_uint(p1), 0x7632); // upper halves: (p1, p0)
     lo = __byte_perm(__float_as_uint(r0), __float_as_uint(r1), 0x7632);
+}
+
+// Weighted f16 dW: the f16 pair a (element k low, k + 1 high) times the weights w0, w1 -> TF32 words hi + lo
+// exactly, element by element (hi0, lo0 of k; hi1, lo1 of k + 1).  p = w * a is a product of two f16 values:
+// at most 22 significant bits and |p| >= 2^-48, so exact in fp32, never subnormal and finite unless a is.  hi
+// keeps p's sign, exponent and upper 10 fraction bits (truncation toward zero: TF32's 11 significant bits, the
+// lower 13 bits zero); lo = p - hi is exact, has at most 22 - 11 significant bits and is a normal fp32 value,
+// so it is a TF32 value as well.  An infinite p stays in hi (lo = 0); a NaN p makes lo NaN.  Unlike the bf16
+// split there is no range limit: hi * x and lo * x (x an f16 value, exact in TF32) are exact in fp32.
+__device__ __forceinline__ void split_weighted_pair_tf32(uint32_t a, float w0, float w1, uint32_t &hi0,
+                                                         uint32_t &lo0, uint32_t &hi1, uint32_t &lo1)
+{
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&a));
+    const float p0 = f.x * w0, p1 = f.y * w1;
+    hi0 = __float_as_uint(p0) & 0xffffe000u, hi1 = __float_as_uint(p1) & 0xffffe000u;
+    lo0 = __float_as_uint(fabsf(p0) == INFINITY ? 0.0f : p0 - __uint_as_float(hi0));
+    lo1 = __float_as_uint(fabsf(p1) == INFINITY ? 0.0f : p1 - __uint_as_float(hi1));
 }
 
 // One k-step's operands into stage (sa, sb): A 128 x 32 and B 32 x 128, 512 chunks each, 4 per thread;
@@ -781,8 +810,7 @@ __device__ __forceinline__ void tc_finish_tile(const GemmArgs &g, const TileCoor
 template <typename T, int OP, bool WEIGHTED = false>
 __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 {
-    static_assert(!WEIGHTED || (OP == OP_DW && std::is_same<T, __nv_bfloat16>::value),
-                  "the exact two-term split of w * dY needs bf16 (a product of two f16 values can underflow f16)");
+    static_assert(!WEIGHTED || OP == OP_DW, "fused topk weights in the reduction: dW only");
     extern __shared__ __align__(128) unsigned char smem[];
     T *pipe = reinterpret_cast<T *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
@@ -853,23 +881,55 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
             }
         };
         auto mma_fragments = [&](int buf) {
+            if constexpr (WEIGHTED && std::is_same<T, __half>::value) {
+                // f16: w * dY split into TF32 terms, two m16n8k8 TF32 MMAs per k16 half-step s (the k pair
+                // 2t, 2t + 1 for s = 0 and 2t + 8, 2t + 9 for s = 1, t = lane % 4).  The reduction order inside
+                // an MMA is permuted alike for A and B, as in the TF32 kernel: the lane's k = t is q = 2t + 8s
+                // (the low halves of its f16 pairs) and its k = t + 4 is q = 2t + 1 + 8s (the high halves).
+                // A (n, q) pairs: fa[u][2s] row g = lane / 4, fa[u][2s + 1] row g + 8; B (q, c): fb's word s.
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                if (WEIGHTED) { // a0, a1: k pair (fw 0, 1); a2, a3: k + 8 (fw 2, 3); the lo MMAs after the hi ones
-                    uint32_t hi[4], lo[4];
+                for (int s = 0; s < 2; s++) {
+                    uint32_t b[8][2];
 #pragma unroll
-                    for (int x = 0; x < 4; x++)
-                        split_weighted_pair(fa[buf][u][x], fw[buf][x & 2], fw[buf][(x & 2) + 1], hi[x], lo[x]);
+                    for (int v = 0; v < 8; v++) {
+                        const uint32_t pair = fb[buf][v / 2][2 * (v % 2) + s];
+                        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&pair));
+                        b[v][0] = __float_as_uint(f.x), b[v][1] = __float_as_uint(f.y); // f16: exact in TF32
+                    }
 #pragma unroll
-                    for (int v = 0; v < 8; v++)
-                        mma_m16n8k16<T>(acc[u][v], hi, &fb[buf][v / 2][2 * (v % 2)]);
+                    for (int u = 0; u < 4; u++) {
+                        uint32_t hi[4], lo[4]; // TF32 A fragments: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                        split_weighted_pair_tf32(fa[buf][u][2 * s], fw[buf][2 * s], fw[buf][2 * s + 1], hi[0], lo[0],
+                                                 hi[2], lo[2]);
+                        split_weighted_pair_tf32(fa[buf][u][2 * s + 1], fw[buf][2 * s], fw[buf][2 * s + 1], hi[1],
+                                                 lo[1], hi[3], lo[3]);
 #pragma unroll
-                    for (int v = 0; v < 8; v++)
-                        mma_m16n8k16<T>(acc[u][v], lo, &fb[buf][v / 2][2 * (v % 2)]);
-                } else {
+                        for (int v = 0; v < 8; v++)
+                            mma_m16n8k8_tf32(acc[u][v], hi, b[v]);
 #pragma unroll
-                    for (int v = 0; v < 8; v++)
-                        mma_m16n8k16<T>(acc[u][v], fa[buf][u], &fb[buf][v / 2][2 * (v % 2)]);
+                        for (int v = 0; v < 8; v++)
+                            mma_m16n8k8_tf32(acc[u][v], lo, b[v]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    if (WEIGHTED) { // a0, a1: k pair (fw 0, 1); a2, a3: k + 8 (fw 2, 3); the lo MMAs after the hi ones
+                        uint32_t hi[4], lo[4];
+#pragma unroll
+                        for (int x = 0; x < 4; x++)
+                            split_weighted_pair(fa[buf][u][x], fw[buf][x & 2], fw[buf][(x & 2) + 1], hi[x], lo[x]);
+#pragma unroll
+                        for (int v = 0; v < 8; v++)
+                            mma_m16n8k16<T>(acc[u][v], hi, &fb[buf][v / 2][2 * (v % 2)]);
+#pragma unroll
+                        for (int v = 0; v < 8; v++)
+                            mma_m16n8k16<T>(acc[u][v], lo, &fb[buf][v / 2][2 * (v % 2)]);
+                    } else {
+#pragma unroll
+                        for (int v = 0; v < 8; v++)
+                            mma_m16n8k16<T>(acc[u][v], fa[buf][u], &fb[buf][v / 2][2 * (v % 2)]);
+                    }
                 }
             }
         };
@@ -923,15 +983,6 @@ __device__ __forceinline__ uint32_t to_tf32(float x)
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
     return r;
-}
-
-// d += a * b for one m16n8k8 tile of TF32 operands (row-major A, column-major B, fp32 accumulators).
-__device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2])
-{
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // One k-step's operands (16 reduction rows) into stage (sa, sb), 16-byte chunks of 4 floats, 512 per operand,
@@ -1167,8 +1218,8 @@ bool sm90_path_available()
 
 // Whether the tensor-core path can take the problem's shape: 16-byte vectors along every contiguous
 // dimension (loads and the vectorised epilogue).  plan_gemm adds the dtype rules: f32 only with allow_tf32
-// (the TF32 kernel: fwd, dX, unweighted dW), dW with fused topk weights only for bf16 (and on sm90 not the
-// wide or ping-pong kernels).
+// (the TF32 kernel: fwd, dX, unweighted dW), dW with fused topk weights for bf16 (on sm90 not the wide or
+// ping-pong kernels) and f16 (the sm80 kernel only).
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
     if (p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
@@ -1465,9 +1516,8 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
     auto kernel = op == OP_FWD ? tc_gemm_kernel<T, OP_FWD>
                 : op == OP_DX ? tc_gemm_kernel<T, OP_DX>
                 : op == OP_DW ? tc_gemm_kernel<T, OP_DW> : tc_gemm_kernel<T, OP_TOPK_GRAD>;
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) // plan_gemm sends weighted dW here for bf16 only
-        if (op == OP_DW && g.weights != nullptr)
-            kernel = tc_gemm_kernel<T, OP_DW, true>;
+    if (op == OP_DW && g.weights != nullptr) // bf16: two bf16 terms; f16: two TF32 terms
+        kernel = tc_gemm_kernel<T, OP_DW, true>;
     return launch_sm80_family(kernel, g, max_tiles, stream);
 }
 
@@ -1555,19 +1605,20 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                                  : tune_forced != nullptr ? tune_forced
                                  : moe_tune_table_used() && moe_tune_lookup(&key, &table_choice) ? &table_choice
                                  : nullptr;
-    // dW with fused topk weights: the two-term split of the sm90 and sm80 kernels for bf16; f16 stays on SIMT
-    // (no exact split)
+    // dW with fused topk weights: the two-term split of w * dY, into bf16 terms on the sm90 and sm80 kernels for
+    // bf16, into TF32 terms on the sm80 kernel for f16 (no sm90 kernel); f32 stays on SIMT (no exact split)
     const bool weighted_dw = op == OP_DW && weighted;
     // f32: true fp32 (SIMT) unless the caller allows TF32, which the TF32 kernel (sm80 family) uses for fwd, dX
     // and unweighted dW
     const bool f32_ok = p->dtype != MOE_F32 || (p->allow_tf32 && op != OP_TOPK_GRAD && !weighted_dw);
-    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && !(weighted_dw && p->dtype != MOE_BF16) &&
+    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok &&
                         !(forced != NULL && strcmp(forced, "simt") == 0) &&
                         !(!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SIMT);
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
-                 : op != OP_TOPK_GRAD && p->dtype != MOE_F32 && sm90_path_available() && !want_sm80 ? FAMILY_SM90
+                 : op != OP_TOPK_GRAD && p->dtype != MOE_F32 && !(weighted_dw && p->dtype == MOE_F16) &&
+                           sm90_path_available() && !want_sm80 ? FAMILY_SM90
                  : FAMILY_SM80;
     memset(&plan->maps, 0, sizeof plan->maps);
     g->tma_rows = 0, g->tma_out = 0, g->tma_out_wide = 0;

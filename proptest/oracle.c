@@ -161,8 +161,8 @@ void oracle_gemm_dx(const moe_routing *routing, int64_t N, int64_t K, const void
     free_rows(&map);
 }
 
-/* oracle_gemm_dw and oracle_gemm_dw_split: split, whether the backend may add a bf16 row's fused product
- * w * dy as two terms (oracle.h). */
+/* oracle_gemm_dw and oracle_gemm_dw_split: split, whether the backend may add a bf16 or f16 row's fused
+ * product w * dy as two terms (oracle.h). */
 static void gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
                     const void *topk_weights, const void *old_dw, const moe_gemm_options *o, int split,
                     double *value, double *bound)
@@ -185,10 +185,10 @@ static void gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void
                     mag += fabs(term);
                 }
                 const int64_t i = (e * N + n) * K + c;
-                /* fused weights: one for the weight multiply; where the backend splits the exact bf16 product
-                 * w * dy into hi + lo (the CUDA tensor-core kernels, DECISIONS.md), each row may enter the sum
-                 * as two terms */
-                const int two_terms = split && topk_weights != NULL && o->dtype == MOE_BF16;
+                /* fused weights: one for the weight multiply; where the backend splits the exact bf16 or f16
+                 * product w * dy into hi + lo (the CUDA tensor-core kernels, DECISIONS.md), each row may enter
+                 * the sum as two terms */
+                const int two_terms = split && topk_weights != NULL && o->dtype != MOE_F32;
                 int64_t roundings = (two_terms ? 2 * count : count) + (topk_weights != NULL);
                 if (o->accumulate) {
                     double old = oracle_load(out_dtype, old_dw, i);

@@ -8,8 +8,8 @@
  *   bound = A  +  u_out * (|value| + A)  +  eta_out  +  L * 2^-52 * S,   A = g(L) * (1 + d) * S  +  d * S
  *
  *   L       float32 roundings on the way to the element: the length of the dot product, plus one for a
- *           topk-weight multiply, plus one for an accumulate add (and N + 2k for reduce_topk); bf16 dW
- *           with fused topk weights counts its dot length twice in oracle_gemm_dw_split, the bound of a
+ *           topk-weight multiply, plus one for an accumulate add (and N + 2k for reduce_topk); bf16 and f16
+ *           dW with fused topk weights count their dot length twice in oracle_gemm_dw_split, the bound of a
  *           backend whose kernels may split each row's exact product w*dy into two terms, hi + lo, whose
  *           magnitudes add up to its own (the CUDA backend: specs/DECISIONS.md);
  *   S       the sum of |terms| (|w*a*b| with the topk weight when fused; plus |old| with accumulate);
@@ -40,10 +40,10 @@ void oracle_gemm_dx(const moe_routing *routing, int64_t N, int64_t K, const void
 void oracle_gemm_dw(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
                     const void *topk_weights, const void *old_dw, const moe_gemm_options *options,
                     double *value, double *bound);
-/* oracle_gemm_dw for a backend that may add a bf16 row's fused product w*dy as two terms (hi + lo): the CUDA
- * backend's tensor-core kernels, and any comparison that must hold for every backend (the CLI's --bound-out).
- * oracle_gemm_dw is the bound of a backend that adds each product once (the CPU reference); the two differ
- * only for bf16 with topk weights. */
+/* oracle_gemm_dw for a backend that may add a bf16 or f16 row's fused product w*dy as two terms (hi + lo): the
+ * CUDA backend's tensor-core kernels, and any comparison that must hold for every backend (the CLI's
+ * --bound-out).  oracle_gemm_dw is the bound of a backend that adds each product once (the CPU reference); the
+ * two differ only for bf16 and f16 with topk weights. */
 void oracle_gemm_dw_split(const moe_routing *routing, int64_t N, int64_t K, const void *x, const void *dy,
                           const void *topk_weights, const void *old_dw, const moe_gemm_options *options,
                           double *value, double *bound);

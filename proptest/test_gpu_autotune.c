@@ -1,6 +1,6 @@
 /* moe_gemm_autotune on a GPU (skipped with exit 77 where no CUDA device is visible).  For fwd, dX and dW
- * in several modes, weighted bf16 dW and f32 with allow_tf32 included (random routing, random data, outputs
- * poisoned with NaN before every call):
+ * in several modes, weighted bf16 and f16 dW and f32 with allow_tf32 included (random routing, random data,
+ * outputs poisoned with NaN before every call):
  *   1. the tuning succeeds, times at least one candidate, and leaves in `out` a result within the float64
  *      oracle's bound;
  *   2. a plain call afterwards plans the tuned configuration (the sm90 dW kernel included: the dW cases have
@@ -38,6 +38,7 @@ static const tune_case cases[] = {
     {"dw bf16 short experts", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 0, 256, 2, 8, 256, 128, 0}, /* the rule: ping-pong */
     {"dw bf16 -> f32", MOE_GEMM_DW, MOE_BF16, 0, 0, 0, 0, 1, 700, 2, 5, 128, 136, 0},
     {"dw bf16 permute_y weights", MOE_GEMM_DW, MOE_BF16, 0, 1, 0, 1, 0, 512, 2, 8, 128, 256, 0}, /* the split, sm90 or sm80 */
+    {"dw f16 permute_x weights", MOE_GEMM_DW, MOE_F16, 1, 0, 0, 1, 0, 512, 2, 8, 136, 128, 0}, /* the TF32 split, sm80 */
     {"fwd f32 allow_tf32", MOE_GEMM_FWD, MOE_F32, 0, 0, 0, 0, 0, 512, 2, 8, 128, 128, 1}, /* the TF32 kernel */
 };
 
@@ -124,6 +125,8 @@ int main(int argc, char **argv)
         moe_tune_choice heuristic, planned;
         CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
         CHECK(moe_cuda_tune_last(&key, &heuristic), "%s: no plan recorded", c->name);
+        /* 16-bit inputs with N, K multiples of 8 always have a tensor-core kernel, weighted dW included */
+        CHECK(c->dtype == MOE_F32 || heuristic.kernel != MOE_TUNE_SIMT, "%s: planned on the SIMT kernel", c->name);
 
         /* 1. tune: out holds a correct result */
         CUDA_CHECK(cudaMemset(dev_out, 0xff, out_bytes)); /* NaN poison */

@@ -11,8 +11,9 @@
  *      the last experts, sampled output elements of fwd, dX and dW checked against float64;
  *   6. (after the trials) many experts (up to 3000): on valid routings fwd and dX equal the reference on
  *      exact data; invalid size lists are reported as a walk over m_sizes in expert order finds them;
- *   7. (after the trials) dW isolates experts: Inf and NaN in one expert's rows of dY (and of X, in expert
- *      order) leave every other expert's dW bitwise unchanged, although an expert's last, partial k-step
+ *   7. (after the trials) dW isolates experts, with and without fused topk weights: Inf and NaN in one
+ *      expert's rows of dY (and of X, in expert order) leave every other expert's dW bitwise unchanged,
+ *      although an expert's last, partial k-step
  *      loads its neighbour's rows (the kernel must zero them in both operands: Inf * 0 is NaN);
  *   8. (after the trials) the Hopper kernel's race probe: fwd (X by TMA or gathered) and dX with TMA stores and
  *      experts of 100 rows or more give bitwise the same output when, through MOE_SM90_SKIP=32, its second
@@ -340,6 +341,7 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         o.dtype = dtype;
         o.permute_x = (int)oracle_rng_below(rng, 2); /* 0: dY and X by TMA; 1: X rows gathered (cp.async) */
         o.dw_fp32 = (int)oracle_rng_below(rng, 2);
+        const int weighted = (int)oracle_rng_below(rng, 2); /* fused topk weights: the split kernels */
         int64_t *ids = xmalloc((size_t)M * 8), m[8] = {0}, *gather = xmalloc((size_t)M * 8);
         for (int64_t s = 0; s < M; s++)
             ids[s] = (int64_t)oracle_rng_below(rng, (uint64_t)E);
@@ -349,17 +351,19 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         for (int64_t e = 0; e < bad; e++)
             first += m[e];
         const int64_t x_rows = o.permute_x ? T : M;
-        uint16_t *x = xmalloc((size_t)(x_rows * K) * 2), *dy = xmalloc((size_t)(M * N) * 2);
+        uint16_t *x = xmalloc((size_t)(x_rows * K) * 2), *dy = xmalloc((size_t)(M * N) * 2), *tw = xmalloc((size_t)M * 2);
         oracle_fill(rng, dtype, x, x_rows * K, 0);
         oracle_fill(rng, dtype, dy, M * N, 0);
+        oracle_fill(rng, dtype, tw, M, 0);
         moe_routing dev = {T, k, E, to_device(m, (size_t)E * 8), to_device(gather, (size_t)M * 8)};
         void *dev_x = to_device(x, (size_t)(x_rows * K) * 2), *dev_dy = to_device(dy, (size_t)(M * N) * 2);
+        void *dev_tw = weighted ? to_device(tw, (size_t)M * 2) : NULL;
         const int64_t count = E * N * K;
         const size_t es = o.dw_fp32 ? 4 : 2, bytes = (size_t)count * es;
         void *poison = xmalloc(bytes), *clean = xmalloc(bytes), *dirty = xmalloc(bytes);
         oracle_poison(o.dw_fp32 ? MOE_F32 : dtype, poison, count);
         void *dev_out = to_device(poison, bytes);
-        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, NULL, dev_out, &o) == MOE_OK &&
+        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
               moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
         to_host(clean, dev_out, bytes);
         poison_rows(dtype, dy, first, m[bad], N, rng);
@@ -368,7 +372,7 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         CUDA_CHECK(cudaMemcpy(dev_dy, dy, (size_t)(M * N) * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(dev_x, x, (size_t)(x_rows * K) * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(dev_out, poison, bytes, cudaMemcpyHostToDevice));
-        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, NULL, dev_out, &o) == MOE_OK &&
+        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
               moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
         to_host(dirty, dev_out, bytes);
         const size_t slab = (size_t)(N * K) * es;
@@ -377,15 +381,17 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
                 continue;
             CHECK(memcmp((char *)clean + e * slab, (char *)dirty + e * slab, slab) == 0,
                   "FAIL dw isolation: Inf/NaN in the rows of expert %lld changed dW of expert %lld\n"
-                  "  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d dw_fp32=%d m_sizes[%lld]=%lld\n  replay: %s %llu %d",
+                  "  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d dw_fp32=%d weighted=%d "
+                  "m_sizes[%lld]=%lld\n  replay: %s %llu %d",
                   (long long)bad, (long long)e, c, (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
-                  moe_dtype_name(dtype), o.permute_x, o.dw_fp32, (long long)e, (long long)m[e], argv0,
+                  moe_dtype_name(dtype), o.permute_x, o.dw_fp32, weighted, (long long)e, (long long)m[e], argv0,
                   (unsigned long long)seed, trials);
         }
         checked++;
         CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_dy));
+        CUDA_CHECK(cudaFree(dev_tw)); /* NULL when not weighted */
         CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
-        free(ids), free(gather), free(x), free(dy), free(poison), free(clean), free(dirty);
+        free(ids), free(gather), free(x), free(dy), free(tw), free(poison), free(clean), free(dirty);
     }
     printf("dw isolation: %d cases, Inf/NaN rows of one expert left every other expert's dW bitwise unchanged\n",
            checked);
