@@ -17,9 +17,9 @@
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
 // accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (dW with fused topk weights: w * dY
 // split exactly into two bf16 terms for bf16, both MMA'd, and into two TF32 terms for f16, on the sm80 kernel
-// only), and the sm80 family's TF32 kernel (tf32_gemm_kernel: f32 inputs with allow_tf32, fwd, dX and
-// unweighted dW, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used for f32 inputs otherwise, f32 dW with fused
-// topk weights included, and for shapes the tensor-core paths cannot take).
+// only), and the sm80 family's TF32 kernel (tf32_gemm_kernel: f32 inputs with allow_tf32, fwd, dX and dW,
+// fused topk weights included, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used for f32 inputs otherwise and
+// for shapes the tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -956,10 +956,12 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 }
 
 // ------------------------------------------------------------------------------------------------
-// TF32 path (f32 inputs with allow_tf32, fwd / dX / dW without fused dW weights; sm_80+): the sm80 kernel's
-// 128 x 128 tiles, 4 warps of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage)
-// and mma.sync.m16n8k8 on TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error
-// at most 2^-11 per operand, which the oracle's TF32 term counts) with fp32 accumulators.
+// TF32 path (f32 inputs with allow_tf32, fwd / dX / dW; sm_80+): the sm80 kernel's 128 x 128 tiles, 4 warps
+// of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage) and mma.sync.m16n8k8 on
+// TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error at most 2^-11 per operand,
+// which the oracle's TF32 term counts) with fp32 accumulators.  dW with fused topk weights (WEIGHTED) rounds
+// fl32(w * dY) to TF32: the weight multiply is one more fp32 rounding, which the oracle counts as on every
+// path.
 // Operand tiles, in floats (a stage's operand takes TF_TILE_FLOATS, both layouts):
 //   q-contiguous [128][16] (A of fwd and dX, B of fwd): element (row, q) at row * 16 + q, unpadded: a quarter-warp's
 //     16-byte reads cover rows 2r, 2r + 1 = 32 distinct banks;
@@ -986,10 +988,11 @@ __device__ __forceinline__ uint32_t to_tf32(float x)
 }
 
 // One k-step's operands (16 reduction rows) into stage (sa, sb), 16-byte chunks of 4 floats, 512 per operand,
-// 4 per thread; zero-filled past the expert's rows, past N / K and past the reduction.
-template <int OP>
+// 4 per thread; zero-filled past the expert's rows, past N / K and past the reduction.  WEIGHTED (dW): also
+// the stage's 16 topk weights into q_weight (0 past the reduction), as tc_load_stage does.
+template <int OP, bool WEIGHTED>
 __device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord &t, int64_t q0, int64_t qlen,
-                                              float *sa, float *sb, const int64_t *a_rows)
+                                              float *sa, float *sb, const int64_t *a_rows, float *q_weight)
 {
     const float *A = static_cast<const float *>(g.a);
     const float *B = static_cast<const float *>(g.b);
@@ -1003,6 +1006,8 @@ __device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord
             my_y = y_row(g, base + q0 + warp + 4 * lane);
             my_x = x_row(g, base + q0 + warp + 4 * lane);
         }
+        if (WEIGHTED && lane < 4)
+            q_weight[warp + 4 * lane] = q0 + warp + 4 * lane < qlen ? topk_weight(g, base + q0 + warp + 4 * lane) : 0.0f;
         const bool a_col_ok = t.i0 + lane * 4 < g.N, b_col_ok = t.j0 + lane * 4 < g.cols_j;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -1036,13 +1041,15 @@ __device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord
     }
 }
 
-template <int OP>
+template <int OP, bool WEIGHTED = false>
 __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
 {
     static_assert(OP == OP_FWD || OP == OP_DX || OP == OP_DW, "fwd, dX and dW");
+    static_assert(!WEIGHTED || OP == OP_DW, "fused topk weights in the reduction: dW only");
     extern __shared__ __align__(128) unsigned char smem[];
     float *pipe = reinterpret_cast<float *>(smem);
     float *tile_c = reinterpret_cast<float *>(smem);
+    float *stage_weights = reinterpret_cast<float *>(smem + TF_PIPE_BYTES); // WEIGHTED: [TC_STAGES][TC_BK]
     const TcRowFacts facts = tc_row_facts(smem);
     int64_t *a_rows = facts.a_rows;
     if (*g.ws.status != 0)
@@ -1060,8 +1067,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
         const int64_t steps = (qlen + TF_BK - 1) / TF_BK;
         auto load_stage = [&](int64_t step) { // k-step `step` into its ring slot
             const int s = (int)(step % TC_STAGES);
-            tf_load_stage<OP>(g, t, step * TF_BK, qlen, pipe + (2 * s) * TF_TILE_FLOATS,
-                              pipe + (2 * s + 1) * TF_TILE_FLOATS, a_rows);
+            tf_load_stage<OP, WEIGHTED>(g, t, step * TF_BK, qlen, pipe + (2 * s) * TF_TILE_FLOATS,
+                                        pipe + (2 * s + 1) * TF_TILE_FLOATS, a_rows, stage_weights + s * TC_BK);
         };
         tc_prologue(steps, load_stage);
         for (int64_t step = 0; step < steps; step++) {
@@ -1075,6 +1082,10 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
             // fragments of both k8 MMAs (s = 0, 1): A a[u][s] = {(g, k t), (g + 8, k t), (g, k t + 4), (g + 8, k t + 4)}
             // of m16 block u; B b[v][s] = {(k t, n g), (k t + 4, n g)} of n8 block v; k t <-> q 4t + 2s, k t + 4 <-> 4t + 2s + 1
             uint32_t a[4][2][4], b[8][2][2];
+            // WEIGHTED: the weights of this lane's q = 4t .. 4t + 3, multiplied into A (dY) in fp32 before its
+            // TF32 rounding: fl32(w * dY), then cvt.rna as for any operand
+            const float4 qw = WEIGHTED ? *reinterpret_cast<const float4 *>(stage_weights + slot * TC_BK + 4 * tq)
+                                       : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
 #pragma unroll
             for (int u = 0; u < 4; u++)
 #pragma unroll
@@ -1086,6 +1097,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
                     else
                         v = make_float4(sa[tf_ic_offset(4 * tq, i)], sa[tf_ic_offset(4 * tq + 1, i)],
                                         sa[tf_ic_offset(4 * tq + 2, i)], sa[tf_ic_offset(4 * tq + 3, i)]);
+                    if (WEIGHTED)
+                        v.x *= qw.x, v.y *= qw.y, v.z *= qw.z, v.w *= qw.w;
                     a[u][0][h] = to_tf32(v.x), a[u][0][2 + h] = to_tf32(v.y);
                     a[u][1][h] = to_tf32(v.z), a[u][1][2 + h] = to_tf32(v.w);
                 }
@@ -1218,8 +1231,8 @@ bool sm90_path_available()
 
 // Whether the tensor-core path can take the problem's shape: 16-byte vectors along every contiguous
 // dimension (loads and the vectorised epilogue).  plan_gemm adds the dtype rules: f32 only with allow_tf32
-// (the TF32 kernel: fwd, dX, unweighted dW), dW with fused topk weights for bf16 (on sm90 not the wide or
-// ping-pong kernels) and f16 (the sm80 kernel only).
+// (the TF32 kernel: fwd, dX, dW), dW with fused topk weights for bf16 (on sm90 not the wide or ping-pong
+// kernels) and f16 (the sm80 kernel only).
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
     if (p->N % 8 != 0 || p->K % 8 != 0 || !aligned16(a) || !aligned16(b) || !aligned16(out))
@@ -1523,8 +1536,9 @@ moe_status launch_tc(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t 
 
 moe_status launch_tf32(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream)
 {
-    return launch_sm80_family(op == OP_FWD ? tf32_gemm_kernel<OP_FWD> : op == OP_DX ? tf32_gemm_kernel<OP_DX>
-                                                                    : tf32_gemm_kernel<OP_DW>,
+    return launch_sm80_family(op == OP_FWD ? tf32_gemm_kernel<OP_FWD>
+                              : op == OP_DX ? tf32_gemm_kernel<OP_DX>
+                              : g.weights != nullptr ? tf32_gemm_kernel<OP_DW, true> : tf32_gemm_kernel<OP_DW>,
                               g, max_tiles, stream);
 }
 
@@ -1606,14 +1620,17 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
                                  : moe_tune_table_used() && moe_tune_lookup(&key, &table_choice) ? &table_choice
                                  : nullptr;
     // dW with fused topk weights: the two-term split of w * dY, into bf16 terms on the sm90 and sm80 kernels for
-    // bf16, into TF32 terms on the sm80 kernel for f16 (no sm90 kernel); f32 stays on SIMT (no exact split)
+    // bf16, into TF32 terms on the sm80 kernel for f16 (no sm90 kernel); f32 with allow_tf32: fl32(w * dY)
+    // rounded to TF32 like any operand
     const bool weighted_dw = op == OP_DW && weighted;
     // f32: true fp32 (SIMT) unless the caller allows TF32, which the TF32 kernel (sm80 family) uses for fwd, dX
-    // and unweighted dW
-    const bool f32_ok = p->dtype != MOE_F32 || (p->allow_tf32 && op != OP_TOPK_GRAD && !weighted_dw);
-    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok &&
-                        !(forced != NULL && strcmp(forced, "simt") == 0) &&
-                        !(!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SIMT);
+    // and dW
+    const bool f32_ok = p->dtype != MOE_F32 || (p->allow_tf32 && op != OP_TOPK_GRAD);
+    // A tuned "simt" binds nothing: the autotune records it only where no tensor-core kernel took the call (no
+    // candidate is SIMT), which a call of the same key may not share (16-byte alignment is not in the key) and
+    // a later libmoe may have changed (f16 weighted dW and f32 weighted dW with allow_tf32 were SIMT before
+    // 2026-11-29)
+    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && !(forced != NULL && strcmp(forced, "simt") == 0);
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT

@@ -171,8 +171,9 @@ typedef struct moe_gemm_options {
     int permute_y;        /* forward scattered Y on store: Y and dY are slot order, row r is at g_r */
     int reduce_topk;      /* dX: write [T][K] with dX[t] = sum_j dXslot[t*k + j] (needs gather_indices) */
     int accumulate;       /* add the result into every output of the call instead of overwriting */
-    int allow_tf32;       /* CUDA, f32 only: allow TF32 tensor cores for fwd, dX and dW without topk weights
-                           * (default: true fp32); the error bound then charges TF32's rounding (DECISIONS) */
+    int allow_tf32;       /* CUDA, f32 only: allow TF32 tensor cores for fwd, dX and dW, with or without topk
+                           * weights (not the topk-weight gradient; default: true fp32); the error bound then
+                           * charges TF32's rounding (DECISIONS) */
     int dx_only;          /* moe_gemm_bwd: compute dX only */
     int dw_only;          /* moe_gemm_bwd: compute dW (and d_topk_weights) only */
     void *stream;         /* CUDA backend: the cudaStream_t to run on (NULL = default stream) */
@@ -228,10 +229,12 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
  * times the candidate configurations of one call on the caller's tensors instead and keeps the fastest
  * in a process-wide table keyed by (device name, op, dtype, output dtype, permute_x, permute_y,
  * reduce_topk, topk weights given, allow_tf32, E, T*k, N, K); from then on every CUDA call of that key in
- * this process uses it (accumulate or not).  With a cache_path the choice is appended to that text file
- * (one "libmoe-tune 2|..." line per choice, format in src/autotune.c; "libmoe-tune 1|..." lines of older
- * files still load, their dW kernel left to the heuristic), which moe_gemm_autotune_load reads back in a
- * later process; a later line for the same key replaces an earlier one.  The environment overrides
+ * this process uses it (accumulate or not), except that a "simt" choice (recorded where no tensor-core kernel
+ * could take the tuned call: candidates are tensor-core configurations) keeps no call that one can take off
+ * the tensor cores.  With a cache_path the choice is appended to that text file (one "libmoe-tune 2|..." line
+ * per choice, format in src/autotune.c; "libmoe-tune 1|..." lines of older files still load, their dW kernel
+ * left to the heuristic; lines with a key no call makes are refused), which moe_gemm_autotune_load reads back
+ * in a later process; a later line for the same key replaces an earlier one.  The environment overrides
  * (MOE_CUDA_KERNEL, MOE_SM90_TILE_ROWS, MOE_SM90_CLUSTER, MOE_SM90_TMA_OUT, MOE_SM90_DW_PINGPONG,
  * MOE_SM90_DW_WIDE; README) win over the table.  Dynamic tiles (the unpaired sm90 kernel for fwd and dX with a
  * reduction of 4096 or more) are not a tuned choice: they follow that rule under any table, unless

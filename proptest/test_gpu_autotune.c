@@ -1,13 +1,15 @@
 /* moe_gemm_autotune on a GPU (skipped with exit 77 where no CUDA device is visible).  For fwd, dX and dW
- * in several modes, weighted bf16 and f16 dW and f32 with allow_tf32 included (random routing, random data,
- * outputs poisoned with NaN before every call):
+ * in several modes, weighted bf16 and f16 dW and f32 with allow_tf32 (weighted dW too) included (random
+ * routing, random data, outputs poisoned with NaN before every call):
  *   1. the tuning succeeds, times at least one candidate, and leaves in `out` a result within the float64
  *      oracle's bound;
  *   2. a plain call afterwards plans the tuned configuration (the sm90 dW kernel included: the dW cases have
  *      experts longer and shorter than the rule's H_DW_PINGPONG_ROWS) and gives bitwise the same output;
  *   3. after moe_gemm_autotune_clear the call plans the heuristic's choice again, and after
  *      moe_gemm_autotune_load of the cache file the tuned one; the file holds one line per tuning;
- *   4. an invalid routing on the device is reported by the tuning as MOE_ERR_INVALID_ROUTING.
+ *   4. a table entry naming the SIMT kernel leaves a call that a tensor-core kernel can take to the
+ *      heuristic's plan;
+ *   5. an invalid routing on the device is reported by the tuning as MOE_ERR_INVALID_ROUTING.
  * usage: test_gpu_autotune [seed] */
 #include "moe.h"
 #include "moe_internal.h"
@@ -40,6 +42,7 @@ static const tune_case cases[] = {
     {"dw bf16 permute_y weights", MOE_GEMM_DW, MOE_BF16, 0, 1, 0, 1, 0, 512, 2, 8, 128, 256, 0}, /* the split, sm90 or sm80 */
     {"dw f16 permute_x weights", MOE_GEMM_DW, MOE_F16, 1, 0, 0, 1, 0, 512, 2, 8, 136, 128, 0}, /* the TF32 split, sm80 */
     {"fwd f32 allow_tf32", MOE_GEMM_FWD, MOE_F32, 0, 0, 0, 0, 0, 512, 2, 8, 128, 128, 1}, /* the TF32 kernel */
+    {"dw f32 allow_tf32 permute_y weights", MOE_GEMM_DW, MOE_F32, 0, 1, 0, 1, 0, 384, 2, 8, 136, 128, 1}, /* TF32 */
 };
 
 static int same_plan(const moe_tune_choice *a, const moe_gemm_tuning *b)
@@ -125,8 +128,10 @@ int main(int argc, char **argv)
         moe_tune_choice heuristic, planned;
         CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
         CHECK(moe_cuda_tune_last(&key, &heuristic), "%s: no plan recorded", c->name);
-        /* 16-bit inputs with N, K multiples of 8 always have a tensor-core kernel, weighted dW included */
-        CHECK(c->dtype == MOE_F32 || heuristic.kernel != MOE_TUNE_SIMT, "%s: planned on the SIMT kernel", c->name);
+        /* 16-bit inputs, and f32 with allow_tf32, with N, K multiples of 8 always have a tensor-core kernel,
+         * weighted dW included */
+        CHECK((c->dtype == MOE_F32 && !c->allow_tf32) || heuristic.kernel != MOE_TUNE_SIMT,
+              "%s: planned on the SIMT kernel", c->name);
 
         /* 1. tune: out holds a correct result */
         CUDA_CHECK(cudaMemset(dev_out, 0xff, out_bytes)); /* NaN poison */
@@ -177,7 +182,27 @@ int main(int argc, char **argv)
         CHECK(moe_cuda_tune_last(&key, &planned) && same_plan(&planned, &chosen), "%s: the loaded choice is not used",
               c->name);
 
-        /* 4. an invalid routing (sizes that do not add up) on the device */
+        /* 4. a "simt" entry for the key (as an older libmoe recorded for weighted f16 dW, or a tuning of a
+         *    call whose tensors were not 16-byte aligned) leaves the call to the heuristic's tensor-core plan */
+        if (heuristic.kernel != MOE_TUNE_SIMT) {
+            char simt_path[] = "/tmp/libmoe-autotune-simt-XXXXXX", line[600];
+            const int simt_fd = mkstemp(simt_path);
+            CHECK(simt_fd >= 0, "mkstemp failed");
+            const moe_tune_choice simt = {MOE_TUNE_SIMT, 64, 1, 0, 0, 1.0};
+            moe_tune_format_line(&key, &simt, line, sizeof line);
+            FILE *f = fdopen(simt_fd, "w");
+            CHECK(f != NULL && fprintf(f, "%s\n", line) > 0 && fclose(f) == 0, "cannot write %s", simt_path);
+            CHECK(moe_gemm_autotune_load(simt_path) == MOE_OK, "load %s: %s", simt_path, moe_last_error());
+            unlink(simt_path);
+            CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+            CHECK(moe_cuda_tune_last(&key, &planned) && planned.kernel == heuristic.kernel &&
+                      planned.tile_rows == heuristic.tile_rows && planned.cluster == heuristic.cluster &&
+                      planned.tma_store == heuristic.tma_store && planned.dw_pingpong == heuristic.dw_pingpong,
+                  "%s: a simt entry moved the call off the heuristic's plan (to %s)", c->name,
+                  planned.kernel == MOE_TUNE_SIMT ? "simt" : "another tensor-core plan");
+        }
+
+        /* 5. an invalid routing (sizes that do not add up) on the device */
         if (ci == 0) {
             int64_t *bad_sizes = xmalloc((size_t)E * 8);
             memcpy(bad_sizes, m_sizes, (size_t)E * 8);

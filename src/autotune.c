@@ -17,8 +17,11 @@
  *   TMA        0 or 1 (1 only with sm90)
  *   PINGPONG   -1, 0 or 1: sm90 dw with every operand and a 16-bit output by TMA takes the ping-pong kernel
  *              (1, 128 x 128 tiles) or the 128 x 256 kernel (0); -1 leaves it to the rule (gpu/gemm_cuda.cu,
- *              sm90_dw_pingpong); 1 only with sm90, dw and TMA 1
+ *              sm90_dw_pingpong); 1 only with sm90, dw, TMA 1 and no topk weights
  *   US         the measured median microseconds of one call (>= 0, informative)
+ *
+ * Keys that no call makes are refused: REDUCE 1 other than for dx, TF32 1 other than with DTYPE f32, an
+ * OUT_DTYPE other than DTYPE except f32 for dw; and so are sm90 for f32 and for f16 dw with topk weights.
  *
  * Version-1 lines ("libmoe-tune 1|...", 19 fields: no PINGPONG) still load, with PINGPONG -1; the writer
  * writes version 2.  moe_gemm_autotune appends one line per tuning; loading takes the last line of each key.
@@ -273,9 +276,22 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
     choice->tile_rows = (int)v[15], choice->cluster = (int)v[16], choice->tma_store = (int)v[17];
     choice->dw_pingpong = (int)v[18];
     choice->median_us = us;
-    /* the combinations the kernels have */
+    /* keys no call makes (the entry points refuse those options, gemm_api.c), which would load as entries
+     * that never apply; then the combinations the kernels have */
     const char *conflict = NULL;
-    if (kernel == MOE_TUNE_SM90 && choice->tile_rows != 128 && choice->tile_rows != 256)
+    if (key->reduce_topk && key->op != MOE_GEMM_DX)
+        conflict = "reduce_topk 1 exists only for dx";
+    else if (key->allow_tf32 && key->dtype != MOE_F32)
+        conflict = "allow_tf32 1 exists only with dtype f32";
+    else if (key->out_dtype != key->dtype && !(key->op == MOE_GEMM_DW && key->out_dtype == MOE_F32))
+        conflict = "out_dtype differs from dtype only for dw, as f32";
+    else if (kernel == MOE_TUNE_SM90 && key->dtype == MOE_F32)
+        conflict = "sm90 takes f16 and bf16 only";
+    else if (kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && key->weighted && key->dtype == MOE_F16)
+        conflict = "sm90 has no f16 dw with topk weights";
+    else if (choice->dw_pingpong == 1 && key->weighted)
+        conflict = "dw_pingpong 1 does not exist with topk weights";
+    else if (kernel == MOE_TUNE_SM90 && choice->tile_rows != 128 && choice->tile_rows != 256)
         conflict = "sm90 tile_rows must be 128 or 256";
     else if (kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && choice->tile_rows != 128)
         conflict = "sm90 dw has 128-row tiles only";

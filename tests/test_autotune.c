@@ -38,6 +38,7 @@ static uint64_t next_random(void)
     return z ^ (z >> 31);
 }
 
+/* A key some call makes: reduce_topk only for dx, allow_tf32 only for f32, out_dtype = dtype except f32 for dw. */
 static moe_tune_key sample_key(int i)
 {
     moe_tune_key key;
@@ -49,6 +50,10 @@ static moe_tune_key sample_key(int i)
     key.permute_x = (int)(next_random() % 2), key.permute_y = (int)(next_random() % 2);
     key.reduce_topk = (int)(next_random() % 2), key.weighted = (int)(next_random() % 2);
     key.allow_tf32 = (int)(next_random() % 2);
+    key.reduce_topk &= key.op == MOE_GEMM_DX;
+    key.allow_tf32 &= key.dtype == MOE_F32;
+    if (!(key.op == MOE_GEMM_DW && key.out_dtype == MOE_F32))
+        key.out_dtype = key.dtype;
     key.E = 1 + (int64_t)(next_random() % 300);
     key.M = (int64_t)(next_random() % ((int64_t)1 << 40));
     key.N = 8 * (int64_t)(next_random() % 4096);
@@ -56,18 +61,19 @@ static moe_tune_key sample_key(int i)
     return key;
 }
 
-/* A configuration the kernels have, for the key's op. */
+/* A configuration the kernels have, for the key's op and dtype. */
 static moe_tune_choice sample_choice(const moe_tune_key *key)
 {
     moe_tune_choice c = {MOE_TUNE_SM90, 128, 1, 1, 0, 0.0};
-    switch (next_random() % 4) {
+    const int sm90 = key->dtype != MOE_F32 && !(key->op == MOE_GEMM_DW && key->weighted && key->dtype == MOE_F16);
+    switch (next_random() % 4 | (sm90 ? 0 : 2)) {
     case 0: c.tile_rows = key->op == MOE_GEMM_DW ? 128 : 256; break;
     case 1: c.cluster = key->op == MOE_GEMM_DW ? 1 : 2, c.tma_store = 0; break;
     case 2: c.kernel = MOE_TUNE_SM80, c.tma_store = 0; break;
     default: c.kernel = MOE_TUNE_SIMT, c.tile_rows = 64, c.tma_store = 0; break;
     }
     c.dw_pingpong = (int)(next_random() % 3) - 1; /* 1 only where the ping-pong kernel exists */
-    if (c.dw_pingpong == 1 && !(c.kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && c.tma_store))
+    if (c.dw_pingpong == 1 && !(c.kernel == MOE_TUNE_SM90 && key->op == MOE_GEMM_DW && c.tma_store && !key->weighted))
         c.dw_pingpong = 0;
     c.median_us = (double)(next_random() % 10000000) / 1000.0;
     return c;
@@ -209,6 +215,45 @@ static void bad_fields(void)
         {"dw", "sm90", "128", "1", "0", "-1", NULL}, {"fwd", "sm90", "256", "1", "1", "-1", NULL},
         {"dx", "sm80", "128", "1", "0", "0", NULL},  {"dw", "simt", "64", "1", "0", "-1", NULL},
     };
+    /* keys no call makes (needle: what the refusal names), with kernels they have, and some keys calls make */
+    static const struct {
+        const char *op, *dtype, *out_dtype, *reduce, *weighted, *tf32, *kernel, *rows, *tma, *pingpong, *needle;
+    } keys[] = {
+        {"fwd", "bf16", "bf16", "1", "0", "0", "sm90", "128", "1", "0", "reduce_topk 1"},
+        {"dw", "bf16", "bf16", "1", "0", "0", "sm90", "128", "1", "0", "reduce_topk 1"},
+        {"dw", "bf16", "bf16", "0", "0", "1", "sm90", "128", "1", "0", "allow_tf32 1"},
+        {"fwd", "f16", "f16", "0", "0", "1", "sm80", "128", "0", "0", "allow_tf32 1"},
+        {"fwd", "bf16", "f32", "0", "0", "0", "sm90", "128", "1", "0", "out_dtype"},
+        {"dx", "f16", "f32", "0", "0", "0", "sm80", "128", "0", "0", "out_dtype"},
+        {"dw", "f32", "bf16", "0", "0", "0", "simt", "64", "0", "0", "out_dtype"},
+        {"dw", "bf16", "f16", "0", "0", "0", "sm90", "128", "1", "0", "out_dtype"},
+        {"fwd", "f32", "f32", "0", "0", "1", "sm90", "128", "0", "0", "sm90 takes f16 and bf16"},
+        {"dw", "f16", "f16", "0", "1", "0", "sm90", "128", "1", "0", "no f16 dw with topk weights"},
+        {"dw", "bf16", "bf16", "0", "1", "0", "sm90", "128", "1", "1", "dw_pingpong 1 does not exist with topk"},
+        {"dx", "bf16", "bf16", "1", "1", "0", "sm90", "256", "0", "-1", NULL},
+        {"dw", "bf16", "f32", "0", "1", "0", "sm90", "128", "1", "0", NULL},
+        {"dw", "f16", "f32", "0", "1", "0", "sm80", "128", "0", "-1", NULL},
+        {"dw", "f32", "f32", "0", "1", "1", "sm80", "128", "0", "0", NULL},
+        {"fwd", "f32", "f32", "0", "0", "0", "simt", "64", "0", "0", NULL},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        split(good, fields);
+        snprintf(fields[2], 128, "%s", keys[i].op);
+        snprintf(fields[3], 128, "%s", keys[i].dtype);
+        snprintf(fields[4], 128, "%s", keys[i].out_dtype);
+        snprintf(fields[7], 128, "%s", keys[i].reduce);
+        snprintf(fields[8], 128, "%s", keys[i].weighted);
+        snprintf(fields[9], 128, "%s", keys[i].tf32);
+        snprintf(fields[14], 128, "%s", keys[i].kernel);
+        snprintf(fields[15], 128, "%s", keys[i].rows);
+        snprintf(fields[17], 128, "%s", keys[i].tma);
+        snprintf(fields[18], 128, "%s", keys[i].pingpong);
+        join(fields, FIELDS, line, sizeof line);
+        if (keys[i].needle != NULL)
+            expect_refused(line, keys[i].needle, "key no call makes");
+        else
+            CHECK(moe_tune_parse_line(line, &key, &choice, why, sizeof why), "key %s refused: %s", line, why);
+    }
     for (size_t i = 0; i < sizeof configurations / sizeof configurations[0]; i++) {
         split(good, fields);
         snprintf(fields[2], 128, "%s", configurations[i].op);
