@@ -146,6 +146,34 @@ static void expect_refused(const char *line, const char *needle, const char *wha
     CHECK(ok || strstr(why, needle) != NULL, "%s: message \"%s\" does not name \"%s\"", what, why, needle);
 }
 
+/* A line of the cache format with some fields replaced (NULL: the good line's), and what its refusal must
+ * name (NULL: it must parse, with its dw_pingpong as written). */
+enum { F_OP = 2, F_DTYPE, F_OUT, F_REDUCE = 7, F_WEIGHTED, F_TF32, F_KERNEL = 14, F_ROWS, F_CLUSTER, F_TMA, F_PINGPONG };
+typedef struct line_edit {
+    const char *value[FIELDS];
+    const char *needle;
+} line_edit;
+
+static void check_edits(const char *good, const line_edit *edits, size_t count, const char *what)
+{
+    char fields[FIELDS + 2][128], line[1024], why[200] = "";
+    for (size_t i = 0; i < count; i++) {
+        CHECK(split(good, fields) == FIELDS, "split");
+        for (int f = 0; f < FIELDS; f++)
+            if (edits[i].value[f] != NULL)
+                snprintf(fields[f], 128, "%s", edits[i].value[f]);
+        join(fields, FIELDS, line, sizeof line);
+        if (edits[i].needle != NULL) {
+            expect_refused(line, edits[i].needle, what);
+            continue;
+        }
+        moe_tune_key key;
+        moe_tune_choice choice;
+        const int ok = moe_tune_parse_line(line, &key, &choice, why, sizeof why);
+        CHECK(ok && choice.dw_pingpong == atoi(fields[F_PINGPONG]), "%s refused or changed: %s", line, why);
+    }
+}
+
 static void bad_fields(void)
 {
     const char *good = "libmoe-tune 2|NVIDIA H100 80GB HBM3|fwd|bf16|bf16|0|0|0|0|0|128|32768|1536|2048|sm90|128|1|1|0|12.5";
@@ -202,75 +230,51 @@ static void bad_fields(void)
     expect_refused(long_line, "longer than", "700-byte line");
     /* configurations the kernels do not have (needle: what the refusal names), and some they have (NULL):
      * the ping-pong kernel only for sm90 dw with TMA stores, dw_pingpong -1 (the rule) and 0 anywhere */
-    static const struct {
-        const char *op, *kernel, *rows, *cluster, *tma, *pingpong, *needle;
-    } configurations[] = {
-        {"fwd", "sm90", "192", "1", "1", "0", "128 or 256"}, {"dw", "sm90", "256", "1", "1", "0", "dw has 128-row"},
-        {"fwd", "sm90", "256", "2", "0", "0", "cluster 2"},  {"dw", "sm90", "128", "2", "0", "0", "cluster 2"},
-        {"dx", "sm80", "128", "2", "0", "0", "cluster 2"},   {"fwd", "sm80", "128", "1", "1", "0", "tma_store 1"},
-        {"dx", "simt", "64", "1", "1", "0", "tma_store 1"},  {"fwd", "sm90", "128", "1", "1", "1", "dw_pingpong 1"},
-        {"dx", "sm90", "256", "1", "1", "1", "dw_pingpong 1"}, {"dw", "sm90", "128", "1", "0", "1", "dw_pingpong 1"},
-        {"dw", "sm80", "128", "1", "0", "1", "dw_pingpong 1"}, {"dw", "simt", "64", "1", "0", "1", "dw_pingpong 1"},
-        {"dw", "sm90", "128", "1", "1", "1", NULL},  {"dw", "sm90", "128", "1", "1", "0", NULL},
-        {"dw", "sm90", "128", "1", "0", "-1", NULL}, {"fwd", "sm90", "256", "1", "1", "-1", NULL},
-        {"dx", "sm80", "128", "1", "0", "0", NULL},  {"dw", "simt", "64", "1", "0", "-1", NULL},
+    static const line_edit configurations[] = {
+        {{[F_OP] = "fwd", [F_KERNEL] = "sm90", [F_ROWS] = "192", [F_TMA] = "1", [F_PINGPONG] = "0"}, "128 or 256"},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "256", [F_TMA] = "1", [F_PINGPONG] = "0"}, "dw has 128-row"},
+        {{[F_OP] = "fwd", [F_KERNEL] = "sm90", [F_ROWS] = "256", [F_CLUSTER] = "2", [F_TMA] = "0"}, "cluster 2"},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_CLUSTER] = "2", [F_TMA] = "0"}, "cluster 2"},
+        {{[F_OP] = "dx", [F_KERNEL] = "sm80", [F_ROWS] = "128", [F_CLUSTER] = "2", [F_TMA] = "0"}, "cluster 2"},
+        {{[F_OP] = "fwd", [F_KERNEL] = "sm80", [F_ROWS] = "128", [F_TMA] = "1"}, "tma_store 1"},
+        {{[F_OP] = "dx", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "1"}, "tma_store 1"},
+        {{[F_OP] = "fwd", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_TMA] = "1", [F_PINGPONG] = "1"}, "dw_pingpong 1"},
+        {{[F_OP] = "dx", [F_KERNEL] = "sm90", [F_ROWS] = "256", [F_TMA] = "1", [F_PINGPONG] = "1"}, "dw_pingpong 1"},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_TMA] = "0", [F_PINGPONG] = "1"}, "dw_pingpong 1"},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm80", [F_ROWS] = "128", [F_TMA] = "0", [F_PINGPONG] = "1"}, "dw_pingpong 1"},
+        {{[F_OP] = "dw", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "0", [F_PINGPONG] = "1"}, "dw_pingpong 1"},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_TMA] = "1", [F_PINGPONG] = "1"}, NULL},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_TMA] = "1", [F_PINGPONG] = "0"}, NULL},
+        {{[F_OP] = "dw", [F_KERNEL] = "sm90", [F_ROWS] = "128", [F_TMA] = "0", [F_PINGPONG] = "-1"}, NULL},
+        {{[F_OP] = "fwd", [F_KERNEL] = "sm90", [F_ROWS] = "256", [F_TMA] = "1", [F_PINGPONG] = "-1"}, NULL},
+        {{[F_OP] = "dx", [F_KERNEL] = "sm80", [F_ROWS] = "128", [F_TMA] = "0", [F_PINGPONG] = "0"}, NULL},
+        {{[F_OP] = "dw", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "0", [F_PINGPONG] = "-1"}, NULL},
     };
-    /* keys no call makes (needle: what the refusal names), with kernels they have, and some keys calls make */
-    static const struct {
-        const char *op, *dtype, *out_dtype, *reduce, *weighted, *tf32, *kernel, *rows, *tma, *pingpong, *needle;
-    } keys[] = {
-        {"fwd", "bf16", "bf16", "1", "0", "0", "sm90", "128", "1", "0", "reduce_topk 1"},
-        {"dw", "bf16", "bf16", "1", "0", "0", "sm90", "128", "1", "0", "reduce_topk 1"},
-        {"dw", "bf16", "bf16", "0", "0", "1", "sm90", "128", "1", "0", "allow_tf32 1"},
-        {"fwd", "f16", "f16", "0", "0", "1", "sm80", "128", "0", "0", "allow_tf32 1"},
-        {"fwd", "bf16", "f32", "0", "0", "0", "sm90", "128", "1", "0", "out_dtype"},
-        {"dx", "f16", "f32", "0", "0", "0", "sm80", "128", "0", "0", "out_dtype"},
-        {"dw", "f32", "bf16", "0", "0", "0", "simt", "64", "0", "0", "out_dtype"},
-        {"dw", "bf16", "f16", "0", "0", "0", "sm90", "128", "1", "0", "out_dtype"},
-        {"fwd", "f32", "f32", "0", "0", "1", "sm90", "128", "0", "0", "sm90 takes f16 and bf16"},
-        {"dw", "f16", "f16", "0", "1", "0", "sm90", "128", "1", "0", "no f16 dw with topk weights"},
-        {"dw", "bf16", "bf16", "0", "1", "0", "sm90", "128", "1", "1", "dw_pingpong 1 does not exist with topk"},
-        {"dx", "bf16", "bf16", "1", "1", "0", "sm90", "256", "0", "-1", NULL},
-        {"dw", "bf16", "f32", "0", "1", "0", "sm90", "128", "1", "0", NULL},
-        {"dw", "f16", "f32", "0", "1", "0", "sm80", "128", "0", "-1", NULL},
-        {"dw", "f32", "f32", "0", "1", "1", "sm80", "128", "0", "0", NULL},
-        {"fwd", "f32", "f32", "0", "0", "0", "simt", "64", "0", "0", NULL},
+    check_edits(good, configurations, sizeof configurations / sizeof configurations[0], "conflicting configuration");
+    /* keys no call makes (needle: what the refusal names), with kernels they have, and some keys calls make
+     * (the good line: fwd bf16 -> bf16 on sm90, tile_rows 128, tma_store 1) */
+    static const line_edit keys[] = {
+        {{[F_REDUCE] = "1"}, "reduce_topk 1"},
+        {{[F_OP] = "dw", [F_REDUCE] = "1"}, "reduce_topk 1"},
+        {{[F_OP] = "dw", [F_TF32] = "1"}, "allow_tf32 1"},
+        {{[F_DTYPE] = "f16", [F_OUT] = "f16", [F_TF32] = "1", [F_KERNEL] = "sm80", [F_TMA] = "0"}, "allow_tf32 1"},
+        {{[F_OUT] = "f32"}, "out_dtype"},
+        {{[F_OP] = "dx", [F_DTYPE] = "f16", [F_OUT] = "f32", [F_KERNEL] = "sm80", [F_TMA] = "0"}, "out_dtype"},
+        {{[F_OP] = "dw", [F_DTYPE] = "f32", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "0"}, "out_dtype"},
+        {{[F_OP] = "dw", [F_OUT] = "f16"}, "out_dtype"},
+        {{[F_DTYPE] = "f32", [F_OUT] = "f32", [F_TF32] = "1", [F_TMA] = "0"}, "sm90 takes f16 and bf16"},
+        {{[F_OP] = "dw", [F_DTYPE] = "f16", [F_OUT] = "f16", [F_WEIGHTED] = "1"}, "no f16 dw with topk weights"},
+        {{[F_OP] = "dw", [F_WEIGHTED] = "1", [F_PINGPONG] = "1"}, "dw_pingpong 1 does not exist with topk"},
+        {{[F_OP] = "dx", [F_REDUCE] = "1", [F_WEIGHTED] = "1", [F_ROWS] = "256", [F_TMA] = "0"}, NULL},
+        {{[F_OP] = "dw", [F_OUT] = "f32", [F_WEIGHTED] = "1"}, NULL},
+        {{[F_OP] = "dw", [F_DTYPE] = "f16", [F_OUT] = "f32", [F_WEIGHTED] = "1", [F_KERNEL] = "sm80", [F_TMA] = "0"},
+         NULL},
+        {{[F_OP] = "dw", [F_DTYPE] = "f32", [F_OUT] = "f32", [F_WEIGHTED] = "1", [F_TF32] = "1", [F_KERNEL] = "sm80",
+          [F_TMA] = "0"},
+         NULL},
+        {{[F_DTYPE] = "f32", [F_OUT] = "f32", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "0"}, NULL},
     };
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        split(good, fields);
-        snprintf(fields[2], 128, "%s", keys[i].op);
-        snprintf(fields[3], 128, "%s", keys[i].dtype);
-        snprintf(fields[4], 128, "%s", keys[i].out_dtype);
-        snprintf(fields[7], 128, "%s", keys[i].reduce);
-        snprintf(fields[8], 128, "%s", keys[i].weighted);
-        snprintf(fields[9], 128, "%s", keys[i].tf32);
-        snprintf(fields[14], 128, "%s", keys[i].kernel);
-        snprintf(fields[15], 128, "%s", keys[i].rows);
-        snprintf(fields[17], 128, "%s", keys[i].tma);
-        snprintf(fields[18], 128, "%s", keys[i].pingpong);
-        join(fields, FIELDS, line, sizeof line);
-        if (keys[i].needle != NULL)
-            expect_refused(line, keys[i].needle, "key no call makes");
-        else
-            CHECK(moe_tune_parse_line(line, &key, &choice, why, sizeof why), "key %s refused: %s", line, why);
-    }
-    for (size_t i = 0; i < sizeof configurations / sizeof configurations[0]; i++) {
-        split(good, fields);
-        snprintf(fields[2], 128, "%s", configurations[i].op);
-        snprintf(fields[14], 128, "%s", configurations[i].kernel);
-        snprintf(fields[15], 128, "%s", configurations[i].rows);
-        snprintf(fields[16], 128, "%s", configurations[i].cluster);
-        snprintf(fields[17], 128, "%s", configurations[i].tma);
-        snprintf(fields[18], 128, "%s", configurations[i].pingpong);
-        join(fields, FIELDS, line, sizeof line);
-        if (configurations[i].needle != NULL) {
-            expect_refused(line, configurations[i].needle, "conflicting configuration");
-            continue;
-        }
-        const int ok = moe_tune_parse_line(line, &key, &choice, why, sizeof why);
-        CHECK(ok && choice.dw_pingpong == atoi(configurations[i].pingpong), "configuration %s refused or changed: %s",
-              line, why);
-    }
+    check_edits(good, keys, sizeof keys / sizeof keys[0], "key no call makes");
 }
 
 /* Version-1 lines (19 fields, no dw_pingpong): accepted with dw_pingpong -1, the other fields as in version 2;
