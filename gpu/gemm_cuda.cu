@@ -17,8 +17,8 @@
 // 4-stage pipeline, 128 x 128 tiles; also the topk-weight gradient), both for bf16/f16 inputs with fp32
 // accumulation and N % 8 == 0, K % 8 == 0, 16-byte aligned tensors (dW with fused topk weights: w * dY
 // split exactly into two bf16 terms for bf16, both MMA'd, and into two TF32 terms for f16, on the sm80 kernel
-// only), and the sm80 family's TF32 kernel (tf32_gemm_kernel: f32 inputs with allow_tf32, fwd, dX and dW,
-// fused topk weights included, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used for f32 inputs otherwise and
+// only), and the sm80 family's TF32 kernel (tf32_gemm_kernel: f32 inputs with allow_tf32, every op, fused
+// topk weights included, mma.sync m16n8k8); and SIMT (true fp32 FFMA; used for f32 inputs otherwise and
 // for shapes the tensor-core paths cannot take).
 #include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
 #include <cuda_bf16.h>
@@ -956,9 +956,9 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 }
 
 // ------------------------------------------------------------------------------------------------
-// TF32 path (f32 inputs with allow_tf32, fwd / dX / dW; sm_80+): the sm80 kernel's 128 x 128 tiles, 4 warps
-// of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage) and mma.sync.m16n8k8 on
-// TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error at most 2^-11 per operand,
+// TF32 path (f32 inputs with allow_tf32, fwd / dX / dW / topk grad; sm_80+): the sm80 kernel's 128 x 128
+// tiles, 4 warps of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage) and
+// mma.sync.m16n8k8 on TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error at most 2^-11 per operand,
 // which the oracle's TF32 term counts) with fp32 accumulators.  dW with fused topk weights (WEIGHTED) rounds
 // fl32(w * dY) to TF32: the weight multiply is one more fp32 rounding, which the oracle counts as on every
 // path.
@@ -1028,7 +1028,7 @@ __device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int c = threadIdx.x + u * TC_THREADS;
-            if (OP == OP_FWD) { // B [n][q]: W[e] rows
+            if (OP == OP_FWD || OP == OP_TOPK_GRAD) { // B [n][q]: W[e] rows
                 const int j = c >> 2, kc = c & 3;
                 const bool ok = t.j0 + j < g.cols_j && q0 + kc * 4 < qlen;
                 cp_async16(sb + j * TF_BK + kc * 4, ok ? B + (t.e * g.N + t.j0 + j) * g.K + q0 + kc * 4 : B, ok);
@@ -1044,7 +1044,6 @@ __device__ __forceinline__ void tf_load_stage(const GemmArgs &g, const TileCoord
 template <int OP, bool WEIGHTED = false>
 __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
 {
-    static_assert(OP == OP_FWD || OP == OP_DX || OP == OP_DW, "fwd, dX and dW");
     static_assert(!WEIGHTED || OP == OP_DW, "fused topk weights in the reduction: dW only");
     extern __shared__ __align__(128) unsigned char smem[];
     float *pipe = reinterpret_cast<float *>(smem);
@@ -1056,7 +1055,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tf32_gemm_kernel(GemmArgs g)
         return;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     const int wi0 = (warp / 2) * 64, wj0 = (warp % 2) * 64;
-    constexpr bool A_QC = OP != OP_DW, B_QC = OP == OP_FWD;
+    constexpr bool A_QC = OP != OP_DW, B_QC = OP == OP_FWD || OP == OP_TOPK_GRAD;
 
     const int64_t tiles = total_tiles(g, TC_BM, TC_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -1231,7 +1230,7 @@ bool sm90_path_available()
 
 // Whether the tensor-core path can take the problem's shape: 16-byte vectors along every contiguous
 // dimension (loads and the vectorised epilogue).  plan_gemm adds the dtype rules: f32 only with allow_tf32
-// (the TF32 kernel: fwd, dX, dW), dW with fused topk weights for bf16 (on sm90 not the wide or ping-pong
+// (the TF32 kernel: every op), dW with fused topk weights for bf16 (on sm90 not the wide or ping-pong
 // kernels) and f16 (the sm80 kernel only).
 bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, const void *out)
 {
@@ -1538,6 +1537,7 @@ moe_status launch_tf32(int op, const GemmArgs &g, int64_t max_tiles, cudaStream_
 {
     return launch_sm80_family(op == OP_FWD ? tf32_gemm_kernel<OP_FWD>
                               : op == OP_DX ? tf32_gemm_kernel<OP_DX>
+                              : op == OP_TOPK_GRAD ? tf32_gemm_kernel<OP_TOPK_GRAD>
                               : g.weights != nullptr ? tf32_gemm_kernel<OP_DW, true> : tf32_gemm_kernel<OP_DW>,
                               g, max_tiles, stream);
 }
@@ -1623,9 +1623,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     // bf16, into TF32 terms on the sm80 kernel for f16 (no sm90 kernel); f32 with allow_tf32: fl32(w * dY)
     // rounded to TF32 like any operand
     const bool weighted_dw = op == OP_DW && weighted;
-    // f32: true fp32 (SIMT) unless the caller allows TF32, which the TF32 kernel (sm80 family) uses for fwd, dX
-    // and dW
-    const bool f32_ok = p->dtype != MOE_F32 || (p->allow_tf32 && op != OP_TOPK_GRAD);
+    // f32: true fp32 (SIMT) unless the caller allows TF32, which the TF32 kernel (sm80 family) uses for every op
+    const bool f32_ok = p->dtype != MOE_F32 || p->allow_tf32;
     // A tuned "simt" binds nothing: the autotune records it only where no tensor-core kernel took the call (no
     // candidate is SIMT), which a call of the same key may not share (16-byte alignment is not in the key) and
     // a later libmoe may have changed (f16 weighted dW and f32 weighted dW with allow_tf32 were SIMT before

@@ -171,9 +171,9 @@ typedef struct moe_gemm_options {
     int permute_y;        /* forward scattered Y on store: Y and dY are slot order, row r is at g_r */
     int reduce_topk;      /* dX: write [T][K] with dX[t] = sum_j dXslot[t*k + j] (needs gather_indices) */
     int accumulate;       /* add the result into every output of the call instead of overwriting */
-    int allow_tf32;       /* CUDA, f32 only: allow TF32 tensor cores for fwd, dX and dW, with or without topk
-                           * weights (not the topk-weight gradient; default: true fp32); the error bound then
-                           * charges TF32's rounding (DECISIONS) */
+    int allow_tf32;       /* CUDA, f32 only: allow TF32 tensor cores for every GEMM op (fwd, dX, dW, the
+                           * topk-weight gradient; default: true fp32); the error bound then charges TF32's
+                           * rounding (DECISIONS) */
     int dx_only;          /* moe_gemm_bwd: compute dX only */
     int dw_only;          /* moe_gemm_bwd: compute dW (and d_topk_weights) only */
     void *stream;         /* CUDA backend: the cudaStream_t to run on (NULL = default stream) */

@@ -229,7 +229,9 @@ void oracle_gemm_topk_weights_grad(const moe_routing *routing, int64_t N, int64_
         const int64_t e = map.expert[r], slot = map.slot[r];
         const int64_t xr = o->permute_x ? slot / routing->topk : r;
         const int64_t dyr = o->permute_y ? slot : r;
-        /* y_n carries up to g(K) * sum|x w| of error into a dot of length N. */
+        /* y_n carries up to g(K) (1 + d) sum|x w| + d sum|x w| of error into a dot of length N (d: TF32's
+         * product error with allow_tf32, as element_bound charges it; dY enters that dot unrounded) */
+        const double d = product_error(o);
         double sum = 0.0, mag = 0.0, inherited = 0.0;
         for (int64_t n = 0; n < N; n++) {
             double y = 0.0, ymag = 0.0;
@@ -239,7 +241,7 @@ void oracle_gemm_topk_weights_grad(const moe_routing *routing, int64_t N, int64_
                 ymag += fabs(term);
             }
             double g = oracle_load(o->dtype, dy, dyr * N + n);
-            double y_error = oracle_gamma(K) * ymag + K * 0x1p-52 * ymag;
+            double y_error = oracle_gamma(K) * (1.0 + d) * ymag + d * ymag + K * 0x1p-52 * ymag;
             sum += g * y;
             mag += fabs(g) * (fabs(y) + y_error);
             inherited += fabs(g) * y_error;
@@ -252,7 +254,7 @@ void oracle_gemm_topk_weights_grad(const moe_routing *routing, int64_t N, int64_
             roundings++;
         }
         value[slot] = sum;
-        bound[slot] = element_bound(out_dtype, roundings, mag, sum, 0.0) + inherited; /* never TF32 */
+        bound[slot] = element_bound(out_dtype, roundings, mag, sum, 0.0) + inherited; /* the outer dot: fp32 */
     }
     free_rows(&map);
 }
