@@ -958,13 +958,13 @@ __global__ void __launch_bounds__(TC_THREADS, 2) tc_gemm_kernel(GemmArgs g)
 // ------------------------------------------------------------------------------------------------
 // TF32 path (f32 inputs with allow_tf32, fwd / dX / dW / topk grad; sm_80+): the sm80 kernel's 128 x 128
 // tiles, 4 warps of 64 x 64 and 4 cp.async stages, with BK = 16 floats (the same bytes per stage) and
-// mma.sync.m16n8k8 on TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error at most 2^-11 per operand,
-// which the oracle's TF32 term counts) with fp32 accumulators.  dW with fused topk weights (WEIGHTED) rounds
-// fl32(w * dY) to TF32: the weight multiply is one more fp32 rounding, which the oracle counts as on every
-// path.
+// mma.sync.m16n8k8 on TF32 operands (each element rounded by cvt.rna.tf32, to nearest: relative error at most
+// 2^-11 per operand, which the oracle's TF32 term counts) with fp32 accumulators.  dW with fused topk weights
+// (WEIGHTED) rounds fl32(w * dY) to TF32: the weight multiply is one more fp32 rounding, which the oracle
+// counts as on every path.  The topk grad runs fwd's tiles and hands them to its fp32 dot with dY (epilogue).
 // Operand tiles, in floats (a stage's operand takes TF_TILE_FLOATS, both layouts):
-//   q-contiguous [128][16] (A of fwd and dX, B of fwd): element (row, q) at row * 16 + q, unpadded: a quarter-warp's
-//     16-byte reads cover rows 2r, 2r + 1 = 32 distinct banks;
+//   q-contiguous [128][16] (A of fwd, dX and topk grad, B of fwd and topk grad): element (row, q) at row * 16 + q,
+//     unpadded: a quarter-warp's 16-byte reads cover rows 2r, 2r + 1 = 32 distinct banks;
 //   i/j-contiguous [16][128] (A of dW, B of dX and dW): element (q, i) in row q, 4-float chunk (i / 4) ^ (2 ((q / 4) % 4))
 //     (tf_ic_offset): a warp's fragment reads (q = 4t + j for t < 4, i = i0 + g for g < 8, i0 a multiple of 8) hit
 //     chunks (i0 / 4 + g / 4) ^ 2t, 8 distinct ones, so 32 distinct banks; the cp.async writes stay conflict-free.
