@@ -276,8 +276,9 @@ int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *ch
     choice->tile_rows = (int)v[15], choice->cluster = (int)v[16], choice->tma_store = (int)v[17];
     choice->dw_pingpong = (int)v[18];
     choice->median_us = us;
-    /* keys no call makes (the entry points refuse those options, gemm_api.c), which would load as entries
-     * that never apply; then the combinations the kernels have */
+    /* keys no call makes, which would load as entries that never apply (gemm_api.c refuses reduce_topk
+     * outside dX and allow_tf32 outside f32; only dW's output dtype may differ, as f32); then the
+     * combinations the kernels have */
     const char *conflict = NULL;
     if (key->reduce_topk && key->op != MOE_GEMM_DX)
         conflict = "reduce_topk 1 exists only for dx";
