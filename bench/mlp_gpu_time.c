@@ -15,9 +15,10 @@
  * checkpoints are compared bit for bit with the default forward's.
  *
  * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
- * 0 times the float32-intermediate tile path).  The 10th and 11th set the activation (default silu) and
- * where the affinity is applied (h, the default, or i): the kernels are compiled per activation, and the
- * affinity on I takes the general form of the gate kernels.
+ * 0 times float32 intermediates: bf16 on split operands on the rows path, f16 and f32 on the tile path).
+ * The 10th and 11th set the activation (default silu) and where the affinity is applied (h, the default,
+ * or i): the kernels are compiled per activation, and the affinity on I takes the general form of the gate
+ * kernels.
  *
  * In the same run (16-bit dtypes), the comparison: the GEMMs of an unfused composition alone, as
  * cuBLAS grouped calls (cublasGemmGroupedBatchedEx, one group per expert, over the routed rows sorted
@@ -517,7 +518,8 @@ int main(int argc, char **argv)
            (long long)(T * k));
     printf("intermediates: %s\n", round_intermediates && dt != MOE_F32
                                       ? "rounded to the dtype (round_intermediates: rows path, tensor-core GEMMs)"
-                                      : "float32 (tile path)");
+                                      : dt == MOE_BF16 ? "float32, split into exact bf16 terms (rows path, tensor-core GEMMs)"
+                                                       : "float32 (tile path)");
     printf("forward : median %.3f ms (min %.3f, max %.3f) over %d runs = %.1f TFLOP/s\n", f, ms_fwd[0],
            ms_fwd[repeats - 1], repeats, flop_fwd / (f * 1e-3) / 1e12);
     printf("backward: median %.3f ms (min %.3f, max %.3f) over %d runs = %.1f TFLOP/s\n", b, ms_bwd[0],

@@ -2,9 +2,10 @@
 // specs/MLP.md; the contract is in gpu/mlp_cuda.h).  The CPU reference (ref/mlp.c) is the oracle.
 //
 // Two paths share the layout check, the token lists and the reductions:
-//   - the tile path (float32 intermediates, the default; every dtype): the kernels listed below;
-//   - the rows path (options.round_intermediates with f16/bf16): every GEMM on the grouped GEMM's
-//     tensor-core kernels over the layout's real positions grouped by expert; see "Rows path" below.
+//   - the tile path (float32 intermediates, the default, for f16 and f32): the kernels listed below;
+//   - the rows path (options.round_intermediates with f16/bf16, and bf16 without it on split operands):
+//     every GEMM on the grouped GEMM's tensor-core kernels over the layout's real positions grouped by
+//     expert; see "Rows path" and "Split operands" below.
 //
 // One call is a fixed sequence of kernels on options.stream, nothing synchronised with the host:
 //
@@ -115,6 +116,14 @@ struct MlpArgs {
     float *GU, *Dr, *dMr;            // float32 rows: gate/up (unfused forward only, its own allocation),
                                      // down (then a*d or dX), dM
     int dre_bias;                    // rows path: Dre rows lack the down bias (dot_kernel adds it)
+    // The operands Mr, M0r and dGUr: planes = 1, one value rounded to dt; on the split path (bf16 without
+    // round_intermediates, see "Split operands" below) 3 exact bf16 terms of the float32 value, term p at
+    // p * (the buffer's plane stride) elements
+    int planes;
+    int64_t m_plane, gu_plane; // the plane strides of Mr and M0r, of dGUr (multiples of 8)
+    // backward: the affinity scales m (d_w_d's operand) and dM, and Sr is G (ON_I, and ON_H on split
+    // operands), instead of Sr = rnd(a*G)
+    int a_in_m;
     int64_t *tok_count;              // [T]    positions of each token
     int64_t *tok_list;               // [T*E]  their rows (tile path: positions), ascending expert order
     int64_t *tok_expert;             // [T*E]  the expert of each
@@ -943,7 +952,8 @@ __global__ void bias_grad_kernel(MlpArgs g)
 }
 
 // ------------------------------------------------------------------------------------------------
-// Rows path (options.round_intermediates with f16/bf16): every GEMM on the grouped GEMM's kernels
+// Rows path (options.round_intermediates with f16/bf16; bf16 without it on split operands, below): every GEMM
+// on the grouped GEMM's kernels
 // (gemm_cuda.cuh, moe_cuda_rows_gemm: wgmma/TMA on sm_90a, mma on sm_80+), the MLP's own work in
 // elementwise kernels between them.  The layout's real positions are numbered as "rows" grouped by
 // expert (the expert's blocks in ascending order, ascending slot within a block; padding positions get
@@ -974,6 +984,54 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
     if (dtype == MOE_BF16)
         return __bfloat162float(__float2bfloat16_rn(v));
     return v;
+}
+
+// Split operands (bf16 without round_intermediates; specs/MLP.md, "Split operands on the GPU"): the
+// float32 intermediates stay unrounded, so each operand the GEMMs read is stored as exact bf16 terms
+// (store_operand_v), and every GEMM runs once per pair of terms, accumulating in its float32 output
+// (rows_gemm_terms).  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
+// upper 16 bits: round toward zero, so hi has v's sign and |hi| <= |v|), r = v - hi (exact, the lower 16
+// bits), mid = r truncated the same way, lo = r - mid (exact, at most 8 significant bits).  Every term has v's
+// sign, so |hi| + |mid| + |lo| = |v| and a GEMM's magnitude sum is unchanged; each product of a term with a
+// bf16 value is exact in float32, and the float32 sums of hi + mid + lo (the bias gradients) give v back.  An
+// infinite v stays in hi (the rest 0, not inf - inf); a NaN v makes the others NaN.  Exact for |v| >= 2^-110;
+// below, lo falls into bf16's subnormal range and drops bits under 2^-133.  The backward keeps G, a bf16
+// tensor, as the down projection's gradient operand in both placements (a_in_m): dM = a * (G . W_d^T) and
+// d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up to 16 significant bits), so d_w_d
+// runs 3 GEMMs instead of 6 and dM one instead of 2.
+__device__ __forceinline__ float truncate_to_bf16(float v) { return __uint_as_float(__float_as_uint(v) & 0xffff0000u); }
+
+// The rows path's stores of an operand: rounded once to dt (planes = 1), or the 3 terms above, term p at
+// base + p * plane (bf16 elements).
+template <int V>
+__device__ __forceinline__ void store_operand_v(moe_dtype dt, void *base, int planes, int64_t plane, int64_t i,
+                                                const float *v)
+{
+    if (planes == 1) {
+        store_v<V>(dt, base, i, v);
+        return;
+    }
+    float hi[V], mid[V], lo[V];
+#pragma unroll
+    for (int u = 0; u < V; u++) {
+        hi[u] = truncate_to_bf16(v[u]);
+        const float r = fabsf(v[u]) == INFINITY ? 0.0f : v[u] - hi[u];
+        mid[u] = truncate_to_bf16(r);
+        lo[u] = r - mid[u];
+    }
+    __nv_bfloat16 *terms = static_cast<__nv_bfloat16 *>(base);
+    store_v<V>(MOE_BF16, terms, i, hi);
+    store_v<V>(MOE_BF16, terms + plane, i, mid);
+    store_v<V>(MOE_BF16, terms + 2 * plane, i, lo);
+}
+
+// An operand element as float32: the value (planes = 1) or the sum of its terms (exact, see above).
+__device__ __forceinline__ float load_operand(moe_dtype dt, const void *base, int planes, int64_t plane, int64_t i)
+{
+    if (planes == 1)
+        return load_as_float(dt, base, i);
+    const __nv_bfloat16 *terms = static_cast<const __nv_bfloat16 *>(base);
+    return __bfloat162float(terms[i]) + __bfloat162float(terms[plane + i]) + __bfloat162float(terms[2 * plane + i]);
 }
 
 __device__ __forceinline__ int64_t warp_id_global() { return (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; }
@@ -1288,10 +1346,10 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
                 }
                 gp = clamp_value(gp, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
                 up = clamp_value(up, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
-                const float m = act_value(ACT, gp) * up;
-                store_from_float(dt, g.Mr, r * I + i, g.on_i ? m * info[row].a : m);
+                const float m = act_value(ACT, gp) * up, mr = g.on_i ? m * info[row].a : m;
+                store_operand_v<1>(dt, g.Mr, g.planes, g.m_plane, r * I + i, &mr);
                 if (g.M0r != nullptr)
-                    store_from_float(dt, g.M0r, r * I + i, m);
+                    store_operand_v<1>(dt, g.M0r, g.planes, g.m_plane, r * I + i, &m);
                 gs[row][tx] = gp, us[row][tx] = up;
             }
             __syncthreads();
@@ -1416,10 +1474,11 @@ __device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
 //   Instructions are kept few, for the kernel was bound in part by issuing them (ncu source counters of the words
 // form: 516 warp instructions per chunk and warp, stalls "not selected" and "selected" a third of the samples): a
 // whole chunk's checkpoint copies are one unrolled run (RT / 8 per thread, 40 instructions per copy pair as a
-// loop); the chunks of a call without clamps, affinity on I or M0r (GENERAL false) skip those steps' tests; a
-// tile's start reads the affinity's chain (ids, b2e, affinities) only with ON_I.  ncu on an H200: executed
-// instructions 406M -> 257M (built for 5 CTAs per SM, run140); Qwen3-30B-A3B T = 16384 540-545 -> 455-460 us,
-// Mixtral-8x7B T = 4096 630-636 -> 570-576 (bench/RESULTS.md, 2026-11-28, eighteenth session, run139-run141).
+// loop); the chunks of a call without clamps, the affinity on m (a_in_m: ON_I, split operands) or M0r (GENERAL
+// false) skip those steps' tests; a tile's start reads the affinity's chain (ids, b2e, affinities) only with
+// a_in_m.  ncu on an H200: executed instructions 406M -> 257M (built for 5 CTAs per SM, run140); Qwen3-30B-A3B
+// T = 16384 540-545 -> 455-460 us, Mixtral-8x7B T = 4096 630-636 -> 570-576 (bench/RESULTS.md, 2026-11-28,
+// eighteenth session, run139-run141).
 // Issuing the next tile's first chunk before the current tile's last is computed (no idle tile start) measured
 // slower each time, through the instructions it added (run138, run141).
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up][col][row] the 32-bit words (RT + 1 per
@@ -1477,12 +1536,12 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
         }
         cp_async_commit();
     };
-    // GENERAL (a std::bool_constant): false for a call without clamps, affinity on I or M0r, whose chunks
+    // GENERAL (a std::bool_constant): false for a call without clamps, the affinity on m or M0r, whose chunks
     // then run without those steps' tests and arithmetic
     auto compute_as = [&](auto GENERAL, int stage, int64_t r0, int64_t i0) {
         constexpr bool general = decltype(GENERAL)::value;
         chunk_lanes_along_i<V>(R, I, r0, i0, [&](int, int row, int col, int64_t r, int64_t i) {
-            const float a = general && g.on_i ? info[row].a : 1.0f;
+            const float a = general && g.a_in_m ? info[row].a : 1.0f;
             const int shift = ES == 2 && words ? 16 * (int)(info[row].ckpt & 1) : 0;
             float m[V], dg[V], du[V];
 #pragma unroll
@@ -1491,24 +1550,24 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
                 const float uv = ckpt_word_value<DT>(ck_s[stage][1][col + v][row], shift);
                 const float act = act_value(ACT, gv);
                 m[v] = act * uv;
-                const float dm = general && g.on_i ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
+                const float dm = general && g.a_in_m ? a * dm_s[stage][row][col + v] : dm_s[stage][row][col + v];
                 const bool pass_u = !general || ((!g.has_lin_lo || g.lin_lo < uv) && (!g.has_lin_hi || uv < g.lin_hi));
                 const bool pass_g = !general || ((!g.has_nl_lo || g.nl_lo < gv) && (!g.has_nl_hi || gv < g.nl_hi));
                 du[v] = pass_u ? dm * act : 0.0f;
                 dg[v] = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
             }
             if (general && g.M0r != nullptr)
-                store_v<V>(dt, g.M0r, r * I + i, m);
-            if (general && g.on_i)
+                store_operand_v<V>(dt, g.M0r, g.planes, g.m_plane, r * I + i, m);
+            if (general && g.a_in_m)
 #pragma unroll
                 for (int v = 0; v < V; v++)
                     m[v] = a * m[v];
-            store_v<V>(dt, g.Mr, r * I + i, m);
-            store_v<V>(dt, g.dGUr, r * 2 * I + i, dg);
-            store_v<V>(dt, g.dGUr, r * 2 * I + I + i, du);
+            store_operand_v<V>(dt, g.Mr, g.planes, g.m_plane, r * I + i, m);
+            store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + i, dg);
+            store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + I + i, du);
         });
     };
-    const bool general = g.on_i || g.M0r != nullptr || g.has_lin_lo || g.has_lin_hi || g.has_nl_lo || g.has_nl_hi;
+    const bool general = g.a_in_m || g.M0r != nullptr || g.has_lin_lo || g.has_lin_hi || g.has_nl_lo || g.has_nl_hi;
     auto compute = [&](int stage, int64_t r0, int64_t i0) {
         if (general)
             compute_as(std::true_type{}, stage, r0, i0);
@@ -1521,7 +1580,7 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
         const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
         // the previous tile's last chunk ended with a barrier: info and both stages are free
         if (ty == 0 && r0 + tx < R) // the affinity (two more dependent loads) only where it is used
-            info[tx] = row_info(g, r0 + tx, g.on_i);
+            info[tx] = row_info(g, r0 + tx, g.a_in_m);
         __syncthreads();
         ck_row = nullptr;
         if (r0 + tx < R) {
@@ -1544,7 +1603,8 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
     }
 }
 
-// db_d[e][h] = sum of rnd(a*G) over the expert's rows, db_gu[e][j] = sum of dGUr (ascending rows).
+// db_d[e][h] = sum of rnd(a*G) (split: a*G) over the expert's rows, db_gu[e][j] = sum of dGUr (split: of its
+// terms' sums), ascending rows.
 __global__ void rows_bias_grad_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
@@ -1556,12 +1616,12 @@ __global__ void rows_bias_grad_kernel(MlpArgs g)
         float sum = 0.0f;
         for (int64_t r = g.row_offsets[e]; r < g.row_offsets[e + 1]; r++) {
             if (c >= g.H) {
-                sum = sum + load_as_float(g.dt, g.dGUr, r * 2 * g.I + (c - g.H));
-            } else if (!g.on_i) {
+                sum = sum + load_operand(g.dt, g.dGUr, g.planes, g.gu_plane, r * 2 * g.I + (c - g.H));
+            } else if (!g.a_in_m) {
                 sum = sum + load_as_float(g.dt, g.Sr, r * g.H + c); // already rnd(a*G)
             } else {
                 const float aG = row_affinity(g, g.row_pos[r]) * load_as_float(g.dt, g.Sr, r * g.H + c);
-                sum = sum + round_dev(g.dt, aG);
+                sum = sum + (g.planes == 1 ? round_dev(g.dt, aG) : aG);
             }
         }
         if (c < g.H)
@@ -1569,6 +1629,16 @@ __global__ void rows_bias_grad_kernel(MlpArgs g)
         else
             store_grad(g, g.d_bgu, e * 2 * g.I + (c - g.H), sum);
     }
+}
+
+// Split path, weight gradients of a 16-bit dtype: dst[i] = the float32 sum of every term pair's GEMM, rounded
+// once (store_grad: old + sum with accumulate).
+__global__ void finish_grad_kernel(MlpArgs g, const float *sum, void *dst, int64_t count)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    GRID_STRIDE(i, count)
+    store_grad(g, dst, i, sum[i]);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1651,6 +1721,15 @@ MlpArgs base_args(const moe_mlp_problem *p, int op)
     return g;
 }
 
+// The rows path's operand terms (MlpArgs::planes, a_in_m): split for bf16 without round_intermediates.
+void set_operand_planes(MlpArgs &g, bool split)
+{
+    const auto stride = [](int64_t n) { return (n + 7) / 8 * 8; }; // keeps every term 16-byte aligned
+    g.planes = split ? 3 : 1;
+    g.a_in_m = g.on_i || split;
+    g.m_plane = stride(g.NB * g.I), g.gu_plane = stride(g.NB * 2 * g.I);
+}
+
 // Runs the layout check and the expert lists (the first kernels of every call).
 moe_status launch_layout(const MlpArgs &g, cudaStream_t stream)
 {
@@ -1702,10 +1781,69 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
     return moe_cuda_rows_gemm(&r);
 }
 
+// rows_gemm over the terms of split operands (store_operand_v): a has a_planes terms a_plane elements apart,
+// b likewise; out = the sum over every pair of terms, each pair's GEMM after the first accumulating into out
+// (which needs a float32 out when there is more than one pair).  One pair is rows_gemm itself.
+moe_status rows_gemm_terms(const MlpArgs &g, const char *name, int op, moe_dtype out_dtype, int64_t N, int64_t K,
+                           const void *a, int a_planes, int64_t a_plane, const void *b, int b_planes, int64_t b_plane,
+                           void *out, int accumulate, cudaStream_t stream)
+{
+    const size_t es = moe_dtype_size(g.dt);
+    if (a_planes * b_planes > 1 && out_dtype != MOE_F32)
+        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: %d x %d operand terms cannot sum into a %s output", name, a_planes,
+                        b_planes, moe_dtype_name(out_dtype));
+    for (int pa = 0; pa < a_planes; pa++)
+        for (int pb = 0; pb < b_planes; pb++) {
+            const moe_status s = rows_gemm(g, name, op, out_dtype, N, K,
+                                           static_cast<const unsigned char *>(a) + pa * a_plane * es,
+                                           static_cast<const unsigned char *>(b) + pb * b_plane * es, out,
+                                           pa + pb == 0 ? accumulate : 1, stream);
+            if (s != MOE_OK)
+                return s;
+        }
+    return MOE_OK;
+}
+
+// A weight gradient [E][N][K] of the backward: dst = a^T . b summed over each expert's rows (MOE_ROWS_AT_B),
+// old + sum with options.accumulate.  With split operands and a 16-bit gradient dtype the term pairs sum into
+// float32 scratch (allocated here, stream-ordered) that finish_grad_kernel rounds once into dst.
+moe_status rows_weight_grad(const MlpArgs &g, const char *name, int64_t N, int64_t K, const void *a, int a_planes,
+                            int64_t a_plane, const void *b, int b_planes, int64_t b_plane, void *dst, cudaStream_t stream)
+{
+    if (a_planes * b_planes == 1 || g.gdt == MOE_F32)
+        return rows_gemm_terms(g, name, MOE_ROWS_AT_B, g.gdt, N, K, a, a_planes, a_plane, b, b_planes, b_plane, dst,
+                               g.accumulate, stream);
+    const int64_t count = g.E * N * K;
+    if (count == 0)
+        return MOE_OK;
+    float *sum = nullptr;
+    cudaError_t err = cudaMallocAsync(reinterpret_cast<void **>(&sum), (size_t)count * 4, stream);
+    if (err != cudaSuccess)
+        return moe_fail(err == cudaErrorMemoryAllocation ? MOE_ERR_OUT_OF_MEMORY : MOE_ERR_DEVICE,
+                        "%s: cudaMallocAsync of the %lld-byte float32 sum failed: %s", name, (long long)(count * 4),
+                        cudaGetErrorString(err));
+    moe_status s = rows_gemm_terms(g, name, MOE_ROWS_AT_B, MOE_F32, N, K, a, a_planes, a_plane, b, b_planes, b_plane,
+                                   sum, 0, stream);
+    if (s == MOE_OK) {
+        finish_grad_kernel<<<grid_for(count, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g, sum, dst, count);
+        err = cudaGetLastError();
+        if (err != cudaSuccess)
+            s = moe_fail(MOE_ERR_DEVICE, "%s: finish_grad_kernel: %s", name, cudaGetErrorString(err));
+    }
+    err = cudaFreeAsync(sum, stream);
+    if (s == MOE_OK && err != cudaSuccess)
+        s = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", name, cudaGetErrorString(err));
+    return s;
+}
+
 // The forward's gate/up GEMM fused with gate_act_kernel's work (moe_cuda_rows_gate_gemm): *fused = 0 when
 // the call does not fit it (nothing launched).
 moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
 {
+    if (g.planes != 1) { // the fused epilogue stores m rounded; split operands take gate_act_kernel
+        *fused = 0;
+        return MOE_OK;
+    }
     MoeRowsGemm r = {};
     r.name = "moe_mlp_fwd (gate/up, fused)", r.op = MOE_ROWS_A_W, r.dtype = g.dt, r.out_dtype = g.dt;
     r.E = g.E, r.rows = g.NB, r.N = g.H, r.K = 2 * g.I;
@@ -1915,11 +2053,14 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
     g.out = out, g.ckpt_gu = gate_up_ckpt_T, g.ckpt_d = down_ckpt;
     const int64_t NB = g.NB, H = g.H, I = g.I;
     const bool ckpt_from_m0 = g.on_i && down_ckpt != nullptr;
-    if (p->round_intermediates) {
+    const bool split = p->dtype == MOE_BF16 && !p->round_intermediates;
+    if (p->round_intermediates || split) {
+        set_operand_planes(g, split);
         RowsSizes rs = {};
         // no fp32 gate/up rows in the workspace: the fused kernel does without them, and the unfused path
         // allocates them itself (805 MB at Qwen3-30B-A3B, T = 16384)
-        rs.active = true, rs.xr = NB * H, rs.mr = NB * I, rs.m0r = ckpt_from_m0 ? NB * I : 0;
+        const int64_t m_size = g.planes * g.m_plane;
+        rs.active = true, rs.xr = NB * H, rs.mr = m_size, rs.m0r = ckpt_from_m0 ? m_size : 0;
         rs.dr = NB * H;
         return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
@@ -1956,10 +2097,11 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             MOE_CUDA_CHECK(cudaGetLastError());
-            s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream);
+            s = rows_gemm_terms(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.planes, a.m_plane, a.w_d,
+                                1, 0, a.Dr, 0, stream);
             if (s == MOE_OK && ckpt_from_m0)
-                s = rows_gemm(a, "moe_mlp_fwd (down checkpoint)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
-                              stream);
+                s = rows_gemm_terms(a, "moe_mlp_fwd (down checkpoint)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.planes,
+                                    a.m_plane, a.w_d, 1, 0, a.Dre, 0, stream);
             if (s != MOE_OK)
                 return s;
             const bool vec = H % 8 == 0 && (!a.bias || aligned16(a.b_d));
@@ -2013,10 +2155,13 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
     g.d_hidden = d_hidden, g.d_aff = d_affinities, g.d_wgu = d_w_gu, g.d_wd = d_w_d, g.d_bgu = d_b_gu, g.d_bd = d_b_d;
     const int64_t NB = g.NB, H = g.H, I = g.I, E = g.E;
     const bool recompute = down_ckpt == nullptr; // ON_I only (the front end checked)
-    if (p->round_intermediates) {
+    const bool split = p->dtype == MOE_BF16 && !p->round_intermediates;
+    if (p->round_intermediates || split) {
+        set_operand_planes(g, split);
         RowsSizes rs = {};
-        rs.active = true, rs.xr = NB * H, rs.sr = NB * H, rs.mr = NB * I, rs.m0r = recompute ? NB * I : 0;
-        rs.dgur = NB * 2 * I, rs.dmr = NB * I, rs.dr = NB * H;
+        const int64_t m_size = g.planes * g.m_plane;
+        rs.active = true, rs.xr = NB * H, rs.sr = NB * H, rs.mr = m_size, rs.m0r = recompute ? m_size : 0;
+        rs.dgur = g.planes * g.gu_plane, rs.dmr = NB * I, rs.dr = NB * H;
         g.dre_bias = recompute && g.bias;
         return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
@@ -2024,7 +2169,7 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             launch_token_lists(a, stream);
             moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
             if (s == MOE_OK)
-                s = gather_rows(a, a.out_grad, a.Sr, !a.on_i, !recompute, stream); // da too, from the checkpoint
+                s = gather_rows(a, a.out_grad, a.Sr, !a.a_in_m, !recompute, stream); // da too, from the checkpoint
             if (s == MOE_OK)
                 s = rows_gemm(a, "moe_mlp_bwd (dM)", MOE_ROWS_A_WT, MOE_F32, I, H, a.Sr, a.w_d, a.dMr, 0, stream);
             if (s != MOE_OK)
@@ -2040,8 +2185,8 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                 return s;
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
-                s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
-                              stream);
+                s = rows_gemm_terms(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.planes,
+                                    a.m_plane, a.w_d, 1, 0, a.Dre, 0, stream);
                 if (s != MOE_OK)
                     return s;
             }
@@ -2053,15 +2198,16 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (a.T * E > 0)
                 daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
-            s = rows_gemm(a, "moe_mlp_bwd (dX)", MOE_ROWS_A_WT, MOE_F32, H, 2 * I, a.dGUr, a.w_gu, a.Dr, 0, stream);
+            s = rows_gemm_terms(a, "moe_mlp_bwd (dX)", MOE_ROWS_A_WT, MOE_F32, H, 2 * I, a.dGUr, a.planes, a.gu_plane,
+                                a.w_gu, 1, 0, a.Dr, 0, stream);
             if (s == MOE_OK)
                 s = token_rows(a, a.Dr, a.d_hidden, stream);
             if (s == MOE_OK)
-                s = rows_gemm(a, "moe_mlp_bwd (d_w_d)", MOE_ROWS_AT_B, a.gdt, I, H, a.Mr, a.Sr, a.d_wd, a.accumulate,
-                              stream);
+                s = rows_weight_grad(a, "moe_mlp_bwd (d_w_d)", I, H, a.Mr, a.planes, a.m_plane, a.Sr, 1, 0, a.d_wd,
+                                     stream);
             if (s == MOE_OK)
-                s = rows_gemm(a, "moe_mlp_bwd (d_w_gu)", MOE_ROWS_AT_B, a.gdt, H, 2 * I, a.Xr, a.dGUr, a.d_wgu,
-                              a.accumulate, stream);
+                s = rows_weight_grad(a, "moe_mlp_bwd (d_w_gu)", H, 2 * I, a.Xr, 1, 0, a.dGUr, a.planes, a.gu_plane,
+                                     a.d_wgu, stream);
             if (s == MOE_OK && a.bias && E * (H + 2 * I) > 0) {
                 rows_bias_grad_kernel<<<grid_for(E * (H + 2 * I), 256, cap), 256, 0, stream>>>(a);
                 MOE_CUDA_CHECK(cudaGetLastError());

@@ -16,7 +16,9 @@
  *   - Deterministic: no float atomics; every sum has an order fixed by the layout (see mlp_cuda.cu).
  *   - p->round_intermediates (f16/bf16 only) selects the rows path: the second-stage GEMM operands are
  *     rounded to the dtype (specs/MLP.md, "Rounded intermediates") and every GEMM runs on the grouped
- *     GEMM's kernels (moe_cuda_rows_gemm); otherwise the float32-intermediate tile path.
+ *     GEMM's kernels (moe_cuda_rows_gemm).  bf16 without it takes the rows path on split operands (the
+ *     float32 operands as exact bf16 terms; specs/MLP.md, "Split operands on the GPU"); f16 and f32
+ *     without it take the float32-intermediate tile path.
  */
 #ifndef LIBMOE_MLP_CUDA_H
 #define LIBMOE_MLP_CUDA_H

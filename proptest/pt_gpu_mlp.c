@@ -307,12 +307,12 @@ static void invalid_layout(pt_case *c, const mt_case *m, int kind)
 static int gpu_run(pt_case *c, const mt_case *m, int checks, int down_ckpt, mt_result *res, const char *what)
 {
     gpu_case = c, gpu_failed = 0;
-    mt_mlp_fwd = gpu_fwd, mt_mlp_bwd = gpu_bwd, mt_backend = MOE_BACKEND_CUDA;
+    mt_mlp_fwd = gpu_fwd, mt_mlp_bwd = gpu_bwd, mt_backend = MOE_BACKEND_CUDA, mt_split_operands = 1;
     if (checks)
         pt_mlp_run_checked(c, m, checks, down_ckpt, res, what);
     else
         mt_run(m, 0, down_ckpt, res);
-    mt_mlp_fwd = moe_mlp_fwd, mt_mlp_bwd = moe_mlp_bwd, mt_backend = MOE_BACKEND_REF;
+    mt_mlp_fwd = moe_mlp_fwd, mt_mlp_bwd = moe_mlp_bwd, mt_backend = MOE_BACKEND_REF, mt_split_operands = 0;
     return !gpu_failed;
 }
 

@@ -3,7 +3,8 @@
  *      subset (16) x dtype (f32, f16, bf16) x padding (2) x accumulate (2) = 3072 cases (or the first
  *      `cases` of them), with at random: shape (some past the 64-wide tiles), block size (1 .. 128,
  *      multiples of 16 and not), layout (dropless, dropping, shuffled caller-made with an empty block),
- *      topk, tensor_update_overwrite (top-1), grad_fp32, round_intermediates (f16/bf16: the rows path) and,
+ *      topk, tensor_update_overwrite (top-1), grad_fp32, round_intermediates (f16/bf16: the rows path; bf16
+ *      without it: the rows path on split operands) and,
  *      with ON_I, whether the backward gets the down checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
  *      value within the error bound tests/mlp_testlib.c derives for any correct float32 implementation
  *      (specs/MLP.md "Error bound"; small cases also against float64 finite differences), and against the
@@ -18,9 +19,12 @@
  *   5. many experts (E = 128 .. 700: the device's expert lists go in windows of 128 experts) and many
  *      blocks (block size 1), against the reference (many_experts below);
  *   6. every tensor one element off its usual alignment, so that the kernels' unaligned paths run, against
- *      the reference (offset_tensors below).
+ *      the reference (offset_tensors below);
+ *   7. bf16 on split operands (no round_intermediates) at shapes the tensor-core kernels take, against the
+ *      reference (split_operands below).
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
  * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases] [offset cases]
+ *        [split cases]
  * (TEST_GPU_MLP_TRACE=1 prints each fused case before it runs, for a crash's reproducer: the same seed with
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
@@ -164,6 +168,7 @@ static void use_gpu(void)
     mt_mlp_fwd = gpu_fwd;
     mt_mlp_bwd = gpu_bwd;
     mt_backend = MOE_BACKEND_CUDA;
+    mt_split_operands = 1;
 }
 
 static void use_ref(void)
@@ -171,6 +176,7 @@ static void use_ref(void)
     mt_mlp_fwd = moe_mlp_fwd;
     mt_mlp_bwd = moe_mlp_bwd;
     mt_backend = MOE_BACKEND_REF;
+    mt_split_operands = 0;
 }
 
 /* ---- 1 and 2: the option cross ---- */
@@ -178,7 +184,7 @@ static void use_ref(void)
 static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_checks)
 {
     oracle_rng rng = {base};
-    int64_t bad = 0, done = 0, rows_path = 0, rows_path_tc = 0;
+    int64_t bad = 0, done = 0, rows_path = 0, split_path = 0, rows_path_tc = 0;
     for (int index = 0; index < 3072 && index < cases; index++) {
         const int combo = index % 256, pass = index / 256; /* every combo first, then the dtype passes */
         mt_case c;
@@ -202,10 +208,11 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
             int64_t I = wide ? 33 + (int64_t)oracle_rng_below(&rng, 50) : 1 + (int64_t)oracle_rng_below(&rng, 12);
             o.tensor_update_overwrite = k == 1 && oracle_rng_below(&rng, 2);
             o.grad_fp32 = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
-            /* f16/bf16: half the cases on the rows path (tensor-core GEMMs); their H and I are made
+            /* f16/bf16: half the cases with round_intermediates; those and every bf16 case take the rows
+             * path (tensor-core GEMMs; bf16 without the flag on split operands), whose H and I are made
              * multiples of 8 half the time so that the tensor-core families take them */
             o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
-            if (o.round_intermediates && oracle_rng_below(&rng, 2))
+            if ((o.round_intermediates || o.dtype == MOE_BF16) && oracle_rng_below(&rng, 2))
                 H = (H + 7) / 8 * 8, I = (I + 7) / 8 * 8;
             const int mode = (int)oracle_rng_below(&rng, 3);
             const uint64_t seed = base * 1000003ULL + (uint64_t)index * 101 + (uint64_t)attempt;
@@ -246,18 +253,45 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
                     (long long)b);
         bad += b;
         done++;
-        rows_path += c.opt.round_intermediates;
-        rows_path_tc += c.opt.round_intermediates && c.H % 8 == 0 && c.I % 8 == 0;
+        const int rows = c.opt.round_intermediates || c.opt.dtype == MOE_BF16;
+        rows_path += rows;
+        split_path += rows && !c.opt.round_intermediates;
+        rows_path_tc += rows && c.H % 8 == 0 && c.I % 8 == 0;
         mt_result_free(&gpu);
         mt_result_free(&ref);
         mt_case_free(&c);
         if (done % 500 == 0)
             fprintf(stderr, "  %lld cases ...\n", (long long)done);
     }
-    printf("option cross: %lld cases, %lld mismatches (%lld on the rows path, round_intermediates; %lld of them "
-           "with H and I multiples of 8)\n", (long long)done, (long long)bad, (long long)rows_path,
-           (long long)rows_path_tc);
+    printf("option cross: %lld cases, %lld mismatches (%lld on the rows path, %lld of them bf16 on split operands; "
+           "%lld with H and I multiples of 8)\n", (long long)done, (long long)bad, (long long)rows_path,
+           (long long)split_path, (long long)rows_path_tc);
     return bad;
+}
+
+/* Options whose activation, affinity and bias come from the case index's low bits (0-1, 2, 3), so that the
+ * first 16 cases of a property reach every combination; the rest zero. */
+static moe_mlp_options indexed_options(int index)
+{
+    moe_mlp_options o = {0};
+    o.activation = (moe_mlp_activation)(index & 3);
+    o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
+    o.bias = (index >> 3) & 1;
+    return o;
+}
+
+/* mt_case_init with the weights scaled to the fan-in and the clamp limits `clamps` placed; where no placement
+ * exists, the same case without clamps. */
+static void init_scaled_case(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, int64_t H, int64_t I,
+                             const moe_mlp_options *o, int mode, int clamps)
+{
+    mt_case_init(c, seed, T, E, k, H, I, o, mode);
+    mt_case_scale_weights(c);
+    if (clamps != 0 && !mt_choose_clamps(c, clamps)) {
+        mt_case_free(c);
+        mt_case_init(c, seed, T, E, k, H, I, o, mode);
+        mt_case_scale_weights(c);
+    }
 }
 
 /* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
@@ -298,10 +332,7 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
     const int strict = fused_kernel_expected();
     const int trace = getenv("TEST_GPU_MLP_TRACE") != NULL; /* each case's line before it runs */
     for (int index = 0; index < cases; index++) {
-        moe_mlp_options o = {0};
-        o.activation = (moe_mlp_activation)(index & 3);
-        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
-        o.bias = (index >> 3) & 1;
+        moe_mlp_options o = indexed_options(index);
         o.dtype = (index >> 4) & 1 ? MOE_F16 : MOE_BF16;
         o.round_intermediates = 1;
         o.padding = (moe_mlp_padding)oracle_rng_below(&rng, 2);
@@ -331,13 +362,7 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
             fflush(stderr);
         }
         mt_case c;
-        mt_case_init(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-        mt_case_scale_weights(&c);
-        if (clamps != 0 && !mt_choose_clamps(&c, clamps)) {
-            mt_case_free(&c);
-            mt_case_init(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-            mt_case_scale_weights(&c);
-        }
+        init_scaled_case(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
         const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
         mt_result fused, unfused, ref;
         use_gpu();
@@ -558,6 +583,16 @@ static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd
     return b;
 }
 
+/* b, after printing the case (its label and index, seed, shape and layout mode) when b is not 0. */
+static int64_t report_case(const char *label, int index, const mt_case *c, int mode, int64_t b)
+{
+    if (b)
+        fprintf(stderr, "%s case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld mismatches\n",
+                label, index, (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k,
+                (long long)c->H, (long long)c->I, (long long)c->B, mode, (long long)b);
+    return b;
+}
+
 /* ---- 5: many experts ---- */
 
 /* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
@@ -585,12 +620,8 @@ static int64_t many_experts(uint64_t base, int cases)
         const int mode = (int)oracle_rng_below(&rng, 3);
         mt_case c;
         mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
-        const int64_t b = gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference");
-        if (b)
-            fprintf(stderr, "many-experts case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld "
-                    "mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
-                    (long long)H, (long long)I, (long long)o.block_size, mode, (long long)b);
-        bad += b;
+        bad += report_case("many-experts", index, &c, mode,
+                           gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference"));
         mt_case_free(&c);
     }
     printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
@@ -612,10 +643,7 @@ static int64_t offset_tensors(uint64_t base, int cases)
     int64_t bad = 0;
     static const int64_t blocks[] = {16, 32, 64, 128};
     for (int index = 0; index < cases; index++) {
-        moe_mlp_options o = {0};
-        o.activation = (moe_mlp_activation)(index & 3);
-        o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
-        o.bias = (index >> 3) & 1;
+        moe_mlp_options o = indexed_options(index);
         o.dtype = (moe_dtype)(index % 3);
         o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
         o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
@@ -643,6 +671,54 @@ static int64_t offset_tensors(uint64_t base, int cases)
     return bad;
 }
 
+/* ---- 7: split operands ---- */
+
+/* bf16 without round_intermediates takes the rows path on split operands (specs/MLP.md, "Split operands on
+ * the GPU": every float32 intermediate a GEMM reads stored as exact bf16 terms, one GEMM per pair of terms
+ * accumulating in float32); the option cross's shapes are mostly too small for the tensor-core kernels.
+ * Here the fused gate/up property's shapes (H 64 .. 152, I 16 .. 128 or 64 / 128, blocks of 16 .. 128
+ * positions, three layout modes), one in four with H or I off a multiple of 8 (the rows GEMM's SIMT
+ * family); every activation, affinity and bias choice, clamps at random; half with accumulate and half with
+ * float32 gradients, where a lost term shows past bf16's rounding.  Checked within the bounds (exact
+ * roundings included) and against the CPU reference. */
+static int64_t split_operands(uint64_t base, int cases)
+{
+    oracle_rng rng = {base ^ 0x5b117e55ULL};
+    int64_t bad = 0;
+    static const int64_t blocks[] = {16, 32, 64, 128};
+    for (int index = 0; index < cases; index++) {
+        moe_mlp_options o = indexed_options(index);
+        o.dtype = MOE_BF16;
+        o.grad_fp32 = (index >> 4) & 1;
+        o.accumulate = oracle_rng_below(&rng, 2);
+        o.padding = (moe_mlp_padding)oracle_rng_below(&rng, 2);
+        o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
+        const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 4);
+        const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 2 ? E : 2));
+        const int64_t T = 60 + (int64_t)oracle_rng_below(&rng, 300);
+        int64_t H = 8 * (8 + (int64_t)oracle_rng_below(&rng, 12));
+        int64_t I = oracle_rng_below(&rng, 2) ? 64 * (1 + (int64_t)oracle_rng_below(&rng, 2))
+                                              : 8 * (2 + (int64_t)oracle_rng_below(&rng, 16));
+        if (oracle_rng_below(&rng, 4) == 0) { /* off the tensor-core families */
+            if (oracle_rng_below(&rng, 2))
+                H += 1 + (int64_t)oracle_rng_below(&rng, 7);
+            else
+                I += 1 + (int64_t)oracle_rng_below(&rng, 7);
+        }
+        const int mode = (int)oracle_rng_below(&rng, 3);
+        const int clamps = (int)oracle_rng_below(&rng, 16);
+        const int down_in_bwd = o.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
+        mt_case c;
+        init_scaled_case(&c, base * 2750159ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
+        bad += report_case("split", index, &c, mode,
+                           gpu_against_ref(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, down_in_bwd, 0,
+                                           "GPU (split operands) vs CPU reference"));
+        mt_case_free(&c);
+    }
+    printf("split operands: %d cases, %lld mismatches\n", cases, (long long)bad);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
@@ -659,6 +735,7 @@ int main(int argc, char **argv)
     bad += bad_layouts(seed);
     bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 12);
     bad += offset_tensors(seed, argc > 6 ? atoi(argv[6]) : 24);
+    bad += split_operands(seed, argc > 7 ? atoi(argv[7]) : 32);
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;
 }

@@ -462,6 +462,8 @@ typedef struct ev {
 typedef struct acc_t {
     double v, mag, prop;
     int64_t n;
+    int64_t terms;    /* split operands: the GEMMs (term pairs) the products are summed over; 0 or 1: one */
+    double split_abs; /* split operands: the terms' lost subnormal bits */
 } acc_t;
 
 static ev ex(double v) { return (ev){v, 0.0}; }
@@ -479,6 +481,16 @@ static void acc_prod(acc_t *a, ev x, ev y)
     a->mag += (fabs(x.v) + x.e) * (fabs(y.v) + y.e);
     a->prop += fabs(x.v) * y.e + fabs(y.v) * x.e + x.e * y.e;
     a->n++;
+    if (a->terms > 1) /* each operand off by less than 2^-125 (specs/MLP.md, "Split operands on the GPU") */
+        a->split_abs += 0x1p-125 * (fabs(x.v) + x.e + fabs(y.v) + y.e) + 0x1p-250;
+}
+
+/* The products of the sum `a` will be evaluated on split operands (specs/MLP.md, "Split operands on the
+ * GPU") as `terms` GEMMs, the second and later accumulating into the float32 result of the first: with
+ * split = 0, or terms 1, nothing changes. */
+static void acc_split(acc_t *a, int split, int64_t terms)
+{
+    a->terms = split ? terms : 1;
 }
 
 static void acc_term(acc_t *a, ev x)
@@ -490,10 +502,14 @@ static void acc_term(acc_t *a, ev x)
 }
 
 /* Any float32 summation order of n rounded terms: |error| <= gamma(n) * sum |terms| (SEMANTICS 4);
- * the last term bounds this double computation's own rounding; n*ETA32 bounds underflow. */
+ * the last term bounds this double computation's own rounding; n*ETA32 bounds underflow.  On split
+ * operands (acc_split) the n products become n * terms exact products, each passing through at most
+ * n + terms - 1 roundings (its GEMM's n, then terms - 1 accumulating adds), with the same magnitude sum. */
 static ev acc_done(const acc_t *a)
 {
-    return (ev){a->v, a->prop + oracle_gamma(a->n) * a->mag + (double)a->n * (0x1p-52 * a->mag + ETA32)};
+    const int64_t terms = a->terms > 1 ? a->terms : 1;
+    return (ev){a->v, a->prop + oracle_gamma(a->n + terms - 1) * a->mag + a->split_abs +
+                          (double)a->n * (0x1p-52 * a->mag + (double)terms * ETA32)};
 }
 
 /* v rounded to float32, then to the dtype (round to nearest even both times): monotone in v, and the
@@ -597,7 +613,8 @@ static void group_positions(const mt_case *c, int by_token, int64_t keys, int64_
 /* old_*: the gradient buffers' contents before the call (accumulate), as double, or NULL.
  * exact_rounding: how every rounding to a dtype enters (rnd). */
 static void compute_expect(const mt_case *c, const double *old_wgu, const double *old_wd, const double *old_bgu,
-                           const double *old_bd, int down_ckpt_in_bwd, int exact_rounding, expect *X)
+                           const double *old_bd, int down_ckpt_in_bwd, int exact_rounding, int split_backend,
+                           expect *X)
 {
     const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, B = c->B, NB = c->N * c->B, T = c->T;
     const moe_dtype dt = c->opt.dtype, gdt = c->opt.grad_fp32 ? MOE_F32 : dt;
@@ -605,6 +622,11 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
     /* options.round_intermediates: the operands of the second-stage GEMMs are rounded to dt (specs/MLP.md,
      * "Rounded intermediates"); `inter` is dt then, float32 (no rounding) otherwise */
     const moe_dtype inter = c->opt.round_intermediates ? dt : MOE_F32;
+    /* split operands (mt_split_operands): m, a*m and (dg, du) as 3 bf16 terms.  There ON_H's backward moves
+     * the affinity as ON_I does, dM = a * (G . W_d^T) and d_w_d += (a*m)^T . G, which the ON_H bound below
+     * covers: its a*G carries the product's rounding u |a G| into every term that the other form's single
+     * product rounding (of a times the sum, or a*m) can reach (specs/MLP.md) */
+    const int split = split_backend && dt == MOE_BF16 && !c->opt.round_intermediates;
     const int xr = exact_rounding;
     const moe_mlp_activation act = c->opt.activation;
     int has[4];
@@ -655,6 +677,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         }
         for (int64_t h = 0; h < H; h++) {
             acc_t s = {0}, s0 = {0}, sb = {0};
+            acc_split(&s, split, 3), acc_split(&s0, split, 3), acc_split(&sb, split, 3);
             for (int64_t i = 0; i < I; i++) {
                 acc_prod(&s, mF[i], ex(c->wd[(e * I + i) * H + h]));
                 acc_prod(&s0, mF0r[i], ex(c->wd[(e * I + i) * H + h]));
@@ -688,6 +711,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         }
         for (int64_t h = 0; h < H; h++) {
             acc_t s = {0};
+            acc_split(&s, split, 3);
             for (int64_t j = 0; j < I2; j++)
                 acc_prod(&s, dgu[p * I2 + j], ex(c->wgu[(e * H + h) * I2 + j]));
             dx_s[p * H + h] = acc_done(&s);
@@ -714,6 +738,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t i = 0; i < I; i++)
             for (int64_t h = 0; h < H; h++) {
                 acc_t s = {0};
+                acc_split(&s, split, 3);
                 for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
                     const int64_t p = expert_pos[q];
                     acc_prod(&s, mw[p * I + i], dsrc[p * H + h]);
@@ -725,6 +750,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t h = 0; h < H; h++)
             for (int64_t j = 0; j < I2; j++) {
                 acc_t s = {0};
+                acc_split(&s, split, 3);
                 for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
                     const int64_t p = expert_pos[q];
                     acc_prod(&s, ex(c->x[c->ids[p] * H + h]), dgu[p * I2 + j]);
@@ -766,7 +792,7 @@ static double expect_rnd_peak(const mt_case *c)
 {
     expect X;
     rnd_peak = 0.0;
-    compute_expect(c, NULL, NULL, NULL, NULL, 1, 0, &X);
+    compute_expect(c, NULL, NULL, NULL, NULL, 1, 0, 0, &X);
     expect_free(&X);
     return rnd_peak;
 }
@@ -1001,6 +1027,7 @@ static int64_t compare_all(const mt_case *c, const mt_result *r, const expect *X
 mt_fwd_fn mt_mlp_fwd = moe_mlp_fwd;
 mt_bwd_fn mt_mlp_bwd = moe_mlp_bwd;
 moe_backend mt_backend = MOE_BACKEND_REF;
+int mt_split_operands = 0;
 
 int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *res)
 {
@@ -1039,7 +1066,7 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     }
 
     expect X;
-    compute_expect(c, old[0], old[1], old[2], old[3], down_ckpt_in_bwd, 0, &X);
+    compute_expect(c, old[0], old[1], old[2], old[3], down_ckpt_in_bwd, 0, mt_split_operands, &X);
 
     /* finite differences of L = <G, out> */
     double *fd_x = NULL, *fd_a = NULL, *fd_wgu = NULL, *fd_wd = NULL, *fd_bgu = NULL, *fd_bd = NULL;
@@ -1074,7 +1101,7 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     if (checks & MT_CHECK_EXACT_ROUNDING) {
         expect XR;
         const double *no_fd[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
-        compute_expect(c, old[0], old[1], old[2], old[3], down_ckpt_in_bwd, 1, &XR);
+        compute_expect(c, old[0], old[1], old[2], old[3], down_ckpt_in_bwd, 1, mt_split_operands, &XR);
         /* mt_worst_ratio stays the first bound's: here a correct result that rounded to the other
          * neighbour of a boundary inside the interval sits at ratio 1 exactly */
         const double worst = mt_worst_ratio;
@@ -1088,6 +1115,7 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
     free(fd_x), free(fd_a), free(fd_wgu), free(fd_wd), free(fd_bgu), free(fd_bd);
     for (int q = 0; q < 4; q++)
         free(old[q]);
+    r.split_operands = mt_split_operands;
     if (res)
         *res = r;
     else
@@ -1128,8 +1156,8 @@ static int64_t compare_results_mapped(const mt_case *c1, const mt_result *r1, co
     }
     start_grads(c1, tmp1, old1);
     start_grads(c2, tmp2, old2);
-    compute_expect(c1, old1[0], old1[1], old1[2], old1[3], 1, 0, &X1);
-    compute_expect(c2, old2[0], old2[1], old2[2], old2[3], 1, 0, &X2);
+    compute_expect(c1, old1[0], old1[1], old1[2], old1[3], 1, 0, r1->split_operands, &X1);
+    compute_expect(c2, old2[0], old2[1], old2[2], old2[3], 1, 0, r2->split_operands, &X2);
     for (int q = 0; q < 4; q++) {
         free(tmp1[q]), free(tmp2[q]);
         free(old1[q]), free(old2[q]);

@@ -121,11 +121,16 @@ typedef moe_status (*mt_bwd_fn)(moe_backend backend, const moe_mlp_layout *layou
 extern mt_fwd_fn mt_mlp_fwd;
 extern mt_bwd_fn mt_mlp_bwd;
 extern moe_backend mt_backend;
+/* Set (with the hooks) by a test of a backend that evaluates bf16 calls without round_intermediates on
+ * split operands, as the CUDA backend does (specs/MLP.md, "Split operands on the GPU"): mt_run's bounds
+ * then allow the extra roundings of those GEMM sums.  0 (the reference) by default. */
+extern int mt_split_operands;
 
 /* Results of one reference run (allocated by mt_run). */
 typedef struct mt_result {
     void *out, *ckpt_gu, *ckpt_d;
     void *d_hidden, *d_aff, *d_wgu, *d_wd, *d_bgu, *d_bd;
+    int split_operands; /* mt_split_operands when mt_run made it: the bound mt_compare_results holds it to */
 } mt_result;
 
 /* Checks of mt_run (bit mask).
