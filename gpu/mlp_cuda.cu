@@ -124,6 +124,11 @@ struct MlpArgs {
     // backward: the affinity scales m (d_w_d's operand) and dM, and Sr is G (ON_I, and ON_H on split
     // operands), instead of Sr = rnd(a*G)
     int a_in_m;
+    // Split backward: the weight gradients' operands at term rows (term_rows_of): Mr (instead of its planes),
+    // X3, S3 (hidden, G: three copies of each row) and dGU3 (dGUr's terms once more); term_offsets [E+1] =
+    // 3 row_offsets.  NULL otherwise.
+    int64_t *term_offsets;
+    void *X3, *S3, *dGU3;
     int64_t *tok_count;              // [T]    positions of each token
     int64_t *tok_list;               // [T*E]  their rows (tile path: positions), ascending expert order
     int64_t *tok_expert;             // [T*E]  the expert of each
@@ -988,8 +993,10 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 
 // Split operands (bf16 without round_intermediates; specs/MLP.md, "Split operands on the GPU"): the
 // float32 intermediates stay unrounded, so each operand the GEMMs read is stored as exact bf16 terms
-// (store_operand_v), and every GEMM runs once per pair of terms, accumulating in its float32 output
-// (rows_gemm_terms).  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
+// (store_operand_v).  The GEMMs with a float32 output (the forward's down projection and its checkpoint's,
+// the recomputed d, dX) run once per term, accumulating in that output (rows_gemm_terms, terms in planes);
+// the weight gradients, whose output may be 16-bit, run once over term rows (term_rows_of): each row's three
+// terms are rows of the reduction, the other operand's row copied beside each.  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
 // upper 16 bits: round toward zero, so hi has v's sign and |hi| <= |v|), r = v - hi (exact, the lower 16
 // bits), mid = r truncated the same way, lo = r - mid (exact, at most 8 significant bits).  Every term has v's
 // sign, so |hi| + |mid| + |lo| = |v| and a GEMM's magnitude sum is unchanged; each product of a term with a
@@ -997,8 +1004,7 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 // infinite v stays in hi (the rest 0, not inf - inf); a NaN v makes the others NaN.  Exact for |v| >= 2^-110;
 // below, lo falls into bf16's subnormal range and drops bits under 2^-133.  The backward keeps G, a bf16
 // tensor, as the down projection's gradient operand in both placements (a_in_m): dM = a * (G . W_d^T) and
-// d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up to 16 significant bits), so d_w_d
-// runs 3 GEMMs instead of 6 and dM one instead of 2.
+// d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up to 16 significant bits).
 __device__ __forceinline__ float truncate_to_bf16(float v) { return __uint_as_float(__float_as_uint(v) & 0xffff0000u); }
 
 // The rows path's stores of an operand: rounded once to dt (planes = 1), or the 3 terms above, term p at
@@ -1102,9 +1108,28 @@ __global__ void row_maps_kernel(MlpArgs g)
     }
 }
 
+// term_offsets[e] = 3 row_offsets[e] (split backward).
+__global__ void term_offsets_kernel(MlpArgs g)
+{
+    if (*g.status != ERR_NONE)
+        return;
+    for (int64_t e = threadIdx.x; e <= g.E; e += blockDim.x)
+        g.term_offsets[e] = 3 * g.row_offsets[e];
+}
+
 __device__ __forceinline__ float row_affinity(const MlpArgs &g, int64_t pos)
 {
     return load_as_float(g.dt, g.aff, token_of(g, pos) * g.E + g.b2e[pos / g.B]);
+}
+
+// Split backward: expert e's rows repeated three times over as its term rows 3 off[e] .. 3 off[e+1] (off =
+// row_offsets): term p of row r at first + p * step, first = r + 2 off[e], step = off[e+1] - off[e].  A weight
+// gradient's GEMM over the term rows (term_offsets) reduces the three terms of every row of the expert in one
+// pass, the other operand's row copied to the same three term rows.
+__device__ __forceinline__ void term_rows_of(const MlpArgs &g, int64_t r, int64_t e, int64_t &first, int64_t &step)
+{
+    const int64_t lo = g.row_offsets[e];
+    first = r + 2 * lo, step = g.row_offsets[e + 1] - lo;
 }
 
 // What the elementwise kernels need of a row, computed once per row (64-bit divisions are costly).
@@ -1130,7 +1155,8 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r, bool ex
 }
 
 
-// dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with SCALE.  With DOT also
+// dst[r][c] = src[token of r][c] (H columns, dtype dt), or rnd(a * src) with SCALE; dst or dst3 may be NULL, and
+// dst3 (split backward) gets the same row at each of r's term rows (term_rows_of).  With DOT also
 // da[pos of r] = <src[token], ckpt_d_in[pos]> (the backward's affinity gradient when the down checkpoint is
 // given: dot_kernel's sum, in its order, without reading src again).  One warp per row.  Without DOT the
 // rows are walked by token (tok_list, from token_lists_kernel), a token's rows one after the other, so that
@@ -1157,15 +1183,20 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r, bool ex
 #define MOE_GATHER_COPY_CTAS 2
 #endif
 template <int V, int BATCH, bool SCALE, bool DOT>
-__global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(MlpArgs g, const void *__restrict__ src, void *__restrict__ dst)
+__global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(MlpArgs g, const void *__restrict__ src,
+                                                                                 void *__restrict__ dst,
+                                                                                 void *__restrict__ dst3)
 {
     if (*g.status != ERR_NONE)
         return;
     const int lane = threadIdx.x % 32;
     const int64_t H = g.H, warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    // Row r (at position pos) of token tok, with its affinity a when SCALE.
-    auto gather_row = [&](int64_t r, int64_t pos, int64_t tok, float a) {
+    // Row r (at position pos, expert e) of token tok, with its affinity a when SCALE.
+    auto gather_row = [&](int64_t r, int64_t pos, int64_t tok, int64_t e, float a) {
+        int64_t first = 0, step = 0; // dst3's term rows of r
+        if (dst3 != nullptr)
+            term_rows_of(g, r, e, first, step);
         float sum = 0.0f;
         for (int64_t h0 = lane * (int64_t)V; h0 < H; h0 += 32 * V * BATCH) {
             if constexpr (V == 8 && !SCALE && !DOT) { // a plain copy of 16-byte chunks
@@ -1176,8 +1207,13 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
                         chunk[u] = reinterpret_cast<const uint4 *>(src)[(tok * H + h0 + u * 32 * V) / 8];
 #pragma unroll
                 for (int u = 0; u < BATCH; u++)
-                    if (h0 + u * 32 * V < H)
-                        reinterpret_cast<uint4 *>(dst)[(r * H + h0 + u * 32 * V) / 8] = chunk[u];
+                    if (h0 + u * 32 * V < H) {
+                        if (dst != nullptr)
+                            reinterpret_cast<uint4 *>(dst)[(r * H + h0 + u * 32 * V) / 8] = chunk[u];
+                        if (dst3 != nullptr)
+                            for (int p = 0; p < 3; p++)
+                                reinterpret_cast<uint4 *>(dst3)[((first + p * step) * H + h0 + u * 32 * V) / 8] = chunk[u];
+                    }
             } else if constexpr (V == 8) { // 16-bit rows, scaled or with the dot: raw vectors in flight
                 uint4 vr[BATCH], dr[DOT ? BATCH : 1];
 #pragma unroll
@@ -1204,7 +1240,11 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
                             if (SCALE)
                                 v[c] = a * v[c];
                         }
-                        store_v<8>(g.dt, dst, r * H + h, v);
+                        if (dst != nullptr)
+                            store_v<8>(g.dt, dst, r * H + h, v);
+                        if (dst3 != nullptr)
+                            for (int p = 0; p < 3; p++)
+                                store_v<8>(g.dt, dst3, (first + p * step) * H + h, v);
                     }
                 }
             } else {
@@ -1229,7 +1269,11 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
                             if (SCALE)
                                 v[u][c] = a * v[u][c];
                         }
-                        store_v<V>(g.dt, dst, r * H + h, v[u]);
+                        if (dst != nullptr)
+                            store_v<V>(g.dt, dst, r * H + h, v[u]);
+                        if (dst3 != nullptr)
+                            for (int p = 0; p < 3; p++)
+                                store_v<V>(g.dt, dst3, (first + p * step) * H + h, v[u]);
                     }
                 }
             }
@@ -1245,14 +1289,15 @@ __global__ void __launch_bounds__(256, MOE_GATHER_MIN_CTAS) gather_rows_kernel(M
         const int64_t R = rows_total(g);
         for (int64_t r = warp; r < R; r += warps) {
             const int64_t pos = g.row_pos[r], tok = g.ids[pos];
-            gather_row(r, pos, tok, SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.b2e[pos / g.B]) : 1.0f);
+            const int64_t e = SCALE || dst3 != nullptr ? g.b2e[pos / g.B] : 0;
+            gather_row(r, pos, tok, e, SCALE ? load_as_float(g.dt, g.aff, tok * g.E + e) : 1.0f);
         }
     } else { // by token
         for (int64_t tok = warp; tok < g.T; tok += warps)
             for (int64_t j = 0; j < g.tok_count[tok]; j++) {
                 const int64_t r = g.tok_list[tok * g.E + j];
-                gather_row(r, g.row_pos[r], tok,
-                           SCALE ? load_as_float(g.dt, g.aff, tok * g.E + g.tok_expert[tok * g.E + j]) : 1.0f);
+                const int64_t e = SCALE || dst3 != nullptr ? g.tok_expert[tok * g.E + j] : 0;
+                gather_row(r, g.row_pos[r], tok, e, SCALE ? load_as_float(g.dt, g.aff, tok * g.E + e) : 1.0f);
             }
     }
 }
@@ -1562,9 +1607,17 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
 #pragma unroll
                 for (int v = 0; v < V; v++)
                     m[v] = a * m[v];
-            store_operand_v<V>(dt, g.Mr, g.planes, g.m_plane, r * I + i, m);
             store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + i, dg);
             store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + I + i, du);
+            if (general && g.term_offsets != nullptr) { // split: Mr and dGU3 at the term rows (the terms' stride)
+                int64_t first, step;
+                term_rows_of(g, r, info[row].e, first, step);
+                store_operand_v<V>(dt, g.Mr, 3, step * I, first * I + i, m);
+                store_operand_v<V>(dt, g.dGU3, 3, step * 2 * I, first * 2 * I + i, dg);
+                store_operand_v<V>(dt, g.dGU3, 3, step * 2 * I, first * 2 * I + I + i, du);
+            } else {
+                store_operand_v<V>(dt, g.Mr, g.planes, g.m_plane, r * I + i, m);
+            }
         });
     };
     const bool general = g.a_in_m || g.M0r != nullptr || g.has_lin_lo || g.has_lin_hi || g.has_nl_lo || g.has_nl_hi;
@@ -1629,16 +1682,6 @@ __global__ void rows_bias_grad_kernel(MlpArgs g)
         else
             store_grad(g, g.d_bgu, e * 2 * g.I + (c - g.H), sum);
     }
-}
-
-// Split path, weight gradients of a 16-bit dtype: dst[i] = the float32 sum of every term pair's GEMM, rounded
-// once (store_grad: old + sum with accumulate).
-__global__ void finish_grad_kernel(MlpArgs g, const float *sum, void *dst, int64_t count)
-{
-    if (*g.status != ERR_NONE)
-        return;
-    GRID_STRIDE(i, count)
-    store_grad(g, dst, i, sum[i]);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1765,18 +1808,21 @@ moe_status launch_rows_layout(const MlpArgs &g, cudaStream_t stream)
     block_rows_kernel<<<grid_for(g.N * 32, 256, cap), 256, 0, stream>>>(g);
     row_offsets_kernel<<<1, LIST_THREADS, 0, stream>>>(g);
     row_maps_kernel<<<grid_for(g.N * 32, 256, cap), 256, 0, stream>>>(g);
+    if (g.term_offsets != nullptr)
+        term_offsets_kernel<<<1, 256, 0, stream>>>(g);
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
 }
 
-// One grouped GEMM over the rows (shapes: gemm_cuda.cuh, MoeRowsGemm).
+// One grouped GEMM over the rows, or with term_rows over the split backward's term rows (shapes: gemm_cuda.cuh,
+// MoeRowsGemm).
 moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_dtype, int64_t N, int64_t K,
-                     const void *a, const void *b, void *out, int accumulate, cudaStream_t stream)
+                     const void *a, const void *b, void *out, int accumulate, cudaStream_t stream, bool term_rows = false)
 {
     MoeRowsGemm r = {};
     r.name = name, r.op = op, r.dtype = g.dt, r.out_dtype = out_dtype;
-    r.E = g.E, r.rows = g.NB, r.N = N, r.K = K;
-    r.offsets = g.row_offsets, r.status = g.status;
+    r.E = g.E, r.rows = term_rows ? 3 * g.NB : g.NB, r.N = N, r.K = K;
+    r.offsets = term_rows ? g.term_offsets : g.row_offsets, r.status = g.status;
     r.a = a, r.b = b, r.out = out, r.accumulate = accumulate, r.stream = stream;
     return moe_cuda_rows_gemm(&r);
 }
@@ -1804,38 +1850,6 @@ moe_status rows_gemm_terms(const MlpArgs &g, const char *name, int op, moe_dtype
     return MOE_OK;
 }
 
-// A weight gradient [E][N][K] of the backward: dst = a^T . b summed over each expert's rows (MOE_ROWS_AT_B),
-// old + sum with options.accumulate.  With split operands and a 16-bit gradient dtype the term pairs sum into
-// float32 scratch (allocated here, stream-ordered) that finish_grad_kernel rounds once into dst.
-moe_status rows_weight_grad(const MlpArgs &g, const char *name, int64_t N, int64_t K, const void *a, int a_planes,
-                            int64_t a_plane, const void *b, int b_planes, int64_t b_plane, void *dst, cudaStream_t stream)
-{
-    if (a_planes * b_planes == 1 || g.gdt == MOE_F32)
-        return rows_gemm_terms(g, name, MOE_ROWS_AT_B, g.gdt, N, K, a, a_planes, a_plane, b, b_planes, b_plane, dst,
-                               g.accumulate, stream);
-    const int64_t count = g.E * N * K;
-    if (count == 0)
-        return MOE_OK;
-    float *sum = nullptr;
-    cudaError_t err = cudaMallocAsync(reinterpret_cast<void **>(&sum), (size_t)count * 4, stream);
-    if (err != cudaSuccess)
-        return moe_fail(err == cudaErrorMemoryAllocation ? MOE_ERR_OUT_OF_MEMORY : MOE_ERR_DEVICE,
-                        "%s: cudaMallocAsync of the %lld-byte float32 sum failed: %s", name, (long long)(count * 4),
-                        cudaGetErrorString(err));
-    moe_status s = rows_gemm_terms(g, name, MOE_ROWS_AT_B, MOE_F32, N, K, a, a_planes, a_plane, b, b_planes, b_plane,
-                                   sum, 0, stream);
-    if (s == MOE_OK) {
-        finish_grad_kernel<<<grid_for(count, 256, (int64_t)sm_count() * 16), 256, 0, stream>>>(g, sum, dst, count);
-        err = cudaGetLastError();
-        if (err != cudaSuccess)
-            s = moe_fail(MOE_ERR_DEVICE, "%s: finish_grad_kernel: %s", name, cudaGetErrorString(err));
-    }
-    err = cudaFreeAsync(sum, stream);
-    if (s == MOE_OK && err != cudaSuccess)
-        s = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", name, cudaGetErrorString(err));
-    return s;
-}
-
 // The forward's gate/up GEMM fused with gate_act_kernel's work (moe_cuda_rows_gate_gemm): *fused = 0 when
 // the call does not fit it (nothing launched).
 moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
@@ -1861,7 +1875,8 @@ moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
 
 // gather_rows_kernel, with the affinity gradient's dot product when `dot` (the down checkpoint given).
 // Needs the token lists (launch_token_lists).
-template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, const void *src, void *dst, cudaStream_t stream)
+template <int V, bool SCALE, bool DOT>
+void launch_gather(const MlpArgs &g, const void *src, void *dst, void *dst3, cudaStream_t stream)
 {
     // copy 8, scaled or with the dot MOE_GATHER_BATCH (2: <= 64 registers)
     constexpr int batch = V == 1 ? 4 : !SCALE && !DOT ? 8 : MOE_GATHER_BATCH;
@@ -1876,24 +1891,28 @@ template <int V, bool SCALE, bool DOT> void launch_gather(const MlpArgs &g, cons
         if ((int64_t)grid > cap)
             grid = (unsigned)cap;
     }
-    kernel<<<grid, 256, 0, stream>>>(g, src, dst);
+    kernel<<<grid, 256, 0, stream>>>(g, src, dst, dst3);
 }
 
-template <int V> void launch_gather_v(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
+template <int V>
+void launch_gather_v(const MlpArgs &g, const void *src, void *dst, void *dst3, bool scale, bool dot, cudaStream_t stream)
 {
     if (dot)
-        scale ? launch_gather<V, true, true>(g, src, dst, stream) : launch_gather<V, false, true>(g, src, dst, stream);
+        scale ? launch_gather<V, true, true>(g, src, dst, dst3, stream) : launch_gather<V, false, true>(g, src, dst, dst3, stream);
     else
-        scale ? launch_gather<V, true, false>(g, src, dst, stream) : launch_gather<V, false, false>(g, src, dst, stream);
+        scale ? launch_gather<V, true, false>(g, src, dst, dst3, stream)
+              : launch_gather<V, false, false>(g, src, dst, dst3, stream);
 }
 
-moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, bool scale, bool dot, cudaStream_t stream)
+// dst (rows, or NULL) and dst3 (term rows, or NULL: split backward) from src's token rows; see gather_rows_kernel.
+moe_status gather_rows(const MlpArgs &g, const void *src, void *dst, void *dst3, bool scale, bool dot, cudaStream_t stream)
 {
     if (g.NB > 0 && g.H > 0 && g.T > 0) {
-        if (g.dt != MOE_F32 && g.H % 8 == 0 && aligned16(src) && aligned16(dst) && (!dot || aligned16(g.ckpt_d_in)))
-            launch_gather_v<8>(g, src, dst, scale, dot, stream);
+        if (g.dt != MOE_F32 && g.H % 8 == 0 && aligned16(src) && aligned16(dst) && aligned16(dst3) &&
+            (!dot || aligned16(g.ckpt_d_in)))
+            launch_gather_v<8>(g, src, dst, dst3, scale, dot, stream);
         else
-            launch_gather_v<1>(g, src, dst, scale, dot, stream);
+            launch_gather_v<1>(g, src, dst, dst3, scale, dot, stream);
     }
     MOE_CUDA_CHECK(cudaGetLastError());
     return MOE_OK;
@@ -1949,9 +1968,9 @@ moe_status launch_gate_kernel(const MlpArgs &g, const char *op, Launch launch)
 
 // The rows path's buffers, in elements (dt ones, then float32 ones); all zero on the tile path.
 struct RowsSizes {
-    bool active;
-    int64_t xr, mr, m0r, sr, dgur; // dt
-    int64_t dr, dmr;               // float32
+    bool active, term_rows;                // term_rows: the split backward's term_offsets
+    int64_t xr, mr, m0r, sr, dgur, x3, s3, dgu3; // dt
+    int64_t dr, dmr;                       // float32
 };
 
 // Allocates the workspace, points g at it, runs the layout kernels and body(g), frees (stream-ordered).
@@ -1975,6 +1994,8 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     const size_t o_tcount = c.take(g.T, 8), o_tlist = c.take(g.T * g.E, 8), o_texp = c.take(g.T * g.E, 8);
     const size_t o_xr = c.take(rs.xr, es), o_mr = c.take(rs.mr, es), o_m0r = c.take(rs.m0r, es);
     const size_t o_sr = c.take(rs.sr, es), o_dgur = c.take(rs.dgur, es);
+    const size_t o_x3 = c.take(rs.x3, es), o_s3 = c.take(rs.s3, es), o_dgu3 = c.take(rs.dgu3, es);
+    const size_t o_toff = c.take(rs.term_rows ? g.E + 1 : 0, 8);
     const size_t o_dr = c.take(rs.dr, 4), o_dmr = c.take(rs.dmr, 4);
     unsigned char *ws = nullptr;
     cudaError_t err = cudaMallocAsync(&ws, c.bytes, stream);
@@ -2005,6 +2026,10 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
         g.pos_row = reinterpret_cast<int64_t *>(ws + o_prow);
         g.Xr = ws + o_xr, g.Mr = ws + o_mr, g.M0r = rs.m0r > 0 ? ws + o_m0r : nullptr;
         g.Sr = ws + o_sr, g.dGUr = ws + o_dgur;
+        if (rs.term_rows) {
+            g.term_offsets = reinterpret_cast<int64_t *>(ws + o_toff);
+            g.X3 = ws + o_x3, g.S3 = ws + o_s3, g.dGU3 = ws + o_dgu3;
+        }
         g.Dr = reinterpret_cast<float *>(ws + o_dr);
         g.dMr = reinterpret_cast<float *>(ws + o_dmr);
     }
@@ -2065,7 +2090,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
         return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             launch_token_lists(a, stream);
-            moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
+            moe_status s = gather_rows(a, a.hidden, a.Xr, nullptr, false, false, stream);
             if (s != MOE_OK)
                 return s;
             if ((a.ckpt_gu != nullptr || a.ckpt_d != nullptr) && NB > 0)
@@ -2160,16 +2185,19 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
         set_operand_planes(g, split);
         RowsSizes rs = {};
         const int64_t m_size = g.planes * g.m_plane;
-        rs.active = true, rs.xr = NB * H, rs.sr = NB * H, rs.mr = m_size, rs.m0r = recompute ? m_size : 0;
+        rs.active = true, rs.xr = split ? 0 : NB * H, rs.sr = NB * H, rs.mr = m_size, rs.m0r = recompute ? m_size : 0;
         rs.dgur = g.planes * g.gu_plane, rs.dmr = NB * I, rs.dr = NB * H;
+        // split: the weight gradients over term rows, X and G copied to them, dGU's terms there too
+        rs.term_rows = split, rs.x3 = split ? 3 * NB * H : 0, rs.s3 = rs.x3, rs.dgu3 = split ? 3 * NB * 2 * I : 0;
         g.dre_bias = recompute && g.bias;
         return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             const int64_t cap = (int64_t)sm_count() * 16;
             launch_token_lists(a, stream);
-            moe_status s = gather_rows(a, a.hidden, a.Xr, false, false, stream);
-            if (s == MOE_OK)
-                s = gather_rows(a, a.out_grad, a.Sr, !a.a_in_m, !recompute, stream); // da too, from the checkpoint
+            const bool terms = a.term_offsets != nullptr;
+            moe_status s = gather_rows(a, a.hidden, terms ? nullptr : a.Xr, a.X3, false, false, stream);
+            if (s == MOE_OK) // da too, from the checkpoint
+                s = gather_rows(a, a.out_grad, a.Sr, a.S3, !a.a_in_m, !recompute, stream);
             if (s == MOE_OK)
                 s = rows_gemm(a, "moe_mlp_bwd (dM)", MOE_ROWS_A_WT, MOE_F32, I, H, a.Sr, a.w_d, a.dMr, 0, stream);
             if (s != MOE_OK)
@@ -2203,11 +2231,11 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s == MOE_OK)
                 s = token_rows(a, a.Dr, a.d_hidden, stream);
             if (s == MOE_OK)
-                s = rows_weight_grad(a, "moe_mlp_bwd (d_w_d)", I, H, a.Mr, a.planes, a.m_plane, a.Sr, 1, 0, a.d_wd,
-                                     stream);
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_d)", MOE_ROWS_AT_B, a.gdt, I, H, a.Mr, terms ? a.S3 : a.Sr, a.d_wd,
+                              a.accumulate, stream, terms);
             if (s == MOE_OK)
-                s = rows_weight_grad(a, "moe_mlp_bwd (d_w_gu)", H, 2 * I, a.Xr, 1, 0, a.dGUr, a.planes, a.gu_plane,
-                                     a.d_wgu, stream);
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_gu)", MOE_ROWS_AT_B, a.gdt, H, 2 * I, terms ? a.X3 : a.Xr,
+                              terms ? a.dGU3 : a.dGUr, a.d_wgu, a.accumulate, stream, terms);
             if (s == MOE_OK && a.bias && E * (H + 2 * I) > 0) {
                 rows_bias_grad_kernel<<<grid_for(E * (H + 2 * I), 256, cap), 256, 0, stream>>>(a);
                 MOE_CUDA_CHECK(cudaGetLastError());

@@ -462,7 +462,9 @@ typedef struct ev {
 typedef struct acc_t {
     double v, mag, prop;
     int64_t n;
-    int64_t terms;    /* split operands: the GEMMs (term pairs) the products are summed over; 0 or 1: one */
+    int64_t terms;    /* split operands: the terms each product becomes; 0 or 1: one */
+    int stacked;      /* split operands: the terms in one sum (1) or one GEMM per term, accumulated (0) */
+    int64_t n_prod;   /* the products among the n terms */
     double split_abs; /* split operands: the terms' lost subnormal bits */
 } acc_t;
 
@@ -481,16 +483,19 @@ static void acc_prod(acc_t *a, ev x, ev y)
     a->mag += (fabs(x.v) + x.e) * (fabs(y.v) + y.e);
     a->prop += fabs(x.v) * y.e + fabs(y.v) * x.e + x.e * y.e;
     a->n++;
+    a->n_prod++;
     if (a->terms > 1) /* each operand off by less than 2^-125 (specs/MLP.md, "Split operands on the GPU") */
         a->split_abs += 0x1p-125 * (fabs(x.v) + x.e + fabs(y.v) + y.e) + 0x1p-250;
 }
 
 /* The products of the sum `a` will be evaluated on split operands (specs/MLP.md, "Split operands on the
- * GPU") as `terms` GEMMs, the second and later accumulating into the float32 result of the first: with
- * split = 0, or terms 1, nothing changes. */
-static void acc_split(acc_t *a, int split, int64_t terms)
+ * GPU"), each as `terms` exact products: as `terms` GEMMs, the second and later accumulating into the
+ * float32 result of the first (stacked 0), or all in one sum (stacked 1, the weight gradients over term
+ * rows).  With split = 0, or terms 1, nothing changes. */
+static void acc_split(acc_t *a, int split, int64_t terms, int stacked)
 {
     a->terms = split ? terms : 1;
+    a->stacked = stacked;
 }
 
 static void acc_term(acc_t *a, ev x)
@@ -503,12 +508,14 @@ static void acc_term(acc_t *a, ev x)
 
 /* Any float32 summation order of n rounded terms: |error| <= gamma(n) * sum |terms| (SEMANTICS 4);
  * the last term bounds this double computation's own rounding; n*ETA32 bounds underflow.  On split
- * operands (acc_split) the n products become n * terms exact products, each passing through at most
- * n + terms - 1 roundings (its GEMM's n, then terms - 1 accumulating adds), with the same magnitude sum. */
+ * operands (acc_split) each product becomes `terms` exact products with the same magnitude sum: summed as
+ * one GEMM per term, each passes through at most n + terms - 1 roundings (its GEMM's n, then terms - 1
+ * accumulating adds); summed in one pass, the sum has n + (terms - 1) n_prod terms. */
 static ev acc_done(const acc_t *a)
 {
     const int64_t terms = a->terms > 1 ? a->terms : 1;
-    return (ev){a->v, a->prop + oracle_gamma(a->n + terms - 1) * a->mag + a->split_abs +
+    const int64_t roundings = a->stacked ? a->n + (terms - 1) * a->n_prod : a->n + terms - 1;
+    return (ev){a->v, a->prop + oracle_gamma(roundings) * a->mag + a->split_abs +
                           (double)a->n * (0x1p-52 * a->mag + (double)terms * ETA32)};
 }
 
@@ -677,7 +684,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         }
         for (int64_t h = 0; h < H; h++) {
             acc_t s = {0}, s0 = {0}, sb = {0};
-            acc_split(&s, split, 3), acc_split(&s0, split, 3), acc_split(&sb, split, 3);
+            acc_split(&s, split, 3, 0), acc_split(&s0, split, 3, 0), acc_split(&sb, split, 3, 0);
             for (int64_t i = 0; i < I; i++) {
                 acc_prod(&s, mF[i], ex(c->wd[(e * I + i) * H + h]));
                 acc_prod(&s0, mF0r[i], ex(c->wd[(e * I + i) * H + h]));
@@ -711,7 +718,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         }
         for (int64_t h = 0; h < H; h++) {
             acc_t s = {0};
-            acc_split(&s, split, 3);
+            acc_split(&s, split, 3, 0);
             for (int64_t j = 0; j < I2; j++)
                 acc_prod(&s, dgu[p * I2 + j], ex(c->wgu[(e * H + h) * I2 + j]));
             dx_s[p * H + h] = acc_done(&s);
@@ -738,7 +745,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t i = 0; i < I; i++)
             for (int64_t h = 0; h < H; h++) {
                 acc_t s = {0};
-                acc_split(&s, split, 3);
+                acc_split(&s, split, 3, 1);
                 for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
                     const int64_t p = expert_pos[q];
                     acc_prod(&s, mw[p * I + i], dsrc[p * H + h]);
@@ -750,7 +757,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
         for (int64_t h = 0; h < H; h++)
             for (int64_t j = 0; j < I2; j++) {
                 acc_t s = {0};
-                acc_split(&s, split, 3);
+                acc_split(&s, split, 3, 1);
                 for (int64_t q = expert_first[e]; q < expert_first[e + 1]; q++) {
                     const int64_t p = expert_pos[q];
                     acc_prod(&s, ex(c->x[c->ids[p] * H + h]), dgu[p * I2 + j]);
