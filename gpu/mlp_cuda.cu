@@ -116,19 +116,18 @@ struct MlpArgs {
     float *GU, *Dr, *dMr;            // float32 rows: gate/up (unfused forward only, its own allocation),
                                      // down (then a*d or dX), dM
     int dre_bias;                    // rows path: Dre rows lack the down bias (dot_kernel adds it)
-    // The operands Mr, M0r and dGUr: planes = 1, one value rounded to dt; on the split path (bf16 without
-    // round_intermediates, see "Split operands" below) 3 exact bf16 terms of the float32 value, term p at
-    // p * (the buffer's plane stride) elements
-    int planes;
-    int64_t m_plane, gu_plane; // the plane strides of Mr and M0r, of dGUr (multiples of 8)
+    // The split path (bf16 without round_intermediates, see "Split operands" below): the operands Mr, M0r and
+    // dGUr hold three exact bf16 terms of each float32 value, and they and the GEMMs' float32 rows Dr and Dre
+    // are indexed by term rows (term_rows_of: [3 NB][width]); otherwise one value rounded to dt per row
+    int split;
     // backward: the affinity scales m (d_w_d's operand) and dM, and Sr is G (ON_I, and ON_H on split
     // operands), instead of Sr = rnd(a*G)
     int a_in_m;
-    // Split backward: the weight gradients' operands at term rows (term_rows_of): Mr (instead of its planes),
-    // X3, S3 (hidden, G: three copies of each row) and dGU3 (dGUr's terms once more); term_offsets [E+1] =
-    // 3 row_offsets.  NULL otherwise.
+    // Split path: term_offsets [E+1] = 3 row_offsets, the term rows' grouping by expert; the backward's X3, S3:
+    // hidden and G at term rows (each row copied to its three), the weight gradients' other operands.  NULL
+    // otherwise.
     int64_t *term_offsets;
-    void *X3, *S3, *dGU3;
+    void *X3, *S3;
     int64_t *tok_count;              // [T]    positions of each token
     int64_t *tok_list;               // [T*E]  their rows (tile path: positions), ascending expert order
     int64_t *tok_expert;             // [T*E]  the expert of each
@@ -775,6 +774,35 @@ template <int V> __device__ __forceinline__ void store_v(moe_dtype dt, void *bas
         store_from_float(dt, base, i, v[0]);
 }
 
+// Split path: expert e's rows repeated three times over as its term rows 3 off[e] .. 3 off[e+1] (off =
+// row_offsets): term p of row r at first + p * step, first = r + 2 off[e], step = off[e+1] - off[e].
+__device__ __forceinline__ void term_rows_of(const MlpArgs &g, int64_t r, int64_t e, int64_t &first, int64_t &step)
+{
+    const int64_t lo = g.row_offsets[e];
+    first = r + 2 * lo, step = g.row_offsets[e + 1] - lo;
+}
+
+// V float32 values of row r (expert e) of a GEMM's output rows from column h (rows of `width`): the row, or on
+// the split path the sum of its term rows' values, (t0 + t1) + t2.
+template <int V>
+__device__ __forceinline__ void load_row_v(const MlpArgs &g, const float *base, int64_t r, int64_t e, int64_t width,
+                                           int64_t h, float *c)
+{
+    if (!g.split) {
+        load_v<V>(MOE_F32, base, r * width + h, c);
+        return;
+    }
+    int64_t first, step;
+    term_rows_of(g, r, e, first, step);
+    float t1[V], t2[V];
+    load_v<V>(MOE_F32, base, first * width + h, c);
+    load_v<V>(MOE_F32, base, (first + step) * width + h, t1);
+    load_v<V>(MOE_F32, base, (first + 2 * step) * width + h, t2);
+#pragma unroll
+    for (int u = 0; u < V; u++)
+        c[u] = (c[u] + t1[u]) + t2[u];
+}
+
 // tok_count[t] and tok_list[t*E ..]: the rows of token t's positions (pos_row, or the positions on the
 // tile path) in ascending expert order, one warp per token with ballots over pair_pos.
 __global__ void token_lists_kernel(MlpArgs g)
@@ -838,7 +866,7 @@ __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
     if (*g.status != ERR_NONE)
         return;
     token_sums<V>(g, dst, [&](int64_t t, int64_t j, int64_t h, float *c) {
-        load_v<V>(MOE_F32, rows, g.tok_list[t * g.E + j] * g.H + h, c);
+        load_row_v<V>(g, rows, g.tok_list[t * g.E + j], g.split ? g.tok_expert[t * g.E + j] : 0, g.H, h, c);
     });
 }
 
@@ -856,7 +884,7 @@ __global__ void token_out_kernel(MlpArgs g, int write_ckpt)
         const int64_t row = g.tok_list[t * g.E + j], e = g.tok_expert[t * g.E + j];
         const float a = load_as_float(g.dt, g.aff, t * g.E + e);
         float bd[V];
-        load_v<V>(MOE_F32, g.Dr, row * H + h, c);
+        load_row_v<V>(g, g.Dr, row, e, H, h, c);
         if (write_ckpt) { // ON_H
             if (g.bias) {
                 load_v<V>(g.dt, g.b_d, e * H + h, bd);
@@ -899,7 +927,7 @@ __global__ void dot_kernel(MlpArgs g)
             if (g.ckpt_d_in != nullptr) {
                 load_v<V>(g.dt, g.ckpt_d_in, pos * H + h, d);
             } else {
-                load_v<V>(MOE_F32, g.Dre, d_row * H + h, d);
+                load_row_v<V>(g, g.Dre, d_row, e, H, h, d);
                 if (g.dre_bias) {
                     float bd[V];
                     load_v<V>(g.dt, g.b_d, e * H + h, bd);
@@ -979,8 +1007,11 @@ __global__ void bias_grad_kernel(MlpArgs g)
 //              take the ping-pong rows kernel under the down GEMM's rules (a reduction, H or 2 I, of at
 //              most R_PINGPONG_MAX_N)
 //
-// rnd = one rounding to the call's dtype (specs/MLP.md, "Rounded intermediates").  Every kernel returns
-// at once while the call's status word is set.  Deterministic: no atomics on values.
+// rnd = one rounding to the call's dtype (specs/MLP.md, "Rounded intermediates"); on the split path (below) no
+// rounding: Mr, M0r and dGUr hold exact terms at term rows, the GEMMs that read them run over term rows, Dr and
+// Dre hold one float32 row per term, and the backward's d_w_d and d_w_gu read S3 and X3 (G and X at term rows)
+// instead of Sr and Xr.  Every kernel returns at once while the call's status word is set.  Deterministic: no
+// atomics on values.
 // ------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 {
@@ -993,10 +1024,11 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 
 // Split operands (bf16 without round_intermediates; specs/MLP.md, "Split operands on the GPU"): the
 // float32 intermediates stay unrounded, so each operand the GEMMs read is stored as exact bf16 terms
-// (store_operand_v).  The GEMMs with a float32 output (the forward's down projection and its checkpoint's,
-// the recomputed d, dX) run once per term, accumulating in that output (rows_gemm_terms, terms in planes);
-// the weight gradients, whose output may be 16-bit, run once over term rows (term_rows_of): each row's three
-// terms are rows of the reduction, the other operand's row copied beside each.  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
+// (store_terms_v) at the row's three "term rows" (term_rows_of), and every GEMM that reads such an operand
+// runs once over the term rows (term_offsets): a GEMM with a float32 output (the forward's down projection
+// and its checkpoint's, the recomputed d, dX) gives each term its own output row, which the next kernel
+// sums, (t0 + t1) + t2 (load_row_v); a weight gradient reduces over the term rows, the three terms of a row
+// as three rows of the reduction with the other operand's row (X3, S3) copied beside each.  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
 // upper 16 bits: round toward zero, so hi has v's sign and |hi| <= |v|), r = v - hi (exact, the lower 16
 // bits), mid = r truncated the same way, lo = r - mid (exact, at most 8 significant bits).  Every term has v's
 // sign, so |hi| + |mid| + |lo| = |v| and a GEMM's magnitude sum is unchanged; each product of a term with a
@@ -1007,16 +1039,10 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 // d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up to 16 significant bits).
 __device__ __forceinline__ float truncate_to_bf16(float v) { return __uint_as_float(__float_as_uint(v) & 0xffff0000u); }
 
-// The rows path's stores of an operand: rounded once to dt (planes = 1), or the 3 terms above, term p at
-// base + p * plane (bf16 elements).
+// The 3 terms above of v, term p at base + i + p * stride (bf16 elements).
 template <int V>
-__device__ __forceinline__ void store_operand_v(moe_dtype dt, void *base, int planes, int64_t plane, int64_t i,
-                                                const float *v)
+__device__ __forceinline__ void store_terms_v(void *base, int64_t stride, int64_t i, const float *v)
 {
-    if (planes == 1) {
-        store_v<V>(dt, base, i, v);
-        return;
-    }
     float hi[V], mid[V], lo[V];
 #pragma unroll
     for (int u = 0; u < V; u++) {
@@ -1027,17 +1053,8 @@ __device__ __forceinline__ void store_operand_v(moe_dtype dt, void *base, int pl
     }
     __nv_bfloat16 *terms = static_cast<__nv_bfloat16 *>(base);
     store_v<V>(MOE_BF16, terms, i, hi);
-    store_v<V>(MOE_BF16, terms + plane, i, mid);
-    store_v<V>(MOE_BF16, terms + 2 * plane, i, lo);
-}
-
-// An operand element as float32: the value (planes = 1) or the sum of its terms (exact, see above).
-__device__ __forceinline__ float load_operand(moe_dtype dt, const void *base, int planes, int64_t plane, int64_t i)
-{
-    if (planes == 1)
-        return load_as_float(dt, base, i);
-    const __nv_bfloat16 *terms = static_cast<const __nv_bfloat16 *>(base);
-    return __bfloat162float(terms[i]) + __bfloat162float(terms[plane + i]) + __bfloat162float(terms[2 * plane + i]);
+    store_v<V>(MOE_BF16, terms + stride, i, mid);
+    store_v<V>(MOE_BF16, terms + 2 * stride, i, lo);
 }
 
 __device__ __forceinline__ int64_t warp_id_global() { return (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; }
@@ -1122,14 +1139,32 @@ __device__ __forceinline__ float row_affinity(const MlpArgs &g, int64_t pos)
     return load_as_float(g.dt, g.aff, token_of(g, pos) * g.E + g.b2e[pos / g.B]);
 }
 
-// Split backward: expert e's rows repeated three times over as its term rows 3 off[e] .. 3 off[e+1] (off =
-// row_offsets): term p of row r at first + p * step, first = r + 2 off[e], step = off[e+1] - off[e].  A weight
-// gradient's GEMM over the term rows (term_offsets) reduces the three terms of every row of the expert in one
-// pass, the other operand's row copied to the same three term rows.
-__device__ __forceinline__ void term_rows_of(const MlpArgs &g, int64_t r, int64_t e, int64_t &first, int64_t &step)
+// An operand of row r (expert e), V values from column col of a row of `width`: rounded once to dt at row r, or
+// on the split path its terms at r's term rows.
+template <int V>
+__device__ __forceinline__ void store_operand_v(const MlpArgs &g, moe_dtype dt, void *base, int64_t r, int64_t e,
+                                                int64_t width, int64_t col, const float *v)
 {
-    const int64_t lo = g.row_offsets[e];
-    first = r + 2 * lo, step = g.row_offsets[e + 1] - lo;
+    if (!g.split) {
+        store_v<V>(dt, base, r * width + col, v);
+        return;
+    }
+    int64_t first, step;
+    term_rows_of(g, r, e, first, step);
+    store_terms_v<V>(base, step * width, first * width + col, v);
+}
+
+// The operand of store_operand_v as float32: the value, or the sum of its terms (exact: the value itself).
+__device__ __forceinline__ float load_operand(const MlpArgs &g, const void *base, int64_t r, int64_t e, int64_t width,
+                                              int64_t col)
+{
+    if (!g.split)
+        return load_as_float(g.dt, base, r * width + col);
+    int64_t first, step;
+    term_rows_of(g, r, e, first, step);
+    const __nv_bfloat16 *terms = static_cast<const __nv_bfloat16 *>(base);
+    return __bfloat162float(terms[first * width + col]) + __bfloat162float(terms[(first + step) * width + col]) +
+           __bfloat162float(terms[(first + 2 * step) * width + col]);
 }
 
 // What the elementwise kernels need of a row, computed once per row (64-bit divisions are costly).
@@ -1366,7 +1401,7 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
         const int64_t i_end = i_first + GATE_SPAN < I ? i_first + GATE_SPAN : I;
         __syncthreads(); // the previous chunk's checkpoint stores have read info
         if (ty == 0 && r0 + tx < R)
-            info[tx] = row_info(g, r0 + tx, g.bias || g.on_i);
+            info[tx] = row_info(g, r0 + tx, g.bias || g.on_i || g.split);
         for (int64_t i0 = i_first; i0 < i_end; i0 += RT) {
             float gv[P], uv[P]; // 0 outside R x I
 #pragma unroll
@@ -1392,9 +1427,9 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
                 gp = clamp_value(gp, g.has_nl_lo, g.nl_lo, g.has_nl_hi, g.nl_hi);
                 up = clamp_value(up, g.has_lin_lo, g.lin_lo, g.has_lin_hi, g.lin_hi);
                 const float m = act_value(ACT, gp) * up, mr = g.on_i ? m * info[row].a : m;
-                store_operand_v<1>(dt, g.Mr, g.planes, g.m_plane, r * I + i, &mr);
+                store_operand_v<1>(g, dt, g.Mr, r, info[row].e, I, i, &mr);
                 if (g.M0r != nullptr)
-                    store_operand_v<1>(dt, g.M0r, g.planes, g.m_plane, r * I + i, &m);
+                    store_operand_v<1>(g, dt, g.M0r, r, info[row].e, I, i, &m);
                 gs[row][tx] = gp, us[row][tx] = up;
             }
             __syncthreads();
@@ -1475,7 +1510,7 @@ __global__ void down_ckpt_kernel(MlpArgs g)
         const int64_t pos = g.row_pos[r], e = g.b2e[pos / g.B];
         for (int64_t h = threadIdx.x * (int64_t)V; h < H; h += (int64_t)blockDim.x * V) {
             float d[V], bd[V];
-            load_v<V>(MOE_F32, D, r * H + h, d);
+            load_row_v<V>(g, D, r, e, H, h, d);
             if (g.bias) {
                 load_v<V>(g.dt, g.b_d, e * H + h, bd);
                 for (int u = 0; u < V; u++)
@@ -1601,23 +1636,16 @@ __global__ void MOE_GATE_BWD_BOUNDS gate_bwd_kernel(MlpArgs g, bool words)
                 du[v] = pass_u ? dm * act : 0.0f;
                 dg[v] = pass_g ? dm * uv * act_derivative(ACT, gv) : 0.0f;
             }
+            const int64_t e = info[row].e; // loaded where the split path needs it (a_in_m)
             if (general && g.M0r != nullptr)
-                store_operand_v<V>(dt, g.M0r, g.planes, g.m_plane, r * I + i, m);
+                store_operand_v<V>(g, dt, g.M0r, r, e, I, i, m);
             if (general && g.a_in_m)
 #pragma unroll
                 for (int v = 0; v < V; v++)
                     m[v] = a * m[v];
-            store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + i, dg);
-            store_operand_v<V>(dt, g.dGUr, g.planes, g.gu_plane, r * 2 * I + I + i, du);
-            if (general && g.term_offsets != nullptr) { // split: Mr and dGU3 at the term rows (the terms' stride)
-                int64_t first, step;
-                term_rows_of(g, r, info[row].e, first, step);
-                store_operand_v<V>(dt, g.Mr, 3, step * I, first * I + i, m);
-                store_operand_v<V>(dt, g.dGU3, 3, step * 2 * I, first * 2 * I + i, dg);
-                store_operand_v<V>(dt, g.dGU3, 3, step * 2 * I, first * 2 * I + I + i, du);
-            } else {
-                store_operand_v<V>(dt, g.Mr, g.planes, g.m_plane, r * I + i, m);
-            }
+            store_operand_v<V>(g, dt, g.Mr, r, e, I, i, m);
+            store_operand_v<V>(g, dt, g.dGUr, r, e, 2 * I, i, dg);
+            store_operand_v<V>(g, dt, g.dGUr, r, e, 2 * I, I + i, du);
         });
     };
     const bool general = g.a_in_m || g.M0r != nullptr || g.has_lin_lo || g.has_lin_hi || g.has_nl_lo || g.has_nl_hi;
@@ -1669,12 +1697,12 @@ __global__ void rows_bias_grad_kernel(MlpArgs g)
         float sum = 0.0f;
         for (int64_t r = g.row_offsets[e]; r < g.row_offsets[e + 1]; r++) {
             if (c >= g.H) {
-                sum = sum + load_operand(g.dt, g.dGUr, g.planes, g.gu_plane, r * 2 * g.I + (c - g.H));
+                sum = sum + load_operand(g, g.dGUr, r, e, 2 * g.I, c - g.H);
             } else if (!g.a_in_m) {
                 sum = sum + load_as_float(g.dt, g.Sr, r * g.H + c); // already rnd(a*G)
             } else {
                 const float aG = row_affinity(g, g.row_pos[r]) * load_as_float(g.dt, g.Sr, r * g.H + c);
-                sum = sum + (g.planes == 1 ? round_dev(g.dt, aG) : aG);
+                sum = sum + (g.split ? aG : round_dev(g.dt, aG));
             }
         }
         if (c < g.H)
@@ -1764,13 +1792,11 @@ MlpArgs base_args(const moe_mlp_problem *p, int op)
     return g;
 }
 
-// The rows path's operand terms (MlpArgs::planes, a_in_m): split for bf16 without round_intermediates.
-void set_operand_planes(MlpArgs &g, bool split)
+// The rows path's choices: split operands (bf16 without round_intermediates), the affinity on m (a_in_m).
+void set_rows_path(MlpArgs &g, bool split)
 {
-    const auto stride = [](int64_t n) { return (n + 7) / 8 * 8; }; // keeps every term 16-byte aligned
-    g.planes = split ? 3 : 1;
+    g.split = split;
     g.a_in_m = g.on_i || split;
-    g.m_plane = stride(g.NB * g.I), g.gu_plane = stride(g.NB * 2 * g.I);
 }
 
 // Runs the layout check and the expert lists (the first kernels of every call).
@@ -1827,34 +1853,11 @@ moe_status rows_gemm(const MlpArgs &g, const char *name, int op, moe_dtype out_d
     return moe_cuda_rows_gemm(&r);
 }
 
-// rows_gemm over the terms of split operands (store_operand_v): a has a_planes terms a_plane elements apart,
-// b likewise; out = the sum over every pair of terms, each pair's GEMM after the first accumulating into out
-// (which needs a float32 out when there is more than one pair).  One pair is rows_gemm itself.
-moe_status rows_gemm_terms(const MlpArgs &g, const char *name, int op, moe_dtype out_dtype, int64_t N, int64_t K,
-                           const void *a, int a_planes, int64_t a_plane, const void *b, int b_planes, int64_t b_plane,
-                           void *out, int accumulate, cudaStream_t stream)
-{
-    const size_t es = moe_dtype_size(g.dt);
-    if (a_planes * b_planes > 1 && out_dtype != MOE_F32)
-        return moe_fail(MOE_ERR_UNSUPPORTED, "%s: %d x %d operand terms cannot sum into a %s output", name, a_planes,
-                        b_planes, moe_dtype_name(out_dtype));
-    for (int pa = 0; pa < a_planes; pa++)
-        for (int pb = 0; pb < b_planes; pb++) {
-            const moe_status s = rows_gemm(g, name, op, out_dtype, N, K,
-                                           static_cast<const unsigned char *>(a) + pa * a_plane * es,
-                                           static_cast<const unsigned char *>(b) + pb * b_plane * es, out,
-                                           pa + pb == 0 ? accumulate : 1, stream);
-            if (s != MOE_OK)
-                return s;
-        }
-    return MOE_OK;
-}
-
 // The forward's gate/up GEMM fused with gate_act_kernel's work (moe_cuda_rows_gate_gemm): *fused = 0 when
 // the call does not fit it (nothing launched).
 moe_status gate_up_fused(const MlpArgs &g, int *fused, cudaStream_t stream)
 {
-    if (g.planes != 1) { // the fused epilogue stores m rounded; split operands take gate_act_kernel
+    if (g.split) { // the fused epilogue stores m rounded; split operands take gate_act_kernel
         *fused = 0;
         return MOE_OK;
     }
@@ -1968,8 +1971,8 @@ moe_status launch_gate_kernel(const MlpArgs &g, const char *op, Launch launch)
 
 // The rows path's buffers, in elements (dt ones, then float32 ones); all zero on the tile path.
 struct RowsSizes {
-    bool active, term_rows;                // term_rows: the split backward's term_offsets
-    int64_t xr, mr, m0r, sr, dgur, x3, s3, dgu3; // dt
+    bool active, term_rows;                // term_rows: the split path's term_offsets
+    int64_t xr, mr, m0r, sr, dgur, x3, s3; // dt
     int64_t dr, dmr;                       // float32
 };
 
@@ -1994,7 +1997,7 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
     const size_t o_tcount = c.take(g.T, 8), o_tlist = c.take(g.T * g.E, 8), o_texp = c.take(g.T * g.E, 8);
     const size_t o_xr = c.take(rs.xr, es), o_mr = c.take(rs.mr, es), o_m0r = c.take(rs.m0r, es);
     const size_t o_sr = c.take(rs.sr, es), o_dgur = c.take(rs.dgur, es);
-    const size_t o_x3 = c.take(rs.x3, es), o_s3 = c.take(rs.s3, es), o_dgu3 = c.take(rs.dgu3, es);
+    const size_t o_x3 = c.take(rs.x3, es), o_s3 = c.take(rs.s3, es);
     const size_t o_toff = c.take(rs.term_rows ? g.E + 1 : 0, 8);
     const size_t o_dr = c.take(rs.dr, 4), o_dmr = c.take(rs.dmr, 4);
     unsigned char *ws = nullptr;
@@ -2028,7 +2031,7 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
         g.Sr = ws + o_sr, g.dGUr = ws + o_dgur;
         if (rs.term_rows) {
             g.term_offsets = reinterpret_cast<int64_t *>(ws + o_toff);
-            g.X3 = ws + o_x3, g.S3 = ws + o_s3, g.dGU3 = ws + o_dgu3;
+            g.X3 = rs.x3 > 0 ? ws + o_x3 : nullptr, g.S3 = rs.s3 > 0 ? ws + o_s3 : nullptr;
         }
         g.Dr = reinterpret_cast<float *>(ws + o_dr);
         g.dMr = reinterpret_cast<float *>(ws + o_dmr);
@@ -2080,14 +2083,14 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
     const bool ckpt_from_m0 = g.on_i && down_ckpt != nullptr;
     const bool split = p->dtype == MOE_BF16 && !p->round_intermediates;
     if (p->round_intermediates || split) {
-        set_operand_planes(g, split);
+        set_rows_path(g, split);
         RowsSizes rs = {};
         // no fp32 gate/up rows in the workspace: the fused kernel does without them, and the unfused path
-        // allocates them itself (805 MB at Qwen3-30B-A3B, T = 16384)
-        const int64_t m_size = g.planes * g.m_plane;
-        rs.active = true, rs.xr = NB * H, rs.mr = m_size, rs.m0r = ckpt_from_m0 ? m_size : 0;
-        rs.dr = NB * H;
-        return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? NB * H : 0, 0, rs,
+        // allocates them itself (805 MB at Qwen3-30B-A3B, T = 16384).  Split: Mr, M0r, Dr and Dre by term rows.
+        const int64_t nr = split ? 3 * NB : NB;
+        rs.active = true, rs.term_rows = split, rs.xr = NB * H, rs.mr = nr * I, rs.m0r = ckpt_from_m0 ? nr * I : 0;
+        rs.dr = nr * H;
+        return with_workspace(p, g, 0, 0, 0, 0, ckpt_from_m0 ? nr * H : 0, 0, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             launch_token_lists(a, stream);
             moe_status s = gather_rows(a, a.hidden, a.Xr, nullptr, false, false, stream);
@@ -2122,11 +2125,10 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
             if (s != MOE_OK)
                 return s;
             MOE_CUDA_CHECK(cudaGetLastError());
-            s = rows_gemm_terms(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.planes, a.m_plane, a.w_d,
-                                1, 0, a.Dr, 0, stream);
+            s = rows_gemm(a, "moe_mlp_fwd (down)", MOE_ROWS_A_W, MOE_F32, I, H, a.Mr, a.w_d, a.Dr, 0, stream, a.split);
             if (s == MOE_OK && ckpt_from_m0)
-                s = rows_gemm_terms(a, "moe_mlp_fwd (down checkpoint)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.planes,
-                                    a.m_plane, a.w_d, 1, 0, a.Dre, 0, stream);
+                s = rows_gemm(a, "moe_mlp_fwd (down checkpoint)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
+                              stream, a.split);
             if (s != MOE_OK)
                 return s;
             const bool vec = H % 8 == 0 && (!a.bias || aligned16(a.b_d));
@@ -2182,20 +2184,20 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
     const bool recompute = down_ckpt == nullptr; // ON_I only (the front end checked)
     const bool split = p->dtype == MOE_BF16 && !p->round_intermediates;
     if (p->round_intermediates || split) {
-        set_operand_planes(g, split);
+        set_rows_path(g, split);
         RowsSizes rs = {};
-        const int64_t m_size = g.planes * g.m_plane;
-        rs.active = true, rs.xr = split ? 0 : NB * H, rs.sr = NB * H, rs.mr = m_size, rs.m0r = recompute ? m_size : 0;
-        rs.dgur = g.planes * g.gu_plane, rs.dmr = NB * I, rs.dr = NB * H;
-        // split: the weight gradients over term rows, X and G copied to them, dGU's terms there too
-        rs.term_rows = split, rs.x3 = split ? 3 * NB * H : 0, rs.s3 = rs.x3, rs.dgu3 = split ? 3 * NB * 2 * I : 0;
+        // split: Mr, M0r, dGUr, Dr and Dre by term rows, X and G copied to them for the weight gradients (the
+        // X rows themselves are not needed)
+        const int64_t nr = split ? 3 * NB : NB;
+        rs.active = true, rs.term_rows = split, rs.xr = split ? 0 : NB * H, rs.sr = NB * H;
+        rs.mr = nr * I, rs.m0r = recompute ? nr * I : 0, rs.dgur = nr * 2 * I, rs.dmr = NB * I, rs.dr = nr * H;
+        rs.x3 = split ? 3 * NB * H : 0, rs.s3 = rs.x3;
         g.dre_bias = recompute && g.bias;
-        return with_workspace(p, g, 0, 0, 0, 0, recompute ? NB * H : 0, NB, rs,
+        return with_workspace(p, g, 0, 0, 0, 0, recompute ? nr * H : 0, NB, rs,
                               [&](const MlpArgs &a, cudaStream_t stream) -> moe_status {
             const int64_t cap = (int64_t)sm_count() * 16;
             launch_token_lists(a, stream);
-            const bool terms = a.term_offsets != nullptr;
-            moe_status s = gather_rows(a, a.hidden, terms ? nullptr : a.Xr, a.X3, false, false, stream);
+            moe_status s = gather_rows(a, a.hidden, a.split ? nullptr : a.Xr, a.X3, false, false, stream);
             if (s == MOE_OK) // da too, from the checkpoint
                 s = gather_rows(a, a.out_grad, a.Sr, a.S3, !a.a_in_m, !recompute, stream);
             if (s == MOE_OK)
@@ -2213,8 +2215,8 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                 return s;
             MOE_CUDA_CHECK(cudaGetLastError());
             if (recompute) {
-                s = rows_gemm_terms(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.planes,
-                                    a.m_plane, a.w_d, 1, 0, a.Dre, 0, stream);
+                s = rows_gemm(a, "moe_mlp_bwd (d recomputed)", MOE_ROWS_A_W, MOE_F32, I, H, a.M0r, a.w_d, a.Dre, 0,
+                              stream, a.split);
                 if (s != MOE_OK)
                     return s;
             }
@@ -2226,16 +2228,16 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
             if (a.T * E > 0)
                 daff_kernel<<<grid_for(a.T * E, 256, cap), 256, 0, stream>>>(a);
             MOE_CUDA_CHECK(cudaGetLastError());
-            s = rows_gemm_terms(a, "moe_mlp_bwd (dX)", MOE_ROWS_A_WT, MOE_F32, H, 2 * I, a.dGUr, a.planes, a.gu_plane,
-                                a.w_gu, 1, 0, a.Dr, 0, stream);
+            s = rows_gemm(a, "moe_mlp_bwd (dX)", MOE_ROWS_A_WT, MOE_F32, H, 2 * I, a.dGUr, a.w_gu, a.Dr, 0, stream,
+                          a.split);
             if (s == MOE_OK)
                 s = token_rows(a, a.Dr, a.d_hidden, stream);
             if (s == MOE_OK)
-                s = rows_gemm(a, "moe_mlp_bwd (d_w_d)", MOE_ROWS_AT_B, a.gdt, I, H, a.Mr, terms ? a.S3 : a.Sr, a.d_wd,
-                              a.accumulate, stream, terms);
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_d)", MOE_ROWS_AT_B, a.gdt, I, H, a.Mr, a.split ? a.S3 : a.Sr, a.d_wd,
+                              a.accumulate, stream, a.split);
             if (s == MOE_OK)
-                s = rows_gemm(a, "moe_mlp_bwd (d_w_gu)", MOE_ROWS_AT_B, a.gdt, H, 2 * I, terms ? a.X3 : a.Xr,
-                              terms ? a.dGU3 : a.dGUr, a.d_wgu, a.accumulate, stream, terms);
+                s = rows_gemm(a, "moe_mlp_bwd (d_w_gu)", MOE_ROWS_AT_B, a.gdt, H, 2 * I, a.split ? a.X3 : a.Xr, a.dGUr,
+                              a.d_wgu, a.accumulate, stream, a.split);
             if (s == MOE_OK && a.bias && E * (H + 2 * I) > 0) {
                 rows_bias_grad_kernel<<<grid_for(E * (H + 2 * I), 256, cap), 256, 0, stream>>>(a);
                 MOE_CUDA_CHECK(cudaGetLastError());

@@ -674,8 +674,8 @@ static int64_t offset_tensors(uint64_t base, int cases)
 /* ---- 7: split operands ---- */
 
 /* bf16 without round_intermediates takes the rows path on split operands (specs/MLP.md, "Split operands on
- * the GPU": every float32 intermediate a GEMM reads stored as exact bf16 terms, one GEMM per pair of terms
- * accumulating in float32); the option cross's shapes are mostly too small for the tensor-core kernels.
+ * the GPU": every float32 intermediate a GEMM reads stored as three exact bf16 terms at term rows, the GEMMs
+ * over the term rows); the option cross's shapes are mostly too small for the tensor-core kernels.
  * Here the fused gate/up property's shapes (H 64 .. 152, I 16 .. 128 or 64 / 128, blocks of 16 .. 128
  * positions, three layout modes), one in four with H or I off a multiple of 8 (the rows GEMM's SIMT
  * family); every activation, affinity and bias choice, clamps at random; half with accumulate and half with

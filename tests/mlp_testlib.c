@@ -489,9 +489,8 @@ static void acc_prod(acc_t *a, ev x, ev y)
 }
 
 /* The products of the sum `a` will be evaluated on split operands (specs/MLP.md, "Split operands on the
- * GPU"), each as `terms` exact products: as `terms` GEMMs, the second and later accumulating into the
- * float32 result of the first (stacked 0), or all in one sum (stacked 1, the weight gradients over term
- * rows).  With split = 0, or terms 1, nothing changes. */
+ * GPU"), each as `terms` exact products: summed per term, then the `terms` results added (stacked 0), or
+ * all in one sum (stacked 1, the weight gradients).  With split = 0, or terms 1, nothing changes. */
 static void acc_split(acc_t *a, int split, int64_t terms, int stacked)
 {
     a->terms = split ? terms : 1;
@@ -508,9 +507,9 @@ static void acc_term(acc_t *a, ev x)
 
 /* Any float32 summation order of n rounded terms: |error| <= gamma(n) * sum |terms| (SEMANTICS 4);
  * the last term bounds this double computation's own rounding; n*ETA32 bounds underflow.  On split
- * operands (acc_split) each product becomes `terms` exact products with the same magnitude sum: summed as
- * one GEMM per term, each passes through at most n + terms - 1 roundings (its GEMM's n, then terms - 1
- * accumulating adds); summed in one pass, the sum has n + (terms - 1) n_prod terms. */
+ * operands (acc_split) each product becomes `terms` exact products with the same magnitude sum: summed per
+ * term, each passes through at most n + terms - 1 roundings (its term's n, then terms - 1 adds); summed in
+ * one pass, the sum has n + (terms - 1) n_prod terms. */
 static ev acc_done(const acc_t *a)
 {
     const int64_t terms = a->terms > 1 ? a->terms : 1;
