@@ -1028,15 +1028,21 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 // runs once over the term rows (term_offsets): a GEMM with a float32 output (the forward's down projection
 // and its checkpoint's, the recomputed d, dX) gives each term its own output row, which the next kernel
 // sums, (t0 + t1) + t2 (load_row_v); a weight gradient reduces over the term rows, the three terms of a row
-// as three rows of the reduction with the other operand's row (X3, S3) copied beside each.  A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its
-// upper 16 bits: round toward zero, so hi has v's sign and |hi| <= |v|), r = v - hi (exact, the lower 16
-// bits), mid = r truncated the same way, lo = r - mid (exact, at most 8 significant bits).  Every term has v's
-// sign, so |hi| + |mid| + |lo| = |v| and a GEMM's magnitude sum is unchanged; each product of a term with a
-// bf16 value is exact in float32, and the float32 sums of hi + mid + lo (the bias gradients) give v back.  An
-// infinite v stays in hi (the rest 0, not inf - inf); a NaN v makes the others NaN.  Exact for |v| >= 2^-110;
-// below, lo falls into bf16's subnormal range and drops bits under 2^-133.  The backward keeps G, a bf16
-// tensor, as the down projection's gradient operand in both placements (a_in_m): dM = a * (G . W_d^T) and
-// d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up to 16 significant bits).
+// as three rows of the reduction with the other operand's row (X3, S3) copied beside each.
+//   A float32 value v (24 significant bits) is hi + mid + lo: hi = v truncated to bf16 (its upper 16 bits: round
+// toward zero, so hi has v's sign and |hi| <= |v|), r = v - hi (exact, the lower 16 bits), mid = r truncated the
+// same way, lo = r - mid (exact, at most 8 significant bits).  Every term has v's sign, so |hi| + |mid| + |lo| =
+// |v| and a GEMM's magnitude sum is unchanged; each product of a term with a bf16 value is exact in float32,
+// and the float32 sums of hi + mid + lo (the bias gradients) give v back.  An infinite v stays in hi (the rest
+// 0, not inf - inf); a NaN v makes the others NaN.  Exact for |v| >= 2^-110; below, lo falls into bf16's
+// subnormal range and drops bits under 2^-133.
+//   The backward keeps G, a bf16 tensor, as the down projection's gradient operand in both placements
+// (a_in_m): dM = a * (G . W_d^T) and d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up
+// to 16 significant bits).
+//   Measured (H200, bench/RESULTS.md, 2026-11-29, twenty-third session): one GEMM per term, accumulating in the
+// float32 output, goes through the sm90 kernel's read-modify-write epilogue, +0.5-0.8 ms per extra pass at
+// Qwen3-30B-A3B T = 16384 (run165).  Over term rows: the weight gradients, backward 18.9 -> 15.1 ms (run164 ->
+// run166); then the float32-output GEMMs, forward / backward 7.10 / 15.09 -> 5.99 / 13.50 ms (run166 -> run167).
 __device__ __forceinline__ float truncate_to_bf16(float v) { return __uint_as_float(__float_as_uint(v) & 0xffff0000u); }
 
 // The 3 terms above of v, term p at base + i + p * stride (bf16 elements).
@@ -1125,7 +1131,7 @@ __global__ void row_maps_kernel(MlpArgs g)
     }
 }
 
-// term_offsets[e] = 3 row_offsets[e] (split backward).
+// term_offsets[e] = 3 row_offsets[e] (split path).
 __global__ void term_offsets_kernel(MlpArgs g)
 {
     if (*g.status != ERR_NONE)
