@@ -463,7 +463,7 @@ typedef struct acc_t {
     double v, mag, prop;
     int64_t n;
     int64_t terms;    /* split operands: the terms each product becomes; 0 or 1: one */
-    int stacked;      /* split operands: the terms in one sum (1) or one GEMM per term, accumulated (0) */
+    int stacked;      /* split operands: the terms in one sum (1), or summed per term and then added (0) */
     int64_t n_prod;   /* the products among the n terms */
     double split_abs; /* split operands: the terms' lost subnormal bits */
 } acc_t;
