@@ -104,14 +104,14 @@ typedef struct moe_mlp_options {
     /* f16/bf16: the operands of the second-stage GEMMs are rounded once to options.dtype, as NKI, torch
      * and Unsloth keep them: m before the down projection (forward, and the backward's d_w_d), a*G (the
      * down-projection gradient, also summed for d_b_d) and dg/du (before d_hidden, d_w_gu and d_b_gu).
-     * Lets MOE_BACKEND_CUDA run every GEMM on tensor cores once.  No effect for f32.  Default (0): those
-     * intermediates stay float32 (specs/MLP.md, "Rounded intermediates"); MOE_BACKEND_CUDA then runs bf16
-     * on tensor cores too, each float32 operand as three exact bf16 terms (up to three GEMMs where the flag
-     * needs one: specs/MLP.md, "Split operands on the GPU"), and f16 on its fp32 SIMT kernels.  On sm_90a, with 256 or more
-     * positions per expert on average, the forward's gate/up GEMM then carries the activation in its
-     * epilogue (same bits); the environment variable MOE_MLP_FUSE_GATE=0 runs them as two kernels, =1
-     * fuses them at any size and makes a call the fused kernel cannot take fail with MOE_ERR_UNSUPPORTED
-     * (for tests and timing). */
+     * Lets MOE_BACKEND_CUDA run every GEMM on tensor cores, each once.  No effect for f32.  On sm_90a,
+     * with 256 or more positions per expert on average, the forward's gate/up GEMM then carries the
+     * activation in its epilogue (same bits); the environment variable MOE_MLP_FUSE_GATE=0 runs them as two
+     * kernels, =1 fuses them at any size and makes a call the fused kernel cannot take fail with
+     * MOE_ERR_UNSUPPORTED (for tests and timing).  Default (0): those intermediates stay float32
+     * (specs/MLP.md, "Rounded intermediates"); MOE_BACKEND_CUDA then runs bf16 on tensor cores too, each
+     * float32 operand as three exact bf16 terms (up to three GEMMs where the flag needs one; specs/MLP.md,
+     * "Split operands on the GPU"), and f16 on its fp32 SIMT kernels. */
     int round_intermediates;
     void *stream;                    /* MOE_BACKEND_CUDA: the cudaStream_t to run on (NULL = default) */
 } moe_mlp_options;
