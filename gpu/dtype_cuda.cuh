@@ -31,6 +31,14 @@ static __device__ __forceinline__ void store_from_float(moe_dtype dtype, void *b
         static_cast<__nv_bfloat16 *>(base)[i] = __float2bfloat16_rn(v);
 }
 
+// v truncated to bf16 (its upper 16 bits: round toward zero, so the result has v's sign and |result| <= |v|;
+// an infinity stays itself, a NaN may become an infinity), as float.  The first term of the exact bf16 splits
+// (gemm_cuda.cu's weighted dW, mlp_cuda.cu's split operands): v minus it is exact in float32.
+static __device__ __forceinline__ float truncate_to_bf16(float v)
+{
+    return __uint_as_float(__float_as_uint(v) & 0xffff0000u);
+}
+
 // Two 16-bit elements (f16 or bf16) in one 32-bit word, the first in the low half, and back.
 static __device__ __forceinline__ void unpack_word(moe_dtype dtype, uint32_t word, float *v)
 {

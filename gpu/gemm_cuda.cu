@@ -650,8 +650,7 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float d[4], const uint32_t a[4]
 __device__ __forceinline__ void split_weighted_pair(uint32_t a, float w0, float w1, uint32_t &hi, uint32_t &lo)
 {
     const float p0 = __uint_as_float(a << 16) * w0, p1 = __uint_as_float(a & 0xffff0000u) * w1;
-    const float h0 = __uint_as_float(__float_as_uint(p0) & 0xffff0000u);
-    const float h1 = __uint_as_float(__float_as_uint(p1) & 0xffff0000u);
+    const float h0 = truncate_to_bf16(p0), h1 = truncate_to_bf16(p1);
     const float r0 = fabsf(p0) == INFINITY ? 0.0f : p0 - h0, r1 = fabsf(p1) == INFINITY ? 0.0f : p1 - h1;
     hi = __byte_perm(__float_as_uint(p0), __float_as_uint(p1), 0x7632); // upper halves: (p1, p0)
     lo = __byte_perm(__float_as_uint(r0), __float_as_uint(r1), 0x7632);

@@ -1043,8 +1043,6 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 // float32 output, goes through the sm90 kernel's read-modify-write epilogue, +0.5-0.8 ms per extra pass at
 // Qwen3-30B-A3B T = 16384 (run165).  Over term rows: the weight gradients, backward 18.9 -> 15.1 ms (run164 ->
 // run166); then the float32-output GEMMs, forward / backward 7.10 / 15.09 -> 5.99 / 13.50 ms (run166 -> run167).
-__device__ __forceinline__ float truncate_to_bf16(float v) { return __uint_as_float(__float_as_uint(v) & 0xffff0000u); }
-
 // The 3 terms above of v, term p at base + i + p * stride (bf16 elements).
 template <int V>
 __device__ __forceinline__ void store_terms_v(void *base, int64_t stride, int64_t i, const float *v)
