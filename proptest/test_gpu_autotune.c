@@ -52,6 +52,13 @@ static int same_plan(const moe_tune_choice *a, const moe_gemm_tuning *b)
            a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
 }
 
+/* Two plans alike in every field a call follows (not the timing). */
+static int same_choice(const moe_tune_choice *a, const moe_tune_choice *b)
+{
+    return a->kernel == b->kernel && a->tile_rows == b->tile_rows && a->cluster == b->cluster &&
+           a->tma_store == b->tma_store && a->dw_pingpong == b->dw_pingpong;
+}
+
 static moe_status plain_call(const tune_case *c, const moe_routing *r, const void *a, const void *b, const void *tw,
                              void *out, const moe_gemm_options *o)
 {
@@ -171,9 +178,7 @@ int main(int argc, char **argv)
         /* 3. clear -> heuristic; load -> tuned */
         moe_gemm_autotune_clear();
         CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_cuda_tune_last(&key, &planned) && planned.kernel == heuristic.kernel &&
-                  planned.tile_rows == heuristic.tile_rows && planned.cluster == heuristic.cluster &&
-                  planned.tma_store == heuristic.tma_store && planned.dw_pingpong == heuristic.dw_pingpong,
+        CHECK(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
               "%s: after clear the heuristic's plan is not back", c->name);
         CHECK(moe_gemm_autotune_load(cache) == MOE_OK, "load: %s", moe_last_error());
         CHECK(count_lines(cache) == tunings, "%s: %d lines in the cache after %d tunings", c->name, count_lines(cache),
@@ -195,9 +200,7 @@ int main(int argc, char **argv)
             CHECK(moe_gemm_autotune_load(simt_path) == MOE_OK, "load %s: %s", simt_path, moe_last_error());
             unlink(simt_path);
             CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-            CHECK(moe_cuda_tune_last(&key, &planned) && planned.kernel == heuristic.kernel &&
-                      planned.tile_rows == heuristic.tile_rows && planned.cluster == heuristic.cluster &&
-                      planned.tma_store == heuristic.tma_store && planned.dw_pingpong == heuristic.dw_pingpong,
+            CHECK(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
                   "%s: a simt entry moved the call off the heuristic's plan (to %s)", c->name,
                   planned.kernel == MOE_TUNE_SIMT ? "simt" : "another tensor-core plan");
         }
