@@ -177,7 +177,16 @@ typedef struct moe_gemm_options {
     int dx_only;          /* moe_gemm_bwd: compute dX only */
     int dw_only;          /* moe_gemm_bwd: compute dW (and d_topk_weights) only */
     void *stream;         /* CUDA backend: the cudaStream_t to run on (NULL = default stream) */
+    int64_t ref_scratch_bytes; /* MOE_BACKEND_REF, dX with reduce_topk: the most bytes of float32 scratch
+                                * for the slot rows before they are summed per token (0 = the default,
+                                * MOE_REF_DEFAULT_SCRATCH_BYTES; negative: MOE_ERR_INVALID_OPTION).  A
+                                * smaller budget splits K into more column chunks, each a multiple of 128
+                                * columns and at least one such chunk however small the budget; the
+                                * result's bits do not depend on it.  The CUDA backend ignores it. */
 } moe_gemm_options;
+
+/* The scratch budget an options.ref_scratch_bytes of 0 means: 64 MiB. */
+#define MOE_REF_DEFAULT_SCRATCH_BYTES ((int64_t)64 << 20)
 
 /* Y = fwd(X, W).
  *   x             [R_x][K]    input activations

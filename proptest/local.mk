@@ -12,7 +12,9 @@ proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
 proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
 # make check: a fixed-seed budget plus the committed regression file
 TESTS += proptest/check-fuzz.sh
-EXTRA_DIST += proptest/check-fuzz.sh proptest/regressions.txt proptest/README.md
+# and over a spread of seeds: a correct build never fails the fuzzer (proptest/README.md)
+TESTS += proptest/check-fuzz-seeds.sh
+EXTRA_DIST += proptest/check-fuzz.sh proptest/check-fuzz-seeds.sh proptest/regressions.txt proptest/README.md
 # mutation testing (proptest/README.md, "Mutation testing"): shipped, not run by make check (too slow)
 EXTRA_DIST += proptest/mutants.sh
 

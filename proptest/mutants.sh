@@ -69,6 +69,7 @@ lost-topk-weight|ref/gemm_blocked.c|dW drops the topk weight of its rows (fwd an
 reduction-tail-block|ref/gemm_blocked.c|tile edge: the partial last KB = 256 reduction block is dropped (K, N or rows past 256)
 panel-edge-column|ref/gemm_blocked.c|tile edge: the last real column of a partial NR = 16 W panel is packed as 0
 reduce-topk-order|ref/gemm_blocked.c|dX reduce_topk sums a token slots in reverse order (k-1 .. 0), not the specified 0 .. k-1
+reduce-chunk-offset|ref/gemm_blocked.c|dX reduce_topk stores every column chunk at column 0 of the token row (the chunk offset c0 dropped): only a K split into chunks (options.ref_scratch_bytes below 4*M*K) shows it
 duplicate-gather|ref/routing.c|the routing validator accepts a repeated gather index
 layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1 instead of T (MOE_MLP_PAD_ROW)
 lost-affinity-fwd|ref/mlp.c|MLP forward (affinity on H) adds d instead of a*d to the token row
@@ -148,6 +149,10 @@ m_reduce_topk_order() {
     edit ref/gemm_blocked.c '                        for (int64_t j = 0; j < k; j++) {
                             const float *v = g.slot_values' '                        for (int64_t j = k - 1; j >= 0; j--) {
                             const float *v = g.slot_values'
+}
+m_reduce_chunk_offset() {
+    edit ref/gemm_blocked.c 'store_row(p->dtype, dx, t * K + c0 + cb, row, n, p->accumulate);' \
+        'store_row(p->dtype, dx, t * K + (c0 & 0) + cb, row, n, p->accumulate);'
 }
 m_duplicate_gather() {
     edit ref/routing.c '        if (seen[slot])' '        if (0 && seen[slot])'

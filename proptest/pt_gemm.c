@@ -319,6 +319,23 @@ int gop_same_bits(pt_case *c, const gcase *g, enum gop op, const void *a, const 
 /* ---------------------------------------------------------------------------------------------------
  * ops: reference vs oracle
  * ------------------------------------------------------------------------------------------------- */
+
+/* dX with reduce_topk: the reference's scratch budget (options.ref_scratch_bytes) around its column-chunk
+ * thresholds: the default (one chunk at these sizes), all of K exactly, one byte less, exactly one
+ * 128-column chunk, one byte, or any budget up to all of K.  Drawn last in the ops that call it, so that
+ * reproducers recorded before it (a missing choice reads as 0: the default) make the same cases. */
+static void draw_scratch_budget(pt_case *c, gcase *g)
+{
+    if (!g->opt.reduce_topk || g->M == 0 || g->K == 0)
+        return;
+    const int64_t all = 4 * g->M * g->K, one_nb = 4 * g->M * 128;
+    const int64_t budgets[5] = {0, all, all - 1, one_nb, 1};
+    const int pick = pt_pick(c->src, 6);
+    g->opt.ref_scratch_bytes = pick < 5 ? budgets[pick] : pt_int(c->src, 1, all);
+    if (g->opt.ref_scratch_bytes)
+        pt_describe(c, " ref_scratch_bytes=%lld", (long long)g->opt.ref_scratch_bytes);
+}
+
 static void run_single(pt_case *c, enum gop op)
 {
     gcase g;
@@ -333,6 +350,8 @@ static void run_single(pt_case *c, enum gop op)
     const int via_bwd = (op == GOP_DX || op == GOP_DW) && pt_bool(c->src);
     if (via_bwd)
         pt_describe(c, " via moe_gemm_bwd");
+    if (op == GOP_DX)
+        draw_scratch_budget(c, &g);
     void *old;
     void *out = gop_output(&g, op, &old);
     moe_status st;
@@ -363,6 +382,7 @@ static void op_bwd(pt_case *c)
 {
     gcase g;
     gcase_generate(c, &g, 0);
+    draw_scratch_budget(c, &g);
     void *old_dx, *old_dw, *old_dt = NULL;
     void *dx = gop_output(&g, GOP_DX, &old_dx), *dw = gop_output(&g, GOP_DW, &old_dw), *dt = NULL;
     if (g.weighted)

@@ -35,7 +35,7 @@
  * After the last reduction block, the per-element tail of moe_ref.h follows: v = acc; v = wt * v (fwd,
  * dX with topk weights); v = old + v (accumulate); one rounding to the output dtype.  dX with
  * reduce_topk writes each slot's v (after its weight) into a float32 scratch indexed by slot, a column
- * chunk at a time (at most REDUCE_SCRATCH_BYTES), and then each token t sums its slots t*k+0 ..
+ * chunk at a time (at most options.ref_scratch_bytes), and then each token t sums its slots t*k+0 ..
  * t*k+k-1 in order from +0.0f.
  *
  * Padding: A groups and B panels are zero-padded to MR rows / NR columns; the padded lanes compute
@@ -113,13 +113,6 @@ enum {
     NB = 128, /* B columns per work item, a multiple of NR */
     KB = 256  /* reduction block */
 };
-
-/* Bytes of float32 scratch that dX with reduce_topk may hold for its slot rows (at least one NB-wide
- * column chunk is always used).  Overridable for tests of the chunking. */
-#ifndef MOE_REF_REDUCE_SCRATCH_BYTES
-#define MOE_REF_REDUCE_SCRATCH_BYTES ((int64_t)64 << 20)
-#endif
-#define REDUCE_SCRATCH_BYTES ((int64_t)(MOE_REF_REDUCE_SCRATCH_BYTES))
 
 /* A hint to fetch the cache line at addr (the packs read W and X rows a few steps ahead). */
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__FRAMAC__)
@@ -1807,19 +1800,19 @@ moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, con
                  g->offsets + (0 .. g->p->num_experts));
 */
 
-/* dX with reduce_topk: the width of a column chunk of the slot values, as wide as REDUCE_SCRATCH_BYTES
- * allows (all of K when it fits), a multiple of NB otherwise, at least NB (proved: RTE, termination).
- * REDUCE_SCRATCH_BYTES / 4 / M is REDUCE_SCRATCH_BYTES / (4 * M) (nested floor divisions) without the
+/* dX with reduce_topk: the width of a column chunk of the slot values, as wide as `budget` bytes of float32
+ * scratch allow (options.ref_scratch_bytes: all of K when it fits), a multiple of NB otherwise, at least NB
+ * (proved: RTE, termination).  budget / 4 / M is budget / (4 * M) (nested floor divisions) without the
  * overflow of 4 * M. */
-/*@ requires dims: 0 <= M && 0 <= K;
+/*@ requires dims: 0 <= M && 0 <= K && 0 <= budget;
     terminates \true;
     assigns \nothing;
     ensures width: 0 <= \result && (K > 0 ==> 1 <= \result); */
-static int64_t reduce_width(int64_t M, int64_t K)
+static int64_t reduce_width(int64_t M, int64_t K, int64_t budget)
 {
     int64_t width = K;
-    if (M > 0 && width > REDUCE_SCRATCH_BYTES / (int64_t)sizeof(float) / M) {
-        width = REDUCE_SCRATCH_BYTES / (int64_t)sizeof(float) / M / NB * NB;
+    if (M > 0 && width > budget / (int64_t)sizeof(float) / M) {
+        width = budget / (int64_t)sizeof(float) / M / NB * NB;
         if (width < NB)
             width = NB;
     }
@@ -2074,7 +2067,7 @@ static moe_status run_reduce_in(gemm_ctx *g, const gemm_setup *st, void *dx, int
     ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 static moe_status run_reduce(gemm_ctx *g, const gemm_setup *st, void *dx)
 {
-    const int64_t M = g->p->rows, width = reduce_width(M, g->p->K);
+    const int64_t M = g->p->rows, width = reduce_width(M, g->p->K, g->p->ref_scratch_bytes);
     float *slot_values = M > 0 && width > INT64_MAX / (int64_t)sizeof(float) / M
                              ? NULL
                              : malloc((size_t)M * (size_t)width * sizeof(float) + 1);

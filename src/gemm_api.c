@@ -55,6 +55,9 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
     if (opt->allow_tf32 && opt->dtype != MOE_F32)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.allow_tf32 applies to MOE_F32 only, dtype is %s",
                         op, moe_dtype_name(opt->dtype));
+    if (opt->ref_scratch_bytes < 0)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.ref_scratch_bytes = %" PRId64 ", expected >= 0 "
+                        "(0: the default)", op, opt->ref_scratch_bytes);
     if (routing->m_sizes == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing.m_sizes is NULL", op);
     int need_gather = opt->permute_x || opt->permute_y || opt->reduce_topk || topk_weights != NULL ||
@@ -93,6 +96,7 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
     p->accumulate = opt->accumulate != 0;
     p->allow_tf32 = opt->allow_tf32 != 0;
     p->stream = opt->stream;
+    p->ref_scratch_bytes = opt->ref_scratch_bytes ? opt->ref_scratch_bytes : MOE_REF_DEFAULT_SCRATCH_BYTES;
     return MOE_OK;
 }
 

@@ -105,6 +105,7 @@ typedef struct moe_gemm_problem {
     int accumulate;
     int allow_tf32;
     void *stream;
+    int64_t ref_scratch_bytes;      /* >= 1: options.ref_scratch_bytes, its default filled in */
 } moe_gemm_problem;
 
 /* One backend's implementation of each op.  Arguments have the shapes documented in moe.h. */

@@ -216,6 +216,8 @@ static void routing_defects(void)
                  "allow_tf32");
             CASE("allow_tf32 with f16", (a.o.dtype = MOE_F16, a.o.allow_tf32 = 1), MOE_ERR_INVALID_OPTION,
                  "allow_tf32");
+            CASE("negative ref_scratch_bytes", a.o.ref_scratch_bytes = -1, MOE_ERR_INVALID_OPTION,
+                 "ref_scratch_bytes");
             CASE("backend 7", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, "backend 7 is not a libmoe backend");
             if (!moe_backend_available(MOE_BACKEND_CUDA))
                 CASE("CUDA backend not available", a.backend = MOE_BACKEND_CUDA, MOE_ERR_NO_BACKEND, NULL);

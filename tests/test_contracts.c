@@ -223,7 +223,8 @@ static void run_case(uint64_t seed, moe_dtype dtype, int demo)
                                         .dtype = dtype, .dw_dtype = dw_dtype, .permute_x = (mode & PERMUTE_X) != 0,
                                         .permute_y = (mode & PERMUTE_Y) != 0,
                                         .reduce_topk = (mode & REDUCE_TOPK) != 0,
-                                        .accumulate = (mode & ACCUMULATE) != 0};
+                                        .accumulate = (mode & ACCUMULATE) != 0,
+                                        .ref_scratch_bytes = MOE_REF_DEFAULT_SCRATCH_BYTES};
             run_op(seed, &ops[o], &p, tensors, mode, demo);
         }
     free(topk_ids);

@@ -177,6 +177,7 @@ static moe_gemm_problem problem_of(const setup *s, const combo *c, const moe_gem
     p.permute_y = o->permute_y;
     p.reduce_topk = o->reduce_topk;
     p.accumulate = o->accumulate;
+    p.ref_scratch_bytes = o->ref_scratch_bytes ? o->ref_scratch_bytes : MOE_REF_DEFAULT_SCRATCH_BYTES;
     return p;
 }
 
@@ -578,6 +579,65 @@ static void blocked_big_problems(void)
 }
 #endif
 
+/* dX with reduce_topk under scratch budgets around its column-chunk thresholds (options.ref_scratch_bytes,
+ * 128-column chunks): all of K in one chunk, just under it, exactly one 128-column chunk, under that (the
+ * one-chunk floor), a budget of 1 byte.  Every budget must give the default's bits (the chunks only split
+ * the columns; each token sums its slots in the same order), within the oracle's bound. */
+static void reduce_chunk_budgets(void)
+{
+    static const int64_t widths[] = {129, 300, 385};
+    const int64_t T = 37, k = 3, E = 5, M = T * k, N = 9;
+    int64_t *ids = xmalloc((size_t)M * 8), *m_sizes = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
+    for (int64_t t = 0; t < T; t++) /* k distinct experts per token, skewed towards expert 0 */
+        for (int64_t j = 0; j < k; j++)
+            ids[t * k + j] = (t % 2 ? j : (t + j) % E);
+    CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "chunk routing: %s", moe_last_error());
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (int dt = 0; dt < 3; dt += 2) {
+            setup s;
+            memset(&s, 0, sizeof s);
+            s.routing_name = "reduce_topk chunks";
+            s.T = T, s.k = k, s.E = E, s.M = M, s.N = N, s.K = widths[wi];
+            s.m_sizes = m_sizes, s.gather = gather, s.dtype = (moe_dtype)dt, s.dist = 0;
+            alloc_setup(&s);
+            const int64_t K = s.K, count = T * K, one_chunk = M * K * 4, nb_chunk = M * 128 * 4;
+            const size_t bytes = (size_t)count * moe_dtype_size(s.dtype);
+            const int64_t budgets[] = {one_chunk, one_chunk - 1, nb_chunk + 4 * M, nb_chunk, nb_chunk - 1, 1};
+            combo c;
+            memset(&c, 0, sizeof c);
+            c.reduce = 1;
+            for (c.weights = 0; c.weights < 2; c.weights++)
+                for (c.accumulate = 0; c.accumulate < 2; c.accumulate++) {
+                    moe_gemm_options o = options_of(&s, &c);
+                    o.reduce_topk = 1;
+                    const moe_routing r = routing_of(&s, &c);
+                    const void *weights = c.weights ? s.tw : NULL;
+                    prepare_output(&s, s.dtype, s.out2, s.old, count, c.accumulate);
+                    moe_status st = moe_gemm_dx(MOE_BACKEND_REF, &r, N, K, s.dy, s.w, weights, s.out2, &o);
+                    CHECK(st == MOE_OK, "chunks: default budget: %s: %s", moe_last_error(), describe(&s, &c, "dx"));
+                    oracle_gemm_dx(&r, N, K, s.dy, s.w, weights, s.old, &o, s.value, s.bound);
+                    check_against_oracle(&s, &c, "dx", "dx (default budget)", s.dtype, s.out2, s.value, s.bound, count);
+                    for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+                        o.ref_scratch_bytes = budgets[b];
+                        memcpy(s.out, s.old, bytes); /* the same prior contents as the default's call */
+                        st = moe_gemm_dx(MOE_BACKEND_REF, &r, N, K, s.dy, s.w, weights, s.out, &o);
+                        CHECK(st == MOE_OK, "chunks: budget %" PRId64 ": %s: %s", budgets[b], moe_last_error(),
+                              describe(&s, &c, "dx"));
+                        CHECK(st != MOE_OK || memcmp(s.out, s.out2, bytes) == 0,
+                              "chunks: ref_scratch_bytes = %" PRId64 " changes dX (K = %" PRId64 "): %s", budgets[b],
+                              K, describe(&s, &c, "dx"));
+                        checks++;
+#ifdef MOE_TEST_BLOCKED
+                        check_twins(&s, &c, &o, TWIN_DX, s.old, count, s.dtype);
+#endif
+                    }
+                }
+            free_setup(&s);
+        }
+    free(ids), free(m_sizes), free(gather);
+    printf("reduce_topk column chunks under scratch budgets: done\n");
+}
+
 int main(int argc, char **argv)
 {
     seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261125;
@@ -621,6 +681,7 @@ int main(int argc, char **argv)
                failures == before ? "ok" : "FAILED");
         free(ids), free(m_sizes), free(gather);
     }
+    reduce_chunk_budgets();
 #ifdef MOE_TEST_BLOCKED
     blocked_big_problems();
 #endif
