@@ -13,7 +13,7 @@ for i in 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f 10; do
     seed=0x5eed51$i
     ./proptest/moe-fuzz --seed "$seed" --cases 400 --ops gemm-bad --shrink-seconds 10 > fuzz-seeds.out 2>&1 &&
         ./proptest/moe-fuzz --seed "$seed" --cases 4 --max-size 60 --shrink-seconds 10 \
-            --ops gemm-fwd,gemm-dx,gemm-dw,gemm-dtopk,gemm-bwd,gemm-meta,gemm-adjoint,mlp,mlp-meta \
+            --ops gemm-fwd,gemm-dx,gemm-dw,gemm-dtopk,gemm-bwd,gemm-meta,gemm-adjoint,mlp,mlp-meta,mlp-layout \
             >> fuzz-seeds.out 2>&1
     rc=$?
     if [ "$rc" = 0 ]; then

@@ -6,7 +6,7 @@ proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h \
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c \
 	tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
 proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm

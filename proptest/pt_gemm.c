@@ -405,9 +405,11 @@ void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
 void pt_mlp(pt_case *c);
 void pt_mlp_meta(pt_case *c);
+void pt_mlp_layout(pt_case *c);
 #ifdef MOE_FUZZ_CUDA
 void pt_gpu_gemm(pt_case *c);
 void pt_gpu_mlp(pt_case *c);
+void pt_gpu_mlp_layout(pt_case *c);
 #endif
 
 const pt_op pt_ops[] = {
@@ -425,11 +427,16 @@ const pt_op pt_ops[] = {
             "tiny cases", 0, pt_mlp},
     {"mlp-meta", "MLP: block size independence, affinity on H == on I, top-1 overwrite == accumulate, experts "
                  "without tokens get exact zero gradients", 0, pt_mlp_meta},
+    {"mlp-layout", "MLP layout builders (num_blocks, max_blocks, build, build_on; both kinds and paddings) vs a "
+                   "layout made from the rules; an invalid id refused with every output untouched", 0, pt_mlp_layout},
 #ifdef MOE_FUZZ_CUDA
     {"gpu-gemm", "CUDA vs reference and oracle for every op/mode/dtype; bitwise equal on exact values; "
                  "bitwise deterministic on repeat", 1, pt_gpu_gemm},
     {"gpu-mlp", "CUDA MLP fwd+bwd (every option) vs the float64 bound and the CPU reference; bitwise deterministic; "
                 "invalid device layouts reported by moe_backend_synchronize, outputs untouched", 1, pt_gpu_mlp},
+    {"gpu-mlp-layout", "the CUDA layout builder (build_on) vs a layout made from the rules, both kinds and paddings; "
+                       "an invalid id reported by moe_backend_synchronize with every output untouched", 1,
+     pt_gpu_mlp_layout},
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -349,3 +349,43 @@ void pt_gpu_mlp(pt_case *c)
     mt_case_free(&m);
     free(d.ids);
 }
+
+/* ---- gpu-mlp-layout: moe_mlp_layout_build_on(MOE_BACKEND_CUDA) in pt_mlp_layout.c's property ----
+ * The routing and weights go up as device copies, every output as a device copy of its host contents (the
+ * property's marker), so that an output the builder does not write comes back unchanged.  The call only
+ * queues: an invalid id is reported by moe_backend_synchronize, whose status is this builder's answer. */
+static moe_status cuda_build_on(pt_case *c, const pt_layout_call *call, int64_t *b2e, int64_t *ids, void *aff,
+                                int64_t *dropped, int64_t *used)
+{
+    const int64_t B = call->opt.block_size, n_pos = call->capacity * B;
+    const size_t es = moe_dtype_size(call->opt.dtype), aff_bytes = (size_t)(call->T * call->E) * es;
+    enum { TOPK, TW, B2E, IDS, AFF, DROPPED, USED, BUFS };
+    void *dev[BUFS] = {NULL};
+    int ok = (dev[TOPK] = pt_device_copy(c, call->topk_ids, (size_t)(call->T * call->k) * sizeof(int64_t))) != NULL &&
+             (call->topk_weights == NULL ||
+              (dev[TW] = pt_device_copy(c, call->topk_weights, (size_t)(call->T * call->k) * es)) != NULL) &&
+             (dev[B2E] = pt_device_copy(c, b2e, (size_t)call->capacity * sizeof(int64_t))) != NULL &&
+             (dev[IDS] = pt_device_copy(c, ids, (size_t)n_pos * sizeof(int64_t))) != NULL &&
+             (aff == NULL || (dev[AFF] = pt_device_copy(c, aff, aff_bytes)) != NULL) &&
+             (dev[DROPPED] = pt_device_copy(c, dropped, sizeof(int64_t))) != NULL &&
+             (dev[USED] = pt_device_copy(c, used, sizeof(int64_t))) != NULL;
+    moe_status st = MOE_OK;
+    if (ok) {
+        moe_mlp_options o = call->opt;
+        o.stream = NULL;
+        st = moe_mlp_layout_build_on(MOE_BACKEND_CUDA, call->kind, call->T, call->k, call->E, dev[TOPK], dev[TW],
+                                     call->capacity, dev[B2E], dev[IDS], dev[AFF], dev[DROPPED], dev[USED], &o);
+        const moe_status synced = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        if (st == MOE_OK)
+            st = synced;
+        ok = pt_device_download(c, b2e, dev[B2E], (size_t)call->capacity * sizeof(int64_t)) &&
+             pt_device_download(c, ids, dev[IDS], (size_t)n_pos * sizeof(int64_t)) &&
+             (aff == NULL || pt_device_download(c, aff, dev[AFF], aff_bytes)) &&
+             pt_device_download(c, dropped, dev[DROPPED], sizeof(int64_t)) &&
+             pt_device_download(c, used, dev[USED], sizeof(int64_t));
+    }
+    pt_device_free_all(dev, BUFS);
+    return ok ? st : MOE_OK; /* a CUDA failure has failed the case already, with its own tag */
+}
+
+void pt_gpu_mlp_layout(pt_case *c) { pt_mlp_layout_with(c, cuda_build_on); }

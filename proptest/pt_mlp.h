@@ -35,4 +35,26 @@ void pt_mlp_build(const pt_mlp_draw *d, const moe_mlp_options *opt, int layout_m
  * tag "mlp-bound" (labelled `what`).  Returns the number of mismatches. */
 int64_t pt_mlp_run_checked(pt_case *c, const mt_case *m, int checks, int down_ckpt, mt_result *res, const char *what);
 
+/* One call of the MLP layout builders (pt_mlp_layout.c): the routing, the layout kind and the options
+ * (dtype, block size, padding), and the capacity in blocks that moe_mlp_layout_build_on gets. */
+typedef struct pt_layout_call {
+    moe_mlp_layout_kind kind;
+    int64_t T, k, E;
+    const int64_t *topk_ids;  /* [T*k], host */
+    const void *topk_weights; /* [T*k] of opt.dtype or NULL, host */
+    int64_t capacity;
+    moe_mlp_options opt;
+} pt_layout_call;
+
+/* moe_mlp_layout_build_on of some backend on host arrays (outputs: block_to_expert [capacity],
+ * token_position_to_id [capacity * B], affinities [T*E] or NULL, num_dropped, num_blocks_used): the
+ * reference's directly, the CUDA backend's through device copies (pt_gpu_mlp.c). */
+typedef moe_status (*pt_layout_build_on_fn)(pt_case *c, const pt_layout_call *call, int64_t *block_to_expert,
+                                            int64_t *token_position_to_id, void *affinities, int64_t *num_dropped,
+                                            int64_t *num_blocks_used);
+/* The mlp-layout property (pt_mlp_layout.c's header) with build_on as the backend's builder (NULL: the
+ * reference's). */
+void pt_mlp_layout_with(pt_case *c, pt_layout_build_on_fn build_on);
+void pt_mlp_layout(pt_case *c);
+
 #endif /* LIBMOE_PT_MLP_H */
