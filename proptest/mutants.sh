@@ -69,6 +69,7 @@ lost-topk-weight|ref/gemm_blocked.c|dW drops the topk weight of its rows (fwd an
 reduction-tail-block|ref/gemm_blocked.c|tile edge: the partial last KB = 256 reduction block is dropped (K, N or rows past 256)
 panel-edge-column|ref/gemm_blocked.c|tile edge: the last real column of a partial NR = 16 W panel is packed as 0
 reduce-topk-order|ref/gemm_blocked.c|dX reduce_topk sums a token slots in reverse order (k-1 .. 0), not the specified 0 .. k-1
+v4-second-half|ref/gemm_blocked.c|the 16-byte micro-kernel skips the second half of a 6-row tile with 4 rows (rows > 4 for rows > 3): only MOE_REF_KERNEL=v4 reaches it on an AVX2 machine
 reduce-chunk-offset|ref/gemm_blocked.c|dX reduce_topk stores every column chunk at column 0 of the token row (the chunk offset c0 dropped): only a K split into chunks (options.ref_scratch_bytes below 4*M*K) shows it
 duplicate-gather|ref/routing.c|the routing validator accepts a repeated gather index
 layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1 instead of T (MOE_MLP_PAD_ROW)
@@ -149,6 +150,11 @@ m_reduce_topk_order() {
     edit ref/gemm_blocked.c '                        for (int64_t j = 0; j < k; j++) {
                             const float *v = g.slot_values' '                        for (int64_t j = k - 1; j >= 0; j--) {
                             const float *v = g.slot_values'
+}
+m_v4_second_half() {
+    edit ref/gemm_blocked.c '    if (rows > 3)
+        kernel_v4_half(kb, first, 3, a, b, c, ldc);' '    if (rows > 4)
+        kernel_v4_half(kb, first, 3, a, b, c, ldc);'
 }
 m_reduce_chunk_offset() {
     edit ref/gemm_blocked.c 'store_row(p->dtype, dx, t * K + c0 + cb, row, n, p->accumulate);' \

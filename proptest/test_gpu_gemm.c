@@ -19,7 +19,10 @@
  *      experts of 100 rows or more give bitwise the same output when, through MOE_SM90_SKIP=32, its second
  *      consumer warpgroup issues each tile's last MMAs ~20 us late (so a warp of the first that reused
  *      shared memory the second still reads would corrupt the second's rows).  Skipped when the caller
- *      set MOE_SM90_SKIP; on other GPUs the probe changes nothing and the property holds trivially.
+ *      set MOE_SM90_SKIP; on other GPUs the probe changes nothing and the property holds trivially;
+ *   9. (after the trials) the size thresholds of specs/THRESHOLDS.md's GPU GEMM rows, each crossed by a
+ *      case on either side with the automatic rules, GPU == reference bit for bit on exact data (skipped
+ *      when the caller sets a kernel override).
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
@@ -466,6 +469,106 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants, const cha
     printf("race probe: %d cases, fwd and dX bitwise the same with the second warpgroup's last MMAs late\n", cases);
 }
 
+/* Property 9: the size thresholds of the CUDA GEMM (specs/THRESHOLDS.md), each crossed by a case on either
+ * side with the automatic rules (no MOE_SM90_* or MOE_CUDA_KERNEL override; MOE_SM90_GRID only where it is the
+ * point), on exact data, where the GPU must equal the CPU reference bit for bit. */
+typedef struct threshold_case {
+    const char *what;             /* the threshold and the side this case is on */
+    unsigned ops;                 /* 1 << FWD | 1 << DX | ... */
+    int64_t T, k, E, N, K;
+    int permute_y, reduce_topk;
+    const char *grid;             /* MOE_SM90_GRID for the case, or NULL */
+} threshold_case;
+
+static const threshold_case threshold_cases[] = {
+    {"H_DYNAMIC_REDUCTION: fwd K = 4088, below", 1u << FWD, 64, 1, 1, 8, 4088, 0, 0, NULL},
+    {"H_DYNAMIC_REDUCTION: fwd K = 4096, at", 1u << FWD, 64, 1, 1, 8, 4096, 0, 0, NULL},
+    {"H_DYNAMIC_REDUCTION: dX N = 4088, below", 1u << DX, 64, 1, 1, 4088, 8, 0, 0, NULL},
+    {"H_DYNAMIC_REDUCTION: dX N = 4096, at", 1u << DX, 64, 1, 1, 4096, 8, 0, 0, NULL},
+    {"H_PAIRED_ROWS: fwd K = 4096, 2047 rows per expert, below", 1u << FWD, 2047, 1, 1, 8, 4096, 0, 0, NULL},
+    {"H_PAIRED_ROWS: fwd K = 4096, 2048 rows per expert, at", 1u << FWD, 2048, 1, 1, 8, 4096, 0, 0, NULL},
+    {"H_FULL_BLOCK_ROWS: 1023 rows per expert, below", 1u << FWD | 1u << DX, 1023, 1, 1, 8, 8, 0, 0, NULL},
+    {"H_FULL_BLOCK_ROWS: 1030 rows per expert (a partial last tile), above", 1u << FWD | 1u << DX, 1030, 1, 1, 8, 8,
+     0, 0, NULL},
+    {"gather bitmap: M = 32736 (1024 words), below", 1u << FWD, 16368, 2, 4, 8, 8, 1, 0, NULL},
+    {"gather bitmap: M = 40000 (1251 words, two zeroing rounds), above", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL},
+    {"gather bitmap: M = 40000 again, another routing (no stale bits)", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL},
+    {"reduce_topk grid stride: T*K = 262144, one pass", 1u << DX, 1024, 2, 3, 8, 256, 0, 1, NULL},
+    {"reduce_topk grid stride: T*K = 262400, a second pass", 1u << DX, 1025, 2, 3, 8, 256, 0, 1, NULL},
+    {"topk-grad partials grid stride: M = 262144, one pass", 1u << DTOPK, 131072, 2, 3, 8, 8, 0, 0, NULL},
+    {"topk-grad partials grid stride: M = 262146, a second pass", 1u << DTOPK, 131073, 2, 3, 8, 8, 0, 0, NULL},
+    {"MOE_SM90_GRID = 1: one CTA takes every tile", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0, "1"},
+    {"MOE_SM90_GRID = 3: three CTAs", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0, "3"},
+};
+
+static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
+{
+    problem p;
+    memset(&p, 0, sizeof p);
+    p.T = tc->T, p.E = tc->E, p.N = tc->N, p.K = tc->K, p.M = tc->T * tc->k;
+    p.opt.dtype = MOE_BF16;
+    p.opt.permute_y = tc->permute_y;
+    int64_t *ids = xmalloc((size_t)p.M * 8), *m = xmalloc((size_t)p.E * 8), *gather = xmalloc((size_t)p.M * 8);
+    oracle_topk_ids(rng, p.T, tc->k, p.E, ids);
+    CHECK(moe_routing_from_topk(p.T, tc->k, p.E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+    p.routing = (moe_routing){p.T, tc->k, p.E, m, gather};
+    p.dev_routing = (moe_routing){p.T, tc->k, p.E, to_device(m, (size_t)p.E * 8), to_device(gather, (size_t)p.M * 8)};
+    p.x = xmalloc((size_t)(p.M * p.K) * 2), p.w = xmalloc((size_t)(p.E * p.N * p.K) * 2), p.dy = xmalloc((size_t)(p.M * p.N) * 2);
+    oracle_fill(rng, MOE_BF16, p.x, p.M * p.K, 1);
+    oracle_fill(rng, MOE_BF16, p.w, p.E * p.N * p.K, 1);
+    oracle_fill(rng, MOE_BF16, p.dy, p.M * p.N, 1);
+    p.dev_x = to_device(p.x, (size_t)(p.M * p.K) * 2), p.dev_w = to_device(p.w, (size_t)(p.E * p.N * p.K) * 2);
+    p.dev_dy = to_device(p.dy, (size_t)(p.M * p.N) * 2);
+    if (tc->grid)
+        CHECK(setenv("MOE_SM90_GRID", tc->grid, 1) == 0, "setenv failed");
+    for (int op = 0; op < OPS; op++) {
+        if (!(tc->ops & 1u << op))
+            continue;
+        p.opt.reduce_topk = op == DX && tc->reduce_topk;
+        const int64_t count = out_count(&p, op);
+        const size_t bytes = (size_t)count * moe_dtype_size(out_dtype(&p, op));
+        void *poison = xmalloc(bytes), *gpu = xmalloc(bytes), *ref = xmalloc(bytes);
+        oracle_poison(out_dtype(&p, op), poison, count);
+        void *dev_out = to_device(poison, bytes);
+        moe_status st = call(&p, op, MOE_BACKEND_CUDA, dev_out);
+        if (st == MOE_OK)
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        CHECK(st == MOE_OK, "thresholds: %s: %s: %s", tc->what, op_names[op], moe_last_error());
+        to_host(gpu, dev_out, bytes);
+        memcpy(ref, poison, bytes);
+        CHECK(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "thresholds: %s: %s (reference): %s", tc->what,
+              op_names[op], moe_last_error());
+        int64_t first = -1;
+        const size_t es = moe_dtype_size(out_dtype(&p, op));
+        for (int64_t i = 0; i < count && first < 0; i++)
+            if (memcmp((char *)gpu + (size_t)i * es, (char *)ref + (size_t)i * es, es) != 0)
+                first = i;
+        CHECK(first < 0, "FAIL thresholds: %s: %s differs from the reference on exact data at element %lld: %.9g vs %.9g",
+              tc->what, op_names[op], (long long)first, oracle_load(out_dtype(&p, op), gpu, first),
+              oracle_load(out_dtype(&p, op), ref, first));
+        CUDA_CHECK(cudaFree(dev_out));
+        free(poison), free(gpu), free(ref);
+    }
+    unsetenv("MOE_SM90_GRID");
+    CUDA_CHECK(cudaFree((void *)p.dev_routing.m_sizes)); CUDA_CHECK(cudaFree((void *)p.dev_routing.gather_indices));
+    CUDA_CHECK(cudaFree(p.dev_x)); CUDA_CHECK(cudaFree(p.dev_w)); CUDA_CHECK(cudaFree(p.dev_dy));
+    free(ids), free(m), free(gather), free(p.x), free(p.w), free(p.dy);
+}
+
+static void thresholds(oracle_rng *rng, int automatic)
+{
+    if (!automatic || getenv("MOE_SM90_GRID") != NULL) {
+        printf("thresholds: skipped (the caller set a MOE_SM90_* or MOE_CUDA_KERNEL override)\n");
+        return;
+    }
+    pick_sm90_variant(0); /* variant 0: no override */
+    unsetenv("MOE_CUDA_KERNEL");
+    const size_t n = sizeof threshold_cases / sizeof threshold_cases[0];
+    for (size_t i = 0; i < n; i++)
+        threshold_case_run(rng, &threshold_cases[i]);
+    printf("thresholds: %zu cases on both sides of the GEMM's size thresholds equal the reference bit for bit\n", n);
+}
+
 static int64_t pick_dim(oracle_rng *rng)
 {
     static const int64_t dims[] = {0, 8, 16, 24, 120, 128, 136, 256, 264, 1, 3, 13, 72};
@@ -653,5 +756,6 @@ int main(int argc, char **argv)
     many_experts(&rng, trials / 2 > 12 ? trials / 2 : 12, cycle_variants);
     dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
     race_probe(&rng, trials / 6 > 8 ? trials / 6 : 8, cycle_variants, argv[0], seed, trials);
+    thresholds(&rng, cycle_variants && cycle_family);
     return 0;
 }

@@ -498,6 +498,13 @@ __attribute__((target("avx2"))) static void kernel_avx2(int64_t kb, int first, i
     ensures scalar: \result == &kernel_scalar; */
 static micro_kernel pick_kernel(void)
 {
+#ifdef MOE_HAVE_VECTOR_EXT
+    /* MOE_REF_KERNEL=v4 forces the 16-byte kernel on any CPU (tests: its second half of a 6-row tile,
+     * `rows > 3`, runs nowhere else on an AVX2 machine); unset or any other value: chosen by the CPU */
+    const char *forced = getenv("MOE_REF_KERNEL");
+    if (forced != NULL && strcmp(forced, "v4") == 0)
+        return kernel_v4;
+#endif
 #ifdef MOE_HAVE_AVX2_KERNEL
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2"))

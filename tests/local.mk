@@ -15,6 +15,9 @@ tests_test_bad_input_LDADD = $(TEST_LIBS)
 tests_test_threads_LDADD = $(TEST_LIBS)
 # Also compare the naive and blocked reference twins bit for bit (needs ref/gemm_blocked.c):
 tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
+# and again on the 16-byte micro-kernel, which an AVX2 machine would otherwise never run
+TESTS += tests/test_gemm_modes_v4.sh
+EXTRA_DIST += tests/test_gemm_modes_v4.sh
 noinst_HEADERS += tests/check.h
 
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of

@@ -275,6 +275,12 @@ static void bad_fields(void)
         {{[F_DTYPE] = "f32", [F_OUT] = "f32", [F_KERNEL] = "simt", [F_ROWS] = "64", [F_TMA] = "0"}, NULL},
     };
     check_edits(good, keys, sizeof keys / sizeof keys[0], "key no call makes");
+    /* the device name's limit, MOE_TUNE_DEVICE_CHARS (80 with its terminator): 79 characters kept, 80 refused */
+    static const line_edit device_names[] = {
+        {{[1] = "0123456789012345678901234567890123456789012345678901234567890123456789012345678"}, NULL},
+        {{[1] = "01234567890123456789012345678901234567890123456789012345678901234567890123456789"}, "device"},
+    };
+    check_edits(good, device_names, sizeof device_names / sizeof device_names[0], "device name length");
 }
 
 /* Version-1 lines (19 fields, no dw_pingpong): accepted with dw_pingpong -1, the other fields as in version 2;

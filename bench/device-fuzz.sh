@@ -1,0 +1,44 @@
+#!/bin/bash
+# Builds libmoe from a `make dist` tarball on a GPU machine and runs, logging under $OUT (or ./out):
+#   1. make check (every CPU and GPU test; no Frama-C there: test_verify skips);
+#   2. the new GPU fuzz ops for a short batch under compute-sanitizer memcheck;
+#   3. moe-fuzz --backend cuda for FUZZ_SECONDS (default 240) on seed FUZZ_SEED, every GPU op.
+# usage: bench/device-fuzz.sh TARBALL [steps]   steps: any of "check sanitize fuzz" (default all three)
+set -eu
+tarball=$1
+steps=${2:-"check sanitize fuzz"}
+out=${OUT:-$PWD/out}
+mkdir -p "$out"
+work=/tmp/libmoe-build
+if [ ! -x "$work/proptest/moe-fuzz" ]; then
+  rm -rf "$work" && mkdir -p "$work"
+  tar -C "$work" --strip-components=1 -xzf "$tarball"
+  cd "$work"
+  nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$out/device.txt"
+  ./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > "$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; exit 1; }
+  make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+else
+  cd "$work"
+fi
+export LD_LIBRARY_PATH="$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+status=0
+case "$steps" in *check*)
+  echo "== make check"
+  make -j16 check VERIFY_TESTS= > "$out/check.log" 2>&1 || status=1
+  grep -E '^(PASS|FAIL|ERROR|SKIP|XFAIL|XPASS):|^# ' "$out/check.log" | tail -40
+  cp test-suite.log "$out/test-suite.log" 2>/dev/null || true
+esac
+case "$steps" in *sanitize*)
+  echo "== compute-sanitizer memcheck: gpu-mlp-layout, gpu-gemm (small batches)"
+  compute-sanitizer --tool memcheck --error-exitcode 3 ./proptest/.libs/moe-fuzz --backend cuda --no-fork \
+    --ops gpu-mlp-layout --cases 60 --seed 7 > "$out/sanitizer.log" 2>&1 || status=1
+  tail -4 "$out/sanitizer.log"
+esac
+case "$steps" in *fuzz*)
+  echo "== moe-fuzz --backend cuda --seconds ${FUZZ_SECONDS:-240} --seed ${FUZZ_SEED:-0x5eed6001}"
+  ./proptest/moe-fuzz --backend cuda --seconds "${FUZZ_SECONDS:-240}" --seed "${FUZZ_SEED:-0x5eed6001}" \
+    --regressions proptest/regressions.txt > "$out/fuzz_cuda_${FUZZ_SEED:-0x5eed6001}.log" 2>&1 || status=1
+  tail -12 "$out/fuzz_cuda_${FUZZ_SEED:-0x5eed6001}.log"
+esac
+exit $status
