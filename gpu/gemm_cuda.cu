@@ -1243,6 +1243,15 @@ bool tensor_core_ok(const moe_gemm_problem *p, const void *a, const void *b, con
 // box `box` elements, with the 128-byte swizzle of gemm_sm90.cuh; loads past the edges fill zeros, stores
 // past them are dropped.
 // Returns false when the driver has no encoder or rejects the shape.
+// The largest dimension a map takes is the hardware's 2^31 elements; MOE_SM90_TMA_MAX_DIM=n lowers it to n
+// (tests: a small problem then crosses the refusals and their fallbacks, specs/THRESHOLDS.md).
+static uint64_t tma_max_dim()
+{
+    const char *env = getenv("MOE_SM90_TMA_MAX_DIM");
+    const long long n = env != nullptr ? atoll(env) : 0;
+    return n > 0 && (uint64_t)n < (1ull << 31) ? (uint64_t)n : 1ull << 31;
+}
+
 bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
                        const uint64_t *strides, const uint32_t *box)
 {
@@ -1260,8 +1269,9 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
         return false;
     cuuint64_t d[3], st[2];
     cuuint32_t b[3], element_strides[3] = {1, 1, 1};
+    const uint64_t max_dim = tma_max_dim();
     for (int i = 0; i < rank; i++) {
-        if (dims[i] == 0 || dims[i] > (1ull << 31))
+        if (dims[i] == 0 || dims[i] > max_dim)
             return false;
         d[i] = dims[i], b[i] = box[i];
         if (i > 0)

@@ -477,28 +477,35 @@ typedef struct threshold_case {
     unsigned ops;                 /* 1 << FWD | 1 << DX | ... */
     int64_t T, k, E, N, K;
     int permute_y, reduce_topk;
-    const char *grid;             /* MOE_SM90_GRID for the case, or NULL */
+    const char *env, *value;      /* an environment variable set for the case (MOE_SM90_GRID, ...), or NULL */
 } threshold_case;
 
 static const threshold_case threshold_cases[] = {
-    {"H_DYNAMIC_REDUCTION: fwd K = 4088, below", 1u << FWD, 64, 1, 1, 8, 4088, 0, 0, NULL},
-    {"H_DYNAMIC_REDUCTION: fwd K = 4096, at", 1u << FWD, 64, 1, 1, 8, 4096, 0, 0, NULL},
-    {"H_DYNAMIC_REDUCTION: dX N = 4088, below", 1u << DX, 64, 1, 1, 4088, 8, 0, 0, NULL},
-    {"H_DYNAMIC_REDUCTION: dX N = 4096, at", 1u << DX, 64, 1, 1, 4096, 8, 0, 0, NULL},
-    {"H_PAIRED_ROWS: fwd K = 4096, 2047 rows per expert, below", 1u << FWD, 2047, 1, 1, 8, 4096, 0, 0, NULL},
-    {"H_PAIRED_ROWS: fwd K = 4096, 2048 rows per expert, at", 1u << FWD, 2048, 1, 1, 8, 4096, 0, 0, NULL},
-    {"H_FULL_BLOCK_ROWS: 1023 rows per expert, below", 1u << FWD | 1u << DX, 1023, 1, 1, 8, 8, 0, 0, NULL},
+    {"H_DYNAMIC_REDUCTION: fwd K = 4088, below", 1u << FWD, 64, 1, 1, 8, 4088, 0, 0, NULL, NULL},
+    {"H_DYNAMIC_REDUCTION: fwd K = 4096, at", 1u << FWD, 64, 1, 1, 8, 4096, 0, 0, NULL, NULL},
+    {"H_DYNAMIC_REDUCTION: dX N = 4088, below", 1u << DX, 64, 1, 1, 4088, 8, 0, 0, NULL, NULL},
+    {"H_DYNAMIC_REDUCTION: dX N = 4096, at", 1u << DX, 64, 1, 1, 4096, 8, 0, 0, NULL, NULL},
+    {"H_PAIRED_ROWS: fwd K = 4096, 2047 rows per expert, below", 1u << FWD, 2047, 1, 1, 8, 4096, 0, 0, NULL, NULL},
+    {"H_PAIRED_ROWS: fwd K = 4096, 2048 rows per expert, at", 1u << FWD, 2048, 1, 1, 8, 4096, 0, 0, NULL, NULL},
+    {"H_FULL_BLOCK_ROWS: 1023 rows per expert, below", 1u << FWD | 1u << DX, 1023, 1, 1, 8, 8, 0, 0, NULL, NULL},
     {"H_FULL_BLOCK_ROWS: 1030 rows per expert (a partial last tile), above", 1u << FWD | 1u << DX, 1030, 1, 1, 8, 8,
-     0, 0, NULL},
-    {"gather bitmap: M = 32736 (1024 words), below", 1u << FWD, 16368, 2, 4, 8, 8, 1, 0, NULL},
-    {"gather bitmap: M = 40000 (1251 words, two zeroing rounds), above", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL},
-    {"gather bitmap: M = 40000 again, another routing (no stale bits)", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL},
-    {"reduce_topk grid stride: T*K = 262144, one pass", 1u << DX, 1024, 2, 3, 8, 256, 0, 1, NULL},
-    {"reduce_topk grid stride: T*K = 262400, a second pass", 1u << DX, 1025, 2, 3, 8, 256, 0, 1, NULL},
-    {"topk-grad partials grid stride: M = 262144, one pass", 1u << DTOPK, 131072, 2, 3, 8, 8, 0, 0, NULL},
-    {"topk-grad partials grid stride: M = 262146, a second pass", 1u << DTOPK, 131073, 2, 3, 8, 8, 0, 0, NULL},
-    {"MOE_SM90_GRID = 1: one CTA takes every tile", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0, "1"},
-    {"MOE_SM90_GRID = 3: three CTAs", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0, "3"},
+     0, 0, NULL, NULL},
+    {"gather bitmap: M = 32736 (1024 words), below", 1u << FWD, 16368, 2, 4, 8, 8, 1, 0, NULL, NULL},
+    {"gather bitmap: M = 40000 (1251 words, two zeroing rounds), above", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL, NULL},
+    {"gather bitmap: M = 40000 again, another routing (no stale bits)", 1u << FWD, 20000, 2, 4, 8, 8, 1, 0, NULL, NULL},
+    {"reduce_topk grid stride: T*K = 262144, one pass", 1u << DX, 1024, 2, 3, 8, 256, 0, 1, NULL, NULL},
+    {"reduce_topk grid stride: T*K = 262400, a second pass", 1u << DX, 1025, 2, 3, 8, 256, 0, 1, NULL, NULL},
+    {"topk-grad partials grid stride: M = 262144, one pass", 1u << DTOPK, 131072, 2, 3, 8, 8, 0, 0, NULL, NULL},
+    {"topk-grad partials grid stride: M = 262146, a second pass", 1u << DTOPK, 131073, 2, 3, 8, 8, 0, 0, NULL, NULL},
+    {"MOE_SM90_GRID = 1: one CTA takes every tile", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0,
+     "MOE_SM90_GRID", "1"},
+    {"MOE_SM90_GRID = 3: three CTAs", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0, "MOE_SM90_GRID", "3"},
+    /* the tensor-map limit (2^31 elements a dimension) lowered: rows past it lose their row maps (gathered
+     * loads, register stores), a W dimension past it sends the call to the sm80 family */
+    {"TMA dimension limit: 600 rows past it", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0, 0,
+     "MOE_SM90_TMA_MAX_DIM", "512"},
+    {"TMA dimension limit: W's K past it (the sm80 family)", 1u << FWD | 1u << DX | 1u << DW, 300, 2, 3, 136, 136, 0,
+     0, "MOE_SM90_TMA_MAX_DIM", "128"},
 };
 
 static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
@@ -519,8 +526,8 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
     oracle_fill(rng, MOE_BF16, p.dy, p.M * p.N, 1);
     p.dev_x = to_device(p.x, (size_t)(p.M * p.K) * 2), p.dev_w = to_device(p.w, (size_t)(p.E * p.N * p.K) * 2);
     p.dev_dy = to_device(p.dy, (size_t)(p.M * p.N) * 2);
-    if (tc->grid)
-        CHECK(setenv("MOE_SM90_GRID", tc->grid, 1) == 0, "setenv failed");
+    if (tc->env)
+        CHECK(setenv(tc->env, tc->value, 1) == 0, "setenv failed");
     for (int op = 0; op < OPS; op++) {
         if (!(tc->ops & 1u << op))
             continue;
@@ -549,7 +556,8 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
         CUDA_CHECK(cudaFree(dev_out));
         free(poison), free(gpu), free(ref);
     }
-    unsetenv("MOE_SM90_GRID");
+    if (tc->env)
+        unsetenv(tc->env);
     CUDA_CHECK(cudaFree((void *)p.dev_routing.m_sizes)); CUDA_CHECK(cudaFree((void *)p.dev_routing.gather_indices));
     CUDA_CHECK(cudaFree(p.dev_x)); CUDA_CHECK(cudaFree(p.dev_w)); CUDA_CHECK(cudaFree(p.dev_dy));
     free(ids), free(m), free(gather), free(p.x), free(p.w), free(p.dy);
@@ -566,6 +574,35 @@ static void thresholds(oracle_rng *rng, int automatic)
     const size_t n = sizeof threshold_cases / sizeof threshold_cases[0];
     for (size_t i = 0; i < n; i++)
         threshold_case_run(rng, &threshold_cases[i]);
+    /* with the Hopper family forced, a refused W map is an error, not a fallback (sm_90 devices) */
+    int device = 0;
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    if (prop.major == 9) {
+        const int64_t N = 136, K = 136, M = 8;
+        int64_t m[1] = {M}, gather[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        const moe_routing dev = {M, 1, 1, to_device(m, 8), to_device(gather, (size_t)M * 8)};
+        static const uint16_t zeros[136 * 136];
+        void *x = to_device(zeros, (size_t)(M * K) * 2), *w = to_device(zeros, (size_t)(N * K) * 2);
+        uint16_t poison[8 * 136], back[8 * 136];
+        oracle_poison(MOE_BF16, poison, M * N);
+        void *y = to_device(poison, sizeof poison);
+        moe_gemm_options o = {0};
+        o.dtype = MOE_BF16;
+        CHECK(setenv("MOE_SM90_TMA_MAX_DIM", "128", 1) == 0 && setenv("MOE_CUDA_KERNEL", "sm90", 1) == 0, "setenv failed");
+        const moe_status st = moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, x, w, NULL, y, &o);
+        unsetenv("MOE_SM90_TMA_MAX_DIM");
+        unsetenv("MOE_CUDA_KERNEL");
+        CHECK(st == MOE_ERR_DEVICE && strstr(moe_last_error(), "TMA descriptors were refused") != NULL,
+              "FAIL thresholds: MOE_CUDA_KERNEL=sm90 with W past the TMA limit gave %s (%s), expected the refusal",
+              moe_strerror(st), moe_last_error());
+        CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+        to_host(back, y, sizeof back);
+        CHECK(memcmp(back, poison, sizeof back) == 0, "FAIL thresholds: the refused call wrote its output");
+        CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
+        CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(y));
+    }
     printf("thresholds: %zu cases on both sides of the GEMM's size thresholds equal the reference bit for bit\n", n);
 }
 
