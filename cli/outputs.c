@@ -91,8 +91,17 @@ static output_file *find(output_set *set, const char *path)
     return NULL;
 }
 
+/* Whether path ends in a file name: not empty, not a folder's ("dir/", ".", "..") */
+static int names_a_file(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *name = slash != NULL ? slash + 1 : path;
+    return name[0] != '\0' && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
 int outputs_add(output_set *set, const char *path, char *err, size_t errlen)
 {
+    if (!names_a_file(path))
+        return FAIL("'%s': cannot write there: the path does not end in a file name", path);
     struct stat st;
     const int exists = stat(path, &st) == 0;
     if (!exists && errno != ENOENT && errno != ENOTDIR) /* ENOTDIR: creating it fails later, saying so */

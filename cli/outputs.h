@@ -44,8 +44,8 @@ typedef struct output_set {
     size_t count, cap;
 } output_set; /* zero-initialised: empty */
 
-/* Registers path as an output; refuses one that names the same file as an earlier output, and an
- * existing file that is not a regular one. */
+/* Registers path as an output; refuses one that names the same file as an earlier output, an existing
+ * file that is not a regular one, and a path that does not end in a file name ("", "dir/", ".."). */
 int outputs_add(output_set *set, const char *path, char *err, size_t errlen);
 
 /* Refuses an input that names the same file as a registered output. */

@@ -56,6 +56,11 @@ snapshot d
 refused "gemm-fwd --bound-out a folder" "d/bound.npy: cannot write there: it is a folder" \
     -- fwd --out d/y.npy --bound-out d/bound.npy
 unchanged "gemm-fwd --bound-out a folder" d
+refused "gemm-fwd --out ending in /" "'d/': cannot write there: the path does not end in a file name" \
+    -- fwd --out d/
+refused "gemm-fwd --bound-out .." "'d/..': cannot write there: the path does not end in a file name" \
+    -- fwd --out d/y.npy --bound-out d/..
+unchanged "outputs that name no file" d
 
 # mlp-fwd --out its --in folder: an earlier output.npy and checkpoints stay as they were
 small_mlp m
