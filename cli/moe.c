@@ -10,6 +10,7 @@
 #include "moe_mlp.h"
 #include "npy.h"
 #include "oracle.h"
+#include "outputs.h"
 #ifdef MOE_CLI_CUDA
 #include "device.h"
 #endif
@@ -511,6 +512,11 @@ static const char general_help[] =
     "the found shape and dtype.\n"
     "Outputs are float32 (bf16 and f16 results convert exactly) unless --raw asks for the computation\n"
     "dtype; index outputs are int64.\n"
+    "Inputs must be regular files (a folder, FIFO or device is refused at once). A command writes all its\n"
+    "outputs or none: each goes to a temporary file beside it, and all are renamed into place once every\n"
+    "one is complete, so a command that fails changes no existing file. Two outputs naming one file, an\n"
+    "output naming an input, and an output that exists but is no regular file are refused before\n"
+    "anything is read.\n"
     "\n"
     "Exit status: 0 success; 1 `moe compare` found a difference over its tolerance; 2 an error (usage,\n"
     "an unreadable or refused file, a call the library refused). Errors go to stderr.\n";
@@ -828,6 +834,53 @@ static moe_dtype choose_dtype(const args *a, const npy_array *const *arrays, con
 }
 
 /* ---------------------------------------------------------------------------------------------------
+ * Claiming the files a command writes and reads, before it reads any (outputs.h)
+ * ------------------------------------------------------------------------------------------------- */
+/* Every file the command writes.  A command that fails (die) leaves every existing file as it was: the
+ * outputs are written to temporary files, which discard_outputs removes at exit, and only
+ * commit_outputs puts them in place. */
+static output_set outputs;
+
+static void discard_outputs(void) { outputs_discard(&outputs); }
+
+static char *join_path(const char *dir, const char *name);
+
+/* Registers path (NULL: none) as an output; refuses a file that another output names already. */
+static void add_output(const char *path)
+{
+    char err[OUTPUTS_ERROR_SIZE];
+    if (path != NULL && outputs_add(&outputs, path, err, sizeof err) != 0)
+        die("%s", err);
+}
+
+/* Registers dir/names[i] for i < n as outputs; paths[i] gets dir/names[i]. */
+static void add_outputs_in(const char *dir, const char *const *names, int n, char **paths)
+{
+    for (int i = 0; i < n; i++) {
+        paths[i] = join_path(dir, names[i]);
+        add_output(paths[i]);
+    }
+}
+
+/* Refuses an input (NULL: none) that is also an output (register the outputs first). */
+static void check_input(const char *path)
+{
+    char err[OUTPUTS_ERROR_SIZE];
+    if (path != NULL && outputs_check_input(&outputs, path, err, sizeof err) != 0)
+        die("%s", err);
+}
+
+/* Registers the files the options `outs` name as outputs, then checks those `ins` name as inputs
+ * (NULL-terminated lists of option names; an option not given names no file). */
+static void claim_files(const args *a, const char *const *outs, const char *const *ins)
+{
+    for (; *outs != NULL; outs++)
+        add_output(get(a, *outs));
+    for (; *ins != NULL; ins++)
+        check_input(get(a, *ins));
+}
+
+/* ---------------------------------------------------------------------------------------------------
  * Routing
  * ------------------------------------------------------------------------------------------------- */
 typedef struct routing_in {
@@ -890,13 +943,31 @@ static void require_gather(const routing_in *ri, const char *flag)
 /* ---------------------------------------------------------------------------------------------------
  * Writing results
  * ------------------------------------------------------------------------------------------------- */
+/* Writes an array into the temporary file of output `path` (add_output registered it); the file is put
+ * in place by commit_outputs. */
 static void write_array(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data)
 {
-    char err[NPY_ERROR_SIZE];
-    if (npy_write(path, type, ndim, shape, data, 0, err, sizeof err) != 0)
+    char err[OUTPUTS_ERROR_SIZE], note[OUTPUTS_ERROR_SIZE], text[512];
+    FILE *f = outputs_open(&outputs, path, err, sizeof err);
+    if (f == NULL || npy_write_stream(f, path, type, ndim, shape, data, 0, err, sizeof err) != 0)
         die("%s", err);
-    char text[512];
-    printf("wrote %s: shape %s %s\n", path, npy_format_shape(text, sizeof text, ndim, shape), npy_type_name(type));
+    snprintf(note, sizeof note, "wrote %s: shape %s %s", path, npy_format_shape(text, sizeof text, ndim, shape),
+             npy_type_name(type));
+    if (outputs_close(&outputs, path, note, err, sizeof err) != 0)
+        die("%s", err);
+}
+
+/* Puts every output of the command in place (all of them written: outputs_commit) and says what it
+ * wrote.  Every command that writes calls it once, after its last write_array. */
+static void commit_outputs(void)
+{
+    char err[OUTPUTS_ERROR_SIZE];
+    if (outputs_commit(&outputs, err, sizeof err) != 0)
+        die("%s", err);
+    for (size_t i = 0; i < outputs.count; i++)
+        if (outputs.file[i].note != NULL)
+            printf("%s\n", outputs.file[i].note);
+    outputs_discard(&outputs);
 }
 
 /* Writes a result of `dtype` as float32, or as the dtype itself with --raw. */
@@ -1085,6 +1156,8 @@ static int run_gemm_fwd(const args *a)
     lib_call c = {"moe_gemm_fwd", get_backend(a), 0, {{0}}};
     const char *x_path = need(a, "--x"), *w_path = need(a, "--w"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights");
+    claim_files(a, (const char *const[]){"--out", "--bound-out", NULL},
+                (const char *const[]){"--x", "--w", "--m-sizes", "--gather", "--topk-weights", NULL});
     routing_in ri;
     load_routing(a, &ri);
     moe_gemm_options o;
@@ -1120,6 +1193,7 @@ static int run_gemm_fwd(const args *a)
     const int64_t shape[2] = {ri.M, N};
     write_result(a, out, o.dtype, y, 2, shape);
     write_bound(a, ORACLE_FWD, &ri, N, K, xd, wd, twd, &o, 2, shape);
+    commit_outputs();
     return 0;
 }
 
@@ -1128,6 +1202,8 @@ static int run_gemm_dx(const args *a)
     lib_call c = {"moe_gemm_dx", get_backend(a), 0, {{0}}};
     const char *dy_path = need(a, "--dy"), *w_path = need(a, "--w"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights");
+    claim_files(a, (const char *const[]){"--out", "--bound-out", NULL},
+                (const char *const[]){"--dy", "--w", "--m-sizes", "--gather", "--topk-weights", NULL});
     routing_in ri;
     load_routing(a, &ri);
     moe_gemm_options o;
@@ -1167,6 +1243,7 @@ static int run_gemm_dx(const args *a)
     const int64_t shape[2] = {rows, K};
     write_result(a, out, o.dtype, dx, 2, shape);
     write_bound(a, ORACLE_DX, &ri, N, K, dyd, wd, twd, &o, 2, shape);
+    commit_outputs();
     return 0;
 }
 
@@ -1176,6 +1253,8 @@ static int run_gemm_dw(const args *a)
     const char *x_path = need(a, "--x"), *dy_path = need(a, "--dy"), *out = need(a, "--out");
     const char *tw_path = get(a, "--topk-weights"), *w_path = get(a, "--w");
     const char *dtw_out = get(a, "--out-topk-weights-grad");
+    claim_files(a, (const char *const[]){"--out", "--bound-out", "--out-topk-weights-grad", NULL},
+                (const char *const[]){"--x", "--dy", "--m-sizes", "--gather", "--topk-weights", "--w", NULL});
     routing_in ri;
     load_routing(a, &ri);
     moe_gemm_options o;
@@ -1247,6 +1326,7 @@ static int run_gemm_dw(const args *a)
         }
         write_result(a, dtw_out, dw_dtype, dtw, tndim, tshape);
     }
+    commit_outputs();
     return 0;
 }
 
@@ -1429,6 +1509,13 @@ static int run_route(const args *a)
     mo.block_size = parse_block_size(a);
     mo.padding = parse_padding(a);
     const moe_mlp_layout_kind kind = get(a, "--dropping") != NULL ? MOE_MLP_DROPPING : MOE_MLP_DROPLESS;
+    /* the routing; with the blockwise layout two files more, and the affinities with --topk-weights */
+    static const char *const names[] = {"m_sizes.npy",         "gather_indices.npy",
+                                        "scatter_indices.npy", "token_position_to_id.npy",
+                                        "block_to_expert.npy", "expert_affinities_masked.npy"};
+    char *p[6];
+    add_outputs_in(dir, names, blockwise ? 5 + (tw_path != NULL) : 3, p);
+    claim_files(a, (const char *const[]){NULL}, (const char *const[]){"--topk-ids", "--topk-weights", NULL});
 
     npy_array ids;
     load(ids_path, &ids);
@@ -1476,31 +1563,21 @@ static int run_route(const args *a)
     }
 
     make_dirs(dir);
-    char *p = join_path(dir, "m_sizes.npy");
-    write_array(p, NPY_T_I64, 1, &E, m_sizes);
-    xfree(p);
-    p = join_path(dir, "gather_indices.npy");
-    write_array(p, NPY_T_I64, 1, &M, gather);
-    xfree(p);
-    p = join_path(dir, "scatter_indices.npy");
-    write_array(p, NPY_T_I64, 1, &M, scatter);
-    xfree(p);
+    write_array(p[0], NPY_T_I64, 1, &E, m_sizes);
+    write_array(p[1], NPY_T_I64, 1, &M, gather);
+    write_array(p[2], NPY_T_I64, 1, &M, scatter);
+    const int64_t NB = N * mo.block_size, TE = T * E;
+    if (blockwise) {
+        write_array(p[3], NPY_T_I64, 1, &NB, tpti);
+        write_array(p[4], NPY_T_I64, 1, &N, b2e);
+        if (aff != NULL)
+            write_result(a, p[5], mo.dtype, aff, 1, &TE);
+    }
+    commit_outputs();
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,
            (long long)k, (long long)E, (long long)M, (long long)k);
     if (!blockwise)
         return 0;
-    const int64_t NB = N * mo.block_size, TE = T * E;
-    p = join_path(dir, "token_position_to_id.npy");
-    write_array(p, NPY_T_I64, 1, &NB, tpti);
-    xfree(p);
-    p = join_path(dir, "block_to_expert.npy");
-    write_array(p, NPY_T_I64, 1, &N, b2e);
-    xfree(p);
-    if (aff != NULL) {
-        p = join_path(dir, "expert_affinities_masked.npy");
-        write_result(a, p, mo.dtype, aff, 1, &TE);
-        xfree(p);
-    }
     int64_t empty = 0;
     for (int64_t i = 0; i < NB; i++)
         empty += tpti[i] < 0 || tpti[i] >= T;
@@ -1554,6 +1631,10 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
             a->cmd->name);
     for (int f = 0; f < F_COUNT; f++) {
         m->path[f] = join_path(dir, mlp_file_names[f]);
+        if (want[f] != 0)
+            check_input(m->path[f]);
+    }
+    for (int f = 0; f < F_COUNT; f++) {
         if (want[f] == 2 || (want[f] == 1 && is_regular(m->path[f]))) {
             load(m->path[f], &m->arr[f]);
             m->have[f] = 1;
@@ -1683,13 +1764,6 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
         die("%s, %s: %s", ptp, m->path[F_B2E], moe_last_error());
 }
 
-static void mlp_write(const args *a, const char *dir, const char *name, moe_dtype dtype, const void *data, int ndim,
-                      const int64_t *shape)
-{
-    char *p = join_path(dir, name);
-    write_result(a, p, dtype, data, ndim, shape);
-    xfree(p);
-}
 /* The pointer to pass for input file f of m (NULL when absent). */
 static const void *mlp_in_arg(const lib_call *c, const mlp_in *m, int f)
 {
@@ -1720,6 +1794,10 @@ static int run_mlp_fwd(const args *a)
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
+    static const char *const names[] = {"output.npy", "gate_up_proj_act_checkpoint_T.npy",
+                                        "down_proj_act_checkpoint.npy"};
+    char *p[3];
+    add_outputs_in(out, names, 3, p);
     if (m.o.bias)
         want[F_BGU] = want[F_BD] = 2;
     mlp_load(a, &m, want);
@@ -1735,9 +1813,10 @@ static int run_mlp_fwd(const args *a)
                              call_out(&c, "down_proj_act_checkpoint", ckpt_d, n_d * es), &m.o));
     make_dirs(out);
     const int64_t s_y[2] = {m.T1, m.H}, s_gu[4] = {m.N, 2, m.I, m.B}, s_d[3] = {m.N, m.B, m.H};
-    mlp_write(a, out, "output.npy", m.o.dtype, y, 2, s_y);
-    mlp_write(a, out, "gate_up_proj_act_checkpoint_T.npy", m.o.dtype, ckpt_gu, 4, s_gu);
-    mlp_write(a, out, "down_proj_act_checkpoint.npy", m.o.dtype, ckpt_d, 3, s_d);
+    write_result(a, p[0], m.o.dtype, y, 2, s_y);
+    write_result(a, p[1], m.o.dtype, ckpt_gu, 4, s_gu);
+    write_result(a, p[2], m.o.dtype, ckpt_d, 3, s_d);
+    commit_outputs();
     printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
            moe_dtype_name(m.o.dtype), rounded_note(&m.o));
@@ -1750,6 +1829,11 @@ static int run_mlp_bwd(const args *a)
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
+    static const char *const names[] = {"hidden_states_grad.npy",    "expert_affinities_masked_grad.npy",
+                                        "gate_up_proj_weight_grad.npy", "down_proj_weight_grad.npy",
+                                        "gate_up_proj_bias_grad.npy", "down_proj_bias_grad.npy"};
+    char *p[6];
+    add_outputs_in(out, names, m.o.bias ? 6 : 4, p);
     want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
     if (m.o.affinity == MOE_AFFINITY_ON_I) {
         /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
@@ -1785,14 +1869,15 @@ static int run_mlp_bwd(const args *a)
     make_dirs(out);
     const int64_t s_h[2] = {m.T1, m.H}, s_wgu[4] = {m.E, m.H, 2, m.I}, s_wd[3] = {m.E, m.I, m.H};
     const int64_t s_bgu[3] = {m.E, 2, m.I}, s_bd[2] = {m.E, m.H};
-    mlp_write(a, out, "hidden_states_grad.npy", m.o.dtype, dh, 2, s_h);
-    mlp_write(a, out, "expert_affinities_masked_grad.npy", m.o.dtype, da, m.aff_ndim, m.aff_shape);
-    mlp_write(a, out, "gate_up_proj_weight_grad.npy", gdt, dwgu, 4, s_wgu);
-    mlp_write(a, out, "down_proj_weight_grad.npy", gdt, dwd, 3, s_wd);
+    write_result(a, p[0], m.o.dtype, dh, 2, s_h);
+    write_result(a, p[1], m.o.dtype, da, m.aff_ndim, m.aff_shape);
+    write_result(a, p[2], gdt, dwgu, 4, s_wgu);
+    write_result(a, p[3], gdt, dwd, 3, s_wd);
     if (bias) {
-        mlp_write(a, out, "gate_up_proj_bias_grad.npy", gdt, dbgu, 3, s_bgu);
-        mlp_write(a, out, "down_proj_bias_grad.npy", gdt, dbd, 2, s_bd);
+        write_result(a, p[4], gdt, dbgu, 3, s_bgu);
+        write_result(a, p[5], gdt, dbd, 2, s_bd);
     }
+    commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
            moe_dtype_name(m.o.dtype), rounded_note(&m.o), m.o.grad_fp32 ? ", weight gradients float32" : "",
@@ -2232,7 +2317,10 @@ int main(int argc, char **argv)
         snprintf(current_command, sizeof current_command, "moe %s", name);
         args a;
         parse_args(&commands[i], argc - 2, argv + 2, &a);
+        atexit(discard_outputs);
         int status = commands[i].run(&a);
+        if (outputs.count != 0)
+            die("internal error: %s was written but not committed", outputs.file[0].path);
         if (fflush(stdout) != 0)
             die("cannot write to standard output");
         return status;

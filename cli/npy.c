@@ -8,7 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
@@ -347,20 +349,63 @@ int npy_parse_memory(const void *file, size_t size, npy_header *h, char *err, si
     return 0;
 }
 
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a folder";
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISCHR(mode) || S_ISBLK(mode))
+        return "a device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "not a file";
+}
+
+/* Opens path for reading when it is a regular file, *st its status; NULL with the reason in why
+ * otherwise.  The status is checked before opening and the open does not block (O_NONBLOCK), so that a
+ * FIFO (which would wait for a writer) or a device is refused without being opened at all, and is
+ * checked again on the open file in case the path changed in between. */
+static FILE *open_regular(const char *path, struct stat *st, char *why, size_t size)
+{
+    if (stat(path, st) != 0) {
+        snprintf(why, size, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        snprintf(why, size, "not a regular file (%s)", file_kind(st->st_mode));
+        return NULL;
+    }
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, size, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    FILE *f = NULL;
+    if (fstat(fd, st) != 0)
+        snprintf(why, size, "cannot open: %s", strerror(errno));
+    else if (!S_ISREG(st->st_mode))
+        snprintf(why, size, "not a regular file (%s)", file_kind(st->st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) /* reads as from fopen */
+        snprintf(why, size, "cannot open: %s", strerror(errno));
+    else if ((f = fdopen(fd, "rb")) == NULL)
+        snprintf(why, size, "cannot open: %s", strerror(errno));
+    if (f == NULL)
+        close(fd);
+    return f;
+}
+
 int npy_read(const char *path, npy_array *array, char *err, size_t errlen)
 {
     char why[NPY_ERROR_SIZE];
     memset(array, 0, sizeof *array);
     if (!host_is_little_endian())
         return fail(err, errlen, "%s: .npy support needs a little-endian host", path);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return fail(err, errlen, "%s: not a regular file", path);
-    }
+    FILE *f = open_regular(path, &st, why, sizeof why);
+    if (f == NULL)
+        return fail(err, errlen, "%s: %s", path, why);
     const uint64_t file_size = (uint64_t)st.st_size;
     unsigned char pre[12];
     const size_t avail = fread(pre, 1, sizeof pre, f);
@@ -409,8 +454,8 @@ void npy_free(npy_array *array)
     array->data = NULL;
 }
 
-int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data, int version,
-              char *err, size_t errlen)
+int npy_write_stream(FILE *f, const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,
+                     int version, char *err, size_t errlen)
 {
     if (!host_is_little_endian())
         return fail(err, errlen, "%s: .npy support needs a little-endian host", path);
@@ -450,18 +495,25 @@ int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, c
     memset(head + pre + n, ' ', header_len - (size_t)n - 1);
     head[total - 1] = '\n';
 
+    errno = 0;
+    if (fwrite(head, 1, total, f) != total || (bytes != 0 && fwrite(data, 1, bytes, f) != bytes))
+        return fail(err, errlen, "%s: write error: %s", path, strerror(errno ? errno : EIO));
+    return 0;
+}
+
+int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data, int version,
+              char *err, size_t errlen)
+{
     FILE *f = fopen(path, "wb");
     if (f == NULL)
         return fail(err, errlen, "%s: cannot create: %s", path, strerror(errno));
-    int ok = fwrite(head, 1, total, f) == total && (bytes == 0 || fwrite(data, 1, bytes, f) == bytes);
-    int saved = errno;
-    if (fclose(f) != 0)
-        ok = 0;
-    if (!ok) {
+    int rc = npy_write_stream(f, path, type, ndim, shape, data, version, err, errlen);
+    errno = 0;
+    if (fclose(f) != 0 && rc == 0)
+        rc = fail(err, errlen, "%s: write error: %s", path, strerror(errno ? errno : EIO));
+    if (rc != 0)
         remove(path);
-        return fail(err, errlen, "%s: write error: %s", path, strerror(saved ? saved : EIO));
-    }
-    return 0;
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------------

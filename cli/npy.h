@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define NPY_MAX_DIMS 64
 #define NPY_ERROR_SIZE 1024
@@ -66,14 +67,21 @@ char *npy_format_shape(char *buf, size_t size, int ndim, const int64_t *shape);
  * h->data_bytes follow.  Returns 0, or -1 with a message in err. */
 int npy_parse_memory(const void *file, size_t size, npy_header *h, char *err, size_t errlen);
 
-/* Reads a whole file.  Returns 0 (free with npy_free), or -1 with "PATH: why" in err. */
+/* Reads a whole regular file; a folder, FIFO, device or socket is refused as "not a regular file"
+ * without blocking (a FIFO without a writer is never waited on).  Returns 0 (free with npy_free), or
+ * -1 with "PATH: why" in err. */
 int npy_read(const char *path, npy_array *array, char *err, size_t errlen);
 void npy_free(npy_array *array);
 
-/* Writes a C-order little-endian array.  version: 1, 2 or 3, or 0 for the smallest that fits (1.0
- * unless the header needs more than 65535 bytes).  Returns 0, or -1 with "PATH: why" in err. */
+/* Writes a C-order little-endian array to a new file at path (removed again on failure).  version: 1, 2
+ * or 3, or 0 for the smallest that fits (1.0 unless the header needs more than 65535 bytes).  Returns
+ * 0, or -1 with "PATH: why" in err. */
 int npy_write(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data,
               int version, char *err, size_t errlen);
+
+/* The same into an open stream, path naming it in messages; the caller flushes and closes it. */
+int npy_write_stream(FILE *f, const char *path, npy_type type, int ndim, const int64_t *shape,
+                     const void *data, int version, char *err, size_t errlen);
 
 /* ---- conversions ---- */
 

@@ -5,10 +5,7 @@
 # exit with status 2, print nothing on stdout and name the offending file (or option) on stderr.
 . "$(dirname "$0")/test_cli_lib.sh"
 
-"$NPY" mk x.npy '<f4' 3,2 1 2 3 4 5 6
-"$NPY" mk w.npy '<f4' 2,2,2 1 0 0 1 1 1 0 2
-"$NPY" mk m.npy '<i8' 2 1 2
-"$NPY" mk dy.npy '<f4' 3,2 1
+small_gemm .
 # shellcheck disable=SC2317 # called through run_ok and refused
 fwd() { "$MOE" gemm-fwd --w w.npy --m-sizes m.npy --out y.npy "$@"; }
 run_ok "the base problem runs" fwd --x x.npy
@@ -201,15 +198,8 @@ refused "route layout id out of range" "ids.npy: " "topk_ids[1][1] = 3" \
 refused "route into a file" "file: cannot create the folder" -- "$MOE" route --topk-ids ids.npy --experts 4 --out file/r
 
 # ---- mlp-fwd, mlp-bwd ----
-# T = 2 tokens, E = 2 experts, H = 2, I = 1, one block of B = 2 positions holding tokens 0 and 1 for expert 0
-mkdir m
-"$NPY" mk m/hidden_states.npy '<f4' 2,2 1 -1 0.5 2
-"$NPY" mk m/expert_affinities_masked.npy '<f4' 4 1 0.5
-"$NPY" mk m/gate_up_proj_weight.npy '<f4' 2,2,2,1 1 -0.5 0.25 2
-"$NPY" mk m/down_proj_weight.npy '<f4' 2,1,2 1 -1
-"$NPY" mk m/token_position_to_id.npy '<i8' 2 0 1
-"$NPY" mk m/block_to_expert.npy '<i8' 1 0
-"$NPY" mk m/output_hidden_states_grad.npy '<f4' 2,2 1 2
+# the small MLP of small_mlp (tests/test_cli_lib.sh): T = 2 tokens, E = 2 experts, H = 2, I = 1, one block
+small_mlp m
 run_ok "mlp-fwd runs" "$MOE" mlp-fwd --in m --out m
 run_ok "mlp-bwd runs" "$MOE" mlp-bwd --in m --out g
 # variant NAME: a copy of m to break one file of

@@ -130,6 +130,30 @@ gemm_mode() {
     if [ "$tag" != 000 ]; then rflags=$flags; fi
 }
 
+# small_gemm DIR: the small grouped GEMM problem of the refusal tests, in folder DIR (created): x.npy
+# (3, 2), w.npy (2, 2, 2), m.npy = [1 2] (E = 2 experts, M = 3 rows) and dy.npy (3, 2).
+small_gemm() {
+    mkdir -p "$1"
+    "$NPY" mk "$1/x.npy" '<f4' 3,2 1 2 3 4 5 6
+    "$NPY" mk "$1/w.npy" '<f4' 2,2,2 1 0 0 1 1 1 0 2
+    "$NPY" mk "$1/m.npy" '<i8' 2 1 2
+    "$NPY" mk "$1/dy.npy" '<f4' 3,2 1
+}
+
+# small_mlp DIR: the files of a small blockwise MLP for mlp-fwd and mlp-bwd --in DIR (created):
+# T = 2 tokens, E = 2 experts, H = 2, I = 1, one block of B = 2 positions holding tokens 0 and 1 for
+# expert 0.
+small_mlp() {
+    mkdir -p "$1"
+    "$NPY" mk "$1/hidden_states.npy" '<f4' 2,2 1 -1 0.5 2
+    "$NPY" mk "$1/expert_affinities_masked.npy" '<f4' 4 1 0.5
+    "$NPY" mk "$1/gate_up_proj_weight.npy" '<f4' 2,2,2,1 1 -0.5 0.25 2
+    "$NPY" mk "$1/down_proj_weight.npy" '<f4' 2,1,2 1 -1
+    "$NPY" mk "$1/token_position_to_id.npy" '<i8' 2 0 1
+    "$NPY" mk "$1/block_to_expert.npy" '<i8' 1 0
+    "$NPY" mk "$1/output_hidden_states_grad.npy" '<f4' 2,2 1 2
+}
+
 finish() {
     echo "$passed passed, $failed failed"
     [ "$failed" -eq 0 ]

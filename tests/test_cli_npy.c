@@ -311,7 +311,14 @@ static void test_read_errors(void)
     snprintf(path, sizeof path, "%s/does_not_exist.npy", tmpdir());
     CHECK(npy_read(path, &a, err, sizeof err) != 0 && strstr(err, path) == err && strstr(err, "cannot open"),
           "missing file: %s", err);
-    CHECK(npy_read(tmpdir(), &a, err, sizeof err) != 0 && strstr(err, "not a regular file"), "folder: %s", err);
+    CHECK(npy_read(tmpdir(), &a, err, sizeof err) != 0 && strstr(err, "not a regular file (a folder)"), "folder: %s",
+          err);
+    /* a FIFO without a writer: refused at once (opening it for reading would wait for a writer) */
+    snprintf(path, sizeof path, "%s/fifo.npy", tmpdir());
+    CHECK(mkfifo(path, 0600) == 0, "mkfifo %s: %s", path, strerror(errno));
+    CHECK(npy_read(path, &a, err, sizeof err) != 0 && strstr(err, path) == err &&
+              strstr(err, "not a regular file (a FIFO)"), "FIFO: %s", err);
+    remove(path);
     snprintf(path, sizeof path, "%s/short.npy", tmpdir());
     FILE *f = fopen(path, "wb");
     static const char image[] = "\x93NUMPY\x01\x00\x39\x00{'descr': '<f4', 'fortran_order': False, 'shape': (100,)}";
