@@ -1,9 +1,11 @@
 #!/bin/bash
 # Builds libmoe from a `make dist` tarball on a GPU machine and runs, logging under $OUT (or ./out):
-#   1. make check (every CPU and GPU test; no Frama-C there: test_verify skips);
+#   1. make check (every CPU and GPU test; no Frama-C there: test_verify skips), or with the step "gpu" the
+#      GPU tests alone;
 #   2. the new GPU fuzz ops for a short batch under compute-sanitizer memcheck;
 #   3. moe-fuzz --backend cuda for FUZZ_SECONDS (default 240) on seed FUZZ_SEED, every GPU op.
-# usage: bench/device-fuzz.sh TARBALL [steps]   steps: any of "check sanitize fuzz" (default all three)
+# usage: bench/device-fuzz.sh TARBALL [steps]   steps: any of "check gpu sanitize fuzz" (default "check
+#   sanitize fuzz").  A build left in /tmp/libmoe-build by an earlier call on the same machine is reused.
 set -eu
 tarball=$1
 steps=${2:-"check sanitize fuzz"}
@@ -15,8 +17,8 @@ if [ ! -x "$work/proptest/moe-fuzz" ]; then
   tar -C "$work" --strip-components=1 -xzf "$tarball"
   cd "$work"
   nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$out/device.txt"
-  ./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > "$out/configure.log" 2>&1 ||
-    { tail -30 "$out/configure.log"; exit 1; }
+  ./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > configure.out 2>&1 ||
+    { tail -30 configure.out; exit 1; }
   make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 else
   cd "$work"
@@ -28,6 +30,13 @@ case "$steps" in *check*)
   make -j16 check VERIFY_TESTS= > "$out/check.log" 2>&1 || status=1
   grep -E '^(PASS|FAIL|ERROR|SKIP|XFAIL|XPASS):|^# ' "$out/check.log" | tail -40
   cp test-suite.log "$out/test-suite.log" 2>/dev/null || true
+esac
+case "$steps" in *gpu*)
+  echo "== the GPU tests"
+  make -j16 check VERIFY_TESTS= TESTS="proptest/test_gpu_gemm proptest/test_gpu_mlp proptest/test_gpu_builders \
+    proptest/test_gpu_autotune tests/test_cli_cuda.sh" > "$out/check-gpu.log" 2>&1 || status=1
+  grep -E '^(PASS|FAIL|ERROR|SKIP):' "$out/check-gpu.log"
+  cat proptest/test_gpu_gemm.log proptest/test_gpu_mlp.log proptest/test_gpu_builders.log > "$out/gpu-tests.log" || true
 esac
 case "$steps" in *sanitize*)
   echo "== compute-sanitizer memcheck: gpu-mlp-layout, gpu-gemm (small batches)"

@@ -638,6 +638,8 @@ static const char *need(const args *a, const char *name)
         int i = opt_index(a->cmd, name);
         die("missing required option %s %s (see moe %s --help)", name, a->cmd->opts[i].arg, a->cmd->name);
     }
+    if (v[0] == '\0') /* an empty folder name would put "/NAME" files at the root */
+        die("option %s is empty (see moe %s --help)", name, a->cmd->name);
     return v;
 }
 

@@ -95,6 +95,9 @@ snapshot r
 refused "route with a folder for the layout" "r/block_to_expert.npy: cannot write there: it is a folder" \
     -- "$MOE" route --topk-ids ids.npy --experts 2 --block-size 2 --out r
 unchanged "route with a folder for the layout" r
+# an empty folder name is refused (it would have put /m_sizes.npy and the rest at the root)
+refused "route --out ''" "option --out is empty" -- "$MOE" route --topk-ids ids.npy --experts 2 --out ""
+refused "mlp-fwd --out ''" "option --out is empty" -- "$MOE" mlp-fwd --in m --out ""
 
 # ---- two outputs naming one file ----
 snapshot d
