@@ -294,6 +294,63 @@ static void init_scaled_case(mt_case *c, uint64_t seed, int64_t T, int64_t E, in
     }
 }
 
+/* One case on the GPU (its tensors `offset` bytes into their allocations: tensor_offset) with `gpu_checks`,
+ * then on the CPU reference within the bounds, and the two results compared (`what` names the comparison);
+ * the mismatches of all three.  keep: NULL, or where the GPU's results go (the caller frees them). */
+static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd, size_t offset, const char *what,
+                               mt_result *keep)
+{
+    mt_result gpu, ref;
+    use_gpu();
+    tensor_offset = offset;
+    int64_t b = mt_run(c, gpu_checks, down_in_bwd, &gpu);
+    tensor_offset = 0;
+    use_ref();
+    b += mt_run(c, MT_CHECK_BOUND, down_in_bwd, &ref);
+    b += mt_compare_results(c, &gpu, c, &ref, what);
+    if (keep != NULL)
+        *keep = gpu;
+    else
+        mt_result_free(&gpu);
+    mt_result_free(&ref);
+    return b;
+}
+
+/* b, after printing the case (its label and index, seed, shape and layout mode) when b is not 0. */
+static int64_t report_case(const char *label, int index, const mt_case *c, int mode, int64_t b)
+{
+    if (b)
+        fprintf(stderr, "%s case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld mismatches\n",
+                label, index, (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k,
+                (long long)c->H, (long long)c->I, (long long)c->B, mode, (long long)b);
+    return b;
+}
+
+/* c on the GPU with MOE_MLP_FUSE_GATE set to `fuse` (NULL: unset, the library's own choice of kernels) against
+ * the reference (gpu_against_ref, `what`), and again on the GPU with MOE_MLP_FUSE_GATE=0 (the unfused gate/up,
+ * the 128 x 256 kernel for every fp32 rows GEMM), which must give the same bits: outputs, checkpoints and
+ * gradients, both runs within the bounds (exact roundings included).  MOE_MLP_FUSE_GATE is unset afterwards.
+ * The mismatches; *differ counts the cases where the two GPU runs differ. */
+static int64_t against_unfused(const mt_case *c, const char *fuse, int down_in_bwd, const char *what, int64_t *differ)
+{
+    const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
+    CHECK((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
+    mt_result first, unfused;
+    int64_t b = gpu_against_ref(c, checks, down_in_bwd, 0, what, &first);
+    CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
+    use_gpu();
+    b += mt_run(c, checks, down_in_bwd, &unfused);
+    CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
+    if (!mt_results_identical(c, &first, &unfused, 1)) {
+        fprintf(stderr, "  %s: the GPU run and its MOE_MLP_FUSE_GATE=0 run differ\n", what);
+        b++;
+        (*differ)++;
+    }
+    mt_result_free(&first);
+    mt_result_free(&unfused);
+    return b;
+}
+
 /* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
 
 /* The rows path's forward runs its gate/up GEMM with the activation fused into the epilogue where the
@@ -307,8 +364,8 @@ static void init_scaled_case(mt_case *c, uint64_t seed, int64_t T, int64_t E, in
  * backward's dM and dX GEMMs to the ping-pong rows kernel (=1, sm90_rows_f32_kernel, both of its forms) or the
  * 128 x 256 kernel (=0), so that kernel is compared bit for bit too.  On an sm_90 device with the sm_90a kernels
  * built (and MOE_CUDA_KERNEL not forcing sm80 or simt), the fused run sets MOE_MLP_FUSE_GATE=1, so a case the
- * fused kernel declines fails instead of quietly comparing the unfused path with itself; elsewhere both runs take
- * the unfused path and the comparison is trivially equal. */
+ * fused kernel declines fails instead of quietly comparing the unfused path with itself; elsewhere it runs with
+ * MOE_MLP_FUSE_GATE unset, both runs take the unfused path and the comparison is trivially equal. */
 static int fused_kernel_expected(void)
 {
 #ifdef MOE_HAVE_SM90A
@@ -363,31 +420,10 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
         }
         mt_case c;
         init_scaled_case(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
-        const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
-        mt_result fused, unfused, ref;
-        use_gpu();
-        CHECK(!strict || setenv("MOE_MLP_FUSE_GATE", "1", 1) == 0, "setenv failed");
-        int64_t b = mt_run(&c, checks, down_in_bwd, &fused);
-        CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
-        b += mt_run(&c, checks, down_in_bwd, &unfused);
-        CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
-        if (!mt_results_identical(&c, &fused, &unfused, 1)) {
-            fprintf(stderr, "fused case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): fused and "
-                    "unfused forward differ\n", index, (unsigned long long)c.seed, (long long)T, (long long)E,
-                    (long long)k, (long long)H, (long long)I, (long long)o.block_size, mode);
-            b++;
-            differ++;
-        }
-        use_ref();
-        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
-        b += mt_compare_results(&c, &fused, &c, &ref, "GPU (fused gate/up) vs CPU reference");
-        if (b)
-            fprintf(stderr, "fused case %d: %lld mismatches\n", index, (long long)b);
-        bad += b;
+        bad += report_case("fused", index, &c, mode,
+                           against_unfused(&c, strict ? "1" : NULL, down_in_bwd, "GPU (fused gate/up) vs CPU reference",
+                                           &differ));
         done++;
-        mt_result_free(&fused);
-        mt_result_free(&unfused);
-        mt_result_free(&ref);
         mt_case_free(&c);
     }
     printf("fused gate/up: %lld cases%s, %lld mismatches (%lld where fused and unfused differ)\n", (long long)done,
@@ -565,34 +601,6 @@ static int64_t bad_layouts(uint64_t seed)
     return bad;
 }
 
-/* One case on the GPU (its tensors `offset` bytes into their allocations: tensor_offset) with `gpu_checks`,
- * then on the CPU reference within the bounds, and the two results compared (`what` names the comparison);
- * the mismatches of all three. */
-static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd, size_t offset, const char *what)
-{
-    mt_result gpu, ref;
-    use_gpu();
-    tensor_offset = offset;
-    int64_t b = mt_run(c, gpu_checks, down_in_bwd, &gpu);
-    tensor_offset = 0;
-    use_ref();
-    b += mt_run(c, MT_CHECK_BOUND, down_in_bwd, &ref);
-    b += mt_compare_results(c, &gpu, c, &ref, what);
-    mt_result_free(&gpu);
-    mt_result_free(&ref);
-    return b;
-}
-
-/* b, after printing the case (its label and index, seed, shape and layout mode) when b is not 0. */
-static int64_t report_case(const char *label, int index, const mt_case *c, int mode, int64_t b)
-{
-    if (b)
-        fprintf(stderr, "%s case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld mismatches\n",
-                label, index, (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k,
-                (long long)c->H, (long long)c->I, (long long)c->B, mode, (long long)b);
-    return b;
-}
-
 /* ---- 5: many experts ---- */
 
 /* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
@@ -621,7 +629,7 @@ static int64_t many_experts(uint64_t base, int cases)
         mt_case c;
         mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
         bad += report_case("many-experts", index, &c, mode,
-                           gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference"));
+                           gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference", NULL));
         mt_case_free(&c);
     }
     printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
@@ -658,7 +666,7 @@ static int64_t offset_tensors(uint64_t base, int cases)
         mt_case_init(&c, base * 15485863ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
         const int checks = MT_CHECK_BOUND | (o.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
         const int64_t b = gpu_against_ref(&c, checks, down_in_bwd, moe_dtype_size(o.dtype),
-                                          "GPU (tensors one element off) vs CPU reference");
+                                          "GPU (tensors one element off) vs CPU reference", NULL);
         if (b)
             fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): "
                     "%lld mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
@@ -712,7 +720,7 @@ static int64_t split_operands(uint64_t base, int cases)
         init_scaled_case(&c, base * 2750159ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
         bad += report_case("split", index, &c, mode,
                            gpu_against_ref(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, down_in_bwd, 0,
-                                           "GPU (split operands) vs CPU reference"));
+                                           "GPU (split operands) vs CPU reference", NULL));
         mt_case_free(&c);
     }
     printf("split operands: %d cases, %lld mismatches\n", cases, (long long)bad);
