@@ -21,10 +21,17 @@
  *   6. every tensor one element off its usual alignment, so that the kernels' unaligned paths run, against
  *      the reference (offset_tensors below);
  *   7. bf16 on split operands (no round_intermediates) at shapes the tensor-core kernels take, against the
- *      reference (split_operands below).
+ *      reference (split_operands below);
+ *   8. the rows path's size thresholds, each met from both sides with MOE_MLP_FUSE_GATE unset (the library's
+ *      own choice), against the reference and bit for bit against MOE_MLP_FUSE_GATE=0 (thresholds below):
+ *      - R_PINGPONG_MAX_N (gpu/gate_sm90.cuh, rows_f32_pingpong in gpu/gemm_cuda.cu): reductions I, H, 2 I of
+ *        1024 and 1032;
+ *      - G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh, gate_fusion_refusal in gpu/gemm_cuda.cu): 128 and 256 positions
+ *        per expert;
+ *      - GATE_SPAN (gpu/mlp_cuda.cu, gate_act_kernel and gate_bwd_kernel): I = 256, 257 and 512.
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
  * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases] [offset cases]
- *        [split cases]
+ *        [split cases] [threshold cases]
  * (TEST_GPU_MLP_TRACE=1 prints each fused case before it runs, for a crash's reproducer: the same seed with
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
@@ -727,6 +734,97 @@ static int64_t split_operands(uint64_t base, int cases)
     return bad;
 }
 
+/* ---- 8: the size thresholds of the rows path's kernel choice ---- */
+
+/* With MOE_MLP_FUSE_GATE unset the rows path picks some kernels by size, rules the other properties never
+ * evaluate (the option cross's shapes are small; fused_gate sets the variable).  Each case below sits on one
+ * side of a threshold, its twin on the other; each runs with the affinity on I without the down checkpoint in
+ * the backward, so that every fp32 rows GEMM of the MLP runs (the forward's down-checkpoint GEMM and the
+ * backward's recomputed d too), and the small ones also with the affinity on H and the checkpoint (the long
+ * reductions run once: their float64 checks are the slow part).  Each run is checked by against_unfused:
+ * within the bounds, against the reference, and bit for bit against
+ * MOE_MLP_FUSE_GATE=0 (the unfused gate/up and the 128 x 256 kernel for every fp32 rows GEMM: the same bits).
+ * Every layout is dropless, so that the positions are exactly the ceil(T k / E / B) blocks of each expert
+ * (the shuffled layout's empty block and the dropping layout's capacity would change them).  MOE_CUDA_KERNEL
+ * and MOE_SM90_ROWS_PINGPONG, where the caller sets them, override these rules. */
+typedef struct threshold_case {
+    const char *crosses;     /* the threshold and the side the case is on */
+    moe_dtype dtype;
+    int round_intermediates; /* 0 with bf16: split operands (the rows path all the same) */
+    int64_t T, E, k, B, H, I;
+    int on_h_too;            /* also a run with the affinity on H */
+} threshold_case;
+
+static const threshold_case threshold_cases[] = {
+    /* R_PINGPONG_MAX_N (gpu/gate_sm90.cuh; rows_f32_pingpong, gpu/gemm_cuda.cu): the ping-pong kernel takes an
+     * fp32 rows GEMM only with reduction <= 1024 (without MOE_SM90_ROWS_PINGPONG=1 or MOE_MLP_FUSE_GATE=1), and
+     * only past gate_fusion_refusal's size rule: here E = 1 and T = 136 top-1 in blocks of 128, two blocks, so
+     * rows = NB = 256 = G_FUSE_MIN_ROWS * E (the rule counts positions, padding included; 3 NB on split operands'
+     * term rows) with fewer tokens to check than T = 256 (a full and a partial tile of 128 rows), and (but for
+     * I = 516 below) every other dimension a multiple of 8.  The down GEMM and the recomputed d (MOE_ROWS_A_W,
+     * reduction N = I): */
+    {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1024, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1032, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_F16, 1, 136, 1, 1, 128, 8, 1024, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1032 (128 x 256)", MOE_F16, 1, 136, 1, 1, 128, 8, 1032, 0},
+    /* the backward's dM (MOE_ROWS_A_WT, reduction K = H); on split operands also the forward's unfused gate/up
+     * GEMM (MOE_ROWS_A_W, reduction N = H; split operands never take the fused kernel) */
+    {"R_PINGPONG_MAX_N, dM reduction H = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 1024, 8, 0},
+    {"R_PINGPONG_MAX_N, dM reduction H = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 1032, 8, 0},
+    {"R_PINGPONG_MAX_N, split gate/up and dM reduction H = 1024 (ping-pong)", MOE_BF16, 0, 136, 1, 1, 128, 1024, 8, 0},
+    {"R_PINGPONG_MAX_N, split gate/up and dM reduction H = 1032 (128 x 256)", MOE_BF16, 0, 136, 1, 1, 128, 1032, 8, 0},
+    /* the backward's dX (MOE_ROWS_A_WT, reduction K = 2 I; I = 516 is no multiple of 8, which keeps the fused
+     * gate/up, the down GEMM and dM off the ping-pong kernel, but dX's reduction 1032 and H are multiples of 8,
+     * so only the size rule declines it) */
+    {"R_PINGPONG_MAX_N, dX reduction 2 I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 512, 0},
+    {"R_PINGPONG_MAX_N, dX reduction 2 I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 516, 0},
+    /* G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh; gate_fusion_refusal, gpu/gemm_cuda.cu): the fused gate/up kernel (and
+     * the ping-pong kernel) only with rows >= 256 E, rows = NB = 128 (one block) or 256 (two) */
+    {"G_FUSE_MIN_ROWS, 128 positions per expert (unfused)", MOE_BF16, 1, 128, 1, 1, 128, 8, 8, 1},
+    {"G_FUSE_MIN_ROWS, 256 positions per expert (fused)", MOE_BF16, 1, 256, 1, 1, 128, 8, 8, 1},
+    /* GATE_SPAN (gpu/mlp_cuda.cu; gate_act_kernel, gate_bwd_kernel): tiles of 256 columns of I, I > 256 in
+     * several spans (2 at 257 and at 512); 16 positions per expert, far below G_FUSE_MIN_ROWS, so that the
+     * forward takes gate_act_kernel (split operands always do), the backward gate_bwd_kernel on every path */
+    {"GATE_SPAN, I = 256 (one span)", MOE_BF16, 0, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_BF16, 0, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_BF16, 0, 8, 2, 2, 16, 8, 512, 1},
+    {"GATE_SPAN, I = 256 (one span)", MOE_BF16, 1, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_BF16, 1, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_BF16, 1, 8, 2, 2, 16, 8, 512, 1},
+    {"GATE_SPAN, I = 256 (one span)", MOE_F16, 1, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_F16, 1, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_F16, 1, 8, 2, 2, 16, 8, 512, 1},
+};
+
+static int64_t thresholds(uint64_t base, int cases)
+{
+    const int count = (int)(sizeof threshold_cases / sizeof threshold_cases[0]);
+    int64_t bad = 0, done = 0, differ = 0;
+    for (int index = 0; index < count && index < cases; index++) { /* the first `cases` of the table */
+        const threshold_case *t = &threshold_cases[index];
+        for (int on_i = !t->on_h_too; on_i < 2; on_i++) {
+            moe_mlp_options o = indexed_options(index);
+            o.affinity = on_i ? MOE_AFFINITY_ON_I : MOE_AFFINITY_ON_H;
+            o.dtype = t->dtype;
+            o.round_intermediates = t->round_intermediates;
+            o.block_size = t->B;
+            mt_case c;
+            init_scaled_case(&c, base * 1299709ULL + (uint64_t)(2 * index + on_i), t->T, t->E, t->k, t->H, t->I, &o,
+                             MT_DROPLESS, 0);
+            char what[200];
+            snprintf(what, sizeof what, "GPU (%s, %s%s, affinity on %s) vs CPU reference", t->crosses,
+                     moe_dtype_name(t->dtype), t->round_intermediates ? ", round_intermediates" : "", on_i ? "I" : "H");
+            bad += report_case("threshold", index, &c, MT_DROPLESS, against_unfused(&c, NULL, !on_i, what, &differ));
+            done++;
+            mt_case_free(&c);
+        }
+    }
+    printf("size thresholds: %lld cases%s, %lld mismatches (%lld where the library's choice and MOE_MLP_FUSE_GATE=0 "
+           "differ)\n", (long long)done, fused_kernel_expected() ? "" : " (no sm_90a: both runs on the same kernels)",
+           (long long)bad, (long long)differ);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261122;
@@ -744,6 +842,7 @@ int main(int argc, char **argv)
     bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 12);
     bad += offset_tensors(seed, argc > 6 ? atoi(argv[6]) : 24);
     bad += split_operands(seed, argc > 7 ? atoi(argv[7]) : 32);
+    bad += thresholds(seed, argc > 8 ? atoi(argv[8]) : (int)(sizeof threshold_cases / sizeof threshold_cases[0]));
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;
 }
