@@ -21,10 +21,17 @@
  *   6. every tensor one element off its usual alignment, so that the kernels' unaligned paths run, against
  *      the reference (offset_tensors below);
  *   7. bf16 on split operands (no round_intermediates) at shapes the tensor-core kernels take, against the
- *      reference (split_operands below).
+ *      reference (split_operands below);
+ *   8. the rows path's size thresholds, each met from both sides with MOE_MLP_FUSE_GATE unset (the library's
+ *      own choice), against the reference and bit for bit against MOE_MLP_FUSE_GATE=0 (thresholds below):
+ *      - R_PINGPONG_MAX_N (gpu/gate_sm90.cuh, rows_f32_pingpong in gpu/gemm_cuda.cu): reductions I, H, 2 I of
+ *        1024 and 1032;
+ *      - G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh, gate_fusion_refusal in gpu/gemm_cuda.cu): 128 and 256 positions
+ *        per expert;
+ *      - GATE_SPAN (gpu/mlp_cuda.cu, gate_act_kernel and gate_bwd_kernel): I = 256, 257 and 512.
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
  * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases] [offset cases]
- *        [split cases]
+ *        [split cases] [threshold cases]
  * (TEST_GPU_MLP_TRACE=1 prints each fused case before it runs, for a crash's reproducer: the same seed with
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
@@ -294,6 +301,63 @@ static void init_scaled_case(mt_case *c, uint64_t seed, int64_t T, int64_t E, in
     }
 }
 
+/* One case on the GPU (its tensors `offset` bytes into their allocations: tensor_offset) with `gpu_checks`,
+ * then on the CPU reference within the bounds, and the two results compared (`what` names the comparison);
+ * the mismatches of all three.  keep: NULL, or where the GPU's results go (the caller frees them). */
+static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd, size_t offset, const char *what,
+                               mt_result *keep)
+{
+    mt_result gpu, ref;
+    use_gpu();
+    tensor_offset = offset;
+    int64_t b = mt_run(c, gpu_checks, down_in_bwd, &gpu);
+    tensor_offset = 0;
+    use_ref();
+    b += mt_run(c, MT_CHECK_BOUND, down_in_bwd, &ref);
+    b += mt_compare_results(c, &gpu, c, &ref, what);
+    if (keep != NULL)
+        *keep = gpu;
+    else
+        mt_result_free(&gpu);
+    mt_result_free(&ref);
+    return b;
+}
+
+/* b, after printing the case (its label and index, seed, shape and layout mode) when b is not 0. */
+static int64_t report_case(const char *label, int index, const mt_case *c, int mode, int64_t b)
+{
+    if (b)
+        fprintf(stderr, "%s case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld mismatches\n",
+                label, index, (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k,
+                (long long)c->H, (long long)c->I, (long long)c->B, mode, (long long)b);
+    return b;
+}
+
+/* c on the GPU with MOE_MLP_FUSE_GATE set to `fuse` (NULL: unset, the library's own choice of kernels) against
+ * the reference (gpu_against_ref, `what`), and again on the GPU with MOE_MLP_FUSE_GATE=0 (the unfused gate/up,
+ * the 128 x 256 kernel for every fp32 rows GEMM), which must give the same bits: outputs, checkpoints and
+ * gradients, both runs within the bounds (exact roundings included).  MOE_MLP_FUSE_GATE is unset afterwards.
+ * The mismatches; *differ counts the cases where the two GPU runs differ. */
+static int64_t against_unfused(const mt_case *c, const char *fuse, int down_in_bwd, const char *what, int64_t *differ)
+{
+    const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
+    CHECK((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
+    mt_result first, unfused;
+    int64_t b = gpu_against_ref(c, checks, down_in_bwd, 0, what, &first);
+    CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
+    use_gpu();
+    b += mt_run(c, checks, down_in_bwd, &unfused);
+    CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
+    if (!mt_results_identical(c, &first, &unfused, 1)) {
+        fprintf(stderr, "  %s: the GPU run and its MOE_MLP_FUSE_GATE=0 run differ\n", what);
+        b++;
+        (*differ)++;
+    }
+    mt_result_free(&first);
+    mt_result_free(&unfused);
+    return b;
+}
+
 /* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
 
 /* The rows path's forward runs its gate/up GEMM with the activation fused into the epilogue where the
@@ -307,8 +371,8 @@ static void init_scaled_case(mt_case *c, uint64_t seed, int64_t T, int64_t E, in
  * backward's dM and dX GEMMs to the ping-pong rows kernel (=1, sm90_rows_f32_kernel, both of its forms) or the
  * 128 x 256 kernel (=0), so that kernel is compared bit for bit too.  On an sm_90 device with the sm_90a kernels
  * built (and MOE_CUDA_KERNEL not forcing sm80 or simt), the fused run sets MOE_MLP_FUSE_GATE=1, so a case the
- * fused kernel declines fails instead of quietly comparing the unfused path with itself; elsewhere both runs take
- * the unfused path and the comparison is trivially equal. */
+ * fused kernel declines fails instead of quietly comparing the unfused path with itself; elsewhere it runs with
+ * MOE_MLP_FUSE_GATE unset, both runs take the unfused path and the comparison is trivially equal. */
 static int fused_kernel_expected(void)
 {
 #ifdef MOE_HAVE_SM90A
@@ -363,31 +427,10 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
         }
         mt_case c;
         init_scaled_case(&c, base * 7919ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
-        const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
-        mt_result fused, unfused, ref;
-        use_gpu();
-        CHECK(!strict || setenv("MOE_MLP_FUSE_GATE", "1", 1) == 0, "setenv failed");
-        int64_t b = mt_run(&c, checks, down_in_bwd, &fused);
-        CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
-        b += mt_run(&c, checks, down_in_bwd, &unfused);
-        CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
-        if (!mt_results_identical(&c, &fused, &unfused, 1)) {
-            fprintf(stderr, "fused case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): fused and "
-                    "unfused forward differ\n", index, (unsigned long long)c.seed, (long long)T, (long long)E,
-                    (long long)k, (long long)H, (long long)I, (long long)o.block_size, mode);
-            b++;
-            differ++;
-        }
-        use_ref();
-        b += mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &ref);
-        b += mt_compare_results(&c, &fused, &c, &ref, "GPU (fused gate/up) vs CPU reference");
-        if (b)
-            fprintf(stderr, "fused case %d: %lld mismatches\n", index, (long long)b);
-        bad += b;
+        bad += report_case("fused", index, &c, mode,
+                           against_unfused(&c, strict ? "1" : NULL, down_in_bwd, "GPU (fused gate/up) vs CPU reference",
+                                           &differ));
         done++;
-        mt_result_free(&fused);
-        mt_result_free(&unfused);
-        mt_result_free(&ref);
         mt_case_free(&c);
     }
     printf("fused gate/up: %lld cases%s, %lld mismatches (%lld where fused and unfused differ)\n", (long long)done,
@@ -565,34 +608,6 @@ static int64_t bad_layouts(uint64_t seed)
     return bad;
 }
 
-/* One case on the GPU (its tensors `offset` bytes into their allocations: tensor_offset) with `gpu_checks`,
- * then on the CPU reference within the bounds, and the two results compared (`what` names the comparison);
- * the mismatches of all three. */
-static int64_t gpu_against_ref(const mt_case *c, int gpu_checks, int down_in_bwd, size_t offset, const char *what)
-{
-    mt_result gpu, ref;
-    use_gpu();
-    tensor_offset = offset;
-    int64_t b = mt_run(c, gpu_checks, down_in_bwd, &gpu);
-    tensor_offset = 0;
-    use_ref();
-    b += mt_run(c, MT_CHECK_BOUND, down_in_bwd, &ref);
-    b += mt_compare_results(c, &gpu, c, &ref, what);
-    mt_result_free(&gpu);
-    mt_result_free(&ref);
-    return b;
-}
-
-/* b, after printing the case (its label and index, seed, shape and layout mode) when b is not 0. */
-static int64_t report_case(const char *label, int index, const mt_case *c, int mode, int64_t b)
-{
-    if (b)
-        fprintf(stderr, "%s case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d): %lld mismatches\n",
-                label, index, (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k,
-                (long long)c->H, (long long)c->I, (long long)c->B, mode, (long long)b);
-    return b;
-}
-
 /* ---- 5: many experts ---- */
 
 /* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
@@ -621,7 +636,7 @@ static int64_t many_experts(uint64_t base, int cases)
         mt_case c;
         mt_case_init(&c, base * 104729ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
         bad += report_case("many-experts", index, &c, mode,
-                           gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference"));
+                           gpu_against_ref(&c, MT_CHECK_BOUND, 1, 0, "GPU vs CPU reference", NULL));
         mt_case_free(&c);
     }
     printf("many experts: %d cases, %lld mismatches\n", cases, (long long)bad);
@@ -658,7 +673,7 @@ static int64_t offset_tensors(uint64_t base, int cases)
         mt_case_init(&c, base * 15485863ULL + (uint64_t)index, T, E, k, H, I, &o, mode);
         const int checks = MT_CHECK_BOUND | (o.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
         const int64_t b = gpu_against_ref(&c, checks, down_in_bwd, moe_dtype_size(o.dtype),
-                                          "GPU (tensors one element off) vs CPU reference");
+                                          "GPU (tensors one element off) vs CPU reference", NULL);
         if (b)
             fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): "
                     "%lld mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
@@ -712,10 +727,101 @@ static int64_t split_operands(uint64_t base, int cases)
         init_scaled_case(&c, base * 2750159ULL + (uint64_t)index, T, E, k, H, I, &o, mode, clamps);
         bad += report_case("split", index, &c, mode,
                            gpu_against_ref(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, down_in_bwd, 0,
-                                           "GPU (split operands) vs CPU reference"));
+                                           "GPU (split operands) vs CPU reference", NULL));
         mt_case_free(&c);
     }
     printf("split operands: %d cases, %lld mismatches\n", cases, (long long)bad);
+    return bad;
+}
+
+/* ---- 8: the size thresholds of the rows path's kernel choice ---- */
+
+/* With MOE_MLP_FUSE_GATE unset the rows path picks some kernels by size, rules the other properties never
+ * evaluate (the option cross's shapes are small; fused_gate sets the variable).  Each case below sits on one
+ * side of a threshold, its twin on the other; each runs with the affinity on I without the down checkpoint in
+ * the backward, so that every fp32 rows GEMM of the MLP runs (the forward's down-checkpoint GEMM and the
+ * backward's recomputed d too), and the small ones also with the affinity on H and the checkpoint (the long
+ * reductions run once: their float64 checks are the slow part).  Each run is checked by against_unfused:
+ * within the bounds, against the reference, and bit for bit against
+ * MOE_MLP_FUSE_GATE=0 (the unfused gate/up and the 128 x 256 kernel for every fp32 rows GEMM: the same bits).
+ * Every layout is dropless, so that the positions are exactly the ceil(T k / E / B) blocks of each expert
+ * (the shuffled layout's empty block and the dropping layout's capacity would change them).  MOE_CUDA_KERNEL
+ * and MOE_SM90_ROWS_PINGPONG, where the caller sets them, override these rules. */
+typedef struct threshold_case {
+    const char *crosses;     /* the threshold and the side the case is on */
+    moe_dtype dtype;
+    int round_intermediates; /* 0 with bf16: split operands (the rows path all the same) */
+    int64_t T, E, k, B, H, I;
+    int on_h_too;            /* also a run with the affinity on H */
+} threshold_case;
+
+static const threshold_case threshold_cases[] = {
+    /* R_PINGPONG_MAX_N (gpu/gate_sm90.cuh; rows_f32_pingpong, gpu/gemm_cuda.cu): the ping-pong kernel takes an
+     * fp32 rows GEMM only with reduction <= 1024 (without MOE_SM90_ROWS_PINGPONG=1 or MOE_MLP_FUSE_GATE=1), and
+     * only past gate_fusion_refusal's size rule: here E = 1 and T = 136 top-1 in blocks of 128, two blocks, so
+     * rows = NB = 256 = G_FUSE_MIN_ROWS * E (the rule counts positions, padding included; 3 NB on split operands'
+     * term rows) with fewer tokens to check than T = 256 (a full and a partial tile of 128 rows), and (but for
+     * I = 516 below) every other dimension a multiple of 8.  The down GEMM and the recomputed d (MOE_ROWS_A_W,
+     * reduction N = I): */
+    {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1024, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1032, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_F16, 1, 136, 1, 1, 128, 8, 1024, 0},
+    {"R_PINGPONG_MAX_N, down reduction I = 1032 (128 x 256)", MOE_F16, 1, 136, 1, 1, 128, 8, 1032, 0},
+    /* the backward's dM (MOE_ROWS_A_WT, reduction K = H); on split operands also the forward's unfused gate/up
+     * GEMM (MOE_ROWS_A_W, reduction N = H; split operands never take the fused kernel) */
+    {"R_PINGPONG_MAX_N, dM reduction H = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 1024, 8, 0},
+    {"R_PINGPONG_MAX_N, dM reduction H = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 1032, 8, 0},
+    {"R_PINGPONG_MAX_N, split gate/up and dM reduction H = 1024 (ping-pong)", MOE_BF16, 0, 136, 1, 1, 128, 1024, 8, 0},
+    {"R_PINGPONG_MAX_N, split gate/up and dM reduction H = 1032 (128 x 256)", MOE_BF16, 0, 136, 1, 1, 128, 1032, 8, 0},
+    /* the backward's dX (MOE_ROWS_A_WT, reduction K = 2 I; I = 516 is no multiple of 8, which keeps the fused
+     * gate/up, the down GEMM and dM off the ping-pong kernel, but dX's reduction 1032 and H are multiples of 8,
+     * so only the size rule declines it) */
+    {"R_PINGPONG_MAX_N, dX reduction 2 I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 512, 0},
+    {"R_PINGPONG_MAX_N, dX reduction 2 I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 516, 0},
+    /* G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh; gate_fusion_refusal, gpu/gemm_cuda.cu): the fused gate/up kernel (and
+     * the ping-pong kernel) only with rows >= 256 E, rows = NB = 128 (one block) or 256 (two) */
+    {"G_FUSE_MIN_ROWS, 128 positions per expert (unfused)", MOE_BF16, 1, 128, 1, 1, 128, 8, 8, 1},
+    {"G_FUSE_MIN_ROWS, 256 positions per expert (fused)", MOE_BF16, 1, 256, 1, 1, 128, 8, 8, 1},
+    /* GATE_SPAN (gpu/mlp_cuda.cu; gate_act_kernel, gate_bwd_kernel): tiles of 256 columns of I, I > 256 in
+     * several spans (2 at 257 and at 512); 16 positions per expert, far below G_FUSE_MIN_ROWS, so that the
+     * forward takes gate_act_kernel (split operands always do), the backward gate_bwd_kernel on every path */
+    {"GATE_SPAN, I = 256 (one span)", MOE_BF16, 0, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_BF16, 0, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_BF16, 0, 8, 2, 2, 16, 8, 512, 1},
+    {"GATE_SPAN, I = 256 (one span)", MOE_BF16, 1, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_BF16, 1, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_BF16, 1, 8, 2, 2, 16, 8, 512, 1},
+    {"GATE_SPAN, I = 256 (one span)", MOE_F16, 1, 8, 2, 2, 16, 8, 256, 1},
+    {"GATE_SPAN, I = 257 (two spans, the second of one column)", MOE_F16, 1, 8, 2, 2, 16, 8, 257, 1},
+    {"GATE_SPAN, I = 512 (two spans)", MOE_F16, 1, 8, 2, 2, 16, 8, 512, 1},
+};
+
+static int64_t thresholds(uint64_t base, int cases)
+{
+    const int count = (int)(sizeof threshold_cases / sizeof threshold_cases[0]);
+    int64_t bad = 0, done = 0, differ = 0;
+    for (int index = 0; index < count && index < cases; index++) { /* the first `cases` of the table */
+        const threshold_case *t = &threshold_cases[index];
+        for (int on_i = !t->on_h_too; on_i < 2; on_i++) {
+            moe_mlp_options o = indexed_options(index);
+            o.affinity = on_i ? MOE_AFFINITY_ON_I : MOE_AFFINITY_ON_H;
+            o.dtype = t->dtype;
+            o.round_intermediates = t->round_intermediates;
+            o.block_size = t->B;
+            mt_case c;
+            init_scaled_case(&c, base * 1299709ULL + (uint64_t)(2 * index + on_i), t->T, t->E, t->k, t->H, t->I, &o,
+                             MT_DROPLESS, 0);
+            char what[200];
+            snprintf(what, sizeof what, "GPU (%s, %s%s, affinity on %s) vs CPU reference", t->crosses,
+                     moe_dtype_name(t->dtype), t->round_intermediates ? ", round_intermediates" : "", on_i ? "I" : "H");
+            bad += report_case("threshold", index, &c, MT_DROPLESS, against_unfused(&c, NULL, !on_i, what, &differ));
+            done++;
+            mt_case_free(&c);
+        }
+    }
+    printf("size thresholds: %lld cases%s, %lld mismatches (%lld where the library's choice and MOE_MLP_FUSE_GATE=0 "
+           "differ)\n", (long long)done, fused_kernel_expected() ? "" : " (no sm_90a: both runs on the same kernels)",
+           (long long)bad, (long long)differ);
     return bad;
 }
 
@@ -736,6 +842,7 @@ int main(int argc, char **argv)
     bad += many_experts(seed, argc > 5 ? atoi(argv[5]) : 12);
     bad += offset_tensors(seed, argc > 6 ? atoi(argv[6]) : 24);
     bad += split_operands(seed, argc > 7 ? atoi(argv[7]) : 32);
+    bad += thresholds(seed, argc > 8 ? atoi(argv[8]) : (int)(sizeof threshold_cases / sizeof threshold_cases[0]));
     printf("%s\n", bad == 0 ? "PASS" : "FAIL");
     return bad == 0 ? 0 : 1;
 }

@@ -1,7 +1,8 @@
 /* The routing and MLP layout builders on a backend (moe_routing_build, moe_mlp_layout_build_on) against
  * the host builders (moe_routing_from_topk, moe_mlp_layout_build):
- *   1. random routings (skewed: empty experts, crowded experts, T = 0, k = E, E = 1), both layout kinds,
- *      both padding marks, every dtype, weights or none, block sizes 1..128, capacity = the bound of
+ *   1. random routings (skewed: empty experts, crowded experts, T = 0, k = E, E = 1; E = 1024, 1025 and 1500,
+ *      one expert per CTA of the device builders and more), both layout kinds, both padding marks, every
+ *      dtype, weights or none, block sizes 1..128, capacity = the bound of
  *      moe_mlp_layout_max_blocks (+ 0 or 3): the outputs equal the host builders' bit for bit, the blocks
  *      past the routing's own count are padding of expert E-1, num_blocks_used and num_dropped agree, and
  *      the used count never exceeds the bound;
@@ -264,8 +265,13 @@ int main(int argc, char **argv)
     }
     rng_state = seed;
     static const int64_t blocks[] = {1, 2, 3, 4, 16, 17, 64, 128};
+    /* every 13th trial (not a 10th) on many experts: the device builders' place and fill kernels run
+     * min(E, 1024) CTAs (gpu/routing_cuda.cu), one expert each at E = 1024, several past it */
+    static const int64_t many_experts[] = {1024, 1025, 1500};
     for (int trial = 0; trial < trials; trial++) {
-        const int64_t E = trial % 10 == 0 ? 1 : 1 + below(trial % 3 == 0 ? 300 : 40);
+        const int64_t E = trial % 10 == 0   ? 1
+                          : trial % 13 == 0 ? many_experts[(trial / 13) % 3]
+                                            : 1 + below(trial % 3 == 0 ? 300 : 40);
         const int64_t k = trial % 7 == 0 ? E < 8 ? E : 8 : 1 + below(E < 8 ? E : 8);
         const int64_t T = trial % 11 == 0 ? 0 : below(trial % 5 == 0 ? 2000 : 200);
         int64_t *ids = xmalloc((size_t)(T * k) * 8 + 8);
