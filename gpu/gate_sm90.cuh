@@ -19,8 +19,9 @@
 //     the rows of a block are consecutive in position order); otherwise (blocks of fewer than 64 positions,
 //     dropping layouts with padding inside a block, shuffled slots, the last column tile when 64 does not
 //     divide I) 2-byte stores.  p % 8: a TMA store whose innermost start coordinate is not 16-byte aligned
-//     faults ("illegal instruction" at UTMASTG; shuffled layouts of test_gpu_mlp, 2026-11-26); dropless
-//     layouts start every box at slot 0 or 64;
+//     faults ("illegal instruction" at UTMASTG, found with shuffled layouts of test_gpu_mlp;
+//     bench/RESULTS.md, "the MLP forward's gate/up GEMM with its activation fused"); dropless layouts start
+//     every box at slot 0 or 64;
 //   - the unscaled copy m0 (ON_I with a down checkpoint, which is computed from it): element pairs.
 // The bias, clamps, activation and affinity scale are gate_act_kernel's expressions (gpu/act_cuda.cuh), in
 // its order, so the results are its bits.
@@ -28,14 +29,13 @@
 // Schedule: the dW ping-pong kernel's (gemm_sm90.cuh): each consumer warpgroup owns whole 128 x 128 tiles
 // (two m64n128 blocks), the CTA's tiles alternate between the two, and an ordering barrier lets a
 // warpgroup start its MMAs only once the other has issued the previous tile's, so one warpgroup's
-// epilogue (the activation's math and its stores) runs while the other's MMAs do.  The 2026-11-23 try put
-// the activation into the 128 x 256 kernel's epilogue, where the tensor cores waited for it, with 2-byte
-// transposed stores from registers: 20% slower than unfused (bench/RESULTS.md).  The twelfth session's try
-// (2026-11-28, branch wip/gate-wide) put it into a 128 x 128 i tile with m64n256 MMAs, both warpgroups on one
-// tile: its MMAs alone ran Qwen3-30B-A3B T = 16384 in 1.12 ms (736 TFLOP/s; this kernel's alone 1.54, bound by
-// the L2: a third more bytes per MMA), but the activation, no longer hidden behind MMAs, added 0.97 ms (2.25
-// in all, 1.50 here); it won only on gpt-oss-120b T = 4096 (2.14 vs 2.43 ms), which runs unfused.  So the
-// activation's math needs warps of its own beside 128 x 256 MMAs (bench/RESULTS.md, run99-run101).
+// epilogue (the activation's math and its stores) runs while the other's MMAs do.  Tried and slower: the
+// activation in the 128 x 256 kernel's epilogue, where the tensor cores waited for it, with 2-byte transposed
+// stores from registers (bench/RESULTS.md, "MLP forward: activation fused into the gate/up GEMM's epilogue");
+// and 128 x 128 i tiles with m64n256 MMAs, both warpgroups on one tile (branch wip/gate-wide): its MMAs alone
+// were faster than this kernel's (bound by the L2: a third more bytes per MMA here), but the activation, no
+// longer hidden behind MMAs, cost more than that; it won only on a shape that runs unfused.  So the activation's
+// math needs warps of its own beside 128 x 256 MMAs (bench/RESULTS.md, "the fused gate/up kernel, wide tiles tried").
 //   Ring: G_STAGES stages of 32 KiB (the tile's 128 hidden rows {64 k, 128 rows}, K-major; W_gu's two
 //   {64 c, 64 n} boxes, MN-major), filled by producer thread 0 in tile order.
 //   Epilogue area: per warpgroup, per m64 block, three 8 KiB boxes (m, gate, up).  A warpgroup's thread 0
@@ -65,10 +65,9 @@ struct GateArgs {
 constexpr int G_BM = 128, G_BI = 64, G_STAGES = 4;
 // The fused kernel is taken (unless MOE_MLP_FUSE_GATE=1 forces it) when the GEMM has at least this many rows
 // per expert on average (positions, padding included).  Its m64n128 MMAs, one warpgroup at a time, run
-// slower than the 128 x 256 kernel's; the epilogue it saves pays that back on long experts only.  H100,
-// mlp-gpu-time fwd fused / unfused (bench/RESULTS.md, 2026-11-26): Qwen3-30B-A3B T = 16384 (1086 positions
-// per expert) 1.13-1.15x, Mixtral-8x7B T = 4096 (1088) 1.06-1.09x, E128 k8 H4096 I512 T = 32768 (2114) 1.02x,
-// Qwen3 T = 4096 (319) 1.00-1.02x, gpt-oss-120b T = 4096 (183) 0.95x.
+// slower than the 128 x 256 kernel's; the epilogue it saves pays that back on long experts only: forward fused /
+// unfused, it lost at 183 positions per expert (gpt-oss-120b T = 4096), was even at 319 (Qwen3-30B-A3B T = 4096)
+// and won from about 1000 (H100; bench/RESULTS.md, "a size rule for the fusion").
 constexpr int64_t G_FUSE_MIN_ROWS = 256;
 constexpr int G_A_BYTES = G_BM * H_BK * 2, G_STAGE_BYTES = G_A_BYTES + 2 * G_BI * H_BK * 2; // 16 + 16 KiB
 constexpr int G_BOX_BYTES = 64 * 128;
@@ -141,10 +140,10 @@ __device__ __forceinline__ GateBlockRows g_block_rows(const GemmArgs &g, const G
 // the expert), and stores the unscaled copy m0 (ON_I with a down checkpoint) by element pairs.  PLAIN: the call
 // has no bias, no clamp, the affinity on H and no m0 (launch_gate_up_act's `plain`), and those steps are compiled
 // out (the epilogue's instructions are issued by the consumer warps while the other warpgroup's MMAs run, and are a
-// co-bottleneck: MOE_SM90_SKIP=128, no activation, took Qwen3-30B-A3B T = 16384 from 1.48 to 1.38 ms, run100).
-// ncu, the kernel alone, general / PLAIN instance (H200, 2026-11-28, thirteenth session, run104): Qwen3 T = 16384
-// 1.44 / 1.35 ms, T = 4096 0.51 / 0.44, Mixtral-8x7B T = 4096 2.90 / 2.83; MOE_MLP_GATE_PLAIN=0 forces the general
-// instance (bench/RESULTS.md).
+// co-bottleneck: the kernel ran faster without the activation, MOE_SM90_SKIP=128; bench/RESULTS.md,
+// "the fused gate/up kernel, wide tiles tried").  The PLAIN instance ran faster than the general one on every shape
+// measured (bench/RESULTS.md, "the fused gate/up kernel's PLAIN instance"); MOE_MLP_GATE_PLAIN=0 forces the general
+// instance.
 template <typename T, int ACT, bool PLAIN>
 __device__ __forceinline__ void g_activate(const GemmArgs &g, const GateArgs &ep, int64_t e, int64_t i0, float *dg,
                                            float *du, float *m, const int64_t pos[2], const float aff[2], int64_t row0)
@@ -348,9 +347,8 @@ __device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI
         // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
         // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
         // tile of an expert's last few rows takes as long as the others and the tiles that share its W
-        // block stay in phase.  ncu, the gate/up kernel alone, skipping -> not (bench/RESULTS.md, 2026-11-28,
-        // twelfth session, run101): Qwen3-30B-A3B T = 16384 1.62 -> 1.50 ms, T = 4096 0.633 -> 0.615,
-        // Mixtral-8x7B T = 4096 3.48 -> 3.26 (DRAM reads 4.37 -> 2.93 GB), gpt-oss-120b T = 8192 3.48 -> 2.86
+        // block stay in phase: faster, with fewer DRAM reads, on every shape measured (ncu, the gate/up kernel
+        // alone; bench/RESULTS.md, "the fused gate/up kernel, wide tiles tried").
         if (second_block || g.full_blocks)
             h_mma_step<T, 2, 2 * G_BI, 0, TRANS_B>(d, stage, stage + G_A_BYTES, false);
         else
@@ -479,9 +477,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 // have read them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the
 // next expert).
 // The MMAs are the 128 x 256 kernel's k16 steps in the same order, so the results are its bits.  The epilogue is not
-// wholly hidden: ncu at Qwen3-30B-A3B T = 16384 (H200, run121), without epilogues (MOE_SM90_SKIP=64 here, =1 there) /
-// with: this kernel (then of four stages) 659 / 822 us, the 128 x 256 kernel 616 / 864; with long reductions its MMAs
-// and loads are the slower (R_PINGPONG_MAX_N).
+// wholly hidden: without epilogues (MOE_SM90_SKIP=64 here, =1 there) this kernel gains less than the 128 x 256
+// kernel does, but still gains (ncu; bench/RESULTS.md, "the down GEMM on a ping-pong kernel"); with long
+// reductions its MMAs and loads are the slower (R_PINGPONG_MAX_N).
 struct RowsF32Maps {
     CUtensorMap rows_a; // a [rows][reduction] (dX form: N, forward form: K), box {64, 128 rows}
     CUtensorMap w;      // W [E][N][K], box {64, 64, 1}
@@ -490,17 +488,14 @@ struct RowsF32Maps {
 // The longest reduction (dX form: N, forward form: K) the rows kernels hand it (rows_f32_pingpong in
 // gemm_cuda.cu).  Its 128 x 128 tiles move a third more bytes per MMA from L2 and shared memory than the
 // 128 x 256 kernel's, which only a large share of epilogue in the tile's time pays back: with short reductions.
-// ncu, the kernel alone, 128 x 256 kernel / this one with five stages, us (H200, bench/RESULTS.md, 2026-11-28,
-// sixteenth session, run127).  The MLP forward's down GEMM (dX form, reduction I): 512 (E128 k8 H4096 T = 32768)
-// 2649 / 2254, 768 (Qwen3-30B-A3B T = 16384) 862 / 784, 1536 1416 / 1414, 2048 6026 / 6114, 4096 809 / 876, 14336
-// (Mixtral-8x7B T = 4096) 1394 / 1531.  The backward's dX (forward form, reduction 2 I): 1024 (the E128 row) 3953 /
-// 3816, 1536 (Qwen3) 1410 / 1424, 28672 (Mixtral) 2740 / 3081; its dM (reduction H): 2048 (Qwen3) 701 / 711,
+// Measured in both forms, the kernel alone, with five stages: ahead up to a reduction of 1024, about even at 1536,
+// behind from 2048 (ncu; bench/RESULTS.md, "the f32 rows kernel's bound with five stages").
 // 4096 (the E128 row) 1678 / 1849, 7168 5493 / 6282.
 constexpr int64_t R_PINGPONG_MAX_N = 1024;
 constexpr int R_BN = 2 * G_BI;                  // output columns per tile
-// The ring: one stage more than the gate/up kernel's, since this epilogue area is smaller (ncu, the kernel alone,
-// 4 / 5 stages, H200, run125: Qwen3-30B-A3B T = 16384 807-811 / 771-773 us, T = 4096 255-258 / 245-246, E128 k8
-// H4096 I512 T = 32768 2303-2307 / 2217-2218; 3 stages with both blocks' boxes, run124: 985-990 at Qwen3).
+// The ring: one stage more than the gate/up kernel's, since this epilogue area is smaller.  The loads want depth,
+// not the stores: a fifth stage gained a few percent, three stages with both m64 blocks' boxes lost far more
+// (ncu, the kernel alone; bench/RESULTS.md, "the down GEMM on a ping-pong kernel").
 constexpr int R_STAGES = G_STAGES + 1;
 constexpr int R_EPI_OFFSET = R_STAGES * G_STAGE_BYTES;
 constexpr int R_EPI_WG_BYTES = 4 * G_BOX_BYTES; // one m64 block's 64 rows x 128 fp32 columns

@@ -122,8 +122,9 @@ __device__ __forceinline__ void block_inclusive_scan3(int64_t v[3], int64_t *tot
 // front, then block scans).  The first expert e, in expert order, whose size is negative or whose
 // prefix sum passes M is reported (as a sequential walk would; later experts are not looked at), else
 // a total other than M.  Sizes are clipped to M + 1 inside the sums, so that they cannot overflow; a
-// clipped size is an error at that expert or before it.  (This was one thread walking the experts: 32 us
-// at E = 128 on an H100 under ncu, against 6 us for this one; bench/RESULTS.md, 2026-11-23 fifth session.)
+// clipped size is an error at that expert or before it.  (This was one thread walking the experts, each
+// iteration waiting for its size load, several times slower under ncu; bench/RESULTS.md,
+// "the routing size check as one CTA of block scans".)
 __global__ void __launch_bounds__(SIZES_THREADS) check_sizes_kernel(const int64_t *m_sizes, int64_t E, int64_t M,
                                                                   int64_t tiles_per_row_tile, int64_t rows_per_tile,
                                                                   int paired, int64_t seen_words, Workspace ws, int op)
@@ -247,8 +248,8 @@ __device__ __forceinline__ float topk_weight(const GemmArgs &g, int64_t r)
 // n side) and b (m_e x K); CTAs running together share one block of the dimension walked second, and each
 // pass over it reads all of the other side's operand again, so the side that is read again should be the
 // smaller (Mixtral-8x7B gate_up dW, N = 28672, K = 4096: n blocks first re-read its 59 MB of dY per expert,
-// more than L2, for each of the 16 column blocks; column blocks first: 566 -> 643-664 at T = 8192, and the
-// shapes with N < K lose as much the other way; bench/RESULTS.md, 2026-11-25, second session).
+// more than L2, for each of the 16 column blocks; column blocks first is faster there, and the shapes with
+// N < K lose as much the other way; bench/RESULTS.md, "dW tile order, the shorter output dimension first").
 struct TileCoord {
     int64_t e, i0, j0, rows; // rows: valid extent of i for this expert
 };
@@ -1177,18 +1178,18 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 // The CTAs of sm90_gemm_kernel for fwd and dX in the static tile order (tile t on CTA t mod gridDim.x): a
 // multiple of H_GRID_ALIGN, 128 of an H100's 132 SMs.  Tiles next to each other in the order share operands
 // (an expert's row tiles one W block, its column tiles the rows), and the L2 -> SM traffic, which bounds these
-// kernels (ncu: L2 throughput 82-88% of peak at Qwen3-30B-A3B), depends on where and when they run: CTA b
-// starting at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd at 331-400 TFLOP/s instead of 475 with 26%
-// more L2 bytes (bench/RESULTS.md, 2026-11-27, tenth session).  Where: the L2 is two partitions, each holding
-// what the SMs on its side read, and an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs of one side
-// (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides as measured on two machines in the eleventh
-// session, 2026-11-28).  When: tiles that share operands start together and walk their k-steps side by side,
-// and the SMs then send ~15% fewer sectors to the L2 than the tiles load (same session).  With 132 CTAs a
-// wave's tiles shift by 4 against those groups of 8 from one wave to the next; with 128 they do not, and Qwen3
-// T = 4096 ran gate_up fwd / dX 472 / 474 -> 484 / 477, down fwd / dX 400 / 400 -> 405 / 404 (2 rounds each, the
-// kernel 427 -> 413 us, L2 bytes -2%); 120 CTAs lost (456 / 453).  Not for dynamic tiles (a CTA takes whichever
-// tile comes next; Mixtral gate_up fwd / dX 672-690 / 631-640 -> 656-681 / 624 with 128) nor dW (Qwen3 gate_up
-// 419 -> 412, DeepSeek-V3 296 -> 281).  MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
+// kernels (ncu: L2 throughput a large share of its peak at Qwen3-30B-A3B), depends on where and when they run:
+// CTA b starting at tile 67 b mod 132 instead of b ran Qwen3 gate_up fwd much slower, with more L2 bytes
+// (bench/RESULTS.md, "the grouped GEMMs are bound by L2 -> SM traffic").  Where: the L2 is two partitions, each
+// holding what the SMs on its side read, and an H100 put CTAs 8j .. 8j + 7 of a launch on four SM pairs of one
+// side (e.g. SMs 0, 1, 16, 17, 32, 33, 48, 49 for CTAs 8 .. 15; the sides as measured on two machines:
+// bench/RESULTS.md, "Which SMs share an L2 partition").  When: tiles that share operands start together and
+// walk their k-steps side by side, and the SMs then send fewer sectors to the L2 than the tiles load
+// (bench/RESULTS.md, "the L2's two sides").  With 132 CTAs a wave's tiles shift by 4 against those groups of 8
+// from one wave to the next; with 128 they do not, and Qwen3 T = 4096 ran gate_up and down fwd / dX a little
+// faster with fewer L2 bytes; 120 CTAs lost.  Not for dynamic tiles (a CTA takes whichever tile comes next;
+// Mixtral lost with 128) nor dW (slower with 128); bench/RESULTS.md, "A grid of a multiple of 8 CTAs".
+// MOE_SM90_GRID=N caps the CTAs of every sm90 launch (A/B runs).
 constexpr int64_t H_GRID_ALIGN = 8;
 int64_t sm90_grid_cap(int64_t ctas)
 {
@@ -1353,16 +1354,15 @@ int sm90_skip_from_env()
 // every gridDim.x-th) in sm90_gemm_kernel without clusters, where every operand comes by TMA, for fwd and dX
 // with a reduction of at least H_DYNAMIC_REDUCTION.  There tiles are long and few per CTA, and an expert's last
 // row tile, often short, unbalances the static order; where the reduction is short they cost time.  Measured
-// on H100s (bench/RESULTS.md, 2026-11-27, ninth session; T = 4096, TFLOP/s static -> dynamic): DeepSeek-V3 dX
-// (N = 4096) 333 -> 347-350 in five calls, Mixtral-8x7B down dX (N = 4096) +2-6% in most calls, and with the
-// pairing rule of sm90_cluster_size DeepSeek-V3 T = 8192 fwd / dX 432 / 423 -> 502 / 490; Qwen3-30B-A3B (K = 2048,
-// N = 1536 / 2048) fwd -2-3%, dX -2-4% in every call, though its kernels read fewer bytes (ncu).  Why (tenth and
-// eleventh sessions, see sm90_grid_cap): a dynamic tile goes to whichever CTA asks when it asks, so the tiles
-// sharing a W block or rows run on both sides of the L2 (a third more sectors cross between its partitions) and at
-// different moments (the SMs send every sector their tiles load, ~15% more than in the static order).  Claims
-// kept on the claiming CTA's side of the L2 (the sides measured at run time) brought the crossings back to the
-// static order's and two thirds of the Qwen3 loss with them, but no shape gained more than 1.2% over this rule
-// (bench/RESULTS.md, 2026-11-28, run92; not kept).
+// on H100s (bench/RESULTS.md, the section ending "device tool): dynamic tiles"): DeepSeek-V3 dX and
+// Mixtral-8x7B down dX (N = 4096) gain, DeepSeek-V3 T = 8192 fwd / dX most, with the pairing rule of
+// sm90_cluster_size; Qwen3-30B-A3B (K = 2048, N = 1536 / 2048) loses in fwd and dX in every call, though its
+// kernels read fewer bytes (ncu).  Why (see sm90_grid_cap): a dynamic tile goes to whichever CTA asks when it
+// asks, so the tiles sharing a W block or rows run on both sides of the L2 (more sectors cross between its
+// partitions) and at different moments (the SMs send every sector their tiles load, more than in the static
+// order).  Claims kept on the claiming CTA's side of the L2 (the sides measured at run time) brought the
+// crossings back to the static order's and two thirds of the Qwen3 loss with them, but no shape gained enough
+// over this rule to keep them (bench/RESULTS.md, "Dynamic tiles by side").
 // MOE_SM90_DYNAMIC=0|1 forces them off or on (where the kernel can take them).
 constexpr int64_t H_DYNAMIC_REDUCTION = 4096;
 bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
@@ -1377,16 +1377,13 @@ bool sm90_dynamic_tiles(const moe_gemm_problem *p, int op)
 // whose rows all lie past the expert's end skips its MMAs, so an expert's short last row tile takes about half
 // as long as a full one, and the CTA that ran it starts its next tile out of phase with the tiles that share
 // its operands.  Tiles that share a W block or rows and start together walk their k-steps side by side, and
-// their loads cost the L2 and DRAM less (bench/RESULTS.md, 2026-11-28, eleventh session: the static order's
-// SMs send ~15% fewer sectors to the L2 than their tiles load).  With long experts (H_FULL_BLOCK_ROWS rows
-// or more on average) such blocks issue their MMAs anyway, at most 64 E extra rows of MMAs against the M rows
-// (6%).  On H100s (run97, run98; TFLOP/s skipping -> not, rounds of one call): Mixtral-8x7B T = 4096 gate_up fwd
-// 698, 696, 696, 692, 696 -> 735, 736, 724, 724, 724, its dX 710, 693, 659, 706, 693 -> 671, 685, 711, 719, 721
-// (DRAM reads 5.1 -> 3.0 GB, 2.35 the minimum; 2.68 -> 2.60 ms under ncu), down dX 718, 732, 707, 718, 698 ->
-// 740, 705, 721, 724, 721, down fwd unchanged; Qwen3-30B-A3B T = 16384 gate_up fwd / dX 635, 636 / 626, 624 ->
-// 654, 654 / 633, 635, down fwd / dX -1%; the MLP within its spread.  Mixtral T = 16384 (one round) dX 697 ->
-// 678.  With shorter experts the extra MMAs cost more than the phase saves (run97: Qwen3 T = 4096 fwd / dX -2%,
-// down fwd -3%; DeepSeek-V3 T = 8192 -1%).  MOE_SM90_FULL_BLOCKS=0|1 forces it off or on.
+// their loads cost the L2 and DRAM less (the static order's SMs send fewer sectors to the L2 than their tiles
+// load; bench/RESULTS.md, "the L2's two sides").  With long experts (H_FULL_BLOCK_ROWS rows or more on
+// average) such blocks issue their MMAs anyway, at most 64 E extra rows of MMAs against the M rows (6%).  On
+// H100s that ran Mixtral-8x7B T = 4096 gate_up fwd, gate_up dX (with fewer DRAM reads) and down dX faster, and
+// Qwen3-30B-A3B T = 16384 gate_up; the MLP within its spread.  With shorter experts the extra MMAs cost more
+// than the phase saves (Qwen3 T = 4096, DeepSeek-V3 T = 8192); bench/RESULTS.md, "Tiles of one length".
+// MOE_SM90_FULL_BLOCKS=0|1 forces it off or on.
 constexpr int64_t H_FULL_BLOCK_ROWS = 1024;
 bool sm90_full_blocks(const moe_gemm_problem *p)
 {
@@ -1413,14 +1410,11 @@ int sm90_tile_rows(int op, const moe_tune_choice *tuned)
 
 // The paired kernel (clusters of two CTAs sharing W by multicast) for 128-row forward tiles when the
 // reduction K has at least H_PAIRED_REDUCTION elements and the experts at least H_PAIRED_ROWS rows on average.
-// Before dynamic tiles (sm90_dynamic_tiles) it took every K >= H_PAIRED_REDUCTION: measured on an H100
-// (bench/RESULTS.md, 2026-11-24, MOE_SM90_CLUSTER=1 vs 2, TFLOP/s) DeepSeek-V3 fwd T = 2048 169 vs 171, T = 4096
-// 260 vs 333, T = 8192 259 vs 432; Mixtral fwd T = 1024 gate_up 418 vs 417, down 452 vs 458, T = 4096 down 651 vs
-// 687.  With dynamic tiles the unpaired kernel wins where the experts are short (2026-11-27, ninth session:
-// T = 1024 Mixtral gate_up / down fwd 528 / 453 vs 446 / 383, T = 4096 DeepSeek-V3 345 vs 332, Mixtral gate_up
-// 673-696 vs 657-687) and pairs still win on long experts (Mixtral T = 16384, 4096 rows per expert: down fwd
-// 750 vs 649).  Where K is short pairs lose (Qwen3 gate_up, K = 2048: T = 4096 463 vs 373, T = 8192 599 vs 527),
-// and for dX on every shape (Qwen3 gate_up T = 4096 474 vs 365, Mixtral down 650 vs 577), which keeps the
+// Before dynamic tiles (sm90_dynamic_tiles) it took every K >= H_PAIRED_REDUCTION, where it won or tied on an
+// H100 (MOE_SM90_CLUSTER=1 vs 2; bench/RESULTS.md, "fwd pairing for every K >= 4096").  With dynamic tiles the
+// unpaired kernel wins where the experts are short and pairs still win on long experts (Mixtral T = 16384, 4096
+// rows per expert; bench/RESULTS.md, the section ending "device tool): dynamic tiles").  Where K is short pairs
+// lose (Qwen3 gate_up, K = 2048), and for dX on every shape (same sections), which keeps the
 // kernel for autotune and MOE_SM90_CLUSTER=2.  MOE_SM90_CLUSTER=1|2 forces it off or on (tests, tuning runs).
 constexpr int64_t H_PAIRED_ROWS = 2048;
 int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_choice *tuned)
@@ -1440,10 +1434,10 @@ int sm90_cluster_size(const moe_gemm_problem *p, int op, int bm, const moe_tune_
 // dW with every operand and the (16-bit) output by TMA takes the ping-pong kernel (gemm_sm90.cuh) when the
 // experts are short (at most H_DW_PINGPONG_ROWS rows on average): there the epilogue is a large part of a
 // tile's time and the other warpgroup's MMAs hide it.  With longer experts sm90_gemm_kernel's 128 x 256 tiles
-// (m64n256 MMAs, a third less L2 -> SM traffic) with the wide epilogue win: measured (H100, bench/RESULTS.md,
-// 2026-11-25, second session) ping-pong ahead by 3-4% at 128 rows per expert (Qwen3-30B-A3B T = 2048,
-// DeepSeek-V3 T = 4096), behind by 4-20% from 256 (Mixtral T = 1024 and up, Qwen3 T = 4096 and up,
-// DeepSeek-V3 T = 8192); at 64 rows (Qwen3 T = 1024) behind by 2-3%, at 32 (DeepSeek-V3 T = 1024) even.
+// (m64n256 MMAs, a third less L2 -> SM traffic) with the wide epilogue win: measured on an H100, ping-pong ahead
+// at 128 rows per expert (Qwen3-30B-A3B T = 2048, DeepSeek-V3 T = 4096), behind from 256 (Mixtral T = 1024 and
+// up, Qwen3 T = 4096 and up, DeepSeek-V3 T = 8192); at 64 rows (Qwen3 T = 1024) slightly behind, at 32
+// (DeepSeek-V3 T = 1024) even (bench/RESULTS.md, "stmatrix for the 8 KiB boxes, and the ping-pong rule re-measured").
 // MOE_SM90_DW_PINGPONG=0|1 forces it off or on; a tuned sm90 choice (autotune table or the autotune driver's
 // candidate; NULL: none) with dw_pingpong 0 or 1 comes after the override, the rule (from p's rows and
 // experts) last.  plan_gemm asks only where the ping-pong kernel applies.
@@ -1637,7 +1631,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     // A tuned "simt" binds nothing: the autotune records it only where no tensor-core kernel took the call (no
     // candidate is SIMT), which a call of the same key may not share (16-byte alignment is not in the key) and
     // a later libmoe may have changed (f16 weighted dW and f32 weighted dW with allow_tf32 were SIMT before
-    // 2026-11-29)
+    // the change of bench/RESULTS.md, "weighted dW on tensor cores for f16 and for f32 with allow_tf32")
     const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && !(forced != NULL && strcmp(forced, "simt") == 0);
     const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
@@ -2136,8 +2130,8 @@ int moe_cuda_tune_last(moe_tune_key *key, moe_tune_choice *choice)
 // the L2), so that it starts with none of its operands in L2, as in a training step, where other work runs
 // between two calls of one GEMM, and as bench/moe-bench times (after triton.testing.do_bench).  Timed in blocks,
 // back to back and then also with the flush, the autotune took the dW ping-pong kernel at Mixtral-8x7B down
-// (T = 4096), which moe-bench, alternating the two kernels, times 10% slower than the rule's; in rounds it takes
-// the rule's (H200, bench/RESULTS.md, 2026-11-29, twenty-first session, run151, run154, run155).
+// (T = 4096), which moe-bench, alternating the two kernels, times slower than the rule's; in rounds it takes
+// the rule's (H200; bench/RESULTS.md, "the heuristic's knobs on an H200").
 static moe_status time_rounds_with(cudaStream_t stream, moe_status (*run)(void *, int), void *context, int candidates,
                                    int repeats, cudaEvent_t *events, void *flush, size_t flush_bytes, double *median_us)
 {

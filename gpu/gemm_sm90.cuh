@@ -64,10 +64,10 @@
 //   256 x 128: each consumer warpgroup two m64n128 blocks: one tile covers an expert of up to 256 rows, so
 //              its W block is read from DRAM once.  It used to be the choice for small experts; since the
 //              held-stage epilogue the paired 128-row kernel, which also reads a W block once for two row
-//              tiles, beats it on every shape measured (H100, bench/RESULTS.md, 2026-11-24: DeepSeek-V3 fwd
-//              T = 2048 / 4096 / 8192: 166 / 317 / 324 with 256-row tiles, 171 / 334 / 434 paired), and the
-//              unpaired 128-row kernel beats it where K is short (Qwen3 T = 2048 down fwd 266 vs 246) and for
-//              dX.  It stays for autotune (moe_gemm_autotune) and MOE_SM90_TILE_ROWS=256.
+//              tiles, beats it on every shape measured, and the unpaired 128-row kernel beats it where K is
+//              short and for dX (H100; bench/RESULTS.md, "Tile rows after the held-stage epilogue" and
+//              "fwd pairing for every K >= 4096").  It stays for autotune (moe_gemm_autotune) and
+//              MOE_SM90_TILE_ROWS=256.
 // fwd pairs CTAs from this K with long experts (sm90_cluster_size, gemm_cuda.cu; dX: autotune only)
 constexpr int H_PAIRED_REDUCTION = 4096;
 
@@ -143,7 +143,8 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Shared-memory stores at 32-bit shared addresses (STS).  Through a generic pointer the compiler emits 64-bit
-// generic stores (ST.E) and puts a MEMBAR.ALL.CTA before every proxy fence (seen in the SASS, 2026-11-24).
+// generic stores (ST.E) and puts a MEMBAR.ALL.CTA before every proxy fence (seen in the SASS; bench/RESULTS.md,
+// "Epilogue stores through 32-bit shared addresses").
 __device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -175,8 +176,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar)
 // Arrives on the barrier at the same shared-memory offset in cluster CTA `cta` (the paired kernel's consumers
 // free a stage in both CTAs, since both CTAs' producers multicast into it).  Default semantics (release, CTA
 // scope) as CUTLASS's ClusterBarrier::arrive: the stage was only read, by wgmmas already waited for, so the
-// producer's wait needs no cluster-scope acquire; the .release.cluster/.acquire.cluster forms measured 2x
-// slower (bench/RESULTS.md, 2026-11-23).
+// producer's wait needs no cluster-scope acquire; the .release.cluster/.acquire.cluster forms measured about
+// twice as slow (bench/RESULTS.md, "paired sm90 kernel").
 __device__ __forceinline__ void mbar_arrive_in_cta(uint32_t bar, uint32_t cta)
 {
     asm volatile("{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
@@ -312,8 +313,8 @@ template <typename T> __device__ __forceinline__ uint32_t pack2_rn(float v0, flo
 // (128-byte rows, 128-byte swizzle: the 16-byte chunk jj of row r sits at chunk jj ^ (r & 7)), from its m64
 // accumulators d (wgmma layout: group j of 8 columns, lane's row lane / 4 + 8 h, columns 2 (lane % 4) + {0, 1}
 // at d[4 j + 2 h + {0, 1}]) of column groups group0 .. group0 + 7, rounded to T.  By stmatrix, whose 8 x 8
-// fragments are that layout: 4 instructions where 32-bit st.shared took 16 (Mixtral gate_up dW T = 4096
-// 569 -> 605, the other shapes the same; bench/RESULTS.md, 2026-11-25, second session).
+// fragments are that layout: 4 instructions where 32-bit st.shared took 16 (faster on Mixtral gate_up dW, the
+// other shapes the same; bench/RESULTS.md, "stmatrix for the 8 KiB boxes, and the ping-pong rule re-measured").
 template <typename T>
 __device__ __forceinline__ void h_store_box_rows(uint32_t box_addr, int row0, const float *d, int group0)
 {
@@ -517,8 +518,8 @@ __device__ __forceinline__ void h_store_warp_slice(const GemmArgs &g, const Tile
 // H_SPARE_BOXES more in that stage.  With a held stage the warp writes the boxes in turn and, when every box
 // is used, lane 0 waits (bulk_wait_read<0>) until all are free again.  For dW (no held stage) its two own boxes
 // are a ring: before reusing a box lane 0 waits only until the older of its two stores has read its box
-// (bulk_wait_read<1>), so one store is always in flight (dW +1-2% on Qwen3-30B-A3B; bench/RESULTS.md,
-// 2026-11-24, second session).
+// (bulk_wait_read<1>), so one store is always in flight (a small gain on dW; bench/RESULTS.md,
+// "dW: the two epilogue boxes as a ring").
 struct EpiSlots {
     uint32_t own_addr, spare_addr; // shared addresses; spare_addr is used only when count > H_EPI_BOXES
     int count, used; // used: boxes written since the last wait (dW's ring: stores that may still read theirs)
@@ -660,13 +661,13 @@ __device__ __forceinline__ void h_store_wg_wide(const GemmArgs &g, const TileCoo
 // every operand comes by TMA): producer thread 0 asks for the next tile (the request barrier) when it issues
 // the current tile's last H_STAGES k-steps (at once for a tile without k-steps) and takes the answer (the done
 // barrier) when it reaches that tile, so the atomic's latency is off the ring's path.  (The claim made by thread
-// 0 itself, at the tile's start or H_STAGES k-steps ahead, measured the same: all three ran Qwen3-30B-A3B 2-4%
+// 0 itself, at the tile's start or H_STAGES k-steps ahead, measured the same: all three ran Qwen3-30B-A3B
 // slower than the static order while reading fewer bytes, which is why gemm_cuda.cu's sm90_dynamic_tiles takes
-// them only for long reductions; bench/RESULTS.md, 2026-11-27, ninth session.  The cause, found later: a
-// claimed tile runs where and when a CTA asks, not beside the tiles it shares data with; gemm_cuda.cu's
-// sm90_dynamic_tiles.)  Thread 0 then hands the tile number to the consumers: number tile_count of a CTA goes
-// into slot tile_count % H_TILE_QUEUE once the consumers took the number that slot held before (its empty
-// barrier).
+// them only for long reductions; bench/RESULTS.md, the section ending "device tool): dynamic tiles".  The
+// cause, found later: a claimed tile runs where and when a CTA asks, not beside the tiles it shares data with;
+// gemm_cuda.cu's sm90_dynamic_tiles.)  Thread 0 then hands the tile number to the consumers: number tile_count
+// of a CTA goes into slot tile_count % H_TILE_QUEUE once the consumers took the number that slot held before
+// (its empty barrier).
 __device__ __forceinline__ void h_publish_tile(volatile int64_t *queue_tiles, uint32_t tile_full_bar,
                                                uint32_t tile_empty_bar, int64_t tile_count, int64_t tile)
 {
@@ -937,7 +938,7 @@ __global__ void __launch_bounds__(H_THREADS, 1)
         // producer meanwhile fills the other three stages), or at once when that tile has fewer steps.  Not
         // dW: its tiles have only 4-5 k-steps (the expert's rows), and there the fourth stage for the next
         // tile is worth more than the waits, even when the stage goes back after the first k-step
-        // (bench/RESULTS.md, 2026-11-24).
+        // (bench/RESULTS.md, "Epilogue boxes: batches, a whole slice per warp, the held last stage").
         constexpr bool HOLD_LAST_STAGE = OP != OP_DW;
         int held = -1;
         uint32_t it = 0;
@@ -1024,8 +1025,9 @@ __global__ void __launch_bounds__(H_THREADS, 1)
             // are done (wgmma_wait<0> above waits for the warpgroup's own only).  Without this barrier a
             // warpgroup that ran ahead overwrote the other's operands: NaN in rows 64 .. 127 of a tile under
             // compute-sanitizer's racecheck, and test_gpu_gemm's race probe fails (bench/RESULTS.md,
-            // 2026-11-27, eighth session).  Placing the wait before a warp's first box in B instead, with the
-            // boxes in the warpgroup's own A rows first, measured 2% slower on Qwen3-30B-A3B (same note).
+            // "a race in the TMA-store epilogue, found and closed").  Placing the wait before a warp's first box
+            // in B instead, with the boxes in the warpgroup's own A rows first, was slower on Qwen3-30B-A3B
+            // (same section).
             if (hold)
                 consumer_sync(); // named barrier 2: barrier 1 is the producers' (producer_sync)
             held = hold ? (int)((it - 1) % H_STAGES) : -1;
@@ -1107,8 +1109,8 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 //   wait); 3 + w, warpgroup w alone (the tail rows of a partial last k-step, as h_zero_tail_rows).
 //   Epilogue: the warpgroup rounds its tile into four 8 KiB boxes of its own epilogue area (64 rows x 64
 //   16-bit columns each, the 64-row map maps.out_wide) and its thread 0 stores them by TMA; the 1 KiB boxes of
-//   h_store_warp_tma gained nothing here (bench/RESULTS.md, 2026-11-25).  Each output tile is owned by one
-//   warpgroup, which reduces in a fixed order: bitwise reproducible, as sm90_gemm_kernel.
+//   h_store_warp_tma gained nothing here (bench/RESULTS.md, "dW ping-pong kernel for short experts").  Each output
+//   tile is owned by one warpgroup, which reduces in a fixed order: bitwise reproducible, as sm90_gemm_kernel.
 constexpr int P_BM = 128, P_BN = 128, P_STAGES = 5;
 constexpr int P_A_BYTES = P_BM * H_BK * 2, P_STAGE_BYTES = P_A_BYTES + P_BN * H_BK * 2; // 32 KiB
 constexpr int P_EPI_OFFSET = P_STAGES * P_STAGE_BYTES;

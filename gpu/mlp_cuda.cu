@@ -230,9 +230,9 @@ __global__ void finalize_kernel(MlpArgs g)
 
 // Called by one whole warp: counts[1 .. n] (counts[0] not read) become running totals, counts[e] = the sum
 // of the counts 1 .. e given, counts[0] = 0; 32 entries at a time by a shuffle scan, where a serial sum by
-// one thread waited on each global load in turn (ncu on an H100, Qwen3-30B-A3B T = 16384, E = 128, serial /
-// this: expert_lists_kernel 47.2-47.9 / 45.4-46.0 us, row_offsets_kernel 11.3-11.5 / 8.7-9.1; bench/RESULTS.md,
-// 2026-11-28, thirteenth session, run110).  The caller synchronises the CTA before and after.
+// one thread waited on each global load in turn (expert_lists_kernel and row_offsets_kernel ran faster under
+// ncu; bench/RESULTS.md, "the routing's prefix sums as warp scans").  The caller synchronises the CTA before and
+// after.
 __device__ __forceinline__ void warp_prefix_sum(int64_t *counts, int64_t n)
 {
     const int lane = threadIdx.x % 32;
@@ -260,10 +260,8 @@ __device__ __forceinline__ void warp_prefix_sum(int64_t *counts, int64_t n)
 //      turned by thread j into each segment's first index of expert e0 + j (expert_start[e] + the blocks of e
 //      in earlier segments); each warp then places its blocks from there, a group's lanes in lane order.
 // The kernel this replaced had each warp scan every block once per expert of its own (twice), an instruction
-// stream of E * N / 32 ballots on one SM.  ncu on an H200, that kernel / this one (bench/RESULTS.md,
-// 2026-11-28, fourteenth session, run115): Qwen3-30B-A3B T = 16384 (E = 128, 1086 blocks) 44-46 / 6.5-7.4 us,
-// T = 4096 16-17 / 6.1-7.2, E = 256 T = 4096 30 / 9.1-10.3, Qwen3 T = 16384 with B = 16 (~8300 blocks)
-// 297 / 12-13, Mixtral-8x7B T = 4096 (E = 8, 72 blocks) 4.3 / 4.7-4.9.
+// stream of E * N / 32 ballots on one SM; this one is several times faster with many experts or many blocks and
+// slightly slower with E = 8 (ncu, H200; bench/RESULTS.md, "the expert lists as a counting sort").
 constexpr int LIST_THREADS = 1024, LIST_WARPS = LIST_THREADS / 32, LIST_WINDOW = 128;
 
 // Warp `warp`'s blocks of the window's experts: calls visit(n, e, group, lane_is_lowest) per chunk of 32 blocks
@@ -857,9 +855,8 @@ __device__ __forceinline__ void token_sums(const MlpArgs &g, void *dst, Contribu
 
 // dst[t][h] = sum over the token's positions in ascending expert order of rows[row][h].  (out in the
 // forward, d_hidden in the backward.)  V-wide chunks of h (V = 8: 16-byte stores of 16-bit
-// dst; token_rows picks it when H % 8 == 0 and both tensors are 16-byte aligned; ncu on an H200, one element
-// per thread / V = 8: Qwen3-30B-A3B T = 16384 367 / 261 us, Mixtral-8x7B T = 4096 106 / 43 us;
-// bench/RESULTS.md, 2026-11-28, thirteenth session, run106).
+// dst; token_rows picks it when H % 8 == 0 and both tensors are 16-byte aligned; faster than one element per
+// thread under ncu: bench/RESULTS.md, "the backward's gate_bwd and token sums").
 template <int V>
 __global__ void token_rows_kernel(MlpArgs g, const float *rows, void *dst)
 {
@@ -1039,10 +1036,10 @@ __device__ __forceinline__ float round_dev(moe_dtype dtype, float v)
 //   The backward keeps G, a bf16 tensor, as the down projection's gradient operand in both placements
 // (a_in_m): dM = a * (G . W_d^T) and d_w_d = (a*m)^T . G, one term of G where a*G would need two (it has up
 // to 16 significant bits).
-//   Measured (H200, bench/RESULTS.md, 2026-11-29, twenty-third session): one GEMM per term, accumulating in the
-// float32 output, goes through the sm90 kernel's read-modify-write epilogue, +0.5-0.8 ms per extra pass at
-// Qwen3-30B-A3B T = 16384 (run165).  Over term rows: the weight gradients, backward 18.9 -> 15.1 ms (run164 ->
-// run166); then the float32-output GEMMs, forward / backward 7.10 / 15.09 -> 5.99 / 13.50 ms (run166 -> run167).
+//   One GEMM per term, accumulating in the float32 output, goes through the sm90 kernel's read-modify-write
+// epilogue, a costly extra pass per term; running each GEMM once over the term rows made the weight gradients,
+// then the float32-output GEMMs, faster (H200; bench/RESULTS.md, "where the split backward's time goes" and
+// "every split GEMM over term rows").
 // The 3 terms above of v, term p at base + i + p * stride (bf16 elements).
 template <int V>
 __device__ __forceinline__ void store_terms_v(void *base, int64_t stride, int64_t i, const float *v)
@@ -1200,18 +1197,18 @@ __device__ __forceinline__ RowInfo row_info(const MlpArgs &g, int64_t r, bool ex
 // given: dot_kernel's sum, in its order, without reading src again).  One warp per row.  Without DOT the
 // rows are walked by token (tok_list, from token_lists_kernel), a token's rows one after the other, so that
 // its src row comes from DRAM once and then from L1/L2; walked by row, in expert order, the k copies of a row
-// are far apart in time (ncu, Qwen3 T = 16384: X gather 340 -> 278 us).  With DOT the walk by token was
-// slower (574 -> 597 us: its checkpoint reads and Sr writes, the bulk of its traffic, lose their row
-// order), so it walks rows.  Per row, each lane handles the V-wide chunks lane*V + j*32*V (the order of
+// are far apart in time (the X gather ran faster by token under ncu).  With DOT the walk by token was slower
+// (its checkpoint reads and Sr writes, the bulk of its traffic, lose their row order), so it walks rows
+// (bench/RESULTS.md, "the row gathers walked by token").  Per row, each lane handles the V-wide chunks
+// lane*V + j*32*V (the order of
 // dot_kernel's sum), BATCH of them loaded before any is stored.  What bounds these kernels is the number of
 // rows in flight per SM (each row starts with a chain of dependent index loads): BATCH and the template
 // flags keep each instance at <= 64 registers, 4 CTAs of 256 threads per SM (MOE_GATHER_MIN_CTAS, a
-// compile-time knob for experiments; at 6 ptxas spills).  bench/RESULTS.md, 2026-11-24 third session.
-// With 16-bit rows (V = 8) the values in flight are the raw 16-byte vectors, converted to fp32 at use: the
-// scaled and dot instances went from 64 registers to 45-58, and the dY gather with the dot from 450 to
-// 369-373 us at Qwen3-30B-A3B T = 16384 (58 -> 49 us at Mixtral-8x7B T = 4096, 85 -> 66 at gpt-oss-120b);
-// a batch of 3 (MOE_GATHER_BATCH, 64 registers) or 4 (with MOE_GATHER_MIN_CTAS=3) was no faster
-// (371-375 us).  ncu, H200; bench/RESULTS.md, 2026-11-29.
+// compile-time knob for experiments; at 6 ptxas spills; bench/RESULTS.md,
+// "MLP row gathers, dot fused into the Sr gather").  With 16-bit rows (V = 8) the values in flight are the raw
+// 16-byte vectors, converted to fp32 at use: the scaled and dot instances went from 64 registers to 45-58, and the
+// dY gather with the dot ran faster; a batch of 3 (MOE_GATHER_BATCH, 64 registers) or 4 (with
+// MOE_GATHER_MIN_CTAS=3) was no faster (ncu, H200; bench/RESULTS.md, "raw vectors in the dY gather").
 #ifndef MOE_GATHER_MIN_CTAS
 #define MOE_GATHER_MIN_CTAS 4
 #endif
@@ -1368,8 +1365,8 @@ __device__ __forceinline__ void chunk_lanes_along_i(int64_t R, int64_t I, int64_
 
 // The gate kernels are compiled per dtype (DT, a moe_dtype) and activation (ACT, a moe_mlp_activation),
 // which must equal g.dt and g.act (launch_gate_kernel): with both switched at run time per element they
-// issued about twice the instructions the memory traffic needs (ncu, Qwen3 T = 16384: issue-active 57%,
-// 1.2-1.7 TB/s; bench/RESULTS.md, 2026-11-23 fourth session).  The gate kernels are speed-critical: time any
+// issued about twice the instructions the memory traffic needs (ncu; bench/RESULTS.md,
+// "MLP elementwise profile, gate kernels per dtype and activation").  The gate kernels are speed-critical: time any
 // change to them per kernel (ncu gpu__time_duration; bench/RESULTS.md has the history).
 //
 // Forward epilogue of the gate/up GEMM: bias, clamps, the checkpoint, Mr = rnd(act(g)*u [*a]) and
@@ -1379,16 +1376,15 @@ __device__ __forceinline__ void chunk_lanes_along_i(int64_t R, int64_t I, int64_
 // i0 + tx of rows r0 + ty, r0 + ty + 8, ... (lanes along i), whose gate and up values go through gs / us to
 // the checkpoint stores with lanes along the slot (row r0 + tx, columns ty, ty + 8, ...).
 //
-// Measured (ncu, H200, bench/RESULTS.md, 2026-11-29):
+// Measured (ncu, H200; bench/RESULTS.md, "gate_act's loads first"):
 // - The chunk's fp32 loads are all issued before its first store, which the compiler may not move them past
-//   (Mr may alias GU for all it knows): Qwen3-30B-A3B T = 16384 unfused 740 -> 703-714 us, gpt-oss-120b
-//   T = 4096 401 -> 398 us.  Loading the next chunk's values during this one's work gained less (Qwen3 710,
-//   gpt-oss 405 us, at 64 registers); the GENERAL split of gate_bwd with unrolled checkpoint stores lost
-//   (gpt-oss 402 -> 435 us).
-// - What bounds it is issue, not load latency: at gpt-oss, SM throughput 65%, DRAM 38% (1.82 TB/s), 12.3
+//   (Mr may alias GU for all it knows): faster at Qwen3-30B-A3B T = 16384 unfused and gpt-oss-120b T = 4096.
+//   Loading the next chunk's values during this one's work gained less (at 64 registers); the GENERAL split
+//   of gate_bwd with unrolled checkpoint stores lost.
+// - What bounds it is issue, not load latency: at gpt-oss, SM throughput well above DRAM throughput, many
 //   cycles per issued instruction at 34 warps per SM (5 CTAs).
-// - 4 consecutive i per thread and slot-pair words (as gate_bwd_kernel): slower (Qwen3 T = 16384: 1130 us
-//   with both, 883 us with the words alone, 843 us as it was; 2026-11-24, second session).
+// - 4 consecutive i per thread and slot-pair words (as gate_bwd_kernel): slower, with both and with the words
+//   alone (bench/RESULTS.md, "4 consecutive i per thread, checkpoint slot pairs").
 template <int DT, int ACT>
 __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 {
@@ -1451,8 +1447,8 @@ __global__ void __launch_bounds__(RT * 8) gate_act_kernel(MlpArgs g)
 // +0 at the padding positions of the checkpoints, before the epilogues write the real ones.  Work items over
 // the whole grid, per block with padding: its gate_up_ckpt_T slab [2][I][B] (contiguous; 16-byte stores when
 // vec) in segments of ZERO_SEGMENT elements, then its down_ckpt padding rows (16-byte stores when vec_d) in
-// groups of ZERO_ROWS positions.  (It was one CTA per block, which left most of the device idle: 60-72 us per
-// Qwen3-30B-A3B forward under ncu; bench/RESULTS.md, 2026-11-24.)
+// groups of ZERO_ROWS positions.  (It was one CTA per block, which left most of the device idle and ran slower
+// under ncu; bench/RESULTS.md, "MLP zero_padding_kernel over the whole grid".)
 constexpr int64_t ZERO_SEGMENT = 8192, ZERO_ROWS = 16;
 // Work items of one block: its gate_up_ckpt_T segments (zero_gu_items), then its down_ckpt row groups.
 __host__ __device__ inline int64_t zero_gu_items(const MlpArgs &g)
@@ -1543,33 +1539,34 @@ __device__ __forceinline__ float ckpt_word_value(uint32_t word, int shift)
 // per dtype and activation as gate_act_kernel; V = 4 (4 | I) moves 4 consecutive i per thread.
 //   The loads are asynchronous and one chunk ahead: chunk c + 1's dMr values and checkpoint columns are copied
 // into shared memory (cp.async) while chunk c is computed from the other of two stages.  Loaded synchronously,
-// chunk by chunk, the kernel was bound by latency (ncu on an H200, Qwen3 T = 16384: ~2 TB/s, 8 warps per
-// scheduler of which 0.9 eligible; bench/RESULTS.md, 2026-11-28, thirteenth session).
+// chunk by chunk, the kernel was bound by latency (ncu on an H200: DRAM well below its peak, few eligible warps
+// per scheduler; bench/RESULTS.md, "the backward's gate_bwd and token sums" and
+// "gate_bwd's loads one chunk ahead by cp.async").
 //   The checkpoint is read with lanes along the slot, one 4-byte copy per (row, i, gate or up): of a 16-bit
 // dtype, the aligned 32-bit word that holds the row's element (`words`, ckpt_words: a 4-byte aligned
 // checkpoint and B even; the word's other half is the neighbouring slot's and goes unused), from which
 // compute() takes the half at bit 16 * (slot & 1).  (It read two rows' elements as one word where they were
 // consecutive slots at an even index, and the others by 2-byte loads: those waited in the issuing thread and
-// made 27% of the kernel's stall samples; ncu on an H200, Qwen3-30B-A3B T = 16384: 567-594 -> 540-543 us,
-// Mixtral-8x7B T = 4096 663-674 -> 629-643; run132-run134, bench/RESULTS.md, 2026-11-28, seventeenth
-// session.)  Without `words` (a checkpoint aligned to 2 bytes only, or B odd) the 16-bit elements are loaded
+// made a large share of the kernel's stall samples; the words ran faster under ncu on an H200: bench/RESULTS.md,
+// "gate_bwd's checkpoint reads all asynchronous".)  Without `words` (a checkpoint aligned to 2 bytes only, or
+// B odd) the 16-bit elements are loaded
 // synchronously into the low halves.  It is instantiated for f16 and bf16 only (launch_gate_kernel: the rows
 // path takes no f32); its ES == 4 branches keep the template whole for f32.
 //   Instructions are kept few, for the kernel was bound in part by issuing them (ncu source counters of the words
-// form: 516 warp instructions per chunk and warp, stalls "not selected" and "selected" a third of the samples): a
-// whole chunk's checkpoint copies are one unrolled run (RT / 8 per thread, 40 instructions per copy pair as a
-// loop); the chunks of a call without clamps, the affinity on m (a_in_m: ON_I, split operands) or M0r (GENERAL
-// false) skip those steps' tests; a tile's start reads the affinity's chain (ids, b2e, affinities) only with
-// a_in_m.  ncu on an H200: executed instructions 406M -> 257M (built for 5 CTAs per SM, run140); Qwen3-30B-A3B
-// T = 16384 540-545 -> 455-460 us, Mixtral-8x7B T = 4096 630-636 -> 570-576 (bench/RESULTS.md, 2026-11-28,
-// eighteenth session, run139-run141).
+// form: stalls "not selected" and "selected" a large share of the samples): a whole chunk's checkpoint copies are
+// one unrolled run (RT / 8 per thread, far fewer instructions than as a loop); the chunks of a call without
+// clamps, the affinity on m (a_in_m: ON_I, split operands) or M0r (GENERAL false) skip those steps' tests; a
+// tile's start reads the affinity's chain (ids, b2e, affinities) only with a_in_m.  That cut the executed
+// instructions by about a third and ran faster (ncu, H200; bench/RESULTS.md,
+// "gate_bwd issues fewer instructions").
 // Issuing the next tile's first chunk before the current tile's last is computed (no idle tile start) measured
-// slower each time, through the instructions it added (run138, run141).
+// slower each time, through the instructions it added (bench/RESULTS.md,
+// "the next tile's first chunk issued early" and "lean against lean with the tile-ahead stream").
 // Staging: dm_s [stage][row][col] float32; ck_s [stage][gate, up][col][row] the 32-bit words (RT + 1 per
 // column: the copies' lanes along row and compute's (8 column groups x 4 rows) both free of bank conflicts).
 // MOE_GATE_BWD_MIN_CTAS, a compile-time knob for experiments: the CTAs per SM asked of ptxas.  Unset, ptxas
 // picks 57 registers for the bf16 SiLU V = 4 instance (4 CTAs per SM); 5 forces 48 without spills there and
-// was slower (467-472 us against 455-460 at Qwen3 T = 16384, run140).
+// was slower (bench/RESULTS.md, "lean, at its own 57 registers and forced to 48").
 #ifdef MOE_GATE_BWD_MIN_CTAS
 #define MOE_GATE_BWD_BOUNDS __launch_bounds__(RT * 8, MOE_GATE_BWD_MIN_CTAS)
 #else
@@ -1890,9 +1887,8 @@ void launch_gather(const MlpArgs &g, const void *src, void *dst, void *dst3, cud
     const auto kernel = gather_rows_kernel<V, batch, SCALE, DOT>;
     unsigned grid = resident_grid(kernel, 256, host_cdiv((DOT ? g.NB : g.T) * 32, 256));
     // The plain 16-bit copy runs at most MOE_GATHER_COPY_CTAS CTAs per SM (0: as many as fit, 4).  Fewer
-    // rows in flight were faster: ncu on an H200, the X gather at Qwen3-30B-A3B T = 16384 took 188-195 us
-    // at grid 528 (4 per SM), 178-182 at 396 (3), 175-177 at 264 (2); at gpt-oss-120b T = 4096 40-41.5,
-    // 39-41 and 35-36.5 us.  bench/RESULTS.md, 2026-11-29 (run147).
+    // rows in flight were faster: ncu on an H200, the X gather at Qwen3-30B-A3B T = 16384 and at gpt-oss-120b
+    // T = 4096 ran fastest at 2 CTAs per SM, of 2, 3 and 4 (bench/RESULTS.md, "the copy gather at 2 CTAs per SM").
     if (V == 8 && !SCALE && !DOT && MOE_GATHER_COPY_CTAS > 0) {
         const int64_t cap = (int64_t)MOE_GATHER_COPY_CTAS * sm_count();
         if ((int64_t)grid > cap)
