@@ -143,8 +143,9 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Shared-memory stores at 32-bit shared addresses (STS).  Through a generic pointer the compiler emits 64-bit
-// generic stores (ST.E) and puts a MEMBAR.ALL.CTA before every proxy fence (seen in the SASS; bench/RESULTS.md,
-// "Epilogue stores through 32-bit shared addresses").
+// generic stores (ST.E) with 64-bit address arithmetic (seen in the SASS); the MEMBAR.ALL.CTA before each proxy
+// fence stays either way, it is how fence.proxy.async compiles (bench/RESULTS.md, "Epilogue stores through
+// 32-bit shared addresses").
 __device__ __forceinline__ void sts_b32(uint32_t addr, uint32_t v)
 {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
