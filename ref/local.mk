@@ -1,4 +1,16 @@
 # ref/: the plain-C11 OpenMP CPU reference of every op.
-libmoe_la_SOURCES += ref/dtype.c ref/routing.c ref/gemm_naive.c ref/gemm_blocked.c ref/alloc_shells.c \
-	ref/ref_backend.c
+libmoe_la_SOURCES += ref/dtype.c ref/routing.c ref/gemm_naive.c ref/alloc_shells.c ref/ref_backend.c
 noinst_HEADERS += ref/moe_ref.h ref/ref_threads.h ref/ref_bf16.h
+
+# ref/gemm/: the grouped GEMM's blocked twin, the one the public API runs (gemm_internal.h has the design).
+libmoe_la_SOURCES += ref/gemm/kernels.c ref/gemm/tiles.c ref/gemm/setup.c ref/gemm/fwd_dw.c ref/gemm/dx.c \
+	ref/gemm/topk.c
+noinst_HEADERS += ref/gemm/gemm_internal.h ref/gemm/convert.h
+
+# The blockwise MoE MLP reference (issue 3): the block layouts (ref/mlp_layout.c) and ref/mlp/, the forward
+# and backward (mlp_internal.h has the structure).
+include_HEADERS += include/moe_mlp.h
+libmoe_la_SOURCES += src/mlp_api.c ref/mlp_layout.c ref/mlp/tiles.c ref/mlp/activations.c ref/mlp/slot_index.c \
+	ref/mlp/workspace.c ref/mlp/fwd.c ref/mlp/bwd.c
+noinst_HEADERS += ref/mlp_ref.h ref/mlp/mlp_internal.h ref/mlp/activations.h
+EXTRA_DIST += specs/MLP.md

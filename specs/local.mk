@@ -1,7 +1,8 @@
 # specs/: semantics decisions, the ACSL logic and the Frama-C/WP proof run (issue 5).
 EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md specs/README.md specs/VERIFY-SUMMARY.md specs/THRESHOLDS.md \
-	specs/routing.acsl specs/arith.acsl specs/mlp_layout.acsl specs/gemm.acsl specs/mlp.acsl specs/mlp_problem.acsl specs/verify.sh specs/PROPTEST.md \
-	specs/wp-cache.txt
+	specs/routing.acsl specs/arith.acsl specs/mlp_layout.acsl specs/gemm.acsl specs/gemm_blocked.acsl \
+	specs/mlp.acsl specs/mlp_index.acsl specs/mlp_fwd.acsl specs/mlp_bwd.acsl specs/mlp_problem.acsl \
+	specs/verify.sh specs/PROPTEST.md specs/wp-cache.txt
 DISTCLEANFILES += specs/verify-config.sh
 
 # make verify: prove every listed reference function with Frama-C/WP (specs/verify.sh has the pinned
