@@ -26,7 +26,7 @@
 #ifndef LIBMOE_REF_H
 #define LIBMOE_REF_H
 
-#include "moe_internal.h"
+#include "moe_backend.h"
 
 #include <string.h>
 

@@ -63,7 +63,7 @@ if [ "${1:-}" = "--one" ]; then
     log=$work/$name.log
     echo "verify: $file: $fcts"
     # shellcheck disable=SC2086
-    if ! "$FRAMAC" -cpp-extra-args="-I$srcdir/include -I$srcdir/src -I$srcdir/ref -I$srcdir/specs -D_POSIX_C_SOURCE=200809L" -c11 \
+    if ! "$FRAMAC" -cpp-extra-args="-I$srcdir/include -I$srcdir/backend -I$srcdir/src -I$srcdir/ref -I$srcdir/specs -D_POSIX_C_SOURCE=200809L" -c11 \
         "$srcdir/$file" -wp -wp-rte -wp-fct "$fcts" -wp-model Typed+int -warn-special-float none \
         -wp-prover z3,cvc4 -wp-timeout 60 -wp-par 2 -wp-frama-c-stdlib-terminate -rte-no-pointer-call -wp-session "$work/session/$name" -wp-cache "$VERIFY_CACHE_MODE" \
         > "$log" 2>&1; then

@@ -1,10 +1,7 @@
 /* moe_routing_build: moe_routing_from_topk on a backend (host arrays for MOE_BACKEND_REF, device arrays and
- * a stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu). */
-#include "moe_internal.h"
+ * a stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu), through the backend table's routing_build row. */
+#include "moe_backend.h"
 #include "moe_ref.h"
-#ifdef MOE_HAVE_CUDA
-#include "../gpu/routing_cuda.h"
-#endif
 
 #include <inttypes.h>
 
@@ -18,9 +15,9 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
     if (table == NULL || !table->available())
         return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) is not available here", op, (int)backend,
                         moe_backend_name(backend));
-    if (backend == MOE_BACKEND_REF)
-        return moe_routing_from_topk(num_tokens, topk, num_experts, topk_ids, m_sizes, gather_indices,
-                                     scatter_indices);
+    const moe_routing_problem p = {op, num_tokens, topk, num_experts, stream};
+    if (table->validates_routing_on_host) /* the host row checks everything itself */
+        return table->routing_build(&p, topk_ids, m_sizes, gather_indices, scatter_indices);
     /* the dimension checks of moe_routing_from_topk (proved), a tighter size bound for the device arrays,
      * then no overlaps (device arrays are not read here) */
     int64_t rows = 0;
@@ -36,11 +33,5 @@ moe_status moe_routing_build(moe_backend backend, int64_t num_tokens, int64_t to
     status = moe_ref_routing_arrays_check(op, rows, num_experts, topk_ids, m_sizes, gather_indices, scatter_indices);
     if (status != MOE_OK)
         return status;
-#ifdef MOE_HAVE_CUDA
-    return moe_cuda_routing_build(num_tokens, topk, num_experts, topk_ids, m_sizes, gather_indices,
-                                  scatter_indices, stream);
-#else
-    (void)stream;
-    return moe_fail(MOE_ERR_NO_BACKEND, "%s: the CUDA backend was not built", op);
-#endif
+    return table->routing_build(&p, topk_ids, m_sizes, gather_indices, scatter_indices);
 }
