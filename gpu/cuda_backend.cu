@@ -1,4 +1,4 @@
-// The CUDA backend's dispatch table and host glue (device pointers, options.stream).
+// The CUDA backend's table (every row of moe_dispatch) and its host glue (device pointers, options.stream).
 #include "cuda_check.cuh"
 #include "gemm_cuda.cuh"
 #include "mlp_cuda.h"
@@ -8,6 +8,22 @@ static int cuda_available(void)
 {
     int count = 0;
     return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+static moe_status cuda_routing_build(const moe_routing_problem *p, const int64_t *topk_ids, int64_t *m_sizes,
+                                     int64_t *gather_indices, int64_t *scatter_indices)
+{
+    return moe_cuda_routing_build(p->T, p->k, p->E, topk_ids, m_sizes, gather_indices, scatter_indices, p->stream);
+}
+
+static moe_status cuda_mlp_layout_build(const moe_layout_problem *p, const int64_t *topk_ids,
+                                        const void *topk_weights, int64_t *block_to_expert,
+                                        int64_t *token_position_to_id, void *affinities, int64_t *num_dropped,
+                                        int64_t *num_blocks_used)
+{
+    return moe_cuda_mlp_layout_build(p->kind, p->T, p->k, p->E, p->B, p->pad, p->dtype, topk_ids, topk_weights,
+                                     p->num_blocks, block_to_expert, token_position_to_id, affinities, num_dropped,
+                                     num_blocks_used, p->stream);
 }
 
 // moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the MLP's
@@ -29,6 +45,10 @@ static moe_dispatch make_cuda_dispatch()
     table.gemm_dx = moe_cuda_gemm_dx;
     table.gemm_dw = moe_cuda_gemm_dw;
     table.gemm_topk_weights_grad = moe_cuda_gemm_topk_weights_grad;
+    table.mlp_fwd = moe_cuda_mlp_fwd;
+    table.mlp_bwd = moe_cuda_mlp_bwd;
+    table.routing_build = cuda_routing_build;
+    table.mlp_layout_build = cuda_mlp_layout_build;
     table.validates_routing_on_host = 0; // routing lives on the device: checked there
     table.synchronize = cuda_synchronize;
     return table;

@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "moe_internal.h"
+#include "moe_backend.h"
 }
 
 #define MOE_CUDA_CHECK(call)                                                                       \

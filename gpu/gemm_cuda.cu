@@ -2109,7 +2109,7 @@ moe_status moe_cuda_synchronize(void *stream)
 // ------------------------------------------------------------------------------------------------
 // Autotuning hooks (the driver is src/autotune.c)
 // ------------------------------------------------------------------------------------------------
-// (declared in moe_internal.h under MOE_HAVE_CUDA, which this file's compile does not see: hence the
+// (declared in moe_backend.h under MOE_HAVE_CUDA, which this file's compile does not see: hence the
 // explicit C linkage)
 extern "C" {
 void moe_cuda_tune_force(const moe_tune_choice *choice) { tune_forced = choice; }

@@ -3,7 +3,7 @@
 #define LIBMOE_GEMM_CUDA_CUH
 
 extern "C" {
-#include "moe_internal.h"
+#include "moe_backend.h"
 }
 
 moe_status moe_cuda_gemm_fwd(const moe_gemm_problem *p, const void *x, const void *w,

@@ -15,10 +15,10 @@ if MOE_CUDA
 MOE_CUDA_OBJECTS = $(MOE_CUDA_SRCS:.cu=.lo)
 libmoe_la_LIBADD += $(MOE_CUDA_OBJECTS) $(CUDA_LIBS)
 EXTRA_libmoe_la_DEPENDENCIES = $(MOE_CUDA_OBJECTS)
-$(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/src/moe_internal.h
+$(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/backend/moe_backend.h
 endif
 
-NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/src \
+NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/backend \
 	-I$(top_builddir) $(MOE_NVCC_WARNFLAGS) $(NVCCFLAGS)
 AM_V_NVCC = $(am__v_NVCC_@AM_V@)
 am__v_NVCC_ = $(am__v_NVCC_@AM_DEFAULT_V@)
@@ -34,5 +34,5 @@ mostlyclean-cuda:
 .PHONY: mostlyclean-cuda
 
 if MOE_CUDA
-gpu/mlp_cuda.lo gpu/routing_cuda.lo: $(top_srcdir)/ref/mlp_ref.h $(top_srcdir)/include/moe_mlp.h
+gpu/mlp_cuda.lo gpu/routing_cuda.lo: $(top_srcdir)/backend/moe_backend.h $(top_srcdir)/include/moe_mlp.h
 endif

@@ -1,8 +1,8 @@
 /*
  * CUDA blockwise MoE MLP (gpu/mlp_cuda.cu): the launchers behind moe_mlp_fwd / moe_mlp_bwd with
- * MOE_BACKEND_CUDA.  Plain C so that src/mlp_api.c can include it.
+ * MOE_BACKEND_CUDA (the rows mlp_fwd and mlp_bwd of gpu/cuda_backend.cu's table).
  *
- * Contract (besides moe_internal.h's):
+ * Contract (besides moe_backend.h's):
  *   - Every pointer (tensors and the layout arrays in p) is a device pointer; the work is queued on
  *     p->stream (a cudaStream_t, NULL = the default stream) and the call returns without waiting.
  *   - The front end has checked options, dimensions, pointers and overlaps.  The layout's contents
@@ -23,7 +23,7 @@
 #ifndef LIBMOE_MLP_CUDA_H
 #define LIBMOE_MLP_CUDA_H
 
-#include "../ref/mlp_ref.h"
+#include "moe_backend.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,8 +1,9 @@
 /*
  * Device builders (gpu/routing_cuda.cu): the launchers behind moe_routing_build and
- * moe_mlp_layout_build_on with MOE_BACKEND_CUDA.  Plain C so that src/build_api.c can include it.
+ * moe_mlp_layout_build_on with MOE_BACKEND_CUDA (the rows routing_build and mlp_layout_build of
+ * gpu/cuda_backend.cu's table).
  *
- * Contract (besides moe_internal.h's):
+ * Contract (besides moe_backend.h's):
  *   - Every array is a device array; the work is queued on `stream` (a cudaStream_t, NULL = the default
  *     stream) and the call returns without waiting.
  *   - The front end has checked dimensions, pointers and overlaps.  The contents of topk_ids (every id in
@@ -20,7 +21,7 @@
 extern "C" {
 #endif
 
-#include "moe_internal.h"
+#include "moe_backend.h"
 #include "moe_mlp.h"
 
 moe_status moe_cuda_routing_build(int64_t T, int64_t k, int64_t E, const int64_t *topk_ids, int64_t *m_sizes,

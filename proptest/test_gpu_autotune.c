@@ -12,7 +12,7 @@
  *   5. an invalid routing on the device is reported by the tuning as MOE_ERR_INVALID_ROUTING.
  * usage: test_gpu_autotune [seed] */
 #include "moe.h"
-#include "moe_internal.h"
+#include "moe_backend.h"
 #include "oracle.h"
 #include "gpu_check.h"
 

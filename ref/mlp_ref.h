@@ -1,6 +1,6 @@
 /*
  * The blockwise MoE MLP reference (ref/mlp.c, ref/mlp_layout.c) and what the front end (src/mlp_api.c)
- * hands it.  Contract as in moe_internal.h: everything is validated before a kernel runs; each output
+ * hands it.  Contract as in moe_backend.h: everything is validated before a kernel runs; each output
  * element is written exactly once, by one thread, in an order that does not depend on the thread count.
  *
  * Float32 operation order of the reference (acc starts at +0.0f; every sum, "dot" included, adds its
@@ -35,38 +35,12 @@
 #ifndef LIBMOE_MLP_REF_H
 #define LIBMOE_MLP_REF_H
 
-#include "moe_internal.h"
+#include "moe_backend.h"
 #include "moe_mlp.h"
 
 #ifdef __FRAMAC__
 #include "mlp_layout.acsl" /* specs/: the ACSL logic of block layouts (Frama-C only) */
 #endif
-
-/* A validated MLP call. */
-typedef struct moe_mlp_problem {
-    const char *op;
-    int64_t T;                 /* tokens */
-    int64_t E;                 /* experts */
-    int64_t N;                 /* blocks */
-    int64_t B;                 /* block size (resolved: never 0) */
-    int64_t H;
-    int64_t I;
-    int64_t token_rows;        /* rows of hidden/out/out_grad/d_hidden: T, or T + 1 with MOE_MLP_PAD_ROW */
-    const int64_t *block_to_expert;
-    const int64_t *token_position_to_id;
-    moe_dtype dtype;           /* every tensor but the weight/bias gradients */
-    moe_dtype grad_dtype;      /* d_w_gu, d_w_d, d_b_gu, d_b_d */
-    moe_mlp_activation activation;
-    moe_mlp_affinity affinity;
-    int bias;
-    int accumulate;
-    int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
-    float lin_lo, lin_hi, nl_lo, nl_hi;
-    int overwrite;             /* options.tensor_update_overwrite (checked by the layout check) */
-    int round_intermediates;   /* options.round_intermediates with a 16-bit dtype (0 for f32) */
-    moe_mlp_padding padding;
-    void *stream;              /* MOE_BACKEND_CUDA: the cudaStream_t */
-} moe_mlp_problem;
 
 #ifdef __FRAMAC__
 #include <errno.h>  /* errno, in the assigns clauses of moe_ref_mlp_fwd / moe_ref_mlp_bwd */

@@ -1,5 +1,5 @@
-/* The array checks every entry point shares: sizes, NULL pointers, alignment, overlaps (see moe_internal.h). */
-#include "moe_internal.h"
+/* The array checks every entry point shares: sizes, NULL pointers, alignment, overlaps (see moe_backend.h). */
+#include "moe_backend.h"
 
 #include <inttypes.h>
 #include <stdint.h>

@@ -26,7 +26,7 @@
  * Version-1 lines ("libmoe-tune 1|...", 19 fields: no PINGPONG) still load, with PINGPONG -1; the writer
  * writes version 2.  moe_gemm_autotune appends one line per tuning; loading takes the last line of each key.
  */
-#include "moe_internal.h"
+#include "moe_backend.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* The backend table: starts with the reference; gpu/ overrides it per op when built in. */
-#include "moe_internal.h"
+#include "moe_backend.h"
 
 #include <stddef.h>
 

@@ -1,5 +1,5 @@
 /* Status strings and the per-thread last-error message. */
-#include "moe_internal.h"
+#include "moe_backend.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* Public grouped GEMM entry points: validate every argument, then call the backend's table. */
-#include "moe_internal.h"
+#include "moe_backend.h"
 #include "moe_ref.h"
 
 #include <inttypes.h>

@@ -1,18 +1,60 @@
-/* Public blockwise MoE MLP entry points: validate every argument, then run the reference
- * (MOE_BACKEND_REF, host pointers, ref/mlp.c) or the CUDA kernels (MOE_BACKEND_CUDA, device pointers,
- * gpu/mlp_cuda.cu; the layout's contents are checked on the device there, errors reported by
- * moe_backend_synchronize).  The MLP is not in the dispatch table (moe_dispatch). */
+/* Public blockwise MoE MLP entry points: validate every argument, then run the backend table's row
+ * (moe_dispatch: the reference on host pointers, or the CUDA kernels on device pointers, where the layout's
+ * contents are checked on the device and errors reported by moe_backend_synchronize). */
 #include "mlp_ref.h"
-#ifdef MOE_HAVE_CUDA
-#include "../gpu/mlp_cuda.h"
-#include "../gpu/routing_cuda.h"
-#endif
+#include "moe_activations.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 static const moe_mlp_options default_options; /* all zero: f32, B = 128, SiLU, ON_H, skip padding */
+
+/* ---- activations: the rows of backend/moe_activations.h ---- */
+
+#define ACTIVATION_ROW(value, name, forward, derivative) {#value, name},
+static const struct { const char *enum_name, *name; } activations[MOE_MLP_ACTIVATION_COUNT] = {
+    MOE_MLP_ACTIVATIONS(ACTIVATION_ROW)
+};
+#undef ACTIVATION_ROW
+
+/* "A, B, C or D" of the enum names (names = 0) or of the spellings (names = 1), for messages. */
+static const char *activation_choices(int names, char *text, size_t size)
+{
+    size_t used = 0;
+    text[0] = '\0';
+    for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT && used < size; a++) {
+        const char *sep = a == 0 ? "" : a + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ";
+        const int n = snprintf(text + used, size - used, "%s%s", sep,
+                               names ? activations[a].name : activations[a].enum_name);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    return text;
+}
+
+const char *moe_mlp_activation_name(moe_mlp_activation activation)
+{
+    return (unsigned)activation < (unsigned)MOE_MLP_ACTIVATION_COUNT ? activations[activation].name : NULL;
+}
+
+moe_status moe_mlp_activation_from_name(const char *name, moe_mlp_activation *activation)
+{
+    static const char op[] = "moe_mlp_activation_from_name";
+    moe_clear_error();
+    if (activation == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: activation is NULL", op);
+    if (name != NULL)
+        for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT; a++)
+            if (strcmp(name, activations[a].name) == 0) {
+                *activation = (moe_mlp_activation)a;
+                return MOE_OK;
+            }
+    char choices[256];
+    return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s%s%s is not an activation, expected %s", op, name ? "\"" : "",
+                    name ? name : "NULL", name ? "\"" : "", activation_choices(1, choices, sizeof choices));
+}
 
 static const char *clamp_name(int which)
 {
@@ -32,9 +74,11 @@ static moe_status check_options(const char *op, const moe_mlp_options *o, int64_
                         ", expected >= 1 (or 0 for the default %d)", op, o->block_size,
                         MOE_MLP_DEFAULT_BLOCK_SIZE);
     *B = o->block_size == 0 ? MOE_MLP_DEFAULT_BLOCK_SIZE : o->block_size;
-    if ((unsigned)o->activation > (unsigned)MOE_ACT_SWISH)
-        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected MOE_ACT_SILU, "
-                        "MOE_ACT_GELU, MOE_ACT_GELU_TANH or MOE_ACT_SWISH", op, (int)o->activation);
+    if ((unsigned)o->activation >= (unsigned)MOE_MLP_ACTIVATION_COUNT) {
+        char choices[256];
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected %s", op, (int)o->activation,
+                        activation_choices(0, choices, sizeof choices));
+    }
     if ((unsigned)o->affinity > (unsigned)MOE_AFFINITY_ON_I)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.affinity = %d, expected MOE_AFFINITY_ON_H or "
                         "MOE_AFFINITY_ON_I", op, (int)o->affinity);
@@ -68,9 +112,9 @@ static moe_status check_layout_alignment(const char *op, const moe_mlp_layout *l
     return moe_check_aligned(op, "layout.token_position_to_id", layout->token_position_to_id, 8, "int64");
 }
 
-/* Backend, options, layout and dimensions; fills the problem. */
+/* Backend, options, layout and dimensions; fills the problem and *table (the backend's table). */
 static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_layout *layout, int64_t H,
-                          int64_t I, const moe_mlp_options **opt, moe_mlp_problem *p)
+                          int64_t I, const moe_mlp_options **opt, moe_mlp_problem *p, const moe_dispatch **table)
 {
     moe_clear_error();
     if (*opt == NULL)
@@ -78,13 +122,13 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     const moe_mlp_options *o = *opt;
     if (backend != MOE_BACKEND_REF && backend != MOE_BACKEND_CUDA)
         return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d is not a libmoe backend", op, (int)backend);
-    if (backend == MOE_BACKEND_CUDA) {
-        const moe_dispatch *table = moe_dispatch_for(backend);
-        if (table == NULL)
-            return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend cuda was not built into this libmoe", op);
-        if (!table->available())
-            return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend cuda is built in but cannot run here (no device?)", op);
-    }
+    *table = moe_dispatch_for(backend);
+    if (*table == NULL)
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %s was not built into this libmoe", op,
+                        moe_backend_name(backend));
+    if (!(*table)->available())
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %s is built in but cannot run here (no device?)", op,
+                        moe_backend_name(backend));
     int64_t B = 0;
     moe_status status = check_options(op, o, &B);
     if (status != MOE_OK)
@@ -96,15 +140,15 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     if (status != MOE_OK)
         return status;
     /* a device layout's contents are checked on the device (gpu/mlp_cuda.cu) */
-    status = backend == MOE_BACKEND_CUDA
-                 ? moe_ref_mlp_check_layout_shape(op, layout, B)
-                 : moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0);
+    status = (*table)->validates_routing_on_host
+                 ? moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0)
+                 : moe_ref_mlp_check_layout_shape(op, layout, B);
     if (status != MOE_OK)
         return status;
     const int64_t T = layout->num_tokens, E = layout->num_experts, N = layout->num_blocks;
     int64_t I2 = 0, EH = 0, EI2 = 0, EHI2 = 0, NB = 0, NBH = 0, NBI2 = 0;
-    /* each bound its own message (one shared message blamed the products for the size bounds; an audit,
-     * 2026-11-29); SIZE_MAX / 64 bounds a row of H or 2I elements in the reference's scratch, in bytes */
+    /* each bound its own message, so that a size bound is not blamed on the products; SIZE_MAX / 64 bounds a
+     * row of H or 2I elements in the reference's scratch, in bytes */
     if (!moe_mul_ok(I, 2, &I2) || (uint64_t)I2 > SIZE_MAX / 64 || (uint64_t)H > SIZE_MAX / 64)
         return moe_fail(MOE_ERR_OVERFLOW, "%s: hidden_size = %" PRId64 " or 2 * intermediate_size = 2 * %" PRId64
                         " exceeds SIZE_MAX / 64", op, H, I);
@@ -171,7 +215,8 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
 {
     static const char op[] = "moe_mlp_fwd";
     moe_mlp_problem p;
-    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p);
+    const moe_dispatch *table = NULL;
+    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p, &table);
     if (status != MOE_OK)
         return status;
     if (options->accumulate)
@@ -196,11 +241,7 @@ moe_status moe_mlp_fwd(moe_backend backend, const moe_mlp_layout *layout, int64_
     status = check_with_layout(op, &p, layout, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
-#ifdef MOE_HAVE_CUDA
-    if (backend == MOE_BACKEND_CUDA)
-        return moe_cuda_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T, down_ckpt);
-#endif
-    return moe_ref_mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T, down_ckpt);
+    return table->mlp_fwd(&p, hidden, affinities, w_gu, w_d, b_gu, b_d, out, gate_up_ckpt_T, down_ckpt);
 }
 
 moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_t hidden_size,
@@ -211,7 +252,8 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
 {
     static const char op[] = "moe_mlp_bwd";
     moe_mlp_problem p;
-    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p);
+    const moe_dispatch *table = NULL;
+    moe_status status = prepare(op, backend, layout, hidden_size, intermediate_size, &options, &p, &table);
     if (status != MOE_OK)
         return status;
     const int64_t H = p.H, I = p.I, E = p.E, NB = p.N * p.B;
@@ -242,13 +284,8 @@ moe_status moe_mlp_bwd(moe_backend backend, const moe_mlp_layout *layout, int64_
     status = check_with_layout(op, &p, layout, args, (int)(sizeof args / sizeof args[0]));
     if (status != MOE_OK)
         return status;
-#ifdef MOE_HAVE_CUDA
-    if (backend == MOE_BACKEND_CUDA)
-        return moe_cuda_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad,
-                                d_hidden, d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
-#endif
-    return moe_ref_mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad, d_hidden,
-                           d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
+    return table->mlp_bwd(&p, hidden, affinities, w_gu, w_d, b_d, gate_up_ckpt_T, down_ckpt, out_grad, d_hidden,
+                          d_affinities, d_w_gu, d_w_d, d_b_gu, d_b_d);
 }
 
 /* ---- layouts ---- */
@@ -483,29 +520,9 @@ moe_status moe_mlp_layout_build_on(moe_backend backend, moe_mlp_layout_kind kind
                                  num_dropped, num_blocks_used, &NB);
     if (status != MOE_OK)
         return status;
-    const int64_t pad = options->padding == MOE_MLP_PAD_ROW ? num_tokens : -1;
-#ifdef MOE_HAVE_CUDA
-    if (backend == MOE_BACKEND_CUDA)
-        return moe_cuda_mlp_layout_build(kind, num_tokens, topk, num_experts, B, pad, options->dtype, topk_ids,
-                                         topk_weights, num_blocks, block_to_expert, token_position_to_id,
-                                         affinities, num_dropped, num_blocks_used, options->stream);
-#endif
-    status = moe_ref_mlp_check_topk(op, num_tokens, topk, num_experts, topk_ids);
-    if (status != MOE_OK)
-        return status;
-    const int64_t used = moe_ref_mlp_count_blocks(kind, num_tokens, topk, num_experts, B, topk_ids);
-    if (used < 0)
-        return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %" PRId64 " experts", op, num_experts);
-    status = moe_ref_mlp_build_layout(op, kind, num_tokens, topk, num_experts, B, options->padding,
-                                      options->dtype, topk_ids, topk_weights, used, block_to_expert,
-                                      token_position_to_id, affinities, num_dropped);
-    if (status != MOE_OK)
-        return status;
-    for (int64_t n = used; n < num_blocks; n++) /* the capacity's tail: padding blocks of expert E-1 */
-        block_to_expert[n] = num_experts - 1;
-    for (int64_t p = used * B; p < NB; p++)
-        token_position_to_id[p] = pad;
-    if (num_blocks_used != NULL)
-        *num_blocks_used = used;
-    return MOE_OK;
+    const moe_layout_problem p = {op, kind, num_tokens, topk, num_experts, B, num_blocks, options->padding,
+                                  options->padding == MOE_MLP_PAD_ROW ? num_tokens : -1, options->dtype,
+                                  options->stream};
+    return table->mlp_layout_build(&p, topk_ids, topk_weights, block_to_expert, token_position_to_id, affinities,
+                                   num_dropped, num_blocks_used);
 }

@@ -16,7 +16,7 @@
  *      the same entry. */
 #include "check.h"
 #include "moe.h"
-#include "moe_internal.h"
+#include "moe_backend.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* Thread-count independence (moe_internal.h kernel contract: "results do not depend on the thread count
+/* Thread-count independence (moe_backend.h kernel contract: "results do not depend on the thread count
  * or on scheduling"): every op gives bitwise identical outputs with 1 and 2 OpenMP threads.
  *
  * Ops: fwd, dx (with/without reduce_topk), dw (with/without dw_fp32), topk_weights_grad, bwd (dx+dw+dtopk,

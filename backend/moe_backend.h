@@ -1,6 +1,8 @@
 /*
- * libmoe internals shared by src/, ref/ and gpu/: error recording, the validated problem description
- * handed to a backend, and the dispatch table.
+ * The contract between the front end (src/, every public moe_* entry point) and the backends (ref/, the
+ * reference; gpu/, CUDA): error recording, the validated problem descriptions handed to a backend, and the
+ * backend table (moe_dispatch) through which every op runs.  src/ includes this header and no backend's;
+ * ref/ and gpu/ include it and neither each other nor src/.
  *
  * Kernel contract (every backend, every op):
  *   - The front end (src/gemm_api.c) has validated every dimension, pointer, option and (for host
@@ -19,6 +21,7 @@
 #endif
 
 #include "moe.h"
+#include "moe_mlp.h"
 
 #include <stdint.h>
 
@@ -108,7 +111,56 @@ typedef struct moe_gemm_problem {
     int64_t ref_scratch_bytes;      /* >= 1: options.ref_scratch_bytes, its default filled in */
 } moe_gemm_problem;
 
-/* One backend's implementation of each op.  Arguments have the shapes documented in moe.h. */
+/* A validated MLP call. */
+typedef struct moe_mlp_problem {
+    const char *op;
+    int64_t T;                 /* tokens */
+    int64_t E;                 /* experts */
+    int64_t N;                 /* blocks */
+    int64_t B;                 /* block size (resolved: never 0) */
+    int64_t H;
+    int64_t I;
+    int64_t token_rows;        /* rows of hidden/out/out_grad/d_hidden: T, or T + 1 with MOE_MLP_PAD_ROW */
+    const int64_t *block_to_expert;
+    const int64_t *token_position_to_id;
+    moe_dtype dtype;           /* every tensor but the weight/bias gradients */
+    moe_dtype grad_dtype;      /* d_w_gu, d_w_d, d_b_gu, d_b_d */
+    moe_mlp_activation activation;
+    moe_mlp_affinity affinity;
+    int bias;
+    int accumulate;
+    int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
+    float lin_lo, lin_hi, nl_lo, nl_hi;
+    int overwrite;             /* options.tensor_update_overwrite (checked by the layout check) */
+    int round_intermediates;   /* options.round_intermediates with a 16-bit dtype (0 for f32) */
+    moe_mlp_padding padding;
+    void *stream;              /* MOE_BACKEND_CUDA: the cudaStream_t */
+} moe_mlp_problem;
+
+/* A device build of moe_routing_build after validation (dimensions, pointers, overlaps). */
+typedef struct moe_routing_problem {
+    const char *op;
+    int64_t T, k, E;
+    void *stream;
+} moe_routing_problem;
+
+/* A build of moe_mlp_layout_build_on after validation (dimensions, capacity, pointers, overlaps). */
+typedef struct moe_layout_problem {
+    const char *op;
+    moe_mlp_layout_kind kind;
+    int64_t T, k, E;
+    int64_t B;                 /* block size (resolved) */
+    int64_t num_blocks;        /* the capacity: at least moe_mlp_layout_max_blocks */
+    moe_mlp_padding padding;
+    int64_t pad;               /* the padding mark: -1, or T with MOE_MLP_PAD_ROW */
+    moe_dtype dtype;           /* of topk_weights and affinities */
+    void *stream;
+} moe_layout_problem;
+
+/* One backend's implementation of each op: a row per op, as BLIS's context.  Every table fills every row
+ * (tests/test_tables checks each table built in): the reference's (ref/ref_backend.c) on host
+ * pointers, the CUDA one (gpu/cuda_backend.cu) on device pointers.  Arguments have the shapes documented in
+ * moe.h and moe_mlp.h.  Adding an op: a row here, its entry point in src/, and a function in each table. */
 typedef struct moe_dispatch {
     const char *name;
     int (*available)(void);
@@ -120,6 +172,22 @@ typedef struct moe_dispatch {
                           const void *topk_weights, void *dw);
     moe_status (*gemm_topk_weights_grad)(const moe_gemm_problem *p, const void *x, const void *w,
                                          const void *dy, void *d_topk_weights);
+    moe_status (*mlp_fwd)(const moe_mlp_problem *p, const void *hidden, const void *affinities, const void *w_gu,
+                          const void *w_d, const void *b_gu, const void *b_d, void *out, void *gate_up_ckpt_T,
+                          void *down_ckpt);
+    moe_status (*mlp_bwd)(const moe_mlp_problem *p, const void *hidden, const void *affinities, const void *w_gu,
+                          const void *w_d, const void *b_d, const void *gate_up_ckpt_T, const void *down_ckpt,
+                          const void *out_grad, void *d_hidden, void *d_affinities, void *d_w_gu, void *d_w_d,
+                          void *d_b_gu, void *d_b_d);
+    /* The host row (validates_routing_on_host) is moe_routing_from_topk, which validates everything itself; a
+     * device row gets arrays checked by the front end, whose contents it checks on the device. */
+    moe_status (*routing_build)(const moe_routing_problem *p, const int64_t *topk_ids, int64_t *m_sizes,
+                                int64_t *gather_indices, int64_t *scatter_indices);
+    /* Fills all p->num_blocks blocks: those past the routing's own count hold expert E-1 and only padding;
+     * *num_blocks_used (when not NULL) receives that count. */
+    moe_status (*mlp_layout_build)(const moe_layout_problem *p, const int64_t *topk_ids, const void *topk_weights,
+                                   int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
+                                   int64_t *num_dropped, int64_t *num_blocks_used);
     /* Non-zero: the front end checks routing contents on the host before calling (host pointers). */
     int validates_routing_on_host;
     /* Waits for the backend's queued work on `stream` and reports errors detected there (NULL: the
