@@ -20,7 +20,7 @@
  * |error| / bound is printed with PASS or FAIL; the exit status is 1 on any failure.
  *
  * --twin naive times the naive twins (ref/gemm_naive.c) by calling them directly; the default goes
- * through the public API with MOE_BACKEND_REF, i.e. the blocked twins (ref/gemm_blocked.c).
+ * through the public API with MOE_BACKEND_REF, i.e. the blocked twins (ref/gemm/).
  */
 #include "moe.h"
 #include "moe_ref.h"

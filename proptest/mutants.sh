@@ -57,62 +57,62 @@ shrink=${MUTANTS_SHRINK_SECONDS:-3}
 # that makes the edits with `edit FILE OLD NEW` (literal text; OLD must occur exactly once).
 # ---------------------------------------------------------------------------------------------------
 REGISTRY='offsets-off-by-one|ref/routing.c|counting sort of moe_routing_from_topk takes ++next[e] for next[e]++: every row one past its expert offset
-token-g-not-g-over-k|ref/gemm_blocked.c|permute_x gathers x row g (the slot) instead of g/k (its token)
-clamp-mask-dropped|ref/mlp.c|MLP backward: the gate gradient ignores the nonlinear clamp mask
-silu-derivative|ref/mlp.c|SiLU derivative written as s(1-s) (the sigmoid derivative) instead of s(1+x(1-s))
-gate-up-bias-half|ref/mlp.c|db_gu sums only the gate half (j < I); the up half stays +0
-dA-not-zeroed|ref/mlp.c|d_affinities row buffer not zeroed per token: stale values for experts a token skips
-W-transposed-square|ref/gemm_blocked.c|forward packs W[e] as [K][N] (transposed) exactly when N == K
-bf16-accumulation|ref/gemm_blocked.c|bf16 inputs: the float32 accumulator is rounded to bf16 after every step
-missed-tail-row|ref/gemm_blocked.c|the last row of a partial 96-row block (an expert tail, the dW tail in N) is never computed
-lost-topk-weight|ref/gemm_blocked.c|dW drops the topk weight of its rows (fwd and dX keep it)
-reduction-tail-block|ref/gemm_blocked.c|tile edge: the partial last KB = 256 reduction block is dropped (K, N or rows past 256)
-panel-edge-column|ref/gemm_blocked.c|tile edge: the last real column of a partial NR = 16 W panel is packed as 0
-reduce-topk-order|ref/gemm_blocked.c|dX reduce_topk sums a token slots in reverse order (k-1 .. 0), not the specified 0 .. k-1
-v4-second-half|ref/gemm_blocked.c|the 16-byte micro-kernel skips the second half of a 6-row tile with 4 rows (rows > 4 for rows > 3): only MOE_REF_KERNEL=v4 reaches it on an AVX2 machine
-reduce-chunk-offset|ref/gemm_blocked.c|dX reduce_topk stores every column chunk at column 0 of the token row (the chunk offset c0 dropped): only a K split into chunks (options.ref_scratch_bytes below 4*M*K) shows it
+token-g-not-g-over-k|ref/gemm/gemm_internal.h|permute_x gathers x row g (the slot) instead of g/k (its token)
+clamp-mask-dropped|ref/mlp/bwd.c|MLP backward: the gate gradient ignores the nonlinear clamp mask
+silu-derivative|ref/mlp/activations.h|SiLU derivative written as s(1-s) (the sigmoid derivative) instead of s(1+x(1-s))
+gate-up-bias-half|ref/mlp/bwd.c|db_gu sums only the gate half (j < I); the up half stays +0
+dA-not-zeroed|ref/mlp/bwd.c|d_affinities row buffer not zeroed per token: stale values for experts a token skips
+W-transposed-square|ref/gemm/tiles.c|forward packs W[e] as [K][N] (transposed) exactly when N == K
+bf16-accumulation|ref/gemm/tiles.c|bf16 inputs: the float32 accumulator is rounded to bf16 after every step
+missed-tail-row|ref/gemm/setup.c|the last row of a partial 96-row block (an expert tail, the dW tail in N) is never computed
+lost-topk-weight|ref/gemm/tiles.c|dW drops the topk weight of its rows (fwd and dX keep it)
+reduction-tail-block|ref/gemm/tiles.c|tile edge: the partial last KB = 256 reduction block is dropped (K, N or rows past 256)
+panel-edge-column|ref/gemm/tiles.c|tile edge: the last real column of a partial NR = 16 W panel is packed as 0
+reduce-topk-order|ref/gemm/dx.c|dX reduce_topk sums a token slots in reverse order (k-1 .. 0), not the specified 0 .. k-1
+v4-second-half|ref/gemm/kernels.c|the 16-byte micro-kernel skips the second half of a 6-row tile with 4 rows (rows > 4 for rows > 3): only MOE_REF_KERNEL=v4 reaches it on an AVX2 machine
+reduce-chunk-offset|ref/gemm/dx.c|dX reduce_topk stores every column chunk at column 0 of the token row (the chunk offset c0 dropped): only a K split into chunks (options.ref_scratch_bytes below 4*M*K) shows it
 duplicate-gather|ref/routing.c|the routing validator accepts a repeated gather index
 layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1 instead of T (MOE_MLP_PAD_ROW)
-lost-affinity-fwd|ref/mlp.c|MLP forward (affinity on H) adds d instead of a*d to the token row
-gelu-tanh-derivative|ref/mlp.c|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
-unrounded-aG|ref/mlp.c|round_intermediates: the down projection gradient operand a*G stays float32 (m, dg, du are rounded)
-affinity-rounded-early|ref/mlp.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)
-sigmoid-overflow|ref/mlp.c|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
+lost-affinity-fwd|ref/mlp/fwd.c|MLP forward (affinity on H) adds d instead of a*d to the token row
+gelu-tanh-derivative|ref/mlp/activations.h|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
+unrounded-aG|ref/mlp/bwd.c|round_intermediates: the down projection gradient operand a*G stays float32 (m, dg, du are rounded)
+affinity-rounded-early|ref/mlp/fwd.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)
+sigmoid-overflow|ref/mlp/activations.h|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
 
 m_offsets_off_by_one() {
     edit ref/routing.c 'int64_t r = next[topk_ids[s]]++;' 'int64_t r = ++next[topk_ids[s]];'
 }
 m_token_g_not_g_over_k() {
-    edit ref/gemm_blocked.c 'return p->permute_x ? slot_of_row(p, r) / p->topk : r;' \
+    edit ref/gemm/gemm_internal.h 'return p->permute_x ? slot_of_row(p, r) / p->topk : r;' \
         'return p->permute_x ? slot_of_row(p, r) : r;'
 }
 m_clamp_mask_dropped() {
-    edit ref/mlp.c 'dg[j] = g_free ? (dmj * u[j]) * act_derivative(p->activation, g[j]) : 0.0f;' \
+    edit ref/mlp/bwd.c 'dg[j] = g_free ? (dmj * u[j]) * act_derivative(p->activation, g[j]) : 0.0f;' \
         'dg[j] = ((void)g_free, (dmj * u[j]) * act_derivative(p->activation, g[j]));'
 }
 m_silu_derivative() {
-    edit ref/mlp.c 'return s * (1.0f + x * (1.0f - s));' 'return s * (1.0f - s);'
+    edit ref/mlp/activations.h 'return s * (1.0f + x * (1.0f - s));' 'return s * (1.0f - s);'
 }
 m_gate_up_bias_half() {
-    edit ref/mlp.c '                for (int64_t i = 0; i < n; i++)
+    edit ref/mlp/bwd.c '                for (int64_t i = 0; i < n; i++)
                     for (int64_t j = 0; j < I2; j++)
                         C[j] = C[j] + dGU[i * I2 + j];' '                for (int64_t i = 0; i < n; i++)
                     for (int64_t j = 0; j < I; j++)
                         C[j] = C[j] + dGU[i * I2 + j];'
 }
 m_dA_not_zeroed() {
-    edit ref/mlp.c '            for (int64_t e = 0; e < E; e++)
+    edit ref/mlp/bwd.c '            for (int64_t e = 0; e < E; e++)
                 row_e[e] = 0.0f;
 ' ''
 }
 m_W_transposed_square() {
-    edit ref/gemm_blocked.c 'if (g->kind == OP_FWD || g->kind == OP_TOPK) {' \
+    edit ref/gemm/tiles.c 'if (g->kind == OP_FWD || g->kind == OP_TOPK) {' \
         'if ((g->kind == OP_FWD && p->N != p->K) || g->kind == OP_TOPK) {'
-    edit ref/gemm_blocked.c 'const int64_t ahead = g->kind == OP_DX ? ' 'const int64_t ahead = g->kind != OP_DW ? '
-    edit ref/gemm_blocked.c 'const int64_t first = g->kind == OP_DX ? (ab->e' 'const int64_t first = g->kind != OP_DW ? (ab->e'
+    edit ref/gemm/tiles.c 'const int64_t ahead = g->kind == OP_DX ? ' 'const int64_t ahead = g->kind != OP_DW ? '
+    edit ref/gemm/tiles.c 'const int64_t first = g->kind == OP_DX ? (ab->e' 'const int64_t first = g->kind != OP_DW ? (ab->e'
 }
 m_bf16_accumulation() {
-    edit ref/gemm_blocked.c '                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+    edit ref/gemm/tiles.c '                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
                           s->acc + gi * MR * NB + h * NR, NB);' '                if (g->p->dtype != MOE_BF16) {
                     g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
                               s->acc + gi * MR * NB + h * NR, NB);
@@ -129,10 +129,10 @@ m_bf16_accumulation() {
                 }'
 }
 m_missed_tail_row() {
-    edit ref/gemm_blocked.c 'ab->mi = hi - i0 < MB ? hi - i0 : MB;' 'ab->mi = hi - i0 < MB ? hi - i0 - 1 : MB;'
+    edit ref/gemm/setup.c 'ab->mi = hi - i0 < MB ? hi - i0 : MB;' 'ab->mi = hi - i0 < MB ? hi - i0 - 1 : MB;'
 }
 m_lost_topk_weight() {
-    edit ref/gemm_blocked.c '            if (g->topk_weights != NULL) {
+    edit ref/gemm/tiles.c '            if (g->topk_weights != NULL) {
                 const float wt = topk_weight(g, r);
                 for (int64_t i = 0; i < ab->mi; i++)
                     row[i] = wt * row[i];
@@ -140,24 +140,24 @@ m_lost_topk_weight() {
 ' ''
 }
 m_reduction_tail_block() {
-    edit ref/gemm_blocked.c 'for (int64_t p0 = 0; p0 < L; p0 += KB) {' \
+    edit ref/gemm/tiles.c 'for (int64_t p0 = 0; p0 < L; p0 += KB) {' \
         'for (int64_t p0 = 0; p0 < L && (p0 == 0 || L - p0 >= KB); p0 += KB) {'
 }
 m_panel_edge_column() {
-    edit ref/gemm_blocked.c 'if (j < nj - h * NR) {' 'if (j + 1 < nj - h * NR) {'
+    edit ref/gemm/tiles.c 'if (j < nj - h * NR) {' 'if (j + 1 < nj - h * NR) {'
 }
 m_reduce_topk_order() {
-    edit ref/gemm_blocked.c '                        for (int64_t j = 0; j < k; j++) {
+    edit ref/gemm/dx.c '                        for (int64_t j = 0; j < k; j++) {
                             const float *v = g.slot_values' '                        for (int64_t j = k - 1; j >= 0; j--) {
                             const float *v = g.slot_values'
 }
 m_v4_second_half() {
-    edit ref/gemm_blocked.c '    if (rows > 3)
+    edit ref/gemm/kernels.c '    if (rows > 3)
         kernel_v4_half(kb, first, 3, a, b, c, ldc);' '    if (rows > 4)
         kernel_v4_half(kb, first, 3, a, b, c, ldc);'
 }
 m_reduce_chunk_offset() {
-    edit ref/gemm_blocked.c 'store_row(p->dtype, dx, t * K + c0 + cb, row, n, p->accumulate);' \
+    edit ref/gemm/dx.c 'store_row(p->dtype, dx, t * K + c0 + cb, row, n, p->accumulate);' \
         'store_row(p->dtype, dx, t * K + (c0 & 0) + cb, row, n, p->accumulate);'
 }
 m_duplicate_gather() {
@@ -169,20 +169,20 @@ m_layout_pad_mark() {
     for (int64_t p = 0; p < block * B; p++)'
 }
 m_lost_affinity_fwd() {
-    edit ref/mlp.c 'c[h] = a[i] * d[h];' 'c[h] = d[h];'
+    edit ref/mlp/fwd.c 'c[h] = a[i] * d[h];' 'c[h] = d[h];'
 }
 m_gelu_tanh_derivative() {
-    edit ref/mlp.c '(1.0f + 3.0f * GELU_TANH_C * x2)' '(1.0f + GELU_TANH_C * x2)'
+    edit ref/mlp/activations.h '(1.0f + 3.0f * GELU_TANH_C * x2)' '(1.0f + GELU_TANH_C * x2)'
 }
 m_unrounded_aG() {
-    edit ref/mlp.c '                round_row(dt, dD, n * H);
+    edit ref/mlp/bwd.c '                round_row(dt, dD, n * H);
 ' ''
 }
 m_sigmoid_overflow() {
-    edit ref/mlp.c 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
+    edit ref/mlp/activations.h 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
 }
 m_affinity_rounded_early() {
-    edit ref/mlp.c '                    for (int64_t j = 0; j < I; j++)
+    edit ref/mlp/fwd.c '                    for (int64_t j = 0; j < I; j++)
                         m[j] = m[j] * a[i];
                 }' '                    if (p->round_intermediates)
                         round_row(dt, m, I);
@@ -343,12 +343,11 @@ while [ "$i" -lt "$registry_lines" ]; do
             fi
         fi
     fi
-    # undo: the pristine file back, newer than the objects built from the mutant
-    for f in ref/routing.c ref/gemm_blocked.c ref/mlp.c ref/mlp_layout.c "$file"; do
-        if ! cmp -s "$scratch/src/$f" "$scratch/pristine/$f"; then
-            cp "$scratch/pristine/$f" "$scratch/src/$f" && touch "$scratch/src/$f"
-        fi
-    done
+    # undo: the pristine file back (a mutant edits its registry file only), newer than the objects built
+    # from the mutant
+    if ! cmp -s "$scratch/src/$file" "$scratch/pristine/$file"; then
+        cp "$scratch/pristine/$file" "$scratch/src/$file" && touch "$scratch/src/$file"
+    fi
     secs=$(elapsed "$t0")
     if [ -n "$killer" ]; then
         killed=$((killed + 1))

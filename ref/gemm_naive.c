@@ -2,7 +2,7 @@
  * One output element at a time; each OpenMP thread owns whole output rows. */
 #include "moe_ref.h"
 
-/* OpenMP directives as _Pragma (as in gemm_blocked.c and mlp.c): the same compiled code as `#pragma omp`,
+/* OpenMP directives as _Pragma (as in ref/gemm/ and ref/mlp/): the same compiled code as `#pragma omp`,
  * and Frama-C's parser, which rejects `#pragma omp` in statement position, reads it. */
 #ifdef _OPENMP
 #define NAIVE_OMP(directive) _Pragma(#directive)

@@ -1,5 +1,5 @@
 /*
- * ref/ref_bf16.h: bf16 <-> float32, inlined for the hot loops of ref/gemm_blocked.c and ref/mlp.c: the same
+ * ref/ref_bf16.h: bf16 <-> float32, inlined for the hot loops of ref/gemm/ and ref/mlp/: the same
  * bits as moe_bf16_to_f32 / moe_f32_to_bf16 of src/dtype.c (widening is exact; narrowing rounds to nearest
  * even, NaN kept quiet), which tests/test_dtype checks on every pattern.  static inline: each file gets its own
  * copy.

@@ -1,15 +1,15 @@
 /*
- * ref/ref_threads.h: the OpenMP team helpers and the float copy shared by ref/gemm_blocked.c and
- * ref/mlp.c (static inline: each file gets its own copy, with the same contracts).
+ * ref/ref_threads.h: the OpenMP team helpers and the float copy shared by ref/gemm/ and ref/mlp/
+ * (static inline: each file gets its own copy, with the same contracts).
  *
  * OpenMP vs Frama-C.  Built with OpenMP (_OPENMP defined), team_size and team_member are
  * omp_get_max_threads() and omp_get_thread_num(); their contracts there are the OpenMP specification's
  * promise (a team size >= 1; a thread number below the team size, which num_threads(threads) bounds by
  * threads), not proved.  Frama-C's preprocessing does not define _OPENMP (it ignores the OpenMP pragmas
  * too, so a parallel region is a plain block run by thread 0): it parses the other branch, 1 and 0, and
- * WP proves the contracts of that branch.  They are proved once, in ref/gemm_blocked.c's run of
- * specs/verify.sh (a function of a header is proved in the run of a file that includes it); ref/mlp.c's
- * run uses the same contracts at its call sites.
+ * WP proves the contracts of that branch.  They are proved once, in ref/gemm/setup.c's run of
+ * specs/verify.sh (a function of a header is proved in the run of a file that includes it); the runs of
+ * the other files use the same contracts at their call sites.
  */
 #ifndef MOE_REF_THREADS_H
 #define MOE_REF_THREADS_H

@@ -37,11 +37,11 @@
 #                               for a loaded machine); each frama-c runs two provers at a time (CI runners
 #                               have 2 cores)
 #   -wp-frama-c-stdlib-terminate  trust that the functions of Frama-C's libc without a terminates clause
-#                               (expf, called by the activations of ref/mlp.c) terminate
+#                               (expf, called by the activations of ref/mlp/activations.h) terminate
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
 #                               instead, whose goal proves the pointer equal to a listed function
-#                               (ref/gemm_blocked.c's micro-kernel call: kernel_scalar)
+#                               (ref/gemm/tiles.c's micro-kernel call: gemm_kernel_scalar)
 #   -wp-cache cleanup / update  (rebuild with VERIFY_CACHE=none) the cache described above; cleanup for a
 #                               full run, which drops the entries no goal used; update for VERIFY_ONLY runs
 set -eu
@@ -106,31 +106,33 @@ export VERIFY_CACHE_MODE
 # The functions proved, per file.  Functions of these files that are not listed (they allocate, and WP 25
 # has no model of malloc/free; or they cast void * / reinterpret bits through memcpy: trusted contracts) are
 # named in specs/README.md with their status and what checks them instead.  ref/routing.c, ref/gemm_naive.c
-# and ref/mlp_layout.c have every function listed (their allocating shells are in ref/alloc_shells.c).  VERIFY_JOBS files run at a
-# time, each next file going to the first free slot; the order balances the two slots, longest first
-# (alone, at 2 cores: gemm_blocked.c about 170 s before its drivers were proved, about 10 min with them (2026-11-24, at load 3 to 6), about 31 min with its parallel shells at load 3 to 8 (2026-11-25), gemm_naive.c 115 s, mlp.c 80 s, mlp_layout.c 65 s,
-# routing.c 30 s + 33 s for counting_sort and its lemmas, dtype.c 10 s; moe_ref_load_row, a static inline
-# function of ref/moe_ref.h, is proved in src/dtype.c's run; team_size and team_member, static inline in
-# ref/ref_threads.h, in gemm_blocked.c's run only, though ref/mlp.c includes them too).
+# and ref/mlp_layout.c have every function listed (their allocating shells are in ref/alloc_shells.c).
+# A static inline function of a header is proved in the run of one file that includes it: moe_ref_load_row
+# (ref/moe_ref.h) in src/dtype.c's, team_size and team_member (ref/ref_threads.h) in ref/gemm/setup.c's, the
+# row maps of ref/gemm/gemm_internal.h in ref/gemm/tiles.c's, the activations of ref/mlp/activations.h in
+# ref/mlp/activations.c's; the other files use the same contracts at their call sites.  Each file lists the
+# ghost lemma functions (specs/*.acsl) it calls, proved in its own run.  VERIFY_JOBS files run at a time,
+# each next file going to the first free slot; the order balances the two slots, longest first (by the
+# frama-c times of a full run; ref/gemm/tiles.c and ref/mlp/bwd.c take the longest).
 targets="ref/gemm/tiles.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,lemma_row_fits,slot_of_row,x_row,y_row,topk_weight,spread_row,load_transposed_panel,pack_a_lane,pack_a_rows,pack_a_dw,pack_a,pack_w_panel,pack_b_w,b_row_first,prefetch_span,pack_b_rows,pack_b,store_tile,gemm_compute_tile,gemm_run_items
 ref/mlp/bwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,dot_seq,store_grad,bwd_token_row,bwd_token_affinities,bwd_tokens,bwd_gather_slot,bwd_dx_scatter,bwd_m_rows,bwd_affinity_rows,bwd_gate_grads,sum_rows,bwd_recompute_d,bwd_weight_grad,bwd_weight_rows,bwd_gather,bwd_down_stage,bwd_gate_up_stage,bwd_expert,bwd_experts
+ref/gemm/dx.c:lemma_mul_monotone,lemma_row_fits,lemma_reduce_out,reduce_width,reduce_tokens,set_chunk0,reduce_chunks,run_reduce_in,gemm_dx_blocked_in
+ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_split,lemma_permutation_onto,lemma_buckets_sorted,lemma_pairs_once_all,lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,sort_blocks,check_block_pairs,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
+ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
+ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
 ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,slot_of_row,x_row,y_row,finish,fwd_dot,dx_dot,dw_dot,gemm_fwd_rows,gemm_dx_rows,invert_gather,gemm_dx_reduce_rows,gemm_dw_rows,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
 ref/mlp/fwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,is_token,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens
-ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
-ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_split,lemma_permutation_onto,lemma_buckets_sorted,lemma_pairs_once_all,lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,sort_blocks,check_block_pairs,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
-ref/gemm/dx.c:lemma_mul_monotone,lemma_row_fits,lemma_reduce_out,reduce_width,reduce_tokens,set_chunk0,reduce_chunks,run_reduce_in,gemm_dx_blocked_in
-ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
-ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_check_routing_in,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_ref_routing_from_topk_check,place_slots,lemma_ascending_range,lemma_buckets_permutation,moe_ref_counting_sort
-ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in
 ref/gemm/fwd_dw.c:gemm_fwd_blocked_in,gemm_dw_blocked_in
+ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in
+ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_check_routing_in,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_ref_routing_from_topk_check,place_slots,lemma_ascending_range,lemma_buckets_permutation,moe_ref_counting_sort
 ref/mlp/tiles.c:lemma_row_fits,lemma_mul_monotone,row_f32,mm_nn_tile,zero_tile,mlp_mm_nn_f32,mlp_mm_nn,mlp_mm_wn,mlp_transpose,mlp_gather_rows
-ref/gemm/kernels.c:gemm_kernel_scalar,gemm_pick_kernel
+src/dtype.c:moe_dtype_size,moe_dtype_name,spells,moe_dtype_from_name,moe_dtype_unit_roundoff,moe_f32_to_bf16,moe_bf16_to_f32,moe_f32_to_f16,moe_f16_to_f32,moe_ref_load_row
 ref/mlp/activations.c:sigmoidf_,act_value,act_derivative,clamp_,act_of,act_derivative_of,mlp_round_to,mlp_round_row
+ref/gemm/kernels.c:gemm_kernel_scalar,gemm_pick_kernel
 ref/mlp/workspace.c:mlp_threads_for,mlp_carve,mlp_max3
-src/errors.c:moe_mul_ok
 src/routing_api.c:moe_routing_validate
-src/dtype.c:moe_dtype_size,moe_dtype_name,spells,moe_dtype_from_name,moe_dtype_unit_roundoff,moe_f32_to_bf16,moe_bf16_to_f32,moe_f32_to_f16,moe_f16_to_f32,moe_ref_load_row"
-# (ref/gemm_blocked.c: its scalar path only; the file defines MOE_REF_NO_VECTOR under __FRAMAC__.)
+src/errors.c:moe_mul_ok"
+# (ref/gemm/: its scalar path only; ref/gemm/gemm_internal.h defines MOE_REF_NO_VECTOR under __FRAMAC__.)
 
 # why3 must know the provers: detect them into a configuration of our own (never the user's ~/.why3.conf).
 WHY3CONFIG=$work/why3.conf

@@ -168,7 +168,8 @@ static void reduce_chunks(gemm_ctx *g, const gemm_setup *st, void *dx, thread_sc
 
 /* dX with reduce_topk on the caller's slot values [M * width] and threads' scratch arena (proved): each
  * thread runs reduce_chunks on its part of the arena.  slot_values NULL: MOE_ERR_OUT_OF_MEMORY with the
- * slot values' message; arena NULL: gemm_out_of_scratch (the order and messages of the former run_reduce).
+ * slot values' message; arena NULL: gemm_out_of_scratch, in that order (the shell allocates the arena only
+ * after the slot values).
  * Frama-C ignores the OpenMP pragmas: WP proves the sequential program (the region run once, by thread 0). */
 /*@ requires ctx: reduce_ctx_ok(g, dx);
     requires setup: reduce_setup_ok(g, st);
@@ -237,7 +238,7 @@ static moe_status run_reduce_in(gemm_ctx *g, const gemm_setup *st, void *dx, int
 
 /* dX with reduce_topk: the allocating shell of run_reduce_in (not proved: WP 25 has no model of
  * allocation): the chunk width (reduce_width), the slot values [M * width] (none when M * width * 4 bytes
- * would pass INT64_MAX: reported as out of memory, where the former code's size could wrap), the threads'
+ * would pass INT64_MAX: reported as out of memory rather than a size that wraps), the threads'
  * arena (only when the slot values were had), run_reduce_in, free.  Its contract is stated. */
 /*@ requires ctx: reduce_ctx_ok(g, dx);
     requires setup: reduce_setup_ok(g, st);

@@ -131,8 +131,8 @@ moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, co
 moe_status moe_ref_gemm_dw_blocked(const moe_gemm_problem *p, const void *x, const void *dy,
                                    const void *topk_weights, void *dw)
 {
-    /* dw [E][N][K] has no element: nothing to write (its E * ceil(N / 96) blocks were allocated and walked
-     * before: N = 2^35 with K = 0 took 20 s and 8 GB, 2^40 failed for memory; an audit, 2026-11-29) */
+    /* dw [E][N][K] has no element: nothing to write (allocating and walking its E * ceil(N / 96) blocks
+     * would take 20 s and 8 GB at N = 2^35 with K = 0, and fail for memory at 2^40) */
     if (p->N == 0 || p->K == 0)
         return MOE_OK;
     int64_t *offsets;

@@ -120,7 +120,7 @@ void mlp_store_row(moe_dtype dtype, void *base, int64_t first, const float *v, i
 
 /* count elements starting at element `first` of a dtype tensor as float32 into out.
  *   base: tensor of dtype;  out [count]
- * Contract trusted, not proved: row_f32's casts, and memcpy from the tensor's floats. */
+ * Contract trusted, not proved: the casts of row_f32 (tiles.c), and memcpy from the tensor's floats. */
 /*@ requires dtype: dtype_ok(dtype);
     requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
     requires elements: elements_readable((char *)base, first, count, dtype);
