@@ -12,7 +12,7 @@ set -eu
 work=tests/verify-broken
 rm -rf "$work"
 mkdir -p "$work/tree"
-for dir in include src ref specs; do cp -R "$srcdir/$dir" "$work/tree/"; done
+for dir in include backend src ref specs; do cp -R "$srcdir/$dir" "$work/tree/"; done
 chmod -R u+w "$work/tree"
 good='^    for (int64_t e = 0; e < num_experts; e++)$'
 sed "/$good/{N;s/e < num_experts; e++)\(\n        offsets\[e + 1\]\)/e <= num_experts; e++)\1/;}" \
