@@ -4,7 +4,7 @@
 bin_PROGRAMS += cli/moe
 cli_moe_SOURCES = cli/moe.c cli/npy.c cli/npy.h cli/outputs.c cli/outputs.h
 cli_moe_CPPFLAGS = $(AM_CPPFLAGS)
-cli_moe_LDADD = libmoe.la proptest/liboracle.la -lm
+cli_moe_LDADD = libmoe.la oracle/liboracle.la -lm
 cli_moe_LDFLAGS = $(AM_LDFLAGS) -static
 # --backend cuda: device copies of each call's arrays (cli/device.c), only when CUDA is configured
 if MOE_CUDA

@@ -1,7 +1,5 @@
-# proptest/: the float64 oracle and error bounds (used by tests/ and bench/), and the property tests.
-noinst_LTLIBRARIES += proptest/liboracle.la
+# proptest/: the property tests (the fuzzer moe-fuzz and the GPU property programs).
 noinst_HEADERS += proptest/gpu_check.h proptest/fail_fast.h
-proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
 
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
@@ -9,7 +7,7 @@ proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine
 	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c \
 	tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
-proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
+proptest_moe_fuzz_LDADD = libmoe.la oracle/liboracle.la -lm
 # make check: a fixed-seed budget plus the committed regression file
 TESTS += proptest/check-fuzz.sh
 # and over a spread of seeds: a correct build never fails the fuzzer (proptest/README.md)
@@ -26,7 +24,7 @@ proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
 proptest_test_gpu_gemm_SOURCES = proptest/test_gpu_gemm.c
 proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_gemm_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_gemm_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_gemm
 check_PROGRAMS += proptest/test_gpu_builders
 proptest_test_gpu_builders_SOURCES = tests/test_builders.c tests/check.h
@@ -37,7 +35,7 @@ TESTS += proptest/test_gpu_builders
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c
 proptest_test_gpu_autotune_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_autotune_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_autotune_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_autotune
 else
 EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
@@ -49,7 +47,7 @@ if MOE_CUDA
 check_PROGRAMS += proptest/test_gpu_mlp
 proptest_test_gpu_mlp_SOURCES = proptest/test_gpu_mlp.c tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_test_gpu_mlp_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
-proptest_test_gpu_mlp_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_mlp_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
 TESTS += proptest/test_gpu_mlp
 else
 EXTRA_DIST += proptest/test_gpu_mlp.c

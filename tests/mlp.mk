@@ -1,5 +1,5 @@
 # tests/mlp.mk: tests of the blockwise MoE MLP reference (issue 3).
-MLP_TEST_LIBS = libmoe.la proptest/liboracle.la -lm
+MLP_TEST_LIBS = libmoe.la oracle/liboracle.la -lm
 MLP_TESTLIB = tests/mlp_testlib.c tests/mlp_testlib.h
 check_PROGRAMS += tests/test_mlp_grad
 tests_test_mlp_grad_SOURCES = tests/test_mlp_grad.c $(MLP_TESTLIB)
