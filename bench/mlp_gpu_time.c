@@ -34,6 +34,7 @@
 #include "moe.h"
 #include "moe_mlp.h"
 #include "oracle.h"
+#include "alloc.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -59,16 +60,6 @@
             exit(1);                                                                                 \
         }                                                                                            \
     } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
 
 static oracle_rng rng = {20261122};
 

@@ -1,5 +1,4 @@
 # proptest/: the property tests (the fuzzer moe-fuzz and the GPU property programs).
-noinst_HEADERS += proptest/gpu_check.h proptest/fail_fast.h
 
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
@@ -7,7 +6,7 @@ proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine
 	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c \
 	tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
-proptest_moe_fuzz_LDADD = libmoe.la oracle/liboracle.la -lm
+proptest_moe_fuzz_LDADD = $(TESTLIB_LIBS)
 # make check: a fixed-seed budget plus the committed regression file
 TESTS += proptest/check-fuzz.sh
 # and over a spread of seeds: a correct build never fails the fuzzer (proptest/README.md)
@@ -24,18 +23,18 @@ proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
 proptest_test_gpu_gemm_SOURCES = proptest/test_gpu_gemm.c
 proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_gemm_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_gemm_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_gemm
 check_PROGRAMS += proptest/test_gpu_builders
-proptest_test_gpu_builders_SOURCES = tests/test_builders.c tests/check.h
+proptest_test_gpu_builders_SOURCES = tests/test_builders.c
 proptest_test_gpu_builders_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
-proptest_test_gpu_builders_LDADD = libmoe.la $(CUDA_LIBS)
+proptest_test_gpu_builders_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_builders
 # moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c
 proptest_test_gpu_autotune_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_autotune_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_autotune_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_autotune
 else
 EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
@@ -47,7 +46,7 @@ if MOE_CUDA
 check_PROGRAMS += proptest/test_gpu_mlp
 proptest_test_gpu_mlp_SOURCES = proptest/test_gpu_mlp.c tests/mlp_testlib.c tests/mlp_testlib.h
 proptest_test_gpu_mlp_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
-proptest_test_gpu_mlp_LDADD = libmoe.la oracle/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_mlp_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_mlp
 else
 EXTRA_DIST += proptest/test_gpu_mlp.c

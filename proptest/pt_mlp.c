@@ -19,9 +19,6 @@
 
 static const int64_t block_sizes[] = {1, 2, 3, 4, 5, 8, 16, 128};
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
 {
     pt_source *s = c->src;
@@ -66,7 +63,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
         break;
     }
     }
-    int64_t *allowed = pt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(kind, E, allowed);
     free(allowed);
     if (shape != 3)
@@ -74,7 +71,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     k = min64(k, A);
     d->opt.tensor_update_overwrite = overwrite && k == 1;
     d->T = T, d->E = E, d->k = k, d->H = H, d->I = I;
-    d->ids = pt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    d->ids = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     pt_gen_topk_ids(s, kind, T, k, E, d->ids);
     d->seed = pt_draw(s, 0xffffffffu);
     /* drawn last, so that the reproducers recorded before the option existed (a missing choice reads as
@@ -163,7 +160,7 @@ void pt_mlp(pt_case *c)
 static void empty_expert_zero_grads(pt_case *c, const mt_case *m, const mt_result *r)
 {
     const moe_dtype gdt = m->opt.grad_fp32 ? MOE_F32 : m->opt.dtype;
-    unsigned char *served = pt_xcalloc((size_t)m->E + 1, 1);
+    unsigned char *served = xcalloc((size_t)m->E + 1, 1);
     for (int64_t p = 0; p < m->N * m->B; p++)
         if (m->ids[p] >= 0 && m->ids[p] < m->T)
             served[m->b2e[p / m->B]] = 1;
@@ -199,7 +196,7 @@ static void relabel_relation(pt_case *c, const pt_mlp_draw *d, const mt_case *m1
                              int checks, const char *name)
 {
     const int64_t n = tokens ? m1->T : m1->E;
-    int64_t *perm = pt_xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    int64_t *perm = xmalloc((size_t)(n + 1) * sizeof(int64_t));
     pt_permutation(c->src, n, perm);
     int64_t moved = 0;
     for (int64_t i = 0; i < n; i++)

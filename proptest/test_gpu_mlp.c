@@ -36,15 +36,12 @@
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
 #include "mlp_testlib.h"
+#include "alloc.h"
+#include "check.h"
+#include "gpu_check.h"
 
 #include <cuda_runtime_api.h>
 #include <string.h>
-
-#define CUDA_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
-    } while (0)
 
 /* ---- device copies of host arrays ---- */
 
@@ -231,7 +228,7 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
             else
                 mt_case_free(&c);
         }
-        CHECK(placed, "case %d: no clamp placement found", index);
+        REQUIRE(placed, "case %d: no clamp placement found", index);
         const int down_in_bwd = c.opt.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
         /* finite differences on the small cases, one in four (the analytic values they validate are
          * checked against them exhaustively by tests/test_mlp_grad) */
@@ -341,13 +338,13 @@ static int64_t report_case(const char *label, int index, const mt_case *c, int m
 static int64_t against_unfused(const mt_case *c, const char *fuse, int down_in_bwd, const char *what, int64_t *differ)
 {
     const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
-    CHECK((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
+    REQUIRE((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
     mt_result first, unfused;
     int64_t b = gpu_against_ref(c, checks, down_in_bwd, 0, what, &first);
-    CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
+    REQUIRE(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
     use_gpu();
     b += mt_run(c, checks, down_in_bwd, &unfused);
-    CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
+    REQUIRE(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
     if (!mt_results_identical(c, &first, &unfused, 1)) {
         fprintf(stderr, "  %s: the GPU run and its MOE_MLP_FUSE_GATE=0 run differ\n", what);
         b++;
@@ -458,7 +455,7 @@ static int64_t expect_layout_error(const char *label, const mt_case *c, const in
                           (size_t)(c->E * c->H * 2 * c->I) * s.es, (size_t)(c->E * c->I * c->H) * s.es};
     void *buf[7];
     for (int q = 0; q < 7; q++) {
-        buf[q] = mt_xmalloc(sz[q] + 1);
+        buf[q] = xmalloc(sz[q] + 1);
         oracle_poison(c->opt.dtype, buf[q], (int64_t)(sz[q] / s.es));
     }
     for (int which = 0; which < 2; which++) {
@@ -497,7 +494,7 @@ static int64_t device_untouched(const mt_case *c, const int64_t *b2e, const int6
     const size_t sz[7] = {bx, bgu, bd, bx, ba, bwgu, bwd};
     void *host[7], *dev[7];
     for (int q = 0; q < 7; q++) {
-        host[q] = mt_xmalloc(sz[q] + 1);
+        host[q] = xmalloc(sz[q] + 1);
         oracle_poison(c->opt.dtype, host[q], (int64_t)(sz[q] / s.es));
         dev[q] = up(host[q], sz[q]);
     }
@@ -514,7 +511,7 @@ static int64_t device_untouched(const mt_case *c, const int64_t *b2e, const int6
     bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK;
     bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) != MOE_OK; /* reported once, then forgotten */
     for (int q = 0; q < 7; q++) {
-        unsigned char *back = mt_xmalloc(sz[q] + 1);
+        unsigned char *back = xmalloc(sz[q] + 1);
         if (sz[q])
             CUDA_CHECK(cudaMemcpy(back, dev[q], sz[q], cudaMemcpyDeviceToHost));
         if (memcmp(back, host[q], sz[q]) != 0) {
@@ -543,7 +540,7 @@ static int64_t bad_layouts(uint64_t seed)
         mt_case c;
         mt_case_init(&c, seed + (uint64_t)padding, 9, 3, 2, 5, 3, &o, MT_DROPLESS);
         const int64_t N = c.N, NB = c.N * c.B, T = c.T, E = c.E;
-        int64_t *b2e = mt_xmalloc((size_t)N * 8), *ids = mt_xmalloc((size_t)NB * 8);
+        int64_t *b2e = xmalloc((size_t)N * 8), *ids = xmalloc((size_t)NB * 8);
         const int64_t other_pad = padding ? -1 : T;
 #define RESET() (memcpy(b2e, c.b2e, (size_t)N * 8), memcpy(ids, c.ids, (size_t)NB * 8))
         char needle[160];

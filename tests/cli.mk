@@ -3,7 +3,7 @@
 # its genmlp mode makes MLP cases with tests/mlp_testlib.c (MLP_TESTLIB, tests/mlp.mk).
 check_PROGRAMS += tests/test_cli_npy
 tests_test_cli_npy_SOURCES = tests/test_cli_npy.c cli/npy.c cli/npy.h $(MLP_TESTLIB)
-tests_test_cli_npy_LDADD = libmoe.la oracle/liboracle.la -lm
+tests_test_cli_npy_LDADD = $(TESTLIB_LIBS)
 tests_test_cli_npy_LDFLAGS = $(AM_LDFLAGS) -no-install
 CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_mlp.sh tests/test_cli_compare.sh tests/test_cli_errors.sh \
 	tests/test_cli_cuda.sh tests/test_cli_atomic.sh

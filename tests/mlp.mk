@@ -1,5 +1,5 @@
 # tests/mlp.mk: tests of the blockwise MoE MLP reference (issue 3).
-MLP_TEST_LIBS = libmoe.la oracle/liboracle.la -lm
+MLP_TEST_LIBS = $(TESTLIB_LIBS)
 MLP_TESTLIB = tests/mlp_testlib.c tests/mlp_testlib.h
 check_PROGRAMS += tests/test_mlp_grad
 tests_test_mlp_grad_SOURCES = tests/test_mlp_grad.c $(MLP_TESTLIB)
@@ -16,4 +16,4 @@ TESTS += tests/test_mlp_layout
 # a timing helper (not a test): forward + backward of a Qwen3-30B-A3B layer on the reference
 noinst_PROGRAMS += tests/mlp_layer_time
 tests_mlp_layer_time_SOURCES = tests/mlp_layer_time.c
-tests_mlp_layer_time_LDADD = libmoe.la -lm
+tests_mlp_layer_time_LDADD = $(TESTLIB_LIBS)

@@ -1,5 +1,7 @@
 /* Test support for the blockwise MoE MLP; see mlp_testlib.h and specs/MLP.md ("Error bound"). */
 #include "mlp_testlib.h"
+#include "alloc.h"
+#include "check.h"
 
 #include <float.h>
 #include <math.h>
@@ -12,14 +14,7 @@
 #define FD_STEP 0x1p-16
 #define PI_ 3.14159265358979323846
 
-void *mt_xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    CHECK(p != NULL, "out of memory (%zu bytes)", bytes);
-    return p;
-}
-
-static double *dalloc(int64_t n) { return mt_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)); }
+static double *dalloc(int64_t n) { return xmalloc((size_t)(n > 0 ? n : 1) * sizeof(double)); }
 
 double mt_load(moe_dtype dtype, const void *base, int64_t i) { return oracle_load(dtype, base, i); }
 
@@ -84,22 +79,22 @@ static void make_layout(mt_case *c, int mode, oracle_rng *rng)
     moe_mlp_options o = c->opt;
     const moe_mlp_layout_kind kind = mode == MT_DROPPING ? MOE_MLP_DROPPING : MOE_MLP_DROPLESS;
     int64_t N = -1;
-    CHECK(moe_mlp_layout_num_blocks(kind, c->T, c->k, c->E, c->topk_ids, &o, &N) == MOE_OK, "num_blocks: %s",
-          moe_last_error());
+    REQUIRE(moe_mlp_layout_num_blocks(kind, c->T, c->k, c->E, c->topk_ids, &o, &N) == MOE_OK, "num_blocks: %s",
+            moe_last_error());
     const int extra = mode == MT_SHUFFLED;
     c->N = N + extra;
-    c->b2e = mt_xmalloc((size_t)(c->N + 1) * sizeof(int64_t));
-    c->ids = mt_xmalloc((size_t)(c->N * c->B + 1) * sizeof(int64_t));
-    CHECK(moe_mlp_layout_build(kind, c->T, c->k, c->E, c->topk_ids, NULL, N, c->b2e, c->ids, NULL, &c->dropped,
-                               &o) == MOE_OK,
-          "build: %s", moe_last_error());
+    c->b2e = xmalloc((size_t)(c->N + 1) * sizeof(int64_t));
+    c->ids = xmalloc((size_t)(c->N * c->B + 1) * sizeof(int64_t));
+    REQUIRE(moe_mlp_layout_build(kind, c->T, c->k, c->E, c->topk_ids, NULL, N, c->b2e, c->ids, NULL, &c->dropped,
+                                 &o) == MOE_OK,
+            "build: %s", moe_last_error());
     if (extra) {
         const int64_t pad = o.padding == MOE_MLP_PAD_ROW ? c->T : -1, B = c->B;
         c->b2e[N] = (int64_t)oracle_rng_below(rng, (uint64_t)c->E);
         for (int64_t b = 0; b < B; b++)
             c->ids[N * B + b] = pad;
         /* permute blocks (Fisher-Yates) and shuffle slots inside each block */
-        int64_t *tmp = mt_xmalloc((size_t)B * sizeof(int64_t));
+        int64_t *tmp = xmalloc((size_t)B * sizeof(int64_t));
         for (int64_t n = c->N - 1; n > 0; n--) {
             int64_t m = (int64_t)oracle_rng_below(rng, (uint64_t)n + 1), te = c->b2e[n];
             c->b2e[n] = c->b2e[m];
@@ -117,12 +112,12 @@ static void make_layout(mt_case *c, int mode, oracle_rng *rng)
         free(tmp);
     }
     c->layout = (moe_mlp_layout){c->T, c->E, c->N, c->b2e, c->ids};
-    CHECK(moe_mlp_layout_validate(&c->layout, &o) == MOE_OK, "validate: %s", moe_last_error());
+    REQUIRE(moe_mlp_layout_validate(&c->layout, &o) == MOE_OK, "validate: %s", moe_last_error());
 }
 
 static void fill(oracle_rng *rng, const mt_case *c, void **dst, double **copy, int64_t count)
 {
-    *dst = mt_xmalloc((size_t)(count > 0 ? count : 1) * moe_dtype_size(c->opt.dtype));
+    *dst = xmalloc((size_t)(count > 0 ? count : 1) * moe_dtype_size(c->opt.dtype));
     *copy = dalloc(count);
     oracle_fill(rng, c->opt.dtype, *dst, count, 0);
     for (int64_t i = 0; i < count; i++)
@@ -145,7 +140,7 @@ void mt_case_init_routing(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64
     c->B = opt->block_size ? opt->block_size : MOE_MLP_DEFAULT_BLOCK_SIZE;
     c->T1 = opt->padding == MOE_MLP_PAD_ROW ? T + 1 : T;
     oracle_rng rng = {seed ^ 0x5eedULL};
-    c->topk_ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    c->topk_ids = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     memcpy(c->topk_ids, topk_ids, (size_t)(T * k) * sizeof(int64_t));
     make_layout(c, mode, &rng);
 
@@ -176,8 +171,8 @@ void mt_case_init(mt_case *c, uint64_t seed, int64_t T, int64_t E, int64_t k, in
                   const moe_mlp_options *opt, int mode)
 {
     oracle_rng rng = {seed};
-    int64_t *ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
-    int64_t *perm = mt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *ids = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    int64_t *perm = xmalloc((size_t)E * sizeof(int64_t));
     for (int64_t t = 0; t < T; t++) {
         for (int64_t e = 0; e < E; e++)
             perm[e] = e;
@@ -216,7 +211,7 @@ static void move_blocks(const void *src, void *dst, size_t es, int64_t count, in
 static void *relabelled_copy(const void *src, size_t es, int64_t count, int64_t total, int64_t per,
                              const int64_t *map)
 {
-    void *dst = mt_xmalloc((size_t)(total > 0 ? total : 1) * es);
+    void *dst = xmalloc((size_t)(total > 0 ? total : 1) * es);
     move_blocks(src, dst, es, count, per, map);
     memcpy((char *)dst + (size_t)count * es, (const char *)src + (size_t)count * es, (size_t)(total - count) * es);
     return dst;
@@ -230,7 +225,7 @@ void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t
     const int64_t T = src->T, E = src->E, k = src->k, H = src->H, I = src->I, NB = src->N * src->B;
     const size_t es = moe_dtype_size(src->opt.dtype), ds = sizeof(double);
     *dst = *src;
-    dst->topk_ids = mt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    dst->topk_ids = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) {
             const int64_t e = src->topk_ids[t * k + j];
@@ -240,8 +235,8 @@ void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t
         oracle_rng rng = {src->seed ^ 0x5eedULL};
         make_layout(dst, MT_DROPLESS, &rng);
     } else {
-        dst->b2e = mt_xmalloc((size_t)(src->N + 1) * sizeof(int64_t));
-        dst->ids = mt_xmalloc((size_t)(NB + 1) * sizeof(int64_t));
+        dst->b2e = xmalloc((size_t)(src->N + 1) * sizeof(int64_t));
+        dst->ids = xmalloc((size_t)(NB + 1) * sizeof(int64_t));
         for (int64_t n = 0; n < src->N; n++)
             dst->b2e[n] = expert_map ? expert_map[src->b2e[n]] : src->b2e[n];
         for (int64_t p = 0; p < NB; p++) {
@@ -255,7 +250,7 @@ void mt_case_relabel(const mt_case *src, const int64_t *token_map, const int64_t
     dst->x = relabelled_copy(src->x, ds, T * H, src->T1 * H, H, token_map);
     dst->G = relabelled_copy(src->G, es, T * H, src->T1 * H, H, token_map);
     dst->g = relabelled_copy(src->g, ds, T * H, src->T1 * H, H, token_map);
-    dst->aff = mt_xmalloc((size_t)(T * E + 1) * es);
+    dst->aff = xmalloc((size_t)(T * E + 1) * es);
     dst->A = dalloc(T * E);
     for (int64_t t = 0; t < T; t++)
         for (int64_t e = 0; e < E; e++) {
@@ -579,7 +574,7 @@ typedef struct expect {
 
 static ev *evalloc(int64_t n)
 {
-    ev *p = mt_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(ev));
+    ev *p = xmalloc((size_t)(n > 0 ? n : 1) * sizeof(ev));
     for (int64_t i = 0; i < n; i++)
         p[i] = ex(0.0);
     return p;
@@ -598,7 +593,7 @@ static void expect_free(expect *x)
 static void group_positions(const mt_case *c, int by_token, int64_t keys, int64_t **first, int64_t **list)
 {
     const int64_t NB = c->N * c->B;
-    int64_t *f = mt_xmalloc((size_t)(keys + 1) * sizeof(int64_t)), *l = mt_xmalloc((size_t)(NB + 1) * sizeof(int64_t));
+    int64_t *f = xmalloc((size_t)(keys + 1) * sizeof(int64_t)), *l = xmalloc((size_t)(NB + 1) * sizeof(int64_t));
     for (int64_t k = 0; k <= keys; k++)
         f[k] = 0;
     for (int64_t p = 0; p < NB; p++)
@@ -606,7 +601,7 @@ static void group_positions(const mt_case *c, int by_token, int64_t keys, int64_
             f[(by_token ? c->ids[p] : pos_expert(c, p)) + 1]++;
     for (int64_t k = 0; k < keys; k++)
         f[k + 1] += f[k];
-    int64_t *next = mt_xmalloc((size_t)(keys + 1) * sizeof(int64_t));
+    int64_t *next = xmalloc((size_t)(keys + 1) * sizeof(int64_t));
     for (int64_t k = 0; k < keys; k++)
         next[k] = f[k];
     for (int64_t p = 0; p < NB; p++)
@@ -650,7 +645,7 @@ static void compute_expect(const mt_case *c, const double *old_wgu, const double
     /* round_intermediates: the unscaled m as the down checkpoint (forward) and the recomputed d
      * (backward) multiply it */
     ev *mF0r = evalloc(I), *mB0r = evalloc(I);
-    int *free_mask = mt_xmalloc((size_t)(I2 + 1) * sizeof(int));
+    int *free_mask = xmalloc((size_t)(I2 + 1) * sizeof(int));
     for (int64_t p = 0; p < NB; p++) {
         const int64_t t = c->ids[p];
         if (!is_tok(c, t))
@@ -845,7 +840,7 @@ int mt_choose_clamps(mt_case *c, int mask)
     int64_t n = 0;
     for (int64_t p = 0; p < NB; p++)
         n += is_tok(c, c->ids[p]);
-    vb *vals[2] = {mt_xmalloc((size_t)(n * I + 1) * sizeof(vb)), mt_xmalloc((size_t)(n * I + 1) * sizeof(vb))};
+    vb *vals[2] = {xmalloc((size_t)(n * I + 1) * sizeof(vb)), xmalloc((size_t)(n * I + 1) * sizeof(vb))};
     int64_t cnt = 0;
     for (int64_t p = 0; p < NB; p++) {
         const int64_t t = c->ids[p];
@@ -897,7 +892,7 @@ int mt_choose_clamps(mt_case *c, int mask)
  * ------------------------------------------------------------------------------------------------- */
 static void *talloc(moe_dtype dt, int64_t n)
 {
-    void *p = mt_xmalloc((size_t)(n > 0 ? n : 1) * moe_dtype_size(dt));
+    void *p = xmalloc((size_t)(n > 0 ? n : 1) * moe_dtype_size(dt));
     oracle_poison(dt, p, n);
     return p;
 }
@@ -1061,14 +1056,14 @@ int64_t mt_run(const mt_case *c, int checks, int down_ckpt_in_bwd, mt_result *re
                                bias ? c->b_gu : NULL, bias ? c->b_d : NULL, r.out, r.ckpt_gu, r.ckpt_d, &fo);
     if (st != MOE_OK) {
         describe(c, stderr);
-        CHECK(0, "moe_mlp_fwd: %s (%s)", moe_strerror(st), moe_last_error());
+        REQUIRE(0, "moe_mlp_fwd: %s (%s)", moe_strerror(st), moe_last_error());
     }
     st = mt_mlp_bwd(mt_backend, &c->layout, H, I, c->hidden, c->aff, c->w_gu, c->w_d,
                     bias ? c->b_d : NULL, r.ckpt_gu, down_ckpt_in_bwd ? r.ckpt_d : NULL, c->G, r.d_hidden,
                     r.d_aff, r.d_wgu, r.d_wd, r.d_bgu, r.d_bd, &c->opt);
     if (st != MOE_OK) {
         describe(c, stderr);
-        CHECK(0, "moe_mlp_bwd: %s (%s)", moe_strerror(st), moe_last_error());
+        REQUIRE(0, "moe_mlp_bwd: %s (%s)", moe_strerror(st), moe_last_error());
     }
 
     expect X;

@@ -20,10 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "fail_fast.h"
-
-void *mt_xmalloc(size_t bytes);
-
 /* How the case's layout is made. */
 enum mt_layout_mode {
     MT_DROPLESS = 0,     /* moe_mlp_layout_build, dropless */

@@ -20,6 +20,8 @@
 #include "../cli/npy.h"
 #include "mlp_testlib.h"
 #include "oracle.h"
+#include "alloc.h"
+#include "check.h"
 
 #include <errno.h>
 #include <float.h>
@@ -29,29 +31,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures;
-
-#undef CHECK /* mlp_testlib.h's exits; this file counts failures */
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);                 \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            failures++;                                                                              \
-        }                                                                                            \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
 
 static const char *tmpdir(void)
 {
@@ -1007,7 +986,7 @@ int main(int argc, char **argv)
     test_conversions();
     rmdir(tmpdir());
     if (failures) {
-        printf("%d checks failed\n", failures);
+        printf("%ld checks failed\n", failures);
         return 1;
     }
     printf("all npy checks passed\n");

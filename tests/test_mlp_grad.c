@@ -9,6 +9,7 @@
  *
  * usage: test_mlp_grad [seed] */
 #include "mlp_testlib.h"
+#include "check.h"
 
 #include <string.h>
 
@@ -49,12 +50,12 @@ int main(int argc, char **argv)
                 else
                     mt_case_free(&c);
             }
-            CHECK(placed, "combo %d: no clamp placement found", combo);
+            REQUIRE(placed, "combo %d: no clamp placement found", combo);
             for (int w = 0; w < 4; w++) {
                 if (!((combo >> 4) & (1 << w)))
                     continue;
-                CHECK(c.clamp_fraction[w] > 0.0 && c.clamp_fraction[w] < 1.0, "clamp %d binds for %g", w,
-                      c.clamp_fraction[w]);
+                REQUIRE(c.clamp_fraction[w] > 0.0 && c.clamp_fraction[w] < 1.0, "clamp %d binds for %g", w,
+                        c.clamp_fraction[w]);
                 clamp_share_min = c.clamp_fraction[w] < clamp_share_min ? c.clamp_fraction[w] : clamp_share_min;
                 clamp_share_max = c.clamp_fraction[w] > clamp_share_max ? c.clamp_fraction[w] : clamp_share_max;
             }

@@ -1,30 +1,22 @@
 /*
- * Fail-fast helpers of the stand-alone GPU programs (proptest/test_gpu_gemm.c, proptest/test_gpu_autotune.c,
- * bench/moe_bench.c): CHECK prints "file:line: message" and exits with status 1; CUDA_CHECK does so for a
- * CUDA runtime call that fails; xmalloc never returns NULL; to_device / to_host copy through checked calls.
- * (The property engine's GPU cases use pt_cuda.h instead: there a failure ends the case, not the program.)
+ * Fail-fast CUDA helpers of the stand-alone GPU programs (proptest/test_gpu_*.c, bench/moe_bench.c):
+ * CUDA_CHECK REQUIREs a CUDA runtime call to succeed; to_device / to_host copy through checked calls.
+ * (The property engine's GPU cases use proptest/pt_cuda.h instead: there a failure ends the case, not the
+ * program.)
  */
-#ifndef LIBMOE_GPU_CHECK_H
-#define LIBMOE_GPU_CHECK_H
+#ifndef LIBMOE_TESTLIB_GPU_CHECK_H
+#define LIBMOE_TESTLIB_GPU_CHECK_H
 
-#include "fail_fast.h"
+#include "check.h"
 
 #include <cuda_runtime_api.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include <stddef.h>
 
 #define CUDA_CHECK(call)                                                                             \
     do {                                                                                             \
         cudaError_t err_ = (call);                                                                   \
-        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
+        REQUIRE(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                     \
     } while (0)
-
-static inline void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    CHECK(p != NULL, "out of memory");
-    return p;
-}
 
 /* A device copy of host[0 .. bytes) (a 16-byte buffer when bytes is 0, so every pointer is valid). */
 static inline void *to_device(const void *host, size_t bytes)
@@ -42,4 +34,4 @@ static inline void to_host(void *host, const void *dev, size_t bytes)
         CUDA_CHECK(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
 }
 
-#endif /* LIBMOE_GPU_CHECK_H */
+#endif /* LIBMOE_TESTLIB_GPU_CHECK_H */
