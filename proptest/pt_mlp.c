@@ -1,5 +1,5 @@
 /*
- * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from tests/mlp_testlib.c:
+ * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from testlib/mlp_bounds.c:
  * a float64 evaluation in running-error arithmetic, every intermediate quantity carrying a bound on the
  * error a correct float32, round-once implementation may have in it (the rules and their justification:
  * specs/MLP.md "Error bound"; how the fuzzer uses them: specs/PROPTEST.md).  On tiny cases the gradients
@@ -146,7 +146,7 @@ void pt_mlp(pt_case *c)
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     /* f16/bf16: also every rounding of the spec in its exact place (checkpoints, round_intermediates,
      * outputs): MT_CHECK_EXACT_ROUNDING.  The finite differences assume |data| <= 1 (their third-
-     * derivative bound, tests/mlp_testlib.c): not for large values. */
+     * derivative bound, testlib/mlp_check.c): not for large values. */
     const int fd = fd_affordable(&m) && d.value_dist != MT_VALUES_LARGE;
     const int checks = MT_CHECK_BOUND | (fd ? MT_CHECK_FD : 0) | (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
     pt_mlp_describe_values(c, &m);

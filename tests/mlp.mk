@@ -1,17 +1,13 @@
 # tests/mlp.mk: tests of the blockwise MoE MLP reference (issue 3).
-MLP_TEST_LIBS = $(TESTLIB_LIBS)
-MLP_TESTLIB = tests/mlp_testlib.c tests/mlp_testlib.h
+# each on the MLP test library of testlib/ (case generator, float64 model and bounds, checker)
 check_PROGRAMS += tests/test_mlp_grad
-tests_test_mlp_grad_SOURCES = tests/test_mlp_grad.c $(MLP_TESTLIB)
-tests_test_mlp_grad_LDADD = $(MLP_TEST_LIBS)
+tests_test_mlp_grad_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_mlp_grad
 check_PROGRAMS += tests/test_mlp_props
-tests_test_mlp_props_SOURCES = tests/test_mlp_props.c $(MLP_TESTLIB)
-tests_test_mlp_props_LDADD = $(MLP_TEST_LIBS)
+tests_test_mlp_props_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_mlp_props
 check_PROGRAMS += tests/test_mlp_layout
-tests_test_mlp_layout_SOURCES = tests/test_mlp_layout.c $(MLP_TESTLIB)
-tests_test_mlp_layout_LDADD = $(MLP_TEST_LIBS)
+tests_test_mlp_layout_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_mlp_layout
 # a timing helper (not a test): forward + backward of a Qwen3-30B-A3B layer on the reference
 noinst_PROGRAMS += tests/mlp_layer_time

@@ -1,13 +1,17 @@
 /*
- * Test support for the blockwise MoE MLP (tests/test_mlp_*.c), independent of ref/mlp.c:
+ * Test support for the blockwise MoE MLP (tests/test_mlp_*.c, tests/test_cli_npy.c, the fuzzer's MLP ops,
+ * proptest/test_gpu_mlp.c), independent of ref/mlp.c, one file per stage:
  *
- *   - a float64 forward of SEMANTICS section 3 written from the spec, and central finite differences
- *     of the loss L = <G, out> through it (the gradients every test checks against);
- *   - a float64 analytic forward/backward in "running error" arithmetic: every quantity carries its
- *     exact value (from the same rounded inputs) and a bound on the error a correct float32
+ *   - mlp_case.c: a random case generator (routing, layouts, inputs, relabelled copies);
+ *   - mlp_float64.c: a float64 forward of SEMANTICS section 3 written from the spec, and central finite
+ *     differences of the loss L = <G, out> through it (the gradients every test checks against);
+ *   - mlp_bounds.c: a float64 analytic forward/backward in "running error" arithmetic: every quantity
+ *     carries its exact value (from the same rounded inputs) and a bound on the error a correct float32
  *     reference may have in it, composed from the dot-product bound of SEMANTICS section 4
  *     (specs/MLP.md, "Error bound", derives each rule);
- *   - a random case generator (routing, layouts, inputs, clamp limits placed in gaps of the data).
+ *   - mlp_clamps.c: clamp limits placed in gaps of the data;
+ *   - mlp_check.c: the run of an implementation and the checks of its outputs (mt_run), and comparisons
+ *     of two result sets.
  */
 #ifndef LIBMOE_MLP_TESTLIB_H
 #define LIBMOE_MLP_TESTLIB_H
