@@ -185,34 +185,7 @@ static void require_gather(const routing_in *ri, const char *flag)
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * The oracle's bounds
- * ------------------------------------------------------------------------------------------------- */
-/* The float64 oracle's bound of every output element, written as float64 (--bound-out). */
-enum oracle_op { ORACLE_FWD, ORACLE_DX, ORACLE_DW };
-static void write_bound(const args *a, enum oracle_op op, const routing_in *ri, int64_t N, int64_t K,
-                        const void *in0, const void *in1, const void *tw, const moe_gemm_options *o, int ndim,
-                        const int64_t *shape)
-{
-    const char *path = get(a, "--bound-out");
-    if (path == NULL)
-        return;
-    int64_t count = 1;
-    for (int i = 0; i < ndim; i++)
-        count *= shape[i];
-    double *value = xmalloc((size_t)count, sizeof(double)), *bound = xmalloc((size_t)count, sizeof(double));
-    if (op == ORACLE_FWD)
-        oracle_gemm_fwd(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
-    else if (op == ORACLE_DX)
-        oracle_gemm_dx(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
-    else
-        oracle_gemm_dw_split(&ri->r, N, K, in0, in1, tw, NULL, o, value, bound);
-    write_array(path, NPY_T_F64, ndim, shape, bound);
-    xfree(value);
-    xfree(bound);
-}
-
-/* ---------------------------------------------------------------------------------------------------
- * Grouped GEMM commands
+ * Checking the routing options and the operands
  * ------------------------------------------------------------------------------------------------- */
 static void gemm_options(const args *a, const routing_in *ri, moe_gemm_options *o)
 {
@@ -261,177 +234,228 @@ static const char *rows_why(const routing_in *ri, int permuted, const char *flag
     return buf;
 }
 
+/* ---------------------------------------------------------------------------------------------------
+ * The steps every gemm command takes
+ * ------------------------------------------------------------------------------------------------- */
+/* moe_gemm_fwd, moe_gemm_dx, moe_gemm_dw, and the oracle's functions of the same three ops */
+typedef moe_status (*gemm_function)(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                                    const void *a, const void *b, const void *topk_weights, void *out,
+                                    const moe_gemm_options *options);
+typedef void (*oracle_function)(const moe_routing *routing, int64_t N, int64_t K, const void *a, const void *b,
+                                const void *topk_weights, const void *old_out, const moe_gemm_options *options,
+                                double *value, double *bound);
+
+/* One grouped GEMM op, out = op(a, b) as moe.h's moe_gemm_op names them: fwd y = op(x, w), dx dx = op(dy, w),
+ * dw dw = op(x, dy). */
+typedef struct gemm_op {
+    const char *name;                       /* the library function's, for messages */
+    gemm_function function;
+    oracle_function oracle;                 /* the bounds of --bound-out */
+    const char *a_opt, *b_opt;              /* the options naming a and b */
+    const char *a_name, *b_name, *out_name; /* the arrays, for device errors */
+    const char *w_opt, *w_out_opt;          /* gemm-dw only: --w and the output it serves, else NULL */
+} gemm_op;
+
+/* The inputs of a gemm command, in the order it loads them. */
+enum gemm_input { GEMM_A, GEMM_B, GEMM_TW, GEMM_W, GEMM_INPUTS };
+
+/* A gemm command from its options to its converted inputs. */
+typedef struct gemm_cmd {
+    const gemm_op *op;
+    lib_call call;
+    const char *out; /* --out */
+    routing_in ri;
+    moe_gemm_options o;
+    const char *path[GEMM_INPUTS]; /* NULL: not given (--topk-weights, gemm-dw's --w) */
+    npy_array arr[GEMM_INPUTS];
+    void *data[GEMM_INPUTS];    /* a, b and the topk weights in o.dtype, once gemm_run converted them */
+    size_t bytes[GEMM_INPUTS];  /* of data[i] */
+} gemm_cmd;
+
+/* Starts a gemm command: the backend, every file it writes and reads claimed before any is read, the
+ * routing loaded and the routing options parsed. */
+static void gemm_begin(const args *a, const gemm_op *op, gemm_cmd *g)
+{
+    memset(g, 0, sizeof *g);
+    g->op = op;
+    g->call = (lib_call){op->name, get_backend(a), 0, {{0}}};
+    g->path[GEMM_A] = need(a, op->a_opt);
+    g->path[GEMM_B] = need(a, op->b_opt);
+    g->out = need(a, "--out");
+    g->path[GEMM_TW] = get(a, "--topk-weights");
+    g->path[GEMM_W] = op->w_opt ? get(a, op->w_opt) : NULL;
+    claim_files(a, (const char *const[]){"--out", "--bound-out", op->w_out_opt, NULL},
+                (const char *const[]){op->a_opt, op->b_opt, "--m-sizes", "--gather", "--topk-weights", op->w_opt,
+                                      NULL});
+    load_routing(a, &g->ri);
+    gemm_options(a, &g->ri, &g->o);
+}
+
+/* Loads the inputs given and chooses the computation dtype from them. */
+static void gemm_load(const args *a, gemm_cmd *g)
+{
+    const npy_array *arrays[GEMM_INPUTS] = {NULL};
+    for (int i = 0; i < GEMM_INPUTS; i++)
+        if (g->path[i] != NULL) {
+            load(g->path[i], &g->arr[i]);
+            arrays[i] = &g->arr[i];
+        }
+    g->o.dtype = choose_dtype(a, arrays, g->path, GEMM_INPUTS);
+}
+
+/* The float64 oracle's bound of every output element, written as float64 (--bound-out). */
+static void write_bound(const args *a, const gemm_cmd *g, int64_t N, int64_t K, int ndim, const int64_t *shape)
+{
+    const char *path = get(a, "--bound-out");
+    if (path == NULL)
+        return;
+    int64_t count = 1;
+    for (int i = 0; i < ndim; i++)
+        count *= shape[i];
+    double *value = xmalloc((size_t)count, sizeof(double)), *bound = xmalloc((size_t)count, sizeof(double));
+    g->op->oracle(&g->ri.r, N, K, g->data[GEMM_A], g->data[GEMM_B], g->data[GEMM_TW], NULL, &g->o, value, bound);
+    write_array(path, NPY_T_F64, ndim, shape, bound);
+    xfree(value);
+    xfree(bound);
+}
+
+/* Converts a, b and the topk weights to the computation dtype, runs the op on the chosen backend into an
+ * output of out_dtype and `shape` (2 or 3 dimensions), and writes it to --out, and its bounds to --bound-out.
+ * The caller checked the shapes and commits the outputs. */
+static void gemm_run(const args *a, gemm_cmd *g, int64_t N, int64_t K, moe_dtype out_dtype, int ndim,
+                     const int64_t *shape)
+{
+    const size_t es = moe_dtype_size(g->o.dtype);
+    for (int i = GEMM_A; i <= GEMM_TW; i++)
+        if (g->path[i] != NULL) {
+            g->data[i] = convert(g->path[i], &g->arr[i], g->o.dtype);
+            g->bytes[i] = elements(g->arr[i].h.count, es, 1);
+        }
+    const size_t count = elements(shape[0], shape[1], ndim == 3 ? shape[2] : 1), out_es = moe_dtype_size(out_dtype);
+    void *out = xmalloc(count, out_es);
+    lib_call *c = &g->call;
+    const moe_routing r = call_routing(c, &g->ri.r);
+    call_end(c, g->op->function(c->backend, &r, N, K, call_in(c, g->op->a_name, g->data[GEMM_A], g->bytes[GEMM_A]),
+                                call_in(c, g->op->b_name, g->data[GEMM_B], g->bytes[GEMM_B]),
+                                call_in(c, "topk_weights", g->data[GEMM_TW], g->bytes[GEMM_TW]),
+                                call_out(c, g->op->out_name, out, count * out_es), &g->o));
+    write_result(a, g->out, out_dtype, out, ndim, shape);
+    write_bound(a, g, N, K, ndim, shape);
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * gemm-fwd, gemm-dx, gemm-dw
+ * ------------------------------------------------------------------------------------------------- */
+static const gemm_op gemm_fwd_op = {"moe_gemm_fwd", moe_gemm_fwd, oracle_gemm_fwd, "--x", "--w", "x", "w", "y",
+                                    NULL, NULL};
+static const gemm_op gemm_dx_op = {"moe_gemm_dx", moe_gemm_dx, oracle_gemm_dx, "--dy", "--w", "dy", "w", "dx",
+                                   NULL, NULL};
+static const gemm_op gemm_dw_op = {"moe_gemm_dw", moe_gemm_dw, oracle_gemm_dw_split, "--x", "--dy", "x", "dy", "dw",
+                                   "--w", "--out-topk-weights-grad"};
+
 static int run_gemm_fwd(const args *a)
 {
-    lib_call c = {"moe_gemm_fwd", get_backend(a), 0, {{0}}};
-    const char *x_path = need(a, "--x"), *w_path = need(a, "--w"), *out = need(a, "--out");
-    const char *tw_path = get(a, "--topk-weights");
-    claim_files(a, (const char *const[]){"--out", "--bound-out", NULL},
-                (const char *const[]){"--x", "--w", "--m-sizes", "--gather", "--topk-weights", NULL});
-    routing_in ri;
-    load_routing(a, &ri);
-    moe_gemm_options o;
-    gemm_options(a, &ri, &o);
+    gemm_cmd g;
+    gemm_begin(a, &gemm_fwd_op, &g);
+    gemm_load(a, &g);
+    const char *x_path = g.path[GEMM_A], *w_path = g.path[GEMM_B], *tw_path = g.path[GEMM_TW];
+    const npy_array *x = &g.arr[GEMM_A], *w = &g.arr[GEMM_B];
 
-    npy_array x, w, tw = {0};
-    load(x_path, &x);
-    load(w_path, &w);
-    if (tw_path)
-        load(tw_path, &tw);
-    const npy_array *arrays[] = {&x, &w, tw_path ? &tw : NULL};
-    const char *paths[] = {x_path, w_path, tw_path};
-    o.dtype = choose_dtype(a, arrays, paths, 3);
-
-    check_weights(w_path, &w, ri.E, ri.m_path);
-    const int64_t N = w.h.shape[1], K = w.h.shape[2];
+    check_weights(w_path, w, g.ri.E, g.ri.m_path);
+    const int64_t N = w->h.shape[1], K = w->h.shape[2];
     char why[1024], buf[256];
-    snprintf(why, sizeof why, "%s; K = %lld from %s", rows_why(&ri, o.permute_x, "--permute-x", buf, sizeof buf),
+    snprintf(why, sizeof why, "%s; K = %lld from %s", rows_why(&g.ri, g.o.permute_x, "--permute-x", buf, sizeof buf),
              (long long)K, w_path);
-    check_matrix(x_path, &x, o.permute_x ? ri.T : ri.M, K, 1, why);
+    check_matrix(x_path, x, g.o.permute_x ? g.ri.T : g.ri.M, K, 1, why);
     if (tw_path)
-        check_topk_weights(tw_path, &tw, &ri);
+        check_topk_weights(tw_path, &g.arr[GEMM_TW], &g.ri);
 
-    void *xd = convert(x_path, &x, o.dtype), *wd = convert(w_path, &w, o.dtype);
-    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
-    const size_t es = moe_dtype_size(o.dtype);
-    void *y = xmalloc(elements(ri.M, N, 1), es);
-    const moe_routing r = call_routing(&c, &ri.r);
-    call_end(&c, moe_gemm_fwd(c.backend, &r, N, K, call_in(&c, "x", xd, elements(x.h.count, es, 1)),
-                              call_in(&c, "w", wd, elements(ri.E, N, K) * es),
-                              call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
-                              call_out(&c, "y", y, elements(ri.M, N, 1) * es), &o));
-    const int64_t shape[2] = {ri.M, N};
-    write_result(a, out, o.dtype, y, 2, shape);
-    write_bound(a, ORACLE_FWD, &ri, N, K, xd, wd, twd, &o, 2, shape);
+    const int64_t shape[2] = {g.ri.M, N};
+    gemm_run(a, &g, N, K, g.o.dtype, 2, shape);
     commit_outputs();
     return 0;
 }
 
 static int run_gemm_dx(const args *a)
 {
-    lib_call c = {"moe_gemm_dx", get_backend(a), 0, {{0}}};
-    const char *dy_path = need(a, "--dy"), *w_path = need(a, "--w"), *out = need(a, "--out");
-    const char *tw_path = get(a, "--topk-weights");
-    claim_files(a, (const char *const[]){"--out", "--bound-out", NULL},
-                (const char *const[]){"--dy", "--w", "--m-sizes", "--gather", "--topk-weights", NULL});
-    routing_in ri;
-    load_routing(a, &ri);
-    moe_gemm_options o;
-    gemm_options(a, &ri, &o);
-    o.reduce_topk = get(a, "--reduce-topk") != NULL;
-    if (o.reduce_topk)
-        require_gather(&ri, "--reduce-topk");
+    gemm_cmd g;
+    gemm_begin(a, &gemm_dx_op, &g);
+    g.o.reduce_topk = get(a, "--reduce-topk") != NULL;
+    if (g.o.reduce_topk)
+        require_gather(&g.ri, "--reduce-topk");
+    gemm_load(a, &g);
+    const char *dy_path = g.path[GEMM_A], *w_path = g.path[GEMM_B], *tw_path = g.path[GEMM_TW];
+    const npy_array *dy = &g.arr[GEMM_A], *w = &g.arr[GEMM_B];
 
-    npy_array dy, w, tw = {0};
-    load(dy_path, &dy);
-    load(w_path, &w);
-    if (tw_path)
-        load(tw_path, &tw);
-    const npy_array *arrays[] = {&dy, &w, tw_path ? &tw : NULL};
-    const char *paths[] = {dy_path, w_path, tw_path};
-    o.dtype = choose_dtype(a, arrays, paths, 3);
-
-    check_weights(w_path, &w, ri.E, ri.m_path);
-    const int64_t N = w.h.shape[1], K = w.h.shape[2];
+    check_weights(w_path, w, g.ri.E, g.ri.m_path);
+    const int64_t N = w->h.shape[1], K = w->h.shape[2];
     char why[1024];
-    snprintf(why, sizeof why, "M = %lld rows, the sum of %s; N = %lld from %s", (long long)ri.M, ri.m_path,
+    snprintf(why, sizeof why, "M = %lld rows, the sum of %s; N = %lld from %s", (long long)g.ri.M, g.ri.m_path,
              (long long)N, w_path);
-    check_matrix(dy_path, &dy, ri.M, N, 1, why);
+    check_matrix(dy_path, dy, g.ri.M, N, 1, why);
     if (tw_path)
-        check_topk_weights(tw_path, &tw, &ri);
+        check_topk_weights(tw_path, &g.arr[GEMM_TW], &g.ri);
 
-    void *dyd = convert(dy_path, &dy, o.dtype), *wd = convert(w_path, &w, o.dtype);
-    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
-    const int64_t rows = o.reduce_topk ? ri.T : ri.M;
-    const size_t es = moe_dtype_size(o.dtype);
-    void *dx = xmalloc(elements(rows, K, 1), es);
-    const moe_routing r = call_routing(&c, &ri.r);
-    call_end(&c, moe_gemm_dx(c.backend, &r, N, K, call_in(&c, "dy", dyd, elements(ri.M, N, 1) * es),
-                             call_in(&c, "w", wd, elements(ri.E, N, K) * es),
-                             call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
-                             call_out(&c, "dx", dx, elements(rows, K, 1) * es), &o));
-    const int64_t shape[2] = {rows, K};
-    write_result(a, out, o.dtype, dx, 2, shape);
-    write_bound(a, ORACLE_DX, &ri, N, K, dyd, wd, twd, &o, 2, shape);
+    const int64_t shape[2] = {g.o.reduce_topk ? g.ri.T : g.ri.M, K};
+    gemm_run(a, &g, N, K, g.o.dtype, 2, shape);
     commit_outputs();
     return 0;
 }
 
 static int run_gemm_dw(const args *a)
 {
-    lib_call c = {"moe_gemm_dw", get_backend(a), 0, {{0}}};
-    const char *x_path = need(a, "--x"), *dy_path = need(a, "--dy"), *out = need(a, "--out");
-    const char *tw_path = get(a, "--topk-weights"), *w_path = get(a, "--w");
-    const char *dtw_out = get(a, "--out-topk-weights-grad");
-    claim_files(a, (const char *const[]){"--out", "--bound-out", "--out-topk-weights-grad", NULL},
-                (const char *const[]){"--x", "--dy", "--m-sizes", "--gather", "--topk-weights", "--w", NULL});
-    routing_in ri;
-    load_routing(a, &ri);
-    moe_gemm_options o;
-    gemm_options(a, &ri, &o);
-    o.dw_fp32 = get(a, "--dw-fp32") != NULL;
+    gemm_cmd g;
+    gemm_begin(a, &gemm_dw_op, &g);
+    const char *x_path = g.path[GEMM_A], *dy_path = g.path[GEMM_B], *tw_path = g.path[GEMM_TW];
+    const char *w_path = g.path[GEMM_W], *dtw_out = get(a, "--out-topk-weights-grad");
+    g.o.dw_fp32 = get(a, "--dw-fp32") != NULL;
     if (dtw_out != NULL && w_path == NULL)
         die("--out-topk-weights-grad needs --w W.npy (it recomputes X . W[e]^T)");
     if (dtw_out != NULL)
-        require_gather(&ri, "--out-topk-weights-grad");
+        require_gather(&g.ri, "--out-topk-weights-grad");
     if (w_path != NULL && dtw_out == NULL)
         die("--w is only used by --out-topk-weights-grad; give both or neither");
+    gemm_load(a, &g);
+    const npy_array *x = &g.arr[GEMM_A], *dy = &g.arr[GEMM_B], *tw = &g.arr[GEMM_TW];
 
-    npy_array x, dy, tw = {0}, w = {0};
-    load(x_path, &x);
-    load(dy_path, &dy);
-    if (tw_path)
-        load(tw_path, &tw);
-    if (w_path)
-        load(w_path, &w);
-    const npy_array *arrays[] = {&x, &dy, tw_path ? &tw : NULL, w_path ? &w : NULL};
-    const char *paths[] = {x_path, dy_path, tw_path, w_path};
-    o.dtype = choose_dtype(a, arrays, paths, 4);
-
-    if (x.h.ndim < 2)
-        die("%s: expected a matrix of shape (rows, K), found %s %s", x_path, shape_text(&x.h), npy_type_name(x.h.type));
-    if (dy.h.ndim < 2)
-        die("%s: expected a matrix of shape (M, N), found %s %s", dy_path, shape_text(&dy.h), npy_type_name(dy.h.type));
-    const int64_t K = x.h.shape[x.h.ndim - 1], N = dy.h.shape[dy.h.ndim - 1];
+    if (x->h.ndim < 2)
+        die("%s: expected a matrix of shape (rows, K), found %s %s", x_path, shape_text(&x->h),
+            npy_type_name(x->h.type));
+    if (dy->h.ndim < 2)
+        die("%s: expected a matrix of shape (M, N), found %s %s", dy_path, shape_text(&dy->h),
+            npy_type_name(dy->h.type));
+    const int64_t K = x->h.shape[x->h.ndim - 1], N = dy->h.shape[dy->h.ndim - 1];
     char why[1024], buf[256];
-    snprintf(why, sizeof why, "%s", rows_why(&ri, o.permute_x, "--permute-x", buf, sizeof buf));
-    check_matrix(x_path, &x, o.permute_x ? ri.T : ri.M, K, 1, why);
-    snprintf(why, sizeof why, "M = %lld rows, the sum of %s", (long long)ri.M, ri.m_path);
-    check_matrix(dy_path, &dy, ri.M, N, 1, why);
+    snprintf(why, sizeof why, "%s", rows_why(&g.ri, g.o.permute_x, "--permute-x", buf, sizeof buf));
+    check_matrix(x_path, x, g.o.permute_x ? g.ri.T : g.ri.M, K, 1, why);
+    snprintf(why, sizeof why, "M = %lld rows, the sum of %s", (long long)g.ri.M, g.ri.m_path);
+    check_matrix(dy_path, dy, g.ri.M, N, 1, why);
     if (tw_path)
-        check_topk_weights(tw_path, &tw, &ri);
+        check_topk_weights(tw_path, tw, &g.ri);
     if (w_path) {
-        snprintf(why, sizeof why, "E from %s, N from %s, K from %s", ri.m_path, dy_path, x_path);
-        check_weights_nk(w_path, &w, ri.E, N, K, why);
+        snprintf(why, sizeof why, "E from %s, N from %s, K from %s", g.ri.m_path, dy_path, x_path);
+        check_weights_nk(w_path, &g.arr[GEMM_W], g.ri.E, N, K, why);
     }
 
-    void *xd = convert(x_path, &x, o.dtype), *dyd = convert(dy_path, &dy, o.dtype);
-    void *twd = tw_path ? convert(tw_path, &tw, o.dtype) : NULL;
-    const moe_dtype dw_dtype = o.dw_fp32 ? MOE_F32 : o.dtype;
-    const size_t es = moe_dtype_size(o.dtype), dws = moe_dtype_size(dw_dtype);
-    const size_t x_bytes = elements(x.h.count, es, 1), dy_bytes = elements(ri.M, N, 1) * es;
-    void *dw = xmalloc(elements(ri.E, N, K), dws);
-    moe_routing r = call_routing(&c, &ri.r);
-    call_end(&c, moe_gemm_dw(c.backend, &r, N, K, call_in(&c, "x", xd, x_bytes), call_in(&c, "dy", dyd, dy_bytes),
-                             call_in(&c, "topk_weights", twd, elements(ri.M, es, 1)),
-                             call_out(&c, "dw", dw, elements(ri.E, N, K) * dws), &o));
-    const int64_t shape[3] = {ri.E, N, K};
-    write_result(a, out, dw_dtype, dw, 3, shape);
-    write_bound(a, ORACLE_DW, &ri, N, K, xd, dyd, twd, &o, 3, shape);
+    const moe_dtype dw_dtype = g.o.dw_fp32 ? MOE_F32 : g.o.dtype;
+    const int64_t shape[3] = {g.ri.E, N, K};
+    gemm_run(a, &g, N, K, dw_dtype, 3, shape);
 
     if (dtw_out != NULL) {
-        void *wd = convert(w_path, &w, o.dtype);
-        void *dtw = xmalloc((size_t)ri.M, dws);
-        lib_call g = {"moe_gemm_topk_weights_grad", c.backend, 0, {{0}}};
-        r = call_routing(&g, &ri.r);
-        call_end(&g, moe_gemm_topk_weights_grad(g.backend, &r, N, K, call_in(&g, "x", xd, x_bytes),
-                                                call_in(&g, "w", wd, elements(ri.E, N, K) * es),
-                                                call_in(&g, "dy", dyd, dy_bytes),
-                                                call_out(&g, "d_topk_weights", dtw, elements(ri.M, dws, 1)), &o));
-        int64_t tshape[2] = {ri.T, ri.k};
+        /* the gradient of the fused topk weights, a second library call on the same inputs */
+        const size_t es = moe_dtype_size(g.o.dtype), dws = moe_dtype_size(dw_dtype);
+        void *wd = convert(w_path, &g.arr[GEMM_W], g.o.dtype);
+        void *dtw = xmalloc((size_t)g.ri.M, dws);
+        lib_call c = {"moe_gemm_topk_weights_grad", g.call.backend, 0, {{0}}};
+        const moe_routing r = call_routing(&c, &g.ri.r);
+        call_end(&c, moe_gemm_topk_weights_grad(c.backend, &r, N, K, call_in(&c, "x", g.data[GEMM_A], g.bytes[GEMM_A]),
+                                                call_in(&c, "w", wd, elements(g.ri.E, N, K) * es),
+                                                call_in(&c, "dy", g.data[GEMM_B], g.bytes[GEMM_B]),
+                                                call_out(&c, "d_topk_weights", dtw, elements(g.ri.M, dws, 1)), &g.o));
+        int64_t tshape[2] = {g.ri.T, g.ri.k};
         int tndim = 2;
-        if (tw_path && tw.h.ndim == 1) {
-            tshape[0] = ri.M;
+        if (tw_path && tw->h.ndim == 1) {
+            tshape[0] = g.ri.M;
             tndim = 1;
         }
         write_result(a, dtw_out, dw_dtype, dtw, tndim, tshape);
