@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* exit statuses: 1 compare found a difference over its tolerance, 2 any error */
 enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
 
 /* ---- memory.c: errors, and the heap blocks the tool owns (all freed at exit) ---- */
@@ -31,20 +32,22 @@ char *join_path(const char *dir, const char *name); /* "dir/name", owned */
 void make_dirs(const char *path);                   /* mkdir -p */
 int is_regular(const char *path);
 int is_dir(const char *path);
-void add_output(const char *path);
+/* Claiming, before anything is read: the files a command writes, then those it reads (refused when they
+ * are outputs too). */
 void add_outputs_in(const char *dir, const char *const *names, int n, char **paths);
 void check_input(const char *path);
 void claim_files(const args *a, const char *const *outs, const char *const *ins);
+/* Writing into temporary files, then putting all in place at once (commit_outputs). */
 void write_array(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data);
 void write_result(const args *a, const char *path, moe_dtype dtype, const void *data, int ndim,
                   const int64_t *shape);
 void commit_outputs(void);
-void discard_outputs(void);
-const char *uncommitted_output(void);
+void discard_outputs(void);            /* at exit: removes every output not committed */
+const char *uncommitted_output(void); /* the first, NULL when none */
 
 /* ---- arrays.c: loading input arrays, checking and converting them ---- */
-void load(const char *path, npy_array *array);
-void release(npy_array *array);
+void load(const char *path, npy_array *array); /* reads a whole .npy file; its data is owned */
+void release(npy_array *array);                /* frees what load read */
 char *shape_text(const npy_header *h); /* "(2, 3)"; valid until the fourth call after */
 void check_matrix(const char *path, const npy_array *array, int64_t rows, int64_t cols, int split,
                   const char *why);
@@ -53,8 +56,8 @@ void check_index_array(const char *path, const npy_array *arr);
 int shape_is(const npy_header *h, int ndim, const int64_t *dims);
 void check_shape(const char *path, const npy_array *arr, int ndim, const int64_t *dims, const char *what,
                  const char *why);
-void *convert(const char *path, const npy_array *array, moe_dtype dtype);
-int64_t *convert_int(const char *path, const npy_array *array);
+void *convert(const char *path, const npy_array *array, moe_dtype dtype); /* a floating array in dtype, owned */
+int64_t *convert_int(const char *path, const npy_array *array);          /* an index array as int64, owned */
 moe_dtype choose_dtype(const args *a, const npy_array *const *arrays, const char *const *paths, int n);
 
 /* ---- call.c: one library call on the chosen backend ---- */

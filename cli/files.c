@@ -60,7 +60,7 @@ static output_set outputs;
 void discard_outputs(void) { outputs_discard(&outputs); }
 
 /* Registers path (NULL: none) as an output; refuses a file that another output names already. */
-void add_output(const char *path)
+static void add_output(const char *path)
 {
     char err[OUTPUTS_ERROR_SIZE];
     if (path != NULL && outputs_add(&outputs, path, err, sizeof err) != 0)

@@ -1,12 +1,6 @@
 /*
- * cli/main.c: the moe tool's entry point: its command table, its own help (moe --help) and main.
- *
- * moe: run libmoe's ops on NumPy .npy files and compare results (issue 6).
- *
- *   moe gemm-fwd | gemm-dx | gemm-dw | route | compare | mlp-fwd | mlp-bwd | autotune   (see `moe --help`)
- *
- * Exit codes: 0 success (compare: every tensor within its tolerance), 1 compare found a tensor over its
- * tolerance, 2 any error (bad usage, unreadable or refused file, refused call); errors go to stderr.
+ * cli/main.c: the moe tool's entry point, `moe COMMAND [options]`: the command table, moe --help and main.
+ * Exit status: 0 success, 1 compare found a tensor over its tolerance, 2 any error (message on stderr).
  */
 #include "cli.h"
 
