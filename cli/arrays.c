@@ -105,6 +105,7 @@ int shape_is(const npy_header *h, int ndim, const int64_t *dims)
     return 1;
 }
 
+/* Refuses an array whose shape is not dims (extra trailing 1s allowed); what and why name it in the error. */
 void check_shape(const char *path, const npy_array *arr, int ndim, const int64_t *dims, const char *what,
                  const char *why)
 {

@@ -134,6 +134,8 @@ typedef struct routing_in {
     moe_routing r;
 } routing_in;
 
+/* Reads the routing (--m-sizes, and --gather with --topk) and checks it: M = the sum of m_sizes is T*k,
+ * and gather_indices is a valid routing of M slots (moe_routing_validate). */
 static void load_routing(const args *a, routing_in *ri)
 {
     memset(ri, 0, sizeof *ri);
@@ -225,6 +227,7 @@ static void check_topk_weights(const char *path, const npy_array *tw, const rout
             (long long)ri->M, (long long)ri->T, (long long)ri->k, shape_text(h), npy_type_name(h->type));
 }
 
+/* Why an operand has the rows it must have, for its error: T tokens with `flag` (permuted), else M rows. */
 static const char *rows_why(const routing_in *ri, int permuted, const char *flag, char *buf, size_t size)
 {
     if (permuted)

@@ -145,6 +145,7 @@ moe_mlp_padding parse_padding(const args *a)
     die("--padding %s: expected skip (empty positions hold -1) or row (they hold T)", s);
 }
 
+/* --clamp NL_LO,NL_HI,LIN_LO,LIN_HI into o's clamp limits (an empty field sets none). */
 static void parse_clamp(const char *s, moe_mlp_options *o)
 {
     static const char *const names[4] = {"NL_LO", "NL_HI", "LIN_LO", "LIN_HI"};
