@@ -192,16 +192,15 @@ static void mlp_options(const args *a, moe_mlp_options *o)
     memset(o, 0, sizeof *o);
     o->block_size = parse_block_size(a);
     const char *s = get(a, "--activation");
-    if (s == NULL || strcmp(s, "silu") == 0)
-        o->activation = MOE_ACT_SILU;
-    else if (strcmp(s, "gelu") == 0)
-        o->activation = MOE_ACT_GELU;
-    else if (strcmp(s, "gelu_tanh") == 0)
-        o->activation = MOE_ACT_GELU_TANH;
-    else if (strcmp(s, "swish") == 0)
-        o->activation = MOE_ACT_SWISH;
-    else
-        die("--activation %s: expected silu, gelu, gelu_tanh or swish", s);
+    o->activation = MOE_ACT_SILU;
+    if (s != NULL && moe_mlp_activation_from_name(s, &o->activation) != MOE_OK) {
+        char choices[256] = ""; /* the activation table's names: "silu, gelu, gelu_tanh or swish" */
+        for (int i = 0; i < MOE_MLP_ACTIVATION_COUNT; i++)
+            snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
+                     i == 0 ? "" : i + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ",
+                     moe_mlp_activation_name((moe_mlp_activation)i));
+        die("--activation %s: expected %s", s, choices);
+    }
     s = get(a, "--affinity-on");
     if (s == NULL || strcmp(s, "h") == 0 || strcmp(s, "H") == 0)
         o->affinity = MOE_AFFINITY_ON_H;
