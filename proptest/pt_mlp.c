@@ -26,7 +26,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     const int shape = pt_pick(s, 4);
     const int kind = pt_pick(s, PT_ROUTE_KINDS_FROM_TOPK);
     d->opt.dtype = (moe_dtype)pt_pick(s, 3);
-    d->opt.activation = (moe_mlp_activation)pt_pick(s, 4);
+    d->opt.activation = (moe_mlp_activation)pt_pick(s, MOE_MLP_ACTIVATION_COUNT);
     d->opt.affinity = (moe_mlp_affinity)pt_pick(s, 2);
     d->opt.bias = pt_bool(s);
     d->opt.padding = (moe_mlp_padding)pt_pick(s, 2);
@@ -77,13 +77,12 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     /* drawn last, so that the reproducers recorded before the option existed (a missing choice reads as
      * 0) still make the same cases; f32 ignores it (specs/MLP.md "Rounded intermediates") */
     d->opt.round_intermediates = pt_bool(s);
-    static const char *const acts[4] = {"silu", "gelu", "gelu_tanh", "swish"};
     static const char *const modes[3] = {"dropless", "dropping", "shuffled"};
     pt_describe(c, "%s T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s routing=%s %s affinity=%s%s pad=%s layout=%s "
                 "clamps=%x%s%s%s%s%s",
                 shape_name, (long long)T, (long long)E, (long long)k, (long long)H, (long long)I,
                 (long long)d->opt.block_size, moe_dtype_name(d->opt.dtype), pt_routing_kind_name(kind),
-                acts[d->opt.activation], d->opt.affinity ? "I" : "H", d->opt.bias ? " bias" : "",
+                moe_mlp_activation_name(d->opt.activation), d->opt.affinity ? "I" : "H", d->opt.bias ? " bias" : "",
                 d->opt.padding ? "row" : "skip", modes[d->layout_mode], d->clamp_mask,
                 d->opt.accumulate ? " accumulate" : "", d->opt.grad_fp32 ? " grad_fp32" : "",
                 d->opt.tensor_update_overwrite ? " overwrite" : "", d->down_ckpt_in_bwd ? "" : " no-down-ckpt",

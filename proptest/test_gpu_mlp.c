@@ -1,5 +1,5 @@
 /* CUDA blockwise MoE MLP properties (skipped with exit 77 where no CUDA device is visible):
- *   1. the full option cross of tests/test_mlp_grad.c: activation (4) x affinity (2) x bias (2) x clamp
+ *   1. the full option cross of tests/test_mlp_grad.c: every activation (4) x affinity (2) x bias (2) x clamp
  *      subset (16) x dtype (f32, f16, bf16) x padding (2) x accumulate (2) = 3072 cases (or the first
  *      `cases` of them), with at random: shape (some past the 64-wide tiles), block size (1 .. 128,
  *      multiples of 16 and not), layout (dropless, dropping, shuffled caller-made with an empty block),
@@ -189,16 +189,14 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
 {
     oracle_rng rng = {base};
     int64_t bad = 0, done = 0, rows_path = 0, split_path = 0, rows_path_tc = 0;
-    for (int index = 0; index < 3072 && index < cases; index++) {
-        const int combo = index % 256, pass = index / 256; /* every combo first, then the dtype passes */
+    for (int index = 0; index < MT_OPTION_COMBOS * 12 && index < cases; index++) {
+        /* every combo first, then the dtype passes */
+        const int combo = index % MT_OPTION_COMBOS, pass = index / MT_OPTION_COMBOS;
         mt_case c;
         int placed = 0, wide = 0;
         for (int attempt = 0; attempt < 50 && !placed; attempt++) {
             moe_mlp_options o = {0};
-            o.activation = (moe_mlp_activation)(combo & 3);
-            o.affinity = (moe_mlp_affinity)((combo >> 2) & 1);
-            o.bias = (combo >> 3) & 1;
-            const int clamps = combo >> 4;
+            const int clamps = mt_option_combo(combo, &o);
             o.dtype = (moe_dtype)((pass + combo) % 3);
             o.padding = (moe_mlp_padding)((pass / 3) % 2);
             o.accumulate = (pass / 6) % 2;

@@ -34,6 +34,20 @@ enum mt_layout_mode {
 /* Which clamp limits a case sets (bit mask). */
 enum { MT_LIN_LO = 1, MT_LIN_HI = 2, MT_NL_LO = 4, MT_NL_HI = 8 };
 
+/* The option cross of the MLP tests: every activation of the table (backend/moe_activations.h) x affinity (2)
+ * x bias (2) x clamp subset (16). */
+enum { MT_OPTION_COMBOS = MOE_MLP_ACTIVATION_COUNT * 2 * 2 * 16 };
+/* Sets o's activation, affinity and bias of combo (0 <= combo < MT_OPTION_COMBOS, the activation varying
+ * fastest) and returns its clamp mask (MT_LIN_LO | ...). */
+static inline int mt_option_combo(int combo, moe_mlp_options *o)
+{
+    const int rest = combo / MOE_MLP_ACTIVATION_COUNT;
+    o->activation = (moe_mlp_activation)(combo % MOE_MLP_ACTIVATION_COUNT);
+    o->affinity = (moe_mlp_affinity)(rest & 1);
+    o->bias = (rest >> 1) & 1;
+    return rest >> 2;
+}
+
 typedef struct mt_case {
     uint64_t seed;
     int64_t T, E, k, H, I, B, N, T1;
