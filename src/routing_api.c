@@ -1,5 +1,5 @@
 /* moe_routing_build: moe_routing_from_topk on a backend (host arrays for MOE_BACKEND_REF, device arrays and
- * a stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu), through the backend table's routing_build row. */
+ * a stream for MOE_BACKEND_CUDA, gpu/routing/builders.cu), through the backend table's routing_build row. */
 #include "moe_backend.h"
 #include "moe_ref.h"
 
