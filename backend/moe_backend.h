@@ -158,7 +158,7 @@ typedef struct moe_layout_problem {
 } moe_layout_problem;
 
 /* One backend's implementation of each op: a row per op, as BLIS's context.  Every table fills every row
- * (tests/test_backend_table checks each table built in): the reference's (ref/ref_backend.c) on host
+ * (tests/test_tables checks each table built in): the reference's (ref/ref_backend.c) on host
  * pointers, the CUDA one (gpu/cuda_backend.cu) on device pointers.  Arguments have the shapes documented in
  * moe.h and moe_mlp.h.  Adding an op: a row here, its entry point in src/, and a function in each table. */
 typedef struct moe_dispatch {

@@ -381,7 +381,6 @@ static int name_index(const char *name, const char *const *names)
 
 int main(int argc, char **argv)
 {
-    static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "swish", NULL}; /* moe_mlp_activation */
     static const char *const affinity_names[] = {"h", "i", NULL}; /* moe_mlp_affinity */
     const int64_t T = argc > 1 ? atoll(argv[1]) : 4096, E = argc > 2 ? atoll(argv[2]) : 128;
     const int64_t k = argc > 3 ? atoll(argv[3]) : 8, H = argc > 4 ? atoll(argv[4]) : 2048;
@@ -389,10 +388,11 @@ int main(int argc, char **argv)
     moe_dtype dt = MOE_BF16;
     const int dtype_known = moe_dtype_from_name(argc > 7 ? argv[7] : "bf16", &dt) == MOE_OK;
     const int repeats = argc > 8 ? atoi(argv[8]) : 10, warmup = 2;
-    const int act_index = name_index(argc > 10 ? argv[10] : "silu", act_names);
+    moe_mlp_activation activation = MOE_ACT_SILU;
+    const int act_known = moe_mlp_activation_from_name(argc > 10 ? argv[10] : "silu", &activation) == MOE_OK;
     const int affinity_index = name_index(argc > 11 ? argv[11] : "h", affinity_names);
     if (T < 1 || E < 1 || k < 1 || k > E || H < 1 || I < 1 || B < 1 || repeats < 1 || !dtype_known ||
-        act_index < 0 || affinity_index < 0 || argc > 12) {
+        !act_known || affinity_index < 0 || argc > 12) {
         fprintf(stderr, "usage: mlp-gpu-time [T E k H I B dtype(f32|f16|bf16) repeats round_intermediates(0|1) "
                         "activation(silu|gelu|gelu_tanh|swish) affinity_on(h|i)] with 1 <= k <= E\n");
         return 2;
@@ -421,7 +421,7 @@ int main(int argc, char **argv)
     o.dtype = dt;
     o.block_size = B;
     o.round_intermediates = round_intermediates;
-    o.activation = (moe_mlp_activation)act_index;
+    o.activation = activation;
     o.affinity = (moe_mlp_affinity)affinity_index;
     int64_t N = 0;
     TRY(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, T, k, E, topk, &o, &N));
@@ -514,7 +514,7 @@ int main(int argc, char **argv)
     printf("T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s %s, affinity on %s: N=%lld blocks (%lld positions for %lld "
            "routed pairs)\n",
            (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, (long long)B, moe_dtype_name(dt),
-           act_names[act_index], affinity_index == MOE_AFFINITY_ON_I ? "I" : "H", (long long)N, (long long)(N * B),
+           moe_mlp_activation_name(activation), affinity_index == MOE_AFFINITY_ON_I ? "I" : "H", (long long)N, (long long)(N * B),
            (long long)(T * k));
     printf("intermediates: %s\n", round_intermediates && dt != MOE_F32
                                       ? "rounded to the dtype (round_intermediates: rows path, tensor-core GEMMs)"

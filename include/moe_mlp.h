@@ -56,6 +56,15 @@ typedef enum moe_mlp_activation {
     MOE_ACT_GELU_TANH = 2,  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
     MOE_ACT_SWISH = 3       /* x * sigmoid(1.702 x)  (the gpt-oss gate; NKI's "Swish") */
 } moe_mlp_activation;
+/* The number of activations: every value in [0, MOE_MLP_ACTIVATION_COUNT) is one. */
+#define MOE_MLP_ACTIVATION_COUNT 4
+
+/* The activation's name as the CLI and messages spell it ("silu", "gelu", "gelu_tanh", "swish"), or NULL
+ * for a value that is none. */
+const char *moe_mlp_activation_name(moe_mlp_activation activation);
+/* The activation of a name (moe_mlp_activation_name's spelling); MOE_ERR_INVALID_OPTION, naming the choices,
+ * for any other (NULL included), *activation unchanged. */
+moe_status moe_mlp_activation_from_name(const char *name, moe_mlp_activation *activation);
 
 /* Where the routing affinity a = A[t*E + e] is applied. */
 typedef enum moe_mlp_affinity {

@@ -37,16 +37,13 @@ moe_status moe_ref_routing_arrays_check(const char *op, int64_t rows, int64_t nu
     return moe_check_arrays(op, args, (int)(sizeof args / sizeof args[0]));
 }
 
-moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_experts,
-                                 const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
-                                 int64_t *scatter_indices)
+moe_status moe_ref_routing_from_topk(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                     const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
+                                     int64_t *scatter_indices)
 {
-    static const char op[] = "moe_routing_from_topk";
-    moe_clear_error();
     int64_t rows = 0;
-    /* alignment and overlaps (an output overlapping topk_ids rewrote the ids the sort then indexed with:
-     * an audit, 2026-11-29), before the ids are read; NULL arrays are left to the check below, which
-     * names them */
+    /* alignment and overlaps (an output overlapping topk_ids would rewrite the ids the sort indexes with),
+     * before the ids are read; NULL arrays are left to the check below, which names them */
     moe_status status = moe_ref_check_routing_dims(op, num_tokens, topk, num_experts, &rows);
     if (status == MOE_OK && m_sizes != NULL && (rows == 0 || (topk_ids != NULL && gather_indices != NULL)))
         status = moe_ref_routing_arrays_check(op, rows, num_experts, topk_ids, m_sizes, gather_indices,

@@ -34,9 +34,9 @@
 #include "routing.acsl" /* specs/: the ACSL logic of routings (Frama-C only) */
 #include "gemm.acsl"    /* specs/: the grouped GEMM over the reals (Frama-C only) */
 
-/* The dtype functions of ref/dtype.c (prototypes in include/moe.h, which carries no ACSL), redeclared with
+/* The dtype functions of src/dtype.c (prototypes in include/moe.h, which carries no ACSL), redeclared with
  * their contracts for Frama-C only; Frama-C merges them with moe.h's prototypes.  WP proves all eight in
- * ref/dtype.c (specs/verify.sh; moe_dtype_from_name through its string comparison `spells`, not strcmp),
+ * src/dtype.c (specs/verify.sh; moe_dtype_from_name through its string comparison `spells`, not strcmp),
  * relying on the trusted contracts of its bit casts float_bits / bits_float (memcpy between a float and a
  * uint32_t, which WP's typed model cannot follow).  The conversions' values
  * (round to nearest even, NaN and Inf kept) are not stated; tests/test_dtype checks them.  Gap: Frama-C 25's
@@ -114,7 +114,7 @@ static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float v
 }
 
 /* Converts count elements starting at element `first` of a tensor to float.   out [count]
- * Proved by WP (in ref/dtype.c's run) against moe_ref_load's trusted contract. */
+ * Proved by WP (in src/dtype.c's run) against moe_ref_load's trusted contract. */
 /*@ requires dtype: dtype_ok(dtype);
     requires count: 0 <= first && 0 <= count && first + count <= INT64_MAX;
     requires elements: elements_readable((char *)base, first, count, dtype);
@@ -179,7 +179,7 @@ moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t
 /* Checks the dimensions of a routing: num_tokens >= 0, topk >= 1 (0 only with no tokens), num_experts >= 1,
  * and num_tokens * topk fits (as a count of int64 entries in a size_t); sets *rows = num_tokens * topk.
  * MOE_ERR_INVALID_SHAPE or MOE_ERR_OVERFLOW with a message prefixed by `op` otherwise.  Shared by
- * moe_routing_from_topk, moe_routing_validate (ref/routing.c) and moe_routing_build (src/routing_api.c). */
+ * moe_ref_routing_from_topk (ref/alloc_shells.c), moe_routing_validate and moe_routing_build (src/routing_api.c). */
 /*@ requires rows_valid: \valid(rows);
     terminates \true;
     assigns *rows, moe_error_model;
@@ -217,6 +217,13 @@ moe_status moe_ref_routing_from_topk_check(const char *op, int64_t num_tokens, i
 moe_status moe_ref_routing_arrays_check(const char *op, int64_t rows, int64_t num_experts, const int64_t *topk_ids,
                                         const int64_t *m_sizes, const int64_t *gather_indices,
                                         const int64_t *scatter_indices);
+
+/* moe_routing_from_topk's host build (ref/alloc_shells.c), messages prefixed by op: the dimensions, the arrays
+ * (moe_ref_routing_arrays_check), moe_ref_routing_from_topk_check, then moe_ref_counting_sort on a calloc'd
+ * cursor array.  Not proved (it allocates); every step it calls is. */
+moe_status moe_ref_routing_from_topk(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                     const int64_t *topk_ids, int64_t *m_sizes, int64_t *gather_indices,
+                                     int64_t *scatter_indices);
 
 /* The counting sort of moe_routing_from_topk (ref/alloc_shells.c), on arguments checked by
  * moe_ref_routing_from_topk_check; next is the scratch the shell callocs.

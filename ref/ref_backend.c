@@ -8,11 +8,14 @@
 
 static int ref_available(void) { return 1; }
 
-/* moe_routing_from_topk validates the topk ids and every array itself. */
+/* The host build of moe_routing_from_topk, which validates the topk ids and every array itself (and names
+ * itself in messages). */
 static moe_status ref_routing_build(const moe_routing_problem *p, const int64_t *topk_ids, int64_t *m_sizes,
                                     int64_t *gather_indices, int64_t *scatter_indices)
 {
-    return moe_routing_from_topk(p->T, p->k, p->E, topk_ids, m_sizes, gather_indices, scatter_indices);
+    (void)p->op;
+    return moe_ref_routing_from_topk("moe_routing_from_topk", p->T, p->k, p->E, topk_ids, m_sizes, gather_indices,
+                                     scatter_indices);
 }
 
 /* The host builder on the routing's own block count, then the capacity's tail: padding blocks of expert

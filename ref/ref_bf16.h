@@ -1,6 +1,6 @@
 /*
  * ref/ref_bf16.h: bf16 <-> float32, inlined for the hot loops of ref/gemm_blocked.c and ref/mlp.c: the same
- * bits as moe_bf16_to_f32 / moe_f32_to_bf16 of ref/dtype.c (widening is exact; narrowing rounds to nearest
+ * bits as moe_bf16_to_f32 / moe_f32_to_bf16 of src/dtype.c (widening is exact; narrowing rounds to nearest
  * even, NaN kept quiet), which tests/test_dtype checks on every pattern.  static inline: each file gets its own
  * copy.
  *

@@ -2,12 +2,59 @@
  * (moe_dispatch: the reference on host pointers, or the CUDA kernels on device pointers, where the layout's
  * contents are checked on the device and errors reported by moe_backend_synchronize). */
 #include "mlp_ref.h"
+#include "moe_activations.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 static const moe_mlp_options default_options; /* all zero: f32, B = 128, SiLU, ON_H, skip padding */
+
+/* ---- activations: the rows of backend/moe_activations.h ---- */
+
+#define ACTIVATION_ROW(value, name, forward, derivative) {#value, name},
+static const struct { const char *enum_name, *name; } activations[MOE_MLP_ACTIVATION_COUNT] = {
+    MOE_MLP_ACTIVATIONS(ACTIVATION_ROW)
+};
+#undef ACTIVATION_ROW
+
+/* "A, B, C or D" of the enum names (names = 0) or of the spellings (names = 1), for messages. */
+static const char *activation_choices(int names, char *text, size_t size)
+{
+    size_t used = 0;
+    text[0] = '\0';
+    for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT && used < size; a++) {
+        const char *sep = a == 0 ? "" : a + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ";
+        const int n = snprintf(text + used, size - used, "%s%s", sep,
+                               names ? activations[a].name : activations[a].enum_name);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    return text;
+}
+
+const char *moe_mlp_activation_name(moe_mlp_activation activation)
+{
+    return (unsigned)activation < (unsigned)MOE_MLP_ACTIVATION_COUNT ? activations[activation].name : NULL;
+}
+
+moe_status moe_mlp_activation_from_name(const char *name, moe_mlp_activation *activation)
+{
+    static const char op[] = "moe_mlp_activation_from_name";
+    moe_clear_error();
+    if (activation == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: activation is NULL", op);
+    if (name != NULL)
+        for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT; a++)
+            if (strcmp(name, activations[a].name) == 0) {
+                *activation = (moe_mlp_activation)a;
+                return MOE_OK;
+            }
+    char choices[256];
+    return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s%s%s is not an activation, expected %s", op, name ? "\"" : "",
+                    name ? name : "NULL", name ? "\"" : "", activation_choices(1, choices, sizeof choices));
+}
 
 static const char *clamp_name(int which)
 {
@@ -27,9 +74,11 @@ static moe_status check_options(const char *op, const moe_mlp_options *o, int64_
                         ", expected >= 1 (or 0 for the default %d)", op, o->block_size,
                         MOE_MLP_DEFAULT_BLOCK_SIZE);
     *B = o->block_size == 0 ? MOE_MLP_DEFAULT_BLOCK_SIZE : o->block_size;
-    if ((unsigned)o->activation > (unsigned)MOE_ACT_SWISH)
-        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected MOE_ACT_SILU, "
-                        "MOE_ACT_GELU, MOE_ACT_GELU_TANH or MOE_ACT_SWISH", op, (int)o->activation);
+    if ((unsigned)o->activation >= (unsigned)MOE_MLP_ACTIVATION_COUNT) {
+        char choices[256];
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected %s", op, (int)o->activation,
+                        activation_choices(0, choices, sizeof choices));
+    }
     if ((unsigned)o->affinity > (unsigned)MOE_AFFINITY_ON_I)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.affinity = %d, expected MOE_AFFINITY_ON_H or "
                         "MOE_AFFINITY_ON_I", op, (int)o->affinity);

@@ -6,9 +6,9 @@ TESTS += tests/test_gemm_oracle
 
 # The foundation unit tests: conversions, routing, every GEMM op x mode x dtype x option on edge routings,
 # argument validation, thread-count independence.
-check_PROGRAMS += tests/test_backend_table tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
-TESTS += tests/test_backend_table tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
-tests_test_backend_table_LDADD = $(TEST_LIBS)
+check_PROGRAMS += tests/test_tables tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
+TESTS += tests/test_tables tests/test_dtype tests/test_routing tests/test_gemm_modes tests/test_bad_input tests/test_threads
+tests_test_tables_LDADD = $(TEST_LIBS)
 tests_test_dtype_LDADD = $(TEST_LIBS)
 tests_test_routing_LDADD = $(TEST_LIBS)
 tests_test_gemm_modes_LDADD = $(TEST_LIBS)
