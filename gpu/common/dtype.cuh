@@ -1,8 +1,8 @@
 // Element loads and stores of the CUDA kernels: every tensor is f32, f16 or bf16 (moe_dtype), read as
 // float and written back with one round-to-nearest-even conversion (NaN and Inf kept; the cuda_fp16 /
 // cuda_bf16 _rn conversions are RNE), the same rounding as the CPU reference (ref/dtype.c).
-#ifndef LIBMOE_DTYPE_CUDA_CUH
-#define LIBMOE_DTYPE_CUDA_CUH
+#ifndef LIBMOE_GPU_COMMON_DTYPE_CUH
+#define LIBMOE_GPU_COMMON_DTYPE_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -33,10 +33,21 @@ static __device__ __forceinline__ void store_from_float(moe_dtype dtype, void *b
 
 // v truncated to bf16 (its upper 16 bits: round toward zero, so the result has v's sign and |result| <= |v|;
 // an infinity stays itself, a NaN may become an infinity), as float.  The first term of the exact bf16 splits
-// (gemm_cuda.cu's weighted dW, mlp_cuda.cu's split operands): v minus it is exact in float32.
+// (the GEMM's weighted dW, gpu/gemm/mma_sm80.cuh; the MLP's split operands, gpu/mlp/gate_rows.cu): v minus it
+// is exact in float32.
 static __device__ __forceinline__ float truncate_to_bf16(float v)
 {
     return __uint_as_float(__float_as_uint(v) & 0xffff0000u);
+}
+
+// v rounded once (RNE) to `dtype` and back to float (host and device).
+static __host__ __device__ __forceinline__ float round_to_dtype(moe_dtype dtype, float v)
+{
+    if (dtype == MOE_F16)
+        return __half2float(__float2half_rn(v));
+    if (dtype == MOE_BF16)
+        return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
 }
 
 // Two 16-bit elements (f16 or bf16) in one 32-bit word, the first in the low half, and back.
@@ -122,4 +133,4 @@ static __device__ __forceinline__ void store4(moe_dtype dtype, void *base, int64
             make_uint2(pack_word(dtype, v[0], v[1]), pack_word(dtype, v[2], v[3]));
 }
 
-#endif // LIBMOE_DTYPE_CUDA_CUH
+#endif // LIBMOE_GPU_COMMON_DTYPE_CUH

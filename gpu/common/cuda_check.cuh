@@ -1,7 +1,7 @@
 // Host-side CUDA error handling for gpu/: every CUDA call goes through MOE_CUDA_CHECK, which records
 // the failing call, file and line for moe_last_error() and returns MOE_ERR_DEVICE from the caller.
-#ifndef LIBMOE_CUDA_CHECK_CUH
-#define LIBMOE_CUDA_CHECK_CUH
+#ifndef LIBMOE_GPU_COMMON_CUDA_CHECK_CUH
+#define LIBMOE_GPU_COMMON_CUDA_CHECK_CUH
 
 #include <cuda_runtime.h>
 

@@ -1,7 +1,5 @@
-// The MLP forward's gate/up GEMM with the activation in its epilogue (sm_90a; issue 8), and at the end of the
-// file the ping-pong rows kernel with fp32 output on the same schedule (the forward's down GEMM).  Included by
-// gpu/gemm_cuda.cu after gemm_sm90.cuh (its primitives), inside that file's anonymous namespace; the
-// host sides are moe_cuda_rows_gate_gemm and moe_cuda_rows_gemm (contracts in gemm_cuda.cuh).
+// The MLP forward's gate/up GEMM with the activation in its epilogue (sm_90a), on the rows ping-pong schedule
+// (gpu/gemm/pingpong_rows.cuh), and its entry moe_cuda_rows_gate_gemm (contract in gpu/mlp/gate_sm90.cuh).
 //
 // Unfused, the rows path writes the gate/up GEMM's fp32 rows [rows][2I] (805 MB at Qwen3-30B-A3B,
 // T = 16384) and gate_act_kernel reads them back to form m and the transposed checkpoint (~830 us, memory
@@ -23,10 +21,10 @@
 //     bench/RESULTS.md, "the MLP forward's gate/up GEMM with its activation fused"); dropless layouts start
 //     every box at slot 0 or 64;
 //   - the unscaled copy m0 (ON_I with a down checkpoint, which is computed from it): element pairs.
-// The bias, clamps, activation and affinity scale are gate_act_kernel's expressions (gpu/act_cuda.cuh), in
+// The bias, clamps, activation and affinity scale are gate_act_kernel's expressions (gpu/common/act.cuh), in
 // its order, so the results are its bits.
 //
-// Schedule: the dW ping-pong kernel's (gemm_sm90.cuh): each consumer warpgroup owns whole 128 x 128 tiles
+// Schedule: the dW ping-pong kernel's (gpu/gemm/sm90_dw_pingpong.cu): each consumer warpgroup owns whole 128 x 128 tiles
 // (two m64n128 blocks), the CTA's tiles alternate between the two, and an ordering barrier lets a
 // warpgroup start its MMAs only once the other has issued the previous tile's, so one warpgroup's
 // epilogue (the activation's math and its stores) runs while the other's MMAs do.  Tried and slower: the
@@ -43,7 +41,20 @@
 //   Named barriers: 1 + w, warpgroup w's turn for MMAs; 3 + w, warpgroup w alone.
 // Each output element is computed by one thread in a fixed order: bitwise reproducible.
 
-// The tensor maps of the fused kernel (one __grid_constant__ parameter).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/act.cuh"
+#include "common/cuda_check.cuh"
+#include "common/launch.cuh"
+#include "gemm/heuristics.cuh"
+#include "gemm/pingpong_rows.cuh"
+#include "gemm/rows.cuh"
+#include "mlp/gate_sm90.cuh"
+
+namespace moe_gpu {
+namespace {
+
 struct GateMaps {
     CUtensorMap rows_a; // the hidden rows [rows][H], box {64 k, 128 rows}
     CUtensorMap w;      // W_gu [E][H][2I], box {64 c, 64 n, 1}
@@ -62,15 +73,6 @@ struct GateArgs {
     void *m_rows, *ckpt, *m0_rows; // m0_rows: [rows][I] unscaled m, or NULL
 };
 
-constexpr int G_BM = 128, G_BI = 64, G_STAGES = 4;
-// The fused kernel is taken (unless MOE_MLP_FUSE_GATE=1 forces it) when the GEMM has at least this many rows
-// per expert on average (positions, padding included).  Its m64n128 MMAs, one warpgroup at a time, run
-// slower than the 128 x 256 kernel's; the epilogue it saves pays that back on long experts only: forward fused /
-// unfused, it lost at 183 positions per expert (gpt-oss-120b T = 4096), was even at 319 (Qwen3-30B-A3B T = 4096)
-// and won from about 1000 (H100; bench/RESULTS.md, "a size rule for the fusion").
-constexpr int64_t G_FUSE_MIN_ROWS = 256;
-constexpr int G_A_BYTES = G_BM * H_BK * 2, G_STAGE_BYTES = G_A_BYTES + 2 * G_BI * H_BK * 2; // 16 + 16 KiB
-constexpr int G_BOX_BYTES = 64 * 128;
 constexpr int G_EPI_OFFSET = G_STAGES * G_STAGE_BYTES;
 constexpr int G_EPI_WG_BYTES = 2 * 3 * G_BOX_BYTES; // two m64 blocks x (m, gate, up)
 constexpr int G_BARRIER_OFFSET = G_EPI_OFFSET + 2 * G_EPI_WG_BYTES; // full[S], empty[S]
@@ -286,110 +288,6 @@ __device__ __forceinline__ bool g_ckpt_by_box(const GateArgs &ep, int rows, int6
            first_pos % 8 == 0 && i0 + 64 <= ep.I;
 }
 
-// The ring of the ping-pong rows kernels (this one and sm90_rows_f32_kernel below), filled by the producer
-// warpgroup's thread 0 in tile order: per tile (tile_cols output columns from t.j0) `steps` k-steps of the
-// tile's 128 rows {64 k, 128 rows} (K-major, rows_a) and two W boxes at output columns t.j0 and t.j0 + second
-// (the gate/up kernel: I, the up columns of the same i; the f32 kernel: 64).  W is [E][N][K] with boxes
-// {64, 64, 1}: TRANS_B = 1 (the dX form, out = a . W[e], reduction N) reads them as {64 c, 64 n} (MN-major B),
-// TRANS_B = 0 (the forward form, out = a . W[e]^T, reduction K) as {64 k, 64 n} (K-major B; the two boxes make
-// one 128-row K-major operand).  Rows past the expert's last one belong to the next expert (or lie past the
-// tensor: zeros); their results are never stored.
-template <int STAGES = G_STAGES, int TRANS_B = 1>
-__device__ __forceinline__ void g_produce(const GemmArgs &g, const CUtensorMap *rows_a, const CUtensorMap *w,
-                                          int tile_cols, int64_t second, int64_t tiles, int64_t steps,
-                                          uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar)
-{
-    const uint64_t w_policy = l2_policy(true);
-    uint32_t it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const TileCoord t = tile_coord(g, tile, G_BM, tile_cols);
-        const int64_t base = g.ws.offsets[t.e];
-        for (int64_t step = 0; step < steps; step++, it++) {
-            const int s = (int)(it % STAGES);
-            const uint32_t bar = full_bar + 8 * s, sa = smem_base + s * G_STAGE_BYTES, sb = sa + G_A_BYTES;
-            const int q0 = (int)(step * H_BK);
-            mbar_wait(empty_bar + 8 * s, ((it / STAGES) & 1) ^ 1);
-            mbar_arrive_expect_tx(bar, G_STAGE_BYTES);
-            tma_load_2d(sa, rows_a, bar, q0, (int)(base + t.i0));
-            if (TRANS_B) {
-                tma_load_3d(sb, w, bar, (int)t.j0, q0, (int)t.e, w_policy);
-                tma_load_3d(sb + G_BOX_BYTES, w, bar, (int)(second + t.j0), q0, (int)t.e, w_policy);
-            } else {
-                tma_load_3d(sb, w, bar, q0, (int)t.j0, (int)t.e, w_policy);
-                tma_load_3d(sb + G_BOX_BYTES, w, bar, q0, (int)(second + t.j0), (int)t.e, w_policy);
-            }
-        }
-    }
-}
-
-// Consumer warpgroup wg's MMAs of its tile (the CTA's local-th; my_tiles in all) from the ring: d = the tile's
-// 128 rows x 128 columns (two m64n128 blocks; the second only when second_block or g.full_blocks).  Waits for its
-// turn (the other warpgroup has issued the previous tile's MMAs), hands the turn on after its last k-step's
-// MMAs are issued, and returns with them complete and every stage it read freed; it runs on over the stages.
-// TRANS_B: g_produce's.
-template <typename T, int STAGES = G_STAGES, int TRANS_B = 1>
-__device__ __forceinline__ void g_mma_tile(const GemmArgs &g, float (&d)[2][G_BI], bool second_block, int64_t steps,
-                                           uint32_t &it, int wg, int64_t local, int64_t my_tiles, uint32_t smem_base,
-                                           uint32_t full_bar, uint32_t empty_bar)
-{
-    const int lane = threadIdx.x % 32;
-    if (local > 0)
-        named_sync(1 + wg, 256); // the other warpgroup has issued the previous tile's MMAs
-#pragma unroll
-    for (int b = 0; b < 2; b++)
-#pragma unroll
-        for (int i = 0; i < G_BI; i++)
-            d[b][i] = 0.0f;
-    for (int64_t step = 0; step < steps; step++, it++) {
-        const int s = (int)(it % STAGES);
-        const uint32_t stage = smem_base + s * G_STAGE_BYTES;
-        mbar_wait(full_bar + 8 * s, (it / STAGES) & 1);
-        // tiles of one length (g.full_blocks, set for every call unless MOE_SM90_FULL_BLOCKS=0): the second
-        // m64 block issues its MMAs also when its rows all lie past the expert's end (never stored), so the
-        // tile of an expert's last few rows takes as long as the others and the tiles that share its W
-        // block stay in phase: faster, with fewer DRAM reads, on every shape measured (ncu, the gate/up kernel
-        // alone; bench/RESULTS.md, "the fused gate/up kernel, wide tiles tried").
-        if (second_block || g.full_blocks)
-            h_mma_step<T, 2, 2 * G_BI, 0, TRANS_B>(d, stage, stage + G_A_BYTES, false);
-        else
-            h_mma_step<T, 1, 2 * G_BI, 0, TRANS_B>(d, stage, stage + G_A_BYTES, false);
-        wgmma_wait<1>();
-        if (step > 0 && lane == 0)
-            mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));
-    }
-    // the other warpgroup's turn: its MMAs queue behind this tile's last ones (no drain in between)
-    if (local + 1 < my_tiles)
-        named_arrive(1 + (1 - wg), 256);
-    wgmma_wait<0>();
-    if (steps > 0 && lane == 0)
-        mbar_arrive(empty_bar + 8 * ((it - 1) % STAGES));
-}
-
-// The consumer warpgroups' loop of the ping-pong rows kernels: the CTA's tiles (tile_cols columns each) in
-// order, warpgroup wg taking every other one (its ring position runs on over the other's k-steps).  For each of
-// its own it calls tile(t, mma), where mma(d, second_block) runs g_mma_tile into d; at the end it waits for
-// the warpgroup's TMA stores to have completed.  TRANS_B: g_produce's.
-template <typename T, class Tile, int STAGES = G_STAGES, int TRANS_B = 1>
-__device__ __forceinline__ void g_consumers(const GemmArgs &g, int tile_cols, int64_t tiles, int64_t steps,
-                                            uint32_t smem_base, uint32_t full_bar, uint32_t empty_bar, Tile tile)
-{
-    const int wg = threadIdx.x / 128 - 1;
-    const int64_t my_tiles = tiles > blockIdx.x ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    uint32_t it = 0;
-    int64_t local = 0;
-    for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x, local++) {
-        if ((local & 1) != wg) { // the other warpgroup's tile: its stages are not ours
-            it += (uint32_t)steps;
-            continue;
-        }
-        tile(tile_coord(g, tile_index, G_BM, tile_cols), [&](float(&d)[2][G_BI], bool second_block) {
-            g_mma_tile<T, STAGES, TRANS_B>(g, d, second_block, steps, it, wg, local, my_tiles, smem_base, full_bar,
-                                           empty_bar);
-        });
-    }
-    if (threadIdx.x % 128 == 0)
-        bulk_wait_all(); // the epilogue's boxes stay in use until TMA has read them
-}
 #endif
 
 template <typename T, int ACT, bool PLAIN>
@@ -465,148 +363,91 @@ __global__ void __launch_bounds__(H_THREADS, 1)
 #endif
 }
 
-// ------------------------------------------------------------------------------------------------
-// The ping-pong rows kernel with fp32 output (moe_cuda_rows_gemm, out_dtype f32, overwrite): out = a . W[e] (the dX
-// form, TRANS_B = 1) or a . W[e]^T (the forward form, TRANS_B = 0; the MLP backward's dM and dX) for the rows of
-// each expert, on the gate/up kernel's schedule and ring (g_produce, g_consumers, g_mma_tile) with
-// tiles of 128 rows x 128 columns (the two W boxes at t.j0 and t.j0 + 64), so that one warpgroup's epilogue (64 KiB of
-// fp32 per tile) runs while the other's MMAs do.  The MLP forward's down GEMM (Mr . W_d -> Dr) is this GEMM; the
-// 128 x 256 kernel (sm90_gemm_kernel) runs its epilogue with both warpgroups while the tensor cores wait.  Epilogue per
-// m64 block: with all 64 rows in the expert, the accumulators go into four boxes {32 columns, 64 rows} (128-byte
-// swizzle) stored by TMA through maps.out, the warpgroup's thread 0 first waiting for the previous block's stores to
-// have read them; an expert's last, part-filled block stores its rows by float2 (the rows after it belong to the
-// next expert).
-// The MMAs are the 128 x 256 kernel's k16 steps in the same order, so the results are its bits.  The epilogue is not
-// wholly hidden: without epilogues (MOE_SM90_SKIP=64 here, =1 there) this kernel gains less than the 128 x 256
-// kernel does, but still gains (ncu; bench/RESULTS.md, "the down GEMM on a ping-pong kernel"); with long
-// reductions its MMAs and loads are the slower (R_PINGPONG_MAX_N).
-struct RowsF32Maps {
-    CUtensorMap rows_a; // a [rows][reduction] (dX form: N, forward form: K), box {64, 128 rows}
-    CUtensorMap w;      // W [E][N][K], box {64, 64, 1}
-    CUtensorMap out;    // out as [1][rows][g.cols_j] fp32 (dX form: K, forward form: N), box {32 columns, 64 rows, 1}
-};
-// The longest reduction (dX form: N, forward form: K) the rows kernels hand it (rows_f32_pingpong in
-// gemm_cuda.cu).  Its 128 x 128 tiles move a third more bytes per MMA from L2 and shared memory than the
-// 128 x 256 kernel's, which only a large share of epilogue in the tile's time pays back: with short reductions.
-// Measured in both forms, the kernel alone, with five stages: ahead up to a reduction of 1024, about even at 1536,
-// behind from 2048 (ncu; bench/RESULTS.md, "the f32 rows kernel's bound with five stages").
-// 4096 (the E128 row) 1678 / 1849, 7168 5493 / 6282.
-constexpr int64_t R_PINGPONG_MAX_N = 1024;
-constexpr int R_BN = 2 * G_BI;                  // output columns per tile
-// The ring: one stage more than the gate/up kernel's, since this epilogue area is smaller.  The loads want depth,
-// not the stores: a fifth stage gained a few percent, three stages with both m64 blocks' boxes lost far more
-// (ncu, the kernel alone; bench/RESULTS.md, "the down GEMM on a ping-pong kernel").
-constexpr int R_STAGES = G_STAGES + 1;
-constexpr int R_EPI_OFFSET = R_STAGES * G_STAGE_BYTES;
-constexpr int R_EPI_WG_BYTES = 4 * G_BOX_BYTES; // one m64 block's 64 rows x 128 fp32 columns
-constexpr int R_BARRIER_OFFSET = R_EPI_OFFSET + 2 * R_EPI_WG_BYTES; // full[S], empty[S]
-constexpr size_t R_SMEM_BYTES = 1024 /* alignment */ + R_BARRIER_OFFSET + 2 * R_STAGES * 8;
-static_assert(R_SMEM_BYTES <= 232448, "shared memory of the f32 rows kernel");
-
-#ifdef MOE_SM90A_DEVICE
-// A warp's 16 rows (16 warp_in_wg ..) of an m64 block's accumulators d (m64n128: d[4 j + 2 h + c] is row
-// lane / 4 + 8 h, column 8 j + 2 (lane % 4) + c) into the four fp32 boxes at box_addr (box j / 4 holds columns
-// 32 (j / 4) ..; 128-byte rows, the 16-byte chunk k of row r at k ^ (r & 7)).
-__device__ __forceinline__ void r_store_box_f32(uint32_t box_addr, int warp_in_wg, const float *d)
+// The fused gate/up kernel of dtype T for the activation act (moe_cuda_rows_gate_gemm); its PLAIN instance
+// when plain (no bias, no clamp, not on_i, no m0_rows).
+template <typename T, int ACT>
+moe_status launch_gate_up_act(const GemmArgs &g, const GateArgs &ep, bool plain, const GateMaps &maps,
+                              int64_t max_tiles, cudaStream_t stream)
 {
-    const int lane = threadIdx.x % 32, q = lane % 4;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = 16 * warp_in_wg + lane / 4 + 8 * h;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int chunk = 2 * (j % 4) + q / 2;
-            sts_f32x2(box_addr + (j / 4) * G_BOX_BYTES + r * 128 + ((chunk ^ (r & 7)) * 16) + (q & 1) * 8,
-                      d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        }
+    auto kernel = plain ? sm90_gate_up_kernel<T, ACT, true> : sm90_gate_up_kernel<T, ACT, false>;
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G_SMEM_BYTES));
+    kernel<<<(unsigned)sm90_grid_cap((int64_t)persistent_grid(max_tiles)), H_THREADS, G_SMEM_BYTES, stream>>>(g, ep, maps);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+template <typename T>
+moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, bool plain, const GateMaps &maps,
+                          int64_t max_tiles, cudaStream_t stream)
+{
+    switch (act) {
+    case MOE_ACT_SILU: return launch_gate_up_act<T, MOE_ACT_SILU>(g, ep, plain, maps, max_tiles, stream);
+    case MOE_ACT_GELU: return launch_gate_up_act<T, MOE_ACT_GELU>(g, ep, plain, maps, max_tiles, stream);
+    case MOE_ACT_GELU_TANH: return launch_gate_up_act<T, MOE_ACT_GELU_TANH>(g, ep, plain, maps, max_tiles, stream);
+    default: return launch_gate_up_act<T, MOE_ACT_SWISH>(g, ep, plain, maps, max_tiles, stream);
     }
 }
 
-// The same rows by float2 stores into out [rows][K] (row0: the block's first row; only its first count rows,
-// only columns below K).
-__device__ __forceinline__ void r_store_rows_f32(float *out, int64_t K, int64_t row0, int count, int64_t j0,
-                                                 int warp_in_wg, const float *d)
-{
-    const int lane = threadIdx.x % 32, q = lane % 4;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = 16 * warp_in_wg + lane / 4 + 8 * h;
-        if (r >= count)
-            continue;
-        float *dst = out + (row0 + r) * K;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int64_t col = j0 + 8 * j + 2 * q; // K % 8 == 0: col + 1 < K too, 8-byte aligned
-            if (col < K)
-                *reinterpret_cast<float2 *>(dst + col) = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
-        }
-    }
-    __syncwarp(); // the stores diverge; the barriers after are .aligned
-}
-#endif
+} // namespace
+} // namespace moe_gpu
 
-template <typename T, int TRANS_B>
-__global__ void __launch_bounds__(H_THREADS, 1)
-    sm90_rows_f32_kernel(const GemmArgs g, const __grid_constant__ RowsF32Maps maps)
+using namespace moe_gpu;
+
+moe_status moe_cuda_rows_gate_gemm(const MoeRowsGemm *r, const MoeGateEpilogue *epi, int *taken)
 {
-#ifdef MOE_SM90A_DEVICE
-    unsigned char *smem = dynamic_smem_1k();
-    const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t full_bar = smem_base + R_BARRIER_OFFSET, empty_bar = full_bar + R_STAGES * 8;
-    if (*g.ws.status != 0)
-        return;
-    h_init_pingpong_barriers<R_STAGES>(full_bar, empty_bar);
-    const int64_t tiles = total_tiles(g, G_BM, R_BN);                // g.cols_j: the output's columns
-    const int64_t steps = (reduction_length(g, 0) + H_BK - 1) / H_BK; // N (dX form) or K: every expert's
-    if (threadIdx.x < H_PRODUCERS) {
-        // ------------------------------------------------------------------ producer: thread 0 alone
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(H_PRODUCER_REGS));
-        if (threadIdx.x == 0)
-            g_produce<R_STAGES, TRANS_B>(g, &maps.rows_a, &maps.w, R_BN, G_BI, tiles, steps, smem_base, full_bar,
-                                         empty_bar);
-    } else {
-        // ------------------------------------------------------------------ consumer warpgroups
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(H_CONSUMER_REGS));
-        const int wg = threadIdx.x / 128 - 1, lane_in_wg = threadIdx.x % 128, warp_in_wg = lane_in_wg / 32;
-        const uint32_t epi_base = smem_base + R_EPI_OFFSET + wg * R_EPI_WG_BYTES;
-        const uint64_t out_policy = l2_evict_first_policy();
-        auto tile = [&](const TileCoord &t, auto mma) {
-            int count[2]; // the real rows of each m64 block
-#pragma unroll
-            for (int b = 0; b < 2; b++) {
-                const int64_t left = t.rows - (t.i0 + 64 * b);
-                count[b] = left <= 0 ? 0 : left >= 64 ? 64 : (int)left;
-            }
-            float d[2][G_BI];
-            mma(d, count[1] > 0);
-            if (g.sm90_skip & 64) // timing experiments: no epilogue (results wrong)
-                return;
-            const int64_t base = g.ws.offsets[t.e];
-#pragma unroll
-            for (int b = 0; b < 2; b++) {
-                const int64_t row0 = base + t.i0 + 64 * b;
-                if (count[b] == 64) {
-                    if (lane_in_wg == 0)
-                        bulk_wait_read<0>(); // the previous block's stores have read the boxes
-                    __syncwarp();
-                    named_sync(3 + wg, 128);
-                    r_store_box_f32(epi_base, warp_in_wg, d[b]);
-                    fence_proxy_async(); // the boxes' generic-proxy writes before the TMA (async proxy) reads them
-                    named_sync(3 + wg, 128);
-                    if (lane_in_wg == 0)
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            if (t.j0 + 32 * k < g.cols_j)
-                                tma_store_3d(&maps.out, epi_base + k * G_BOX_BYTES, (int)(t.j0 + 32 * k), (int)row0, 0,
-                                             out_policy);
-                } else if (count[b] > 0) {
-                    r_store_rows_f32(static_cast<float *>(g.out), g.cols_j, row0, count[b], t.j0, warp_in_wg, d[b]);
-                }
-            }
-        };
-        g_consumers<T, decltype(tile), R_STAGES, TRANS_B>(g, R_BN, tiles, steps, smem_base, full_bar, empty_bar, tile);
+    *taken = 0;
+    const bool required = gate_fusion_required();
+    const int64_t E = r->E, rows = r->rows, H = r->N, I = epi->I, B = epi->B, blocks = epi->num_blocks;
+    const char *why = gate_fusion_refusal(r, r->op == MOE_ROWS_A_W && r->K == 2 * I, H, I, required,
+                                          {epi->m_rows, epi->m0_rows});
+    GateMaps maps = {};
+    const uint64_t es = 2;
+    if (why == NULL) {
+        const uint64_t dims_a[2] = {(uint64_t)H, (uint64_t)rows}, strides_a[1] = {(uint64_t)H * es};
+        const uint32_t box_a[2] = {(uint32_t)H_BK, (uint32_t)G_BM};
+        const uint64_t dims_w[3] = {(uint64_t)(2 * I), (uint64_t)H, (uint64_t)E},
+                       strides_w[2] = {(uint64_t)(2 * I) * es, (uint64_t)(H * 2 * I) * es};
+        const uint64_t dims_m[3] = {(uint64_t)I, (uint64_t)rows, 1},
+                       strides_m[2] = {(uint64_t)I * es, (uint64_t)(rows * I) * es};
+        const uint32_t box_64[3] = {64, 64, 1};
+        if (!encode_tensor_map(&maps.rows_a, r->dtype, r->a, 2, dims_a, strides_a, box_a) ||
+            !encode_tensor_map(&maps.w, r->dtype, r->b, 3, dims_w, strides_w, box_64) ||
+            !encode_tensor_map(&maps.m_rows, r->dtype, epi->m_rows, 3, dims_m, strides_m, box_64))
+            why = "a tensor map was refused";
     }
-#else
-    (void)g, (void)maps; // compiled for another target: never launched (see sm90_path_available)
-#endif
+    if (why != NULL)
+        return required ? moe_fail(MOE_ERR_UNSUPPORTED, "%s: MOE_MLP_FUSE_GATE=1 but the fused kernel cannot take "
+                                                        "this call: %s", r->name, why)
+                        : MOE_OK;
+    GateArgs ep = {};
+    if (epi->ckpt != nullptr && B % 8 == 0 && aligned16(epi->ckpt) && blocks > 0) {
+        const uint64_t dims_c[3] = {(uint64_t)B, (uint64_t)(blocks * 2 * I), 1},
+                       strides_c[2] = {(uint64_t)B * es, (uint64_t)(blocks * 2 * I * B) * es};
+        const uint32_t box_64[3] = {64, 64, 1};
+        ep.ckpt_boxes = encode_tensor_map(&maps.ckpt, r->dtype, epi->ckpt, 3, dims_c, strides_c, box_64);
+    }
+    ep.on_i = epi->on_i, ep.bias = epi->bias != nullptr;
+    ep.I = I, ep.B = B, ep.E = epi->num_experts;
+    ep.row_pos = epi->row_pos, ep.ids = epi->ids, ep.aff = epi->affinities, ep.b_gu = epi->bias;
+    ep.has_nl_lo = epi->has_nl_lo, ep.has_nl_hi = epi->has_nl_hi, ep.has_lin_lo = epi->has_lin_lo;
+    ep.has_lin_hi = epi->has_lin_hi;
+    ep.nl_lo = epi->nl_lo, ep.nl_hi = epi->nl_hi, ep.lin_lo = epi->lin_lo, ep.lin_hi = epi->lin_hi;
+    ep.m_rows = epi->m_rows, ep.ckpt = epi->ckpt, ep.m0_rows = epi->m0_rows;
+    // MOE_MLP_GATE_PLAIN=0: the general instance for every call (A/B runs)
+    const bool plain = !ep.on_i && !ep.bias && !ep.has_nl_lo && !ep.has_nl_hi && !ep.has_lin_lo && !ep.has_lin_hi &&
+                       ep.m0_rows == nullptr && env_switch("MOE_MLP_GATE_PLAIN") != 0;
+
+    cudaStream_t stream = static_cast<cudaStream_t>(r->stream);
+    const int64_t col_tiles = (I + G_BI - 1) / G_BI;
+    *taken = 1;
+    return with_tile_starts(r, col_tiles, G_BM, false, [&](int64_t *tile_start, int64_t *lone_start,
+                                                                     unsigned long long *tile_counter) {
+        // the dX form: out = a . W[e], reduction over N = H; column tiles of 64 i (gate and up)
+        GemmArgs g = rows_gemm_args(r, OP_DX, I, tile_start, lone_start, tile_counter);
+        g.out_dtype = r->dtype, g.out = nullptr;
+        g.full_blocks = env_switch("MOE_SM90_FULL_BLOCKS") != 0; // tiles of one length (see the file header): always
+        const int64_t max_tiles = (rows / G_BM + E) * col_tiles;
+        return r->dtype == MOE_BF16 ? launch_gate_up<__nv_bfloat16>(epi->act, g, ep, plain, maps, max_tiles, stream)
+                                    : launch_gate_up<__half>(epi->act, g, ep, plain, maps, max_tiles, stream);
+    });
 }

@@ -1,5 +1,5 @@
 /*
- * CUDA blockwise MoE MLP (gpu/mlp_cuda.cu): the launchers behind moe_mlp_fwd / moe_mlp_bwd with
+ * CUDA blockwise MoE MLP (gpu/mlp/mlp.cu): the launchers behind moe_mlp_fwd / moe_mlp_bwd with
  * MOE_BACKEND_CUDA (the rows mlp_fwd and mlp_bwd of gpu/cuda_backend.cu's table).
  *
  * Contract (besides moe_backend.h's):
@@ -13,7 +13,7 @@
  *   - Outputs as the reference (specs/MLP.md): out, d_hidden, d_affinities and both checkpoints are
  *     overwritten in full (padding positions / untouched rows / pairs outside the layout +0); d_w_gu,
  *     d_w_d, d_b_gu, d_b_d are overwritten, or with p->accumulate become round(old + sum).
- *   - Deterministic: no float atomics; every sum has an order fixed by the layout (see mlp_cuda.cu).
+ *   - Deterministic: no float atomics; every sum has an order fixed by the layout (see gpu/mlp/mlp.cu).
  *   - p->round_intermediates (f16/bf16 only) selects the rows path: the second-stage GEMM operands are
  *     rounded to the dtype (specs/MLP.md, "Rounded intermediates") and every GEMM runs on the grouped
  *     GEMM's kernels (moe_cuda_rows_gemm).  bf16 without it takes the rows path on split operands (the

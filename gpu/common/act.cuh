@@ -1,7 +1,7 @@
-// Activations and clamps of the MLP on the device (gpu/mlp_cuda.cu's elementwise kernels and the gate/up
-// GEMM's fused epilogue, gpu/gate_sm90.cuh): one copy, so that both paths compute the same bits.
-#ifndef LIBMOE_ACT_CUDA_CUH
-#define LIBMOE_ACT_CUDA_CUH
+// Activations and clamps of the MLP on the device (the tile path, the rows path's gate kernels and the fused
+// gate/up kernel, gpu/mlp/): one copy, so that every path computes the same bits.
+#ifndef LIBMOE_GPU_COMMON_ACT_CUH
+#define LIBMOE_GPU_COMMON_ACT_CUH
 
 extern "C" {
 #include "moe_mlp.h"

@@ -1,5 +1,5 @@
 /*
- * Device builders (gpu/routing_cuda.cu): the launchers behind moe_routing_build and
+ * Device builders (gpu/routing/builders.cu): the launchers behind moe_routing_build and
  * moe_mlp_layout_build_on with MOE_BACKEND_CUDA (the rows routing_build and mlp_layout_build of
  * gpu/cuda_backend.cu's table).
  *
@@ -14,8 +14,8 @@
  *     layout's blocks past the routing's own count (num_blocks is a capacity) hold expert E-1 and only
  *     padding, and *num_blocks_used (when given) receives that count.
  */
-#ifndef LIBMOE_ROUTING_CUDA_H
-#define LIBMOE_ROUTING_CUDA_H
+#ifndef LIBMOE_GPU_ROUTING_BUILDERS_H
+#define LIBMOE_GPU_ROUTING_BUILDERS_H
 
 #ifdef __cplusplus
 extern "C" {
@@ -41,4 +41,4 @@ moe_status moe_cuda_routing_take_error(void);
 }
 #endif
 
-#endif /* LIBMOE_ROUTING_CUDA_H */
+#endif /* LIBMOE_GPU_ROUTING_BUILDERS_H */

@@ -1,13 +1,13 @@
 // Routing and MLP block layouts built on the device from device topk_ids (moe_routing_build and
 // moe_mlp_layout_build_on with MOE_BACKEND_CUDA): the host builders' outputs bit for bit, queued on a
-// stream, nothing synchronised with the host.  The contract is in gpu/routing_cuda.h.
+// stream, nothing synchronised with the host.  The contract is in gpu/routing/builders.h.
 //
 // One call is a fixed sequence of kernels:
-//   init_kernel        status, the two error reports, per-expert counts = 0
-//   check_kernel       every id in [0, E) (else: report the smallest flat index); with distinct_rows, an
+//   build_init_kernel  status, the two error reports, per-expert counts = 0
+//   build_check_kernel every id in [0, E) (else: report the smallest flat index); with distinct_rows, an
 //                      id repeated within its token (smallest flat index of a repeat); integer atomicAdd
 //                      counts per expert (the totals do not depend on the schedule)
-//   finalize_kernel    the first error in the host's scan order (smallest flat index; out of range is
+//   build_finalize_kernel the first error in the host's scan order (smallest flat index; out of range is
 //                      checked before repeats at the same index, as the host does), the call's status and
 //                      the sticky record; else the expert offsets (one warp, shuffle prefix sums)
 //   place_kernel       one CTA per expert scans the slots in ascending order and places the expert's
@@ -18,27 +18,27 @@
 //                      blocks past the routing's own count (capacity) become padding of expert E-1
 // Every kernel after finalize returns at once when the status is set, so an invalid routing writes no
 // output byte.
-#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "cuda_check.cuh"
-#include "routing_cuda.h"
-#include "warp_scan_cuda.cuh"
+#include "common/cuda_check.cuh"
+#include "common/device_error.cuh"
+#include "common/launch.cuh"
+#include "common/warp_scan.cuh"
+#include "routing/builders.h"
+
+namespace moe_gpu {
+
+enum BuildErrorKind : int { KIND_NONE = 0, KIND_RANGE = 1, KIND_REPEAT = 2 };
+// DeviceErrorRecord::detail slots of a topk_ids error: topk_ids[t][j] = value, and the call's E.  The record's op:
+// 0 moe_routing_build, 1 moe_mlp_layout_build_on.
+enum BuildErrorDetail : int { BUILD_T = 0, BUILD_J = 1, BUILD_VALUE = 2, BUILD_E = 3 };
+
+__device__ DeviceErrorRecord g_build_error;
 
 namespace {
 
-constexpr long long NONE = LLONG_MAX;
-enum Kind : int { KIND_NONE = 0, KIND_RANGE = 1, KIND_REPEAT = 2 };
-
-struct RoutingError {
-    int kind;
-    int op;          // 0: moe_routing_build, 1: moe_mlp_layout_build_on
-    long long t, j, value, E;
-};
-__device__ RoutingError g_routing_sticky_error;
-
-struct Args {
+struct BuildArgs {
     int64_t T, k, E, M;
     const int64_t *ids;
     int op, distinct_rows;
@@ -59,11 +59,7 @@ struct Args {
     int64_t es; // bytes per affinity element
 };
 
-#define GRID_STRIDE(var, count)                                                                     \
-    for (int64_t var = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; var < (count);               \
-         var += (int64_t)gridDim.x * blockDim.x)
-
-__global__ void init_kernel(Args a)
+__global__ void build_init_kernel(BuildArgs a)
 {
     GRID_STRIDE(e, a.E)
     a.counts[e] = 0;
@@ -73,7 +69,7 @@ __global__ void init_kernel(Args a)
     }
 }
 
-__global__ void check_kernel(Args a)
+__global__ void build_check_kernel(BuildArgs a)
 {
     GRID_STRIDE(s, a.M)
     {
@@ -94,7 +90,7 @@ __global__ void check_kernel(Args a)
     }
 }
 
-__global__ void finalize_kernel(Args a)
+__global__ void build_finalize_kernel(BuildArgs a)
 {
     if (blockIdx.x != 0 || threadIdx.x >= 32)
         return;
@@ -103,12 +99,10 @@ __global__ void finalize_kernel(Args a)
         if (threadIdx.x == 0) {
             const int kind = bad == a.reports[0] ? KIND_RANGE : KIND_REPEAT;
             *a.status = kind;
-            if (atomicCAS(&g_routing_sticky_error.kind, 0, -1) == 0) { // claim, fill, publish
-                RoutingError *rec = &g_routing_sticky_error;
-                rec->op = a.op, rec->t = bad / a.k, rec->j = bad % a.k, rec->value = a.ids[bad], rec->E = a.E;
-                __threadfence();
-                atomicExch(&rec->kind, kind);
-            }
+            publish_device_error(&g_build_error, kind, [&](DeviceErrorRecord *rec) {
+                rec->op = a.op, rec->detail[BUILD_T] = bad / a.k, rec->detail[BUILD_J] = bad % a.k;
+                rec->detail[BUILD_VALUE] = a.ids[bad], rec->detail[BUILD_E] = a.E;
+            });
         }
         return;
     }
@@ -131,7 +125,7 @@ __global__ void finalize_kernel(Args a)
 constexpr int PLACE_THREADS = 1024;
 
 // One CTA per expert: its slots in ascending order, ranks from ballots and per-warp counts.
-__global__ void __launch_bounds__(PLACE_THREADS) place_kernel(Args a)
+__global__ void __launch_bounds__(PLACE_THREADS) place_kernel(BuildArgs a)
 {
     if (*a.status != KIND_NONE)
         return;
@@ -165,7 +159,7 @@ __global__ void __launch_bounds__(PLACE_THREADS) place_kernel(Args a)
 
 // block_start[e]: first block of expert e (dropless ceil(m_e / B) blocks each, dropping one), the used
 // count and (dropping) the dropped pairs.  One warp.
-__global__ void blocks_kernel(Args a)
+__global__ void blocks_kernel(BuildArgs a)
 {
     if (*a.status != KIND_NONE || blockIdx.x != 0 || threadIdx.x >= 32)
         return;
@@ -193,7 +187,7 @@ __global__ void blocks_kernel(Args a)
 }
 
 // One CTA per expert: its blocks, their token ids (ascending token) and the affinities of placed pairs.
-__global__ void fill_kernel(Args a)
+__global__ void fill_kernel(BuildArgs a)
 {
     if (*a.status != KIND_NONE)
         return;
@@ -217,7 +211,7 @@ __global__ void fill_kernel(Args a)
 
 // Blocks past the routing's own count (up to the capacity): expert E-1, only padding.  Also clears the
 // affinities (before fill_kernel writes the placed pairs).
-__global__ void tail_kernel(Args a)
+__global__ void tail_kernel(BuildArgs a)
 {
     if (*a.status != KIND_NONE)
         return;
@@ -231,16 +225,10 @@ __global__ void tail_kernel(Args a)
         static_cast<unsigned char *>(a.aff)[q] = 0;
 }
 
-unsigned grid_for(int64_t work, int64_t cap)
-{
-    const int64_t blocks = (work + 255) / 256;
-    return (unsigned)(blocks < 1 ? 1 : blocks > cap ? cap : blocks);
-}
-
 // Allocates the workspace (status, reports, counts, offsets, block starts and, for layouts, gather),
 // runs check + finalize + place, then `more`, then frees (stream-ordered).
 template <class More>
-moe_status run_build(Args a, bool need_gather_ws, cudaStream_t stream, const char *op, More more)
+moe_status run_build(BuildArgs a, bool need_gather_ws, cudaStream_t stream, const char *op, More more)
 {
     const size_t words = 4 + 2 + (size_t)a.E + (size_t)(a.E + 1) * 2 + (need_gather_ws ? (size_t)a.M : 0);
     unsigned char *ws = nullptr;
@@ -257,10 +245,10 @@ moe_status run_build(Args a, bool need_gather_ws, cudaStream_t stream, const cha
     a.block_start = a.offsets + (a.E + 1);
     if (need_gather_ws)
         a.gather = a.block_start + (a.E + 1);
-    init_kernel<<<grid_for(a.E, 64), 256, 0, stream>>>(a);
+    build_init_kernel<<<grid_for(a.E, 256, 64), 256, 0, stream>>>(a);
     if (a.M > 0)
-        check_kernel<<<grid_for(a.M, 1024), 256, 0, stream>>>(a);
-    finalize_kernel<<<1, 32, 0, stream>>>(a);
+        build_check_kernel<<<grid_for(a.M, 256, 1024), 256, 0, stream>>>(a);
+    build_finalize_kernel<<<1, 32, 0, stream>>>(a);
     if (a.M > 0)
         place_kernel<<<(unsigned)(a.E < 1024 ? a.E : 1024), PLACE_THREADS, 0, stream>>>(a);
     moe_status status = MOE_OK;
@@ -276,15 +264,18 @@ moe_status run_build(Args a, bool need_gather_ws, cudaStream_t stream, const cha
 }
 
 } // namespace
+} // namespace moe_gpu
+
+using namespace moe_gpu;
 
 moe_status moe_cuda_routing_build(int64_t T, int64_t k, int64_t E, const int64_t *topk_ids, int64_t *m_sizes,
                                   int64_t *gather_indices, int64_t *scatter_indices, void *stream)
 {
-    Args a = {};
+    BuildArgs a = {};
     a.T = T, a.k = k, a.E = E, a.M = T * k, a.ids = topk_ids, a.op = 0, a.distinct_rows = 0;
     a.gather = gather_indices, a.scatter = scatter_indices, a.m_sizes = m_sizes;
     return run_build(a, false, static_cast<cudaStream_t>(stream), "moe_routing_build",
-                     [](const Args &) { return MOE_OK; });
+                     [](const BuildArgs &) { return MOE_OK; });
 }
 
 moe_status moe_cuda_mlp_layout_build(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
@@ -293,14 +284,14 @@ moe_status moe_cuda_mlp_layout_build(moe_mlp_layout_kind kind, int64_t T, int64_
                                      void *affinities, int64_t *num_dropped, int64_t *num_blocks_used, void *stream)
 {
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    Args a = {};
+    BuildArgs a = {};
     a.T = T, a.k = k, a.E = E, a.M = T * k, a.ids = topk_ids, a.op = 1, a.distinct_rows = 1;
     a.B = B, a.N_cap = num_blocks, a.pad = pad, a.dropping = kind == MOE_MLP_DROPPING;
     a.b2e = block_to_expert, a.tpid = token_position_to_id, a.num_used = num_blocks_used, a.num_dropped = num_dropped;
     a.weights = topk_weights, a.aff = affinities, a.es = (int64_t)moe_dtype_size(dtype);
-    return run_build(a, true, s, "moe_mlp_layout_build_on", [&](const Args &w) -> moe_status {
+    return run_build(a, true, s, "moe_mlp_layout_build_on", [&](const BuildArgs &w) -> moe_status {
         blocks_kernel<<<1, 32, 0, s>>>(w);
-        tail_kernel<<<grid_for(num_blocks * B > T * E * w.es ? num_blocks * B : T * E * w.es, 1024), 256, 0, s>>>(w);
+        tail_kernel<<<grid_for(num_blocks * B > T * E * w.es ? num_blocks * B : T * E * w.es, 256, 1024), 256, 0, s>>>(w);
         fill_kernel<<<(unsigned)(E < 1024 ? E : 1024), 256, 0, s>>>(w);
         MOE_CUDA_CHECK(cudaGetLastError());
         return MOE_OK;
@@ -309,17 +300,15 @@ moe_status moe_cuda_mlp_layout_build(moe_mlp_layout_kind kind, int64_t T, int64_
 
 moe_status moe_cuda_routing_take_error(void)
 {
-    RoutingError record;
-    MOE_CUDA_CHECK(cudaMemcpyFromSymbol(&record, g_routing_sticky_error, sizeof record));
-    if (record.kind == KIND_NONE)
-        return MOE_OK;
-    const RoutingError cleared = {};
-    MOE_CUDA_CHECK(cudaMemcpyToSymbol(g_routing_sticky_error, &cleared, sizeof cleared));
+    DeviceErrorRecord record;
+    const moe_status taken = take_device_error(g_build_error, &record);
+    if (taken != MOE_OK || record.kind == KIND_NONE)
+        return taken;
     const char *op = record.op == 0 ? "moe_routing_build" : "moe_mlp_layout_build_on";
-    static const char where[] = "(CUDA, detected on the device; the call wrote nothing)";
+    const long long t = record.detail[BUILD_T], j = record.detail[BUILD_J], value = record.detail[BUILD_VALUE];
     if (record.kind == KIND_RANGE)
         return moe_fail(MOE_ERR_INVALID_INDEX, "%s %s: topk_ids[%lld][%lld] = %lld, expected an expert in [0, %lld)",
-                        op, where, record.t, record.j, record.value, record.E);
+                        op, DEVICE_ERROR_WHERE, t, j, value, record.detail[BUILD_E]);
     return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: topk_ids[%lld][%lld] = %lld repeats an expert of the same "
-                    "token, expected distinct experts per token", op, where, record.t, record.j, record.value);
+                    "token, expected distinct experts per token", op, DEVICE_ERROR_WHERE, t, j, value);
 }
