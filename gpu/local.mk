@@ -30,7 +30,7 @@ MOE_CUDA_OBJECTS = $(MOE_CUDA_SRCS:.cu=.lo)
 libmoe_la_LIBADD += $(MOE_CUDA_OBJECTS) $(CUDA_LIBS)
 EXTRA_libmoe_la_DEPENDENCIES = $(MOE_CUDA_OBJECTS)
 $(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/backend/moe_backend.h \
-	$(top_srcdir)/include/moe_mlp.h
+	$(top_srcdir)/include/moe_mlp.h $(top_srcdir)/backend/moe_activations.h
 endif
 
 NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/backend \

@@ -328,11 +328,11 @@ template <class Launch>
 moe_status launch_gate_kernel(const MlpArgs &g, const char *op, Launch launch)
 {
     auto with_act = [&](auto dt) -> moe_status {
-        switch (g.act) {
-        case MOE_ACT_SILU: launch(dt, std::integral_constant<int, MOE_ACT_SILU>{}); return MOE_OK;
-        case MOE_ACT_GELU: launch(dt, std::integral_constant<int, MOE_ACT_GELU>{}); return MOE_OK;
-        case MOE_ACT_GELU_TANH: launch(dt, std::integral_constant<int, MOE_ACT_GELU_TANH>{}); return MOE_OK;
-        case MOE_ACT_SWISH: launch(dt, std::integral_constant<int, MOE_ACT_SWISH>{}); return MOE_OK;
+        switch ((moe_mlp_activation)g.act) { // a case per row of the activation table
+#define GATE_KERNEL_CASE(value, name, forward, derivative) \
+    case value: launch(dt, std::integral_constant<int, value>{}); return MOE_OK;
+            MOE_MLP_ACTIVATIONS(GATE_KERNEL_CASE)
+#undef GATE_KERNEL_CASE
         }
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: activation %d has no gate kernel", op, (int)g.act);
     };

@@ -380,12 +380,13 @@ template <typename T>
 moe_status launch_gate_up(int act, const GemmArgs &g, const GateArgs &ep, bool plain, const GateMaps &maps,
                           int64_t max_tiles, cudaStream_t stream)
 {
-    switch (act) {
-    case MOE_ACT_SILU: return launch_gate_up_act<T, MOE_ACT_SILU>(g, ep, plain, maps, max_tiles, stream);
-    case MOE_ACT_GELU: return launch_gate_up_act<T, MOE_ACT_GELU>(g, ep, plain, maps, max_tiles, stream);
-    case MOE_ACT_GELU_TANH: return launch_gate_up_act<T, MOE_ACT_GELU_TANH>(g, ep, plain, maps, max_tiles, stream);
-    default: return launch_gate_up_act<T, MOE_ACT_SWISH>(g, ep, plain, maps, max_tiles, stream);
+    switch ((moe_mlp_activation)act) { // a case per row of the activation table
+#define GATE_UP_CASE(value, name, forward, derivative) \
+    case value: return launch_gate_up_act<T, value>(g, ep, plain, maps, max_tiles, stream);
+        MOE_MLP_ACTIVATIONS(GATE_UP_CASE)
+#undef GATE_UP_CASE
     }
+    return moe_fail(MOE_ERR_INVALID_OPTION, "moe_mlp_fwd: activation %d has no fused gate/up kernel", act);
 }
 
 } // namespace
