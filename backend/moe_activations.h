@@ -2,12 +2,13 @@
  * The MLP's activations, one table for every backend and test: each row is the enum value, its name, its
  * forward and its derivative.  The reference (ref/) and the CUDA kernels (gpu/) compile these same
  * functions, so both compute the same float32 operation sequence (libm and CUDA's math library may differ
- * by a few ulp); the tests' float64 twins are kept apart on purpose (tests/).
+ * by a few ulp); the tests' float64 twins are kept apart on purpose (testlib/mlp_float64.c).
  *
  * Adding an activation: a value in include/moe_mlp.h (and MOE_MLP_ACTIVATION_COUNT), a row below with its
  * two functions.  Every switch on an activation lists the rows and has no default, so -Wswitch (an error
- * with --enable-werror) names a switch that misses one, and tests/test_mlp_grad and proptest/test_gpu_mlp
- * run every value below MOE_MLP_ACTIVATION_COUNT on every backend.
+ * with --enable-werror) names a switch that misses one; the CUDA kernels are instantiated per row
+ * (MOE_MLP_ACTIVATIONS), and tests/test_mlp_grad and proptest/test_gpu_mlp run every value below
+ * MOE_MLP_ACTIVATION_COUNT on every backend.
  */
 #ifndef LIBMOE_ACTIVATIONS_H
 #define LIBMOE_ACTIVATIONS_H
@@ -28,6 +29,11 @@
     X(MOE_ACT_GELU, "gelu", moe_act_gelu, moe_act_gelu_grad)                 \
     X(MOE_ACT_GELU_TANH, "gelu_tanh", moe_act_gelu_tanh, moe_act_gelu_tanh_grad) \
     X(MOE_ACT_SWISH, "swish", moe_act_swish, moe_act_swish_grad)
+
+/* The table has a row for every activation (a compile-time check for C and C++ alike). */
+#define MOE_ACT_COUNT_ROW(value, name, forward, derivative) +1
+typedef char moe_activation_table_complete[(0 MOE_MLP_ACTIVATIONS(MOE_ACT_COUNT_ROW)) == MOE_MLP_ACTIVATION_COUNT ? 1 : -1];
+#undef MOE_ACT_COUNT_ROW
 
 #define MOE_ACT_SWISH_ALPHA 1.702f
 #define MOE_ACT_SQRT_HALF 0.70710678118654752440f

@@ -206,7 +206,7 @@ extern const moe_dispatch moe_cuda_dispatch;
 #endif
 
 /* Autotuning (src/autotune.c).  A tuned kernel choice is keyed by the device and the problem as the CUDA
- * backend plans it (gpu/gemm_cuda.cu, plan_gemm). */
+ * backend plans it (gpu/gemm/plan.cu, plan_gemm). */
 typedef enum moe_tune_kernel { MOE_TUNE_SIMT = 0, MOE_TUNE_SM80 = 1, MOE_TUNE_SM90 = 2 } moe_tune_kernel;
 
 #define MOE_TUNE_DEVICE_CHARS 80
@@ -226,7 +226,7 @@ typedef struct moe_tune_choice {
     int cluster;            /* 1, or 2 (sm90 fwd/dX with 128-row tiles) */
     int tma_store;          /* 0 or 1 */
     int dw_pingpong;        /* sm90 dW with every operand and a 16-bit output by TMA: 1 the ping-pong kernel
-                             * (128 x 128 tiles), 0 the 128 x 256 kernel, -1 the rule decides (gpu/gemm_cuda.cu,
+                             * (128 x 128 tiles), 0 the 128 x 256 kernel, -1 the rule decides (gpu/gemm/heuristics.cu,
                              * sm90_dw_pingpong); recorded plans hold 0 where the ping-pong kernel does not apply */
     double median_us;       /* measured time of one call, >= 0 */
 } moe_tune_choice;
@@ -244,7 +244,7 @@ void moe_tune_format_line(const moe_tune_key *key, const moe_tune_choice *choice
 int moe_tune_parse_line(const char *line, moe_tune_key *key, moe_tune_choice *choice, char *why, size_t why_size);
 
 #ifdef MOE_HAVE_CUDA
-/* gpu/gemm_cuda.cu: the configuration the CUDA GEMM calls of this thread must use instead of the table
+/* gpu/gemm/tune.cu: the configuration the CUDA GEMM calls of this thread must use instead of the table
  * and the heuristic (NULL: none), and the key and configuration the most recent call of this thread
  * planned (returns 0 when this thread has planned no call). */
 void moe_cuda_tune_force(const moe_tune_choice *choice);

@@ -3,7 +3,7 @@ if MOE_CUDA
 noinst_PROGRAMS += bench/moe-bench
 bench_moe_bench_SOURCES = bench/moe_bench.c
 bench_moe_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-bench_moe_bench_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lcublas -lm
+bench_moe_bench_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS) -lcublas
 else
 EXTRA_DIST += bench/moe_bench.c
 endif
@@ -14,7 +14,7 @@ if MOE_CUDA
 noinst_PROGRAMS += bench/mlp-gpu-time
 bench_mlp_gpu_time_SOURCES = bench/mlp_gpu_time.c
 bench_mlp_gpu_time_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-bench_mlp_gpu_time_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lcublas -lm
+bench_mlp_gpu_time_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS) -lcublas
 else
 EXTRA_DIST += bench/mlp_gpu_time.c
 endif

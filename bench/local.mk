@@ -4,5 +4,5 @@
 # noinst: it also calls the naive twins (ref/moe_ref.h) directly for --twin naive.
 noinst_PROGRAMS += bench/ref-bench
 bench_ref_bench_SOURCES = bench/ref-bench.c
-bench_ref_bench_LDADD = libmoe.la proptest/liboracle.la -lm
+bench_ref_bench_LDADD = libmoe.la oracle/liboracle.la -lm
 EXTRA_DIST += bench/RESULTS.md

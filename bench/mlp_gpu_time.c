@@ -1,7 +1,7 @@
 /* Times the CUDA blockwise MoE MLP (MOE_BACKEND_CUDA), forward and backward, on one MoE layer (default:
  * Qwen3-30B-A3B, T = 4096 tokens, E = 128 experts, k = 8, H = 2048, I = 768, bf16, B = 128, dropless
  * layout from uniformly random distinct top-k routing, SiLU, affinity on H, no bias; data uniform in
- * [-1, 1) from proptest/oracle.c, repeating every 2^24 elements).  Each direction is
+ * [-1, 1) from oracle/oracle.c, repeating every 2^24 elements).  Each direction is
  * timed with CUDA events around single calls: `warmup` untimed calls, then `repeats` timed ones; the
  * median is reported with TFLOP/s from the routed pairs (forward 6*T*k*I*H, backward 12*T*k*I*H FLOPs;
  * padding positions are not counted).  The default memory pool keeps freed memory (release threshold
@@ -34,6 +34,7 @@
 #include "moe.h"
 #include "moe_mlp.h"
 #include "oracle.h"
+#include "alloc.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -59,16 +60,6 @@
             exit(1);                                                                                 \
         }                                                                                            \
     } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
 
 static oracle_rng rng = {20261122};
 

@@ -35,6 +35,7 @@
  * 2026-11-23, fourth session). */
 #include "moe.h"
 #include "oracle.h"
+#include "alloc.h"
 #include "gpu_check.h"
 
 #include <cublas_v2.h>
@@ -47,7 +48,7 @@
 #define CUBLAS_CHECK(call)                                                                           \
     do {                                                                                             \
         cublasStatus_t st_ = (call);                                                                 \
-        CHECK(st_ == CUBLAS_STATUS_SUCCESS, "%s: cuBLAS status %d", #call, (int)st_);               \
+        REQUIRE(st_ == CUBLAS_STATUS_SUCCESS, "%s: cuBLAS status %d", #call, (int)st_);              \
     } while (0)
 
 typedef struct shape {
@@ -96,7 +97,7 @@ static float time_median(bench_ctx *ctx, run_fn fn, void *state)
         fn(state);
     CUDA_CHECK(cudaDeviceSynchronize());
     float *ms = malloc(sizeof(float) * (size_t)ctx->repeat);
-    CHECK(ms != NULL, "out of memory");
+    REQUIRE(ms != NULL, "out of memory");
     for (int i = 0; i < ctx->repeat; i++) {
         if (!ctx->sync_each)
             CUDA_CHECK(cudaMemsetAsync(ctx->flush, i & 0xff, FLUSH_BYTES, 0));
@@ -147,7 +148,7 @@ static void run_libmoe(void *state)
         st = moe_gemm_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->dy, p->w, p->topk_w, p->out, &o);
     else
         st = moe_gemm_dw(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, p->x, p->dy, p->topk_w, p->out, &o);
-    CHECK(st == MOE_OK, "libmoe: %s", moe_last_error());
+    REQUIRE(st == MOE_OK, "libmoe: %s", moe_last_error());
 }
 
 /* One column-major GEMM of expert e's block for the op (row-major tensors seen transposed). */
@@ -261,7 +262,7 @@ static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dty
     const size_t es = moe_dtype_size(dtype);
     if (block[dtype] == NULL) {
         block[dtype] = malloc((size_t)(chunk + 4096) * es);
-        CHECK(block[dtype] != NULL, "out of memory");
+        REQUIRE(block[dtype] != NULL, "out of memory");
         oracle_fill(rng, dtype, block[dtype], chunk + 4096, 0);
     }
     for (int64_t first = 0; first < count; first += chunk) {
@@ -288,7 +289,7 @@ static int output_finite(cublasHandle_t handle, const void *dev, int64_t count, 
     if (dtype == MOE_F16) {
         const int64_t chunk = (int64_t)1 << 26;
         uint16_t *host = malloc((size_t)chunk * 2);
-        CHECK(host != NULL, "out of memory");
+        REQUIRE(host != NULL, "out of memory");
         int finite = 1;
         for (int64_t first = 0; first < count && finite; first += chunk) {
             const int64_t n = count - first < chunk ? count - first : chunk;
@@ -387,7 +388,7 @@ int main(int argc, char **argv)
         return 77;
     }
     if (tuned_path != NULL)
-        CHECK(moe_gemm_autotune_load(tuned_path) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_gemm_autotune_load(tuned_path) == MOE_OK, "%s", moe_last_error());
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs; T = %lld, %s, median of %d runs (%s)\n", prop.name, prop.multiProcessorCount,
@@ -396,13 +397,13 @@ int main(int argc, char **argv)
     if (topk_weights)
         printf("libmoe with fused topk weights (random, of the dtype); cuBLAS without them, its output not compared\n");
     bench_ctx ctx = {0};
-    CHECK(repeat >= 1, "--repeat %d: expected >= 1", repeat);
+    REQUIRE(repeat >= 1, "--repeat %d: expected >= 1", repeat);
     ctx.repeat = repeat;
     ctx.sync_each = sync_each;
     CUBLAS_CHECK(cublasCreate(&ctx.handle));
     ctx.starts = malloc(sizeof(cudaEvent_t) * (size_t)repeat);
     ctx.stops = malloc(sizeof(cudaEvent_t) * (size_t)repeat);
-    CHECK(ctx.starts != NULL && ctx.stops != NULL, "out of memory");
+    REQUIRE(ctx.starts != NULL && ctx.stops != NULL, "out of memory");
     for (int i = 0; i < repeat; i++) {
         CUDA_CHECK(cudaEventCreate(&ctx.starts[i]));
         CUDA_CHECK(cudaEventCreate(&ctx.stops[i]));
@@ -423,7 +424,7 @@ int main(int argc, char **argv)
         const int64_t E = sh->E, k = sh->k, N = sh->N, K = sh->K, M = T * k;
         int64_t *ids = xmalloc((size_t)M * 8), *m_sizes = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
         oracle_topk_ids(&rng, T, k, E, ids); /* k distinct experts per token, uniformly at random */
-        CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
         problem p = {0};
         p.ctx = &ctx, p.E = E, p.M = M, p.N = N, p.K = K, p.m_sizes = m_sizes;
         int64_t *dev_sizes, *dev_gather;
@@ -463,8 +464,8 @@ int main(int argc, char **argv)
                 o.allow_tf32 = allow_tf32;
                 const void *a = op == DX ? p.dy : p.x, *b = op == DW ? p.dy : p.w;
                 moe_gemm_tuning chosen;
-                CHECK(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, p.topk_w, p.out, &o, repeat,
-                                        autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
+                REQUIRE(moe_gemm_autotune((moe_gemm_op)op, &p.dev_routing, N, K, a, b, p.topk_w, p.out, &o, repeat,
+                                          autotune_path, &chosen) == MOE_OK, "%s", moe_last_error());
                 /* the heuristic and the tuned choice again, alternated, in the machine state the autotune's runs
                  * left (timed only before it, the heuristic ran in another: up to 10% apart on an H200) */
                 const float t_before = t_moe;
@@ -472,7 +473,7 @@ int main(int argc, char **argv)
                 for (int round = 0; round < 2; round++) {
                     moe_gemm_autotune_clear();
                     t_heuristic[round] = time_median(&ctx, run_libmoe, &p);
-                    CHECK(moe_gemm_autotune_load(autotune_path) == MOE_OK, "%s", moe_last_error());
+                    REQUIRE(moe_gemm_autotune_load(autotune_path) == MOE_OK, "%s", moe_last_error());
                     t_tuned[round] = time_median(&ctx, run_libmoe, &p);
                 }
                 t_moe = t_tuned[1];
@@ -484,7 +485,7 @@ int main(int argc, char **argv)
                        flops / t_tuned[1] / 1e9);
             }
             CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * es, cudaMemcpyDeviceToDevice));
-            CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+            REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
             /* on check, libmoe's output as its last timed run left it: the cuBLAS runs below overwrite p.out */
             const int finite = output_finite(ctx.handle, check, count, dtype);
             double diff = 0, tf_loop = 0, tf_group = 0, tf_dense = 0;

@@ -16,7 +16,7 @@
  * less means the threads waited for cores (other load) or for each other.  Then a random
  * sample of each op's output elements is checked against the float64 oracle bound of SEMANTICS
  * section 4, computed here for the sampled elements only (oracle_gamma, oracle_output_rounding: the
- * same bound as proptest/oracle.c; the full oracle would take longer than the ops).  The worst
+ * same bound as oracle/oracle.c; the full oracle would take longer than the ops).  The worst
  * |error| / bound is printed with PASS or FAIL; the exit status is 1 on any failure.
  *
  * --twin naive times the naive twins (ref/gemm_naive.c) by calling them directly; the default goes
@@ -381,7 +381,7 @@ static int compare_doubles(const void *a, const void *c)
     return (x > y) - (x < y);
 }
 
-/* ---- the sampled oracle: value and bound of one output element (proptest/oracle.c's formulas) ---- */
+/* ---- the sampled oracle: value and bound of one output element (oracle/oracle.c's formulas) ---- */
 
 static double element_bound(moe_dtype out_dtype, int64_t roundings, double magnitude, double value)
 {

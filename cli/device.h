@@ -1,5 +1,5 @@
 /*
- * cli/device.h: the CUDA side of `moe --backend cuda` (built only when configure found CUDA; moe.c
+ * cli/device.h: the CUDA side of `moe --backend cuda` (built only when configure found CUDA; cli/call.c
  * uses it under MOE_CLI_CUDA).  Device buffers made here are registered and freed at exit too (an
  * atexit handler), so that die() leaves no device memory behind; device_free_all frees them earlier.
  * Every function returns 0 on success, or -1 with a message in err naming the array and the CUDA error.

@@ -1,8 +1,8 @@
 // The CUDA backend's table (every row of moe_dispatch) and its host glue (device pointers, options.stream).
-#include "cuda_check.cuh"
-#include "gemm_cuda.cuh"
-#include "mlp_cuda.h"
-#include "routing_cuda.h"
+#include "common/cuda_check.cuh"
+#include "gemm/gemm.cuh"
+#include "mlp/mlp_cuda.h"
+#include "routing/builders.h"
 
 static int cuda_available(void)
 {
@@ -27,7 +27,8 @@ static moe_status cuda_mlp_layout_build(const moe_layout_problem *p, const int64
 }
 
 // moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the MLP's
-// layout error, then the device builders' topk_ids error (each is kept until reported).
+// layout error, then the device builders' topk_ids error (each is kept until reported; the three
+// records are gpu/common/device_error.cuh's).
 static moe_status cuda_synchronize(void *stream)
 {
     moe_status status = moe_cuda_synchronize(stream);

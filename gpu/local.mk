@@ -1,25 +1,40 @@
 # gpu/: CUDA kernels for the same ops as ref/, selected with MOE_BACKEND_CUDA.
-# .cu files become libtool objects through build-aux/nvcc-lt (libtool does not know nvcc).
-MOE_CUDA_SRCS = gpu/cuda_backend.cu gpu/gemm_cuda.cu
-MOE_CUDA_HDRS = gpu/act_cuda.cuh gpu/cp_async_cuda.cuh gpu/cuda_check.cuh gpu/dtype_cuda.cuh gpu/gemm_cuda.cuh gpu/gate_sm90.cuh \
-	gpu/gemm_sm90.cuh gpu/warp_scan_cuda.cuh
-# the blockwise MoE MLP (gpu/mlp_cuda.h is C, included by src/mlp_api.c)
-MOE_CUDA_SRCS += gpu/mlp_cuda.cu
-MOE_CUDA_HDRS += gpu/mlp_cuda.h
-# routing and MLP layouts built on the device (gpu/routing_cuda.h is C, included by src/)
-MOE_CUDA_SRCS += gpu/routing_cuda.cu
-MOE_CUDA_HDRS += gpu/routing_cuda.h
+# .cu files become libtool objects through build-aux/nvcc-lt (libtool does not know nvcc); object basenames
+# are unique across the subfolders (libtool's static archive keeps basenames).
+#   common/   dtype, activations, cp.async, warp scans, error checks, the sticky device-error record, launch helpers
+#   gemm/     the grouped GEMM: one file per kernel family, the plan and its heuristics, the entry points
+#   mlp/      the blockwise MLP: layout check, tile path, elementwise and rows-path kernels, the fused gate kernel
+#   routing/  the device builders of routings and MLP layouts
+MOE_CUDA_SRCS = gpu/cuda_backend.cu
+MOE_CUDA_HDRS = gpu/common/act.cuh gpu/common/cp_async.cuh gpu/common/cuda_check.cuh gpu/common/device_error.cuh \
+	gpu/common/dtype.cuh gpu/common/launch.cuh gpu/common/simt_tile.cuh gpu/common/warp_scan.cuh
+# the grouped GEMM (gpu/gemm/gemm.cuh: its entry points and the rows GEMMs of the MLP)
+MOE_CUDA_SRCS += gpu/gemm/gemm.cu gpu/gemm/routing_check.cu gpu/gemm/plan.cu gpu/gemm/heuristics.cu gpu/gemm/tma.cu \
+	gpu/gemm/tune.cu gpu/gemm/simt.cu gpu/gemm/sm80.cu gpu/gemm/tf32.cu gpu/gemm/sm90.cu gpu/gemm/sm90_dw_pingpong.cu \
+	gpu/gemm/rows.cu gpu/gemm/rows_f32_sm90.cu
+MOE_CUDA_HDRS += gpu/gemm/gemm.cuh gpu/gemm/args.cuh gpu/gemm/epilogue.cuh gpu/gemm/heuristics.cuh gpu/gemm/mma_sm80.cuh \
+	gpu/gemm/pingpong_rows.cuh gpu/gemm/plan.cuh gpu/gemm/rows.cuh gpu/gemm/sm80.cuh gpu/gemm/sm90.cuh \
+	gpu/gemm/sm90_dw_pingpong.cuh gpu/gemm/tma.cuh gpu/gemm/tune.cuh
+# the blockwise MoE MLP (gpu/mlp/mlp_cuda.h is C, included by gpu/cuda_backend.cu)
+MOE_CUDA_SRCS += gpu/mlp/mlp.cu gpu/mlp/layout_check.cu gpu/mlp/tile_ops.cu gpu/mlp/elementwise.cu \
+	gpu/mlp/rows_layout.cu gpu/mlp/gather.cu gpu/mlp/gate_rows.cu gpu/mlp/gate_sm90.cu
+MOE_CUDA_HDRS += gpu/mlp/mlp_cuda.h gpu/mlp/args.cuh gpu/mlp/gate_sm90.cuh gpu/mlp/steps.cuh gpu/mlp/tile_engine.cuh \
+	gpu/mlp/vec.cuh
+# routing and MLP layouts built on the device (gpu/routing/builders.h is C)
+MOE_CUDA_SRCS += gpu/routing/builders.cu
+MOE_CUDA_HDRS += gpu/routing/builders.h
 EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
 
 if MOE_CUDA
 MOE_CUDA_OBJECTS = $(MOE_CUDA_SRCS:.cu=.lo)
 libmoe_la_LIBADD += $(MOE_CUDA_OBJECTS) $(CUDA_LIBS)
 EXTRA_libmoe_la_DEPENDENCIES = $(MOE_CUDA_OBJECTS)
-$(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/backend/moe_backend.h
+$(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/backend/moe_backend.h \
+	$(top_srcdir)/include/moe_mlp.h $(top_srcdir)/backend/moe_activations.h
 endif
 
 NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/backend \
-	-I$(top_builddir) $(MOE_NVCC_WARNFLAGS) $(NVCCFLAGS)
+	-I$(top_srcdir)/gpu -I$(top_builddir) $(MOE_NVCC_WARNFLAGS) $(NVCCFLAGS)
 AM_V_NVCC = $(am__v_NVCC_@AM_V@)
 am__v_NVCC_ = $(am__v_NVCC_@AM_DEFAULT_V@)
 am__v_NVCC_0 = @echo "  NVCC    " $@;
@@ -30,9 +45,5 @@ SUFFIXES = .cu .lo
 
 mostlyclean-local: mostlyclean-cuda
 mostlyclean-cuda:
-	-rm -rf gpu/.libs gpu/*.o gpu/*.lo
+	-rm -rf gpu/.libs gpu/*/.libs gpu/*.o gpu/*/*.o gpu/*.lo gpu/*/*.lo
 .PHONY: mostlyclean-cuda
-
-if MOE_CUDA
-gpu/mlp_cuda.lo gpu/routing_cuda.lo: $(top_srcdir)/backend/moe_backend.h $(top_srcdir)/include/moe_mlp.h
-endif

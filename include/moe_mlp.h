@@ -187,7 +187,7 @@ moe_status moe_mlp_layout_build_on(moe_backend backend, moe_mlp_layout_kind kind
 moe_status moe_mlp_layout_validate(const moe_mlp_layout *layout, const moe_mlp_options *options);
 
 /* ----------------------------------------------------------------------------------------------------
- * Forward and backward.  MOE_BACKEND_CUDA (gpu/mlp_cuda.cu) takes device pointers, runs on
+ * Forward and backward.  MOE_BACKEND_CUDA (gpu/mlp/) takes device pointers, runs on
  * options.stream and returns without waiting; it checks the layout's contents on the device and, on a
  * violation, writes nothing and reports the reference's status and message through
  * moe_backend_synchronize(MOE_BACKEND_CUDA, stream).  Results have the reference's contract (not its

@@ -1,15 +1,11 @@
-# proptest/: the float64 oracle and error bounds (used by tests/ and bench/), and the property tests.
-noinst_LTLIBRARIES += proptest/liboracle.la
-noinst_HEADERS += proptest/gpu_check.h proptest/fail_fast.h
-proptest_liboracle_la_SOURCES = proptest/oracle.c proptest/oracle.h
+# proptest/: the property tests (the fuzzer moe-fuzz and the GPU property programs).
 
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c \
-	tests/mlp_testlib.c tests/mlp_testlib.h
-proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
-proptest_moe_fuzz_LDADD = libmoe.la proptest/liboracle.la -lm
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
+proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS)
+proptest_moe_fuzz_LDADD = $(TESTLIB_LIBS)
 # make check: a fixed-seed budget plus the committed regression file
 TESTS += proptest/check-fuzz.sh
 # and over a spread of seeds: a correct build never fails the fuzzer (proptest/README.md)
@@ -26,30 +22,31 @@ proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
 proptest_test_gpu_gemm_SOURCES = proptest/test_gpu_gemm.c
 proptest_test_gpu_gemm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_gemm_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_gemm_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_gemm
+# the shared test tests/test_builders.c again, on MOE_BACKEND_CUDA (-DMOE_TEST_CUDA)
 check_PROGRAMS += proptest/test_gpu_builders
-proptest_test_gpu_builders_SOURCES = tests/test_builders.c tests/check.h
+proptest_test_gpu_builders_SOURCES = tests/test_builders.c
 proptest_test_gpu_builders_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
-proptest_test_gpu_builders_LDADD = libmoe.la $(CUDA_LIBS)
+proptest_test_gpu_builders_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_builders
 # moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c
 proptest_test_gpu_autotune_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
-proptest_test_gpu_autotune_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_autotune_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_autotune
 else
 EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
 endif
 
-# GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of tests/ with the
+# GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of testlib/ with the
 # GPU behind its mt_mlp_fwd/mt_mlp_bwd hooks; exit 77 (skip) where no device is visible.
 if MOE_CUDA
 check_PROGRAMS += proptest/test_gpu_mlp
-proptest_test_gpu_mlp_SOURCES = proptest/test_gpu_mlp.c tests/mlp_testlib.c tests/mlp_testlib.h
-proptest_test_gpu_mlp_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
-proptest_test_gpu_mlp_LDADD = libmoe.la proptest/liboracle.la $(CUDA_LIBS) -lm
+proptest_test_gpu_mlp_SOURCES = proptest/test_gpu_mlp.c
+proptest_test_gpu_mlp_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+proptest_test_gpu_mlp_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_mlp
 else
 EXTRA_DIST += proptest/test_gpu_mlp.c

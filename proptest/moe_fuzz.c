@@ -169,7 +169,7 @@ static void on_fatal_signal(int sig)
     raise(sig);
 }
 
-static void on_exit_in_case(void) { emit_death("crash", "the case called exit() (a CHECK of the test library failed)\n"); }
+static void on_exit_in_case(void) { emit_death("crash", "the case called exit() (a REQUIRE of the test library failed)\n"); }
 
 static const pt_op *op_at(int index) { return &pt_ops[index]; }
 
@@ -203,7 +203,7 @@ static void collect(case_result *r)
     r->outcome = current_case.outcome;
     r->worst = current_case.worst_ratio;
     r->count = trimmed(current_src.used, current_src.count);
-    r->choices = pt_xmalloc((r->count + 1) * sizeof(uint64_t));
+    r->choices = xmalloc((r->count + 1) * sizeof(uint64_t));
     if (r->count)
         memcpy(r->choices, current_src.used, r->count * sizeof(uint64_t));
     snprintf(r->tag, sizeof r->tag, "%s", current_case.tag);
@@ -226,7 +226,7 @@ static void worker_main(int req_fd, int res_fd, int err_fd, moe_backend backend,
         req_hdr h;
         if (read_all(req_fd, &h, sizeof h) != 0)
             _exit(0);
-        uint64_t *choices = pt_xmalloc((size_t)(h.count + 1) * sizeof(uint64_t));
+        uint64_t *choices = xmalloc((size_t)(h.count + 1) * sizeof(uint64_t));
         if (read_all(req_fd, choices, (size_t)h.count * sizeof(uint64_t)) != 0)
             _exit(0);
         if (ftruncate(err_fd, 0) != 0 || lseek(err_fd, 0, SEEK_SET) < 0)
@@ -307,7 +307,7 @@ static char *worker_stderr(const fuzz *f)
     if (size <= 0)
         return strdup("");
     const off_t from = size > 3000 ? size - 3000 : 0;
-    char *buf = pt_xmalloc((size_t)(size - from) + 1);
+    char *buf = xmalloc((size_t)(size - from) + 1);
     ssize_t got = pread(f->err_fd, buf, (size_t)(size - from), from);
     buf[got > 0 ? got : 0] = '\0';
     return buf;
@@ -356,9 +356,9 @@ static void evaluate(fuzz *f, int op, int size, int has_seed, uint64_t seed, con
     int got = read_timed(f->res_fd, &rh, sizeof rh, deadline);
     if (got == 0) {
         r->count = (size_t)rh.count;
-        r->choices = pt_xmalloc((r->count + 1) * sizeof(uint64_t));
-        char *tag = pt_xmalloc(rh.tag_len + 1);
-        r->msg = pt_xmalloc(rh.msg_len + 1), r->desc = pt_xmalloc(rh.desc_len + 1);
+        r->choices = xmalloc((r->count + 1) * sizeof(uint64_t));
+        char *tag = xmalloc(rh.tag_len + 1);
+        r->msg = xmalloc(rh.msg_len + 1), r->desc = xmalloc(rh.desc_len + 1);
         got = read_timed(f->res_fd, r->choices, r->count * sizeof(uint64_t), deadline);
         if (got == 0)
             got = read_timed(f->res_fd, tag, rh.tag_len, deadline);
@@ -378,7 +378,7 @@ static void evaluate(fuzz *f, int op, int size, int has_seed, uint64_t seed, con
         snprintf(r->tag, sizeof r->tag, "%s", got == -2 ? "timeout" : "crash");
         r->msg = strdup(got == -2 ? "the worker stopped answering and was killed\n" : "the worker died\n");
         r->desc = strdup("");
-        r->choices = pt_xmalloc((count + 1) * sizeof(uint64_t));
+        r->choices = xmalloc((count + 1) * sizeof(uint64_t));
         r->count = has_seed ? 0 : count;
         if (r->count)
             memcpy(r->choices, choices, count * sizeof(uint64_t));
@@ -388,7 +388,7 @@ static void evaluate(fuzz *f, int op, int size, int has_seed, uint64_t seed, con
         char *err = worker_stderr(f);
         if (err[0]) {
             const size_t a = strlen(r->msg), b = strlen(err);
-            char *m = pt_xmalloc(a + b + 40);
+            char *m = xmalloc(a + b + 40);
             snprintf(m, a + b + 40, "%s  stderr of the case:\n%s", r->msg, err);
             free(r->msg);
             r->msg = m;
@@ -441,7 +441,7 @@ static void shrink(fuzz *f, int op, int size, case_result *failing, int *out_siz
         const int sizes[4] = {0, s.size / 4, s.size / 2, s.size - 1};
         for (int i = 0; i < 4; i++)
             if (sizes[i] >= 0 && sizes[i] < s.size) {
-                uint64_t *copy = pt_xmalloc((s.best.count + 1) * sizeof(uint64_t));
+                uint64_t *copy = xmalloc((s.best.count + 1) * sizeof(uint64_t));
                 memcpy(copy, s.best.choices, s.best.count * sizeof(uint64_t));
                 changed |= try_candidate(&s, sizes[i], copy, s.best.count);
                 free(copy);
@@ -453,7 +453,7 @@ static void shrink(fuzz *f, int op, int size, case_result *failing, int *out_siz
                     if (i + width > s.best.count)
                         continue;
                     size_t n = s.best.count;
-                    uint64_t *cand = pt_xmalloc((n + 1) * sizeof(uint64_t));
+                    uint64_t *cand = xmalloc((n + 1) * sizeof(uint64_t));
                     memcpy(cand, s.best.choices, n * sizeof(uint64_t));
                     int useful = 1;
                     if (pass == 0) {
@@ -478,7 +478,7 @@ static void shrink(fuzz *f, int op, int size, case_result *failing, int *out_siz
                 const uint64_t mid = lo + (hi - lo) / 2;
                 if (i >= s.best.count)
                     break;
-                uint64_t *cand = pt_xmalloc((s.best.count + 1) * sizeof(uint64_t));
+                uint64_t *cand = xmalloc((s.best.count + 1) * sizeof(uint64_t));
                 memcpy(cand, s.best.choices, s.best.count * sizeof(uint64_t));
                 cand[i] = mid;
                 if (try_candidate(&s, s.size, cand, s.best.count)) {
@@ -849,8 +849,8 @@ int main(int argc, char **argv)
     const int tty = isatty(STDOUT_FILENO);
     long total = 0;
     int active = nops;
-    long *done = pt_xcalloc((size_t)nops + 1, sizeof(long));
-    int *retired = pt_xcalloc((size_t)nops + 1, sizeof(int));
+    long *done = xcalloc((size_t)nops + 1, sizeof(long));
+    int *retired = xcalloc((size_t)nops + 1, sizeof(int));
     int size = 0;
     for (long round = 0; active > 0; round++) {
         for (int i = 0; i < nops; i++) {

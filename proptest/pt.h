@@ -17,6 +17,7 @@
 #define LIBMOE_PT_H
 
 #include "moe.h"
+#include "alloc.h" /* xmalloc, xcalloc */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -77,8 +78,9 @@ void pt_ratio(pt_case *c, double ratio);
 /* Appends to c->desc. */
 void pt_describe(pt_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-void *pt_xmalloc(size_t bytes);
-void *pt_xcalloc(size_t count, size_t size);
+/* Bounds of the generators' draws. */
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- ops ---- */
 typedef struct pt_op {

@@ -8,26 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void *pt_xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "moe-fuzz: out of memory (%zu bytes)\n", bytes);
-        abort();
-    }
-    return p;
-}
-
-void *pt_xcalloc(size_t count, size_t size)
-{
-    void *p = calloc(count ? count : 1, size ? size : 1);
-    if (p == NULL) {
-        fprintf(stderr, "moe-fuzz: out of memory (%zu x %zu bytes)\n", count, size);
-        abort();
-    }
-    return p;
-}
-
 /* ---------------------------------------------------------------------------------------------------
  * PRNG
  * ------------------------------------------------------------------------------------------------- */
@@ -203,7 +183,7 @@ char *pt_format_repro(const char *op, int size, int has_seed, uint64_t seed, con
                       size_t count)
 {
     const size_t cap = strlen(op) + 64 + (has_seed ? 0 : count * 17);
-    char *buf = pt_xmalloc(cap);
+    char *buf = xmalloc(cap);
     int len = snprintf(buf, cap, "%s:%d:", op, size);
     if (has_seed) {
         snprintf(buf + len, cap - (size_t)len, "s=%" PRIx64, seed);

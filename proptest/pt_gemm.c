@@ -41,9 +41,6 @@ moe_dtype gop_out_dtype(const gcase *g, enum gop op)
 /* ---------------------------------------------------------------------------------------------------
  * generation
  * ------------------------------------------------------------------------------------------------- */
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 /* Group sizes around the blocked reference twin's tiles (MR = 6 rows, MB = 96 rows per work item). */
 static const int64_t tile_groups[] = {0, 1, 5, 6, 7, 95, 96, 97};
 /* N around NR = 16 / NB = 128 columns; K around 8 and the KB = 256 reduction block. */
@@ -110,7 +107,7 @@ void gcase_generate(pt_case *c, gcase *g, int restrictions)
         N = round_up8(N), K = round_up8(K);
         E = min64(E, max64(1, CAP_WEIGHTS / max64(1, N * K)));
     }
-    int64_t *allowed = pt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = g->routing_kind == PT_ROUTE_ARBITRARY ? E : pt_allowed_experts(g->routing_kind, E, allowed);
     free(allowed);
     if (g->shape_kind != 3)
@@ -122,8 +119,8 @@ void gcase_generate(pt_case *c, gcase *g, int restrictions)
     g->T = T, g->E = E, g->N = N, g->K = K, g->k = k, g->M = T * k;
     const int64_t M = g->M;
 
-    g->m_sizes = pt_xmalloc((size_t)E * sizeof(int64_t));
-    g->gather = pt_xmalloc((size_t)(M + 1) * sizeof(int64_t));
+    g->m_sizes = xmalloc((size_t)E * sizeof(int64_t));
+    g->gather = xmalloc((size_t)(M + 1) * sizeof(int64_t));
     if (g->routing_kind == PT_ROUTE_ARBITRARY) {
         /* tile shapes: group sizes around the tiles; otherwise any composition of M */
         int64_t left = M;
@@ -140,11 +137,11 @@ void gcase_generate(pt_case *c, gcase *g, int restrictions)
         }
         pt_permutation(s, M, g->gather);
     } else {
-        g->ids = pt_xmalloc((size_t)(M + 1) * sizeof(int64_t));
+        g->ids = xmalloc((size_t)(M + 1) * sizeof(int64_t));
         pt_gen_topk_ids(s, g->routing_kind, T, k, E, g->ids);
         pt_stable_routing(M, E, g->ids, g->m_sizes, g->gather);
         /* the library's builder must agree with the stable sort computed here */
-        int64_t *lib_m = pt_xmalloc((size_t)E * sizeof(int64_t)), *lib_g = pt_xmalloc((size_t)(M + 1) * sizeof(int64_t));
+        int64_t *lib_m = xmalloc((size_t)E * sizeof(int64_t)), *lib_g = xmalloc((size_t)(M + 1) * sizeof(int64_t));
         moe_status st = moe_routing_from_topk(T, k, E, g->ids, lib_m, lib_g, NULL);
         if (st != MOE_OK)
             pt_fail(c, "routing-builder", "moe_routing_from_topk: %s (%s)", moe_strerror(st), moe_last_error());
@@ -179,15 +176,15 @@ void gcase_fill_values(gcase *g)
     const size_t es = moe_dtype_size(dt);
     free(g->x), free(g->w), free(g->dy), free(g->tw);
     const int64_t xr = gcase_x_rows(g);
-    g->x = pt_xmalloc((size_t)(xr * g->K) * es);
-    g->w = pt_xmalloc((size_t)(g->E * g->N * g->K) * es);
-    g->dy = pt_xmalloc((size_t)(g->M * g->N) * es);
+    g->x = xmalloc((size_t)(xr * g->K) * es);
+    g->w = xmalloc((size_t)(g->E * g->N * g->K) * es);
+    g->dy = xmalloc((size_t)(g->M * g->N) * es);
     g->tw = NULL;
     pt_fill(g->value_seed, 0, g->dist, dt, g->x, xr * g->K);
     pt_fill(g->value_seed, 1, g->dist, dt, g->w, g->E * g->N * g->K);
     pt_fill(g->value_seed, 2, g->dist, dt, g->dy, g->M * g->N);
     if (g->weighted) {
-        g->tw = pt_xmalloc((size_t)g->M * es);
+        g->tw = xmalloc((size_t)g->M * es);
         pt_fill(g->value_seed, 3, g->dist == PT_DIST_EXACT ? PT_DIST_EXACT : PT_DIST_UNIFORM, dt, g->tw, g->M);
     }
 }
@@ -242,11 +239,11 @@ void *gop_output(const gcase *g, enum gop op, void **old)
     const moe_dtype dt = gop_out_dtype(g, op);
     const int64_t n = gop_out_count(g, op);
     const size_t bytes = (size_t)n * moe_dtype_size(dt);
-    void *out = pt_xmalloc(bytes);
+    void *out = xmalloc(bytes);
     *old = NULL;
     if (g->opt.accumulate) {
         pt_fill(g->value_seed, 10 + (int)op, g->dist == PT_DIST_EXACT ? PT_DIST_EXACT : PT_DIST_UNIFORM, dt, out, n);
-        *old = pt_xmalloc(bytes);
+        *old = xmalloc(bytes);
         memcpy(*old, out, bytes);
     } else {
         oracle_poison(dt, out, n);
@@ -258,7 +255,7 @@ void gop_check(pt_case *c, const gcase *g, enum gop op, const void *old, const v
 {
     const int64_t n = gop_out_count(g, op);
     const moe_dtype dt = gop_out_dtype(g, op);
-    double *value = pt_xmalloc((size_t)n * sizeof(double)), *bound = pt_xmalloc((size_t)n * sizeof(double));
+    double *value = xmalloc((size_t)n * sizeof(double)), *bound = xmalloc((size_t)n * sizeof(double));
     gop_oracle(g, op, old, value, bound);
     char *report = NULL;
     size_t report_len = 0;

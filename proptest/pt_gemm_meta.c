@@ -70,7 +70,7 @@ static void rel_permute(pt_case *c, gcase *g, int scatter_y)
     void **moved = scatter_y ? &g->dy : &g->x;
     const int64_t width = scatter_y ? g->N : g->K;
     void *original = *moved;
-    *moved = pt_xmalloc((size_t)(g->M * width) * es);
+    *moved = xmalloc((size_t)(g->M * width) * es);
     for (int64_t r = 0; r < g->M; r++)
         copy_row(*moved, r, original, scatter_y ? g->gather[r] : g->gather[r] / g->k, width, es);
     *flag = 0;
@@ -101,15 +101,15 @@ static void rel_reduce(pt_case *c, gcase *g)
     g->opt.reduce_topk = 1;
     void *reduced = run_op(c, g, GOP_DX, "reduce_topk");
     const int64_t nr = g->T * g->K;
-    double *vr = pt_xmalloc((size_t)(nr + 1) * sizeof(double)), *br = pt_xmalloc((size_t)(nr + 1) * sizeof(double));
+    double *vr = xmalloc((size_t)(nr + 1) * sizeof(double)), *br = xmalloc((size_t)(nr + 1) * sizeof(double));
     gop_oracle(g, GOP_DX, NULL, vr, br);
     g->opt.reduce_topk = 0;
     void *slots = run_op(c, g, GOP_DX, "slot rows");
     const int64_t ns = g->M * g->K;
-    double *vs = pt_xmalloc((size_t)(ns + 1) * sizeof(double)), *bs = pt_xmalloc((size_t)(ns + 1) * sizeof(double));
+    double *vs = xmalloc((size_t)(ns + 1) * sizeof(double)), *bs = xmalloc((size_t)(ns + 1) * sizeof(double));
     gop_oracle(g, GOP_DX, NULL, vs, bs);
     /* the output row of slot s: s itself with permute_x, else the expert-order row holding it */
-    int64_t *row_of_slot = pt_xmalloc((size_t)(g->M + 1) * sizeof(int64_t));
+    int64_t *row_of_slot = xmalloc((size_t)(g->M + 1) * sizeof(int64_t));
     for (int64_t r = 0; r < g->M; r++)
         row_of_slot[g->gather[r]] = g->opt.permute_x ? g->gather[r] : r;
     const int exact = g->dist == PT_DIST_EXACT && dt == MOE_F32;
@@ -161,14 +161,14 @@ static void rel_relabel(pt_case *c, gcase *g, int tokens)
     for (int i = 0; i < 4; i++)
         before[i] = run_op(c, g, ops[i], "original labels");
     const int64_t n = tokens ? g->T : g->E;
-    int64_t *perm = pt_xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    int64_t *perm = xmalloc((size_t)(n + 1) * sizeof(int64_t));
     pt_permutation(c->src, n, perm);
-    int64_t *slot_map = pt_xmalloc((size_t)(g->M + 1) * sizeof(int64_t)); /* new slot -> old slot */
+    int64_t *slot_map = xmalloc((size_t)(g->M + 1) * sizeof(int64_t)); /* new slot -> old slot */
     if (tokens) {
         /* token t becomes perm[t]: its row of X, its k ids, dY rows and weights move with it */
-        int64_t *ids = pt_xmalloc((size_t)(g->M + 1) * sizeof(int64_t));
-        void *x = pt_xmalloc((size_t)(g->T * g->K) * es), *dy = pt_xmalloc((size_t)(g->M * g->N) * es);
-        void *tw = g->tw ? pt_xmalloc((size_t)g->M * es) : NULL;
+        int64_t *ids = xmalloc((size_t)(g->M + 1) * sizeof(int64_t));
+        void *x = xmalloc((size_t)(g->T * g->K) * es), *dy = xmalloc((size_t)(g->M * g->N) * es);
+        void *tw = g->tw ? xmalloc((size_t)g->M * es) : NULL;
         for (int64_t t = 0; t < g->T; t++) {
             copy_row(x, perm[t], g->x, t, g->K, es);
             for (int64_t j = 0; j < g->k; j++) {
@@ -184,7 +184,7 @@ static void rel_relabel(pt_case *c, gcase *g, int tokens)
         g->ids = ids, g->x = x, g->dy = dy, g->tw = tw;
     } else {
         /* expert e becomes perm[e]: W[perm[e]] = old W[e] */
-        void *w = pt_xmalloc((size_t)(g->E * g->N * g->K) * es);
+        void *w = xmalloc((size_t)(g->E * g->N * g->K) * es);
         for (int64_t e = 0; e < g->E; e++)
             copy_row(w, perm[e], g->w, e, g->N * g->K, es);
         for (int64_t s = 0; s < g->M; s++)
@@ -203,7 +203,7 @@ static void rel_relabel(pt_case *c, gcase *g, int tokens)
             same_rows(c, before[i], after, slot_map, g->M, 1, gop_out_dtype(g, op), tag, "d_topk_weights");
         } else if (op == GOP_DX) {
             if (g->opt.reduce_topk && tokens) {
-                int64_t *tok = pt_xmalloc((size_t)(g->T + 1) * sizeof(int64_t)); /* new token -> old */
+                int64_t *tok = xmalloc((size_t)(g->T + 1) * sizeof(int64_t)); /* new token -> old */
                 for (int64_t t = 0; t < g->T; t++)
                     tok[perm[t]] = t;
                 same_rows(c, before[i], after, tok, g->T, g->K, dt, tag, "dX(reduce_topk) token rows");
@@ -214,7 +214,7 @@ static void rel_relabel(pt_case *c, gcase *g, int tokens)
                 same_rows(c, before[i], after, slot_map, g->M, g->K, dt, tag, "dX slot rows");
             }
         } else if (!tokens) {
-            int64_t *inv = pt_xmalloc((size_t)(g->E + 1) * sizeof(int64_t));
+            int64_t *inv = xmalloc((size_t)(g->E + 1) * sizeof(int64_t));
             for (int64_t e = 0; e < g->E; e++)
                 inv[perm[e]] = e;
             same_rows(c, before[i], after, inv, g->E, g->N * g->K, gop_out_dtype(g, op), tag, "dW[perm[e]] vs dW[e]");
@@ -223,7 +223,7 @@ static void rel_relabel(pt_case *c, gcase *g, int tokens)
             /* token relabelling reorders the rows inside an expert: within both bounds (equal on exact data) */
             const int64_t cnt = gop_out_count(g, op);
             const moe_dtype odt = gop_out_dtype(g, op);
-            double *v = pt_xmalloc((size_t)(cnt + 1) * sizeof(double)), *b = pt_xmalloc((size_t)(cnt + 1) * sizeof(double));
+            double *v = xmalloc((size_t)(cnt + 1) * sizeof(double)), *b = xmalloc((size_t)(cnt + 1) * sizeof(double));
             gop_oracle(g, op, NULL, v, b);
             for (int64_t q = 0; q < cnt; q++) {
                 const double x0 = oracle_load(odt, before[i], q), x1 = oracle_load(odt, after, q), err = fabs(x0 - x1);
@@ -260,7 +260,7 @@ static void rel_accumulate_twice(pt_case *c, gcase *g)
         void *once = run_op(c, g, op, "overwrite");
         const int64_t cnt = gop_out_count(g, op);
         const moe_dtype dt = gop_out_dtype(g, op);
-        float *twice = pt_xcalloc((size_t)cnt + 1, sizeof(float)); /* +0 in f32 */
+        float *twice = xcalloc((size_t)cnt + 1, sizeof(float)); /* +0 in f32 */
         g->opt.accumulate = 1;
         for (int rep = 0; rep < 2; rep++) {
             moe_status st = gop_call(g, op, c->backend, twice);
@@ -312,7 +312,7 @@ void pt_gemm_adjoint(pt_case *c)
     const moe_dtype dt = g.opt.dtype, wdt = gop_out_dtype(&g, GOP_DW);
     void *y = run_op(c, &g, GOP_FWD, "adjoint"), *dx = run_op(c, &g, GOP_DX, "adjoint"), *dw = run_op(c, &g, GOP_DW, "adjoint");
     const int64_t ny = gop_out_count(&g, GOP_FWD), nx = gop_out_count(&g, GOP_DX), nw = gop_out_count(&g, GOP_DW);
-    double *v = pt_xmalloc((size_t)(ny + nx + nw + 1) * sizeof(double)), *b = pt_xmalloc((size_t)(ny + nx + nw + 1) * sizeof(double));
+    double *v = xmalloc((size_t)(ny + nx + nw + 1) * sizeof(double)), *b = xmalloc((size_t)(ny + nx + nw + 1) * sizeof(double));
     gop_oracle(&g, GOP_FWD, NULL, v, b);
     gop_oracle(&g, GOP_DX, NULL, v + ny, b + ny);
     gop_oracle(&g, GOP_DW, NULL, v + ny + nx, b + ny + nx);
@@ -393,9 +393,9 @@ void pt_gemm_bad(pt_case *c)
     /* the op's first tensor input: dY for dX, X otherwise (checked unchanged afterwards) */
     void *in = op == GOP_DX ? g.dy : g.x;
     const size_t in_bytes = (size_t)(op == GOP_DX ? g.M * g.N : gcase_x_rows(&g) * g.K) * es;
-    void *in_copy = pt_xmalloc(in_bytes);
+    void *in_copy = xmalloc(in_bytes);
     memcpy(in_copy, in, in_bytes);
-    int64_t *m_copy = pt_xmalloc((size_t)g.E * sizeof(int64_t)), *g_copy = pt_xmalloc((size_t)(g.M + 1) * sizeof(int64_t));
+    int64_t *m_copy = xmalloc((size_t)g.E * sizeof(int64_t)), *g_copy = xmalloc((size_t)(g.M + 1) * sizeof(int64_t));
 
     enum defect d = want;
     const int needs_gather = g.opt.permute_x || g.opt.permute_y || g.weighted || g.opt.reduce_topk || op == GOP_DTOPK;

@@ -46,8 +46,8 @@ int64_t pt_allowed_experts(int kind, int64_t E, int64_t *list)
 
 void pt_gen_topk_ids(pt_source *src, int kind, int64_t T, int64_t k, int64_t E, int64_t *ids)
 {
-    int64_t *allowed = pt_xmalloc((size_t)E * sizeof(int64_t));
-    int64_t *pool = pt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *pool = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(kind, E, allowed);
     const int64_t favourite = kind == PT_ROUTE_ONE_EXPERT ? allowed[pt_draw(src, (uint64_t)(A - 1))] : -1;
     for (int64_t t = 0; t < T; t++) {
@@ -76,7 +76,7 @@ void pt_gen_topk_ids(pt_source *src, int kind, int64_t T, int64_t k, int64_t E, 
 
 void pt_stable_routing(int64_t M, int64_t E, const int64_t *ids, int64_t *m_sizes, int64_t *gather)
 {
-    int64_t *next = pt_xcalloc((size_t)E + 1, sizeof(int64_t));
+    int64_t *next = xcalloc((size_t)E + 1, sizeof(int64_t));
     for (int64_t e = 0; e < E; e++)
         m_sizes[e] = 0;
     for (int64_t s = 0; s < M; s++)

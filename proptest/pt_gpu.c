@@ -119,11 +119,11 @@ void pt_gpu_gemm(pt_case *c)
     void *old;
     void *init = gop_output(&g, op, &old);
     const size_t bytes = (size_t)gop_out_count(&g, op) * moe_dtype_size(gop_out_dtype(&g, op));
-    void *first = pt_xmalloc(bytes), *second = pt_xmalloc(bytes);
+    void *first = xmalloc(bytes), *second = xmalloc(bytes);
     if (gpu_run(c, &g, op, init, bytes, first)) {
         gop_check(c, &g, op, old, first, "gpu");
         if (g.dist == PT_DIST_EXACT) {
-            void *ref = pt_xmalloc(bytes);
+            void *ref = xmalloc(bytes);
             memcpy(ref, init, bytes);
             moe_status st = gop_call(&g, op, MOE_BACKEND_REF, ref);
             if (st != MOE_OK)

@@ -3,7 +3,7 @@
  * shape, routing and layout mode) runs moe_mlp_fwd then moe_mlp_bwd on the CUDA backend with device
  * copies of every array (the layout arrays too), and
  *   1. every call returns MOE_OK and moe_backend_synchronize reports no device-side error;
- *   2. every output, checkpoint and gradient lies within tests/mlp_testlib.c's float64 running-error
+ *   2. every output, checkpoint and gradient lies within testlib/mlp_bounds.c's float64 running-error
  *      bound of the analytic value (the bound any correct float32 implementation meets: specs/MLP.md
  *      "Error bound"), and within the sum of both bounds of the CPU reference's result of the same case
  *      (what proptest/test_gpu_mlp.c checks);
@@ -188,7 +188,7 @@ static int corrupt_layout(pt_case *c, const mt_case *m, int kind, int64_t *b2e, 
     }
     /* a (token, expert) pair twice: position q of a block of the same expert as position p gets p's token */
     const int64_t pad = m->opt.padding == MOE_MLP_PAD_ROW ? T : -1;
-    int64_t *cand = pt_xmalloc((size_t)NB * sizeof(int64_t));
+    int64_t *cand = xmalloc((size_t)NB * sizeof(int64_t));
     int64_t count = 0;
     for (int64_t p = 0; p < NB; p++) /* positions holding a token */
         if (ids[p] != pad)
@@ -239,7 +239,7 @@ static void expect_device_error(pt_case *c, moe_status st, const char *op, moe_s
 static void invalid_layout(pt_case *c, const mt_case *m, int kind)
 {
     const int64_t N = m->N, NB = m->N * m->B, H = m->H, I = m->I;
-    int64_t *b2e = pt_xmalloc((size_t)(N + 1) * sizeof(int64_t)), *ids = pt_xmalloc((size_t)(NB + 1) * sizeof(int64_t));
+    int64_t *b2e = xmalloc((size_t)(N + 1) * sizeof(int64_t)), *ids = xmalloc((size_t)(NB + 1) * sizeof(int64_t));
     memcpy(b2e, m->b2e, (size_t)N * sizeof(int64_t));
     memcpy(ids, m->ids, (size_t)NB * sizeof(int64_t));
     moe_status want = MOE_OK;
@@ -261,11 +261,11 @@ static void invalid_layout(pt_case *c, const mt_case *m, int kind)
     static const char *const out_names[OUTS] = {"out", "gate_up_ckpt_T", "down_ckpt", "d_hidden", "d_affinities",
                                                 "d_w_gu", "d_w_d"};
     void *host[OUTS], *dev[OUTS];
-    unsigned char *back = pt_xmalloc(b.x + b.cgu + b.cd + b.aff + b.g_wgu + b.g_wd + 1);
+    unsigned char *back = xmalloc(b.x + b.cgu + b.cd + b.aff + b.g_wgu + b.g_wd + 1);
     int ok = 1;
     gpu_case = c;
     for (int q = 0; q < OUTS; q++) {
-        host[q] = pt_xmalloc(sz[q] + 1);
+        host[q] = xmalloc(sz[q] + 1);
         oracle_poison(o.dtype, host[q], (int64_t)(sz[q] / es));
         dev[q] = up(host[q], sz[q], &ok);
     }

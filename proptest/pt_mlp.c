@@ -1,5 +1,5 @@
 /*
- * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from tests/mlp_testlib.c:
+ * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from testlib/mlp_bounds.c:
  * a float64 evaluation in running-error arithmetic, every intermediate quantity carrying a bound on the
  * error a correct float32, round-once implementation may have in it (the rules and their justification:
  * specs/MLP.md "Error bound"; how the fuzzer uses them: specs/PROPTEST.md).  On tiny cases the gradients
@@ -19,9 +19,6 @@
 
 static const int64_t block_sizes[] = {1, 2, 3, 4, 5, 8, 16, 128};
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-
 void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
 {
     pt_source *s = c->src;
@@ -29,7 +26,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     const int shape = pt_pick(s, 4);
     const int kind = pt_pick(s, PT_ROUTE_KINDS_FROM_TOPK);
     d->opt.dtype = (moe_dtype)pt_pick(s, 3);
-    d->opt.activation = (moe_mlp_activation)pt_pick(s, 4);
+    d->opt.activation = (moe_mlp_activation)pt_pick(s, MOE_MLP_ACTIVATION_COUNT);
     d->opt.affinity = (moe_mlp_affinity)pt_pick(s, 2);
     d->opt.bias = pt_bool(s);
     d->opt.padding = (moe_mlp_padding)pt_pick(s, 2);
@@ -66,7 +63,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
         break;
     }
     }
-    int64_t *allowed = pt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(kind, E, allowed);
     free(allowed);
     if (shape != 3)
@@ -74,19 +71,18 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     k = min64(k, A);
     d->opt.tensor_update_overwrite = overwrite && k == 1;
     d->T = T, d->E = E, d->k = k, d->H = H, d->I = I;
-    d->ids = pt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    d->ids = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     pt_gen_topk_ids(s, kind, T, k, E, d->ids);
     d->seed = pt_draw(s, 0xffffffffu);
     /* drawn last, so that the reproducers recorded before the option existed (a missing choice reads as
      * 0) still make the same cases; f32 ignores it (specs/MLP.md "Rounded intermediates") */
     d->opt.round_intermediates = pt_bool(s);
-    static const char *const acts[4] = {"silu", "gelu", "gelu_tanh", "swish"};
     static const char *const modes[3] = {"dropless", "dropping", "shuffled"};
     pt_describe(c, "%s T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s routing=%s %s affinity=%s%s pad=%s layout=%s "
                 "clamps=%x%s%s%s%s%s",
                 shape_name, (long long)T, (long long)E, (long long)k, (long long)H, (long long)I,
                 (long long)d->opt.block_size, moe_dtype_name(d->opt.dtype), pt_routing_kind_name(kind),
-                acts[d->opt.activation], d->opt.affinity ? "I" : "H", d->opt.bias ? " bias" : "",
+                moe_mlp_activation_name(d->opt.activation), d->opt.affinity ? "I" : "H", d->opt.bias ? " bias" : "",
                 d->opt.padding ? "row" : "skip", modes[d->layout_mode], d->clamp_mask,
                 d->opt.accumulate ? " accumulate" : "", d->opt.grad_fp32 ? " grad_fp32" : "",
                 d->opt.tensor_update_overwrite ? " overwrite" : "", d->down_ckpt_in_bwd ? "" : " no-down-ckpt",
@@ -149,7 +145,7 @@ void pt_mlp(pt_case *c)
     pt_mlp_build(&d, &d.opt, d.layout_mode, &m);
     /* f16/bf16: also every rounding of the spec in its exact place (checkpoints, round_intermediates,
      * outputs): MT_CHECK_EXACT_ROUNDING.  The finite differences assume |data| <= 1 (their third-
-     * derivative bound, tests/mlp_testlib.c): not for large values. */
+     * derivative bound, testlib/mlp_check.c): not for large values. */
     const int fd = fd_affordable(&m) && d.value_dist != MT_VALUES_LARGE;
     const int checks = MT_CHECK_BOUND | (fd ? MT_CHECK_FD : 0) | (m.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0);
     pt_mlp_describe_values(c, &m);
@@ -163,7 +159,7 @@ void pt_mlp(pt_case *c)
 static void empty_expert_zero_grads(pt_case *c, const mt_case *m, const mt_result *r)
 {
     const moe_dtype gdt = m->opt.grad_fp32 ? MOE_F32 : m->opt.dtype;
-    unsigned char *served = pt_xcalloc((size_t)m->E + 1, 1);
+    unsigned char *served = xcalloc((size_t)m->E + 1, 1);
     for (int64_t p = 0; p < m->N * m->B; p++)
         if (m->ids[p] >= 0 && m->ids[p] < m->T)
             served[m->b2e[p / m->B]] = 1;
@@ -199,7 +195,7 @@ static void relabel_relation(pt_case *c, const pt_mlp_draw *d, const mt_case *m1
                              int checks, const char *name)
 {
     const int64_t n = tokens ? m1->T : m1->E;
-    int64_t *perm = pt_xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    int64_t *perm = xmalloc((size_t)(n + 1) * sizeof(int64_t));
     pt_permutation(c->src, n, perm);
     int64_t moved = 0;
     for (int64_t i = 0; i < n; i++)

@@ -1,6 +1,6 @@
 /*
  * The MLP case generator of pt_mlp.c, shared by the CPU ops (mlp, mlp-meta) and the GPU op gpu-mlp
- * (pt_gpu_mlp.c).  The case and its float64 bound come from tests/mlp_testlib.c.
+ * (pt_gpu_mlp.c).  The case and its float64 bound come from testlib/mlp_testlib.h.
  */
 #ifndef LIBMOE_PT_MLP_H
 #define LIBMOE_PT_MLP_H

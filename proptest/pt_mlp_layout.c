@@ -31,8 +31,6 @@
 
 static const int64_t layout_block_sizes[] = {1, 2, 3, 4, 5, 8, 16, 128};
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 /* The reference's moe_mlp_layout_build_on on host arrays (the default pt_layout_build_on_fn). */
 static moe_status ref_build_on(pt_case *c, const pt_layout_call *call, int64_t *b2e, int64_t *ids, void *aff,
                                int64_t *dropped, int64_t *used)
@@ -148,20 +146,20 @@ void pt_mlp_layout_with(pt_case *c, pt_layout_build_on_fn build_on)
     const int64_t extra = pt_int(s, 0, 2);
     const int64_t B = call.opt.block_size;
     int64_t E = pt_sized(s, 1, 300), T = pt_sized(s, 0, 600);
-    int64_t *allowed = pt_xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(routing_kind, E, allowed);
     free(allowed);
     const int64_t k = min64(A, pt_int(s, 1, 8));
     if (bad && T == 0)
         T = 1;
     call.T = T, call.k = k, call.E = E;
-    int64_t *topk = pt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+    int64_t *topk = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
     pt_gen_topk_ids(s, routing_kind, T, k, E, topk);
     call.topk_ids = topk;
     const size_t es = moe_dtype_size(call.opt.dtype);
     void *tw = NULL;
     if (weighted) {
-        tw = pt_xmalloc((size_t)(T * k + 1) * es);
+        tw = xmalloc((size_t)(T * k + 1) * es);
         for (int64_t i = 0; i < T * k * (int64_t)es; i++) /* any bits: they are copied, never computed with */
             ((unsigned char *)tw)[i] = (unsigned char)(pt_draw(s, 255) ^ (uint64_t)(i * 37));
     }
@@ -184,8 +182,8 @@ void pt_mlp_layout_with(pt_case *c, pt_layout_build_on_fn build_on)
     call.capacity = max_blocks + extra;
     const int64_t cap = call.capacity > 0 ? call.capacity : 1;
     int64_t want_N = 0, want_dropped = 0;
-    int64_t *want_b2e = pt_xmalloc((size_t)cap * sizeof(int64_t)), *want_ids = pt_xmalloc((size_t)(cap * B) * sizeof(int64_t));
-    unsigned char *want_aff = weighted ? pt_xmalloc((size_t)(T * E + 1) * es) : NULL;
+    int64_t *want_b2e = xmalloc((size_t)cap * sizeof(int64_t)), *want_ids = xmalloc((size_t)(cap * B) * sizeof(int64_t));
+    unsigned char *want_aff = weighted ? xmalloc((size_t)(T * E + 1) * es) : NULL;
     model_layout(&call, B, cap, &want_N, want_b2e, want_ids, want_aff, &want_dropped);
     if (want_N > max_blocks)
         pt_fail(c, "layout-max-blocks", "max_blocks %lld is below this routing's %lld blocks", (long long)max_blocks,
@@ -194,8 +192,8 @@ void pt_mlp_layout_with(pt_case *c, pt_layout_build_on_fn build_on)
 
     /* the outputs, filled with a marker: a refused call must leave every byte of them */
     const size_t aff_bytes = (size_t)(T * E) * es;
-    int64_t *b2e = pt_xmalloc((size_t)cap * sizeof(int64_t)), *ids = pt_xmalloc((size_t)(cap * B) * sizeof(int64_t));
-    unsigned char *aff = weighted ? pt_xmalloc(aff_bytes + 1) : NULL;
+    int64_t *b2e = xmalloc((size_t)cap * sizeof(int64_t)), *ids = xmalloc((size_t)(cap * B) * sizeof(int64_t));
+    unsigned char *aff = weighted ? xmalloc(aff_bytes + 1) : NULL;
     int64_t dropped = -7, used = -7, N = -7;
     memset(b2e, 0x5a, (size_t)cap * sizeof(int64_t));
     memset(ids, 0x5a, (size_t)(cap * B) * sizeof(int64_t));
@@ -203,7 +201,7 @@ void pt_mlp_layout_with(pt_case *c, pt_layout_build_on_fn build_on)
         memset(aff, 0x5a, aff_bytes);
 
     if (bad) {
-        int64_t *bad_topk = pt_xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
+        int64_t *bad_topk = xmalloc((size_t)(T * k + 1) * sizeof(int64_t));
         memcpy(bad_topk, topk, (size_t)(T * k) * sizeof(int64_t));
         pt_layout_call bad_call = call;
         bad_call.topk_ids = bad_topk;

@@ -14,6 +14,7 @@
 #include "moe.h"
 #include "moe_backend.h"
 #include "oracle.h"
+#include "alloc.h"
 #include "gpu_check.h"
 
 #include <cuda_runtime_api.h>
@@ -73,7 +74,7 @@ static moe_status plain_call(const tune_case *c, const moe_routing *r, const voi
 static int count_lines(const char *path)
 {
     FILE *f = fopen(path, "r");
-    CHECK(f != NULL, "cannot read %s", path);
+    REQUIRE(f != NULL, "cannot read %s", path);
     int lines = 0, ch;
     while ((ch = fgetc(f)) != EOF)
         lines += ch == '\n';
@@ -92,7 +93,7 @@ int main(int argc, char **argv)
     oracle_rng rng = {seed};
     char cache[] = "/tmp/libmoe-autotune-XXXXXX";
     const int fd = mkstemp(cache);
-    CHECK(fd >= 0, "mkstemp failed");
+    REQUIRE(fd >= 0, "mkstemp failed");
     close(fd);
     moe_gemm_autotune_clear();
     int tunings = 0;
@@ -102,7 +103,7 @@ int main(int argc, char **argv)
         int64_t *ids = xmalloc((size_t)M * 8), *m_sizes = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
         for (int64_t i = 0; i < M; i++) /* skewed: expert 0 gets about a quarter of the rows */
             ids[i] = oracle_rng_below(&rng, 4) == 0 ? 0 : (int64_t)oracle_rng_below(&rng, (uint64_t)E);
-        CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
         const moe_routing host_routing = {T, k, E, m_sizes, gather};
         int64_t *dev_sizes = to_device(m_sizes, (size_t)E * 8), *dev_gather = to_device(gather, (size_t)M * 8);
         const moe_routing dev_routing = {T, k, E, dev_sizes, dev_gather};
@@ -133,22 +134,22 @@ int main(int argc, char **argv)
         /* the heuristic's plan, before any tuning of this key */
         moe_tune_key key;
         moe_tune_choice heuristic, planned;
-        CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_cuda_tune_last(&key, &heuristic), "%s: no plan recorded", c->name);
+        REQUIRE(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_cuda_tune_last(&key, &heuristic), "%s: no plan recorded", c->name);
         /* 16-bit inputs, and f32 with allow_tf32, with N, K multiples of 8 always have a tensor-core kernel,
          * weighted dW included */
-        CHECK((c->dtype == MOE_F32 && !c->allow_tf32) || heuristic.kernel != MOE_TUNE_SIMT,
-              "%s: planned on the SIMT kernel", c->name);
+        REQUIRE((c->dtype == MOE_F32 && !c->allow_tf32) || heuristic.kernel != MOE_TUNE_SIMT,
+                "%s: planned on the SIMT kernel", c->name);
 
         /* 1. tune: out holds a correct result */
         CUDA_CHECK(cudaMemset(dev_out, 0xff, out_bytes)); /* NaN poison */
         moe_gemm_tuning chosen;
         moe_status st = moe_gemm_autotune(c->op, &dev_routing, N, K, dev_a, dev_b, dev_tw, dev_out, &o, 3, cache,
                                           &chosen);
-        CHECK(st == MOE_OK, "%s: autotune: %s (%s)", c->name, moe_strerror(st), moe_last_error());
+        REQUIRE(st == MOE_OK, "%s: autotune: %s (%s)", c->name, moe_strerror(st), moe_last_error());
         tunings++;
-        CHECK(chosen.candidates >= 1 && chosen.median_us > 0.0, "%s: %d candidates, %.3f us", c->name,
-              chosen.candidates, chosen.median_us);
+        REQUIRE(chosen.candidates >= 1 && chosen.median_us > 0.0, "%s: %d candidates, %.3f us", c->name,
+                chosen.candidates, chosen.median_us);
         printf("%-32s %d candidates; chosen %s rows %d cluster %d tma_store %d dw_pingpong %d: %.1f us (heuristic: "
                "%s rows %d cluster %d tma_store %d dw_pingpong %d)\n", c->name, chosen.candidates, chosen.kernel,
                chosen.tile_rows, chosen.cluster, chosen.tma_store, chosen.dw_pingpong, chosen.median_us,
@@ -164,45 +165,45 @@ int main(int argc, char **argv)
         else
             oracle_gemm_dw_split(hr, N, K, a, b, c->weights ? tw : NULL, NULL, &o, value, bound);
         const int64_t bad = oracle_compare(c->name, out_dtype, out, value, bound, out_count, stderr, 5, NULL);
-        CHECK(bad == 0, "%s: %lld elements of the tuned call outside the oracle's bound", c->name, (long long)bad);
+        REQUIRE(bad == 0, "%s: %lld elements of the tuned call outside the oracle's bound", c->name, (long long)bad);
 
         /* 2. a plain call now plans the tuned configuration, bit for bit the same output */
         CUDA_CHECK(cudaMemset(dev_out, 0xff, out_bytes));
-        CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_cuda_tune_last(&key, &planned) && same_plan(&planned, &chosen), "%s: the tuned choice is not used",
-              c->name);
+        REQUIRE(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_cuda_tune_last(&key, &planned) && same_plan(&planned, &chosen), "%s: the tuned choice is not used",
+                c->name);
         CUDA_CHECK(cudaMemcpy(again, dev_out, out_bytes, cudaMemcpyDeviceToHost));
-        CHECK(memcmp(out, again, out_bytes) == 0, "%s: the tuned plain call differs from the tuning's result", c->name);
+        REQUIRE(memcmp(out, again, out_bytes) == 0, "%s: the tuned plain call differs from the tuning's result", c->name);
 
         /* 3. clear -> heuristic; load -> tuned */
         moe_gemm_autotune_clear();
-        CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
-              "%s: after clear the heuristic's plan is not back", c->name);
-        CHECK(moe_gemm_autotune_load(cache) == MOE_OK, "load: %s", moe_last_error());
-        CHECK(count_lines(cache) == tunings, "%s: %d lines in the cache after %d tunings", c->name, count_lines(cache),
-              tunings);
-        CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-        CHECK(moe_cuda_tune_last(&key, &planned) && same_plan(&planned, &chosen), "%s: the loaded choice is not used",
-              c->name);
+        REQUIRE(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
+                "%s: after clear the heuristic's plan is not back", c->name);
+        REQUIRE(moe_gemm_autotune_load(cache) == MOE_OK, "load: %s", moe_last_error());
+        REQUIRE(count_lines(cache) == tunings, "%s: %d lines in the cache after %d tunings", c->name, count_lines(cache),
+                tunings);
+        REQUIRE(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_cuda_tune_last(&key, &planned) && same_plan(&planned, &chosen), "%s: the loaded choice is not used",
+                c->name);
 
         /* 4. a "simt" entry for the key (as an older libmoe recorded for weighted f16 dW, or a tuning of a
          *    call whose tensors were not 16-byte aligned) leaves the call to the heuristic's tensor-core plan */
         if (heuristic.kernel != MOE_TUNE_SIMT) {
             char simt_path[] = "/tmp/libmoe-autotune-simt-XXXXXX", line[600];
             const int simt_fd = mkstemp(simt_path);
-            CHECK(simt_fd >= 0, "mkstemp failed");
+            REQUIRE(simt_fd >= 0, "mkstemp failed");
             const moe_tune_choice simt = {MOE_TUNE_SIMT, 64, 1, 0, 0, 1.0};
             moe_tune_format_line(&key, &simt, line, sizeof line);
             FILE *f = fdopen(simt_fd, "w");
-            CHECK(f != NULL && fprintf(f, "%s\n", line) > 0 && fclose(f) == 0, "cannot write %s", simt_path);
-            CHECK(moe_gemm_autotune_load(simt_path) == MOE_OK, "load %s: %s", simt_path, moe_last_error());
+            REQUIRE(f != NULL && fprintf(f, "%s\n", line) > 0 && fclose(f) == 0, "cannot write %s", simt_path);
+            REQUIRE(moe_gemm_autotune_load(simt_path) == MOE_OK, "load %s: %s", simt_path, moe_last_error());
             unlink(simt_path);
-            CHECK(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
-            CHECK(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
-                  "%s: a simt entry moved the call off the heuristic's plan (to %s)", c->name,
-                  planned.kernel == MOE_TUNE_SIMT ? "simt" : "another tensor-core plan");
+            REQUIRE(plain_call(c, &dev_routing, dev_a, dev_b, dev_tw, dev_out, &o) == MOE_OK, "%s", moe_last_error());
+            REQUIRE(moe_cuda_tune_last(&key, &planned) && same_choice(&planned, &heuristic),
+                    "%s: a simt entry moved the call off the heuristic's plan (to %s)", c->name,
+                    planned.kernel == MOE_TUNE_SIMT ? "simt" : "another tensor-core plan");
         }
 
         /* 5. an invalid routing (sizes that do not add up) on the device */
@@ -213,9 +214,9 @@ int main(int argc, char **argv)
             int64_t *dev_bad = to_device(bad_sizes, (size_t)E * 8);
             const moe_routing bad_routing = {T, k, E, dev_bad, dev_gather};
             st = moe_gemm_autotune(c->op, &bad_routing, N, K, dev_a, dev_b, dev_tw, dev_out, &o, 2, NULL, NULL);
-            CHECK(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), "moe_gemm_autotune:") != NULL &&
-                      strstr(moe_last_error(), "m_sizes") != NULL,
-                  "bad routing: %s (%s)", moe_strerror(st), moe_last_error());
+            REQUIRE(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), "moe_gemm_autotune:") != NULL &&
+                        strstr(moe_last_error(), "m_sizes") != NULL,
+                    "bad routing: %s (%s)", moe_strerror(st), moe_last_error());
             CUDA_CHECK(cudaFree(dev_bad));
             free(bad_sizes);
         }

@@ -26,6 +26,7 @@
  * Outputs are poisoned with NaN before every call.  usage: test_gpu_gemm [--large] [seed] [trials] */
 #include "moe.h"
 #include "oracle.h"
+#include "alloc.h"
 #include "gpu_check.h"
 
 #include <cuda_runtime_api.h>
@@ -94,7 +95,7 @@ static void large_offsets(oracle_rng *rng)
     int64_t *ids = xmalloc((size_t)M * 8), m_sizes[64], *gather = xmalloc((size_t)M * 8);
     for (int64_t t = 0; t < T; t++)
         ids[t * k] = E - 2, ids[t * k + 1] = E - 1;
-    CHECK(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+    REQUIRE(moe_routing_from_topk(T, k, E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
     uint16_t *x = xmalloc((size_t)(M * K) * 2), *dy = xmalloc((size_t)(M * N) * 2);
     oracle_fill(rng, MOE_BF16, x, M * K, 0);
     oracle_fill(rng, MOE_BF16, dy, M * N, 0);
@@ -125,7 +126,7 @@ static void large_offsets(oracle_rng *rng)
                                  : moe_gemm_dw(MOE_BACKEND_CUDA, &r, N, K, dev_x, dev_dy, NULL, dev_out, &o);
         if (st == MOE_OK)
             st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
-        CHECK(st == MOE_OK, "large %s: %s", op_names[op], moe_last_error());
+        REQUIRE(st == MOE_OK, "large %s: %s", op_names[op], moe_last_error());
         double worst = 0;
         for (int sample = 0; sample < 3000; sample++) {
             int64_t row, col, e, out_index;
@@ -168,8 +169,8 @@ static void large_offsets(oracle_rng *rng)
             const double bound = oracle_gamma(length) * magnitude +
                                  oracle_output_rounding(MOE_BF16, (sum < 0 ? -sum : sum) + oracle_gamma(length) * magnitude) +
                                  (double)length * 0x1p-52 * magnitude;
-            CHECK(err <= bound, "large %s: element %lld (row %lld col %lld expert %lld): got %.9g want %.17g bound %.3g",
-                  op_names[op], (long long)out_index, (long long)row, (long long)col, (long long)e, got, sum, bound);
+            REQUIRE(err <= bound, "large %s: element %lld (row %lld col %lld expert %lld): got %.9g want %.17g bound %.3g",
+                    op_names[op], (long long)out_index, (long long)row, (long long)col, (long long)e, got, sum, bound);
             if (err / bound > worst)
                 worst = err / bound;
         }
@@ -198,18 +199,18 @@ static void pick_sm90_variant(int i)
     unsetenv("MOE_SM90_DYNAMIC");
     unsetenv("MOE_SM90_FULL_BLOCKS");
     if (i % 4 == 1 || i % 4 == 3)
-        CHECK(setenv("MOE_SM90_DYNAMIC", i / 4 % 2 == 0 ? "1" : "0", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_DYNAMIC", i / 4 % 2 == 0 ? "1" : "0", 1) == 0, "setenv failed");
     if ((i % 4 == 1 || i % 4 == 3) && i / 8 % 2 == 1)
-        CHECK(setenv("MOE_SM90_FULL_BLOCKS", "1", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_FULL_BLOCKS", "1", 1) == 0, "setenv failed");
     if (i % 4 == 1 || i % 4 == 2)
-        CHECK(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 4 == 1 ? "1" : "2", 1) == 0,
-              "setenv failed");
+        REQUIRE(setenv("MOE_SM90_TILE_ROWS", "128", 1) == 0 && setenv("MOE_SM90_CLUSTER", i % 4 == 1 ? "1" : "2", 1) == 0,
+                "setenv failed");
     else if (i % 4 == 3)
-        CHECK(setenv("MOE_SM90_TILE_ROWS", "256", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_TILE_ROWS", "256", 1) == 0, "setenv failed");
     if (i % 2 == 1)
-        CHECK(setenv("MOE_SM90_DW_PINGPONG", "0", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_DW_PINGPONG", "0", 1) == 0, "setenv failed");
     if (i % 4 == 3)
-        CHECK(setenv("MOE_SM90_DW_WIDE", "0", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_DW_WIDE", "0", 1) == 0, "setenv failed");
 }
 
 /* Property 6: many experts (up to 3000: the device's size check scans 1024 experts per round).  Valid
@@ -281,7 +282,7 @@ static void many_experts(oracle_rng *rng, int cases, int cycle_variants)
         o.permute_x = (int)oracle_rng_below(rng, 2);
         char want[160];
         expected_size_error(m, E, M, want, sizeof want);
-        CHECK((kind < 2) == (want[0] == '\0'), "case %d: kind %d but the walk says '%s'", c, kind, want);
+        REQUIRE((kind < 2) == (want[0] == '\0'), "case %d: kind %d but the walk says '%s'", c, kind, want);
         const size_t out_bytes = (size_t)(M * (N > K ? N : K)) * 2;
         uint16_t *poison = xmalloc(out_bytes), *got = xmalloc(out_bytes), *ref = xmalloc(out_bytes);
         oracle_poison(MOE_BF16, poison, M * (N > K ? N : K));
@@ -290,24 +291,24 @@ static void many_experts(oracle_rng *rng, int cases, int cycle_variants)
             CUDA_CHECK(cudaMemcpy(dev_out, poison, out_bytes, cudaMemcpyHostToDevice));
             moe_status st = op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_w, NULL, dev_out, &o)
                                       : moe_gemm_dx(MOE_BACKEND_CUDA, &dev, N, K, dev_dy, dev_w, NULL, dev_out, &o);
-            CHECK(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
+            REQUIRE(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
             st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
             to_host(got, dev_out, out_bytes);
             if (want[0] != '\0') {
-                CHECK(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), want) != NULL,
-                      "case %d %s (E=%lld M=%lld kind %d): got %s '%s', expected '%s'", c, op_names[op], (long long)E,
-                      (long long)M, kind, moe_strerror(st), moe_last_error(), want);
-                CHECK(memcmp(got, poison, out_bytes) == 0, "case %d %s: an invalid routing wrote output", c, op_names[op]);
+                REQUIRE(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), want) != NULL,
+                        "case %d %s (E=%lld M=%lld kind %d): got %s '%s', expected '%s'", c, op_names[op], (long long)E,
+                        (long long)M, kind, moe_strerror(st), moe_last_error(), want);
+                REQUIRE(memcmp(got, poison, out_bytes) == 0, "case %d %s: an invalid routing wrote output", c, op_names[op]);
                 continue;
             }
-            CHECK(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
+            REQUIRE(st == MOE_OK, "case %d %s: %s", c, op_names[op], moe_last_error());
             memcpy(ref, poison, out_bytes);
             st = op == FWD ? moe_gemm_fwd(MOE_BACKEND_REF, &host, N, K, x, w, NULL, ref, &o)
                            : moe_gemm_dx(MOE_BACKEND_REF, &host, N, K, dy, w, NULL, ref, &o);
-            CHECK(st == MOE_OK, "case %d %s (reference): %s", c, op_names[op], moe_last_error());
-            CHECK(memcmp(got, ref, (size_t)(M * (op == FWD ? N : K)) * 2) == 0,
-                  "case %d %s (E=%lld M=%lld): GPU differs from the reference on exact data", c, op_names[op],
-                  (long long)E, (long long)M);
+            REQUIRE(st == MOE_OK, "case %d %s (reference): %s", c, op_names[op], moe_last_error());
+            REQUIRE(memcmp(got, ref, (size_t)(M * (op == FWD ? N : K)) * 2) == 0,
+                    "case %d %s (E=%lld M=%lld): GPU differs from the reference on exact data", c, op_names[op],
+                    (long long)E, (long long)M);
         }
         valid += want[0] == '\0';
         defects += want[0] != '\0';
@@ -348,7 +349,7 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         int64_t *ids = xmalloc((size_t)M * 8), m[8] = {0}, *gather = xmalloc((size_t)M * 8);
         for (int64_t s = 0; s < M; s++)
             ids[s] = (int64_t)oracle_rng_below(rng, (uint64_t)E);
-        CHECK(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
         const int64_t bad = (int64_t)oracle_rng_below(rng, (uint64_t)E);
         int64_t first = 0;
         for (int64_t e = 0; e < bad; e++)
@@ -366,8 +367,8 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         void *poison = xmalloc(bytes), *clean = xmalloc(bytes), *dirty = xmalloc(bytes);
         oracle_poison(o.dw_fp32 ? MOE_F32 : dtype, poison, count);
         void *dev_out = to_device(poison, bytes);
-        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
-              moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
+        REQUIRE(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
+                moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
         to_host(clean, dev_out, bytes);
         poison_rows(dtype, dy, first, m[bad], N, rng);
         if (!o.permute_x)
@@ -375,20 +376,20 @@ static void dw_isolation(oracle_rng *rng, int cases, int cycle_variants, const c
         CUDA_CHECK(cudaMemcpy(dev_dy, dy, (size_t)(M * N) * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(dev_x, x, (size_t)(x_rows * K) * 2, cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(dev_out, poison, bytes, cudaMemcpyHostToDevice));
-        CHECK(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
-              moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
+        REQUIRE(moe_gemm_dw(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_dy, dev_tw, dev_out, &o) == MOE_OK &&
+                moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "dw isolation case %d: %s", c, moe_last_error());
         to_host(dirty, dev_out, bytes);
         const size_t slab = (size_t)(N * K) * es;
         for (int64_t e = 0; e < E; e++) {
             if (e == bad)
                 continue;
-            CHECK(memcmp((char *)clean + e * slab, (char *)dirty + e * slab, slab) == 0,
-                  "FAIL dw isolation: Inf/NaN in the rows of expert %lld changed dW of expert %lld\n"
-                  "  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d dw_fp32=%d weighted=%d "
-                  "m_sizes[%lld]=%lld\n  replay: %s %llu %d",
-                  (long long)bad, (long long)e, c, (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
-                  moe_dtype_name(dtype), o.permute_x, o.dw_fp32, weighted, (long long)e, (long long)m[e], argv0,
-                  (unsigned long long)seed, trials);
+            REQUIRE(memcmp((char *)clean + e * slab, (char *)dirty + e * slab, slab) == 0,
+                    "FAIL dw isolation: Inf/NaN in the rows of expert %lld changed dW of expert %lld\n"
+                    "  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d dw_fp32=%d weighted=%d "
+                    "m_sizes[%lld]=%lld\n  replay: %s %llu %d",
+                    (long long)bad, (long long)e, c, (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
+                    moe_dtype_name(dtype), o.permute_x, o.dw_fp32, weighted, (long long)e, (long long)m[e], argv0,
+                    (unsigned long long)seed, trials);
         }
         checked++;
         CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_dy));
@@ -420,7 +421,7 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants, const cha
         const int weighted = (int)oracle_rng_below(rng, 2);
         int64_t *ids = xmalloc((size_t)M * 8), *m = xmalloc((size_t)E * 8), *gather = xmalloc((size_t)M * 8);
         oracle_topk_ids(rng, T, k, E, ids);
-        CHECK(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_routing_from_topk(T, k, E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
         uint16_t *x = xmalloc((size_t)(M * K) * 2), *w = xmalloc((size_t)(E * N * K) * 2);
         uint16_t *dy = xmalloc((size_t)(M * N) * 2), *tw = xmalloc((size_t)M * 2);
         oracle_fill(rng, dtype, x, M * K, 0);
@@ -437,13 +438,13 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants, const cha
         for (int op = FWD; op <= DX; op++) {
             for (int probe = 0; probe < 2; probe++) {
                 if (probe)
-                    CHECK(setenv("MOE_SM90_SKIP", "32", 1) == 0, "setenv failed");
+                    REQUIRE(setenv("MOE_SM90_SKIP", "32", 1) == 0, "setenv failed");
                 CUDA_CHECK(cudaMemcpy(dev_out, poison, bytes, cudaMemcpyHostToDevice));
                 const moe_status st =
                     op == FWD ? moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, dev_x, dev_w, dev_tw, dev_out, &o)
                               : moe_gemm_dx(MOE_BACKEND_CUDA, &dev, N, K, dev_dy, dev_w, dev_tw, dev_out, &o);
-                CHECK(st == MOE_OK && moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK,
-                      "race probe case %d %s: %s", c, op_names[op], moe_last_error());
+                REQUIRE(st == MOE_OK && moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK,
+                        "race probe case %d %s: %s", c, op_names[op], moe_last_error());
                 unsetenv("MOE_SM90_SKIP");
                 to_host(probe ? probed : plain, dev_out, bytes);
             }
@@ -453,13 +454,13 @@ static void race_probe(oracle_rng *rng, int cases, int cycle_variants, const cha
                 if (plain[i] != probed[i])
                     first_difference = i;
             const int64_t cols = op == FWD ? N : K;
-            CHECK(first_difference < 0,
-                  "FAIL race probe: %s with a late second warpgroup differs from the plain run at element %lld (row "
-                  "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d permute_x=%d\n"
-                  "  replay: %s %llu %d",
-                  op_names[op], (long long)first_difference, (long long)(first_difference / cols),
-                  (long long)(first_difference % cols), c, (long long)T, (long long)k, (long long)E, (long long)N,
-                  (long long)K, moe_dtype_name(dtype), weighted, o.permute_x, argv0, (unsigned long long)seed, trials);
+            REQUIRE(first_difference < 0,
+                    "FAIL race probe: %s with a late second warpgroup differs from the plain run at element %lld (row "
+                    "%lld col %lld)\n  case %d: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s weighted=%d permute_x=%d\n"
+                    "  replay: %s %llu %d",
+                    op_names[op], (long long)first_difference, (long long)(first_difference / cols),
+                    (long long)(first_difference % cols), c, (long long)T, (long long)k, (long long)E, (long long)N,
+                    (long long)K, moe_dtype_name(dtype), weighted, o.permute_x, argv0, (unsigned long long)seed, trials);
         }
         CUDA_CHECK(cudaFree(dev_out)); CUDA_CHECK(cudaFree(dev_x)); CUDA_CHECK(cudaFree(dev_w));
         CUDA_CHECK(cudaFree(dev_dy)); CUDA_CHECK(cudaFree(dev_tw));
@@ -517,7 +518,7 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
     p.opt.permute_y = tc->permute_y;
     int64_t *ids = xmalloc((size_t)p.M * 8), *m = xmalloc((size_t)p.E * 8), *gather = xmalloc((size_t)p.M * 8);
     oracle_topk_ids(rng, p.T, tc->k, p.E, ids);
-    CHECK(moe_routing_from_topk(p.T, tc->k, p.E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
+    REQUIRE(moe_routing_from_topk(p.T, tc->k, p.E, ids, m, gather, NULL) == MOE_OK, "%s", moe_last_error());
     p.routing = (moe_routing){p.T, tc->k, p.E, m, gather};
     p.dev_routing = (moe_routing){p.T, tc->k, p.E, to_device(m, (size_t)p.E * 8), to_device(gather, (size_t)p.M * 8)};
     p.x = xmalloc((size_t)(p.M * p.K) * 2), p.w = xmalloc((size_t)(p.E * p.N * p.K) * 2), p.dy = xmalloc((size_t)(p.M * p.N) * 2);
@@ -527,7 +528,7 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
     p.dev_x = to_device(p.x, (size_t)(p.M * p.K) * 2), p.dev_w = to_device(p.w, (size_t)(p.E * p.N * p.K) * 2);
     p.dev_dy = to_device(p.dy, (size_t)(p.M * p.N) * 2);
     if (tc->env)
-        CHECK(setenv(tc->env, tc->value, 1) == 0, "setenv failed");
+        REQUIRE(setenv(tc->env, tc->value, 1) == 0, "setenv failed");
     for (int op = 0; op < OPS; op++) {
         if (!(tc->ops & 1u << op))
             continue;
@@ -540,19 +541,19 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
         moe_status st = call(&p, op, MOE_BACKEND_CUDA, dev_out);
         if (st == MOE_OK)
             st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
-        CHECK(st == MOE_OK, "thresholds: %s: %s: %s", tc->what, op_names[op], moe_last_error());
+        REQUIRE(st == MOE_OK, "thresholds: %s: %s: %s", tc->what, op_names[op], moe_last_error());
         to_host(gpu, dev_out, bytes);
         memcpy(ref, poison, bytes);
-        CHECK(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "thresholds: %s: %s (reference): %s", tc->what,
-              op_names[op], moe_last_error());
+        REQUIRE(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "thresholds: %s: %s (reference): %s", tc->what,
+                op_names[op], moe_last_error());
         int64_t first = -1;
         const size_t es = moe_dtype_size(out_dtype(&p, op));
         for (int64_t i = 0; i < count && first < 0; i++)
             if (memcmp((char *)gpu + (size_t)i * es, (char *)ref + (size_t)i * es, es) != 0)
                 first = i;
-        CHECK(first < 0, "FAIL thresholds: %s: %s differs from the reference on exact data at element %lld: %.9g vs %.9g",
-              tc->what, op_names[op], (long long)first, oracle_load(out_dtype(&p, op), gpu, first),
-              oracle_load(out_dtype(&p, op), ref, first));
+        REQUIRE(first < 0, "FAIL thresholds: %s: %s differs from the reference on exact data at element %lld: %.9g vs %.9g",
+                tc->what, op_names[op], (long long)first, oracle_load(out_dtype(&p, op), gpu, first),
+                oracle_load(out_dtype(&p, op), ref, first));
         CUDA_CHECK(cudaFree(dev_out));
         free(poison), free(gpu), free(ref);
     }
@@ -590,16 +591,16 @@ static void thresholds(oracle_rng *rng, int automatic)
         void *y = to_device(poison, sizeof poison);
         moe_gemm_options o = {0};
         o.dtype = MOE_BF16;
-        CHECK(setenv("MOE_SM90_TMA_MAX_DIM", "128", 1) == 0 && setenv("MOE_CUDA_KERNEL", "sm90", 1) == 0, "setenv failed");
+        REQUIRE(setenv("MOE_SM90_TMA_MAX_DIM", "128", 1) == 0 && setenv("MOE_CUDA_KERNEL", "sm90", 1) == 0, "setenv failed");
         const moe_status st = moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, x, w, NULL, y, &o);
         unsetenv("MOE_SM90_TMA_MAX_DIM");
         unsetenv("MOE_CUDA_KERNEL");
-        CHECK(st == MOE_ERR_DEVICE && strstr(moe_last_error(), "TMA descriptors were refused") != NULL,
-              "FAIL thresholds: MOE_CUDA_KERNEL=sm90 with W past the TMA limit gave %s (%s), expected the refusal",
-              moe_strerror(st), moe_last_error());
-        CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(st == MOE_ERR_DEVICE && strstr(moe_last_error(), "TMA descriptors were refused") != NULL,
+                "FAIL thresholds: MOE_CUDA_KERNEL=sm90 with W past the TMA limit gave %s (%s), expected the refusal",
+                moe_strerror(st), moe_last_error());
+        REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
         to_host(back, y, sizeof back);
-        CHECK(memcmp(back, poison, sizeof back) == 0, "FAIL thresholds: the refused call wrote its output");
+        REQUIRE(memcmp(back, poison, sizeof back) == 0, "FAIL thresholds: the refused call wrote its output");
         CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
         CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(y));
     }
@@ -647,7 +648,7 @@ int main(int argc, char **argv)
         if (cycle_variants)
             pick_sm90_variant(trial);
         if (cycle_family && trial % 3 == 2) {
-            CHECK(setenv("MOE_CUDA_KERNEL", "sm80", 1) == 0, "setenv failed");
+            REQUIRE(setenv("MOE_CUDA_KERNEL", "sm80", 1) == 0, "setenv failed");
             sm80_trials++;
         } else if (cycle_family) {
             unsetenv("MOE_CUDA_KERNEL");
@@ -673,7 +674,7 @@ int main(int argc, char **argv)
             int64_t e = (int64_t)oracle_rng_below(&rng, (uint64_t)p.E);
             ids[s] = skew == 1 ? p.E - 1 : skew == 2 ? e & ~(int64_t)1 : e;
         }
-        CHECK(moe_routing_from_topk(p.T, k, p.E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
+        REQUIRE(moe_routing_from_topk(p.T, k, p.E, ids, m_sizes, gather, NULL) == MOE_OK, "%s", moe_last_error());
         p.routing = (moe_routing){p.T, k, p.E, m_sizes, gather};
         p.dev_routing = (moe_routing){p.T, k, p.E, to_device(m_sizes, (size_t)p.E * 8), to_device(gather, (size_t)p.M * 8)};
 
@@ -705,12 +706,12 @@ int main(int argc, char **argv)
             moe_status st = call(&p, op, MOE_BACKEND_CUDA, dev_out);
             if (st == MOE_OK)
                 st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
-            CHECK(st == MOE_OK, "trial %d %s: %s", trial, op_names[op], moe_last_error());
+            REQUIRE(st == MOE_OK, "trial %d %s: %s", trial, op_names[op], moe_last_error());
             to_host(gpu, dev_out, bytes);
             /* determinism: the same call on the same old contents */
             CUDA_CHECK(cudaMemcpy(dev_out, old, bytes, cudaMemcpyHostToDevice));
-            CHECK(call(&p, op, MOE_BACKEND_CUDA, dev_out) == MOE_OK, "%s", moe_last_error());
-            CHECK(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+            REQUIRE(call(&p, op, MOE_BACKEND_CUDA, dev_out) == MOE_OK, "%s", moe_last_error());
+            REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
             to_host(again, dev_out, bytes);
 
             double *value = xmalloc((size_t)count * 8 + 8), *bound = xmalloc((size_t)count * 8 + 8);
@@ -721,17 +722,17 @@ int main(int argc, char **argv)
             int differs_exact = 0;
             if (distribution == 1) { /* exact data: bit for bit the reference */
                 memcpy(ref, old, bytes);
-                CHECK(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "%s", moe_last_error());
+                REQUIRE(call(&p, op, MOE_BACKEND_REF, ref) == MOE_OK, "%s", moe_last_error());
                 differs_exact = memcmp(gpu, ref, bytes) != 0;
             }
-            CHECK(bad == 0 && !nondeterministic && !differs_exact,
-                  "FAIL %s: %lld outside bound, nondeterministic=%d, differs-from-ref-on-exact-data=%d\n"
-                  "  case: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d permute_y=%d accumulate=%d "
-                  "dw_fp32=%d weights=%d reduce_topk=%d allow_tf32=%d dist=%d skew=%d\n  replay: %s %llu %d",
-                  op_names[op], (long long)bad, nondeterministic, differs_exact, (long long)p.T, (long long)k,
-                  (long long)p.E, (long long)p.N, (long long)p.K, moe_dtype_name(p.opt.dtype), p.opt.permute_x,
-                  p.opt.permute_y, p.opt.accumulate, p.opt.dw_fp32, use_weights, p.opt.reduce_topk, p.opt.allow_tf32,
-                  distribution, skew, argv[0], (unsigned long long)seed, trial + 1);
+            REQUIRE(bad == 0 && !nondeterministic && !differs_exact,
+                    "FAIL %s: %lld outside bound, nondeterministic=%d, differs-from-ref-on-exact-data=%d\n"
+                    "  case: T=%lld k=%lld E=%lld N=%lld K=%lld dtype=%s permute_x=%d permute_y=%d accumulate=%d "
+                    "dw_fp32=%d weights=%d reduce_topk=%d allow_tf32=%d dist=%d skew=%d\n  replay: %s %llu %d",
+                    op_names[op], (long long)bad, nondeterministic, differs_exact, (long long)p.T, (long long)k,
+                    (long long)p.E, (long long)p.N, (long long)p.K, moe_dtype_name(p.opt.dtype), p.opt.permute_x,
+                    p.opt.permute_y, p.opt.accumulate, p.opt.dw_fp32, use_weights, p.opt.reduce_topk, p.opt.allow_tf32,
+                    distribution, skew, argv[0], (unsigned long long)seed, trial + 1);
             if (ratio > worst)
                 worst = ratio;
             checked += count;
@@ -761,15 +762,15 @@ int main(int argc, char **argv)
                 moe_gemm_options o = p.opt;
                 o.permute_y = 1; /* gather needed */
                 o.accumulate = 0;
-                CHECK(moe_gemm_fwd(MOE_BACKEND_CUDA, &r, p.N, p.K, p.dev_x, p.dev_w, NULL, dev_out, &o) == MOE_OK,
-                      "%s", moe_last_error());
+                REQUIRE(moe_gemm_fwd(MOE_BACKEND_CUDA, &r, p.N, p.K, p.dev_x, p.dev_w, NULL, dev_out, &o) == MOE_OK,
+                        "%s", moe_last_error());
                 moe_status st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
-                CHECK(st == MOE_ERR_INVALID_ROUTING, "trial %d: bad routing variant %d gave %s (%s)", trial, variant,
-                      moe_strerror(st), moe_last_error());
-                CHECK(strstr(moe_last_error(), variant == 0 ? "m_sizes" : "gather_indices") != NULL, "message: %s",
-                      moe_last_error());
+                REQUIRE(st == MOE_ERR_INVALID_ROUTING, "trial %d: bad routing variant %d gave %s (%s)", trial, variant,
+                        moe_strerror(st), moe_last_error());
+                REQUIRE(strstr(moe_last_error(), variant == 0 ? "m_sizes" : "gather_indices") != NULL, "message: %s",
+                        moe_last_error());
                 to_host(back, dev_out, bytes);
-                CHECK(memcmp(back, poison, bytes) == 0, "trial %d: bad routing variant %d wrote output", trial, variant);
+                REQUIRE(memcmp(back, poison, bytes) == 0, "trial %d: bad routing variant %d wrote output", trial, variant);
                 CUDA_CHECK(cudaFree(dev_bad));
             }
             CUDA_CHECK(cudaFree(dev_out));

@@ -1,12 +1,12 @@
 /* CUDA blockwise MoE MLP properties (skipped with exit 77 where no CUDA device is visible):
- *   1. the full option cross of tests/test_mlp_grad.c: activation (4) x affinity (2) x bias (2) x clamp
+ *   1. the full option cross of tests/test_mlp_grad.c: every activation (4) x affinity (2) x bias (2) x clamp
  *      subset (16) x dtype (f32, f16, bf16) x padding (2) x accumulate (2) = 3072 cases (or the first
  *      `cases` of them), with at random: shape (some past the 64-wide tiles), block size (1 .. 128,
  *      multiples of 16 and not), layout (dropless, dropping, shuffled caller-made with an empty block),
  *      topk, tensor_update_overwrite (top-1), grad_fp32, round_intermediates (f16/bf16: the rows path; bf16
  *      without it: the rows path on split operands) and, with ON_I, whether the backward gets the down
  *      checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
- *      value within the error bound tests/mlp_testlib.c derives for any correct float32 implementation
+ *      value within the error bound testlib/mlp_bounds.c derives for any correct float32 implementation
  *      (specs/MLP.md "Error bound"; small cases also against float64 finite differences), and against the
  *      CPU reference (MOE_BACKEND_REF) of the same case within the sum of both bounds;
  *   2. the same call twice gives bitwise the same outputs, checkpoints and gradients;
@@ -36,15 +36,12 @@
  * the case's number as the first and 1 + that number as the count runs it alone.) */
 #include "config.h"
 #include "mlp_testlib.h"
+#include "alloc.h"
+#include "check.h"
+#include "gpu_check.h"
 
 #include <cuda_runtime_api.h>
 #include <string.h>
-
-#define CUDA_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        CHECK(err_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(err_));                      \
-    } while (0)
 
 /* ---- device copies of host arrays ---- */
 
@@ -192,16 +189,14 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
 {
     oracle_rng rng = {base};
     int64_t bad = 0, done = 0, rows_path = 0, split_path = 0, rows_path_tc = 0;
-    for (int index = 0; index < 3072 && index < cases; index++) {
-        const int combo = index % 256, pass = index / 256; /* every combo first, then the dtype passes */
+    for (int index = 0; index < MT_OPTION_COMBOS * 12 && index < cases; index++) {
+        /* every combo first, then the dtype passes */
+        const int combo = index % MT_OPTION_COMBOS, pass = index / MT_OPTION_COMBOS;
         mt_case c;
         int placed = 0, wide = 0;
         for (int attempt = 0; attempt < 50 && !placed; attempt++) {
             moe_mlp_options o = {0};
-            o.activation = (moe_mlp_activation)(combo & 3);
-            o.affinity = (moe_mlp_affinity)((combo >> 2) & 1);
-            o.bias = (combo >> 3) & 1;
-            const int clamps = combo >> 4;
+            const int clamps = mt_option_combo(combo, &o);
             o.dtype = (moe_dtype)((pass + combo) % 3);
             o.padding = (moe_mlp_padding)((pass / 3) % 2);
             o.accumulate = (pass / 6) % 2;
@@ -231,7 +226,7 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
             else
                 mt_case_free(&c);
         }
-        CHECK(placed, "case %d: no clamp placement found", index);
+        REQUIRE(placed, "case %d: no clamp placement found", index);
         const int down_in_bwd = c.opt.affinity == MOE_AFFINITY_ON_H || oracle_rng_below(&rng, 2);
         /* finite differences on the small cases, one in four (the analytic values they validate are
          * checked against them exhaustively by tests/test_mlp_grad) */
@@ -341,13 +336,13 @@ static int64_t report_case(const char *label, int index, const mt_case *c, int m
 static int64_t against_unfused(const mt_case *c, const char *fuse, int down_in_bwd, const char *what, int64_t *differ)
 {
     const int checks = MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING;
-    CHECK((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
+    REQUIRE((fuse != NULL ? setenv("MOE_MLP_FUSE_GATE", fuse, 1) : unsetenv("MOE_MLP_FUSE_GATE")) == 0, "setenv failed");
     mt_result first, unfused;
     int64_t b = gpu_against_ref(c, checks, down_in_bwd, 0, what, &first);
-    CHECK(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
+    REQUIRE(setenv("MOE_MLP_FUSE_GATE", "0", 1) == 0, "setenv failed");
     use_gpu();
     b += mt_run(c, checks, down_in_bwd, &unfused);
-    CHECK(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
+    REQUIRE(unsetenv("MOE_MLP_FUSE_GATE") == 0, "unsetenv failed");
     if (!mt_results_identical(c, &first, &unfused, 1)) {
         fprintf(stderr, "  %s: the GPU run and its MOE_MLP_FUSE_GATE=0 run differ\n", what);
         b++;
@@ -458,7 +453,7 @@ static int64_t expect_layout_error(const char *label, const mt_case *c, const in
                           (size_t)(c->E * c->H * 2 * c->I) * s.es, (size_t)(c->E * c->I * c->H) * s.es};
     void *buf[7];
     for (int q = 0; q < 7; q++) {
-        buf[q] = mt_xmalloc(sz[q] + 1);
+        buf[q] = xmalloc(sz[q] + 1);
         oracle_poison(c->opt.dtype, buf[q], (int64_t)(sz[q] / s.es));
     }
     for (int which = 0; which < 2; which++) {
@@ -497,7 +492,7 @@ static int64_t device_untouched(const mt_case *c, const int64_t *b2e, const int6
     const size_t sz[7] = {bx, bgu, bd, bx, ba, bwgu, bwd};
     void *host[7], *dev[7];
     for (int q = 0; q < 7; q++) {
-        host[q] = mt_xmalloc(sz[q] + 1);
+        host[q] = xmalloc(sz[q] + 1);
         oracle_poison(c->opt.dtype, host[q], (int64_t)(sz[q] / s.es));
         dev[q] = up(host[q], sz[q]);
     }
@@ -514,7 +509,7 @@ static int64_t device_untouched(const mt_case *c, const int64_t *b2e, const int6
     bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK;
     bad += moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) != MOE_OK; /* reported once, then forgotten */
     for (int q = 0; q < 7; q++) {
-        unsigned char *back = mt_xmalloc(sz[q] + 1);
+        unsigned char *back = xmalloc(sz[q] + 1);
         if (sz[q])
             CUDA_CHECK(cudaMemcpy(back, dev[q], sz[q], cudaMemcpyDeviceToHost));
         if (memcmp(back, host[q], sz[q]) != 0) {
@@ -543,7 +538,7 @@ static int64_t bad_layouts(uint64_t seed)
         mt_case c;
         mt_case_init(&c, seed + (uint64_t)padding, 9, 3, 2, 5, 3, &o, MT_DROPLESS);
         const int64_t N = c.N, NB = c.N * c.B, T = c.T, E = c.E;
-        int64_t *b2e = mt_xmalloc((size_t)N * 8), *ids = mt_xmalloc((size_t)NB * 8);
+        int64_t *b2e = xmalloc((size_t)N * 8), *ids = xmalloc((size_t)NB * 8);
         const int64_t other_pad = padding ? -1 : T;
 #define RESET() (memcpy(b2e, c.b2e, (size_t)N * 8), memcpy(ids, c.ids, (size_t)NB * 8))
         char needle[160];

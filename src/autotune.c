@@ -16,7 +16,7 @@
  *   CLUSTER    1, or 2 (sm90 fwd/dx with 128-row tiles)
  *   TMA        0 or 1 (1 only with sm90)
  *   PINGPONG   -1, 0 or 1: sm90 dw with every operand and a 16-bit output by TMA takes the ping-pong kernel
- *              (1, 128 x 128 tiles) or the 128 x 256 kernel (0); -1 leaves it to the rule (gpu/gemm_cuda.cu,
+ *              (1, 128 x 128 tiles) or the 128 x 256 kernel (0); -1 leaves it to the rule (gpu/gemm/heuristics.cu,
  *              sm90_dw_pingpong); 1 only with sm90, dw, TMA 1 and no topk weights
  *   US         the measured median microseconds of one call (>= 0, informative)
  *

@@ -139,7 +139,7 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     status = check_layout_alignment(op, layout);
     if (status != MOE_OK)
         return status;
-    /* a device layout's contents are checked on the device (gpu/mlp_cuda.cu) */
+    /* a device layout's contents are checked on the device (gpu/mlp/layout_check.cu) */
     status = (*table)->validates_routing_on_host
                  ? moe_ref_mlp_check_layout(op, layout, B, o->padding, o->tensor_update_overwrite != 0)
                  : moe_ref_mlp_check_layout_shape(op, layout, B);

@@ -1,6 +1,6 @@
 /* The routing entry points: moe_routing_from_topk (the host build), moe_routing_validate (proved: specs/verify.sh
  * lists it) and moe_routing_build, the build on a backend (host arrays for MOE_BACKEND_REF, device arrays and a
- * stream for MOE_BACKEND_CUDA, gpu/routing_cuda.cu) through the backend table's routing_build row. */
+ * stream for MOE_BACKEND_CUDA, gpu/routing/builders.cu) through the backend table's routing_build row. */
 #include "moe_backend.h"
 #include "moe_ref.h"
 

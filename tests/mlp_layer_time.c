@@ -5,6 +5,7 @@
  * usage: mlp_layer_time [T E k H I B dtype(f32|f16|bf16) repeats] */
 #include "moe.h"
 #include "moe_mlp.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -21,16 +22,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *xcalloc(size_t count, size_t size)
-{
-    void *p = calloc(count ? count : 1, size);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory (%zu x %zu bytes)\n", count, size);
-        exit(1);
-    }
-    return p;
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;

@@ -15,6 +15,7 @@
 #include "moe.h"
 #include "moe_mlp.h"
 
+#include "alloc.h"
 #include "check.h"
 
 #include <inttypes.h>

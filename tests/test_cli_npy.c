@@ -20,6 +20,8 @@
 #include "../cli/npy.h"
 #include "mlp_testlib.h"
 #include "oracle.h"
+#include "alloc.h"
+#include "check.h"
 
 #include <errno.h>
 #include <float.h>
@@ -29,29 +31,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures;
-
-#undef CHECK /* mlp_testlib.h's exits; this file counts failures */
-#define CHECK(cond, ...)                                                                             \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);                 \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            failures++;                                                                              \
-        }                                                                                            \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (p == NULL) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
 
 static const char *tmpdir(void)
 {
@@ -780,7 +759,6 @@ static void make_dir(const char *dir, const char *sub, char *path, size_t size)
     }
 }
 
-static const char *const act_names[] = {"silu", "gelu", "gelu_tanh", "swish"};
 
 /* --clamp NL_LO,NL_HI,LIN_LO,LIN_HI of the options (an empty field for an unset limit). */
 static void clamp_flag(const moe_mlp_options *o, char *buf, size_t size)
@@ -961,7 +939,7 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
         const char *pad = cc->padding == MOE_MLP_PAD_ROW ? " --padding row" : "";
         fprintf(f, "# written by test_cli_npy genmlp: the moe flags of case %s\n", cc->name);
         fprintf(f, "route_flags='--block-size %d%s%s'\n", B, cc->dropping ? " --dropping" : "", pad);
-        int n = snprintf(flags, sizeof flags, "--activation %s --affinity-on %s%s%s", act_names[cc->activation],
+        int n = snprintf(flags, sizeof flags, "--activation %s --affinity-on %s%s%s", moe_mlp_activation_name(cc->activation),
                          cc->affinity == MOE_AFFINITY_ON_I ? "i" : "h", pad, cc->bias ? " --bias" : "");
         if (cc->give_block_size)
             n += snprintf(flags + n, sizeof flags - (size_t)n, " --block-size %d", B);
@@ -1007,7 +985,7 @@ int main(int argc, char **argv)
     test_conversions();
     rmdir(tmpdir());
     if (failures) {
-        printf("%d checks failed\n", failures);
+        printf("%ld checks failed\n", failures);
         return 1;
     }
     printf("all npy checks passed\n");

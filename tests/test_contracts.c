@@ -15,6 +15,7 @@
  *
  * Usage: test_contracts [seed] */
 #include "contract_check.h"
+#include "alloc.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -37,16 +38,6 @@ static uint64_t next_random(void) /* splitmix64 */
 }
 
 static int64_t random_below(int64_t n) { return (int64_t)(next_random() % (uint64_t)n); }
-
-static void *xcalloc(size_t count, size_t size)
-{
-    void *p = calloc(count ? count : 1, size);
-    if (p == NULL) {
-        fprintf(stderr, "test_contracts: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
 
 /* Fills count elements of a dtype tensor with values uniform in [-1, 1), rounded to the dtype. */
 static void *random_tensor(moe_dtype dtype, int64_t count)

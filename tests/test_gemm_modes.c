@@ -1,5 +1,5 @@
 /* Deterministic coverage of the grouped GEMM (SEMANTICS section 2) through the public API, reference
- * backend, checked against the float64 oracle (proptest/oracle.h):
+ * backend, checked against the float64 oracle (oracle/oracle.h):
  *
  *   every op      fwd, dx, dw, topk_weights_grad, bwd (dx+dw+dtopk, dx_only, dw_only)
  *   x every mode  plain, permute_x, permute_y, permute_x+permute_y
@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "check.h"
 
 static uint64_t seed;

@@ -9,6 +9,7 @@
  *
  * usage: test_mlp_grad [seed] */
 #include "mlp_testlib.h"
+#include "check.h"
 
 #include <string.h>
 
@@ -18,16 +19,14 @@ int main(int argc, char **argv)
     oracle_rng rng = {base};
     int64_t bad = 0, cases = 0, rounded = 0;
     double clamp_share_min = 1.0, clamp_share_max = 0.0;
-    for (int combo = 0; combo < 256; combo++) {
+    for (int combo = 0; combo < MT_OPTION_COMBOS; combo++) {
+        const int clamp_mask = mt_option_combo(combo, &(moe_mlp_options){0});
         for (int pass = 0; pass < 12; pass++) { /* dtype x padding x accumulate */
             mt_case c;
             int placed = 0;
             for (int attempt = 0; attempt < 50 && !placed; attempt++) {
                 moe_mlp_options o = {0};
-                o.activation = (moe_mlp_activation)(combo & 3);
-                o.affinity = (moe_mlp_affinity)((combo >> 2) & 1);
-                o.bias = (combo >> 3) & 1;
-                const int clamps = combo >> 4;
+                const int clamps = mt_option_combo(combo, &o);
                 o.dtype = (moe_dtype)(pass % 3);
                 o.padding = (moe_mlp_padding)((pass / 3) % 2);
                 o.accumulate = pass / 6;
@@ -49,12 +48,12 @@ int main(int argc, char **argv)
                 else
                     mt_case_free(&c);
             }
-            CHECK(placed, "combo %d: no clamp placement found", combo);
+            REQUIRE(placed, "combo %d: no clamp placement found", combo);
             for (int w = 0; w < 4; w++) {
-                if (!((combo >> 4) & (1 << w)))
+                if (!(clamp_mask & (1 << w)))
                     continue;
-                CHECK(c.clamp_fraction[w] > 0.0 && c.clamp_fraction[w] < 1.0, "clamp %d binds for %g", w,
-                      c.clamp_fraction[w]);
+                REQUIRE(c.clamp_fraction[w] > 0.0 && c.clamp_fraction[w] < 1.0, "clamp %d binds for %g", w,
+                        c.clamp_fraction[w]);
                 clamp_share_min = c.clamp_fraction[w] < clamp_share_min ? c.clamp_fraction[w] : clamp_share_min;
                 clamp_share_max = c.clamp_fraction[w] > clamp_share_max ? c.clamp_fraction[w] : clamp_share_max;
             }

@@ -5,6 +5,8 @@
  *     message naming the argument, and leaves every output byte untouched (fwd, bwd, builders). */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "mlp_testlib.h"
+#include "alloc.h"
+#include "check.h"
 
 #include <math.h>
 #include <string.h>
@@ -12,8 +14,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-static int64_t failures;
 
 #if defined(__SANITIZE_ADDRESS__)
 /* Under AddressSanitizer an allocation past its maximum aborts the process instead of returning NULL, as
@@ -24,16 +24,6 @@ const char *__asan_default_options(void)
     return "allocator_may_return_null=1";
 }
 #endif
-
-#define EXPECT(cond, ...)                                                                            \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            failures++;                                                                              \
-        }                                                                                            \
-    } while (0)
 
 /* ---------------------------------------------------------------------------------------------------
  * builders
@@ -52,7 +42,7 @@ static void test_builders(void)
         const int64_t B = o.block_size, pad = o.padding == MOE_MLP_PAD_ROW ? T : -1;
         const size_t es = moe_dtype_size(o.dtype);
         /* skewed routing: expert e chosen with weight ~ (e + 1)^2, distinct per token */
-        int64_t *ids = mt_xmalloc((size_t)(T * k + 1) * 8), *m = mt_xmalloc((size_t)E * 8);
+        int64_t *ids = xmalloc((size_t)(T * k + 1) * 8), *m = xmalloc((size_t)E * 8);
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < k; j++) {
                 int64_t e;
@@ -67,10 +57,10 @@ static void test_builders(void)
                 } while (dup);
                 ids[t * k + j] = e;
             }
-        void *w = mt_xmalloc((size_t)(T * k + 1) * es), *aff = mt_xmalloc((size_t)(T * E + 1) * es);
+        void *w = xmalloc((size_t)(T * k + 1) * es), *aff = xmalloc((size_t)(T * E + 1) * es);
         oracle_fill(&rng, o.dtype, w, T * k, 0);
         int64_t N = -1;
-        EXPECT(moe_mlp_layout_num_blocks(kind, T, k, E, ids, &o, &N) == MOE_OK, "num_blocks: %s", moe_last_error());
+        CHECK(moe_mlp_layout_num_blocks(kind, T, k, E, ids, &o, &N) == MOE_OK, "num_blocks: %s", moe_last_error());
         int64_t want_N = 0, want_dropped = 0;
         for (int64_t e = 0; e < E; e++)
             m[e] = 0;
@@ -80,13 +70,13 @@ static void test_builders(void)
             want_N += kind == MOE_MLP_DROPPING ? 1 : (m[e] + B - 1) / B;
             want_dropped += kind == MOE_MLP_DROPPING && m[e] > B ? m[e] - B : 0;
         }
-        EXPECT(N == want_N, "N = %lld, want %lld", (long long)N, (long long)want_N);
-        int64_t *b2e = mt_xmalloc((size_t)(N + 1) * 8), *pos = mt_xmalloc((size_t)(N * B + 1) * 8), dropped = -1;
-        EXPECT(moe_mlp_layout_build(kind, T, k, E, ids, w, N, b2e, pos, aff, &dropped, &o) == MOE_OK, "build: %s",
-               moe_last_error());
-        EXPECT(dropped == want_dropped, "dropped %lld, want %lld", (long long)dropped, (long long)want_dropped);
+        CHECK(N == want_N, "N = %lld, want %lld", (long long)N, (long long)want_N);
+        int64_t *b2e = xmalloc((size_t)(N + 1) * 8), *pos = xmalloc((size_t)(N * B + 1) * 8), dropped = -1;
+        CHECK(moe_mlp_layout_build(kind, T, k, E, ids, w, N, b2e, pos, aff, &dropped, &o) == MOE_OK, "build: %s",
+              moe_last_error());
+        CHECK(dropped == want_dropped, "dropped %lld, want %lld", (long long)dropped, (long long)want_dropped);
         moe_mlp_layout lay = {T, E, N, b2e, pos};
-        EXPECT(moe_mlp_layout_validate(&lay, &o) == MOE_OK, "validate a built layout: %s", moe_last_error());
+        CHECK(moe_mlp_layout_validate(&lay, &o) == MOE_OK, "validate a built layout: %s", moe_last_error());
         /* blocks ordered by expert; each expert's tokens ascending then padding; kept pairs = the
          * first tokens (ascending) up to capacity */
         int64_t n = 0;
@@ -100,21 +90,21 @@ static void test_builders(void)
                         chosen = (int)j;
                 const int kept = chosen >= 0 && r < blocks * B;
                 if (chosen >= 0 && kept) {
-                    EXPECT(pos[n * B + r] == t, "expert %lld slot %lld: %lld, want token %lld", (long long)e,
-                           (long long)r, (long long)pos[n * B + r], (long long)t);
+                    CHECK(pos[n * B + r] == t, "expert %lld slot %lld: %lld, want token %lld", (long long)e,
+                          (long long)r, (long long)pos[n * B + r], (long long)t);
                     r++;
                 }
                 const double a = mt_load(o.dtype, aff, t * E + e);
                 const double want = kept ? mt_load(o.dtype, w, t * k + chosen) : 0.0;
-                EXPECT(a == want && !signbit(a) == !signbit(want), "A[%lld][%lld] = %g, want %g", (long long)t,
-                       (long long)e, a, want);
+                CHECK(a == want && !signbit(a) == !signbit(want), "A[%lld][%lld] = %g, want %g", (long long)t,
+                      (long long)e, a, want);
             }
             for (; r < blocks * B; r++)
-                EXPECT(pos[n * B + r] == pad, "expert %lld slot %lld: %lld, want padding %lld", (long long)e,
-                       (long long)r, (long long)pos[n * B + r], (long long)pad);
+                CHECK(pos[n * B + r] == pad, "expert %lld slot %lld: %lld, want padding %lld", (long long)e,
+                      (long long)r, (long long)pos[n * B + r], (long long)pad);
             for (int64_t q = 0; q < blocks; q++)
-                EXPECT(b2e[n + q] == e, "block %lld -> %lld, want %lld", (long long)(n + q), (long long)b2e[n + q],
-                       (long long)e);
+                CHECK(b2e[n + q] == e, "block %lld -> %lld, want %lld", (long long)(n + q), (long long)b2e[n + q],
+                      (long long)e);
             n += blocks;
         }
         free(ids), free(m), free(w), free(aff), free(b2e), free(pos);
@@ -148,9 +138,9 @@ static call baseline(void)
     moe_mlp_options o = {0};
     o.block_size = B0;
     int64_t N = 0;
-    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, T0, K0, E0, topk, &o, &N) == MOE_OK && N <= 16, "N");
-    CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, T0, K0, E0, topk, NULL, N, b2e0, ids0, NULL, NULL, &o) == MOE_OK,
-          "build");
+    REQUIRE(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, T0, K0, E0, topk, &o, &N) == MOE_OK && N <= 16, "N");
+    REQUIRE(moe_mlp_layout_build(MOE_MLP_DROPLESS, T0, K0, E0, topk, NULL, N, b2e0, ids0, NULL, NULL, &o) == MOE_OK,
+            "build");
     oracle_rng rng = {99};
     for (int i = 0; i < 10; i++)
         oracle_fill(&rng, MOE_F32, bufs[i], 512, 0);
@@ -209,11 +199,11 @@ static void expect_error(const char *label, const call *c, int op, moe_status wa
         poison_outputs();
         const moe_status got = which == 1 ? run_fwd(c) : run_bwd(c);
         const char *msg = moe_last_error();
-        EXPECT(got == want, "%s (%s): status %d (%s), want %d (%s); message \"%s\"", label, which == 1 ? "fwd" : "bwd",
-               (int)got, moe_strerror(got), (int)want, moe_strerror(want), msg);
-        EXPECT(strstr(msg, needle) != NULL && strstr(msg, which == 1 ? "moe_mlp_fwd" : "moe_mlp_bwd") != NULL,
-               "%s (%s): message \"%s\" lacks \"%s\"", label, which == 1 ? "fwd" : "bwd", msg, needle);
-        EXPECT(outputs_untouched(), "%s (%s): an output was written", label, which == 1 ? "fwd" : "bwd");
+        CHECK(got == want, "%s (%s): status %d (%s), want %d (%s); message \"%s\"", label, which == 1 ? "fwd" : "bwd",
+              (int)got, moe_strerror(got), (int)want, moe_strerror(want), msg);
+        CHECK(strstr(msg, needle) != NULL && strstr(msg, which == 1 ? "moe_mlp_fwd" : "moe_mlp_bwd") != NULL,
+              "%s (%s): message \"%s\" lacks \"%s\"", label, which == 1 ? "fwd" : "bwd", msg, needle);
+        CHECK(outputs_untouched(), "%s (%s): an output was written", label, which == 1 ? "fwd" : "bwd");
     }
 }
 
@@ -221,10 +211,10 @@ static void test_validation(void)
 {
     call c = baseline();
     poison_outputs();
-    EXPECT(run_fwd(&c) == MOE_OK && moe_last_error()[0] == '\0', "baseline fwd: %s", moe_last_error());
-    EXPECT(run_bwd(&c) == MOE_OK, "baseline bwd: %s", moe_last_error());
+    CHECK(run_fwd(&c) == MOE_OK && moe_last_error()[0] == '\0', "baseline fwd: %s", moe_last_error());
+    CHECK(run_bwd(&c) == MOE_OK, "baseline bwd: %s", moe_last_error());
     call cb = with_bias(baseline());
-    EXPECT(run_fwd(&cb) == MOE_OK && run_bwd(&cb) == MOE_OK, "baseline with bias: %s", moe_last_error());
+    CHECK(run_fwd(&cb) == MOE_OK && run_bwd(&cb) == MOE_OK, "baseline with bias: %s", moe_last_error());
 
     const int64_t N = c.layout.num_blocks;
     call x;
@@ -302,8 +292,8 @@ static void test_validation(void)
         x = baseline(), x.ckpt_gu = ids0 + 2 * x.layout.num_blocks - 1;
         expect_error("gate_up_ckpt_T overlaps the last layout entry", &x, 1, MOE_ERR_INVALID_OPTION,
                      "overlaps input layout.token_position_to_id");
-        EXPECT(memcmp(b2e_copy, b2e0, sizeof b2e0) == 0 && memcmp(ids_copy, ids0, sizeof ids0) == 0,
-               "a refused call changed the layout");
+        CHECK(memcmp(b2e_copy, b2e0, sizeof b2e0) == 0 && memcmp(ids_copy, ids0, sizeof ids0) == 0,
+              "a refused call changed the layout");
     }
     /* tensors and layout arrays off their element alignment (a CUDA kernel would fault on them) */
     x = baseline(), x.hidden = (const char *)bufs[0] + 2;
@@ -316,8 +306,8 @@ static void test_validation(void)
     expect_error("layout.block_to_expert misaligned", &x, 3, MOE_ERR_MISALIGNED, "layout.block_to_expert at");
     {
         const moe_status st = moe_mlp_layout_validate(&x.layout, &x.opt);
-        EXPECT(st == MOE_ERR_MISALIGNED && strstr(moe_last_error(), "moe_mlp_layout_validate") != NULL,
-               "moe_mlp_layout_validate, block_to_expert misaligned: status %d (%s)", (int)st, moe_last_error());
+        CHECK(st == MOE_ERR_MISALIGNED && strstr(moe_last_error(), "moe_mlp_layout_validate") != NULL,
+              "moe_mlp_layout_validate, block_to_expert misaligned: status %d (%s)", (int)st, moe_last_error());
     }
     x = baseline(), x.H = -1;
     expect_error("negative H", &x, 3, MOE_ERR_INVALID_SHAPE, "hidden_size = -1");
@@ -331,8 +321,8 @@ static void test_validation(void)
         poison_outputs();
         moe_status s1 = moe_mlp_fwd(MOE_BACKEND_REF, NULL, H0, I0, x.hidden, x.aff, x.w_gu, x.w_d, NULL, NULL,
                                     x.out, x.ckpt_gu, x.ckpt_d, &x.opt);
-        EXPECT(s1 == MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "layout") && outputs_untouched(),
-               "layout NULL: %d %s", (int)s1, moe_last_error());
+        CHECK(s1 == MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "layout") && outputs_untouched(),
+              "layout NULL: %d %s", (int)s1, moe_last_error());
     }
     x = baseline(), x.layout.num_tokens = -1;
     expect_error("negative T", &x, 3, MOE_ERR_INVALID_SHAPE, "layout.num_tokens = -1");
@@ -361,7 +351,7 @@ static void test_validation(void)
         if (ids0[p] >= 0 && tok_pos < 0)
             tok_pos = p;
     }
-    CHECK(pad_pos >= 0 && tok_pos >= 0, "baseline layout has padding and tokens");
+    REQUIRE(pad_pos >= 0 && tok_pos >= 0, "baseline layout has padding and tokens");
     static const int64_t bad_values[] = {T0, T0 + 1, -2, INT64_MIN, INT64_MAX};
     for (size_t q = 0; q < sizeof bad_values / sizeof bad_values[0]; q++) {
         memcpy(bad_ids, ids0, sizeof bad_ids);
@@ -375,18 +365,18 @@ static void test_validation(void)
     {
         moe_mlp_options o = x.opt;
         o.padding = MOE_MLP_PAD_ROW;
-        EXPECT(moe_mlp_layout_validate(&c.layout, &o) == MOE_ERR_INVALID_INDEX &&
-                   strstr(moe_last_error(), "padding mark 4"),
-               "-1 under the pad-row convention: %s", moe_last_error());
+        CHECK(moe_mlp_layout_validate(&c.layout, &o) == MOE_ERR_INVALID_INDEX &&
+                  strstr(moe_last_error(), "padding mark 4"),
+              "-1 under the pad-row convention: %s", moe_last_error());
         memcpy(bad_ids, ids0, sizeof bad_ids);
         for (int64_t p = 0; p < N * B0; p++)
             if (bad_ids[p] == -1)
                 bad_ids[p] = T0;
         moe_mlp_layout l = c.layout;
         l.token_position_to_id = bad_ids;
-        EXPECT(moe_mlp_layout_validate(&l, &o) == MOE_OK, "pad row layout: %s", moe_last_error());
-        EXPECT(moe_mlp_layout_validate(&l, &c.opt) == MOE_ERR_INVALID_INDEX, "T under skip padding: %s",
-               moe_last_error());
+        CHECK(moe_mlp_layout_validate(&l, &o) == MOE_OK, "pad row layout: %s", moe_last_error());
+        CHECK(moe_mlp_layout_validate(&l, &c.opt) == MOE_ERR_INVALID_INDEX, "T under skip padding: %s",
+              moe_last_error());
     }
     /* the same (token, expert) pair twice: put the token of tok_pos into a padding slot of the same block
      * or, failing that, of another block of the same expert */
@@ -398,15 +388,15 @@ static void test_validation(void)
                 target = p;
         if (target < 0) { /* make one: the block of tok_pos gets the token twice */
             target = tok_pos + 1;
-            CHECK(target / B0 == tok_pos / B0, "layout shape");
+            REQUIRE(target / B0 == tok_pos / B0, "layout shape");
         }
         bad_ids[target] = ids0[tok_pos];
         x = baseline(), x.layout.token_position_to_id = bad_ids;
         expect_error("duplicate pair", &x, 3, MOE_ERR_INVALID_ROUTING, "at most once");
     }
     /* a token under two different experts is fine (k = 2), and validate() agrees with fwd */
-    EXPECT(moe_mlp_layout_validate(&c.layout, &c.opt) == MOE_OK, "baseline layout: %s", moe_last_error());
-    EXPECT(moe_mlp_layout_validate(NULL, NULL) == MOE_ERR_NULL_POINTER, "validate(NULL)");
+    CHECK(moe_mlp_layout_validate(&c.layout, &c.opt) == MOE_OK, "baseline layout: %s", moe_last_error());
+    CHECK(moe_mlp_layout_validate(NULL, NULL) == MOE_ERR_NULL_POINTER, "validate(NULL)");
 }
 
 /* The layout check's scratch (2 E + 2 T + N + 1 int64) that no allocator can give: E = 2^59 experts (the shape
@@ -416,11 +406,11 @@ static void test_scratch_out_of_memory(void)
     moe_mlp_layout huge = {0};
     huge.num_experts = (int64_t)1 << 59;
     const moe_status st = moe_mlp_layout_validate(&huge, NULL);
-    EXPECT(st == MOE_ERR_OUT_OF_MEMORY &&
-               strstr(moe_last_error(), "moe_mlp_layout_validate: no memory for the scratch of the layout check") !=
-                   NULL &&
-               strstr(moe_last_error(), "E = 576460752303423488 experts, T = 0 tokens, N = 0 blocks") != NULL,
-           "validate with E = 2^59: status %d (%s)", (int)st, moe_last_error());
+    CHECK(st == MOE_ERR_OUT_OF_MEMORY &&
+              strstr(moe_last_error(), "moe_mlp_layout_validate: no memory for the scratch of the layout check") !=
+                  NULL &&
+              strstr(moe_last_error(), "E = 576460752303423488 experts, T = 0 tokens, N = 0 blocks") != NULL,
+          "validate with E = 2^59: status %d (%s)", (int)st, moe_last_error());
 }
 
 static void test_builder_errors(void)
@@ -451,9 +441,9 @@ static void test_builder_errors(void)
         N = -7;
         moe_status s = moe_mlp_layout_num_blocks((moe_mlp_layout_kind)cases[q].kind, cases[q].T, cases[q].k,
                                                  cases[q].E, cases[q].ids, &o, &N);
-        EXPECT(s == cases[q].want && N == -7 && strstr(moe_last_error(), cases[q].needle) &&
-                   strstr(moe_last_error(), "moe_mlp_layout_num_blocks"),
-               "num_blocks %s: %d \"%s\"", cases[q].label, (int)s, moe_last_error());
+        CHECK(s == cases[q].want && N == -7 && strstr(moe_last_error(), cases[q].needle) &&
+                  strstr(moe_last_error(), "moe_mlp_layout_num_blocks"),
+              "num_blocks %s: %d \"%s\"", cases[q].label, (int)s, moe_last_error());
         memset(b2e, 0x5A, sizeof b2e), memset(pos, 0x5A, sizeof pos), memset(aff, 0x5A, sizeof aff);
         dropped = -7;
         s = moe_mlp_layout_build((moe_mlp_layout_kind)cases[q].kind, cases[q].T, cases[q].k, cases[q].E,
@@ -465,25 +455,25 @@ static void test_builder_errors(void)
             untouched &= ((unsigned char *)pos)[b] == 0x5A;
         for (size_t b = 0; b < sizeof aff; b++)
             untouched &= ((unsigned char *)aff)[b] == 0x5A;
-        EXPECT(s == cases[q].want && strstr(moe_last_error(), cases[q].needle) && untouched,
-               "build %s: %d \"%s\" untouched %d", cases[q].label, (int)s, moe_last_error(), untouched);
+        CHECK(s == cases[q].want && strstr(moe_last_error(), cases[q].needle) && untouched,
+              "build %s: %d \"%s\" untouched %d", cases[q].label, (int)s, moe_last_error(), untouched);
     }
     /* wrong num_blocks, weights without affinities, NULL num_blocks */
-    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, &N) == MOE_OK && N == 3, "N = %lld",
-           (long long)N);
+    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, &N) == MOE_OK && N == 3, "N = %lld",
+          (long long)N);
     memset(pos, 0x5A, sizeof pos);
-    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 4, b2e, pos, aff, NULL, &o) ==
-                   MOE_ERR_INVALID_SHAPE &&
-               strstr(moe_last_error(), "num_blocks = 4, expected 3") && ((unsigned char *)pos)[0] == 0x5A,
-           "wrong num_blocks: %s", moe_last_error());
-    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, NULL, 3, b2e, pos, aff, NULL, &o) ==
-                   MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "topk_weights"),
-           "affinities without weights: %s", moe_last_error());
-    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, NULL) == MOE_ERR_NULL_POINTER,
-           "NULL num_blocks");
-    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 3, NULL, pos, aff, NULL, &o) ==
-               MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "block_to_expert"),
-           "NULL block_to_expert: %s", moe_last_error());
+    CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 4, b2e, pos, aff, NULL, &o) ==
+                  MOE_ERR_INVALID_SHAPE &&
+              strstr(moe_last_error(), "num_blocks = 4, expected 3") && ((unsigned char *)pos)[0] == 0x5A,
+          "wrong num_blocks: %s", moe_last_error());
+    CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, NULL, 3, b2e, pos, aff, NULL, &o) ==
+                  MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "topk_weights"),
+          "affinities without weights: %s", moe_last_error());
+    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, NULL) == MOE_ERR_NULL_POINTER,
+          "NULL num_blocks");
+    CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 3, NULL, pos, aff, NULL, &o) ==
+              MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "block_to_expert"),
+          "NULL block_to_expert: %s", moe_last_error());
     /* misaligned int64 arrays, refused before they are read or written (an audit, 2026-11-29: num_blocks
      * read a misaligned topk_ids and wrote a misaligned num_blocks; build read the ids before refusing) */
     int64_t raw[16];
@@ -491,37 +481,37 @@ static void test_builder_errors(void)
     const int64_t *ids_off = (const int64_t *)(const void *)((const char *)raw + 1);
     int64_t *n_off = (int64_t *)(void *)((char *)(raw + 10) + 4);
     N = -7;
-    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, &o, &N) == MOE_ERR_MISALIGNED &&
-               N == -7 && strstr(moe_last_error(), "topk_ids at"),
-           "num_blocks, topk_ids misaligned: %s", moe_last_error());
+    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, &o, &N) == MOE_ERR_MISALIGNED &&
+              N == -7 && strstr(moe_last_error(), "topk_ids at"),
+          "num_blocks, topk_ids misaligned: %s", moe_last_error());
     memset(pos, 0x5A, sizeof pos);
-    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, w, 3, b2e, pos, aff, NULL, &o) ==
-                   MOE_ERR_MISALIGNED && strstr(moe_last_error(), "topk_ids at") && ((unsigned char *)pos)[0] == 0x5A,
-           "build, topk_ids misaligned: %s", moe_last_error());
+    CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids_off, w, 3, b2e, pos, aff, NULL, &o) ==
+                  MOE_ERR_MISALIGNED && strstr(moe_last_error(), "topk_ids at") && ((unsigned char *)pos)[0] == 0x5A,
+          "build, topk_ids misaligned: %s", moe_last_error());
     memset(raw, 0x5A, sizeof raw);
-    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, n_off) == MOE_ERR_MISALIGNED &&
-               strstr(moe_last_error(), "num_blocks at") && ((unsigned char *)raw)[84] == 0x5A,
-           "num_blocks, num_blocks misaligned: %s", moe_last_error());
-    EXPECT(moe_mlp_layout_max_blocks(MOE_MLP_DROPLESS, 2, 3, 3, &o, n_off) == MOE_ERR_MISALIGNED &&
-               strstr(moe_last_error(), "moe_mlp_layout_max_blocks: num_blocks at") &&
-               ((unsigned char *)raw)[84] == 0x5A,
-           "max_blocks, num_blocks misaligned: %s", moe_last_error());
+    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 2, 3, 3, ids, &o, n_off) == MOE_ERR_MISALIGNED &&
+              strstr(moe_last_error(), "num_blocks at") && ((unsigned char *)raw)[84] == 0x5A,
+          "num_blocks, num_blocks misaligned: %s", moe_last_error());
+    CHECK(moe_mlp_layout_max_blocks(MOE_MLP_DROPLESS, 2, 3, 3, &o, n_off) == MOE_ERR_MISALIGNED &&
+              strstr(moe_last_error(), "moe_mlp_layout_max_blocks: num_blocks at") &&
+              ((unsigned char *)raw)[84] == 0x5A,
+          "max_blocks, num_blocks misaligned: %s", moe_last_error());
     /* num_blocks * B past 64 bits, and past what the arrays can address (SIZE_MAX / 16 positions for build_on):
      * refused before any array is read, each with its own message */
-    EXPECT(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 62, b2e, pos,
-                                   aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
-               strstr(moe_last_error(), "num_blocks * B = 4611686018427387904 * 2 overflows 64 bits"),
-           "build_on, num_blocks * B past 64 bits: %s", moe_last_error());
-    EXPECT(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 59, b2e, pos,
-                                   aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
-               strstr(moe_last_error(), "num_blocks * B = 1152921504606846976 positions, more than the ") &&
-               strstr(moe_last_error(), " whose arrays this builder can address"),
-           "build_on, num_blocks * B past SIZE_MAX / 16: %s", moe_last_error());
+    CHECK(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 62, b2e, pos,
+                                  aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
+              strstr(moe_last_error(), "num_blocks * B = 4611686018427387904 * 2 overflows 64 bits"),
+          "build_on, num_blocks * B past 64 bits: %s", moe_last_error());
+    CHECK(moe_mlp_layout_build_on(MOE_BACKEND_REF, MOE_MLP_DROPLESS, 2, 3, 3, ids, w, (int64_t)1 << 59, b2e, pos,
+                                  aff, NULL, NULL, &o) == MOE_ERR_OVERFLOW &&
+              strstr(moe_last_error(), "num_blocks * B = 1152921504606846976 positions, more than the ") &&
+              strstr(moe_last_error(), " whose arrays this builder can address"),
+          "build_on, num_blocks * B past SIZE_MAX / 16: %s", moe_last_error());
     /* the empty problem */
-    EXPECT(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 0, 0, 3, NULL, &o, &N) == MOE_OK && N == 0, "T = 0");
-    EXPECT(moe_mlp_layout_build(MOE_MLP_DROPPING, 0, 0, 3, NULL, NULL, 3, b2e, pos, NULL, &dropped, &o) == MOE_OK &&
-               dropped == 0 && b2e[2] == 2 && pos[5] == -1,
-           "T = 0 dropping: %s", moe_last_error());
+    CHECK(moe_mlp_layout_num_blocks(MOE_MLP_DROPLESS, 0, 0, 3, NULL, &o, &N) == MOE_OK && N == 0, "T = 0");
+    CHECK(moe_mlp_layout_build(MOE_MLP_DROPPING, 0, 0, 3, NULL, NULL, 3, b2e, pos, NULL, &dropped, &o) == MOE_OK &&
+              dropped == 0 && b2e[2] == 2 && pos[5] == -1,
+          "T = 0 dropping: %s", moe_last_error());
 }
 
 /* A forward whose per-thread float32 workspace is at the size_t bound (an audit, 2026-11-29): T = 349501
@@ -548,7 +538,7 @@ static void test_workspace_bound(void)
         moe_mlp_options o = {0};
         o.dtype = MOE_BF16, o.block_size = B;
         const moe_mlp_layout L = {T, E, N, b2e, ids};
-        EXPECT(moe_mlp_layout_validate(&L, &o) == MOE_OK, "workspace bound: layout %s", moe_last_error());
+        CHECK(moe_mlp_layout_validate(&L, &o) == MOE_OK, "workspace bound: layout %s", moe_last_error());
 #ifdef _OPENMP
         const int threads = omp_get_max_threads();
         omp_set_num_threads(4);
@@ -558,9 +548,9 @@ static void test_workspace_bound(void)
 #ifdef _OPENMP
         omp_set_num_threads(threads);
 #endif
-        EXPECT(s == MOE_ERR_OUT_OF_MEMORY && strstr(moe_last_error(), "float32 workspace") &&
-                   ((unsigned char *)out)[0] == 0x5A && ((unsigned char *)out)[T * 2 - 1] == 0x5A,
-               "workspace bound: status %d (%s)", (int)s, moe_last_error());
+        CHECK(s == MOE_ERR_OUT_OF_MEMORY && strstr(moe_last_error(), "float32 workspace") &&
+                  ((unsigned char *)out)[0] == 0x5A && ((unsigned char *)out)[T * 2 - 1] == 0x5A,
+              "workspace bound: status %d (%s)", (int)s, moe_last_error());
     }
     if (w_gu != MAP_FAILED)
         munmap(w_gu, w_bytes);
@@ -582,10 +572,10 @@ static void test_empty_hidden(void)
     const moe_status s = moe_mlp_fwd(MOE_BACKEND_REF, &L, 0, 2, NULL, aff, NULL, NULL, b_gu, NULL, NULL, ckpt, NULL,
                                      &o);
     /* gate / up of slot 0 are the bias alone (no hidden columns); slot 1 is padding: +0 */
-    EXPECT(s == MOE_OK && ckpt[0] == 0.5f && ckpt[2] == -1 && ckpt[4] == 2 && ckpt[6] == 0.25f && ckpt[1] == 0 &&
-               ckpt[7] == 0,
-           "H = 0 with bias: status %d (%s), ckpt %g %g %g %g", (int)s, moe_last_error(), ckpt[0], ckpt[2], ckpt[4],
-           ckpt[6]);
+    CHECK(s == MOE_OK && ckpt[0] == 0.5f && ckpt[2] == -1 && ckpt[4] == 2 && ckpt[6] == 0.25f && ckpt[1] == 0 &&
+              ckpt[7] == 0,
+          "H = 0 with bias: status %d (%s), ckpt %g %g %g %g", (int)s, moe_last_error(), ckpt[0], ckpt[2], ckpt[4],
+          ckpt[6]);
 }
 
 int main(void)

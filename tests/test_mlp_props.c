@@ -13,24 +13,14 @@
  *     topk = E; and shapes past the reference's tile sizes.
  * usage: test_mlp_props [seed] */
 #include "mlp_testlib.h"
+#include "alloc.h"
+#include "check.h"
 
 #include <math.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-static int64_t failures;
-
-#define EXPECT(cond, ...)                                                                            \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                          \
-            fprintf(stderr, __VA_ARGS__);                                                            \
-            fprintf(stderr, "\n");                                                                   \
-            failures++;                                                                              \
-        }                                                                                            \
-    } while (0)
 
 static void set_threads(int n)
 {
@@ -89,8 +79,8 @@ static void boundary_case(moe_dtype dt, int which, float limit, double *grad, do
     *lim[which] = limit;
     mt_result r;
     /* the bound check only: finite differences are meaningless at a kink */
-    EXPECT(mt_run(&c, MT_CHECK_BOUND, 1, &r) == 0, "boundary case %s limit %d = %.9g", moe_dtype_name(dt), which,
-           (double)limit);
+    CHECK(mt_run(&c, MT_CHECK_BOUND, 1, &r) == 0, "boundary case %s limit %d = %.9g", moe_dtype_name(dt), which,
+          (double)limit);
     const int half = which >= 2 ? 0 : 1; /* non-linear clamps act on the gate */
     *grad = mt_load(dt, r.d_wgu, 0 * 2 + half);
     *other_grad = mt_load(dt, r.d_wgu, 0 * 2 + (1 - half));
@@ -109,30 +99,30 @@ static void test_boundaries(void)
         double grad, ckpt, other;
         /* the limit equals the (unclamped) value: strict inequality => zero gradient */
         boundary_case(MOE_F32, which, v, &grad, &ckpt, &other);
-        EXPECT(ckpt == v && grad == 0.0 && other != 0.0,
-               "limit %d at the value: ckpt %.9g grad %.9g (want 0) other %.9g", which, ckpt, grad, other);
+        CHECK(ckpt == v && grad == 0.0 && other != 0.0,
+              "limit %d at the value: ckpt %.9g grad %.9g (want 0) other %.9g", which, ckpt, grad, other);
         /* one ulp inside the open interval: the gradient flows */
         boundary_case(MOE_F32, which, upper ? nextafterf(v, INFINITY) : nextafterf(v, -INFINITY), &grad, &ckpt,
                       &other);
-        EXPECT(ckpt == v && grad != 0.0, "limit %d one ulp away: ckpt %.9g grad %.9g (want nonzero)", which, ckpt,
-               grad);
+        CHECK(ckpt == v && grad != 0.0, "limit %d one ulp away: ckpt %.9g grad %.9g (want nonzero)", which, ckpt,
+              grad);
         /* clamped (limit well inside): the checkpoint holds the limit, zero gradient */
         const float inside = upper ? (float)(value[which] - 0.25) : (float)(value[which] + 0.25);
         boundary_case(MOE_F32, which, inside, &grad, &ckpt, &other);
-        EXPECT(ckpt == inside && grad == 0.0, "limit %d clamping: ckpt %.9g grad %.9g", which, ckpt, grad);
+        CHECK(ckpt == inside && grad == 0.0, "limit %d clamping: ckpt %.9g grad %.9g", which, ckpt, grad);
         /* bf16 with a limit bf16 cannot represent, rounded towards the open interval (upper 0.7 ->
          * 0.69921875 on u = 0.75, 0.45 -> 0.44921875 on g = 0.625; lower 0.8 -> 0.80078125): the
          * clamped value is checkpointed as round(limit) and must still count as clamped */
         static const float odd[4] = {0.8f, 0.7f, 0.8f, 0.45f};
         boundary_case(MOE_BF16, which, odd[which], &grad, &ckpt, &other);
-        EXPECT(ckpt == moe_bf16_to_f32(moe_f32_to_bf16(odd[which])) && ckpt != odd[which] && grad == 0.0,
-               "bf16 limit %d = %.9g: ckpt %.9g grad %.9g (want round(limit), 0)", which, (double)odd[which], ckpt,
-               grad);
+        CHECK(ckpt == moe_bf16_to_f32(moe_f32_to_bf16(odd[which])) && ckpt != odd[which] && grad == 0.0,
+              "bf16 limit %d = %.9g: ckpt %.9g grad %.9g (want round(limit), 0)", which, (double)odd[which], ckpt,
+              grad);
         /* a non-representable limit that leaves the value free: the gradient flows */
         const float free_limit = upper ? 0.9f : 0.3f;
         boundary_case(MOE_BF16, which, free_limit, &grad, &ckpt, &other);
-        EXPECT(grad != 0.0 && ckpt == v, "bf16 limit %d = %.9g leaves the value free, grad %.9g", which,
-               (double)free_limit, grad);
+        CHECK(grad != 0.0 && ckpt == v, "bf16 limit %d = %.9g leaves the value free, grad %.9g", which,
+              (double)free_limit, grad);
     }
 }
 
@@ -168,12 +158,12 @@ static void test_affinity_placement(oracle_rng *rng)
             continue;
         }
         mt_result rh, ri, ri2;
-        EXPECT(mt_run(&ch, MT_CHECK_FD | MT_CHECK_BOUND, 1, &rh) == 0, "ON_H trial %d", trial);
-        EXPECT(mt_run(&ci, MT_CHECK_FD | MT_CHECK_BOUND, 1, &ri) == 0, "ON_I trial %d", trial);
-        EXPECT(mt_run(&ci, MT_CHECK_FD | MT_CHECK_BOUND, 0, &ri2) == 0, "ON_I (no down ckpt) trial %d", trial);
-        EXPECT(mt_compare_results(&ch, &rh, &ci, &ri, "ON_H vs ON_I") == 0, "ON_H vs ON_I differ, trial %d", trial);
-        EXPECT(mt_compare_results(&ch, &rh, &ci, &ri2, "ON_H vs ON_I recomputing d") == 0,
-               "ON_H vs ON_I (recomputed d) differ, trial %d", trial);
+        CHECK(mt_run(&ch, MT_CHECK_FD | MT_CHECK_BOUND, 1, &rh) == 0, "ON_H trial %d", trial);
+        CHECK(mt_run(&ci, MT_CHECK_FD | MT_CHECK_BOUND, 1, &ri) == 0, "ON_I trial %d", trial);
+        CHECK(mt_run(&ci, MT_CHECK_FD | MT_CHECK_BOUND, 0, &ri2) == 0, "ON_I (no down ckpt) trial %d", trial);
+        CHECK(mt_compare_results(&ch, &rh, &ci, &ri, "ON_H vs ON_I") == 0, "ON_H vs ON_I differ, trial %d", trial);
+        CHECK(mt_compare_results(&ch, &rh, &ci, &ri2, "ON_H vs ON_I recomputing d") == 0,
+              "ON_H vs ON_I (recomputed d) differ, trial %d", trial);
         mt_result_free(&rh), mt_result_free(&ri), mt_result_free(&ri2);
         mt_case_free(&ch), mt_case_free(&ci);
     }
@@ -189,7 +179,7 @@ static void test_affinity_definition(oracle_rng *rng)
         mt_case c;
         mt_case_init(&c, 6000 + (uint64_t)trial, 7, 5, 3, 9, 4, &o, trial % 3);
         mt_result r;
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, 1, &r) == 0, "affinity definition trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, 1, &r) == 0, "affinity definition trial %d", trial);
         const moe_dtype dt = c.opt.dtype;
         unsigned char *seen = calloc((size_t)(c.T * c.E + 1), 1);
         for (int64_t p = 0; p < c.N * c.B; p++) {
@@ -206,14 +196,14 @@ static void test_affinity_definition(oracle_rng *rng)
             const double bound = oracle_gamma(c.H) * mag + oracle_output_rounding(dt, fabs(v) + oracle_gamma(c.H) * mag) +
                                  (double)c.H * 0x1p-52 * mag;
             const double got = mt_load(dt, r.d_aff, t * c.E + e);
-            EXPECT(fabs(got - v) <= bound, "dA[%lld][%lld] = %.9g, <G, d> = %.9g, bound %.3g", (long long)t,
-                   (long long)e, got, v, bound);
+            CHECK(fabs(got - v) <= bound, "dA[%lld][%lld] = %.9g, <G, d> = %.9g, bound %.3g", (long long)t,
+                  (long long)e, got, v, bound);
             seen[t * c.E + e] = 1;
         }
         for (int64_t i = 0; i < c.T * c.E; i++)
             if (!seen[i])
-                EXPECT(mt_load(dt, r.d_aff, i) == 0.0, "dA[%lld] of a pair outside the layout is %g", (long long)i,
-                       mt_load(dt, r.d_aff, i));
+                CHECK(mt_load(dt, r.d_aff, i) == 0.0, "dA[%lld] of a pair outside the layout is %g", (long long)i,
+                      mt_load(dt, r.d_aff, i));
         free(seen);
         mt_result_free(&r), mt_case_free(&c);
     }
@@ -230,12 +220,12 @@ static void test_block_sizes(oracle_rng *rng)
         for (int q = 0; q < 6; q++) {
             o.block_size = sizes[q];
             mt_case_init(&cs[q], 7000 + (uint64_t)trial, 9, 5, 3, 6, 3, &o, MT_DROPLESS);
-            EXPECT(mt_run(&cs[q], q == 5 ? MT_CHECK_BOUND : MT_CHECK_FD | MT_CHECK_BOUND, 1, &rs[q]) == 0,
-                   "block size %lld, trial %d", (long long)sizes[q], trial);
+            CHECK(mt_run(&cs[q], q == 5 ? MT_CHECK_BOUND : MT_CHECK_FD | MT_CHECK_BOUND, 1, &rs[q]) == 0,
+                  "block size %lld, trial %d", (long long)sizes[q], trial);
         }
         for (int q = 1; q < 6; q++)
-            EXPECT(mt_compare_results(&cs[0], &rs[0], &cs[q], &rs[q], "block sizes") == 0,
-                   "B = 1 vs B = %lld differ, trial %d", (long long)sizes[q], trial);
+            CHECK(mt_compare_results(&cs[0], &rs[0], &cs[q], &rs[q], "block sizes") == 0,
+                  "B = 1 vs B = %lld differ, trial %d", (long long)sizes[q], trial);
         for (int q = 0; q < 6; q++)
             mt_result_free(&rs[q]), mt_case_free(&cs[q]);
     }
@@ -251,10 +241,10 @@ static void test_overwrite(oracle_rng *rng)
         mt_case_init(&ca, 9000 + (uint64_t)trial, 8, 4, 1, 5, 3, &o, trial % 3);
         o.tensor_update_overwrite = 1;
         mt_case_init(&cb, 9000 + (uint64_t)trial, 8, 4, 1, 5, 3, &o, trial % 3);
-        EXPECT(mt_run(&ca, MT_CHECK_FD | MT_CHECK_BOUND, 1, &ra) == 0, "top-1 accumulating, trial %d", trial);
-        EXPECT(mt_run(&cb, MT_CHECK_FD | MT_CHECK_BOUND, 1, &rb) == 0, "top-1 overwrite, trial %d", trial);
-        EXPECT(mt_results_identical(&ca, &ra, &rb, 1), "top-1: overwrite differs from accumulating, trial %d",
-               trial);
+        CHECK(mt_run(&ca, MT_CHECK_FD | MT_CHECK_BOUND, 1, &ra) == 0, "top-1 accumulating, trial %d", trial);
+        CHECK(mt_run(&cb, MT_CHECK_FD | MT_CHECK_BOUND, 1, &rb) == 0, "top-1 overwrite, trial %d", trial);
+        CHECK(mt_results_identical(&ca, &ra, &rb, 1), "top-1: overwrite differs from accumulating, trial %d",
+              trial);
         mt_result_free(&ra), mt_result_free(&rb), mt_case_free(&ca), mt_case_free(&cb);
     }
 }
@@ -271,13 +261,13 @@ static void test_threads(oracle_rng *rng)
         mt_case_init(&c, 11000 + (uint64_t)trial, 48, 6, 3, 40, 24, &o, trial % 3);
         mt_result r1, r2, r3;
         set_threads(1);
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, 1, &r1) == 0, "1 thread, trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, 1, &r1) == 0, "1 thread, trial %d", trial);
         set_threads(2);
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, 1, &r2) == 0, "2 threads, trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, 1, &r2) == 0, "2 threads, trial %d", trial);
         set_threads(5);
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, 1, &r3) == 0, "5 threads, trial %d", trial);
-        EXPECT(mt_results_identical(&c, &r1, &r2, 1) && mt_results_identical(&c, &r1, &r3, 1),
-               "results depend on the thread count, trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, 1, &r3) == 0, "5 threads, trial %d", trial);
+        CHECK(mt_results_identical(&c, &r1, &r2, 1) && mt_results_identical(&c, &r1, &r3, 1),
+              "results depend on the thread count, trial %d", trial);
         mt_result_free(&r1), mt_result_free(&r2), mt_result_free(&r3), mt_case_free(&c);
     }
     set_threads(2);
@@ -299,10 +289,10 @@ static void test_round_intermediates_f32(oracle_rng *rng)
         mt_case_init(&c, 18000 + (uint64_t)trial, 7, 4, 2, 6, 5, &o, trial % 3);
         const int down_in_bwd = trial != 3; /* trial 3: ON_I recomputing d */
         mt_result off, on;
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &off) == 0, "f32 without round_intermediates, trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &off) == 0, "f32 without round_intermediates, trial %d", trial);
         c.opt.round_intermediates = 1;
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &on) == 0, "f32 with round_intermediates, trial %d", trial);
-        EXPECT(mt_results_identical(&c, &off, &on, 1), "f32: round_intermediates changed a result, trial %d", trial);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &on) == 0, "f32 with round_intermediates, trial %d", trial);
+        CHECK(mt_results_identical(&c, &off, &on, 1), "f32: round_intermediates changed a result, trial %d", trial);
         mt_result_free(&off), mt_result_free(&on), mt_case_free(&c);
     }
 }
@@ -335,7 +325,7 @@ static void test_round_intermediates_bf16(void)
         set_in(&c, c.aff, c.A, 0, 1.0 + 0x1p-7);
         set_in(&c, c.G, c.g, 0, 1.0 - 0x1p-8);
         mt_result r;
-        EXPECT(mt_run(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, 1, &r) == 0, "bf16 hand case, flag %d", flag);
+        CHECK(mt_run(&c, MT_CHECK_BOUND | MT_CHECK_EXACT_ROUNDING, 1, &r) == 0, "bf16 hand case, flag %d", flag);
         const double aG = (1.0 + 0x1p-7) * (1.0 - 0x1p-8), u1 = 1.0 + 0x1p-7;
         const double dD = flag ? 1.0 : aG;          /* the down-projection gradient operand */
         const double m1 = flag ? 20.125 : 20.15625; /* dW_d's operand (from the checkpoints) */
@@ -344,15 +334,15 @@ static void test_round_intermediates_bf16(void)
          * 0.157470703125 -> 0.1572265625 */
         const double want_out = flag ? 0.1259765625 : 0.1572265625;
         const double got_out = mt_load(MOE_BF16, r.out, 0);
-        EXPECT(got_out == want_out, "bf16 round_intermediates=%d: out %.12g, want %.12g (d = %s)", flag, got_out,
-               want_out, flag ? "rnd(m1) - rnd(m2)" : "m1 - m2");
+        CHECK(got_out == want_out, "bf16 round_intermediates=%d: out %.12g, want %.12g (d = %s)", flag, got_out,
+              want_out, flag ? "rnd(m1) - rnd(m2)" : "m1 - m2");
         /* d_w_d[e][i][h] (float32): m_i * dD; i = 0 */
         const double got_wd = mt_load(MOE_F32, r.d_wd, 0), want_wd = (float)(m1 * dD);
-        EXPECT(got_wd == want_wd, "bf16 round_intermediates=%d: d_w_d[0] %.12g, want %.12g", flag, got_wd, want_wd);
+        CHECK(got_wd == want_wd, "bf16 round_intermediates=%d: d_w_d[0] %.12g, want %.12g", flag, got_wd, want_wd);
         /* d_w_gu[e][h][c][i] (float32, x = 1): gate i = 0 is dg1, up i = 0 is du1 */
         const double got_g = mt_load(MOE_F32, r.d_wgu, 0), got_u = mt_load(MOE_F32, r.d_wgu, 2);
-        EXPECT(got_g == dg1 && got_u == du1, "bf16 round_intermediates=%d: d_w_gu gate %.12g up %.12g, want %.12g %.12g",
-               flag, got_g, got_u, dg1, du1);
+        CHECK(got_g == dg1 && got_u == du1, "bf16 round_intermediates=%d: d_w_gu gate %.12g up %.12g, want %.12g %.12g",
+              flag, got_g, got_u, dg1, du1);
         mt_result_free(&r), mt_case_free(&c);
     }
 }
@@ -380,7 +370,7 @@ static void test_bias_halves(void)
             mt_case c;
             mt_case_init(&c, 12000 + (uint64_t)dti, 7, 3, 2, 4, 5, &o, MT_DROPLESS);
             mt_result r;
-            EXPECT(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "bias grads, %d threads", threads);
+            CHECK(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "bias grads, %d threads", threads);
             for (int64_t e = 0; e < c.E; e++) {
                 /* an expert with tokens has a nonzero gate half AND a nonzero up half */
                 int has_tokens = 0;
@@ -388,10 +378,10 @@ static void test_bias_halves(void)
                     has_tokens |= c.b2e[p / c.B] == e && c.ids[p] >= 0 && c.ids[p] < c.T;
                 if (!has_tokens)
                     continue;
-                EXPECT(!all_zero(c.opt.dtype, r.d_bgu, (e * 2 + 0) * c.I, c.I), "expert %lld: gate bias grad all 0",
-                       (long long)e);
-                EXPECT(!all_zero(c.opt.dtype, r.d_bgu, (e * 2 + 1) * c.I, c.I), "expert %lld: up bias grad all 0",
-                       (long long)e);
+                CHECK(!all_zero(c.opt.dtype, r.d_bgu, (e * 2 + 0) * c.I, c.I), "expert %lld: gate bias grad all 0",
+                      (long long)e);
+                CHECK(!all_zero(c.opt.dtype, r.d_bgu, (e * 2 + 1) * c.I, c.I), "expert %lld: up bias grad all 0",
+                      (long long)e);
             }
             mt_result_free(&r), mt_case_free(&c);
         }
@@ -408,12 +398,12 @@ static void test_block_128(void)
         o.affinity = (moe_mlp_affinity)(dti == 2);
         mt_case c;
         mt_case_init(&c, 13000 + (uint64_t)dti, 20, 3, 2, 6, 4, &o, dti == 2 ? MT_DROPPING : MT_DROPLESS);
-        EXPECT(c.B == 128, "default block size %lld", (long long)c.B);
+        CHECK(c.B == 128, "default block size %lld", (long long)c.B);
         mt_result r;
-        EXPECT(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "B = 128, %s", moe_dtype_name(o.dtype));
-        EXPECT(!all_zero(c.opt.dtype, r.d_hidden, 0, c.T * c.H) && !all_zero(c.opt.dtype, r.d_wgu, 0, mt_count_wgu(&c)) &&
-                   !all_zero(c.opt.dtype, r.d_wd, 0, mt_count_wd(&c)) && !all_zero(c.opt.dtype, r.d_aff, 0, c.T * c.E),
-               "B = 128: a gradient is all zero");
+        CHECK(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "B = 128, %s", moe_dtype_name(o.dtype));
+        CHECK(!all_zero(c.opt.dtype, r.d_hidden, 0, c.T * c.H) && !all_zero(c.opt.dtype, r.d_wgu, 0, mt_count_wgu(&c)) &&
+                  !all_zero(c.opt.dtype, r.d_wd, 0, mt_count_wd(&c)) && !all_zero(c.opt.dtype, r.d_aff, 0, c.T * c.E),
+              "B = 128: a gradient is all zero");
         mt_result_free(&r), mt_case_free(&c);
     }
 }
@@ -430,15 +420,15 @@ static void test_odd_experts(void)
         mt_case_init(&c, 14000 + (uint64_t)q, T, E, E < 2 ? 1 : 2, 4, 3, &o, MT_DROPLESS);
         mt_result r;
         /* mt_run poisons d_affinities with NaN and checks every entry (0 for pairs outside the layout) */
-        EXPECT(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "E = %lld", (long long)E);
+        CHECK(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, &r) == 0, "E = %lld", (long long)E);
         int64_t nonzero_tail = 0;
         for (int64_t i = 0; i < T * E; i++) {
             const double v = mt_load(c.opt.dtype, r.d_aff, i);
-            EXPECT(isfinite(v), "E = %lld: d_affinities[%lld] not written (%g)", (long long)E, (long long)i, v);
+            CHECK(isfinite(v), "E = %lld: d_affinities[%lld] not written (%g)", (long long)E, (long long)i, v);
             if (i >= T * E - T)
                 nonzero_tail += v != 0.0;
         }
-        EXPECT(nonzero_tail > 0, "E = %lld: the last T affinity-grad entries are all zero", (long long)E);
+        CHECK(nonzero_tail > 0, "E = %lld: the last T affinity-grad entries are all zero", (long long)E);
         mt_result_free(&r), mt_case_free(&c);
     }
 }
@@ -455,7 +445,7 @@ static void test_activations_differ(void)
             o.block_size = 2;
             /* larger |g| so that GELU and its tanh approximation separate beyond the bf16 bound */
             mt_case_init(&cs[a], 15000 + (uint64_t)dti, 6, 3, 2, 12, 6, &o, MT_DROPLESS);
-            EXPECT(mt_run(&cs[a], MT_CHECK_FD | MT_CHECK_BOUND, 1, &rs[a]) == 0, "activation %d", a);
+            CHECK(mt_run(&cs[a], MT_CHECK_FD | MT_CHECK_BOUND, 1, &rs[a]) == 0, "activation %d", a);
         }
         for (int a = 0; a < 4; a++)
             for (int b = a + 1; b < 4; b++) {
@@ -463,7 +453,7 @@ static void test_activations_differ(void)
                     continue; /* the tanh approximation is within ~1e-3 of GELU: f32 only */
                 /* the two runs must differ by more than both bounds together somewhere */
                 const int64_t diff = mt_compare_results(&cs[a], &rs[a], &cs[b], &rs[b], NULL);
-                EXPECT(diff > 0, "activation %d and %d give the same results (%s)", a, b, moe_dtype_name((moe_dtype)dti));
+                CHECK(diff > 0, "activation %d and %d give the same results (%s)", a, b, moe_dtype_name((moe_dtype)dti));
             }
         for (int a = 0; a < 4; a++)
             mt_result_free(&rs[a]), mt_case_free(&cs[a]);
@@ -490,7 +480,7 @@ static void test_edges(oracle_rng *rng)
             mt_case c;
             const uint64_t seed = 16000 + q * 10 + (uint64_t)variant;
             if (shapes[q].one_expert) {
-                int64_t *ids = mt_xmalloc((size_t)(shapes[q].T * shapes[q].k) * sizeof(int64_t));
+                int64_t *ids = xmalloc((size_t)(shapes[q].T * shapes[q].k) * sizeof(int64_t));
                 for (int64_t i = 0; i < shapes[q].T * shapes[q].k; i++)
                     ids[i] = 2;
                 mt_case_init_routing(&c, seed, shapes[q].T, shapes[q].E, shapes[q].k, shapes[q].H, shapes[q].I, ids,
@@ -500,7 +490,7 @@ static void test_edges(oracle_rng *rng)
                 mt_case_init(&c, seed, shapes[q].T, shapes[q].E, shapes[q].k, shapes[q].H, shapes[q].I, &o,
                              variant % 3);
             }
-            EXPECT(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, NULL) == 0, "edge shape %zu variant %d", q, variant);
+            CHECK(mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND, 1, NULL) == 0, "edge shape %zu variant %d", q, variant);
             mt_case_free(&c);
         }
     }
@@ -526,8 +516,8 @@ static void test_large_shapes(oracle_rng *rng)
                      (int)(q % 3));
         mt_case_scale_weights(&c);
         if (!mt_choose_clamps(&c, (int)(3 + 4 * q) & 15))
-            EXPECT(0, "large shape %zu: no clamp placement", q);
-        EXPECT(mt_run(&c, MT_CHECK_BOUND, (int)(q != 1), NULL) == 0, "large shape %zu", q);
+            CHECK(0, "large shape %zu: no clamp placement", q);
+        CHECK(mt_run(&c, MT_CHECK_BOUND, (int)(q != 1), NULL) == 0, "large shape %zu", q);
         mt_case_free(&c);
     }
 }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "check.h"
 
 static uint64_t rng_state;

@@ -22,6 +22,7 @@
 #include <omp.h>
 #endif
 
+#include "alloc.h"
 #include "check.h"
 
 #ifdef _OPENMP

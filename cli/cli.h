@@ -1,0 +1,102 @@
+/*
+ * cli/cli.h: what the files of the moe tool share, in one section per file that defines it.  Every
+ * function here that can fail reports the error and exits with status 2 (die) instead of returning.
+ */
+#ifndef LIBMOE_CLI_H
+#define LIBMOE_CLI_H
+
+#include "moe.h"
+#include "moe_mlp.h"
+#include "npy.h"
+#include "options.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* exit statuses: 1 compare found a difference over its tolerance, 2 any error */
+enum { EXIT_MISMATCH = 1, EXIT_USAGE = 2 };
+
+/* ---- memory.c: errors, and the heap blocks the tool owns (all freed at exit) ---- */
+/* die() starts its messages with "moe NAME: " once the command NAME is known. */
+void set_command_name(const char *name);
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void *xmalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t count, size_t size);
+void xfree(void *p);
+void own(void *p); /* registers a block malloc made elsewhere */
+/* a * b * c elements, refusing products past 64 bits */
+size_t elements(int64_t a, int64_t b, int64_t c);
+
+/* ---- files.c: paths, and the files a command writes (all or none: outputs.h) ---- */
+char *join_path(const char *dir, const char *name); /* "dir/name", owned */
+void make_dirs(const char *path);                   /* mkdir -p */
+int is_regular(const char *path);
+int is_dir(const char *path);
+/* Claiming, before anything is read: the files a command writes, then those it reads (refused when they
+ * are outputs too). */
+void add_outputs_in(const char *dir, const char *const *names, int n, char **paths);
+void check_input(const char *path);
+void claim_files(const args *a, const char *const *outs, const char *const *ins);
+/* Writing into temporary files, then putting all in place at once (commit_outputs). */
+void write_array(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data);
+void write_result(const args *a, const char *path, moe_dtype dtype, const void *data, int ndim,
+                  const int64_t *shape);
+void commit_outputs(void);
+void discard_outputs(void);            /* at exit: removes every output not committed */
+const char *uncommitted_output(void); /* the first, NULL when none */
+
+/* ---- arrays.c: loading input arrays, checking and converting them ---- */
+void load(const char *path, npy_array *array); /* reads a whole .npy file; its data is owned */
+void release(npy_array *array);                /* frees what load read */
+char *shape_text(const npy_header *h); /* "(2, 3)"; valid until the fourth call after */
+void check_matrix(const char *path, const npy_array *array, int64_t rows, int64_t cols, int split,
+                  const char *why);
+void check_floating(const char *path, const npy_array *array);
+void check_index_array(const char *path, const npy_array *arr);
+int shape_is(const npy_header *h, int ndim, const int64_t *dims);
+void check_shape(const char *path, const npy_array *arr, int ndim, const int64_t *dims, const char *what,
+                 const char *why);
+void *convert(const char *path, const npy_array *array, moe_dtype dtype); /* a floating array in dtype, owned */
+int64_t *convert_int(const char *path, const npy_array *array);          /* an index array as int64, owned */
+moe_dtype choose_dtype(const args *a, const npy_array *const *arrays, const char *const *paths, int n);
+
+/* ---- call.c: one library call on the chosen backend ---- */
+/* With MOE_BACKEND_REF the arrays are the host buffers themselves.  With MOE_BACKEND_CUDA (device
+ * pointers for every array, the routing and layout arrays too) call_in gives a device copy of an input
+ * and call_out a device buffer of NaN bytes (0xFF) for an output: no call of this tool accumulates into
+ * its outputs, so none has contents to upload.  call_end reports a refused call, waits for the device
+ * (an error it detected is a refused call too), copies the outputs back to their host buffers and frees
+ * every device buffer (die() frees them at exit). */
+#define MAX_CALL_OUTPUTS 8
+typedef struct call_output {
+    const char *name;
+    void *host, *dev;
+    size_t bytes;
+} call_output;
+typedef struct lib_call {
+    const char *name; /* the library function */
+    moe_backend backend;
+    int num_out;
+    call_output out[MAX_CALL_OUTPUTS];
+} lib_call;
+
+moe_backend get_backend(const args *a);
+#ifdef MOE_CLI_CUDA
+void require_cuda_device(const char *prefix, const char *suffix);
+#endif
+void library_failed(const char *call, moe_status status);
+void *to_device(const lib_call *c, const void *host, size_t bytes, const char *name);
+const void *call_in(const lib_call *c, const char *name, const void *host, size_t bytes);
+void *call_out(lib_call *c, const char *name, void *host, size_t bytes);
+moe_routing call_routing(const lib_call *c, const moe_routing *r);
+void call_end(lib_call *c, moe_status status);
+
+/* ---- cmd_mlp.c: the MLP layout options, which route reads too ---- */
+int64_t parse_block_size(const args *a);
+moe_mlp_padding parse_padding(const args *a);
+
+/* ---- the commands, in cmd_*.c ---- */
+extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,
+    mlp_fwd_command, mlp_bwd_command, autotune_command;
+
+#endif /* LIBMOE_CLI_H */

@@ -1,0 +1,520 @@
+/*
+ * cli/cmd_mlp.c: the blockwise MoE MLP commands mlp-fwd and mlp-bwd: their options and help, and the
+ * folder of NKI-named files they read, check against each other and write.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPT_MLP                                                                                        \
+    {"--block-size", "B",                                                                              \
+     "positions per block B >= 1. Default: token_position_to_id's length / the number of blocks (its "  \
+     "second dimension when it is (N, B)); 128 when there are no blocks. When given, the files must "   \
+     "agree with it."},                                                                                \
+    {"--activation", "silu|gelu|gelu_tanh|swish",                                                      \
+     "the gate's activation (NKI ActFnType): silu x*sigmoid(x) (default); gelu 0.5x(1 + erf(x/sqrt2)); " \
+     "gelu_tanh the tanh approximation; swish x*sigmoid(1.702x) (the gpt-oss gate)."},               \
+    {"--affinity-on", "h|i",                                                                           \
+     "where the routing affinity a is applied: h (default, NKI's) out += a*d; i m = act(g)*u*a, out += " \
+     "m . W_d + a*b_d (same function, other rounding)."},                                              \
+    {"--bias", NULL,                                                                                   \
+     "use the biases gate_up_proj_bias.npy (E, 2, I) and down_proj_bias.npy (E, H). Without it the "    \
+     "bias files are not read, even when present."},                                                   \
+    {"--clamp", "NL_LO,NL_HI,LIN_LO,LIN_HI",                                                           \
+     "clamp limits (NKI ClampLimits): exactly four comma-separated fields, an empty field = no bound "  \
+     "(e.g. --clamp ,7,-7,7 for gpt-oss). NL clamps the gate g (non-linear), LIN the up projection u "   \
+     "(linear), after the bias; each set bound must be finite, lower <= upper. The backward passes a "  \
+     "gradient only where lower < value < upper on the checkpointed value."},                          \
+    {"--padding", "skip|row",                                                                          \
+     "the padding mark of token_position_to_id: skip (default) -1; row T, and hidden_states, output, "  \
+     "output_hidden_states_grad and hidden_states_grad have T + 1 rows (row T is never read and is "    \
+     "written 0)."},                                                                                   \
+    {"--no-accumulate", NULL,                                                                          \
+     "NKI's is_tensor_update_accumulating=False (options.tensor_update_overwrite): a promise that "      \
+     "each token occupies at most one position (top-1), checked against token_position_to_id. The "     \
+     "results are bitwise the same as without it. (It has nothing to do with accumulating weight "     \
+     "gradients: mlp-bwd always writes fresh gradients.)"},                                            \
+    {"--round-intermediates", NULL,                                                                    \
+     "f16/bf16 (options.round_intermediates): round the operands of the second-stage GEMMs once to "    \
+     "the dtype, as NKI and torch keep them: m before the down projection, a*grad (the down "          \
+     "projection's gradient) and the gate/up gradients dg, du. Give it to both mlp-fwd and mlp-bwd. "   \
+     "No effect in f32. With --backend cuda: every GEMM on tensor cores (the fast path)."},           \
+    OPT_DTYPE,                                                                                         \
+    OPT_BACKEND,                                                                                       \
+    OPT_RAW
+
+static const opt mlp_fwd_opts[] = {
+    {"--in", "DIR", "folder of the inputs, NKI's parameter names (see above)."},
+    {"--out", "DIR",
+     "folder to write output.npy and the checkpoints into (created if missing; may be --in, so that "
+     "mlp-bwd --in finds the checkpoints there)."},
+    OPT_MLP,
+    {NULL, NULL, NULL},
+};
+
+static const opt mlp_bwd_opts[] = {
+    {"--in", "DIR", "folder of the inputs, NKI's parameter names (see above)."},
+    {"--out", "DIR", "folder to write the gradients into (created if missing)."},
+    OPT_MLP,
+    {"--grad-fp32", NULL,
+     "write the weight and bias gradients rounded to float32 instead of the computation dtype "
+     "(options.grad_fp32). Without it they are rounded to the computation dtype, also when written as "
+     "float32."},
+    {NULL, NULL, NULL},
+};
+
+static int run_mlp_fwd(const args *a);
+static int run_mlp_bwd(const args *a);
+
+const command mlp_fwd_command = {
+    "mlp-fwd",
+    "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
+    "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
+    "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+    "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
+    "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
+    "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
+    "m . W_d[e] (+ b_d[e]); out_t += a*d (SEMANTICS section 3, specs/MLP.md). Padding positions are "
+    "empty; rows of tokens in no block are 0.\n\n"
+    "--in DIR holds (NKI's parameter names; T tokens, E experts, H hidden, I intermediate, N blocks of "
+    "B positions; T1 = T + 1 with --padding row, else T):\n"
+    "  hidden_states.npy (T1, H)\n"
+    "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E)\n"
+    "  gate_up_proj_weight.npy (E, H, 2, I): [:, :, 0] gate, [:, :, 1] up\n"
+    "  down_proj_weight.npy (E, I, H)\n"
+    "  gate_up_proj_bias.npy (E, 2, I), down_proj_bias.npy (E, H): only with --bias\n"
+    "  token_position_to_id.npy (N*B,) or (N, B), int32/int64: a token, or the padding mark\n"
+    "  block_to_expert.npy (N,), int32/int64\n"
+    "(`moe route --block-size B --topk-weights TW.npy` writes the last three). Extra trailing "
+    "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert). --out DIR gets:\n"
+    "  output.npy (T1, H)\n"
+    "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
+    "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
+    "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
+    "the others before anything is written.",
+    mlp_fwd_opts, 0, run_mlp_fwd,
+};
+
+const command mlp_bwd_command = {
+    "mlp-bwd",
+    "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
+    "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--grad-fp32] [--dtype ...] [--backend ...] "
+    "[--raw]",
+    "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
+    "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
+    "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
+    "unless --raw, and without --dtype float32 inputs mean an f32 run.\n\n"
+    "--in DIR holds the forward's inputs (hidden_states.npy, expert_affinities_masked.npy, "
+    "gate_up_proj_weight.npy, down_proj_weight.npy, token_position_to_id.npy, block_to_expert.npy; "
+    "gate_up_proj_bias.npy is not needed, down_proj_bias.npy only with --bias --affinity-on i and no "
+    "down checkpoint) and:\n"
+    "  output_hidden_states_grad.npy (T1, H): the gradient of output\n"
+    "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B)\n"
+    "  down_proj_act_checkpoint.npy (N, B, H): optional with --affinity-on i (then recomputed)\n"
+    "--out DIR gets:\n"
+    "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
+    "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
+    "every pair of the layout, 0 for every other\n"
+    "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
+    "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
+    "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
+    "NumPy).",
+    mlp_bwd_opts, 0, run_mlp_bwd,
+};
+
+/* ---------------------------------------------------------------------------------------------------
+ * The MLP options (--block-size and --padding also for route)
+ * ------------------------------------------------------------------------------------------------- */
+int64_t parse_block_size(const args *a)
+{
+    const char *s = get(a, "--block-size");
+    return s ? parse_int_arg("--block-size", s, 1) : MOE_MLP_DEFAULT_BLOCK_SIZE;
+}
+
+moe_mlp_padding parse_padding(const args *a)
+{
+    const char *s = get(a, "--padding");
+    if (s == NULL || strcmp(s, "skip") == 0)
+        return MOE_MLP_PAD_SKIP;
+    if (strcmp(s, "row") == 0)
+        return MOE_MLP_PAD_ROW;
+    die("--padding %s: expected skip (empty positions hold -1) or row (they hold T)", s);
+}
+
+/* --clamp NL_LO,NL_HI,LIN_LO,LIN_HI into o's clamp limits (an empty field sets none). */
+static void parse_clamp(const char *s, moe_mlp_options *o)
+{
+    static const char *const names[4] = {"NL_LO", "NL_HI", "LIN_LO", "LIN_HI"};
+    float v[4] = {0};
+    int has[4] = {0};
+    const char *p = s;
+    for (int f = 0; f < 4; f++) {
+        const char *comma = strchr(p, ',');
+        if ((f < 3 && comma == NULL) || (f == 3 && comma != NULL))
+            die("--clamp %s: expected exactly 4 comma-separated fields NL_LO,NL_HI,LIN_LO,LIN_HI (an empty field "
+                "= no bound, e.g. ,7,-7,7)", s);
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char buf[64];
+        if (len >= sizeof buf)
+            die("--clamp %s: field %s is too long", s, names[f]);
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        if (len > 0) {
+            char *end;
+            v[f] = strtof(buf, &end);
+            if (*end != '\0' || end == buf || !isfinite(v[f]))
+                die("--clamp %s: field %s = '%s' is not a finite number (an empty field = no bound)", s, names[f], buf);
+            has[f] = 1;
+        }
+        p = comma ? comma + 1 : p + len;
+    }
+    for (int pair = 0; pair < 4; pair += 2)
+        if (has[pair] && has[pair + 1] && v[pair] > v[pair + 1])
+            die("--clamp %s: %s = %g is above %s = %g", s, names[pair], (double)v[pair], names[pair + 1],
+                (double)v[pair + 1]);
+    o->has_non_linear_clamp_lower_limit = has[0];
+    o->has_non_linear_clamp_upper_limit = has[1];
+    o->has_linear_clamp_lower_limit = has[2];
+    o->has_linear_clamp_upper_limit = has[3];
+    o->non_linear_clamp_lower_limit = v[0];
+    o->non_linear_clamp_upper_limit = v[1];
+    o->linear_clamp_lower_limit = v[2];
+    o->linear_clamp_upper_limit = v[3];
+}
+
+/* Every mlp option but the dtype (chosen from the files). */
+static void mlp_options(const args *a, moe_mlp_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->block_size = parse_block_size(a);
+    const char *s = get(a, "--activation");
+    o->activation = MOE_ACT_SILU;
+    if (s != NULL && moe_mlp_activation_from_name(s, &o->activation) != MOE_OK) {
+        char choices[256] = ""; /* the activation table's names: "silu, gelu, gelu_tanh or swish" */
+        for (int i = 0; i < MOE_MLP_ACTIVATION_COUNT; i++)
+            snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
+                     i == 0 ? "" : i + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ",
+                     moe_mlp_activation_name((moe_mlp_activation)i));
+        die("--activation %s: expected %s", s, choices);
+    }
+    s = get(a, "--affinity-on");
+    if (s == NULL || strcmp(s, "h") == 0 || strcmp(s, "H") == 0)
+        o->affinity = MOE_AFFINITY_ON_H;
+    else if (strcmp(s, "i") == 0 || strcmp(s, "I") == 0)
+        o->affinity = MOE_AFFINITY_ON_I;
+    else
+        die("--affinity-on %s: expected h (out += a*d) or i (m = act(g)*u*a)", s);
+    o->padding = parse_padding(a);
+    o->bias = get(a, "--bias") != NULL;
+    if ((s = get(a, "--clamp")) != NULL)
+        parse_clamp(s, o);
+    o->tensor_update_overwrite = get(a, "--no-accumulate") != NULL;
+    o->round_intermediates = get(a, "--round-intermediates") != NULL;
+}
+
+/* ", intermediates rounded to bf16" when options.round_intermediates takes effect (f16/bf16), else "". */
+static const char *rounded_note(const moe_mlp_options *o)
+{
+    if (!o->round_intermediates || o->dtype == MOE_F32)
+        return "";
+    return o->dtype == MOE_BF16 ? ", intermediates rounded to bf16" : ", intermediates rounded to f16";
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * Reading the --in folder
+ * ------------------------------------------------------------------------------------------------- */
+enum mlp_file {
+    F_HIDDEN, F_AFF, F_WGU, F_WD, F_BGU, F_BD, F_TPTI, F_B2E, F_OUT_GRAD, F_CKPT_GU, F_CKPT_D, F_COUNT
+};
+static const char *const mlp_file_names[F_COUNT] = {
+    "hidden_states.npy", "expert_affinities_masked.npy", "gate_up_proj_weight.npy", "down_proj_weight.npy",
+    "gate_up_proj_bias.npy", "down_proj_bias.npy", "token_position_to_id.npy", "block_to_expert.npy",
+    "output_hidden_states_grad.npy", "gate_up_proj_act_checkpoint_T.npy", "down_proj_act_checkpoint.npy",
+};
+
+typedef struct mlp_in {
+    moe_mlp_options o;
+    char *path[F_COUNT];
+    npy_array arr[F_COUNT];
+    int have[F_COUNT];
+    void *data[F_COUNT]; /* converted: floats to o.dtype, indices to int64 */
+    size_t bytes[F_COUNT]; /* of data[f] */
+    moe_backend backend;
+    int64_t T, T1, E, H, I, N, B;
+    int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
+    int64_t aff_shape[NPY_MAX_DIMS];
+    moe_mlp_layout layout;
+} mlp_in;
+
+/* Loads the files of --in marked in `want` (2: required, 1: read when present), checks every shape
+ * against the others, converts them to the computation dtype (floats) or int64 (indices), and validates
+ * the layout.  m->o holds the parsed mlp options (mlp_options); the dtype and block size are set here.
+ * Nothing is written. */
+static void mlp_load(const args *a, mlp_in *m, const int *want)
+{
+    const char *dir = need(a, "--in");
+    if (!is_dir(dir))
+        die("--in %s: not a folder (it holds the .npy files named after NKI's parameters, see moe %s --help)", dir,
+            a->cmd->name);
+    for (int f = 0; f < F_COUNT; f++) {
+        m->path[f] = join_path(dir, mlp_file_names[f]);
+        if (want[f] != 0)
+            check_input(m->path[f]);
+    }
+    for (int f = 0; f < F_COUNT; f++) {
+        if (want[f] == 2 || (want[f] == 1 && is_regular(m->path[f]))) {
+            load(m->path[f], &m->arr[f]);
+            m->have[f] = 1;
+        }
+    }
+    const npy_array *floats[F_COUNT];
+    const char *float_paths[F_COUNT];
+    int nf = 0;
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!m->have[f])
+            continue;
+        if (f == F_TPTI || f == F_B2E) {
+            check_index_array(m->path[f], &m->arr[f]);
+            continue;
+        }
+        check_floating(m->path[f], &m->arr[f]);
+        floats[nf] = &m->arr[f];
+        float_paths[nf++] = m->path[f];
+    }
+    m->o.dtype = choose_dtype(a, floats, float_paths, nf);
+
+    /* E, H, I from gate_up_proj_weight; N from block_to_expert; B from token_position_to_id or --block-size */
+    const npy_header *wgu = &m->arr[F_WGU].h;
+    const char *pw = m->path[F_WGU];
+    if (wgu->ndim < 4 || wgu->shape[2] != 2 || !shape_is(wgu, 4, wgu->shape))
+        die("%s: expected gate_up_proj_weight of shape (E, H, 2, I), found %s %s", pw, shape_text(wgu),
+            npy_type_name(wgu->type));
+    m->E = wgu->shape[0], m->H = wgu->shape[1], m->I = wgu->shape[3];
+    if (m->E < 1)
+        die("%s: expected at least one expert (E >= 1), found %s %s", pw, shape_text(wgu), npy_type_name(wgu->type));
+    char why[1024];
+    snprintf(why, sizeof why, "E, I and H from %s", pw);
+    const int64_t s_wd[3] = {m->E, m->I, m->H};
+    check_shape(m->path[F_WD], &m->arr[F_WD], 3, s_wd, "down_proj_weight", why);
+
+    const npy_header *b2e = &m->arr[F_B2E].h;
+    if (b2e->ndim < 1 || !shape_is(b2e, 1, b2e->shape))
+        die("%s: expected block_to_expert of shape (N,) or (N, 1), found %s %s", m->path[F_B2E], shape_text(b2e),
+            npy_type_name(b2e->type));
+    m->N = b2e->shape[0];
+    const npy_header *tp = &m->arr[F_TPTI].h;
+    const char *ptp = m->path[F_TPTI];
+    const int given_b = get(a, "--block-size") != NULL;
+    if (given_b)
+        m->B = m->o.block_size;
+    else if (m->N > 0 && tp->ndim >= 2 && tp->shape[0] == m->N && tp->shape[1] >= 1 && shape_is(tp, 2, tp->shape))
+        m->B = tp->shape[1]; /* (N, B) */
+    else if (m->N > 0 && tp->ndim >= 1 && tp->shape[0] > 0 && tp->shape[0] % m->N == 0 && shape_is(tp, 1, tp->shape))
+        m->B = tp->shape[0] / m->N; /* (N*B,) */
+    else
+        m->B = MOE_MLP_DEFAULT_BLOCK_SIZE;
+    m->o.block_size = m->B;
+    const int64_t nb[1] = {m->N * m->B}, n_b[2] = {m->N, m->B};
+    (void)elements(m->N, m->B, 1); /* refuses N*B past 64 bits */
+    if (!given_b && m->N > 0 && !shape_is(tp, 1, nb) && !shape_is(tp, 2, n_b))
+        die("%s: expected token_position_to_id of shape (N*B,) or (N, B) with N = %lld blocks from %s and a "
+            "block size B >= 1, found %s %s", ptp, (long long)m->N, m->path[F_B2E], shape_text(tp),
+            npy_type_name(tp->type));
+    if (!shape_is(tp, 1, nb) && !shape_is(tp, 2, n_b))
+        die("%s: expected token_position_to_id of shape (%lld,) or (%lld, %lld) (N = %lld blocks from %s, B = %lld %s), "
+            "found %s %s", ptp, (long long)nb[0], (long long)m->N, (long long)m->B, (long long)m->N, m->path[F_B2E],
+            (long long)m->B, given_b ? "from --block-size" : "(the default: there are no blocks)", shape_text(tp),
+            npy_type_name(tp->type));
+
+    /* T from hidden_states */
+    const npy_header *hs = &m->arr[F_HIDDEN].h;
+    const char *phs = m->path[F_HIDDEN];
+    const int row = m->o.padding == MOE_MLP_PAD_ROW;
+    if (hs->ndim < 2 || hs->shape[1] != m->H || !shape_is(hs, 2, hs->shape) || (row && hs->shape[0] < 1))
+        die("%s: expected hidden_states of shape (%s, %lld) (H = %lld from %s%s), found %s %s", phs,
+            row ? "T + 1" : "T", (long long)m->H, (long long)m->H, pw,
+            row ? "; with --padding row, row T is the padding row" : "", shape_text(hs), npy_type_name(hs->type));
+    m->T1 = hs->shape[0];
+    m->T = m->T1 - row;
+    if (m->T > 0 && m->E > INT64_MAX / m->T)
+        die("%s: T*E overflows", phs);
+
+    const int64_t te[1] = {m->T * m->E}, t_e[2] = {m->T, m->E};
+    const npy_header *ah = &m->arr[F_AFF].h;
+    if (!shape_is(ah, 1, te) && !shape_is(ah, 2, t_e))
+        die("%s: expected expert_affinities_masked of shape (%lld,), (%lld, 1) or (%lld, %lld) (T*E with T = %lld "
+            "tokens from %s%s, E = %lld from %s), found %s %s", m->path[F_AFF], (long long)te[0], (long long)te[0],
+            (long long)m->T, (long long)m->E, (long long)m->T, phs, row ? " less the padding row" : "",
+            (long long)m->E, pw, shape_text(ah), npy_type_name(ah->type));
+    m->aff_ndim = ah->ndim;
+    memcpy(m->aff_shape, ah->shape, sizeof m->aff_shape);
+    if (m->have[F_BGU]) {
+        const int64_t s[3] = {m->E, 2, m->I};
+        snprintf(why, sizeof why, "E and I from %s", pw);
+        check_shape(m->path[F_BGU], &m->arr[F_BGU], 3, s, "gate_up_proj_bias", why);
+    }
+    if (m->have[F_BD]) {
+        const int64_t s[2] = {m->E, m->H};
+        snprintf(why, sizeof why, "E and H from %s", pw);
+        check_shape(m->path[F_BD], &m->arr[F_BD], 2, s, "down_proj_bias", why);
+    }
+    if (m->have[F_OUT_GRAD]) {
+        snprintf(why, sizeof why, "the shape of %s", phs);
+        const int64_t s[2] = {m->T1, m->H};
+        check_shape(m->path[F_OUT_GRAD], &m->arr[F_OUT_GRAD], 2, s, "output_hidden_states_grad", why);
+    }
+    if (m->have[F_CKPT_GU]) {
+        snprintf(why, sizeof why, "N from %s, I from %s, B = %lld", m->path[F_B2E], pw, (long long)m->B);
+        const int64_t s[4] = {m->N, 2, m->I, m->B};
+        check_shape(m->path[F_CKPT_GU], &m->arr[F_CKPT_GU], 4, s, "gate_up_proj_act_checkpoint_T", why);
+    }
+    if (m->have[F_CKPT_D]) {
+        snprintf(why, sizeof why, "N from %s, B = %lld, H from %s", m->path[F_B2E], (long long)m->B, pw);
+        const int64_t s[3] = {m->N, m->B, m->H};
+        check_shape(m->path[F_CKPT_D], &m->arr[F_CKPT_D], 3, s, "down_proj_act_checkpoint", why);
+    }
+
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!m->have[f])
+            continue;
+        const int is_index = f == F_TPTI || f == F_B2E;
+        m->bytes[f] = elements(m->arr[f].h.count, is_index ? sizeof(int64_t) : moe_dtype_size(m->o.dtype), 1);
+        if (is_index)
+            m->data[f] = convert_int(m->path[f], &m->arr[f]);
+        else
+            m->data[f] = convert(m->path[f], &m->arr[f], m->o.dtype);
+        release(&m->arr[f]);
+        m->arr[f].data = NULL;
+    }
+    m->layout = (moe_mlp_layout){m->T, m->E, m->N, m->data[F_B2E], m->data[F_TPTI]};
+    if (moe_mlp_layout_validate(&m->layout, &m->o) != MOE_OK)
+        die("%s, %s: %s", ptp, m->path[F_B2E], moe_last_error());
+}
+
+/* The pointer to pass for input file f of m (NULL when absent). */
+static const void *mlp_in_arg(const lib_call *c, const mlp_in *m, int f)
+{
+    return call_in(c, mlp_file_names[f], m->data[f], m->bytes[f]);
+}
+
+/* m's layout with its arrays through call_in. */
+static moe_mlp_layout mlp_call_layout(const lib_call *c, const mlp_in *m)
+{
+    moe_mlp_layout on = m->layout;
+    on.block_to_expert = mlp_in_arg(c, m, F_B2E);
+    on.token_position_to_id = mlp_in_arg(c, m, F_TPTI);
+    return on;
+}
+
+/* The files both directions read: the forward's inputs (biases only with --bias). */
+static void mlp_begin(const args *a, mlp_in *m, int *want)
+{
+    memset(m, 0, sizeof *m);
+    m->backend = get_backend(a);
+    mlp_options(a, &m->o);
+    want[F_HIDDEN] = want[F_AFF] = want[F_WGU] = want[F_WD] = want[F_TPTI] = want[F_B2E] = 2;
+}
+
+/* ---------------------------------------------------------------------------------------------------
+ * mlp-fwd, mlp-bwd
+ * ------------------------------------------------------------------------------------------------- */
+static int run_mlp_fwd(const args *a)
+{
+    const char *out = need(a, "--out");
+    mlp_in m;
+    int want[F_COUNT] = {0};
+    mlp_begin(a, &m, want);
+    static const char *const names[] = {"output.npy", "gate_up_proj_act_checkpoint_T.npy",
+                                        "down_proj_act_checkpoint.npy"};
+    char *p[3];
+    add_outputs_in(out, names, 3, p);
+    if (m.o.bias)
+        want[F_BGU] = want[F_BD] = 2;
+    mlp_load(a, &m, want);
+    const size_t es = moe_dtype_size(m.o.dtype);
+    const size_t n_y = elements(m.T1, m.H, 1), n_gu = elements(m.N, 2 * m.I, m.B), n_d = elements(m.N, m.B, m.H);
+    void *y = xmalloc(n_y, es), *ckpt_gu = xmalloc(n_gu, es), *ckpt_d = xmalloc(n_d, es);
+    lib_call c = {"moe_mlp_fwd", m.backend, 0, {{0}}};
+    const moe_mlp_layout layout = mlp_call_layout(&c, &m);
+    call_end(&c, moe_mlp_fwd(c.backend, &layout, m.H, m.I, mlp_in_arg(&c, &m, F_HIDDEN), mlp_in_arg(&c, &m, F_AFF),
+                             mlp_in_arg(&c, &m, F_WGU), mlp_in_arg(&c, &m, F_WD), mlp_in_arg(&c, &m, F_BGU),
+                             mlp_in_arg(&c, &m, F_BD), call_out(&c, "output", y, n_y * es),
+                             call_out(&c, "gate_up_proj_act_checkpoint_T", ckpt_gu, n_gu * es),
+                             call_out(&c, "down_proj_act_checkpoint", ckpt_d, n_d * es), &m.o));
+    make_dirs(out);
+    const int64_t s_y[2] = {m.T1, m.H}, s_gu[4] = {m.N, 2, m.I, m.B}, s_d[3] = {m.N, m.B, m.H};
+    write_result(a, p[0], m.o.dtype, y, 2, s_y);
+    write_result(a, p[1], m.o.dtype, ckpt_gu, 4, s_gu);
+    write_result(a, p[2], m.o.dtype, ckpt_d, 3, s_d);
+    commit_outputs();
+    printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
+           (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
+           moe_dtype_name(m.o.dtype), rounded_note(&m.o));
+    return 0;
+}
+
+static int run_mlp_bwd(const args *a)
+{
+    const char *out = need(a, "--out");
+    mlp_in m;
+    int want[F_COUNT] = {0};
+    mlp_begin(a, &m, want);
+    static const char *const names[] = {"hidden_states_grad.npy",    "expert_affinities_masked_grad.npy",
+                                        "gate_up_proj_weight_grad.npy", "down_proj_weight_grad.npy",
+                                        "gate_up_proj_bias_grad.npy", "down_proj_bias_grad.npy"};
+    char *p[6];
+    add_outputs_in(out, names, m.o.bias ? 6 : 4, p);
+    want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
+    if (m.o.affinity == MOE_AFFINITY_ON_I) {
+        /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
+        char *ckpt_d = join_path(need(a, "--in"), mlp_file_names[F_CKPT_D]);
+        want[F_CKPT_D] = 1;
+        if (m.o.bias && !is_regular(ckpt_d))
+            want[F_BD] = 2;
+        xfree(ckpt_d);
+    } else {
+        want[F_CKPT_D] = 2;
+    }
+    mlp_load(a, &m, want);
+    m.o.grad_fp32 = get(a, "--grad-fp32") != NULL;
+    const moe_dtype gdt = m.o.grad_fp32 ? MOE_F32 : m.o.dtype;
+    const int bias = m.o.bias;
+    const size_t es = moe_dtype_size(m.o.dtype), gs = moe_dtype_size(gdt);
+    const size_t n_h = elements(m.T1, m.H, 1), n_a = elements(m.T, m.E, 1), n_wgu = elements(m.E, m.H, 2 * m.I);
+    const size_t n_wd = elements(m.E, m.I, m.H), n_bgu = elements(m.E, 2, m.I), n_bd = elements(m.E, m.H, 1);
+    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    void *dbgu = bias ? xmalloc(n_bgu, gs) : NULL;
+    void *dbd = bias ? xmalloc(n_bd, gs) : NULL;
+    lib_call c = {"moe_mlp_bwd", m.backend, 0, {{0}}};
+    const moe_mlp_layout layout = mlp_call_layout(&c, &m);
+    call_end(&c, moe_mlp_bwd(c.backend, &layout, m.H, m.I, mlp_in_arg(&c, &m, F_HIDDEN), mlp_in_arg(&c, &m, F_AFF),
+                             mlp_in_arg(&c, &m, F_WGU), mlp_in_arg(&c, &m, F_WD), mlp_in_arg(&c, &m, F_BD),
+                             mlp_in_arg(&c, &m, F_CKPT_GU), mlp_in_arg(&c, &m, F_CKPT_D),
+                             mlp_in_arg(&c, &m, F_OUT_GRAD), call_out(&c, "hidden_states_grad", dh, n_h * es),
+                             call_out(&c, "expert_affinities_masked_grad", da, n_a * es),
+                             call_out(&c, "gate_up_proj_weight_grad", dwgu, n_wgu * gs),
+                             call_out(&c, "down_proj_weight_grad", dwd, n_wd * gs),
+                             call_out(&c, "gate_up_proj_bias_grad", dbgu, n_bgu * gs),
+                             call_out(&c, "down_proj_bias_grad", dbd, n_bd * gs), &m.o));
+    make_dirs(out);
+    const int64_t s_h[2] = {m.T1, m.H}, s_wgu[4] = {m.E, m.H, 2, m.I}, s_wd[3] = {m.E, m.I, m.H};
+    const int64_t s_bgu[3] = {m.E, 2, m.I}, s_bd[2] = {m.E, m.H};
+    write_result(a, p[0], m.o.dtype, dh, 2, s_h);
+    write_result(a, p[1], m.o.dtype, da, m.aff_ndim, m.aff_shape);
+    write_result(a, p[2], gdt, dwgu, 4, s_wgu);
+    write_result(a, p[3], gdt, dwd, 3, s_wd);
+    if (bias) {
+        write_result(a, p[4], gdt, dbgu, 3, s_bgu);
+        write_result(a, p[5], gdt, dbd, 2, s_bd);
+    }
+    commit_outputs();
+    printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
+           (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
+           moe_dtype_name(m.o.dtype), rounded_note(&m.o), m.o.grad_fp32 ? ", weight gradients float32" : "",
+           m.have[F_CKPT_D] ? "" : ", d recomputed (no down checkpoint)");
+    return 0;
+}

@@ -1,0 +1,35 @@
+// TMA descriptors (CUtensorMap) on the host: the encoder and the sm90 GEMM kernels' maps (Sm90Maps).
+#ifndef LIBMOE_GPU_GEMM_TMA_CUH
+#define LIBMOE_GPU_GEMM_TMA_CUH
+
+#include <cuda.h> // CUtensorMap and its enums only; the encoder comes through cudaGetDriverEntryPointByVersion
+#include <stdint.h>
+
+#include "gemm/args.cuh"
+
+namespace moe_gpu {
+
+// The kernel's TMA descriptors (one __grid_constant__ parameter; unused ones are zero): W [E][N][K] as 3-D
+// (fwd: box {64 k, BN n}; dX: box {64 c, 64 n}); where rows are contiguous (g.tma_rows), the row operands
+// as 2-D [M][cols]: rows_a (fwd: X, dX: dY, box {64, BM}; dW: dY, box {64, 64}), rows_b (dW: X, box
+// {64, 64}); with g.tma_out the output as 3-D, box {128 bytes of columns, 8 rows, 1}: dW [E][N][K],
+// fwd [1][M][N], dX [1][M][K].
+struct Sm90Maps {
+    CUtensorMap w, rows_a, rows_b, out;
+    CUtensorMap out_wide; // dW with 16-bit output and TMA stores: dW [E][N][K], box {64 columns, 64 rows, 1}
+};
+
+// TMA descriptor (cuTensorMapEncodeTiled, reached through the runtime's driver entry point) of a dense
+// tensor (bf16, f16 or f32) of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1..,
+// box `box` elements, with the 128-byte swizzle of gemm/sm90.cuh; loads past the edges fill zeros, stores
+// past them are dropped.  Returns false when the driver has no encoder or rejects the shape.
+bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                       const uint64_t *strides, const uint32_t *box);
+
+// The sm90 kernel's tensor maps for op over p (see tma.cu); false: no W map, take the sm80 family.
+bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bool tma_store_allowed, const void *a,
+                      const void *b, const void *out, moe_dtype out_dtype, GemmArgs *g, Sm90Maps *maps);
+
+} // namespace moe_gpu
+
+#endif

@@ -1,0 +1,4 @@
+# oracle/: the float64 model of every grouped GEMM op and its derived error bounds (oracle/oracle.h), plus the
+# seeded test-data helpers; linked by the tests, the fuzzer, the benchmarks and the CLI's `compare`.
+noinst_LTLIBRARIES += oracle/liboracle.la
+oracle_liboracle_la_SOURCES = oracle/oracle.c oracle/oracle.h
