@@ -1,5 +1,5 @@
 /* The reference backend's table (host pointers, routing and layouts checked on the host first): every row
- * of moe_dispatch.  Every grouped GEMM op runs the blocked twin (ref/gemm_blocked.c), which agrees bit for
+ * of moe_dispatch.  Every grouped GEMM op runs the blocked twin (ref/gemm/), which agrees bit for
  * bit with the naive twin (ref/gemm_naive.c), the readable definition. */
 #include "mlp_ref.h"
 #include "moe_ref.h"
