@@ -31,8 +31,8 @@
  * run or an earlier one) stands in for the heuristic.
  * --tuned FILE loads an autotune cache (moe_gemm_autotune_load) before timing.
  * Timing (time_median): as triton.testing.do_bench, which ANCHORS.md used: L2 flushed before each call,
- * no host synchronisation between calls; --sync-each waits for each call instead (the method before
- * 2026-11-23, fourth session). */
+ * no host synchronisation between calls; --sync-each waits for each call instead (the method of the older
+ * measurements in bench/RESULTS.md). */
 #include "moe.h"
 #include "oracle.h"
 #include "alloc.h"

@@ -207,10 +207,10 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
  * WP: these shells allocate (the slot index, the per-slot scratch, the per-thread arenas) and free, and
  * WP 25 has no model of allocation (\fresh, \freeable and the allocates/frees clauses are not
  * implemented); they also run OpenMP regions, which Frama-C does not see (ref/mlp.c under Frama-C is the
- * single-thread program).  WP proves the loop kernels they call (ref/mlp.c: build_index's cores, gather_rows,
- * mm_nn, mm_wn, transpose, store_grad, ...) and, since 2026-11-25, the forward's whole computation after the
- * allocations (fwd_experts, fwd_tokens: every index in bounds, no overflow, assigns, termination) and the
- * backward's token rows (bwd_tokens); the backward's per-expert loop is not proved (specs/README.md).  The
+ * single-thread program).  WP proves what they call (ref/mlp/: the slot index's cores, the tile GEMMs,
+ * store_grad, ...): the forward's and the backward's whole computation after the allocations (fwd_experts,
+ * fwd_tokens, bwd_experts, bwd_tokens: every index in bounds, no overflow, assigns, termination;
+ * specs/VERIFY-SUMMARY.md lists them), not their float values (specs/README.md).  The
  * float values are tested (tests/test_mlp*, proptest/ against the float64 oracle), not stated.  errno: the
  * activations call expf, erff, tanhf. */
 /*@ requires problem: mlp_problem_ok(p);

@@ -323,7 +323,7 @@ moe_status moe_gemm_autotune_load(const char *cache_path)
     moe_status status = MOE_OK;
     char line[TUNE_LINE_MAX + 2];
     /* zeroed before each read, so that the bytes fgets stored end at the last non-zero one: a NUL byte
-     * inside a line (which strlen stops at) is then told from a line too long (an audit, 2026-11-29) */
+     * inside a line (which strlen stops at) is then told from a line too long */
     while (status == MOE_OK) {
         memset(line, 0, sizeof line);
         if (fgets(line, sizeof line, file) == NULL)

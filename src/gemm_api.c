@@ -30,8 +30,8 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
     if (N < 0 || K < 0)
         return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: N = %" PRId64 ", K = %" PRId64 ", expected both >= 0", op,
                         N, K);
-    /* each cause its own message (one shared message blamed T*k or E*N*K for the other bounds; an audit,
-     * 2026-11-29); SIZE_MAX / 16 bounds the index arrays and the per-expert scratch in bytes */
+    /* each cause its own message, so that no bound is blamed on another; SIZE_MAX / 16 bounds the index
+     * arrays and the per-expert scratch in bytes */
     int64_t M = 0, EN = 0, ENK = 0;
     if (!moe_mul_ok(T, k, &M))
         return moe_fail(MOE_ERR_OVERFLOW, "%s: T*k = %" PRId64 "*%" PRId64 " overflows 64 bits", op, T, k);
@@ -271,7 +271,7 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
     if (want_dtopk && (status = topk_grad_tensors(op, &p, x, w, dy, d_topk_weights)) != MOE_OK)
         return status;
     /* the outputs of one call must not overlap each other, nor an input another of its products reads (dW
-     * reads x after dX is written; an audit, 2026-11-29, found dx == x accepted and dW computed from dX).
+     * reads x after dX is written: dx == x would compute dW from dX).
      * Outputs not computed and inputs not read count as empty. */
     const int64_t x_read = want_dw || want_dtopk ? x_rows(&p) : 0;
     const int64_t w_read = want_dx || want_dtopk ? p.num_experts * N : 0;

@@ -182,7 +182,7 @@ static void bad_fields(void)
     char why[200] = "";
     CHECK(moe_tune_parse_line(good, &key, &choice, why, sizeof why), "good line refused: %s", why);
     /* bad values per field (field 0 is the version); a leading tab or space was accepted by strtoll /
-     * strtod where the rest of the format has no blanks (an audit, 2026-11-29) */
+     * strtod where the rest of the format has no blanks */
     static const char *const bad_value[FIELDS][4] = {
         {"libmoe-tune 3", "libmoe-tune", ""},
         {"", "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234", NULL},
@@ -384,7 +384,7 @@ static void load_files(void)
     CHECK(st == MOE_ERR_IO && strstr(moe_last_error(), "longer than") != NULL, "long line: %s (%s)",
           moe_strerror(st), moe_last_error());
 
-    /* a NUL byte inside line 2 (it was reported as a line too long; an audit, 2026-11-29) */
+    /* a NUL byte inside line 2 (it was reported as a line too long) */
     {
         FILE *f = fopen(path, "wb");
         CHECK(f != NULL, "cannot write %s", path);

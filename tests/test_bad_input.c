@@ -380,7 +380,7 @@ static void overlaps(void)
     OVERLAP("dw overlaps x (dw_only)", OP_BWD, (a.o.dw_only = 1, a.dw = arena + X_OFF + 4));
     OVERLAP("d_topk_weights overlaps dw (dw_only)", OP_BWD,
             (a.o.dw_only = 1, a.tw = arena + TW_OFF, a.dt = arena + DW_OFF + 8));
-    /* an output on an input that only another product of the call reads (an audit, 2026-11-29: dx == x
+    /* an output on an input that only another product of the call reads (dx == x
      * was accepted and dW computed from dX; dw == w gave a wrong d_topk_weights) */
     OVERLAP("dx overlaps x (dW reads it)", OP_BWD, a.dx = arena + X_OFF);
     OVERLAP("dw overlaps w (d_topk_weights reads it)", OP_BWD, (a.tw = arena + TW_OFF, a.dt = arena + DT_OFF,
@@ -499,7 +499,7 @@ static void valid_edge_calls(void)
         a.o.allow_tf32 = 1;
         expect_ok("allow_tf32 with f32", (enum op)op, a);
     }
-    /* an empty dW with a huge N: nothing to write, done at once (an audit, 2026-11-29: the reference walked
+    /* an empty dW with a huge N: nothing to write, done at once (the reference walked
      * E * ceil(N / 96) blocks, 20 s and 8 GB at N = 2^35; at 2^40 it failed for memory) */
     {
         static const int64_t one_zero[1] = {0};

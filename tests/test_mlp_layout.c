@@ -474,7 +474,7 @@ static void test_builder_errors(void)
     CHECK(moe_mlp_layout_build(MOE_MLP_DROPLESS, 2, 3, 3, ids, w, 3, NULL, pos, aff, NULL, &o) ==
               MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "block_to_expert"),
           "NULL block_to_expert: %s", moe_last_error());
-    /* misaligned int64 arrays, refused before they are read or written (an audit, 2026-11-29: num_blocks
+    /* misaligned int64 arrays, refused before they are read or written (num_blocks
      * read a misaligned topk_ids and wrote a misaligned num_blocks; build read the ids before refusing) */
     int64_t raw[16];
     memcpy((char *)raw + 1, ids, sizeof ids);
@@ -514,7 +514,7 @@ static void test_builder_errors(void)
           "T = 0 dropping: %s", moe_last_error());
 }
 
-/* A forward whose per-thread float32 workspace is at the size_t bound (an audit, 2026-11-29): T = 349501
+/* A forward whose per-thread float32 workspace is at the size_t bound: T = 349501
  * tokens on one expert, H = 1, I = 1099586081712, 4 threads: 2^60 - 17 floats per thread, rounded up to
  * 2^60, so 4 * 2^60 * 4 bytes wrapped to malloc(0) and the forward wrote past it.  Every tensor has its full
  * size: the weights (6.6 TB) are MAP_NORESERVE mappings the call never touches.  Now MOE_ERR_OUT_OF_MEMORY.
@@ -559,7 +559,7 @@ static void test_workspace_bound(void)
     free(b2e), free(ids), free(hidden), free(aff), free(out);
 }
 
-/* H = 0 with bias: b_d [E][0], hidden, out and w_* are empty and may be NULL (an audit, 2026-11-29: the
+/* H = 0 with bias: b_d [E][0], hidden, out and w_* are empty and may be NULL (the
  * reference passed their NULL to memcpy with 0 bytes, undefined behaviour that UBSan reports) */
 static void test_empty_hidden(void)
 {

@@ -206,7 +206,7 @@ static void from_topk_bad_ids(void)
         }
 }
 
-/* Overlapping or misaligned arrays: refused before any is read or written (an audit, 2026-11-29: m_sizes
+/* Overlapping or misaligned arrays: refused before any is read or written (m_sizes
  * on top of topk_ids was accepted, and the sort then indexed with the ids it had overwritten). */
 static void from_topk_bad_arrays(void)
 {
@@ -278,7 +278,7 @@ static void validate_cases(void)
     RESET();
     CHECK(moe_routing_validate(&r, 1) == MOE_OK, "base routing rejected: %s", moe_last_error());
 
-    /* misaligned arrays, refused before they are read (an audit, 2026-11-29) */
+    /* misaligned arrays, refused before they are read */
     int64_t shifted[14];
     RESET();
     memcpy((char *)shifted + 4, m_sizes, sizeof m_sizes);
