@@ -40,7 +40,7 @@ else
 EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
 endif
 
-# GPU blockwise MoE MLP properties (gpu/mlp_cuda.cu), on the MLP test library of testlib/ with the
+# GPU blockwise MoE MLP properties (gpu/mlp/), on the MLP test library of testlib/ with the
 # GPU behind its mt_mlp_fwd/mt_mlp_bwd hooks; exit 77 (skip) where no device is visible.
 if MOE_CUDA
 check_PROGRAMS += proptest/test_gpu_mlp

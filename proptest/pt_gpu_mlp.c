@@ -11,7 +11,7 @@
  *   4. (when the stream asks for it) the same case with one invalid layout entry (an expert or a token id
  *      out of range, or a (token, expert) pair placed twice): both calls return MOE_OK (the work is only
  *      queued), moe_backend_synchronize reports the reference's status with a message naming the op and
- *      the position (gpu/mlp_cuda.cu), no output byte on the device changes, and the next
+ *      the position (gpu/mlp/layout_check.cu), no output byte on the device changes, and the next
  *      synchronisation is clean (the error is reported once).
  * Outputs are poisoned with NaN before every run (mt_run poisons the host arrays, which are uploaded as
  * the outputs' initial device contents; the invalid-layout check poisons its own), so an element the
@@ -158,7 +158,7 @@ static moe_status gpu_bwd(moe_backend backend, const moe_mlp_layout *layout, int
 enum { BAD_NONE = 0, BAD_ID = 1, BAD_PAIR = 2, BAD_KINDS = 3 };
 
 /* Corrupts one entry of the case's layout (copies in b2e[N], ids[N*B]) per `kind`; writes the status the
- * device check must report and a piece of its message (gpu/mlp_cuda.cu) into want/needle.  Returns 0
+ * device check must report and a piece of its message (gpu/mlp/layout_check.cu) into want/needle.  Returns 0
  * when the layout has no entry of that kind to corrupt. */
 static int corrupt_layout(pt_case *c, const mt_case *m, int kind, int64_t *b2e, int64_t *ids, moe_status *want,
                           char *needle, size_t needle_cap)

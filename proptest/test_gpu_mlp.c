@@ -24,11 +24,11 @@
  *      reference (split_operands below);
  *   8. the rows path's size thresholds, each met from both sides with MOE_MLP_FUSE_GATE unset (the library's
  *      own choice), against the reference and bit for bit against MOE_MLP_FUSE_GATE=0 (thresholds below):
- *      - R_PINGPONG_MAX_N (gpu/gate_sm90.cuh, rows_f32_pingpong in gpu/gemm_cuda.cu): reductions I, H, 2 I of
- *        1024 and 1032;
- *      - G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh, gate_fusion_refusal in gpu/gemm_cuda.cu): 128 and 256 positions
- *        per expert;
- *      - GATE_SPAN (gpu/mlp_cuda.cu, gate_act_kernel and gate_bwd_kernel): I = 256, 257 and 512.
+ *      - R_PINGPONG_MAX_N (gpu/gemm/heuristics.cuh, rows_f32_pingpong in gpu/gemm/rows_f32_sm90.cu):
+ *        reductions I, H, 2 I of 1024 and 1032;
+ *      - G_FUSE_MIN_ROWS (gpu/gemm/heuristics.cuh, gate_fusion_refusal in gpu/gemm/heuristics.cu): 128 and
+ *        256 positions per expert;
+ *      - GATE_SPAN (gpu/mlp/gate_rows.cu, gate_act_kernel and gate_bwd_kernel): I = 256, 257 and 512.
  * Outputs are poisoned with NaN before every call (untouched elements fail the comparisons).
  * usage: test_gpu_mlp [seed] [cases] [fused cases] [first fused case] [many-experts cases] [offset cases]
  *        [split cases] [threshold cases]
@@ -353,7 +353,7 @@ static int64_t against_unfused(const mt_case *c, const char *fuse, int down_in_b
     return b;
 }
 
-/* ---- 4: the fused gate/up epilogue (gpu/gate_sm90.cuh) ---- */
+/* ---- 4: the fused gate/up epilogue (gpu/mlp/gate_sm90.cu) ---- */
 
 /* The rows path's forward runs its gate/up GEMM with the activation fused into the epilogue where the
  * sm_90a kernel takes the call (f16/bf16, H and I multiples of 8, round_intermediates, 256 positions per
@@ -605,11 +605,11 @@ static int64_t bad_layouts(uint64_t seed)
 
 /* ---- 5: many experts ---- */
 
-/* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp_cuda.cu) are built in windows of 128
- * experts by 32 warps, each over its own segment of the blocks; the option cross has at most 6 experts.
- * Here E is 128, 129, 255, 256, 257 or 700 (one window, two, three, six), with blocks of 1 .. 16 positions
- * (up to ~2400 blocks: several chunks of 32 per warp), in the three layout modes, both paths
- * (round_intermediates or not), checked against the CPU reference within the bounds. */
+/* The layout's per-expert block lists (expert_lists_kernel, gpu/mlp/layout_check.cu) are built in windows of 128
+ * experts by 32 warps, each over its own segment of the blocks; the option cross has at most 6 experts. Here E is
+ * 128, 129, 255, 256, 257 or 700 (one window, two, three, six), with blocks of 1 .. 16 positions (up to ~2400
+ * blocks: several chunks of 32 per warp), in the three layout modes, both paths (round_intermediates or not),
+ * checked against the CPU reference within the bounds. */
 static int64_t many_experts(uint64_t base, int cases)
 {
     oracle_rng rng = {base ^ 0x3e5e9a11ULL};
@@ -640,13 +640,13 @@ static int64_t many_experts(uint64_t base, int cases)
 
 /* ---- 6: tensors off their alignment ---- */
 
-/* The kernels take 16-byte vector and 4-byte word paths only where a tensor's address allows them
- * (gpu/mlp_cuda.cu: aligned16, ckpt_words); cudaMalloc'd tensors always allow them.  Here every tensor sits
- * one element past a 256-byte boundary (tensor_offset), so that each call takes the other paths: cases of
- * every dtype, activation, affinity and bias choice, H and I multiples of 8 (where the aligned paths would
- * have been taken), blocks of 16 .. 128 positions, half of the f16/bf16 cases on the rows path, checked
- * within the bounds and against the CPU reference.  (grad_fp32 stays off: its float32 gradients would sit
- * one 16-bit element off, misaligned for float32 itself.) */
+/* The kernels take 16-byte vector and 4-byte word paths only where a tensor's address allows them (aligned16 of
+ * gpu/common/launch.cuh, ckpt_words of gpu/mlp/gate_rows.cu); cudaMalloc'd tensors always allow them.  Here every
+ * tensor sits one element past a 256-byte boundary (tensor_offset), so that each call takes the other paths: cases
+ * of every dtype, activation, affinity and bias choice, H and I multiples of 8 (where the aligned paths would have
+ * been taken), blocks of 16 .. 128 positions, half of the f16/bf16 cases on the rows path, checked within the
+ * bounds and against the CPU reference.  (grad_fp32 stays off: its float32 gradients would sit one 16-bit element
+ * off, misaligned for float32 itself.) */
 static int64_t offset_tensors(uint64_t base, int cases)
 {
     oracle_rng rng = {base ^ 0x0ff5e7edULL};
@@ -751,13 +751,13 @@ typedef struct threshold_case {
 } threshold_case;
 
 static const threshold_case threshold_cases[] = {
-    /* R_PINGPONG_MAX_N (gpu/gate_sm90.cuh; rows_f32_pingpong, gpu/gemm_cuda.cu): the ping-pong kernel takes an
-     * fp32 rows GEMM only with reduction <= 1024 (without MOE_SM90_ROWS_PINGPONG=1 or MOE_MLP_FUSE_GATE=1), and
-     * only past gate_fusion_refusal's size rule: here E = 1 and T = 136 top-1 in blocks of 128, two blocks, so
-     * rows = NB = 256 = G_FUSE_MIN_ROWS * E (the rule counts positions, padding included; 3 NB on split operands'
-     * term rows) with fewer tokens to check than T = 256 (a full and a partial tile of 128 rows), and (but for
-     * I = 516 below) every other dimension a multiple of 8.  The down GEMM and the recomputed d (MOE_ROWS_A_W,
-     * reduction N = I): */
+    /* R_PINGPONG_MAX_N (gpu/gemm/heuristics.cuh; rows_f32_pingpong, gpu/gemm/rows_f32_sm90.cu): the ping-pong
+     * kernel takes an fp32 rows GEMM only with reduction <= 1024 (without MOE_SM90_ROWS_PINGPONG=1 or
+     * MOE_MLP_FUSE_GATE=1), and only past gate_fusion_refusal's size rule: here E = 1 and T = 136 top-1 in blocks
+     * of 128, two blocks, so rows = NB = 256 = G_FUSE_MIN_ROWS * E (the rule counts positions, padding included; 3
+     * NB on split operands' term rows) with fewer tokens to check than T = 256 (a full and a partial tile of 128
+     * rows), and (but for I = 516 below) every other dimension a multiple of 8.  The down GEMM and the recomputed d
+     * (MOE_ROWS_A_W, reduction N = I): */
     {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1024, 0},
     {"R_PINGPONG_MAX_N, down reduction I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 1032, 0},
     {"R_PINGPONG_MAX_N, down reduction I = 1024 (ping-pong)", MOE_F16, 1, 136, 1, 1, 128, 8, 1024, 0},
@@ -773,11 +773,11 @@ static const threshold_case threshold_cases[] = {
      * so only the size rule declines it) */
     {"R_PINGPONG_MAX_N, dX reduction 2 I = 1024 (ping-pong)", MOE_BF16, 1, 136, 1, 1, 128, 8, 512, 0},
     {"R_PINGPONG_MAX_N, dX reduction 2 I = 1032 (128 x 256)", MOE_BF16, 1, 136, 1, 1, 128, 8, 516, 0},
-    /* G_FUSE_MIN_ROWS (gpu/gate_sm90.cuh; gate_fusion_refusal, gpu/gemm_cuda.cu): the fused gate/up kernel (and
-     * the ping-pong kernel) only with rows >= 256 E, rows = NB = 128 (one block) or 256 (two) */
+    /* G_FUSE_MIN_ROWS (gpu/gemm/heuristics.cuh; gate_fusion_refusal, gpu/gemm/heuristics.cu): the fused gate/up
+     * kernel (and the ping-pong kernel) only with rows >= 256 E, rows = NB = 128 (one block) or 256 (two) */
     {"G_FUSE_MIN_ROWS, 128 positions per expert (unfused)", MOE_BF16, 1, 128, 1, 1, 128, 8, 8, 1},
     {"G_FUSE_MIN_ROWS, 256 positions per expert (fused)", MOE_BF16, 1, 256, 1, 1, 128, 8, 8, 1},
-    /* GATE_SPAN (gpu/mlp_cuda.cu; gate_act_kernel, gate_bwd_kernel): tiles of 256 columns of I, I > 256 in
+    /* GATE_SPAN (gpu/mlp/gate_rows.cu; gate_act_kernel, gate_bwd_kernel): tiles of 256 columns of I, I > 256 in
      * several spans (2 at 257 and at 512); 16 positions per expert, far below G_FUSE_MIN_ROWS, so that the
      * forward takes gate_act_kernel (split operands always do), the backward gate_bwd_kernel on every path */
     {"GATE_SPAN, I = 256 (one span)", MOE_BF16, 0, 8, 2, 2, 16, 8, 256, 1},

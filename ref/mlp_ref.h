@@ -1,5 +1,5 @@
 /*
- * The blockwise MoE MLP reference (ref/mlp.c, ref/mlp_layout.c) and what the front end (src/mlp_api.c)
+ * The blockwise MoE MLP reference (ref/mlp/, ref/mlp_layout.c) and what the front end (src/mlp_api.c)
  * hands it.  Contract as in moe_backend.h: everything is validated before a kernel runs; each output
  * element is written exactly once, by one thread, in an order that does not depend on the thread count.
  *
@@ -206,7 +206,7 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
  * problem or the layout's arrays, which moe_check_arrays is not given).  Contracts stated, NOT proved by
  * WP: these shells allocate (the slot index, the per-slot scratch, the per-thread arenas) and free, and
  * WP 25 has no model of allocation (\fresh, \freeable and the allocates/frees clauses are not
- * implemented); they also run OpenMP regions, which Frama-C does not see (ref/mlp.c under Frama-C is the
+ * implemented); they also run OpenMP regions, which Frama-C does not see (ref/mlp/ under Frama-C is the
  * single-thread program).  WP proves what they call (ref/mlp/: the slot index's cores, the tile GEMMs,
  * store_grad, ...): the forward's and the backward's whole computation after the allocations (fwd_experts,
  * fwd_tokens, bwd_experts, bwd_tokens: every index in bounds, no overflow, assigns, termination;

@@ -4,7 +4,7 @@
  * `*_naive` is the readable definition, one output element at a time.  `*_blocked` is the mildly
  * optimised twin (converted fp32 tiles, loops that vectorise across output elements).  Both perform,
  * for every output element, the SAME float32 operations in the SAME order, so they agree bit for bit;
- * tests/test_gemm.c checks that.  The order, per output element (acc starts at +0.0f):
+ * tests/test_gemm_modes.c checks that.  The order, per output element (acc starts at +0.0f):
  *
  *   fwd  y[r][n]   : acc += x[xrow(r)][c] * W[e][n][c]           for c = 0 .. K-1
  *                    v = acc;  v = wt(r) * v (if topk weights);  v = old + v (if accumulate)
@@ -441,7 +441,7 @@ moe_status moe_ref_gemm_dw_naive_in(const moe_gemm_problem *p, const void *x, co
 moe_status moe_ref_gemm_topk_weights_grad_in(const moe_gemm_problem *p, const void *x, const void *w,
                                              const void *dy, void *d_topk_weights, int64_t *offsets);
 
-/* ---- the grouped GEMM, blocked twin (ref/gemm_blocked.c): same contract, same bits ---- */
+/* ---- the grouped GEMM, blocked twin (ref/gemm/): same contract, same bits ---- */
 moe_status moe_ref_gemm_fwd_blocked(const moe_gemm_problem *p, const void *x, const void *w,
                                     const void *topk_weights, void *y);
 moe_status moe_ref_gemm_dx_blocked(const moe_gemm_problem *p, const void *dy, const void *w,

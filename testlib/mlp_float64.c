@@ -1,4 +1,4 @@
-/* The MLP test library's float64 model, written from SEMANTICS section 3 independently of ref/mlp.c: the
+/* The MLP test library's float64 model, written from SEMANTICS section 3 independently of ref/mlp/: the
  * activations and their derivatives, the forward, the loss L = <G, out> and its central finite
  * differences (the gradients every test checks against); see mlp_testlib.h. */
 #include "mlp_internal.h"

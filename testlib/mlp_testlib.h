@@ -1,6 +1,6 @@
 /*
  * Test support for the blockwise MoE MLP (tests/test_mlp_*.c, tests/test_cli_npy.c, the fuzzer's MLP ops,
- * proptest/test_gpu_mlp.c), independent of ref/mlp.c, one file per stage:
+ * proptest/test_gpu_mlp.c), independent of ref/mlp/, one file per stage:
  *
  *   - mlp_case.c: a random case generator (routing, layouts, inputs, relabelled copies);
  *   - mlp_float64.c: a float64 forward of SEMANTICS section 3 written from the spec, and central finite

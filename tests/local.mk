@@ -14,7 +14,7 @@ tests_test_routing_LDADD = $(TESTLIB_LIBS)
 tests_test_gemm_modes_LDADD = $(TESTLIB_LIBS)
 tests_test_bad_input_LDADD = $(TESTLIB_LIBS)
 tests_test_threads_LDADD = $(TESTLIB_LIBS)
-# Also compare the naive and blocked reference twins bit for bit (needs ref/gemm_blocked.c):
+# Also compare the naive and blocked reference twins bit for bit (ref/gemm/, the blocked twin):
 tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
 # and again on the 16-byte micro-kernel, which an AVX2 machine would otherwise never run
 TESTS += tests/test_gemm_modes_v4.sh

@@ -267,7 +267,7 @@ int main(int argc, char **argv)
     rng_state = seed;
     static const int64_t blocks[] = {1, 2, 3, 4, 16, 17, 64, 128};
     /* every 13th trial (not a 10th) on many experts: the device builders' place and fill kernels run
-     * min(E, 1024) CTAs (gpu/routing_cuda.cu), one expert each at E = 1024, several past it */
+     * min(E, 1024) CTAs (gpu/routing/builders.cu), one expert each at E = 1024, several past it */
     static const int64_t many_experts[] = {1024, 1025, 1500};
     for (int trial = 0; trial < trials; trial++) {
         const int64_t E = trial % 10 == 0   ? 1

@@ -1,6 +1,6 @@
 /* Dtype helpers and the float <-> bf16 / f16 conversions (SEMANTICS section 4, moe.h "Conversions").
  *
- * Every expectation is computed independently of ref/dtype.c: 16-bit patterns are decoded with ldexp
+ * Every expectation is computed independently of src/dtype.c: 16-bit patterns are decoded with ldexp
  * from their fields, and float -> 16-bit rounding is done in double (scale by the target ulp, round with
  * nearbyint, which is round-half-to-even in the default rounding mode, scale back).
  *

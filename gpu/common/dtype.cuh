@@ -1,6 +1,6 @@
 // Element loads and stores of the CUDA kernels: every tensor is f32, f16 or bf16 (moe_dtype), read as
 // float and written back with one round-to-nearest-even conversion (NaN and Inf kept; the cuda_fp16 /
-// cuda_bf16 _rn conversions are RNE), the same rounding as the CPU reference (ref/dtype.c).
+// cuda_bf16 _rn conversions are RNE), the same rounding as the CPU reference (src/dtype.c).
 #ifndef LIBMOE_GPU_COMMON_DTYPE_CUH
 #define LIBMOE_GPU_COMMON_DTYPE_CUH
 

@@ -2,7 +2,7 @@
 // sequence of kernels on the tile path or the rows path (the kernels are in the other files of gpu/mlp/).
 //
 // CUDA blockwise MoE MLP: forward with checkpoints and the full backward (SEMANTICS section 3,
-// specs/MLP.md; the contract is in gpu/mlp/mlp_cuda.h).  The CPU reference (ref/mlp.c) is the oracle.
+// specs/MLP.md; the contract is in gpu/mlp/mlp_cuda.h).  The CPU reference (ref/mlp/) is the oracle.
 //
 // Two paths share the layout check, the token lists and the reductions:
 //   - the tile path (float32 intermediates, the default, for f16 and f32): the kernels listed below;

@@ -7,7 +7,7 @@
  * because of three things, none of which changes an element's arithmetic:
  *
  *   1. Inputs are converted to float32 once per packed tile, not once per multiply (bf16/f16 loads and
- *      stores are inlined bit operations giving exactly the bits of ref/dtype.c).
+ *      stores are inlined bit operations giving exactly the bits of src/dtype.c).
  *   2. Cache blocking.  Every op is one tiled product  C[i][j] = sum_p A[p][i] * B[p][j]  over a
  *      reduction index p that runs in ascending order:
  *
@@ -81,8 +81,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* moe_dtype_size (ref/dtype.c) has its contract on the redeclaration in ref/moe_ref.h (the bytes of one
- * element); WP proves it in ref/dtype.c's run. */
+/* moe_dtype_size (src/dtype.c) has its contract on the redeclaration in ref/moe_ref.h (the bytes of one
+ * element); WP proves it in src/dtype.c's run. */
 
 /* No a*b+c contraction into FMA: GCC's -std=c11 already implies -ffp-contract=off; clang needs this (in
  * every file that includes this header, before its code). */

@@ -47,7 +47,7 @@
 #ifdef __FRAMAC__
 #include "mlp.acsl" /* specs/: the ACSL logic of the loop kernels (Frama-C only) */
 
-/* The dtype conversions of ref/dtype.c that the proofs call (they terminate and touch no memory) have
+/* The dtype conversions of src/dtype.c that the proofs call (they terminate and touch no memory) have
  * their contracts on the redeclarations in ref/moe_ref.h. */
 #endif
 
