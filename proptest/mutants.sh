@@ -9,7 +9,8 @@
 #            one out-of-tree build (configure --without-cuda) shared by all mutants, SCRATCH/logs the
 #            per-mutant logs, SCRATCH/kill-table.md the result
 #   --only   run only these mutants (--list names them)
-#   --dry    only check that every mutant's edits still apply to SRCDIR (no build, no tests)
+#   --dry    only check that every mutant's edits still apply to SRCDIR (no build, no tests); a run
+#            without --dry checks the same first, before its baseline
 #   --full   after the fuzzer, also run the rest of `make check` for every mutant (default: only for
 #            mutants the fuzzer lets through)
 #
@@ -29,7 +30,7 @@
 # Exit status: 0 every mutant killed, 1 a mutant survived, 2 a usage, edit, build or baseline error.
 set -u
 
-usage() { sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 only=""
 full=0
@@ -80,76 +81,78 @@ affinity-rounded-early|ref/mlp/fwd.c|round_intermediates, affinity on I: the for
 sigmoid-overflow|ref/mlp/activations.h|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
 
 m_offsets_off_by_one() {
-    edit ref/routing.c 'int64_t r = next[topk_ids[s]]++;' 'int64_t r = ++next[topk_ids[s]];'
+    edit ref/routing.c 'const int64_t r = next[e];' 'const int64_t r = ++next[e];'
+    edit ref/routing.c 'next[e] = r + 1;' 'next[e] = r;'
 }
 m_token_g_not_g_over_k() {
     edit ref/gemm/gemm_internal.h 'return p->permute_x ? slot_of_row(p, r) / p->topk : r;' \
         'return p->permute_x ? slot_of_row(p, r) : r;'
 }
 m_clamp_mask_dropped() {
-    edit ref/mlp/bwd.c 'dg[j] = g_free ? (dmj * u[j]) * act_derivative(p->activation, g[j]) : 0.0f;' \
-        'dg[j] = ((void)g_free, (dmj * u[j]) * act_derivative(p->activation, g[j]));'
+    edit ref/mlp/bwd.c 'dg[j] = g_free ? (dmj * u[j]) * act_derivative_of(p->activation, g[j]) : 0.0f;' \
+        'dg[j] = ((void)g_free, (dmj * u[j]) * act_derivative_of(p->activation, g[j]));'
 }
 m_silu_derivative() {
     edit ref/mlp/activations.h 'return s * (1.0f + x * (1.0f - s));' 'return s * (1.0f - s);'
 }
 m_gate_up_bias_half() {
-    edit ref/mlp/bwd.c '                for (int64_t i = 0; i < n; i++)
-                    for (int64_t j = 0; j < I2; j++)
-                        C[j] = C[j] + dGU[i * I2 + j];' '                for (int64_t i = 0; i < n; i++)
-                    for (int64_t j = 0; j < I; j++)
-                        C[j] = C[j] + dGU[i * I2 + j];'
+    # bwd_weight_grad's bias sum, for the gate/up call only (R = H, W = 2I; the down call has R = I, W = H)
+    edit ref/mlp/bwd.c '        sum_rows(n, W, bsrc, C);
+' '        sum_rows(n, W, bsrc, C);
+        if (R == p->H && W == 2 * p->I)
+            for (int64_t c = p->I; c < W; c++)
+                C[c] = 0.0f;
+'
 }
 m_dA_not_zeroed() {
-    edit ref/mlp/bwd.c '            for (int64_t e = 0; e < E; e++)
-                row_e[e] = 0.0f;
+    edit ref/mlp/bwd.c '    for (int64_t e = 0; e < E; e++)
+        row_e[e] = 0.0f;
 ' ''
 }
 m_W_transposed_square() {
-    edit ref/gemm/tiles.c 'if (g->kind == OP_FWD || g->kind == OP_TOPK) {' \
-        'if ((g->kind == OP_FWD && p->N != p->K) || g->kind == OP_TOPK) {'
-    edit ref/gemm/tiles.c 'const int64_t ahead = g->kind == OP_DX ? ' 'const int64_t ahead = g->kind != OP_DW ? '
-    edit ref/gemm/tiles.c 'const int64_t first = g->kind == OP_DX ? (ab->e' 'const int64_t first = g->kind != OP_DW ? (ab->e'
+    # pack_b sends the forward with N == K to the row packer, whose b_row_first reads W[e][p0 + q][j0 + j]
+    edit ref/gemm/tiles.c '    if (g->kind == OP_FWD || g->kind == OP_TOPK)
+        pack_b_w(g, ab, j0, nj, p0, kb, b);' '    if ((g->kind == OP_FWD && g->p->N != g->p->K) || g->kind == OP_TOPK)
+        pack_b_w(g, ab, j0, nj, p0, kb, b);'
+    edit ref/gemm/tiles.c '    if (g->kind == OP_DX) {
+        /*@ ghost lemma_row_fits(ab->e, p->num_experts, p->N); */' '    if (g->kind != OP_DW) {
+        /*@ ghost lemma_row_fits(ab->e, p->num_experts, p->N); */'
 }
 m_bf16_accumulation() {
-    edit ref/gemm/tiles.c '                g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+    edit ref/gemm/tiles.c '                g->kernel(kb, p0 == 0, rows, s->a + gi * group_len, s->b + h * panel_len,
                           s->acc + gi * MR * NB + h * NR, NB);' '                if (g->p->dtype != MOE_BF16) {
-                    g->kernel(kb, p0 == 0, rows, s->a + gi * kb * MR, s->b + h * kb * NR,
+                    g->kernel(kb, p0 == 0, rows, s->a + gi * group_len, s->b + h * panel_len,
                               s->acc + gi * MR * NB + h * NR, NB);
                     continue;
                 }
                 for (int64_t q = 0; q < kb; q++) {
-                    g->kernel(1, p0 == 0 && q == 0, rows, s->a + gi * kb * MR + q * MR, s->b + h * kb * NR + q * NR,
-                              s->acc + gi * MR * NB + h * NR, NB);
+                    g->kernel(1, p0 == 0 && q == 0, rows, s->a + gi * group_len + q * MR,
+                              s->b + h * panel_len + q * NR, s->acc + gi * MR * NB + h * NR, NB);
                     for (int i = 0; i < rows; i++)
                         for (int j = 0; j < NR; j++) {
                             float *c = s->acc + (gi * MR + i) * NB + h * NR + j;
-                            *c = bf16_to_float(float_to_bf16(*c));
+                            *c = bf16_to_f32(f32_to_bf16(*c));
                         }
                 }'
 }
 m_missed_tail_row() {
-    edit ref/gemm/setup.c 'ab->mi = hi - i0 < MB ? hi - i0 : MB;' 'ab->mi = hi - i0 < MB ? hi - i0 - 1 : MB;'
+    edit ref/gemm/setup.c 'ab->mi = mi;' 'ab->mi = mi < MB ? mi - 1 : mi;'
 }
 m_lost_topk_weight() {
-    edit ref/gemm/tiles.c '            if (g->topk_weights != NULL) {
-                const float wt = topk_weight(g, r);
-                for (int64_t i = 0; i < ab->mi; i++)
-                    row[i] = wt * row[i];
-            }
-' ''
+    # pack_a_dw: the dy row segment of dW's A operand is not weighted (fwd and dX weight in store_tile)
+    edit ref/gemm/tiles.c 'row[i] = wt * row[i];' '(void)wt;'
 }
 m_reduction_tail_block() {
-    edit ref/gemm/tiles.c 'for (int64_t p0 = 0; p0 < L; p0 += KB) {' \
-        'for (int64_t p0 = 0; p0 < L && (p0 == 0 || L - p0 >= KB); p0 += KB) {'
+    edit ref/gemm/tiles.c 'for (int64_t p0 = 0; p0 < L; p0 += kb) {' \
+        'for (int64_t p0 = 0; p0 < L && (p0 == 0 || L - p0 >= KB); p0 += kb) {'
 }
 m_panel_edge_column() {
-    edit ref/gemm/tiles.c 'if (j < nj - h * NR) {' 'if (j + 1 < nj - h * NR) {'
+    edit ref/gemm/tiles.c 'if (j < cols) {' 'if (j + 1 < cols) {'
 }
 m_reduce_topk_order() {
-    edit ref/gemm/dx.c '                        for (int64_t j = 0; j < k; j++) {
-                            const float *v = g.slot_values' '                        for (int64_t j = k - 1; j >= 0; j--) {
-                            const float *v = g.slot_values'
+    edit ref/gemm/dx.c '            for (int64_t j = 0; j < k; j++) {
+                /*@ ghost lemma_row_fits(t * k + j, T * k, width); */' '            for (int64_t j = k - 1; j >= 0; j--) {
+                /*@ ghost lemma_row_fits(t * k + j, T * k, width); */'
 }
 m_v4_second_half() {
     edit ref/gemm/kernels.c '    if (rows > 3)
@@ -164,9 +167,8 @@ m_duplicate_gather() {
     edit ref/routing.c '        if (seen[slot])' '        if (0 && seen[slot])'
 }
 m_layout_pad_mark() {
-    edit ref/mlp_layout.c '    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1;
-    for (int64_t p = 0; p < block * B; p++)' '    const int64_t pad = padding == MOE_MLP_PAD_ROW ? T - 1 : -1;
-    for (int64_t p = 0; p < block * B; p++)'
+    edit ref/mlp_layout.c 'const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1, NB = block * B;' \
+        'const int64_t pad = padding == MOE_MLP_PAD_ROW ? T - 1 : -1, NB = block * B;'
 }
 m_lost_affinity_fwd() {
     edit ref/mlp/fwd.c 'c[h] = a[i] * d[h];' 'c[h] = d[h];'
@@ -175,21 +177,26 @@ m_gelu_tanh_derivative() {
     edit ref/mlp/activations.h '(1.0f + 3.0f * GELU_TANH_C * x2)' '(1.0f + GELU_TANH_C * x2)'
 }
 m_unrounded_aG() {
-    edit ref/mlp/bwd.c '                round_row(dt, dD, n * H);
+    edit ref/mlp/bwd.c '        mlp_round_row(dt, dD, n * H);
 ' ''
 }
 m_sigmoid_overflow() {
     edit ref/mlp/activations.h 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
 }
 m_affinity_rounded_early() {
-    edit ref/mlp/fwd.c '                    for (int64_t j = 0; j < I; j++)
-                        m[j] = m[j] * a[i];
-                }' '                    if (p->round_intermediates)
-                        round_row(dt, m, I);
-                    for (int64_t j = 0; j < I; j++)
-                        m[j] = m[j] * a[i];
-                }'
+    edit ref/mlp/fwd.c '        for (int64_t j = 0; j < I; j++)
+            m[j] = m[j] * a[i];
+    }' '        if (p->round_intermediates)
+            mlp_round_row(dt, m, I);
+        for (int64_t j = 0; j < I; j++)
+            m[j] = m[j] * a[i];
+    }'
 }
+
+# --only names registry mutants only
+for name in $(printf '%s' "$only" | tr ',' ' '); do
+    printf '%s\n' "$REGISTRY" | grep -q "^$name|" || { echo "mutants.sh: no mutant named $name (--list)" >&2; exit 2; }
+done
 
 if [ "$list" = 1 ]; then
     printf '%s\n' "$REGISTRY" | awk -F'|' '{ printf "%-22s %-20s %s\n", $1, $2, $3 }'
@@ -233,16 +240,23 @@ mkdir -p "$scratch/src"
 (cd "$srcdir" && tar -cf - --exclude=.git --exclude=autom4te.cache --exclude='*.o' --exclude='*.lo' \
     --exclude='*.la' --exclude=.libs --exclude=.deps .) | (cd "$scratch/src" && tar -xf -) || exit 2
 cp -a "$scratch/src" "$scratch/pristine"
-if [ "$dry" = 1 ]; then
-    printf '%s\n' "$REGISTRY" | while IFS='|' read -r name file what; do
-        current=$name
-        "m_$(printf '%s' "$name" | tr -c 'A-Za-z0-9\n' '_')" || exit 2
-        cmp -s "$scratch/src/$file" "$scratch/pristine/$file" && { echo "mutant $name changed nothing" >&2; exit 2; }
-        cp "$scratch/pristine/$file" "$scratch/src/$file"
-        log "edit ok: $name ($file)"
-    done || exit 2
-    exit 0
-fi
+# Every selected mutant's edits are tried on the copy before anything is built (each in a subshell, so that
+# a failed edit ends only its own try, then the file is restored): a stale mutant stops the run (exit 2)
+# here, not after the baseline.
+selected() { [ -z "$only" ] || case ",$only," in *",$1,"*) ;; *) return 1 ;; esac; }
+stale=$(printf '%s\n' "$REGISTRY" | while IFS='|' read -r name file what; do
+    selected "$name" || continue
+    if (current=$name; "m_$(printf '%s' "$name" | tr -c 'A-Za-z0-9\n' '_')") &&
+       ! cmp -s "$scratch/src/$file" "$scratch/pristine/$file"; then
+        [ "$dry" = 1 ] && log "edit ok: $name ($file)" >&2
+    else
+        echo "mutants.sh: mutant $name: its edits do not apply to $file (or change nothing)" >&2
+        printf ' %s' "$name"
+    fi
+    cp "$scratch/pristine/$file" "$scratch/src/$file"
+done)
+[ -z "$stale" ] || { echo "mutants.sh: stale mutants (update them in $0):$stale" >&2; exit 2; }
+[ "$dry" = 1 ] && exit 0
 if [ ! -x "$scratch/src/configure" ]; then
     log "mutants.sh: no configure in the copy: ./bootstrap"
     (cd "$scratch/src" && ./bootstrap) > "$scratch/logs/bootstrap.log" 2>&1 || {
@@ -299,9 +313,7 @@ while [ "$i" -lt "$registry_lines" ]; do
     i=$((i + 1))
     line=$(printf '%s\n' "$REGISTRY" | sed -n "${i}p")
     name=${line%%|*}; rest=${line#*|}; file=${rest%%|*}; what=${rest#*|}
-    if [ -n "$only" ]; then
-        case ",$only," in *",$name,"*) ;; *) continue ;; esac
-    fi
+    selected "$name" || continue
     current=$name
     total=$((total + 1))
     fn=m_$(printf '%s' "$name" | tr -c 'A-Za-z0-9\n' '_')
