@@ -194,11 +194,9 @@ static void mlp_options(const args *a, moe_mlp_options *o)
     const char *s = get(a, "--activation");
     o->activation = MOE_ACT_SILU;
     if (s != NULL && moe_mlp_activation_from_name(s, &o->activation) != MOE_OK) {
-        char choices[256] = ""; /* the activation table's names: "silu, gelu, gelu_tanh or swish" */
-        for (int i = 0; i < MOE_MLP_ACTIVATION_COUNT; i++)
-            snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
-                     i == 0 ? "" : i + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ",
-                     moe_mlp_activation_name((moe_mlp_activation)i));
+        char choices[256];
+        if (moe_mlp_activation_choices(choices, sizeof choices) != MOE_OK)
+            die("--activation %s: %s", s, moe_last_error());
         die("--activation %s: expected %s", s, choices);
     }
     s = get(a, "--affinity-on");

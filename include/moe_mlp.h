@@ -65,6 +65,10 @@ const char *moe_mlp_activation_name(moe_mlp_activation activation);
 /* The activation of a name (moe_mlp_activation_name's spelling); MOE_ERR_INVALID_OPTION, naming the choices,
  * for any other (NULL included), *activation unchanged. */
 moe_status moe_mlp_activation_from_name(const char *name, moe_mlp_activation *activation);
+/* Every activation's name, in value order, joined for a message: "silu, gelu, gelu_tanh or swish", written with
+ * its terminating NUL into text [size].  MOE_ERR_NULL_POINTER when text is NULL; MOE_ERR_INVALID_SHAPE, naming
+ * the size needed, when size is smaller; text is then unchanged. */
+moe_status moe_mlp_activation_choices(char *text, size_t size);
 
 /* Where the routing affinity a = A[t*E + e] is applied. */
 typedef enum moe_mlp_affinity {

@@ -20,18 +20,44 @@ static const struct { const char *enum_name, *name; } activations[MOE_MLP_ACTIVA
 };
 #undef ACTIVATION_ROW
 
-/* "A, B, C or D" of the enum names (names = 0) or of the spellings (names = 1), for messages. */
-static const char *activation_choices(int names, char *text, size_t size)
+/* "A, B, C or D" of the enum names (names = 0) or of the spellings (names = 1), for messages: its length (without
+ * the NUL), written with the NUL into text [size] name by name as far as it fits (text may be NULL with size 0). */
+static size_t join_activations(int names, char *text, size_t size)
 {
     size_t used = 0;
-    text[0] = '\0';
-    for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT && used < size; a++) {
+    for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT; a++) {
         const char *sep = a == 0 ? "" : a + 1 < MOE_MLP_ACTIVATION_COUNT ? ", " : " or ";
-        const int n = snprintf(text + used, size - used, "%s%s", sep,
-                               names ? activations[a].name : activations[a].enum_name);
-        used += n > 0 ? (size_t)n : 0;
+        const char *name = names ? activations[a].name : activations[a].enum_name;
+        const size_t n = strlen(sep) + strlen(name);
+        if (used + n < size)
+            snprintf(text + used, size - used, "%s%s", sep, name);
+        used += n;
     }
+    return used;
+}
+
+/* A message's copy of the list (room for the enum names' list, the longer, of many more activations). */
+enum { CHOICES_SIZE = 256 };
+
+static const char *activation_choices(int names, char *text)
+{
+    text[0] = '\0';
+    join_activations(names, text, CHOICES_SIZE);
     return text;
+}
+
+moe_status moe_mlp_activation_choices(char *text, size_t size)
+{
+    static const char op[] = "moe_mlp_activation_choices";
+    moe_clear_error();
+    if (text == NULL)
+        return moe_fail(MOE_ERR_NULL_POINTER, "%s: text is NULL", op);
+    const size_t need = join_activations(1, NULL, 0);
+    if (need >= size)
+        return moe_fail(MOE_ERR_INVALID_SHAPE, "%s: size = %zu, expected at least %zu (the names and the NUL)", op,
+                        size, need + 1);
+    join_activations(1, text, size);
+    return MOE_OK;
 }
 
 const char *moe_mlp_activation_name(moe_mlp_activation activation)
@@ -51,9 +77,9 @@ moe_status moe_mlp_activation_from_name(const char *name, moe_mlp_activation *ac
                 *activation = (moe_mlp_activation)a;
                 return MOE_OK;
             }
-    char choices[256];
+    char choices[CHOICES_SIZE];
     return moe_fail(MOE_ERR_INVALID_OPTION, "%s: %s%s%s is not an activation, expected %s", op, name ? "\"" : "",
-                    name ? name : "NULL", name ? "\"" : "", activation_choices(1, choices, sizeof choices));
+                    name ? name : "NULL", name ? "\"" : "", activation_choices(1, choices));
 }
 
 static const char *clamp_name(int which)
@@ -75,9 +101,9 @@ static moe_status check_options(const char *op, const moe_mlp_options *o, int64_
                         MOE_MLP_DEFAULT_BLOCK_SIZE);
     *B = o->block_size == 0 ? MOE_MLP_DEFAULT_BLOCK_SIZE : o->block_size;
     if ((unsigned)o->activation >= (unsigned)MOE_MLP_ACTIVATION_COUNT) {
-        char choices[256];
+        char choices[CHOICES_SIZE];
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.activation = %d, expected %s", op, (int)o->activation,
-                        activation_choices(0, choices, sizeof choices));
+                        activation_choices(0, choices));
     }
     if ((unsigned)o->affinity > (unsigned)MOE_AFFINITY_ON_I)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.affinity = %d, expected MOE_AFFINITY_ON_H or "

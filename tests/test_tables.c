@@ -9,6 +9,33 @@
 #include <stdio.h>
 #include <string.h>
 
+/* moe_mlp_activation_choices: the list of names, exactly; a buffer one byte short or NULL refused with the buffer
+ * unchanged; every name in the list. */
+static void check_activation_choices(void)
+{
+    static const char want[] = "silu, gelu, gelu_tanh or swish";
+    char text[64];
+    CHECK(moe_mlp_activation_choices(text, sizeof text) == MOE_OK && strcmp(text, want) == 0, "choices: %s", text);
+    for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT; a++) {
+        const char *name = moe_mlp_activation_name((moe_mlp_activation)a);
+        CHECK(name != NULL && strstr(text, name) != NULL, "activation %d not in the choices %s", a, text);
+    }
+    memset(text, 'x', sizeof text);
+    CHECK(moe_mlp_activation_choices(text, sizeof want) == MOE_OK && strcmp(text, want) == 0,
+          "choices in a buffer of exactly their size: %.*s", (int)sizeof want, text);
+    memset(text, 'x', sizeof text);
+    CHECK(moe_mlp_activation_choices(text, sizeof want - 1) == MOE_ERR_INVALID_SHAPE, "a short buffer accepted");
+    CHECK(strstr(moe_last_error(), "moe_mlp_activation_choices: size = 30, expected at least 31") != NULL,
+          "message: %s", moe_last_error());
+    int untouched = 1;
+    for (size_t i = 0; i < sizeof text; i++)
+        untouched = untouched && text[i] == 'x';
+    CHECK(untouched, "a refused call wrote into the buffer");
+    CHECK(moe_mlp_activation_choices(text, 0) == MOE_ERR_INVALID_SHAPE, "size 0 accepted");
+    CHECK(moe_mlp_activation_choices(NULL, sizeof text) == MOE_ERR_NULL_POINTER, "NULL text accepted");
+    CHECK(strstr(moe_last_error(), "moe_mlp_activation_choices: text is NULL") != NULL, "message: %s", moe_last_error());
+}
+
 static void check_activations(void)
 {
     for (int a = 0; a < MOE_MLP_ACTIVATION_COUNT; a++) {
@@ -31,6 +58,7 @@ static void check_activations(void)
     CHECK(moe_mlp_activation_from_name(NULL, &kept) == MOE_ERR_INVALID_OPTION && kept == MOE_ACT_GELU,
           "NULL name accepted");
     CHECK(moe_mlp_activation_from_name("silu", NULL) == MOE_ERR_NULL_POINTER, "NULL output accepted");
+    check_activation_choices();
     /* the table's functions at one point each: the rows are wired to their own functions */
     CHECK(moe_act_value(MOE_ACT_SILU, 1.0f) == moe_act_silu(1.0f) && moe_act_value(MOE_ACT_SWISH, 1.0f) ==
           moe_act_swish(1.0f) && moe_act_derivative(MOE_ACT_GELU, 0.5f) == moe_act_gelu_grad(0.5f) &&
