@@ -19,6 +19,9 @@ tests_test_gemm_modes_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_BLOCKED
 # and again on the 16-byte micro-kernel, which an AVX2 machine would otherwise never run
 TESTS += tests/test_gemm_modes_v4.sh
 EXTRA_DIST += tests/test_gemm_modes_v4.sh
+# libmoe.so exports the public moe_* API only (libmoe_la_LDFLAGS' -export-symbols-regex)
+TESTS += tests/test_exports.sh
+EXTRA_DIST += tests/test_exports.sh
 
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
 # specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
