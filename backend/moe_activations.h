@@ -1,15 +1,16 @@
 /*
  * The MLP's activations, one table: each row is the enum value, its name, its forward and its derivative.
- * The CUDA kernels (gpu/common/act.cuh), the front end's names and checks (src/mlp_api.c), the CLI and the
- * tests read it.  The reference still has its own copy of the same formulas in ref/mlp/activations.h, where
- * WP proves them (termination, errno only); moving it onto this table means proving these functions in its
- * place (specs/verify.sh).  The tests' float64 twins are kept apart on purpose (testlib/mlp_float64.c).
+ * The CPU reference (ref/mlp/activations.h), the CUDA kernels (gpu/common/act.cuh), the front end's names and
+ * checks (src/mlp_api.c), the CLI and the tests read it: one copy of the formulas.  Their contracts are here;
+ * WP proves them (termination, errno only) in ref/mlp/activations.c's run of specs/verify.sh.  The tests'
+ * float64 twins are kept apart on purpose (testlib/mlp_float64.c).
  *
- * Adding an activation: a value in include/moe_mlp.h (and MOE_MLP_ACTIVATION_COUNT, checked below against
- * the table), a row below with its two functions, and its case in ref/mlp/activations.h.  Every switch on an
- * activation lists the rows and has no default, so -Wswitch (an error with --enable-werror) names a switch
- * that misses one; the CUDA kernels are instantiated per row (MOE_MLP_ACTIVATIONS), and tests/test_mlp_grad
- * and proptest/test_gpu_mlp run every value below MOE_MLP_ACTIVATION_COUNT on every backend.
+ * Adding an activation: a value in include/moe_mlp.h (and MOE_MLP_ACTIVATION_COUNT, checked below against the
+ * table), a row below with its two functions, each with its contract, and their names in specs/verify.sh's list of
+ * ref/mlp/activations.c.  Every switch on an activation lists the rows and has no default, so -Wswitch (an error
+ * with --enable-werror) names a switch that misses one; the CUDA kernels are instantiated per row
+ * (MOE_MLP_ACTIVATIONS), and tests/test_mlp_grad and proptest/test_gpu_mlp run every value below
+ * MOE_MLP_ACTIVATION_COUNT on every backend.
  */
 #ifndef LIBMOE_ACTIVATIONS_H
 #define LIBMOE_ACTIVATIONS_H
@@ -18,6 +19,8 @@
 
 #include <math.h>
 
+/* static inline for C (Frama-C included: WP proves static inline functions as any other), host and device for
+ * CUDA */
 #if defined(__CUDACC__)
 #define MOE_ACT_FN static __host__ __device__ __forceinline__
 #else

@@ -60,7 +60,7 @@ shrink=${MUTANTS_SHRINK_SECONDS:-3}
 REGISTRY='offsets-off-by-one|ref/routing.c|counting sort of moe_routing_from_topk takes ++next[e] for next[e]++: every row one past its expert offset
 token-g-not-g-over-k|ref/gemm/gemm_internal.h|permute_x gathers x row g (the slot) instead of g/k (its token)
 clamp-mask-dropped|ref/mlp/bwd.c|MLP backward: the gate gradient ignores the nonlinear clamp mask
-silu-derivative|ref/mlp/activations.h|SiLU derivative written as s(1-s) (the sigmoid derivative) instead of s(1+x(1-s))
+silu-derivative|backend/moe_activations.h|SiLU derivative written as s(1-s) (the sigmoid derivative) instead of s(1+x(1-s))
 gate-up-bias-half|ref/mlp/bwd.c|db_gu sums only the gate half (j < I); the up half stays +0
 dA-not-zeroed|ref/mlp/bwd.c|d_affinities row buffer not zeroed per token: stale values for experts a token skips
 W-transposed-square|ref/gemm/tiles.c|forward packs W[e] as [K][N] (transposed) exactly when N == K
@@ -75,10 +75,10 @@ reduce-chunk-offset|ref/gemm/dx.c|dX reduce_topk stores every column chunk at co
 duplicate-gather|ref/routing.c|the routing validator accepts a repeated gather index
 layout-pad-mark|ref/mlp_layout.c|the layout builder marks padding with token T-1 instead of T (MOE_MLP_PAD_ROW)
 lost-affinity-fwd|ref/mlp/fwd.c|MLP forward (affinity on H) adds d instead of a*d to the token row
-gelu-tanh-derivative|ref/mlp/activations.h|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
+gelu-tanh-derivative|backend/moe_activations.h|GELU-tanh derivative without the factor 3 of d/dx (0.044715 x^3)
 unrounded-aG|ref/mlp/bwd.c|round_intermediates: the down projection gradient operand a*G stays float32 (m, dg, du are rounded)
 affinity-rounded-early|ref/mlp/fwd.c|round_intermediates, affinity on I: the forward rounds act(g)*u before the affinity, rnd(m)*a for rnd(m*a)
-sigmoid-overflow|ref/mlp/activations.h|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
+sigmoid-overflow|backend/moe_activations.h|the sigmoid as e^x/(1+e^x): inf/inf = NaN once x > 88 (only large pre-activations reach it)'
 
 m_offsets_off_by_one() {
     edit ref/routing.c 'const int64_t r = next[e];' 'const int64_t r = ++next[e];'
@@ -93,7 +93,7 @@ m_clamp_mask_dropped() {
         'dg[j] = ((void)g_free, (dmj * u[j]) * act_derivative_of(p->activation, g[j]));'
 }
 m_silu_derivative() {
-    edit ref/mlp/activations.h 'return s * (1.0f + x * (1.0f - s));' 'return s * (1.0f - s);'
+    edit backend/moe_activations.h 'return s * (1.0f + x * (1.0f - s));' 'return s * (1.0f - s);'
 }
 m_gate_up_bias_half() {
     # bwd_weight_grad's bias sum, for the gate/up call only (R = H, W = 2I; the down call has R = I, W = H)
@@ -174,14 +174,14 @@ m_lost_affinity_fwd() {
     edit ref/mlp/fwd.c 'c[h] = a[i] * d[h];' 'c[h] = d[h];'
 }
 m_gelu_tanh_derivative() {
-    edit ref/mlp/activations.h '(1.0f + 3.0f * GELU_TANH_C * x2)' '(1.0f + GELU_TANH_C * x2)'
+    edit backend/moe_activations.h '(1.0f + 3.0f * MOE_ACT_GELU_TANH_C * x2)' '(1.0f + MOE_ACT_GELU_TANH_C * x2)'
 }
 m_unrounded_aG() {
     edit ref/mlp/bwd.c '        mlp_round_row(dt, dD, n * H);
 ' ''
 }
 m_sigmoid_overflow() {
-    edit ref/mlp/activations.h 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
+    edit backend/moe_activations.h 'return 1.0f / (1.0f + expf(-x));' 'return expf(x) / (1.0f + expf(x));'
 }
 m_affinity_rounded_early() {
     edit ref/mlp/fwd.c '        for (int64_t j = 0; j < I; j++)

@@ -109,11 +109,11 @@ export VERIFY_CACHE_MODE
 # and ref/mlp_layout.c have every function listed (their allocating shells are in ref/alloc_shells.c).
 # A static inline function of a header is proved in the run of one file that includes it: moe_ref_load_row
 # (ref/moe_ref.h) in src/dtype.c's, team_size and team_member (ref/ref_threads.h) in ref/gemm/setup.c's, the
-# row maps of ref/gemm/gemm_internal.h in ref/gemm/tiles.c's, the activations of ref/mlp/activations.h in
-# ref/mlp/activations.c's; the other files use the same contracts at their call sites.  Each file lists the
-# ghost lemma functions (specs/*.acsl) it calls, proved in its own run.  VERIFY_JOBS files run at a time,
-# each next file going to the first free slot; the order balances the two slots, longest first (by the
-# frama-c times of a full run; ref/gemm/tiles.c and ref/mlp/bwd.c take the longest).
+# row maps of ref/gemm/gemm_internal.h in ref/gemm/tiles.c's, the activation table (backend/moe_activations.h)
+# and the clamps of ref/mlp/activations.h in ref/mlp/activations.c's; the other files use the same contracts at
+# their call sites.  Each file lists the ghost lemma functions (specs/*.acsl) it calls, proved in its own run.
+# VERIFY_JOBS files run at a time, each next file going to the first free slot; the order balances the two
+# slots, longest first (by the frama-c times of a full run; ref/gemm/tiles.c and ref/mlp/bwd.c take the longest).
 targets="ref/gemm/tiles.c:lemma_mul_monotone,lemma_mul_below,lemma_div_below,lemma_row_fits,slot_of_row,x_row,y_row,topk_weight,spread_row,load_transposed_panel,pack_a_lane,pack_a_rows,pack_a_dw,pack_a,pack_w_panel,pack_b_w,b_row_first,prefetch_span,pack_b_rows,pack_b,store_tile,gemm_compute_tile,gemm_run_items
 ref/mlp/bwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,dot_seq,store_grad,bwd_token_row,bwd_token_affinities,bwd_tokens,bwd_gather_slot,bwd_dx_scatter,bwd_m_rows,bwd_affinity_rows,bwd_gate_grads,sum_rows,bwd_recompute_d,bwd_weight_grad,bwd_weight_rows,bwd_gather,bwd_down_stage,bwd_gate_up_stage,bwd_expert,bwd_experts
 ref/gemm/dx.c:lemma_mul_monotone,lemma_row_fits,lemma_reduce_out,reduce_width,reduce_tokens,set_chunk0,reduce_chunks,run_reduce_in,gemm_dx_blocked_in
@@ -127,7 +127,7 @@ ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_bl
 ref/routing.c:lemma_msum_monotone,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_count_lt_split,lemma_msum_counts,check_sizes,check_permutation,moe_ref_check_routing_in,moe_ref_expert_offsets,moe_ref_expert_of_row,moe_ref_check_routing_dims,moe_ref_routing_from_topk_check,place_slots,lemma_ascending_range,lemma_buckets_permutation,moe_ref_counting_sort
 ref/mlp/tiles.c:lemma_row_fits,lemma_mul_monotone,row_f32,mm_nn_tile,zero_tile,mlp_mm_nn_f32,mlp_mm_nn,mlp_mm_wn,mlp_transpose,mlp_gather_rows
 src/dtype.c:moe_dtype_size,moe_dtype_name,spells,moe_dtype_from_name,moe_dtype_unit_roundoff,moe_f32_to_bf16,moe_bf16_to_f32,moe_f32_to_f16,moe_f16_to_f32,moe_ref_load_row
-ref/mlp/activations.c:sigmoidf_,act_value,act_derivative,clamp_,act_of,act_derivative_of,mlp_round_to,mlp_round_row
+ref/mlp/activations.c:moe_act_sigmoid,moe_act_silu,moe_act_silu_grad,moe_act_gelu,moe_act_gelu_grad,moe_act_gelu_tanh,moe_act_gelu_tanh_grad,moe_act_swish,moe_act_swish_grad,moe_act_value,moe_act_derivative,clamp_,act_of,act_derivative_of,mlp_round_to,mlp_round_row
 ref/gemm/kernels.c:gemm_kernel_scalar,gemm_pick_kernel
 ref/mlp/workspace.c:mlp_threads_for,mlp_carve,mlp_max3
 src/routing_api.c:moe_routing_validate
