@@ -46,8 +46,8 @@
      "No effect in f32. With --backend cuda: every GEMM on tensor cores (the fast path)."},           \
     {"--weight-layout", "NAME",                                                                        \
      "the layout of the weight files, and of their gradients: nki (default), linear, linear-split, "    \
-     "hf-mixtral, hf-qwen3-moe or hf-llama4 (see above); hf-gpt-oss is refused (its (up + 1) is not "   \
-     "expressible)."},                                                                                 \
+     "hf-mixtral, hf-qwen3-moe or hf-llama4 (mlp-fwd --help lists their files); hf-gpt-oss is "        \
+     "refused (its (up + 1) is not expressible)."},                                                    \
     OPT_DTYPE,                                                                                         \
     OPT_BACKEND,                                                                                       \
     OPT_RAW
@@ -79,7 +79,7 @@ const command mlp_fwd_command = {
     "mlp-fwd",
     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
-    "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+    "[--round-intermediates] [--weight-layout NAME] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -95,20 +95,34 @@ const command mlp_fwd_command = {
     "  token_position_to_id.npy (N*B,) or (N, B), int32/int64: a token, or the padding mark\n"
     "  block_to_expert.npy (N,), int32/int64\n"
     "(`moe route --block-size B --topk-weights TW.npy` writes the last three). Extra trailing "
-    "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert). --out DIR gets:\n"
+    "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert).\n"
+    "--weight-layout names another layout of the weight files (mlp-bwd writes their gradients in it, "
+    "each name + _grad):\n"
+    "  linear: torch nn.Linear weights stacked: gate_up_proj_weight.npy (E, 2*I, H), gate rows first; "
+    "down_proj_weight.npy (E, H, I); biases gate_up_proj_bias.npy (E, 2*I), down_proj_bias.npy (E, H)\n"
+    "  linear-split: gate_proj_weight.npy and up_proj_weight.npy (E, I, H) each, down_proj_weight.npy "
+    "(E, H, I); biases gate_proj_bias.npy, up_proj_bias.npy (E, I), down_proj_bias.npy (E, H)\n"
+    "  hf-mixtral, hf-qwen3-moe: transformers' fused experts, gate_up_proj (E, 2*I, H) and down_proj "
+    "(E, H, I), as linear; no biases\n"
+    "  hf-llama4: Llama4TextExperts, gate_up_proj (E, H, 2*I) and down_proj (E, I, H); no biases\n"
+    "(cli/README.md, \"Weight layouts\", says which models each expresses exactly). --out DIR gets:\n"
     "  output.npy (T1, H)\n"
     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
     "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
     "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
     "the others before anything is written.",
     mlp_fwd_opts, 0, run_mlp_fwd,
+    "# the block layout and affinities of a layer's routing, then its forward, checkpoints left in mlp/\n"
+    "moe route --topk-ids mlp/topk_ids.npy --experts 4 --block-size 4 \\\n"
+    "    --topk-weights mlp/topk_weights.npy --out mlp\n"
+    "moe mlp-fwd --in mlp --out mlp",
 };
 
 const command mlp_bwd_command = {
     "mlp-bwd",
     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
-    "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--grad-fp32] [--dtype ...] [--backend ...] "
-    "[--raw]",
+    "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--weight-layout NAME] [--grad-fp32] "
+    "[--dtype ...] [--backend ...] [--raw]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
     "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
@@ -124,11 +138,17 @@ const command mlp_bwd_command = {
     "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
     "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
     "every pair of the layout, 0 for every other\n"
+    "  topk_weights_grad.npy (T, k): when --in holds router_topk_ids.npy (route --topk-weights writes "
+    "it): the same gradient in the router's order, [t][j] = expert_affinities_masked_grad[t*E + "
+    "router_topk_ids[t][j]]\n"
     "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
     "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
+    "  (with --weight-layout: the layout's files, each name + _grad, in its shapes)\n"
     "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
     "NumPy).",
     mlp_bwd_opts, 0, run_mlp_bwd,
+    "# every gradient from mlp-fwd's checkpoints and mlp/output_hidden_states_grad.npy\n"
+    "moe mlp-bwd --in mlp --out grads",
 };
 
 /* ---------------------------------------------------------------------------------------------------

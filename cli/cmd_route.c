@@ -52,6 +52,8 @@ const command route_command = {
     "with --topk-weights expert_affinities_masked.npy), and prints the number of blocks N and, for "
     "--dropping, the number of dropped (token, expert) pairs.",
     route_opts, 0, run_route,
+    "# the routing of a step's top-2 choices among 4 experts, step/topk_ids.npy (T, 2)\n"
+    "moe route --topk-ids step/topk_ids.npy --experts 4 --out routing",
 };
 
 static int run_route(const args *a)
