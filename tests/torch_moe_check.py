@@ -5,9 +5,9 @@ and checking them against libmoe through the `moe` CLI.
 The expert weights are saved as the module holds them and `--weight-layout` tells moe their layout:
 no script converts a layout.  Tolerance: torch's bf16 layer rounds every intermediate to bf16 (g, u,
 act(g), m, d, the weighted output, each index_add; the backward likewise) and libmoe rounds the same
-operands once (--round-intermediates), so the two differ by a few roundings of intermediates: each
-element may differ by 8 bf16 rounding units (u = 2^-8) of itself plus 8 units of its tensor's largest
-element in float64 (which covers cancellation in the sums).  A planted bug (each token's two routing
+operands once (--intermediates rounded, the default), so the two differ by a few roundings of
+intermediates: each element may differ by 8 bf16 rounding units (u = 2^-8) of itself plus 8 units of
+its tensor's largest element in float64 (which covers cancellation in the sums).  A planted bug (each token's two routing
 weights swapped) must fail that check.
 """
 import copy
@@ -61,7 +61,7 @@ def run(moe, experts, forward, weights, layout, folder):
              **{n + "_grad": t for n, t in weights(e64, True).items()}}
 
     moe_ = lambda *a: subprocess.run([moe, *a], stdout=subprocess.DEVNULL).returncode
-    flags = ["--weight-layout", layout, "--dtype", "bf16", "--round-intermediates"]
+    flags = ["--weight-layout", layout, "--dtype", "bf16"]
     if (moe_("route", "--topk-ids", f"{step}/topk_ids.npy", "--experts", str(E), "--block-size", "4",
              "--topk-weights", f"{step}/topk_weights.npy", "--dtype", "bf16", "--out", step)
             or moe_("mlp-fwd", "--in", step, "--out", step, *flags) or moe_("mlp-bwd", "--in", step, "--out", got, *flags)):
