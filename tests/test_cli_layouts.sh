@@ -91,8 +91,14 @@ c=mlp_f32/1_base
 refused "linear files as nki" "$c/linear/gate_up_proj_weight.npy: expected gate_up_proj_weight of shape (E, H, 2, I) (--weight-layout nki)" \
     "found (4, 6, 5) float32" -- "$MOE" mlp-fwd --in "$c/linear" --out o
 mkdir bad && cp "$c"/linear/*.npy bad/ && cp "$c/nki/down_proj_weight.npy" bad/
-refused "nki down file as linear" "bad/down_proj_weight.npy: expected down_proj_weight of shape (4, 5, 3) = (E, H, I) (--weight-layout hf-qwen3-moe; E, H and I from bad/gate_up_proj_weight.npy)" \
-    "found (4, 3, 5) float32" -- "$MOE" mlp-fwd --in bad --out o --weight-layout hf-qwen3-moe
+for l in linear hf-mixtral hf-qwen3-moe; do
+    refused "nki down file as $l" "bad/down_proj_weight.npy: expected down_proj_weight of shape (4, 5, 3) = (E, H, I) (--weight-layout $l; E, H and I from bad/gate_up_proj_weight.npy)" \
+        "found (4, 3, 5) float32" -- "$MOE" mlp-fwd --in bad --out o --weight-layout $l
+done
+cp "$c/hf-llama4/gate_up_proj_weight.npy" "$c/linear/down_proj_weight.npy" bad/
+refused "linear down file as hf-llama4" "bad/down_proj_weight.npy: expected down_proj_weight of shape (4, 3, 5) = (E, I, H) (--weight-layout hf-llama4; E, I and H from bad/gate_up_proj_weight.npy)" \
+    "found (4, 5, 3) float32" -- "$MOE" mlp-fwd --in bad --out o --weight-layout hf-llama4
+rm -r bad && mkdir bad && cp "$c"/linear/*.npy bad/
 # wrong shapes name the layout's shape
 "$NPY" mk bad/gate_up_proj_weight.npy '<f4' 4,5,5 1
 refused "linear gate_up with an odd 2*I" "bad/gate_up_proj_weight.npy: expected gate_up_proj_weight of shape (E, 2*I, H) (--weight-layout linear)" \
@@ -132,6 +138,14 @@ run_ok "mlp-bwd writes the (T, k) gradient" "$MOE" mlp-bwd --in tk --out tk/grad
 has "mlp-bwd: topk_weights_grad.npy" out "wrote tk/grad/topk_weights_grad.npy: shape (2, 2) float32"
 run_ok "info" "$NPY" info tk/grad/expert_affinities_masked_grad.npy
 has "the dense gradient stays" out "<f4 (6,)"
+# router_topk_ids.npy must be the routing's: T rows, experts in [0, E)
+cp -r tk tk_bad
+"$NPY" mk tk_bad/router_topk_ids.npy '<i8' 3,2 0
+refused "router_topk_ids of another T" "tk_bad/router_topk_ids.npy: expected router_topk_ids of shape (2, k)" \
+    "found (3, 2) int64" -- "$MOE" mlp-bwd --in tk_bad --out o
+"$NPY" mk tk_bad/router_topk_ids.npy '<i8' 2,2 2 0 1 3
+refused "router_topk_ids out of range" "tk_bad/router_topk_ids.npy: [1, 1] = 3, expected an expert in [0, 3)" \
+    -- "$MOE" mlp-bwd --in tk_bad --out o
 # the last N float32 values of a .npy file, as od prints them
 values() { od -A n -v -t f4 -j $(($(wc -c <"$1") - 4 * $2)) "$1" | tr -s ' \n' '  '; }
 # shellcheck disable=SC2046 # the six values as $1 .. $6
