@@ -1,6 +1,6 @@
 #!/bin/sh
 # Mutation testing of libmoe's tests: evidence that `make check` bites (issue 4, proptest/README.md
-# "Mutation testing").  Not part of `make check` (it takes about 10 minutes on two cores).
+# "Mutation testing").  Not part of `make check` (about half an hour on two shared cores).
 #
 #   proptest/mutants.sh [--only NAME,NAME,...] [--full] [--dry] [--list] [SRCDIR [SCRATCH]]
 #
