@@ -33,6 +33,30 @@ static const opt compare_opts[] = {
 
 static int run_compare(const args *a);
 
+/* The options file of the folder that holds A (A itself when a folder), or else B's: its dtype is
+ * --dtype's default, and a --dtype that differs is refused (run_options_apply). */
+static void compare_apply_run_options(args *a)
+{
+    for (int i = 0; i < 2; i++) {
+        const char *p = a->pos[i];
+        /* the folder: p itself, or the part of p before its last '/' ("." without one, "/" for "/x") */
+        const char *slash = strrchr(p, '/');
+        const size_t len = is_dir(p) ? strlen(p) : slash == NULL ? 0 : slash == p ? 1 : (size_t)(slash - p);
+        char *dir = xmalloc(len + 2, 1);
+        memcpy(dir, len ? p : ".", len ? len : 1);
+        dir[len ? len : 1] = '\0';
+        run_options r;
+        const int found = run_options_read(dir, &r);
+        xfree(dir);
+        if (found) {
+            run_options_apply(a, &r);
+            if (run_options_get(&r, "dtype") != NULL)
+                printf("dtype %s from %s (moe %s)\n", get(a, "--dtype"), r.path, r.command);
+            return;
+        }
+    }
+}
+
 const command compare_command = {
     "compare", "A B [--dtype f32|f16|bf16|f64] [--reduction-length L | --bound B.npy | --exact | --atol X --rtol X]",
     "compare two .npy files, or every .npy file of folder A with the same name in folder B",
@@ -270,8 +294,11 @@ static char **list_npy(const char *dir, size_t *count)
     return names;
 }
 
-static int run_compare(const args *a)
+static int run_compare(const args *given)
 {
+    args with_file = *given; /* the flags, and the dtype of the options file beside A (or else B) */
+    compare_apply_run_options(&with_file);
+    const args *a = &with_file;
     compare_cfg cfg = {0};
     cfg.mode = TOL_ROUNDING;
     const char *s = get(a, "--dtype");

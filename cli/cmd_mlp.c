@@ -246,6 +246,7 @@ typedef struct mlp_in {
     moe_backend backend;
     int64_t T, T1, E, H, I, N, B;
     int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
+    int aff_pad_row; /* it has NKI's padding row (T + 1 rows, zero in row T) */
     int64_t aff_shape[NPY_MAX_DIMS];
     moe_mlp_layout layout;
 } mlp_in;
@@ -340,16 +341,11 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
             row ? "; with --padding row, row T is the padding row" : "", shape_text(hs), npy_type_name(hs->type));
     m->T1 = hs->shape[0];
     m->T = m->T1 - row;
-    if (m->T > 0 && m->E > INT64_MAX / m->T)
-        die("%s: T*E overflows", phs);
+    if (m->T1 > 0 && m->E > INT64_MAX / m->T1)
+        die("%s: T*E overflows", phs); /* (T + 1)*E with the padding row */
 
-    const int64_t te[1] = {m->T * m->E}, t_e[2] = {m->T, m->E};
     const npy_header *ah = &m->arr[F_AFF].h;
-    if (!shape_is(ah, 1, te) && !shape_is(ah, 2, t_e))
-        die("%s: expected expert_affinities_masked of shape (%lld,), (%lld, 1) or (%lld, %lld) (T*E with T = %lld "
-            "tokens from %s%s, E = %lld from %s), found %s %s", m->path[F_AFF], (long long)te[0], (long long)te[0],
-            (long long)m->T, (long long)m->E, (long long)m->T, phs, row ? " less the padding row" : "",
-            (long long)m->E, pw, shape_text(ah), npy_type_name(ah->type));
+    m->aff_pad_row = mlp_affinities_pad_row(m->path[F_AFF], &m->arr[F_AFF], m->T, m->E, row, m->o.dtype, phs, pw);
     m->aff_ndim = ah->ndim;
     memcpy(m->aff_shape, ah->shape, sizeof m->aff_shape);
     if (m->have[F_BGU]) {
@@ -422,16 +418,20 @@ static void mlp_begin(const args *a, mlp_in *m, int *want)
 /* ---------------------------------------------------------------------------------------------------
  * mlp-fwd, mlp-bwd
  * ------------------------------------------------------------------------------------------------- */
-static int run_mlp_fwd(const args *a)
+static int run_mlp_fwd(const args *given)
 {
+    args with_file = *given; /* the flags, and a routing's options file in --in as their defaults */
+    mlp_apply_run_options(&with_file, 1);
+    const args *a = &with_file;
     const char *out = need(a, "--out");
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
     static const char *const names[] = {"output.npy", "gate_up_proj_act_checkpoint_T.npy",
                                         "down_proj_act_checkpoint.npy"};
-    char *p[3];
+    char *p[3], *opts_file;
     add_outputs_in(out, names, 3, p);
+    add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
     if (m.o.bias)
         want[F_BGU] = want[F_BD] = 2;
     mlp_load(a, &m, want);
@@ -450,6 +450,7 @@ static int run_mlp_fwd(const args *a)
     write_result(a, p[0], m.o.dtype, y, 2, s_y);
     write_result(a, p[1], m.o.dtype, ckpt_gu, 4, s_gu);
     write_result(a, p[2], m.o.dtype, ckpt_d, 3, s_d);
+    mlp_write_run_options(opts_file, "mlp-fwd", &m.o);
     commit_outputs();
     printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
@@ -457,8 +458,11 @@ static int run_mlp_fwd(const args *a)
     return 0;
 }
 
-static int run_mlp_bwd(const args *a)
+static int run_mlp_bwd(const args *given)
 {
+    args with_file = *given; /* the flags, and the forward's options file in --in as their defaults */
+    mlp_apply_run_options(&with_file, 0);
+    const args *a = &with_file;
     const char *out = need(a, "--out");
     mlp_in m;
     int want[F_COUNT] = {0};
@@ -466,8 +470,9 @@ static int run_mlp_bwd(const args *a)
     static const char *const names[] = {"hidden_states_grad.npy",    "expert_affinities_masked_grad.npy",
                                         "gate_up_proj_weight_grad.npy", "down_proj_weight_grad.npy",
                                         "gate_up_proj_bias_grad.npy", "down_proj_bias_grad.npy"};
-    char *p[6];
+    char *p[6], *opts_file;
     add_outputs_in(out, names, m.o.bias ? 6 : 4, p);
+    add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
     want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
     if (m.o.affinity == MOE_AFFINITY_ON_I) {
         /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
@@ -485,8 +490,10 @@ static int run_mlp_bwd(const args *a)
     const int bias = m.o.bias;
     const size_t es = moe_dtype_size(m.o.dtype), gs = moe_dtype_size(gdt);
     const size_t n_h = elements(m.T1, m.H, 1), n_a = elements(m.T, m.E, 1), n_wgu = elements(m.E, m.H, 2 * m.I);
+    const size_t n_a_file = elements(m.aff_pad_row ? m.T1 : m.T, m.E, 1); /* with the padding row: its 0s */
     const size_t n_wd = elements(m.E, m.I, m.H), n_bgu = elements(m.E, 2, m.I), n_bd = elements(m.E, m.H, 1);
-    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a_file, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    memset((char *)da + n_a * es, 0, (n_a_file - n_a) * es); /* the padding row's gradient: +0 */
     void *dbgu = bias ? xmalloc(n_bgu, gs) : NULL;
     void *dbd = bias ? xmalloc(n_bd, gs) : NULL;
     lib_call c = {"moe_mlp_bwd", m.backend, 0, {{0}}};
@@ -511,6 +518,7 @@ static int run_mlp_bwd(const args *a)
         write_result(a, p[4], gdt, dbgu, 3, s_bgu);
         write_result(a, p[5], gdt, dbd, 2, s_bd);
     }
+    mlp_write_run_options(opts_file, "mlp-bwd", &m.o);
     commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,

@@ -75,8 +75,10 @@ static int run_route(const args *a)
     static const char *const names[] = {"m_sizes.npy",         "gather_indices.npy",
                                         "scatter_indices.npy", "token_position_to_id.npy",
                                         "block_to_expert.npy", "expert_affinities_masked.npy"};
-    char *p[6];
+    char *p[6], *opts_file = NULL;
     add_outputs_in(dir, names, blockwise ? 5 + (tw_path != NULL) : 3, p);
+    if (blockwise)
+        add_outputs_in(dir, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
     claim_files(a, (const char *const[]){NULL}, (const char *const[]){"--topk-ids", "--topk-weights", NULL});
 
     npy_array ids;
@@ -134,6 +136,14 @@ static int run_route(const args *a)
         write_array(p[4], NPY_T_I64, 1, &N, b2e);
         if (aff != NULL)
             write_result(a, p[5], mo.dtype, aff, 1, &TE);
+        /* the layout's options, which mlp-fwd and mlp-bwd take as their defaults */
+        run_options r = {0};
+        run_options_set(&r, "block_size", "%lld", (long long)mo.block_size);
+        run_options_set(&r, "padding", "%s", mo.padding == MOE_MLP_PAD_ROW ? "row" : "skip");
+        run_options_set(&r, "dropping", "%d", kind == MOE_MLP_DROPPING);
+        if (aff != NULL && get(a, "--dtype") != NULL) /* a dtype chosen, not one read off the weights' file */
+            run_options_set(&r, "dtype", "%s", moe_dtype_name(mo.dtype));
+        run_options_write(opts_file, "route", &r);
     }
     commit_outputs();
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,

@@ -115,6 +115,11 @@ unrounded=$(printf '%s' "$mlp_flags" | sed 's/ --round-intermediates//')
 {
 run_ok "mlp-fwd bf16 without --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $unrounded --dtype bf16
 run_status "without --round-intermediates the forward differs" 1 "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
+# the forward's options file in its folder gives the backward --round-intermediates without the flag
+run_ok "mlp-bwd bf16: --round-intermediates from the options file" "$MOE" mlp-bwd --in "$c/in" --out "$c/from_file" \
+    $unrounded --dtype bf16
+run_ok "mlp-bwd bf16 with the file's options = library" "$MOE" compare --exact "$c/want_bwd" "$c/from_file"
+rm "$c/in/moe-options.txt"
 run_ok "mlp-bwd bf16 without --round-intermediates" "$MOE" mlp-bwd --in "$c/in" --out "$c/unrounded_grad" $unrounded \
     --dtype bf16
 run_status "without --round-intermediates the backward differs" 1 "$MOE" compare --exact "$c/want_bwd" \
