@@ -122,6 +122,13 @@ void mlp_apply_run_options(args *a, int forward);
 /* The file mlp-fwd and mlp-bwd write beside their outputs: every option that changes the result. */
 void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o);
 
+/* ---- dtype_fit.c: float32 data holding 16-bit values ---- */
+/* 1 when every value (NaN aside) of a float32/float64 array is exactly a value of dtype (an f16 array: of f16). */
+int values_fit_dtype(const npy_array *arr, moe_dtype dtype);
+/* Warns on stderr, naming --dtype bf16 (or f16), when every floating input (arrays[i], NULL skipped) of a
+ * float32 run holds only bf16 (or f16) values: a forgotten --dtype. */
+void warn_if_16bit_valued(const args *a, const npy_array *const *arrays, int n, const char *folder);
+
 /* ---- mlp_affinities.c: expert_affinities_masked's shapes ---- */
 /* 0 when arr is (T*E,), (T*E, 1) or (T, E); 1 when it carries NKI's padding row ((T+1)*E,), ((T+1)*E, 1)
  * or (T + 1, E), allowed with row_padding and checked to be zero there; dies otherwise, naming the files

@@ -139,11 +139,6 @@ static void print_index(int64_t flat, const npy_header *h)
     printf("]");
 }
 
-static int is_bf16_value(double v)
-{
-    return isnan(v) || (double)moe_bf16_to_f32(npy_f64_to_bf16(v)) == v;
-}
-
 /* Compares one pair; prints its report; returns 0 when within tolerance, 1 otherwise. */
 static int compare_pair(const compare_cfg *cfg, const char *label, const char *pa, const char *pb, const char *pbound)
 {
@@ -194,7 +189,6 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
 
     double max_abs = 0, max_rel = 0, worst_ratio = -1, worst_diff = -1, worst_tol = 0;
     int64_t worst = 0, over = 0;
-    int all_bf16 = 1;
     for (int64_t i = 0; i < A.h.count; i++) {
         const double x = npy_get(&A, i, dt.pattern), y = npy_get(&B, i, dt.pattern);
         double diff, rel;
@@ -230,7 +224,6 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
         }
         max_abs = fmax(max_abs, diff);
         max_rel = fmax(max_rel, rel);
-        all_bf16 &= is_bf16_value(x) && is_bf16_value(y);
     }
     const int digits = strcmp(dt.name, "f64") == 0 ? 17 : 9;
     printf("  max abs error  %.6e\n  max rel error  %.6e\n", max_abs, max_rel);
@@ -247,9 +240,16 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
     }
     printf("  verdict        %s (%lld of %lld elements over the tolerance)\n", over ? "FAIL" : "PASS", (long long)over,
            (long long)A.h.count);
-    if (over && !cfg->have_dtype && mode == TOL_ROUNDING && strcmp(dt.name, "f32") == 0 && all_bf16)
-        printf("  hint           every value of both files is a bf16 value: if these are bf16 results, pass "
-               "--dtype bf16\n");
+    const int f32_tolerance = mode == TOL_ROUNDING || mode == TOL_REDUCTION;
+    const int fit_bf16 = over && f32_tolerance && strcmp(dt.name, "f32") == 0 && values_fit_dtype(&A, MOE_BF16) &&
+                         values_fit_dtype(&B, MOE_BF16);
+    const int fit_f16 = over && f32_tolerance && strcmp(dt.name, "f32") == 0 && values_fit_dtype(&A, MOE_F16) &&
+                        values_fit_dtype(&B, MOE_F16);
+    if (fit_bf16 || fit_f16)
+        printf("  hint           every value of both files is %s, and the tolerance is float32's: if these are %s "
+               "results, pass %s\n", fit_bf16 && fit_f16 ? "a bf16 and an f16 value" : fit_bf16 ? "a bf16 value" : "an f16 value",
+               fit_bf16 && fit_f16 ? "bf16 or f16" : fit_bf16 ? "bf16" : "f16",
+               fit_bf16 && fit_f16 ? "--dtype bf16 or --dtype f16" : fit_bf16 ? "--dtype bf16" : "--dtype f16");
     else if (over && mode == TOL_ROUNDING && (strcmp(dt.name, "f32") == 0 || strcmp(dt.name, "f64") == 0))
         printf("  hint           %s results of a sum taken in another order may differ by more than one "
                "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm command's "

@@ -287,6 +287,8 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
         float_paths[nf++] = m->path[f];
     }
     m->o.dtype = choose_dtype(a, floats, float_paths, nf);
+    if (get(a, "--dtype") == NULL && m->o.dtype == MOE_F32)
+        warn_if_16bit_valued(a, floats, nf, dir);
 
     /* E, H, I from gate_up_proj_weight; N from block_to_expert; B from token_position_to_id or --block-size */
     const npy_header *wgu = &m->arr[F_WGU].h;
