@@ -136,6 +136,22 @@ void warn_if_16bit_valued(const args *a, const npy_array *const *arrays, int n, 
 int mlp_affinities_pad_row(const char *path, const npy_array *arr, int64_t T, int64_t E, int row_padding,
                            moe_dtype dtype, const char *hidden_path, const char *weight_path);
 
+/* ---- bounds.c: --bound-out of mlp-fwd and mlp-bwd ---- */
+/* One MLP call's inputs, in o->dtype (ckpt_* and g: the backward's; NULL in the forward). */
+typedef struct mlp_bound_in {
+    int64_t T, T1, E, H, I, B, N;
+    const int64_t *b2e, *tpti;
+    const moe_mlp_options *o;
+    const void *x, *A, *wgu, *wd, *bgu, *bd, *g, *ckpt_gu, *ckpt_d;
+} mlp_bound_in;
+/* Writes the per-element bound of every output (float64, the output's shape) to the registered paths:
+ * output, gate/up checkpoint, down checkpoint; or hidden_states_grad, the affinity gradient (aff_count
+ * elements of aff_shape: T*E, or (T + 1)*E with NKI's padding row, bound 0), the weight gradients and, with
+ * bias, the bias gradients. */
+void write_mlp_fwd_bounds(char *const *paths, const mlp_bound_in *in);
+void write_mlp_bwd_bounds(char *const *paths, const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape,
+                          int64_t aff_count);
+
 /* ---- the commands, in cmd_*.c ---- */
 extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,
     mlp_fwd_command, mlp_bwd_command, autotune_command;

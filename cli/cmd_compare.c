@@ -23,8 +23,9 @@ static const opt compare_opts[] = {
      "g(L) = L*2^-24/(1 - L*2^-24) and m = max(|a|,|b|), the bound of SEMANTICS section 4 with the sum "
      "of |terms| taken as m. That holds when the terms do not cancel; where they do, use --bound."},
     {"--bound", "B.npy|DIR",
-     "per-element bounds written by a gemm command's --bound-out: tolerance 2*B (A and B are each "
-     "within B of the exact result). With folders: DIR/NAME.npy where it exists."},
+     "per-element bounds written by --bound-out (gemm-fwd/dx/dw: a file; mlp-fwd, mlp-bwd: a folder of "
+     "them): tolerance 2*B (A and B are each within B of the exact result). With two folders: DIR/NAME.npy "
+     "where it exists; with two files and a folder: DIR/NAME.npy of A's NAME."},
     {"--exact", NULL, "tolerance 0: every element must be equal (NaN equals NaN)."},
     {"--atol", "X", "absolute tolerance: tolerance atol + rtol*max(|a|,|b|) replaces the derived one."},
     {"--rtol", "X", "relative tolerance, with or without --atol."},
@@ -69,7 +70,7 @@ const command compare_command = {
     "differ by one rounding each, never more; that is the loosest claim that holds without knowing "
     "how the values were computed. It suits 16-bit results, where one output rounding outweighs the "
     "float32 accumulation error. For float32 results of long reductions use --reduction-length L, or "
-    "better --bound with the per-element bound a gemm command writes with --bound-out (it knows the "
+    "better --bound with the per-element bound a gemm or mlp command writes with --bound-out (it knows the "
     "sum of |terms| and so is exact where terms cancel).\n\n"
     "NaN equals NaN at the same place; a NaN against a number, and an Inf against anything else, fail. "
     "Files in B that A does not have are listed and not compared.",
@@ -252,7 +253,7 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
                fit_bf16 && fit_f16 ? "--dtype bf16 or --dtype f16" : fit_bf16 ? "--dtype bf16" : "--dtype f16");
     else if (over && mode == TOL_ROUNDING && (strcmp(dt.name, "f32") == 0 || strcmp(dt.name, "f64") == 0))
         printf("  hint           %s results of a sum taken in another order may differ by more than one "
-               "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm command's "
+               "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm or mlp command's "
                "--bound-out\n", dt.name);
     release(&A);
     release(&B);
@@ -367,9 +368,15 @@ static int run_compare(const args *given)
                compared, failed - missing, missing, pb);
         return failed ? EXIT_MISMATCH : 0;
     }
-    if (cfg.bound != NULL && is_dir(cfg.bound))
-        die("%s: with two files, --bound must be a file", cfg.bound);
+    const char *bound = cfg.bound;
+    if (bound != NULL && is_dir(bound)) { /* a folder of --bound-out: the bound named like A */
+        const char *slash = strrchr(pa, '/');
+        bound = join_path(bound, slash ? slash + 1 : pa);
+        if (!is_regular(bound))
+            die("%s: no bound for %s in the folder %s (--bound-out writes one per output, named like it)", bound, pa,
+                cfg.bound);
+    }
     char label[2048];
     snprintf(label, sizeof label, "%s vs %s", pa, pb);
-    return compare_pair(&cfg, label, pa, pb, cfg.bound) ? EXIT_MISMATCH : 0;
+    return compare_pair(&cfg, label, pa, pb, bound) ? EXIT_MISMATCH : 0;
 }

@@ -53,6 +53,10 @@ static const opt mlp_fwd_opts[] = {
      "folder to write output.npy and the checkpoints into (created if missing; may be --in, so that "
      "mlp-bwd --in finds the checkpoints there)."},
     OPT_MLP,
+    {"--bound-out", "DIR",
+     "also write, for every output, the derived bound on each element's error (float64, the output's shape "
+     "and file name) into DIR, for `moe compare --bound DIR`: any correct float32 implementation, this "
+     "reference and the CUDA backend included, is within it of the exact result from the rounded inputs."},
     {NULL, NULL, NULL},
 };
 
@@ -64,6 +68,10 @@ static const opt mlp_bwd_opts[] = {
      "write the weight and bias gradients rounded to float32 instead of the computation dtype "
      "(options.grad_fp32). Without it they are rounded to the computation dtype, also when written as "
      "float32."},
+    {"--bound-out", "DIR",
+     "also write, for every gradient, the derived bound on each element's error (float64, the gradient's "
+     "shape and file name) into DIR, for `moe compare --bound DIR`; the exact result is the backward of the "
+     "given checkpoints."},
     {NULL, NULL, NULL},
 };
 
@@ -74,7 +82,7 @@ const command mlp_fwd_command = {
     "mlp-fwd",
     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
-    "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+    "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw] [--bound-out DIR]",
     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -103,7 +111,7 @@ const command mlp_bwd_command = {
     "mlp-bwd",
     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
     "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--grad-fp32] [--dtype ...] [--backend ...] "
-    "[--raw]",
+    "[--raw] [--bound-out DIR]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
     "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
@@ -408,6 +416,14 @@ static moe_mlp_layout mlp_call_layout(const lib_call *c, const mlp_in *m)
     return on;
 }
 
+/* m's problem for the bounds of --bound-out (bounds.c). */
+static mlp_bound_in mlp_bound_problem(const mlp_in *m)
+{
+    return (mlp_bound_in){m->T, m->T1, m->E, m->H, m->I, m->B, m->N, m->data[F_B2E], m->data[F_TPTI], &m->o,
+                          m->data[F_HIDDEN], m->data[F_AFF], m->data[F_WGU], m->data[F_WD], m->data[F_BGU],
+                          m->data[F_BD], m->data[F_OUT_GRAD], m->data[F_CKPT_GU], m->data[F_CKPT_D]};
+}
+
 /* The files both directions read: the forward's inputs (biases only with --bias). */
 static void mlp_begin(const args *a, mlp_in *m, int *want)
 {
@@ -434,6 +450,10 @@ static int run_mlp_fwd(const args *given)
     char *p[3], *opts_file;
     add_outputs_in(out, names, 3, p);
     add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
+    const char *bound_dir = get(a, "--bound-out");
+    char *bp[3];
+    if (bound_dir != NULL)
+        add_outputs_in(bound_dir, names, 3, bp);
     if (m.o.bias)
         want[F_BGU] = want[F_BD] = 2;
     mlp_load(a, &m, want);
@@ -453,6 +473,11 @@ static int run_mlp_fwd(const args *given)
     write_result(a, p[1], m.o.dtype, ckpt_gu, 4, s_gu);
     write_result(a, p[2], m.o.dtype, ckpt_d, 3, s_d);
     mlp_write_run_options(opts_file, "mlp-fwd", &m.o);
+    if (bound_dir != NULL) {
+        make_dirs(bound_dir);
+        const mlp_bound_in in = mlp_bound_problem(&m);
+        write_mlp_fwd_bounds(bp, &in);
+    }
     commit_outputs();
     printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
@@ -475,6 +500,10 @@ static int run_mlp_bwd(const args *given)
     char *p[6], *opts_file;
     add_outputs_in(out, names, m.o.bias ? 6 : 4, p);
     add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
+    const char *bound_dir = get(a, "--bound-out");
+    char *bp[6];
+    if (bound_dir != NULL)
+        add_outputs_in(bound_dir, names, m.o.bias ? 6 : 4, bp);
     want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
     if (m.o.affinity == MOE_AFFINITY_ON_I) {
         /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
@@ -521,6 +550,11 @@ static int run_mlp_bwd(const args *given)
         write_result(a, p[5], gdt, dbd, 2, s_bd);
     }
     mlp_write_run_options(opts_file, "mlp-bwd", &m.o);
+    if (bound_dir != NULL) {
+        make_dirs(bound_dir);
+        const mlp_bound_in in = mlp_bound_problem(&m);
+        write_mlp_bwd_bounds(bp, &in, m.aff_ndim, m.aff_shape, (int64_t)n_a_file);
+    }
     commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,

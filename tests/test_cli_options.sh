@@ -98,6 +98,31 @@ if grep -q dtype r2/moe-options.txt; then bad "route without --dtype wrote a dty
 run_ok "mlp-fwd ignores an earlier forward's file" "$MOE" mlp-fwd --in f --out f3 --dtype f16
 has "mlp-fwd ran as told" out "B = 2, f16"
 
+# ---- --bound-out: a bound per output element, beside each output's name ----
+cp -r m b
+rm -f b/moe-options.txt
+run_ok "mlp-fwd --bound-out bf16" "$MOE" mlp-fwd --in b --out b --dtype bf16 --bound-out b_bound
+has "mlp-fwd writes the bounds" out "wrote b_bound/output.npy: shape (2, 2) float64" \
+    "wrote b_bound/gate_up_proj_act_checkpoint_T.npy: shape (2, 2, 1, 2) float64" \
+    "wrote b_bound/down_proj_act_checkpoint.npy: shape (2, 2, 2) float64"
+run_ok "mlp-fwd f32" "$MOE" mlp-fwd --in b --out b32 --dtype f32
+# the f32 result is nearer the exact one than bf16's bound: within it
+run_ok "bf16 forward within its bound of the f32 one" "$MOE" compare b/output.npy b32/output.npy --bound b_bound
+has "compare --bound DIR with two files" out "tolerance      2 * bound from b_bound/output.npy"
+run_ok "mlp-bwd --bound-out" "$MOE" mlp-bwd --in b --out b_g --bound-out b_gbound
+cp -r b b_f
+rm b_f/moe-options.txt
+run_ok "mlp-bwd f32 of the same checkpoints" "$MOE" mlp-bwd --in b_f --out b_g32 --dtype f32 --bound-out b_g32bound
+has "mlp-bwd writes the bounds" out "wrote b_g32bound/expert_affinities_masked_grad.npy: shape (4,) float64"
+run_ok "bf16 gradients within their bounds of the f32 ones" "$MOE" compare b_g b_g32 --bound b_gbound
+has "every gradient within its bound" out "summary: 4 tensor(s) compared, 0 over the tolerance"
+run_status "f32 gradients: not within the f32 bounds of the bf16 ones" 1 "$MOE" compare b_g32 b_g --bound b_g32bound
+refused "--bound-out the folder of --out" "b/output.npy and b/output.npy are the same file" \
+    -- "$MOE" mlp-fwd --in b --out b --bound-out b
+run_status "compare --bound DIR without A's name" 2 "$MOE" compare b/hidden_states.npy b/hidden_states.npy --bound b_bound
+has "compare --bound DIR without A's name: the message" err \
+    "b_bound/hidden_states.npy: no bound for b/hidden_states.npy in the folder b_bound"
+
 # ---- NKI's padding row: (T + 1) x E affinities, zero in row T ----
 mkdir n
 cp m/gate_up_proj_weight.npy m/down_proj_weight.npy m/block_to_expert.npy n/
