@@ -30,7 +30,7 @@ enum key_kind {
     K_WORD,     /* a word, compared without case (activation, padding, affinity side) */
     K_CLAMP,    /* NL_LO,NL_HI,LIN_LO,LIN_HI, fields compared as numbers */
     K_BOOL,     /* 1 or 0: the flag given or not */
-    K_ROUNDED   /* intermediates = rounded | float32: the flag --round-intermediates given or not */
+    K_INTER     /* rounded | float32 (--intermediates; --round-intermediates says rounded) */
 };
 
 typedef struct key_flag {
@@ -48,7 +48,7 @@ static const key_flag keys[] = {
     {"bias", "--bias", K_BOOL},
     {"clamp", "--clamp", K_CLAMP},
     {"no_accumulate", "--no-accumulate", K_BOOL},
-    {"intermediates", "--round-intermediates", K_ROUNDED},
+    {"intermediates", "--intermediates", K_INTER},
     {"grad_fp32", "--grad-fp32", K_BOOL},
     {"dropping", "--dropping", K_BOOL},
 };
@@ -250,7 +250,7 @@ static const char *canonical(enum key_kind k, const char *v, char *buf, size_t s
         return buf;
     }
     case K_BOOL: return strcmp(v, "1") == 0 ? "1" : strcmp(v, "0") == 0 ? "0" : "";
-    case K_ROUNDED: return strcmp(v, "rounded") == 0 ? "rounded" : strcmp(v, "float32") == 0 ? "float32" : "";
+    case K_INTER: return strcmp(v, "rounded") == 0 ? "rounded" : strcmp(v, "float32") == 0 ? "float32" : "";
     }
     return "";
 }
@@ -275,8 +275,11 @@ void run_options_apply(args *a, const run_options *r)
         if (file[0] == '\0')
             die("%s: %s = %s is not a valid value of %s", r->path, r->key[i], r->value[i], kf->flag);
         const char *given = a->value[idx];
-        const int is_flag = kf->kind == K_BOOL || kf->kind == K_ROUNDED;
-        const int file_on = strcmp(file, "1") == 0 || strcmp(file, "rounded") == 0;
+        if (given == NULL && kf->kind == K_INTER && option_index(a->cmd, "--round-intermediates") >= 0 &&
+            a->value[option_index(a->cmd, "--round-intermediates")] != NULL)
+            given = "rounded"; /* --round-intermediates, the synonym */
+        const int is_flag = kf->kind == K_BOOL;
+        const int file_on = strcmp(file, "1") == 0;
         if (given == NULL) { /* the file's value becomes the default */
             if (!is_flag) {
                 char *copy = xmalloc(strlen(r->value[i]) + 1, 1); /* r may be gone before a */
@@ -290,7 +293,8 @@ void run_options_apply(args *a, const run_options *r)
         if (is_flag ? !file_on : strcmp(canonical(kf->kind, given, gbuf, sizeof gbuf), file) != 0)
             die("%s %s conflicts with %s, which says %s = %s (the options moe %s ran with): drop %s to use the "
                 "file's value, or compute these files again with the option you want",
-                kf->flag, is_flag ? "(given)" : given, r->path, r->key[i], r->value[i], r->command, kf->flag);
+                a->value[idx] != NULL ? kf->flag : "--round-intermediates", is_flag || a->value[idx] == NULL ? "(given)" : given,
+                r->path, r->key[i], r->value[i], r->command, a->value[idx] != NULL ? kf->flag : "--round-intermediates");
     }
 }
 
@@ -322,7 +326,7 @@ void mlp_write_run_options(const char *path, const char *command, const moe_mlp_
     run_options_set(&r, "bias", "%d", o->bias != 0);
     run_options_set(&r, "clamp", "%s", clamp);
     run_options_set(&r, "no_accumulate", "%d", o->tensor_update_overwrite != 0);
-    run_options_set(&r, "intermediates", "%s", o->round_intermediates ? "rounded" : "float32");
+    run_options_set(&r, "intermediates", "%s", o->float32_intermediates ? "float32" : "rounded");
     if (strcmp(command, "mlp-bwd") == 0)
         run_options_set(&r, "grad_fp32", "%d", o->grad_fp32 != 0);
     run_options_write(path, command, &r);

@@ -107,7 +107,7 @@ typedef struct oracle_mlp_problem {
     const int64_t *block_to_expert;      /* [N] */
     const int64_t *token_position_to_id; /* [N*B] */
     moe_mlp_options opt;                 /* dtype, activation, affinity, bias, clamps, grad_fp32,
-                                            round_intermediates */
+                                            float32_intermediates */
     const double *x, *A, *wgu, *wd, *bgu, *bd; /* hidden [T1*H], affinities [T*E], weights, biases (or NULL) */
     const double *g;                     /* out_grad [T1*H] */
     /* The backward's checkpoints as given (moe mlp-bwd: from files), or NULL: the forward's own, carried
@@ -132,7 +132,7 @@ typedef struct oracle_mlp_expect {
  *   exact_rounding: how every rounding to a dtype enters: 0 the rounding joins the bound (any correct
  *     implementation), 1 the value is rounded and the bound is the rounding's spread (only an
  *     implementation that rounds exactly there);
- *   split_backend: bf16 without round_intermediates may run on split operands (the CUDA backend:
+ *   split_backend: bf16 with float32 intermediates may run on split operands (the CUDA backend:
  *     specs/MLP.md, "Split operands on the GPU"), whose extra roundings the bound then allows. */
 void oracle_mlp_expect_compute(const oracle_mlp_problem *p, const double *old_wgu, const double *old_wd,
                                const double *old_bgu, const double *old_bd, int down_ckpt_in_bwd,

@@ -284,7 +284,7 @@ def make_case(root, nki, skip):
     if k == 1:
         flags.append("--no-accumulate")  # NKI: is_tensor_update_accumulating = top_k != 1
     if dtype != "f32":
-        flags.append("--round-intermediates")  # NKI keeps the intermediates in the dtype
+        flags.append("--intermediates rounded")  # what NKI computes (the default, spelled out)
     bwd_flags = ["--grad-fp32"] if grad_fp32 else []
     with open(os.path.join(case, "flags"), "w") as f:
         f.write(" ".join(flags) + "\n")

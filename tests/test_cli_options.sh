@@ -33,7 +33,7 @@ run_ok "mlp-fwd --dtype bf16" "$MOE" mlp-fwd --in f --out f --dtype bf16 --activ
 has "mlp-fwd writes its options" out "wrote f/moe-options.txt"
 has "the options file" f/moe-options.txt "# moe-options 1, written by moe mlp-fwd" "command = mlp-fwd" "dtype = bf16" \
     "block_size = 2" "padding = skip" "activation = gelu" "affinity_on = h" "bias = 0" "clamp = ,2,-1," \
-    "no_accumulate = 0" "intermediates = float32"
+    "no_accumulate = 0" "intermediates = rounded"
 run_ok "mlp-bwd takes the forward's options" "$MOE" mlp-bwd --in f --out g
 has "mlp-bwd runs in the forward's dtype" out "B = 2, bf16"
 if [ -s err ]; then bad "mlp-bwd with the options file warned: $(cat err)"; fi
