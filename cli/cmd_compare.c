@@ -16,8 +16,11 @@
 static const opt compare_opts[] = {
     {"--dtype", "f32|f16|bf16|f64",
      "the dtype whose rounding the tolerance allows (and how uint16/void16 files are decoded: bf16 or "
-     "f16 bit patterns). Default: f16 if either file is float16, f64 if both are float64, else f32 "
-     "(float32 files holding bf16 results need --dtype bf16). Two integer files are compared exactly."},
+     "f16 bit patterns). Default: the dtype of the moe-options.txt beside A (A itself when a folder), or "
+     "else beside B, that an mlp command wrote (a --dtype that differs from it is refused); without one, "
+     "f16 if either file is float16, f64 if both are float64, else f32 (float32 files holding bf16 results "
+     "need --dtype bf16; a failed comparison says so when every value fits). Two integer files are compared "
+     "exactly."},
     {"--reduction-length", "L",
      "also allow float32 accumulation over L terms: tolerance 2*(g(L)*m + u*(m + g(L)*m) + eta) with "
      "g(L) = L*2^-24/(1 - L*2^-24) and m = max(|a|,|b|), the bound of SEMANTICS section 4 with the sum "

@@ -93,7 +93,8 @@ const command mlp_fwd_command = {
     "--in DIR holds (NKI's parameter names; T tokens, E experts, H hidden, I intermediate, N blocks of "
     "B positions; T1 = T + 1 with --padding row, else T):\n"
     "  hidden_states.npy (T1, H)\n"
-    "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E)\n"
+    "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E); with --padding row also NKI's "
+    "((T+1)*E, 1), ((T+1)*E,) or (T + 1, E), the padding row zero (checked)\n"
     "  gate_up_proj_weight.npy (E, H, 2, I): [:, :, 0] gate, [:, :, 1] up\n"
     "  down_proj_weight.npy (E, I, H)\n"
     "  gate_up_proj_bias.npy (E, 2, I), down_proj_bias.npy (E, H): only with --bias\n"
@@ -104,8 +105,10 @@ const command mlp_fwd_command = {
     "  output.npy (T1, H)\n"
     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
     "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
-    "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
-    "the others before anything is written.",
+    "in the computation dtype's values (float32 files unless --raw), and moe-options.txt: the options "
+    "it ran with, which mlp-bwd and compare take as their defaults (cli/README.md). A moe-options.txt "
+    "that moe route wrote into --in gives this command its defaults likewise. Every shape is checked "
+    "against the others before anything is written.",
     mlp_fwd_opts, 0, run_mlp_fwd,
 };
 
@@ -116,8 +119,11 @@ const command mlp_bwd_command = {
     "[--raw] [--bound-out DIR]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
-    "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
-    "unless --raw, and without --dtype float32 inputs mean an f32 run.\n\n"
+    "wrote, with the options the forward ran with: those of its moe-options.txt in --in (mlp-fwd writes it "
+    "beside its outputs) are the defaults, --dtype included, and a flag with another value is refused. "
+    "Without that file give the forward's options, --dtype included: the forward writes float32 files unless "
+    "--raw, and without --dtype float32 inputs mean an f32 run (a warning names --dtype bf16 when every value "
+    "is a bf16 value).\n\n"
     "--in DIR holds the forward's inputs (hidden_states.npy, expert_affinities_masked.npy, "
     "gate_up_proj_weight.npy, down_proj_weight.npy, token_position_to_id.npy, block_to_expert.npy; "
     "gate_up_proj_bias.npy is not needed, down_proj_bias.npy only with --bias --affinity-on i and no "
@@ -128,9 +134,10 @@ const command mlp_bwd_command = {
     "--out DIR gets:\n"
     "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
     "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
-    "every pair of the layout, 0 for every other\n"
+    "every pair of the layout, 0 for every other (and for NKI's padding row)\n"
     "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
     "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
+    "  moe-options.txt: the options it ran with (compare takes its dtype)\n"
     "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
     "NumPy).",
     mlp_bwd_opts, 0, run_mlp_bwd,

@@ -47,7 +47,8 @@ const command route_command = {
     "Writes the routing the gemm commands read (moe_routing_from_topk: --m-sizes DIR/m_sizes.npy "
     "--gather DIR/gather_indices.npy --topk k). With --block-size or --dropping also the blockwise layout "
     "the mlp commands read (moe_mlp_layout_build: token_position_to_id.npy, block_to_expert.npy, and "
-    "with --topk-weights expert_affinities_masked.npy), and prints the number of blocks N and, for "
+    "with --topk-weights expert_affinities_masked.npy) and moe-options.txt (the layout's options, which "
+    "mlp-fwd and mlp-bwd take as their defaults: cli/README.md), and prints the number of blocks N and, for "
     "--dropping, the number of dropped (token, expert) pairs.",
     route_opts, 0, run_route,
 };
