@@ -92,6 +92,12 @@ has "route's options" r/moe-options.txt "written by moe route" "command = route"
     "dropping = 0" "dtype = bf16"
 refused "mlp-fwd against the routing's padding" "--padding skip conflicts with r/moe-options.txt, which says padding = row" \
     "(the options moe route ran with)" -- "$MOE" mlp-fwd --in r --out x --padding skip
+# the routing's options are mlp-fwd's defaults: row padding (hidden_states has T + 1 rows) and bf16
+cp m/gate_up_proj_weight.npy m/down_proj_weight.npy r/
+"$NPY" mk r/hidden_states.npy '<f4' 3,2 0.5 1 0.25 -1 0 0
+run_ok "mlp-fwd takes the routing's options" "$MOE" mlp-fwd --in r --out rf
+has "mlp-fwd with the routing's padding and dtype" out "wrote rf/output.npy: shape (3, 2) float32" "B = 2, bf16"
+has "mlp-fwd passes them on" rf/moe-options.txt "padding = row" "dtype = bf16" "block_size = 2"
 run_ok "route without --dtype" "$MOE" route --topk-ids ids.npy --experts 2 --block-size 2 --topk-weights tw.npy --out r2
 if grep -q dtype r2/moe-options.txt; then bad "route without --dtype wrote a dtype"; fi
 # an earlier forward's file in mlp-fwd's --in describes outputs, not inputs: not read
