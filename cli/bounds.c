@@ -6,6 +6,7 @@
  * without rounded intermediates allows the CUDA backend's split operands.
  */
 #include "cli.h"
+#include "layouts.h"
 #include "oracle_mlp.h"
 
 #include <stdint.h>
@@ -72,20 +73,38 @@ void write_mlp_fwd_bounds(char *const *paths, const mlp_bound_in *in)
     oracle_mlp_expect_free(&X);
 }
 
-void write_mlp_bwd_bounds(char *const *paths, const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape,
-                          int64_t aff_count)
+/* The bounds of X's array as plain doubles (count elements). */
+static double *bounds_of(const ev *x, int64_t count)
+{
+    double *b = xmalloc(elements(count, 1, 1), sizeof *b);
+    for (int64_t i = 0; i < count; i++)
+        b[i] = x[i].e;
+    return b;
+}
+
+void write_mlp_bwd_bounds(char *const *paths, char *const weight_paths[][2], const struct weight_layout *layout,
+                          const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape, int64_t aff_count,
+                          const int64_t *topk_ids, int64_t k)
 {
     oracle_mlp_expect X;
     expect_of(in, 1, &X);
     const int64_t H = in->H, I = in->I, E = in->E;
-    const int64_t s_h[2] = {in->T1, H}, s_wgu[4] = {E, H, 2, I}, s_wd[3] = {E, I, H}, s_bgu[3] = {E, 2, I}, s_bd[2] = {E, H};
+    const int64_t s_h[2] = {in->T1, H}, dims[3] = {E, H, I};
     write_bound(paths[0], X.dx, in->T1 * H, in->T1 * H, 2, s_h);
     write_bound(paths[1], X.da, in->T * E, aff_count, aff_ndim, aff_shape);
-    write_bound(paths[2], X.dwgu, E * H * 2 * I, E * H * 2 * I, 4, s_wgu);
-    write_bound(paths[3], X.dwd, E * I * H, E * I * H, 3, s_wd);
-    if (in->o->bias) {
-        write_bound(paths[4], X.dbgu, E * 2 * I, E * 2 * I, 3, s_bgu);
-        write_bound(paths[5], X.dbd, E * H, E * H, 2, s_bd);
+    if (topk_ids != NULL) { /* the router's view: the same elements' bounds */
+        double *da = bounds_of(X.da, in->T * E), *tk = xmalloc(elements(in->T, k, 1), sizeof *tk);
+        topk_weights_grad(in->T, k, E, topk_ids, da, sizeof(double), tk);
+        const int64_t s_tk[2] = {in->T, k};
+        write_array(paths[2], NPY_T_F64, 2, s_tk, tk);
+        xfree(da), xfree(tk);
+    }
+    const ev *grads[MLP_WEIGHTS] = {X.dwgu, X.dwd, X.dbgu, X.dbd};
+    const int64_t counts[MLP_WEIGHTS] = {E * H * 2 * I, E * I * H, E * 2 * I, E * H};
+    for (int w = 0; w < (in->o->bias ? MLP_WEIGHTS : B_GATE_UP); w++) {
+        double *b = bounds_of(grads[w], counts[w]);
+        weight_write_f64(layout, w, weight_paths[w], b, dims);
+        xfree(b);
     }
     oracle_mlp_expect_free(&X);
 }

@@ -120,7 +120,8 @@ void run_options_apply(args *a, const run_options *r);
 /* mlp-fwd (forward = 1: only a file moe route wrote) and mlp-bwd: run_options_apply with --in's file. */
 void mlp_apply_run_options(args *a, int forward);
 /* The file mlp-fwd and mlp-bwd write beside their outputs: every option that changes the result. */
-void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o);
+void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o,
+                           const char *weight_layout);
 
 /* ---- dtype_fit.c: float32 data holding 16-bit values ---- */
 /* 1 when every value (NaN aside) of a float32/float64 array is exactly a value of dtype (an f16 array: of f16). */
@@ -146,11 +147,13 @@ typedef struct mlp_bound_in {
 } mlp_bound_in;
 /* Writes the per-element bound of every output (float64, the output's shape) to the registered paths:
  * output, gate/up checkpoint, down checkpoint; or hidden_states_grad, the affinity gradient (aff_count
- * elements of aff_shape: T*E, or (T + 1)*E with NKI's padding row, bound 0), the weight gradients and, with
- * bias, the bias gradients. */
+ * elements of aff_shape: T*E, or (T + 1)*E with NKI's padding row, bound 0) and, with topk_ids (T x k), its
+ * router's view; and the weight gradients (with bias the bias gradients) in `layout` (weight_paths). */
 void write_mlp_fwd_bounds(char *const *paths, const mlp_bound_in *in);
-void write_mlp_bwd_bounds(char *const *paths, const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape,
-                          int64_t aff_count);
+struct weight_layout;
+void write_mlp_bwd_bounds(char *const *paths, char *const weight_paths[][2], const struct weight_layout *layout,
+                          const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape, int64_t aff_count,
+                          const int64_t *topk_ids, int64_t k);
 
 /* ---- the commands, in cmd_*.c ---- */
 extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,

@@ -12,6 +12,7 @@
  * that flag's default, and refuses the flag when it is given with another value, naming both.
  */
 #include "cli.h"
+#include "layouts.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -51,6 +52,7 @@ static const key_flag keys[] = {
     {"intermediates", "--intermediates", K_INTER},
     {"grad_fp32", "--grad-fp32", K_BOOL},
     {"dropping", "--dropping", K_BOOL},
+    {"weight_layout", "--weight-layout", K_WORD},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -255,6 +257,25 @@ static const char *canonical(enum key_kind k, const char *v, char *buf, size_t s
     return "";
 }
 
+/* Whether a flag's value is one the command takes: a bad one is left to the command's own parsing, whose
+ * message says what is expected (a conflict with the file would hide it). */
+static int valid_value(const key_flag *kf, const char *v)
+{
+    char buf[128];
+    moe_mlp_activation act;
+    if (strcmp(kf->key, "activation") == 0)
+        return moe_mlp_activation_from_name(v, &act) == MOE_OK;
+    if (strcmp(kf->key, "affinity_on") == 0)
+        return strcmp(v, "h") == 0 || strcmp(v, "H") == 0 || strcmp(v, "i") == 0 || strcmp(v, "I") == 0;
+    if (strcmp(kf->key, "padding") == 0)
+        return strcmp(v, "skip") == 0 || strcmp(v, "row") == 0;
+    if (strcmp(kf->key, "weight_layout") == 0) {
+        (void)parse_weight_layout(v); /* dies naming the choices for an unknown or refused layout */
+        return 1;
+    }
+    return kf->kind == K_BOOL || canonical(kf->kind, v, buf, sizeof buf)[0] != '\0';
+}
+
 static int option_index(const command *c, const char *flag)
 {
     for (int i = 0; c->opts[i].name != NULL; i++)
@@ -290,6 +311,8 @@ void run_options_apply(args *a, const run_options *r)
             }
             continue;
         }
+        if (!is_flag && !valid_value(kf, given))
+            continue;
         if (is_flag ? !file_on : strcmp(canonical(kf->kind, given, gbuf, sizeof gbuf), file) != 0)
             die("%s %s conflicts with %s, which says %s = %s (the options moe %s ran with): drop %s to use the "
                 "file's value, or compute these files again with the option you want",
@@ -313,7 +336,8 @@ void mlp_apply_run_options(args *a, int forward)
     run_options_apply(a, &r);
 }
 
-void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o)
+void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o,
+                           const char *weight_layout)
 {
     run_options r = {0};
     char clamp[256];
@@ -327,6 +351,7 @@ void mlp_write_run_options(const char *path, const char *command, const moe_mlp_
     run_options_set(&r, "clamp", "%s", clamp);
     run_options_set(&r, "no_accumulate", "%d", o->tensor_update_overwrite != 0);
     run_options_set(&r, "intermediates", "%s", o->float32_intermediates ? "float32" : "rounded");
+    run_options_set(&r, "weight_layout", "%s", weight_layout);
     if (strcmp(command, "mlp-bwd") == 0)
         run_options_set(&r, "grad_fp32", "%d", o->grad_fp32 != 0);
     run_options_write(path, command, &r);
