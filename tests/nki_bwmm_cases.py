@@ -35,7 +35,8 @@ import sys
 
 import numpy as np
 
-# NKI's test list for blockwise_mm_bwd (test_bwmm_bwd.py: TEST_PARAMS, then MIXED_GRAD_PARAMS), the columns
+# NKI's test list for blockwise_mm_bwd (test_bwmm_bwd.py: TEST_PARAMS, then MIXED_GRAD_PARAMS, then the two
+# rows only the list's earlier version has; a row the list holds twice once), the columns
 # that change the math: H, T, E, B, TOPK, I, dtype, skip (0: padding row T, 1: skip -1), clamp limits as
 # NKI's ClampLimits(linear upper, linear lower, non-linear upper, non-linear lower), bias, activation,
 # affinity side, float32 weight gradients (the mixed-precision list).  The blocking and sharding columns
@@ -90,6 +91,9 @@ NKI_TESTS = [
     (2880, 4096, 2, 128, 2, 720, "bf16", 0, NONE4, False, "silu", "h", True),
     (2048, 4096, 2, 128, 2, 768, "bf16", 0, NONE4, False, "silu", "i", True),
     (2880, 4096, 2, 128, 2, 720, "bf16", 0, GPT, True, "swish", "h", True),
+    # the earlier version's
+    (2880, 4096, 2, 1024, 2, 2880, "bf16", 0, GPT, True, "swish", "h", False),
+    (2880, 4096, 32, 1024, 4, 2880, "bf16", 1, GPT, True, "swish", "h", False),
 ]
 
 # CPU size: T, H, I and B shrunk by these factors (E, k and every option kept)
