@@ -23,6 +23,11 @@ DEVICE = torch.device(os.environ.get("LIBMOE_TEST_DEVICE", "cpu"))
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def block(B):
+    """A test's MLP block size: the CUDA backend takes multiples of 16 (SEMANTICS section 3)."""
+    return 16 if DEVICE.type == "cuda" else B
+
+
 def rand(*shape, dtype=torch.float32, scale=1.0, gen=None):
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
 
@@ -191,7 +196,7 @@ class TestMlp(unittest.TestCase):
         gen = torch.Generator().manual_seed(seed)
         ids = routing_case(T, k, E, gen)
         weights = torch.rand((T, k), generator=gen, dtype=torch.float64).to(dtype).to(DEVICE)
-        layout = libmoe.mlp_layout(ids, E, B, weights, dropping=dropping, pad_row=pad_row)
+        layout = libmoe.mlp_layout(ids, E, block(B), weights, dropping=dropping, pad_row=pad_row)
         T1 = T + 1 if pad_row else T
         tensors = dict(hidden=rand(T1, H, dtype=dtype, gen=gen), affinities=layout.affinities,
                        w_gu=rand(E, H, 2, I, dtype=dtype, gen=gen, scale=0.5),
@@ -206,7 +211,7 @@ class TestMlp(unittest.TestCase):
     def check(self, T, k, E, H, I, B, dtype, seed, bias=False, pad_row=False, dropping=False, **opts):
         ids, weights, layout, t, out_grad = self.case(T, k, E, H, I, B, dtype, seed, bias, pad_row, dropping)
         if not dropping:
-            self.check_layout(ids, weights, layout, E, B, pad_row)
+            self.check_layout(ids, weights, layout, E, block(B), pad_row)
         out = libmoe.moe_mlp(t["hidden"], t["affinities"], t["w_gu"], t["w_d"], layout, t.get("b_gu"), t.get("b_d"),
                              **opts)
         out.backward(out_grad)
@@ -268,7 +273,7 @@ class TestMlp(unittest.TestCase):
         self.check(10, 2, 3, 16, 8, 4, torch.bfloat16, 21, clamp_linear=(None, 1.0), clamp_non_linear=(-1.0, None))
 
     def test_linear_weight_layout(self):
-        _, _, layout, t, out_grad = self.case(8, 2, 3, 8, 4, 4, torch.float32, 30)
+        _, _, layout, t, out_grad = self.case(8, 2, 3, 8, 8, 4, torch.float32, 30)
         E, H, _, I = t["w_gu"].shape
         lin_gu = t["w_gu"].detach().permute(0, 2, 3, 1).reshape(E, 2 * I, H).clone().requires_grad_()
         lin_d = t["w_d"].detach().transpose(1, 2).contiguous().requires_grad_()
@@ -281,7 +286,7 @@ class TestMlp(unittest.TestCase):
         self.assertTrue(torch.equal(lin_d.grad.transpose(1, 2), t["w_d"].grad))
 
     def test_bad_inputs_raise_and_change_nothing(self):
-        _, _, layout, t, _ = self.case(6, 2, 3, 8, 4, 4, torch.float32, 40)
+        _, _, layout, t, _ = self.case(6, 2, 3, 8, 8, 4, torch.float32, 40)
         h, a, wgu, wd = (t[n].detach() for n in ("hidden", "affinities", "w_gu", "w_d"))
         keep = [x.clone() for x in (h, a, wgu, wd, layout.block_to_expert, layout.token_position_to_id)]
         cases = [
@@ -290,7 +295,7 @@ class TestMlp(unittest.TestCase):
             (ValueError, r"w_d has shape", lambda: libmoe.moe_mlp(h, a, wgu, wd[:, :3], layout)),
             (ValueError, "hidden is not contiguous", lambda: libmoe.moe_mlp(rand(8, 6).t(), a, wgu, wd, layout)),
             (ValueError, r"affinities has shape", lambda: libmoe.moe_mlp(h, a[:-1], wgu, wd, layout)),
-            (ValueError, "b_gu and b_d", lambda: libmoe.moe_mlp(h, a, wgu, wd, layout, rand(3, 2, 4))),
+            (ValueError, "b_gu and b_d", lambda: libmoe.moe_mlp(h, a, wgu, wd, layout, rand(3, 2, 8))),
             (ValueError, "activation must be", lambda: libmoe.moe_mlp(h, a, wgu, wd, layout, activation="relu")),
             (ValueError, "intermediates must be", lambda: libmoe.moe_mlp(h, a, wgu, wd, layout, intermediates="f64")),
             (ValueError, "weight_layout must be", lambda: libmoe.moe_mlp(h, a, wgu, wd, layout, weight_layout="hf")),
@@ -333,7 +338,7 @@ class TestLayer(unittest.TestCase):
         gradients must equal the bound model's exact values (two float64 computations of one function)."""
         torch.manual_seed(0)
         T, H, I, E, k, steps, lr = 24, 16, 8, 4, 2, 5, 0.002
-        layer = libmoe.MoEExperts(E, H, I, block_size=8, device=DEVICE)
+        layer = libmoe.MoEExperts(E, H, I, block_size=block(8), device=DEVICE)
         x = torch.randn(T, H, device=DEVICE)
         target = torch.randn(T, H, device=DEVICE)
         router = torch.randn(H, E, device=DEVICE)
@@ -354,7 +359,7 @@ class TestLayer(unittest.TestCase):
             loss64 = ((out64 - target.double().cpu()) ** 2).sum()
             loss64.backward()
             # the bound of libmoe's out, through the loss: |d(loss)| <= sum 2|diff| e + e^2 + the float32 sum
-            layout = libmoe.mlp_layout(ids, E, 8)
+            layout = libmoe.mlp_layout(ids, E, block(8))
             aff = torch.zeros(T, E, device=DEVICE).scatter(1, ids, weights).reshape(-1)
             want = bounds.mlp_model(x, aff, layer.w_gu.detach(), layer.w_d.detach(), None, None, layout,
                                     out_grad=2 * diff.detach())
@@ -437,10 +442,12 @@ class TestCustomOps(unittest.TestCase):
         for a, b in zip(xs, xc):
             self.assertTrue(torch.equal(a.grad, b.grad))
 
-    @unittest.skipUnless(DEVICE.type == "cuda", "CUDA graphs need a CUDA device")
+
+@unittest.skipUnless(DEVICE.type == "cuda", "needs a CUDA device")
+class TestCuda(unittest.TestCase):
     def test_cuda_graph_capture(self):
         gen = torch.Generator().manual_seed(61)
-        ids = torch.randint(0, 4, (64, 2), generator=gen).to(DEVICE)
+        ids = routing_case(64, 2, 4, gen)
         m, g, _ = libmoe.routing_from_topk(ids, 4)
         x, w = rand(64, 64, dtype=torch.bfloat16, gen=gen), rand(4, 64, 64, dtype=torch.bfloat16, gen=gen)
         eager = libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
@@ -455,10 +462,21 @@ class TestCustomOps(unittest.TestCase):
         graph.replay()
         torch.cuda.synchronize()
         self.assertTrue(torch.equal(eager, captured))
+        # the MoE layer's forward (the layout built on the device, then the MLP) under capture too
+        layer = libmoe.MoEExperts(4, 64, 32, block_size=16, dtype=torch.bfloat16, device=DEVICE)
+        weights = torch.rand((64, 2), generator=gen).to(torch.bfloat16).to(DEVICE)
+        with torch.no_grad():
+            eager = layer(x, ids, weights)
+            with torch.cuda.stream(stream):
+                layer(x, ids, weights)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = layer(x, ids, weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(eager, captured))
 
-
-@unittest.skipUnless(DEVICE.type == "cuda", "device-side checks need a CUDA device")
-class TestCudaErrors(unittest.TestCase):
     def test_cuda_errors_via_synchronize(self):
         libmoe.synchronize(DEVICE)
         libmoe.routing_from_topk(torch.tensor([[0, 7]], device=DEVICE), 3)
