@@ -17,7 +17,7 @@ else
 EXTRA_DIST += $(LIBMOE_PY)
 endif
 EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py python/tests/bounds.py \
-	python/bench_python.py
+	bench/python_bench.py bench/device-python.sh
 
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
 check_PROGRAMS += tests/python_abi
