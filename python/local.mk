@@ -13,6 +13,16 @@ install-libmoe-py-libdir:
 	echo 'LIBDIR = "$(libdir)"  # written by make install' > "$(DESTDIR)$(libmoepydir)/_installed.py"
 uninstall-libmoe-py-libdir:
 	rm -f "$(DESTDIR)$(libmoepydir)/_installed.py"
+# installcheck (distcheck runs it): the installed package, imported from outside the source tree, loads the
+# installed library.  Skipped without a Python that imports torch, or under DESTDIR (the library is not at
+# $(libdir) yet).
+installcheck-local:
+	@if test -n "$(DESTDIR)"; then echo "installcheck: DESTDIR set, the installed package is not imported"; \
+	elif py=`PYTHON="$(PYTHON)" sh $(srcdir)/tests/torch_python.sh`; then \
+	  cd / && PYTHONPATH="$(pythondir)" LIBMOE_PATH= "$$py" -c 'import libmoe, sys; p = libmoe.library_path(); \
+	    print("installcheck: libmoe from", libmoe.__file__, "loads", p); \
+	    sys.exit(0 if p.startswith("$(libdir)/") else "not the installed library")'; \
+	else echo "installcheck: no Python imports torch; the installed package is not imported"; fi
 else
 EXTRA_DIST += $(LIBMOE_PY)
 endif
@@ -22,4 +32,4 @@ EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
 check_PROGRAMS += tests/python_abi
 TESTS += tests/test_python.sh tests/test_python_cuda.sh
-EXTRA_DIST += tests/test_python.sh tests/test_python_cuda.sh
+EXTRA_DIST += tests/test_python.sh tests/test_python_cuda.sh tests/torch_python.sh

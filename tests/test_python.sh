@@ -17,15 +17,7 @@ if command -v ldd >/dev/null 2>&1 && ldd "$lib" | grep -Eq 'lib(asan|ubsan)'; th
     exit 77
 fi
 
-python=""
-for candidate in "$MOE_PYTHON" "$PYTHON" python3 /usr/bin/python3; do
-    [ -n "$candidate" ] && [ "$candidate" != : ] || continue
-    if "$candidate" -c "import torch" >/dev/null 2>&1; then
-        python=$candidate
-        break
-    fi
-done
-if [ -z "$python" ]; then
+if ! python=$(sh "$srcdir/tests/torch_python.sh"); then
     echo "SKIP: no python3 here imports torch (Debian: apt-get install python3-torch python3-numpy)"
     exit 77
 fi
