@@ -132,7 +132,7 @@ typedef struct moe_mlp_problem {
     int has_lin_lo, has_lin_hi, has_nl_lo, has_nl_hi;
     float lin_lo, lin_hi, nl_lo, nl_hi;
     int overwrite;             /* options.tensor_update_overwrite (checked by the layout check) */
-    int round_intermediates;   /* options.round_intermediates with a 16-bit dtype (0 for f32) */
+    int round_intermediates;   /* a 16-bit dtype without options.float32_intermediates (0 for f32) */
     moe_mlp_padding padding;
     void *stream;              /* MOE_BACKEND_CUDA: the cudaStream_t */
 } moe_mlp_problem;

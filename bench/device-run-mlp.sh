@@ -11,16 +11,8 @@ set -eu
 tarball=$1
 steps=${2:-"test sanitize time"}
 out=${OUT:-$PWD/out}
-mkdir -p "$out"
-work=$(mktemp -d)
-tar -C "$work" -xzf "$tarball"
-cd "$work"/libmoe-*
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
-./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > "$out/configure.log" 2>&1 ||
-  { tail -30 "$out/configure.log"; exit 1; }
-make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-make -j16 proptest/test_gpu_mlp bench/mlp-gpu-time >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-export LD_LIBRARY_PATH="$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+build_targets="proptest/test_gpu_mlp bench/mlp-gpu-time"
+. "$(dirname "$0")/device-build.sh"
 status=0
 limit=${MOE_STEP_TIMEOUT:-240}   # seconds per step
 case "$steps" in *time*)

@@ -14,17 +14,8 @@ set -eu
 tarball=$1
 steps=${2:-"test large sanitize bench"}
 out=${OUT:-$PWD/out}
-mkdir -p "$out"
-work=$(mktemp -d)
-tar -C "$work" -xzf "$tarball"
-cd "$work"/libmoe-*
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/device.txt"
-./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > "$out/configure.log" 2>&1 ||
-  { tail -30 "$out/configure.log"; exit 1; }
-make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-make -j16 proptest/test_gpu_gemm bench/moe-bench >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-echo "SASS: $(cuobjdump -sass .libs/libmoe.so 2>/dev/null | grep -c HGMMA) HGMMA, $(cuobjdump -sass .libs/libmoe.so 2>/dev/null | grep -c HMMA) HMMA instructions"
-export LD_LIBRARY_PATH="$PWD/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+build_targets="proptest/test_gpu_gemm bench/moe-bench"
+. "$(dirname "$0")/device-build.sh"
 status=0
 case "$steps" in *test*)
   echo "== GPU properties"

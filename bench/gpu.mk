@@ -21,3 +21,6 @@ endif
 EXTRA_DIST += bench/device-run-mlp.sh bench/device-ab-mlp.sh
 # ncu --csv -> one line per kernel launch (name, grid, us): the per-kernel tables of bench/RESULTS.md
 EXTRA_DIST += bench/ncu-kernel-times.py
+# The peers in PyTorch (torch._grouped_mm, an eager MoE MLP) beside moe-bench and mlp-gpu-time, and the
+# ratio table against the best peer of one run.
+EXTRA_DIST += bench/peers.py bench/peer-table.py bench/device-peers.sh bench/device-build.sh

@@ -8,14 +8,14 @@
  * raised) so that the per-call workspace of cudaMallocAsync is not re-mapped every call.  Also checks
  * that every call reports no error and that two backward runs are bitwise equal (d_hidden, d_w_gu).
  *
- * With round_intermediates (16-bit dtypes) the forward is timed a second time with MOE_MLP_FUSE_GATE=0 (the
+ * With the rounded intermediates (16-bit dtypes) the forward is timed a second time with MOE_MLP_FUSE_GATE=0 (the
  * gate/up GEMM and its activation as two kernels, and the down GEMM on the 128 x 256 kernel; on sm_90a the
  * first two are one by default where the experts are long enough, and at any size with MOE_MLP_FUSE_GATE=1
  * in the environment, and the down GEMM of a short I runs on the ping-pong rows kernel), and its outputs and
  * checkpoints are compared bit for bit with the default forward's.
  *
- * The 9th argument sets options.round_intermediates (default 1 for f16/bf16: every GEMM on tensor cores;
- * 0 times float32 intermediates: bf16 on split operands on the rows path, f16 and f32 on the tile path).
+ * The 9th argument: 1 (the default for f16/bf16) the rounded intermediates, every GEMM on tensor cores;
+ * 0 options.float32_intermediates: bf16 on split operands on the rows path, f16 and f32 on the tile path.
  * The 10th and 11th set the activation (default silu) and where the affinity is applied (h, the default,
  * or i): the kernels are compiled per activation, and the affinity on I takes the general form of the gate
  * kernels.
@@ -411,7 +411,7 @@ int main(int argc, char **argv)
     moe_mlp_options o = {0};
     o.dtype = dt;
     o.block_size = B;
-    o.round_intermediates = round_intermediates;
+    o.float32_intermediates = !round_intermediates;
     o.activation = activation;
     o.affinity = (moe_mlp_affinity)affinity_index;
     int64_t N = 0;

@@ -38,11 +38,13 @@
      "each token occupies at most one position (top-1), checked against token_position_to_id. The "     \
      "results are bitwise the same as without it. (It has nothing to do with accumulating weight "     \
      "gradients: mlp-bwd always writes fresh gradients.)"},                                            \
-    {"--round-intermediates", NULL,                                                                    \
-     "f16/bf16 (options.round_intermediates): round the operands of the second-stage GEMMs once to "    \
-     "the dtype, as NKI and torch keep them: m before the down projection, a*grad (the down "          \
-     "projection's gradient) and the gate/up gradients dg, du. Give it to both mlp-fwd and mlp-bwd. "   \
-     "No effect in f32. With --backend cuda: every GEMM on tensor cores (the fast path)."},           \
+    {"--intermediates", "rounded|float32",                                                             \
+     "f16/bf16: rounded (the default) rounds the operands of the second-stage GEMMs once to the "       \
+     "dtype, as NKI, torch and Unsloth keep them: m before the down projection, a*grad (the down "      \
+     "projection's gradient) and the gate/up gradients dg, du; with --backend cuda every GEMM runs on " \
+     "tensor cores. float32 (options.float32_intermediates) keeps them float32, the exact option. "      \
+     "Give both mlp-fwd and mlp-bwd the same. No effect in f32."},                                     \
+    {"--round-intermediates", NULL, "the same as --intermediates rounded (the default)."},             \
     OPT_DTYPE,                                                                                         \
     OPT_BACKEND,                                                                                       \
     OPT_RAW
@@ -74,7 +76,7 @@ const command mlp_fwd_command = {
     "mlp-fwd",
     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
-    "[--round-intermediates] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+    "[--intermediates rounded|float32] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -102,7 +104,7 @@ const command mlp_fwd_command = {
 const command mlp_bwd_command = {
     "mlp-bwd",
     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
-    "[--padding skip|row] [--no-accumulate] [--round-intermediates] [--grad-fp32] [--dtype ...] [--backend ...] "
+    "[--padding skip|row] [--no-accumulate] [--intermediates ...] [--grad-fp32] [--dtype ...] [--backend ...] "
     "[--raw]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
@@ -213,14 +215,22 @@ static void mlp_options(const args *a, moe_mlp_options *o)
     if ((s = get(a, "--clamp")) != NULL)
         parse_clamp(s, o);
     o->tensor_update_overwrite = get(a, "--no-accumulate") != NULL;
-    o->round_intermediates = get(a, "--round-intermediates") != NULL;
+    s = get(a, "--intermediates");
+    if (s != NULL && strcmp(s, "float32") == 0) {
+        if (get(a, "--round-intermediates") != NULL)
+            die("--intermediates float32 and --round-intermediates contradict each other: give one");
+        o->float32_intermediates = 1;
+    } else if (s != NULL && strcmp(s, "rounded") != 0)
+        die("--intermediates %s: expected rounded (the default) or float32", s);
 }
 
-/* ", intermediates rounded to bf16" when options.round_intermediates takes effect (f16/bf16), else "". */
-static const char *rounded_note(const moe_mlp_options *o)
+/* f16/bf16: ", intermediates rounded to bf16" (the default) or ", float32 intermediates"; f32: "". */
+static const char *intermediates_note(const moe_mlp_options *o)
 {
-    if (!o->round_intermediates || o->dtype == MOE_F32)
+    if (o->dtype == MOE_F32)
         return "";
+    if (o->float32_intermediates)
+        return ", float32 intermediates";
     return o->dtype == MOE_BF16 ? ", intermediates rounded to bf16" : ", intermediates rounded to f16";
 }
 
@@ -453,7 +463,7 @@ static int run_mlp_fwd(const args *a)
     commit_outputs();
     printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
-           moe_dtype_name(m.o.dtype), rounded_note(&m.o));
+           moe_dtype_name(m.o.dtype), intermediates_note(&m.o));
     return 0;
 }
 
@@ -514,7 +524,7 @@ static int run_mlp_bwd(const args *a)
     commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
-           moe_dtype_name(m.o.dtype), rounded_note(&m.o), m.o.grad_fp32 ? ", weight gradients float32" : "",
+           moe_dtype_name(m.o.dtype), intermediates_note(&m.o), m.o.grad_fp32 ? ", weight gradients float32" : "",
            m.have[F_CKPT_D] ? "" : ", d recomputed (no down checkpoint)");
     return 0;
 }

@@ -9,7 +9,7 @@
  * status other than MOE_OK with a message in moe_last_error() naming the argument, the index and what
  * was expected.  An all-zero moe_mlp_options (or a NULL pointer to one) is the default: f32, block
  * size 128, SiLU, affinity on H, skip padding (-1), no bias, no clamps, accumulating token updates,
- * gradients overwritten.
+ * gradients overwritten, f16/bf16 intermediates rounded to the dtype.
  *
  * Notation: T tokens, E experts, k experts per token, H hidden size, I intermediate size, B block size,
  * N blocks.  A "position" p = n*B + b is slot b of block n.  T1 = T + 1 with the pad-row convention
@@ -110,18 +110,19 @@ typedef struct moe_mlp_options {
                                         buffers (float32 add, one rounding); d_hidden and d_affinities
                                         are always overwritten */
     int grad_fp32;                   /* moe_mlp_bwd: d_w_gu, d_w_d, d_b_gu, d_b_d are float32 */
-    /* f16/bf16: the operands of the second-stage GEMMs are rounded once to options.dtype, as NKI, torch
-     * and Unsloth keep them: m before the down projection (forward, and the backward's d_w_d), a*G (the
-     * down-projection gradient, also summed for d_b_d) and dg/du (before d_hidden, d_w_gu and d_b_gu).
-     * Lets MOE_BACKEND_CUDA run every GEMM on tensor cores, each once.  No effect for f32.  On sm_90a,
-     * with 256 or more positions per expert on average, the forward's gate/up GEMM then carries the
-     * activation in its epilogue (same bits); the environment variable MOE_MLP_FUSE_GATE=0 runs them as two
-     * kernels, =1 fuses them at any size and makes a call the fused kernel cannot take fail with
-     * MOE_ERR_UNSUPPORTED (for tests and timing).  Default (0): those intermediates stay float32
-     * (specs/MLP.md, "Rounded intermediates"); MOE_BACKEND_CUDA then runs bf16 on tensor cores too, each
-     * float32 operand as three exact bf16 terms (up to three GEMMs where the flag needs one; specs/MLP.md,
-     * "Split operands on the GPU"), and f16 on its fp32 SIMT kernels. */
-    int round_intermediates;
+    /* f16/bf16, the default (0): the operands of the second-stage GEMMs are rounded once to options.dtype,
+     * as NKI, torch and Unsloth keep them: m before the down projection (forward, and the backward's d_w_d),
+     * a*G (the down-projection gradient, also summed for d_b_d) and dg/du (before d_hidden, d_w_gu and
+     * d_b_gu) (specs/MLP.md, "Rounded intermediates").  MOE_BACKEND_CUDA then runs every GEMM on tensor
+     * cores, each once.  On sm_90a, with 256 or more positions per expert on average, the forward's gate/up
+     * GEMM carries the activation in its epilogue (same bits); the environment variable
+     * MOE_MLP_FUSE_GATE=0 runs them as two kernels, =1 fuses them at any size and makes a call the fused
+     * kernel cannot take fail with MOE_ERR_UNSUPPORTED (for tests and timing).
+     * 1: those intermediates stay float32, the exact option (specs/MLP.md, "Rounded intermediates", says
+     * why the default rounds); MOE_BACKEND_CUDA then runs bf16 on tensor cores too, each float32 operand as three
+     * exact bf16 terms (up to three GEMMs where the default needs one; specs/MLP.md, "Split operands on
+     * the GPU"), and f16 on its fp32 SIMT kernels.  No effect for f32. */
+    int float32_intermediates;
     void *stream;                    /* MOE_BACKEND_CUDA: the cudaStream_t to run on (NULL = default) */
 } moe_mlp_options;
 

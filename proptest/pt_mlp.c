@@ -76,7 +76,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
     d->seed = pt_draw(s, 0xffffffffu);
     /* drawn last, so that the reproducers recorded before the option existed (a missing choice reads as
      * 0) still make the same cases; f32 ignores it (specs/MLP.md "Rounded intermediates") */
-    d->opt.round_intermediates = pt_bool(s);
+    d->opt.float32_intermediates = !pt_bool(s);
     static const char *const modes[3] = {"dropless", "dropping", "shuffled"};
     pt_describe(c, "%s T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld %s routing=%s %s affinity=%s%s pad=%s layout=%s "
                 "clamps=%x%s%s%s%s%s",
@@ -86,7 +86,7 @@ void pt_mlp_generate(pt_case *c, pt_mlp_draw *d)
                 d->opt.padding ? "row" : "skip", modes[d->layout_mode], d->clamp_mask,
                 d->opt.accumulate ? " accumulate" : "", d->opt.grad_fp32 ? " grad_fp32" : "",
                 d->opt.tensor_update_overwrite ? " overwrite" : "", d->down_ckpt_in_bwd ? "" : " no-down-ckpt",
-                d->opt.round_intermediates ? " round-intermediates" : "");
+                d->opt.float32_intermediates ? " float32-intermediates" : "");
 }
 
 void pt_mlp_draw_values(pt_case *c, pt_mlp_draw *d)

@@ -213,8 +213,8 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
             /* f16/bf16: half the cases with round_intermediates; those and every bf16 case take the rows
              * path (tensor-core GEMMs; bf16 without the flag on split operands), whose H and I are made
              * multiples of 8 half the time so that the tensor-core families take them */
-            o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
-            if ((o.round_intermediates || o.dtype == MOE_BF16) && oracle_rng_below(&rng, 2))
+            o.float32_intermediates = !(o.dtype != MOE_F32 && oracle_rng_below(&rng, 2));
+            if ((!o.float32_intermediates || o.dtype == MOE_BF16) && oracle_rng_below(&rng, 2))
                 H = (H + 7) / 8 * 8, I = (I + 7) / 8 * 8;
             const int mode = (int)oracle_rng_below(&rng, 3);
             const uint64_t seed = base * 1000003ULL + (uint64_t)index * 101 + (uint64_t)attempt;
@@ -255,9 +255,9 @@ static int64_t option_cross(uint64_t base, int cases, int64_t *determinism_check
                     (long long)b);
         bad += b;
         done++;
-        const int rows = c.opt.round_intermediates || c.opt.dtype == MOE_BF16;
+        const int rows = !c.opt.float32_intermediates || c.opt.dtype == MOE_BF16;
         rows_path += rows;
-        split_path += rows && !c.opt.round_intermediates;
+        split_path += rows && c.opt.float32_intermediates;
         rows_path_tc += rows && c.H % 8 == 0 && c.I % 8 == 0;
         mt_result_free(&gpu);
         mt_result_free(&ref);
@@ -393,7 +393,7 @@ static int64_t fused_gate(uint64_t base, int first, int cases)
     for (int index = 0; index < cases; index++) {
         moe_mlp_options o = indexed_options(index);
         o.dtype = (index >> 4) & 1 ? MOE_F16 : MOE_BF16;
-        o.round_intermediates = 1;
+        o.float32_intermediates = 0;
         o.padding = (moe_mlp_padding)oracle_rng_below(&rng, 2);
         static const int64_t blocks[] = {16, 32, 64, 128, 128, 64};
         o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
@@ -621,7 +621,7 @@ static int64_t many_experts(uint64_t base, int cases)
         o.activation = (moe_mlp_activation)(index & 3);
         o.affinity = (moe_mlp_affinity)((index >> 2) & 1);
         o.dtype = (moe_dtype)(index % 3);
-        o.round_intermediates = o.dtype != MOE_F32 && (index & 8) != 0;
+        o.float32_intermediates = !(o.dtype != MOE_F32 && (index & 8) != 0);
         o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
         const int64_t E = experts[index % (int)(sizeof experts / sizeof experts[0])];
         const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, 4);
@@ -655,7 +655,7 @@ static int64_t offset_tensors(uint64_t base, int cases)
     for (int index = 0; index < cases; index++) {
         moe_mlp_options o = indexed_options(index);
         o.dtype = (moe_dtype)(index % 3);
-        o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+        o.float32_intermediates = !(o.dtype != MOE_F32 && oracle_rng_below(&rng, 2));
         o.block_size = blocks[oracle_rng_below(&rng, sizeof blocks / sizeof blocks[0])];
         const int64_t E = 1 + (int64_t)oracle_rng_below(&rng, 4);
         const int64_t k = 1 + (int64_t)oracle_rng_below(&rng, (uint64_t)(E < 2 ? E : 2));
@@ -673,7 +673,7 @@ static int64_t offset_tensors(uint64_t base, int cases)
             fprintf(stderr, "offset case %d (seed %llu, T %lld E %lld k %lld H %lld I %lld B %lld, mode %d, %s%s): "
                     "%lld mismatches\n", index, (unsigned long long)c.seed, (long long)T, (long long)E, (long long)k,
                     (long long)H, (long long)I, (long long)o.block_size, mode, moe_dtype_name(o.dtype),
-                    o.round_intermediates ? ", rows path" : "", (long long)b);
+                    !o.float32_intermediates ? ", rows path" : "", (long long)b);
         bad += b;
         mt_case_free(&c);
     }
@@ -801,7 +801,7 @@ static int64_t thresholds(uint64_t base, int cases)
             moe_mlp_options o = indexed_options(index);
             o.affinity = on_i ? MOE_AFFINITY_ON_I : MOE_AFFINITY_ON_H;
             o.dtype = t->dtype;
-            o.round_intermediates = t->round_intermediates;
+            o.float32_intermediates = !t->round_intermediates;
             o.block_size = t->B;
             mt_case c;
             init_scaled_case(&c, base * 1299709ULL + (uint64_t)(2 * index + on_i), t->T, t->E, t->k, t->H, t->I, &o,

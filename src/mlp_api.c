@@ -184,7 +184,7 @@ static moe_status prepare(const char *op, moe_backend backend, const moe_mlp_lay
     p->nl_lo = o->non_linear_clamp_lower_limit;
     p->nl_hi = o->non_linear_clamp_upper_limit;
     p->overwrite = o->tensor_update_overwrite != 0;
-    p->round_intermediates = o->round_intermediates != 0 && o->dtype != MOE_F32;
+    p->round_intermediates = o->float32_intermediates == 0 && o->dtype != MOE_F32;
     p->padding = o->padding;
     p->stream = o->stream;
     return MOE_OK;

@@ -106,14 +106,14 @@ void mt_compute_expect(const mt_case *c, const double *old_wgu, const double *ol
     const int64_t H = c->H, I = c->I, I2 = 2 * I, E = c->E, B = c->B, NB = c->N * c->B, T = c->T;
     const moe_dtype dt = c->opt.dtype, gdt = c->opt.grad_fp32 ? MOE_F32 : dt;
     const int on_i = c->opt.affinity == MOE_AFFINITY_ON_I, bias = c->opt.bias;
-    /* options.round_intermediates: the operands of the second-stage GEMMs are rounded to dt (specs/MLP.md,
+    /* The rounded intermediates (options.float32_intermediates = 0): the operands of the second-stage GEMMs are rounded to dt (specs/MLP.md,
      * "Rounded intermediates"); `inter` is dt then, float32 (no rounding) otherwise */
-    const moe_dtype inter = c->opt.round_intermediates ? dt : MOE_F32;
+    const moe_dtype inter = c->opt.float32_intermediates ? MOE_F32 : dt;
     /* split operands (mt_split_operands): m, a*m and (dg, du) as 3 bf16 terms.  There ON_H's backward moves
      * the affinity as ON_I does, dM = a * (G . W_d^T) and d_w_d += (a*m)^T . G, which the ON_H bound below
      * covers: its a*G carries the product's rounding u |a G| into every term that the other form's single
      * product rounding (of a times the sum, or a*m) can reach (specs/MLP.md) */
-    const int split = split_backend && dt == MOE_BF16 && !c->opt.round_intermediates;
+    const int split = split_backend && dt == MOE_BF16 && c->opt.float32_intermediates;
     const int xr = exact_rounding;
     const moe_mlp_activation act = c->opt.activation;
     int has[4];
@@ -128,7 +128,7 @@ void mt_compute_expect(const mt_case *c, const double *old_wgu, const double *ol
     ev *dsrc = evalloc(NB * H), *dD = evalloc(NB * H);
     ev *gF = evalloc(I2), *gB = evalloc(I2), *mF = evalloc(I), *mF0 = evalloc(I), *mB0 = evalloc(I);
     ev *d_bwd = evalloc(H), *dM = evalloc(I);
-    /* round_intermediates: the unscaled m as the down checkpoint (forward) and the recomputed d
+    /* rounded intermediates: the unscaled m as the down checkpoint (forward) and the recomputed d
      * (backward) multiply it */
     ev *mF0r = evalloc(I), *mB0r = evalloc(I);
     int *free_mask = xmalloc((size_t)(I2 + 1) * sizeof(int));

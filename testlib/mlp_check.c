@@ -72,14 +72,14 @@ static void describe(const mt_case *c, FILE *f)
 {
     const moe_mlp_options *o = &c->opt;
     fprintf(f, "case seed %llu: T=%lld E=%lld k=%lld H=%lld I=%lld B=%lld N=%lld dtype=%s act=%d aff=%s bias=%d "
-            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d round_intermediates=%d values=%s "
+            "pad=%s clamps=%d%d%d%d overwrite=%d accumulate=%d grad_fp32=%d float32_intermediates=%d values=%s "
             "(2^%d)\n",
             (unsigned long long)c->seed, (long long)c->T, (long long)c->E, (long long)c->k, (long long)c->H,
             (long long)c->I, (long long)c->B, (long long)c->N, moe_dtype_name(o->dtype), (int)o->activation,
             o->affinity ? "ON_I" : "ON_H", o->bias, o->padding ? "row" : "skip", o->has_linear_clamp_lower_limit,
             o->has_linear_clamp_upper_limit, o->has_non_linear_clamp_lower_limit,
             o->has_non_linear_clamp_upper_limit, o->tensor_update_overwrite, o->accumulate, o->grad_fp32,
-            o->round_intermediates, mt_value_dist_name(c->value_dist), c->value_log2);
+            o->float32_intermediates, mt_value_dist_name(c->value_dist), c->value_log2);
 }
 
 static double *to_double(moe_dtype dt, const void *src, int64_t n)

@@ -7,9 +7,7 @@
 #include "moe.h"
 #include "moe_mlp.h"
 
-/* PY: the field's name in the Python mirror */
-#define FIELD_AS(S, F, PY) printf("%s %s %zu %zu\n", #S, PY, offsetof(S, F), sizeof(((S *)0)->F))
-#define FIELD(S, F) FIELD_AS(S, F, #F)
+#define FIELD(S, F) printf("%s %s %zu %zu\n", #S, #F, offsetof(S, F), sizeof(((S *)0)->F))
 #define SIZE(S) printf("%s sizeof 0 %zu\n", #S, sizeof(S))
 
 int main(void)
@@ -52,7 +50,7 @@ int main(void)
     FIELD(moe_mlp_options, tensor_update_overwrite);
     FIELD(moe_mlp_options, accumulate);
     FIELD(moe_mlp_options, grad_fp32);
-    FIELD_AS(moe_mlp_options, round_intermediates, "float32_intermediates");
+    FIELD(moe_mlp_options, float32_intermediates);
     FIELD(moe_mlp_options, stream);
 
     SIZE(moe_mlp_layout);

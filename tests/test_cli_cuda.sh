@@ -12,7 +12,7 @@
 #  - mlp-fwd, mlp-bwd (no per-element bound yet): --atol 1e-5, the README walkthrough's float32
 #    tolerance (inputs of order 1, H = 5, I = 3: float32 noise is about 1e-6), plus --rtol 2u of the
 #    dtype: a 16-bit output may round to the neighbouring value on either side.
-#    With --round-intermediates (f16/bf16: the CUDA rows path) the same tolerance: a different float32
+#    With the rounded intermediates (the default; f16/bf16: the CUDA rows path) the same tolerance: a different float32
 #    summation order flips an intermediate's rounding only when the value lies within ~2^-24 of a
 #    rounding midpoint (improbable at these sizes); proptest/test_gpu_mlp checks derived bounds.
 . "$(dirname "$0")/test_cli_lib.sh"

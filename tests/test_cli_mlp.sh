@@ -82,7 +82,8 @@ for dt in f32 f16 bf16; do
         has "mlp-fwd $name summary" out "mlp-fwd: T = 7 tokens, E = 4 experts, H = 5, I = 3" "B = 3, $dt"
         case "$dt $mlp_flags" in
         f32*) ;;
-        *--round-intermediates*) has "mlp-fwd $name says it rounds" out "B = 3, $dt, intermediates rounded to $dt" ;;
+        *--intermediates\ float32*) has "mlp-fwd $name says float32" out "B = 3, $dt, float32 intermediates" ;;
+        *) has "mlp-fwd $name says it rounds" out "B = 3, $dt, intermediates rounded to $dt" ;;
         esac
         run_ok "mlp-fwd $name = library" "$MOE" compare --exact "$c/want_fwd" "$c/in"
         has "mlp-fwd $name: 3 files" out "summary: 3 tensor(s) compared, 0 over the tolerance or differing in shape"
@@ -96,7 +97,9 @@ for dt in f32 f16 bf16; do
     done
     # --raw: the computation dtype itself (f16 '<f2', bf16 '<u2' patterns)
     c=mlp_$dt/1_base
-    run_ok "mlp-fwd --raw $dt" "$MOE" mlp-fwd --in "$c/in" --out "$c/raw" --dtype "$dt" --raw
+    . "./$c/case.sh"
+    # shellcheck disable=SC2086
+    run_ok "mlp-fwd --raw $dt" "$MOE" mlp-fwd --in "$c/in" --out "$c/raw" $mlp_flags --dtype "$dt" --raw
     raw_is "mlp-fwd --raw $dt descr" "$c/raw/output.npy" "$dt" "(7, 5)"
     run_ok "mlp-fwd --raw $dt = library" "$MOE" compare --exact --dtype "$dt" "$c/want_fwd" "$c/raw"
     has "mlp-fwd --raw $dt: 3 files" out "summary: 3 tensor(s) compared, 0 over"
@@ -106,24 +109,36 @@ done
 c=mlp_f32/3_gelu_tanh_clamp_dropping
 run_ok "mlp-fwd without --clamp" "$MOE" mlp-fwd --in "$c/in" --out "$c/noclamp" --activation gelu_tanh
 run_status "without --clamp the output differs" 1 "$MOE" compare --exact "$c/want_fwd/output.npy" "$c/noclamp/output.npy"
-# --round-intermediates reaches the library in both directions: without it the bf16 results differ
-# (genmlp made sure the option changes them), and in f32 it changes no bit
+# The intermediates reach the library in both directions: the case rounds them (the default, no flag);
+# --intermediates float32 changes the bf16 results (genmlp made sure it does), --round-intermediates is the
+# default spelled out, and in f32 the choice changes no bit
 c=mlp_bf16/6_round_intermediates
 . "./$c/case.sh"
-unrounded=$(printf '%s' "$mlp_flags" | sed 's/ --round-intermediates//')
 # shellcheck disable=SC2086
 {
-run_ok "mlp-fwd bf16 without --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $unrounded --dtype bf16
-run_status "without --round-intermediates the forward differs" 1 "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
-run_ok "mlp-bwd bf16 without --round-intermediates" "$MOE" mlp-bwd --in "$c/in" --out "$c/unrounded_grad" $unrounded \
-    --dtype bf16
-run_status "without --round-intermediates the backward differs" 1 "$MOE" compare --exact "$c/want_bwd" \
+run_ok "mlp-fwd bf16 --intermediates float32" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $mlp_flags \
+    --intermediates float32 --dtype bf16
+run_status "--intermediates float32: the forward differs" 1 "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
+run_ok "mlp-bwd bf16 --intermediates float32" "$MOE" mlp-bwd --in "$c/in" --out "$c/unrounded_grad" $mlp_flags \
+    --intermediates float32 --dtype bf16
+run_status "--intermediates float32: the backward differs" 1 "$MOE" compare --exact "$c/want_bwd" \
     "$c/unrounded_grad"
+run_ok "mlp-fwd bf16 --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/rounded" $mlp_flags \
+    --round-intermediates --dtype bf16
+run_ok "--round-intermediates is the default" "$MOE" compare --exact "$c/want_fwd" "$c/rounded"
+run_ok "mlp-fwd bf16 --intermediates rounded" "$MOE" mlp-fwd --in "$c/in" --out "$c/rounded2" $mlp_flags \
+    --intermediates rounded --dtype bf16
+run_ok "--intermediates rounded is the default" "$MOE" compare --exact "$c/want_fwd" "$c/rounded2"
+run_status "--intermediates float32 with --round-intermediates" 2 "$MOE" mlp-fwd --in "$c/in" --out "$c/bad" \
+    $mlp_flags --intermediates float32 --round-intermediates --dtype bf16
+has "the contradiction is named" err "--intermediates float32 and --round-intermediates contradict"
+run_status "--intermediates half" 2 "$MOE" mlp-fwd --in "$c/in" --out "$c/bad" $mlp_flags --intermediates half
+has "--intermediates half: the choices" err "--intermediates half: expected rounded (the default) or float32"
 c=mlp_f32/6_round_intermediates
 . "./$c/case.sh"
-unrounded=$(printf '%s' "$mlp_flags" | sed 's/ --round-intermediates//')
-run_ok "mlp-fwd f32 without --round-intermediates" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $unrounded
-run_ok "f32: --round-intermediates changes no bit" "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
+run_ok "mlp-fwd f32 --intermediates float32" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $mlp_flags \
+    --intermediates float32
+run_ok "f32: --intermediates changes no bit" "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"
 }
 # f16 inputs (and only those) run in f16 without --dtype
 c=mlp_f16/1_base

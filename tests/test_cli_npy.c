@@ -815,7 +815,7 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
         opt.padding = cc->padding;
         opt.bias = cc->bias;
         opt.tensor_update_overwrite = cc->overwrite;
-        opt.round_intermediates = cc->round_intermediates;
+        opt.float32_intermediates = !cc->round_intermediates;
         mt_case c;
         mt_case_init(&c, seed + ci, T, E, cc->k, H, I, &opt, cc->dropping ? MT_DROPPING : MT_DROPLESS);
         mt_case_scale_weights(&c);
@@ -906,7 +906,7 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
             off = c.opt;
         }
         if (cc->round_intermediates && dtype != MOE_F32) { /* f32: no effect by definition */
-            off.round_intermediates = 0;
+            off.float32_intermediates = 1;
             require_effect(&c, &r, &off, down_in_bwd, "--round-intermediates");
             off = c.opt;
         }
@@ -947,8 +947,8 @@ static int gen_mlp(const char *dir, uint64_t seed, const char *dtype_name)
             n += snprintf(flags + n, sizeof flags - (size_t)n, " --no-accumulate");
         if (cc->clamp_mask)
             clamp_flag(&c.opt, flags + n, sizeof flags - (size_t)n);
-        if (cc->round_intermediates)
-            snprintf(flags + strlen(flags), sizeof flags - strlen(flags), " --round-intermediates");
+        if (!cc->round_intermediates) /* the rounded intermediates are the default */
+            snprintf(flags + strlen(flags), sizeof flags - strlen(flags), " --intermediates float32");
         fprintf(f, "mlp_flags='%s'\n", flags);
         fprintf(f, "bwd_flags='%s'\n", cc->grad_fp32 ? "--grad-fp32" : "");
         fprintf(f, "no_down_ckpt=%d\n", cc->no_down_ckpt);

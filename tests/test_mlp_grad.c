@@ -39,7 +39,7 @@ int main(int argc, char **argv)
                 const int64_t I = 1 + (int64_t)oracle_rng_below(&rng, 5);
                 o.tensor_update_overwrite = k == 1 && oracle_rng_below(&rng, 2);
                 o.grad_fp32 = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
-                o.round_intermediates = o.dtype != MOE_F32 && oracle_rng_below(&rng, 2);
+                o.float32_intermediates = !(o.dtype != MOE_F32 && oracle_rng_below(&rng, 2));
                 const int mode = (int)oracle_rng_below(&rng, 3);
                 const uint64_t seed = base * 1000003ULL + (uint64_t)(combo * 12 + pass) * 101 + (uint64_t)attempt;
                 mt_case_init(&c, seed, T, E, k, H, I, &o, mode);
@@ -61,7 +61,7 @@ int main(int argc, char **argv)
             /* f16/bf16: also every rounding of the spec in its exact place (MT_CHECK_EXACT_ROUNDING) */
             const int exact = c.opt.dtype != MOE_F32 ? MT_CHECK_EXACT_ROUNDING : 0;
             const int64_t b = mt_run(&c, MT_CHECK_FD | MT_CHECK_BOUND | exact, down_in_bwd, NULL);
-            rounded += c.opt.round_intermediates;
+            rounded += !c.opt.float32_intermediates;
             if (b)
                 fprintf(stderr, "combo %d pass %d: %lld mismatches\n", combo, pass, (long long)b);
             bad += b;

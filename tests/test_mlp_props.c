@@ -137,7 +137,7 @@ static moe_mlp_options random_options(oracle_rng *rng, moe_dtype dt)
     o.bias = (int)oracle_rng_below(rng, 2);
     o.padding = (moe_mlp_padding)oracle_rng_below(rng, 2);
     o.block_size = 1 + (int64_t)oracle_rng_below(rng, 4);
-    o.round_intermediates = dt != MOE_F32 && oracle_rng_below(rng, 2);
+    o.float32_intermediates = !(dt != MOE_F32 && oracle_rng_below(rng, 2));
     return o;
 }
 
@@ -255,7 +255,7 @@ static void test_threads(oracle_rng *rng)
         moe_mlp_options o = random_options(rng, (moe_dtype)(trial % 3));
         o.affinity = (moe_mlp_affinity)(trial & 1);
         o.block_size = 4;
-        o.round_intermediates = trial >= 3; /* f16 and bf16 once with, once without */
+        o.float32_intermediates = trial < 3; /* f16 and bf16 once rounded, once float32 */
         mt_case c;
         /* past the reference's one-thread threshold (~2^18 multiply-adds) */
         mt_case_init(&c, 11000 + (uint64_t)trial, 48, 6, 3, 40, 24, &o, trial % 3);
@@ -274,7 +274,8 @@ static void test_threads(oracle_rng *rng)
 }
 
 /* ---------------------------------------------------------------------------------------------------
- * options.round_intermediates (specs/MLP.md, "Rounded intermediates")
+ * The rounded intermediates, the default, and options.float32_intermediates (specs/MLP.md, "Rounded
+ * intermediates")
  * ------------------------------------------------------------------------------------------------- */
 
 /* f32: the flag changes no bit (outputs, checkpoints, every gradient), in both affinity placements and
@@ -290,7 +291,7 @@ static void test_round_intermediates_f32(oracle_rng *rng)
         const int down_in_bwd = trial != 3; /* trial 3: ON_I recomputing d */
         mt_result off, on;
         CHECK(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &off) == 0, "f32 without round_intermediates, trial %d", trial);
-        c.opt.round_intermediates = 1;
+        c.opt.float32_intermediates = 0;
         CHECK(mt_run(&c, MT_CHECK_BOUND, down_in_bwd, &on) == 0, "f32 with round_intermediates, trial %d", trial);
         CHECK(mt_results_identical(&c, &off, &on, 1), "f32: round_intermediates changed a result, trial %d", trial);
         mt_result_free(&off), mt_result_free(&on), mt_case_free(&c);
@@ -312,7 +313,7 @@ static void test_round_intermediates_bf16(void)
         o.dtype = MOE_BF16;
         o.block_size = 1;
         o.grad_fp32 = 1;
-        o.round_intermediates = flag;
+        o.float32_intermediates = !flag; /* flag: the rounded intermediates */
         mt_case c;
         mt_case_init(&c, 19000, 1, 1, 1, 1, 2, &o, MT_DROPLESS);
         /* w_gu[e][h][2][I]: gate i = 0, 1 then up i = 0, 1 */

@@ -45,7 +45,7 @@ struct MlpArgs {
     float *dGU;     // [NB][2I]
     float *Dre;     // [NB][H]  recomputed d (ON_I backward without a down checkpoint)
     float *da;      // [NB]
-    // The rows path (options.round_intermediates, see "Rows path" below): the layout's real positions
+    // The rows path (round_intermediates: the default rounded intermediates, see "Rows path" below): the layout's real positions
     // grouped by expert, expert e owning rows row_offsets[e] .. row_offsets[e+1]-1
     int64_t *block_rows;  // [N]    real positions of each block
     int64_t *block_first; // [N]    the row of each block's first real position

@@ -6,7 +6,7 @@
 //
 // Two paths share the layout check, the token lists and the reductions:
 //   - the tile path (float32 intermediates, the default, for f16 and f32): the kernels listed below;
-//   - the rows path (options.round_intermediates with f16/bf16, and bf16 without it on split operands):
+//   - the rows path (the rounded intermediates with f16/bf16, and bf16 without it on split operands):
 //     every GEMM on the grouped GEMM's tensor-core kernels over the layout's real positions grouped by
 //     expert; see "Rows path" and "Split operands" below.
 //
@@ -57,7 +57,7 @@ namespace moe_gpu {
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// Rows path (options.round_intermediates with f16/bf16; bf16 without it on split operands, below): every GEMM
+// Rows path (the rounded intermediates with f16/bf16; bf16 without it on split operands, below): every GEMM
 // on the grouped GEMM's kernels
 // (gpu/gemm/gemm.cuh, moe_cuda_rows_gemm: wgmma/TMA on sm_90a, mma on sm_80+), the MLP's own work in
 // elementwise kernels between them.  The layout's real positions are numbered as "rows" grouped by

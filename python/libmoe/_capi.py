@@ -4,7 +4,6 @@ include/moe.h and include/moe_mlp.h, and every prototype this package calls, dec
 Nothing here knows about torch; the callers pass plain integers (addresses, a cudaStream_t as an int)."""
 import ctypes
 import ctypes.util
-import glob
 import os
 import subprocess
 

@@ -6,7 +6,6 @@ nothing; the struct mirrors against the C compiler's sizeof/offsetof (LIBMOE_ABI
 trained for a few steps with libmoe, checked at every step against a pure PyTorch float64 twin.
 
 Run: python3 -m unittest discover -s python/tests  (from the source tree, with PYTHONPATH=python)."""
-import math
 import os
 import subprocess
 import unittest

@@ -1,5 +1,5 @@
 /*
- * ref/mlp/activations.c: the roundings of options.round_intermediates (specs/MLP.md, "Rounded
+ * ref/mlp/activations.c: the roundings of the rounded intermediates (specs/MLP.md, "Rounded
  * intermediates"): a value, or a row in place, rounded to the dtype and back.  The activations and clamps
  * themselves are in activations.h (inlined into the loops that call them); specs/verify.sh proves them in
  * the run of this file.

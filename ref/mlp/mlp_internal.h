@@ -223,7 +223,7 @@ void mlp_gather_rows(moe_dtype dtype, const void *src, const int64_t *slots, con
     ensures f32_exact: dtype != MOE_F16 && dtype != MOE_BF16 ==> \result == v; */
 float mlp_round_to(moe_dtype dtype, float v);
 
-/* options.round_intermediates: rounds count float32 values in place to the dtype and back (round to
+/* the rounded intermediates (p->round_intermediates): rounds count float32 values in place to the dtype and back (round to
  * nearest even; identity for f32), once each: the operands of the second-stage GEMMs (specs/MLP.md,
  * "Rounded intermediates").   v [count] */
 /*@ requires dtype: dtype_ok(dtype);
