@@ -5,7 +5,8 @@ section 4, composed for the MLP as specs/MLP.md derives it), gradients included;
 nothing; the struct mirrors against the C compiler's sizeof/offsetof (LIBMOE_ABI_PROGRAM); a small MoE layer
 trained for a few steps with libmoe, checked at every step against a pure PyTorch float64 twin.
 
-Run: python3 -m unittest discover -s python/tests  (from the source tree, with PYTHONPATH=python)."""
+Run: tests/test_python.sh from the build folder (make check), or from the source tree
+PYTHONPATH=python:python/tests LIBMOE_PATH=.libs python3 -m unittest -v test_libmoe"""
 import os
 import subprocess
 import unittest
@@ -264,6 +265,15 @@ class TestMlp(unittest.TestCase):
         self.check(9, 3, 4, 8, 8, 2, torch.bfloat16, 8, dropping=True, activation="gelu")
         self.check(7, 1, 3, 8, 8, 4, torch.float32, 9, tensor_update_overwrite=True)
         self.check(0, 2, 3, 8, 8, 4, torch.float32, 10)
+
+    def test_intermediates_option_reaches_the_library(self):
+        """bf16: rounding the second-stage operands changes the result (the bound covers both)."""
+        _, _, layout, t, _ = self.case(16, 2, 4, 32, 16, 4, torch.bfloat16, 12)
+        args = (t["hidden"], t["affinities"], t["w_gu"], t["w_d"], layout)
+        with torch.no_grad():
+            rounded = libmoe.moe_mlp(*args, intermediates="rounded")
+            kept = libmoe.moe_mlp(*args, intermediates="float32")
+        self.assertFalse(torch.equal(rounded, kept))
 
     def test_clamps(self):
         # limits inside gaps of the data so that no mask is ambiguous (the model widens the bound there)
