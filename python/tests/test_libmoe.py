@@ -451,6 +451,24 @@ class TestCustomOps(unittest.TestCase):
         for a, b in zip(xs, xc):
             self.assertTrue(torch.equal(a.grad, b.grad))
 
+        # the MLP, its layout built outside the compiled function (the builders are ctypes calls)
+        _, _, layout, t, out_grad = TestMlp().case(9, 2, 3, 16, 8, 4, torch.float32, 62, bias=True)
+        mlp_args = (t["hidden"].detach(), t["affinities"].detach(), t["w_gu"].detach(), t["w_d"].detach(),
+                    t["b_gu"].detach(), t["b_d"].detach(), layout.block_to_expert, layout.token_position_to_id,
+                    layout.block_size, 1, False, False, [float("nan"), 1.5, -2.0, float("nan")], False, False, True)
+        torch.library.opcheck(torch.ops.libmoe.mlp_fwd.default, mlp_args, test_utils=("test_schema", "test_faketensor"))
+
+        def mlp_step(h, wgu, wd):
+            return libmoe.moe_mlp(h, t["affinities"].detach(), wgu, wd, layout, activation="gelu",
+                                  clamp_linear=(None, 1.5))
+        compiled_mlp = torch.compile(mlp_step, backend="aot_eager", fullgraph=True)
+        eager_in = [t[n].detach().clone().requires_grad_() for n in ("hidden", "w_gu", "w_d")]
+        comp_in = [t[n].detach().clone().requires_grad_() for n in ("hidden", "w_gu", "w_d")]
+        mlp_step(*eager_in).backward(out_grad)
+        compiled_mlp(*comp_in).backward(out_grad)
+        for a, b in zip(eager_in, comp_in):
+            self.assertTrue(torch.equal(a.grad, b.grad))
+
 
 @unittest.skipUnless(DEVICE.type == "cuda", "needs a CUDA device")
 class TestCuda(unittest.TestCase):
