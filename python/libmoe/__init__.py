@@ -34,7 +34,7 @@ def library_path():
 
 def cuda_available():
     """True when the loaded libmoe has a CUDA backend and a device."""
-    return bool(_capi.lib().moe_backend_available(_capi.MOE_BACKEND_CUDA))
+    return _capi.cuda_available()
 
 
 def synchronize(device=None):

@@ -190,9 +190,23 @@ def _strerror(status):
     return lib().moe_strerror(status).decode()
 
 
+_functions = {}
+_cuda = []
+
+
+def cuda_available():
+    """moe_backend_available(MOE_BACKEND_CUDA), asked once per process."""
+    if not _cuda:
+        _cuda.append(bool(lib().moe_backend_available(MOE_BACKEND_CUDA)))
+    return _cuda[0]
+
+
 def call(name, *args):
     """Calls the C function `name`; a status other than MOE_OK raises MoeError with moe_last_error()."""
-    status = getattr(lib(), name)(*args)
+    fn = _functions.get(name)
+    if fn is None:
+        fn = _functions[name] = getattr(lib(), name)
+    status = fn(*args)
     if status != MOE_OK:
         raise MoeError(name, status, lib().moe_last_error().decode())
 

@@ -17,7 +17,7 @@ def backend_of(device):
     if device.type == "cpu":
         return _capi.MOE_BACKEND_REF
     if device.type == "cuda":
-        if not _capi.lib().moe_backend_available(_capi.MOE_BACKEND_CUDA):
+        if not _capi.cuda_available():
             raise _capi.MoeError("moe_backend_available", 8,
                                  "tensors on %s, but this libmoe (%s) has no usable CUDA backend"
                                  % (device, _capi.library_path()))
@@ -54,6 +54,15 @@ def ptr(t):
     return None if t is None else t.data_ptr()
 
 
+def _shape_matches(have, want):
+    if len(have) != len(want):
+        return False
+    for extent, wanted in zip(have, want):
+        if wanted is not None and extent != wanted:
+            return False
+    return True
+
+
 def check(fn, name, t, shape=None, dtypes=None, device=None, optional=False):
     """Checks argument `name` of `fn`: a torch.Tensor (or None when optional), contiguous, on `device`,
     of one of `dtypes`, of `shape` (a tuple; None entries match any extent).  Raises TypeError or
@@ -69,10 +78,9 @@ def check(fn, name, t, shape=None, dtypes=None, device=None, optional=False):
                          % (fn, name, t.device, device))
     if dtypes is not None and t.dtype not in dtypes:
         raise TypeError("%s: %s has dtype %s, expected %s" % (fn, name, t.dtype, " or ".join(str(d) for d in dtypes)))
-    if shape is not None:
-        if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-            raise ValueError("%s: %s has shape %s, expected %s" % (fn, name, tuple(t.shape), want))
+    if shape is not None and not _shape_matches(t.shape, shape):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError("%s: %s has shape %s, expected %s" % (fn, name, tuple(t.shape), want))
     if not t.is_contiguous():
         raise ValueError("%s: %s is not contiguous (call .contiguous() first)" % (fn, name))
     return t
