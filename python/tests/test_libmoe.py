@@ -159,10 +159,13 @@ class TestGroupedGemm(unittest.TestCase):
         m, g, _ = libmoe.routing_from_topk(ids, 3)
         x, w = rand(4, 8, gen=gen), rand(3, 5, 8, gen=gen)
         keep = [t.clone() for t in (x, w, m, g)]
-        other = torch.device("meta")
+        other = torch.device("meta")   # a device libmoe does not take
+        second = torch.device("cpu") if DEVICE.type == "cuda" else other   # mixed devices
         cases = [
             (ValueError, "x is on meta: only cpu and cuda", lambda: libmoe.grouped_gemm(x.to(other), w, m, g, 2, permute_x=True)),
-            (ValueError, "w is on meta, expected cpu|w is on meta: only", lambda: libmoe.grouped_gemm(x, w.to(other), m, g, 2, permute_x=True)),
+            (ValueError, "w is on %s" % second, lambda: libmoe.grouped_gemm(x, w.to(second), m, g, 2, permute_x=True)),
+            (ValueError, "gather_indices is on %s" % second,
+             lambda: libmoe.grouped_gemm(x, w, m, g.to(second), 2, permute_x=True)),
             (TypeError, "x has dtype torch.float64", lambda: libmoe.grouped_gemm(x.double(), w, m, g, 2, permute_x=True)),
             (TypeError, "x has dtype torch.bfloat16", lambda: libmoe.grouped_gemm(x.bfloat16(), w, m, g, 2, permute_x=True)),
             (ValueError, r"x has shape \(4, 7\)", lambda: libmoe.grouped_gemm(x[:, :7], w, m, g, 2, permute_x=True)),
@@ -300,6 +303,8 @@ class TestMlp(unittest.TestCase):
         keep = [x.clone() for x in (h, a, wgu, wd, layout.block_to_expert, layout.token_position_to_id)]
         cases = [
             (ValueError, "hidden is on meta: only cpu and cuda", lambda: libmoe.moe_mlp(h.to("meta"), a, wgu, wd, layout)),
+            (ValueError, "w_d is on %s" % ("cpu" if DEVICE.type == "cuda" else "meta"),
+             lambda: libmoe.moe_mlp(h, a, wgu, wd.to("cpu" if DEVICE.type == "cuda" else "meta"), layout)),
             (TypeError, "w_d has dtype torch.float16", lambda: libmoe.moe_mlp(h, a, wgu, wd.half(), layout)),
             (ValueError, r"w_d has shape", lambda: libmoe.moe_mlp(h, a, wgu, wd[:, :3], layout)),
             (ValueError, "hidden is not contiguous", lambda: libmoe.moe_mlp(rand(8, 6).t(), a, wgu, wd, layout)),
