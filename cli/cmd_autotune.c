@@ -45,6 +45,9 @@ const command autotune_command = {
     "with it. Needs a CUDA build and device (exit 2 otherwise). MOE_AUTOTUNE_VERBOSE=1 prints each "
     "candidate's median.",
     autotune_opts, 0, run_autotune,
+    "# Qwen3-30B-A3B's gate/up forward at 4096 tokens on this GPU, kept in tune.txt\n"
+    "moe autotune --op fwd --tokens 4096 --topk 8 --experts 128 --n 1536 --k 2048 --dtype bf16 \\\n"
+    "    --cache tune.txt",
 };
 
 static int run_autotune(const args *a)

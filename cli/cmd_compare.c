@@ -50,6 +50,8 @@ const command compare_command = {
     "NaN equals NaN at the same place; a NaN against a number, and an Inf against anything else, fail. "
     "Files in B that A does not have are listed and not compared.",
     compare_opts, 2, run_compare,
+    "# gemm-fwd's result against the step's, within the bound gemm-fwd derived for every element\n"
+    "moe compare y_ref.npy step/y.npy --bound y_bound.npy",
 };
 
 typedef enum tol_mode { TOL_ROUNDING, TOL_REDUCTION, TOL_BOUND, TOL_EXACT, TOL_ABSREL } tol_mode;

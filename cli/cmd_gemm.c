@@ -101,6 +101,10 @@ const command gemm_fwd_command = {
     "For expert-order row r of expert e: y_r = xsrc_r . W[e]^T, accumulated in float32 and rounded once "
     "(SEMANTICS section 2). Rows [off_e, off_e + m_e) belong to expert e.",
     gemm_fwd_opts, 0, run_gemm_fwd,
+    "# recompute a step's expert-order output y from x (token order) and the routing route wrote\n"
+    "moe gemm-fwd --x step/x.npy --w step/w.npy --m-sizes routing/m_sizes.npy \\\n"
+    "    --gather routing/gather_indices.npy --topk 2 --permute-x \\\n"
+    "    --out y_ref.npy --bound-out y_bound.npy",
 };
 
 const command gemm_dx_command = {
@@ -111,6 +115,9 @@ const command gemm_dx_command = {
     "The routing flags describe the forward whose gradient this is: --permute-y reads dY in slot order, "
     "--permute-x writes dX in slot order, --topk-weights scales each dY source row.",
     gemm_dx_opts, 0, run_gemm_dx,
+    "# the gradient of x (token order, summed over each token's 2 rows) from dy in expert order\n"
+    "moe gemm-dx --dy step/dy.npy --w step/w.npy --m-sizes routing/m_sizes.npy \\\n"
+    "    --gather routing/gather_indices.npy --topk 2 --permute-x --reduce-topk --out dx_ref.npy",
 };
 
 const command gemm_dw_command = {
@@ -122,6 +129,9 @@ const command gemm_dw_command = {
     "dW[e] sums, over the rows r of expert e, dysrc_r^T (x) xsrc_r, with the sources chosen by the "
     "forward's routing flags; float32 accumulation over all rows of the expert, one rounding.",
     gemm_dw_opts, 0, run_gemm_dw,
+    "# the gradient of w, per expert\n"
+    "moe gemm-dw --x step/x.npy --dy step/dy.npy --m-sizes routing/m_sizes.npy \\\n"
+    "    --gather routing/gather_indices.npy --topk 2 --permute-x --out dw_ref.npy",
 };
 
 /* ---------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
  * folder of NKI-named files they read, check against each other and write.
  */
 #include "cli.h"
+#include "layouts.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -45,6 +46,10 @@
      "tensor cores. float32 (options.float32_intermediates) keeps them float32, the exact option. "      \
      "Give both mlp-fwd and mlp-bwd the same. No effect in f32."},                                     \
     {"--round-intermediates", NULL, "the same as --intermediates rounded (the default)."},             \
+    {"--weight-layout", "NAME",                                                                        \
+     "the layout of the weight files, and of their gradients: nki (default), linear, linear-split, "    \
+     "hf-mixtral, hf-qwen3-moe or hf-llama4 (mlp-fwd --help lists their files); hf-gpt-oss is "        \
+     "refused (its (up + 1) is not expressible)."},                                                    \
     OPT_DTYPE,                                                                                         \
     OPT_BACKEND,                                                                                       \
     OPT_RAW
@@ -76,7 +81,8 @@ const command mlp_fwd_command = {
     "mlp-fwd",
     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
-    "[--intermediates rounded|float32] [--dtype f32|f16|bf16] [--backend ref|cuda] [--raw]",
+    "[--intermediates rounded|float32] [--weight-layout NAME] [--dtype f32|f16|bf16] [--backend ref|cuda] "
+    "[--raw]",
     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -92,20 +98,34 @@ const command mlp_fwd_command = {
     "  token_position_to_id.npy (N*B,) or (N, B), int32/int64: a token, or the padding mark\n"
     "  block_to_expert.npy (N,), int32/int64\n"
     "(`moe route --block-size B --topk-weights TW.npy` writes the last three). Extra trailing "
-    "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert). --out DIR gets:\n"
+    "dimensions of size 1 are accepted everywhere (NKI's [N, 1] block_to_expert).\n"
+    "--weight-layout names another layout of the weight files (mlp-bwd writes their gradients in it, "
+    "each name + _grad):\n"
+    "  linear: torch nn.Linear weights stacked: gate_up_proj_weight.npy (E, 2*I, H), gate rows first; "
+    "down_proj_weight.npy (E, H, I); biases gate_up_proj_bias.npy (E, 2*I), down_proj_bias.npy (E, H)\n"
+    "  linear-split: gate_proj_weight.npy and up_proj_weight.npy (E, I, H) each, down_proj_weight.npy "
+    "(E, H, I); biases gate_proj_bias.npy, up_proj_bias.npy (E, I), down_proj_bias.npy (E, H)\n"
+    "  hf-mixtral, hf-qwen3-moe: transformers' fused experts, gate_up_proj (E, 2*I, H) and down_proj "
+    "(E, H, I), as linear; no biases\n"
+    "  hf-llama4: Llama4TextExperts, gate_up_proj (E, H, 2*I) and down_proj (E, I, H); no biases\n"
+    "(cli/README.md, \"Weight layouts\", says which models each expresses exactly). --out DIR gets:\n"
     "  output.npy (T1, H)\n"
     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
     "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
     "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
     "the others before anything is written.",
     mlp_fwd_opts, 0, run_mlp_fwd,
+    "# the block layout and affinities of a layer's routing, then its forward, checkpoints left in mlp/\n"
+    "moe route --topk-ids mlp/topk_ids.npy --experts 4 --block-size 4 \\\n"
+    "    --topk-weights mlp/topk_weights.npy --out mlp\n"
+    "moe mlp-fwd --in mlp --out mlp",
 };
 
 const command mlp_bwd_command = {
     "mlp-bwd",
     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
-    "[--padding skip|row] [--no-accumulate] [--intermediates ...] [--grad-fp32] [--dtype ...] [--backend ...] "
-    "[--raw]",
+    "[--padding skip|row] [--no-accumulate] [--intermediates ...] [--weight-layout NAME] [--grad-fp32] "
+    "[--dtype ...] [--backend ...] [--raw]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
     "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
@@ -121,11 +141,17 @@ const command mlp_bwd_command = {
     "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
     "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
     "every pair of the layout, 0 for every other\n"
+    "  topk_weights_grad.npy (T, k): when --in holds router_topk_ids.npy (route --topk-weights writes "
+    "it): the same gradient in the router's order, [t][j] = expert_affinities_masked_grad[t*E + "
+    "router_topk_ids[t][j]]\n"
     "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
     "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
+    "  (with --weight-layout: the layout's files, each name + _grad, in its shapes)\n"
     "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
     "NumPy).",
     mlp_bwd_opts, 0, run_mlp_bwd,
+    "# every gradient from mlp-fwd's checkpoints and mlp/output_hidden_states_grad.npy\n"
+    "moe mlp-bwd --in mlp --out grads",
 };
 
 /* ---------------------------------------------------------------------------------------------------
@@ -238,13 +264,15 @@ static const char *intermediates_note(const moe_mlp_options *o)
  * Reading the --in folder
  * ------------------------------------------------------------------------------------------------- */
 enum mlp_file {
-    F_HIDDEN, F_AFF, F_WGU, F_WD, F_BGU, F_BD, F_TPTI, F_B2E, F_OUT_GRAD, F_CKPT_GU, F_CKPT_D, F_COUNT
+    F_HIDDEN, F_AFF, F_WGU, F_WD, F_BGU, F_BD, F_TPTI, F_B2E, F_OUT_GRAD, F_CKPT_GU, F_CKPT_D, F_TOPK_IDS, F_COUNT
 };
 static const char *const mlp_file_names[F_COUNT] = {
     "hidden_states.npy", "expert_affinities_masked.npy", "gate_up_proj_weight.npy", "down_proj_weight.npy",
     "gate_up_proj_bias.npy", "down_proj_bias.npy", "token_position_to_id.npy", "block_to_expert.npy",
-    "output_hidden_states_grad.npy", "gate_up_proj_act_checkpoint_T.npy", "down_proj_act_checkpoint.npy",
+    "output_hidden_states_grad.npy", "gate_up_proj_act_checkpoint_T.npy", "down_proj_act_checkpoint.npy", "router_topk_ids.npy",
 };
+/* The index arrays among them (int64 after loading). */
+static int is_index_file(int f) { return f == F_TPTI || f == F_B2E || f == F_TOPK_IDS; }
 
 typedef struct mlp_in {
     moe_mlp_options o;
@@ -258,7 +286,13 @@ typedef struct mlp_in {
     int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
     int64_t aff_shape[NPY_MAX_DIMS];
     moe_mlp_layout layout;
+    const weight_layout *weights;       /* --weight-layout */
+    char *weight_path[MLP_WEIGHTS][2];  /* its files */
+    int64_t k;                          /* with router_topk_ids.npy: the router's (T, k) order */
 } mlp_in;
+
+/* The slot of each weight in mlp_in's files. */
+static const int weight_file[MLP_WEIGHTS] = {F_WGU, F_WD, F_BGU, F_BD};
 
 /* Loads the files of --in marked in `want` (2: required, 1: read when present), checks every shape
  * against the others, converts them to the computation dtype (floats) or int64 (indices), and validates
@@ -270,13 +304,32 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
     if (!is_dir(dir))
         die("--in %s: not a folder (it holds the .npy files named after NKI's parameters, see moe %s --help)", dir,
             a->cmd->name);
-    for (int f = 0; f < F_COUNT; f++) {
+    for (int f = 0; f < F_COUNT; f++)
         m->path[f] = join_path(dir, mlp_file_names[f]);
-        if (want[f] != 0)
+    for (int w = 0; w < MLP_WEIGHTS; w++) { /* the weights' files are the layout's */
+        const int f = weight_file[w];
+        char names[2][WEIGHT_NAME_SIZE];
+        const int n = weight_file_names(m->weights, w, "", names);
+        for (int i = 0; i < n; i++)
+            m->weight_path[w][i] = join_path(dir, names[i]);
+        if (n > 0)
+            m->path[f] = m->weight_path[w][0];
+        for (int i = 0; i < n && want[f] != 0; i++)
+            check_input(m->weight_path[w][i]);
+    }
+    for (int f = 0; f < F_COUNT; f++)
+        if (want[f] != 0 && f != F_WGU && f != F_WD && f != F_BGU && f != F_BD)
             check_input(m->path[f]);
+    int64_t dims[3] = {0}; /* E, H, I */
+    for (int w = 0; w < MLP_WEIGHTS; w++) {
+        const int f = weight_file[w];
+        if (want[f] == 2) {
+            weight_read(m->weights, w, m->weight_path[w], m->path[F_WGU], dims, &m->arr[f]);
+            m->have[f] = 1;
+        }
     }
     for (int f = 0; f < F_COUNT; f++) {
-        if (want[f] == 2 || (want[f] == 1 && is_regular(m->path[f]))) {
+        if (!m->have[f] && (want[f] == 2 || (want[f] == 1 && is_regular(m->path[f])))) {
             load(m->path[f], &m->arr[f]);
             m->have[f] = 1;
         }
@@ -287,7 +340,7 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
     for (int f = 0; f < F_COUNT; f++) {
         if (!m->have[f])
             continue;
-        if (f == F_TPTI || f == F_B2E) {
+        if (is_index_file(f)) {
             check_index_array(m->path[f], &m->arr[f]);
             continue;
         }
@@ -297,19 +350,14 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
     }
     m->o.dtype = choose_dtype(a, floats, float_paths, nf);
 
-    /* E, H, I from gate_up_proj_weight; N from block_to_expert; B from token_position_to_id or --block-size */
-    const npy_header *wgu = &m->arr[F_WGU].h;
+    /* E, H, I from the gate/up weight (weight_read checked the other weights against them); N from
+     * block_to_expert; B from token_position_to_id or --block-size */
     const char *pw = m->path[F_WGU];
-    if (wgu->ndim < 4 || wgu->shape[2] != 2 || !shape_is(wgu, 4, wgu->shape))
-        die("%s: expected gate_up_proj_weight of shape (E, H, 2, I), found %s %s", pw, shape_text(wgu),
-            npy_type_name(wgu->type));
-    m->E = wgu->shape[0], m->H = wgu->shape[1], m->I = wgu->shape[3];
+    m->E = dims[0], m->H = dims[1], m->I = dims[2];
     if (m->E < 1)
-        die("%s: expected at least one expert (E >= 1), found %s %s", pw, shape_text(wgu), npy_type_name(wgu->type));
+        die("%s: expected at least one expert (E >= 1), found E = 0 (--weight-layout %s)", pw,
+            weight_layout_name(m->weights));
     char why[1024];
-    snprintf(why, sizeof why, "E, I and H from %s", pw);
-    const int64_t s_wd[3] = {m->E, m->I, m->H};
-    check_shape(m->path[F_WD], &m->arr[F_WD], 3, s_wd, "down_proj_weight", why);
 
     const npy_header *b2e = &m->arr[F_B2E].h;
     if (b2e->ndim < 1 || !shape_is(b2e, 1, b2e->shape))
@@ -362,15 +410,14 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
             (long long)m->E, pw, shape_text(ah), npy_type_name(ah->type));
     m->aff_ndim = ah->ndim;
     memcpy(m->aff_shape, ah->shape, sizeof m->aff_shape);
-    if (m->have[F_BGU]) {
-        const int64_t s[3] = {m->E, 2, m->I};
-        snprintf(why, sizeof why, "E and I from %s", pw);
-        check_shape(m->path[F_BGU], &m->arr[F_BGU], 3, s, "gate_up_proj_bias", why);
-    }
-    if (m->have[F_BD]) {
-        const int64_t s[2] = {m->E, m->H};
-        snprintf(why, sizeof why, "E and H from %s", pw);
-        check_shape(m->path[F_BD], &m->arr[F_BD], 2, s, "down_proj_bias", why);
+    if (m->have[F_TOPK_IDS]) { /* route --topk-weights wrote it: the router's order of each token's experts */
+        const npy_header *ih = &m->arr[F_TOPK_IDS].h;
+        m->k = ih->ndim >= 2 ? ih->shape[1] : 1;
+        const int64_t s[2] = {m->T, m->k};
+        snprintf(why, sizeof why, "T = %lld tokens from %s, k >= 1 experts each", (long long)m->T, phs);
+        if (ih->ndim < 1 || m->k < 1 || !(shape_is(ih, 2, s) || (ih->ndim == 1 && ih->shape[0] == m->T)))
+            die("%s: expected router_topk_ids of shape (%lld, k) (%s), found %s %s", m->path[F_TOPK_IDS],
+                (long long)m->T, why, shape_text(ih), npy_type_name(ih->type));
     }
     if (m->have[F_OUT_GRAD]) {
         snprintf(why, sizeof why, "the shape of %s", phs);
@@ -391,7 +438,7 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
     for (int f = 0; f < F_COUNT; f++) {
         if (!m->have[f])
             continue;
-        const int is_index = f == F_TPTI || f == F_B2E;
+        const int is_index = is_index_file(f);
         m->bytes[f] = elements(m->arr[f].h.count, is_index ? sizeof(int64_t) : moe_dtype_size(m->o.dtype), 1);
         if (is_index)
             m->data[f] = convert_int(m->path[f], &m->arr[f]);
@@ -400,6 +447,8 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
         release(&m->arr[f]);
         m->arr[f].data = NULL;
     }
+    if (m->have[F_TOPK_IDS])
+        check_topk_ids(m->path[F_TOPK_IDS], m->T, m->k, m->E, m->data[F_TOPK_IDS]);
     m->layout = (moe_mlp_layout){m->T, m->E, m->N, m->data[F_B2E], m->data[F_TPTI]};
     if (moe_mlp_layout_validate(&m->layout, &m->o) != MOE_OK)
         die("%s, %s: %s", ptp, m->path[F_B2E], moe_last_error());
@@ -426,6 +475,11 @@ static void mlp_begin(const args *a, mlp_in *m, int *want)
     memset(m, 0, sizeof *m);
     m->backend = get_backend(a);
     mlp_options(a, &m->o);
+    m->weights = parse_weight_layout(get(a, "--weight-layout"));
+    char names[2][WEIGHT_NAME_SIZE];
+    if (m->o.bias && weight_file_names(m->weights, B_GATE_UP, "", names) == 0)
+        die("--bias: --weight-layout %s has no biases (its model has none); nn.Linear biases are --weight-layout "
+            "linear or linear-split", weight_layout_name(m->weights));
     want[F_HIDDEN] = want[F_AFF] = want[F_WGU] = want[F_WD] = want[F_TPTI] = want[F_B2E] = 2;
 }
 
@@ -473,12 +527,20 @@ static int run_mlp_bwd(const args *a)
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
-    static const char *const names[] = {"hidden_states_grad.npy",    "expert_affinities_masked_grad.npy",
-                                        "gate_up_proj_weight_grad.npy", "down_proj_weight_grad.npy",
-                                        "gate_up_proj_bias_grad.npy", "down_proj_bias_grad.npy"};
-    char *p[6];
-    add_outputs_in(out, names, m.o.bias ? 6 : 4, p);
+    static const char *const names[] = {"hidden_states_grad.npy", "expert_affinities_masked_grad.npy",
+                                        "topk_weights_grad.npy"};
+    char *p[3], *wp[MLP_WEIGHTS][2]; /* the weight gradients' files: the layout's names + "_grad" */
+    char *ids = join_path(need(a, "--in"), mlp_file_names[F_TOPK_IDS]);
+    const int topk = is_regular(ids); /* route --topk-weights wrote the router's order: also the (T, k) view */
+    add_outputs_in(out, names, 2 + topk, p);
+    for (int w = 0; w < (m.o.bias ? MLP_WEIGHTS : B_GATE_UP); w++) {
+        char wn[2][WEIGHT_NAME_SIZE];
+        const char *wnames[2] = {wn[0], wn[1]};
+        add_outputs_in(out, wnames, weight_file_names(m.weights, w, "_grad", wn), wp[w]);
+    }
     want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
+    want[F_TOPK_IDS] = topk ? 2 : 0;
+    xfree(ids);
     if (m.o.affinity == MOE_AFFINITY_ON_I) {
         /* the down checkpoint is optional: without it d is recomputed, which needs the down bias */
         char *ckpt_d = join_path(need(a, "--in"), mlp_file_names[F_CKPT_D]);
@@ -511,16 +573,18 @@ static int run_mlp_bwd(const args *a)
                              call_out(&c, "gate_up_proj_bias_grad", dbgu, n_bgu * gs),
                              call_out(&c, "down_proj_bias_grad", dbd, n_bd * gs), &m.o));
     make_dirs(out);
-    const int64_t s_h[2] = {m.T1, m.H}, s_wgu[4] = {m.E, m.H, 2, m.I}, s_wd[3] = {m.E, m.I, m.H};
-    const int64_t s_bgu[3] = {m.E, 2, m.I}, s_bd[2] = {m.E, m.H};
+    const int64_t s_h[2] = {m.T1, m.H}, dims[3] = {m.E, m.H, m.I};
     write_result(a, p[0], m.o.dtype, dh, 2, s_h);
     write_result(a, p[1], m.o.dtype, da, m.aff_ndim, m.aff_shape);
-    write_result(a, p[2], gdt, dwgu, 4, s_wgu);
-    write_result(a, p[3], gdt, dwd, 3, s_wd);
-    if (bias) {
-        write_result(a, p[4], gdt, dbgu, 3, s_bgu);
-        write_result(a, p[5], gdt, dbd, 2, s_bd);
+    if (topk) {
+        void *dtw = xmalloc(elements(m.T, m.k, 1), es);
+        topk_weights_grad(m.T, m.k, m.E, m.data[F_TOPK_IDS], da, es, dtw);
+        const int64_t s_tw[2] = {m.T, m.k};
+        write_result(a, p[2], m.o.dtype, dtw, 2, s_tw);
     }
+    const void *grads[MLP_WEIGHTS] = {dwgu, dwd, dbgu, dbd};
+    for (int w = 0; w < (bias ? MLP_WEIGHTS : B_GATE_UP); w++)
+        weight_write(a, m.weights, w, wp[w], gdt, grads[w], dims);
     commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,

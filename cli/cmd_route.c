@@ -31,7 +31,9 @@ static const opt route_opts[] = {
     {"--topk-weights", "TW.npy",
      "the router's weights, shape (T, k) (or (T*k,)), floating: also write expert_affinities_masked.npy "
      "(T*E,), A[t*E + e] = the weight of every (token, expert) pair the layout holds, 0 for every other "
-     "pair (dropped pairs included). Float32 unless --raw. Needs --block-size or --dropping."},
+     "pair (dropped pairs included), float32 unless --raw; and router_topk_ids.npy (T, k) int64, the ids "
+     "in the router's order, from which mlp-bwd also writes the weights' gradient as (T, k) "
+     "(topk_weights_grad.npy). Needs --block-size or --dropping."},
     OPT_DTYPE,
     OPT_RAW,
     {NULL, NULL, NULL},
@@ -50,6 +52,8 @@ const command route_command = {
     "with --topk-weights expert_affinities_masked.npy), and prints the number of blocks N and, for "
     "--dropping, the number of dropped (token, expert) pairs.",
     route_opts, 0, run_route,
+    "# the routing of a step's top-2 choices among 4 experts, step/topk_ids.npy (T, 2)\n"
+    "moe route --topk-ids step/topk_ids.npy --experts 4 --out routing",
 };
 
 static int run_route(const args *a)
@@ -74,9 +78,10 @@ static int run_route(const args *a)
     /* the routing; with the blockwise layout two files more, and the affinities with --topk-weights */
     static const char *const names[] = {"m_sizes.npy",         "gather_indices.npy",
                                         "scatter_indices.npy", "token_position_to_id.npy",
-                                        "block_to_expert.npy", "expert_affinities_masked.npy"};
-    char *p[6];
-    add_outputs_in(dir, names, blockwise ? 5 + (tw_path != NULL) : 3, p);
+                                        "block_to_expert.npy", "expert_affinities_masked.npy",
+                                        "router_topk_ids.npy"};
+    char *p[7];
+    add_outputs_in(dir, names, blockwise ? 5 + 2 * (tw_path != NULL) : 3, p);
     claim_files(a, (const char *const[]){NULL}, (const char *const[]){"--topk-ids", "--topk-weights", NULL});
 
     npy_array ids;
@@ -132,8 +137,11 @@ static int run_route(const args *a)
     if (blockwise) {
         write_array(p[3], NPY_T_I64, 1, &NB, tpti);
         write_array(p[4], NPY_T_I64, 1, &N, b2e);
-        if (aff != NULL)
+        if (aff != NULL) {
             write_result(a, p[5], mo.dtype, aff, 1, &TE);
+            const int64_t tk[2] = {T, k}; /* the router's order, for mlp-bwd's topk_weights_grad.npy */
+            write_array(p[6], NPY_T_I64, 2, tk, topk_ids);
+        }
     }
     commit_outputs();
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,

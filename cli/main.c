@@ -8,10 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The commands, in the order moe --help lists them (each cmd_*.c defines its own). */
+/* The commands, in the order moe --help lists them (each cmd_*.c defines its own): the order of their
+ * examples, each of which runs on the files the ones before it made. */
 static const command *const commands[] = {
-    &gemm_fwd_command, &gemm_dx_command, &gemm_dw_command, &route_command,
-    &compare_command,  &mlp_fwd_command, &mlp_bwd_command, &autotune_command,
+    &route_command,   &gemm_fwd_command, &compare_command, &gemm_dx_command,
+    &gemm_dw_command, &mlp_fwd_command,  &mlp_bwd_command, &autotune_command,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -35,9 +36,28 @@ static const char general_help[] =
 
 static void print_usage(FILE *out)
 {
-    fprintf(out, "usage: moe COMMAND [options]       (moe COMMAND --help for one command)\n\ncommands:\n");
+    fprintf(out, "usage: moe COMMAND [options]   (moe COMMAND --help: its options and a worked example;\n"
+                 "                                moe help all: every command's help and the rules for files)\n\ncommands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
         fprintf(out, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
+}
+
+/* moe --help: one screen, a line and an example per command. */
+static void print_overview(FILE *out)
+{
+    fprintf(out, "moe %d.%d.%d: run libmoe's ops on NumPy .npy files (the CPU reference, or --backend cuda) and\n"
+                 "compare results. Dump a training step's tensors, recompute the op, compare.\n\n",
+            LIBMOE_VERSION_MAJOR, LIBMOE_VERSION_MINOR, LIBMOE_VERSION_PATCH);
+    fprintf(out, "usage: moe COMMAND [options]   (moe COMMAND --help: its options and a worked example;\n"
+                 "                                moe help all: every command's help and the rules for files)\n\n");
+    fprintf(out, "commands, with an example each (each runs on the files the ones before it made):\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        fprintf(out, "%-10s %s\n", commands[i]->name, commands[i]->summary);
+        print_example(out, commands[i], 0);
+    }
+    fprintf(out, "\nInputs: .npy files, float16/32/64 (or bf16 bit patterns with --dtype bf16), int32/int64 indices.\n"
+                 "Outputs: float32 unless --raw; a command writes all its outputs or none.\n"
+                 "Exit status: 0 success, 1 compare found a difference over its tolerance, 2 an error.\n");
 }
 
 static void print_full_help(FILE *out)
@@ -56,11 +76,15 @@ int main(int argc, char **argv)
 {
     if (argc < 2) {
         print_usage(stderr);
-        fprintf(stderr, "\nmoe --help documents every command and option.\n");
+        fprintf(stderr, "\nmoe --help shows an example of each command; moe help all documents every option.\n");
         return EXIT_USAGE;
     }
     const char *name = argv[1];
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        if (argc > 2 && strcmp(name, "help") == 0 && strcmp(argv[2], "all") == 0) {
+            print_full_help(stdout);
+            return 0;
+        }
         if (argc > 2 && strcmp(name, "help") == 0) {
             for (size_t i = 0; i < NCOMMANDS; i++)
                 if (strcmp(commands[i]->name, argv[2]) == 0) {
@@ -69,7 +93,7 @@ int main(int argc, char **argv)
                 }
             die("unknown command '%s' (see moe --help)", argv[2]);
         }
-        print_full_help(stdout);
+        print_overview(stdout);
         return 0;
     }
     if (strcmp(name, "--version") == 0) {

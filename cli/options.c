@@ -77,6 +77,18 @@ void print_command_help(FILE *out, const command *c)
         print_wrapped(out, o->help, n, column, 100);
     }
     fprintf(out, "  %-28s%s\n", "--help, -h", "print this help and exit");
+    fprintf(out, "\nExample:\n");
+    print_example(out, c, 1);
+}
+
+void print_example(FILE *out, const command *c, int comments)
+{
+    for (const char *line = c->example; *line != '\0';) {
+        const size_t len = strcspn(line, "\n");
+        if (comments || line[0] != '#')
+            fprintf(out, "  %.*s\n", (int)len, line);
+        line += len + (line[len] == '\n');
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------------

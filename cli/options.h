@@ -27,6 +27,9 @@ typedef struct command {
     const opt *opts;     /* terminated by {NULL} */
     int positionals;     /* exact number of positional arguments */
     int (*run)(const struct args *);
+    /* a worked example, printed verbatim at the end of the help: '#' lines say what it does, the
+     * others are command lines that run on the files the examples before it (main.c's order) made */
+    const char *example;
 } command;
 
 typedef struct args {
@@ -71,7 +74,10 @@ double parse_double_arg(const char *flag, const char *s);
 /* 1 and *dtype set when s names a dtype (moe_dtype_from_name: f32, f16, bf16 and their aliases), else 0. */
 int parse_dtype(const char *s, moe_dtype *dtype);
 
-/* Prints `moe NAME --help`: the usage, the summary, the details and every option. */
+/* Prints `moe NAME --help`: the usage, the summary, the details, every option and the example. */
 void print_command_help(FILE *out, const command *c);
+
+/* Prints c's example, each line indented by two spaces; its '#' lines only when `comments`. */
+void print_example(FILE *out, const command *c, int comments);
 
 #endif /* LIBMOE_CLI_OPTIONS_H */

@@ -482,6 +482,75 @@ static int info(const char *path)
     return 0;
 }
 
+/* Parses "a,b,c" into at most NPY_MAX_DIMS numbers; returns their count, or -1. */
+static int parse_list(const char *text, int64_t *v)
+{
+    int n = 0;
+    for (const char *p = text; *p && n < NPY_MAX_DIMS;) {
+        char *end;
+        v[n++] = strtoll(p, &end, 10);
+        if (end == p)
+            return -1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+/* relayout IN OUT AXES SHAPE [PART PARTS]: IN's array transposed by AXES (numpy's transpose), written
+ * to OUT with SHAPE (a reshape: the same count); with PART and PARTS only part PART of PARTS equal
+ * consecutive pieces of the transposed elements (SHAPE is the piece's).  The tests' own layout
+ * conversion, written apart from cli/layouts.c. */
+static int relayout(int argc, char **argv)
+{
+    npy_array a;
+    char err[NPY_ERROR_SIZE];
+    int64_t axes[NPY_MAX_DIMS], shape[NPY_MAX_DIMS];
+    if (npy_read(argv[0], &a, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return 2;
+    }
+    const int naxes = parse_list(argv[2], axes), ndim = parse_list(argv[3], shape);
+    const int64_t part = argc == 6 ? strtoll(argv[4], NULL, 10) : 0, parts = argc == 6 ? strtoll(argv[5], NULL, 10) : 1;
+    if (naxes != a.h.ndim || ndim < 0 || parts < 1 || part < 0 || part >= parts) {
+        fprintf(stderr, "relayout: %d axes for %d dimensions, or a bad shape or part\n", naxes, a.h.ndim);
+        return 2;
+    }
+    int64_t count = 1, stride[NPY_MAX_DIMS], size[NPY_MAX_DIMS], idx[NPY_MAX_DIMS] = {0};
+    for (int d = 0; d < ndim; d++)
+        count *= shape[d];
+    if (count * parts != a.h.count) {
+        fprintf(stderr, "relayout: shape %s holds %lld elements, %lld expected\n", argv[3], (long long)count,
+                (long long)(a.h.count / parts));
+        return 2;
+    }
+    for (int d = 0; d < naxes; d++) { /* output axis d walks input axis axes[d] */
+        size[d] = a.h.shape[axes[d]];
+        stride[d] = 1;
+        for (int e = (int)axes[d] + 1; e < a.h.ndim; e++)
+            stride[d] *= a.h.shape[e];
+    }
+    const size_t es = npy_type_size(a.h.type);
+    unsigned char *out = xmalloc((size_t)count * es + 1);
+    for (int64_t p = 0; p < a.h.count; p++) {
+        int64_t q = 0;
+        for (int d = 0; d < naxes; d++)
+            q += idx[d] * stride[d];
+        if (p / count == part)
+            memcpy(out + (size_t)(p % count) * es, (const unsigned char *)a.data + (size_t)q * es, es);
+        for (int d = naxes - 1; d >= 0; d--) {
+            if (++idx[d] < size[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    const int rc = npy_write(argv[1], a.h.type, ndim, shape, out, 1, err, sizeof err);
+    free(out);
+    npy_free(&a);
+    if (rc != 0)
+        fprintf(stderr, "%s\n", err);
+    return rc != 0 ? 2 : 0;
+}
+
 static void save(const char *dir, const char *name, npy_type type, int ndim, const int64_t *shape, const void *data)
 {
     char path[1024], err[NPY_ERROR_SIZE];
@@ -972,9 +1041,11 @@ int main(int argc, char **argv)
         return gen(argv[2], strtoull(argv[3], NULL, 0), argv[4]);
     if (argc == 5 && strcmp(argv[1], "genmlp") == 0)
         return gen_mlp(argv[2], strtoull(argv[3], NULL, 0), argv[4]);
+    if ((argc == 6 || argc == 8) && strcmp(argv[1], "relayout") == 0)
+        return relayout(argc - 2, argv + 2);
     if (argc > 1) {
         fprintf(stderr, "usage: test_cli_npy [mk FILE DESCR SHAPE [v1|v2|v3] VALUE... | info FILE | gen DIR SEED DTYPE | "
-                        "genmlp DIR SEED DTYPE]\n");
+                        "genmlp DIR SEED DTYPE | relayout IN OUT AXES SHAPE [PART PARTS]]\n");
         return 2;
     }
     test_round_trips();

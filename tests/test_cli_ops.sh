@@ -109,16 +109,16 @@ done
 run_ok "compare folders" "$MOE" compare f16 f16
 has "compare folders summary" out "summary:" "0 over the tolerance"
 
-# ---- help documents every flag ----
-run_ok "moe --help" "$MOE" --help
-has "moe --help lists every command" out gemm-fwd gemm-dx gemm-dw route compare mlp-fwd mlp-bwd
+# ---- help documents every flag (moe help all: every command's help; test_cli_help.sh: moe --help) ----
+run_ok "moe help all" "$MOE" help all
+has "moe help all lists every command" out gemm-fwd gemm-dx gemm-dw route compare mlp-fwd mlp-bwd autotune
 cp out full_help
 check_help() {
     cmd=$1
     shift
     run_ok "moe $cmd --help" "$MOE" "$cmd" --help
     has "moe $cmd --help documents its flags" out "usage: moe $cmd" "$@" "--help"
-    has "moe --help documents $cmd's flags" full_help "$@"
+    has "moe help all documents $cmd's flags" full_help "$@"
 }
 check_help gemm-fwd --x --w --m-sizes --gather --topk --permute-x --permute-y --topk-weights --dtype --allow-tf32 \
     --backend --out --raw --bound-out "NaN bytes"
@@ -130,11 +130,11 @@ check_help route --topk-ids --experts --block-size --dropping --padding --topk-w
     gather_indices.npy token_position_to_id.npy block_to_expert.npy expert_affinities_masked.npy
 check_help compare --dtype --reduction-length --bound --exact --atol --rtol "Exit status 1" "2*(u*max(|a|,|b|) + eta)"
 check_help mlp-fwd --in --out --block-size --activation --affinity-on --bias --clamp --padding --no-accumulate --dtype \
-    --backend --raw hidden_states.npy expert_affinities_masked.npy gate_up_proj_weight.npy down_proj_weight.npy \
+    --backend --raw --weight-layout hidden_states.npy expert_affinities_masked.npy gate_up_proj_weight.npy down_proj_weight.npy \
     gate_up_proj_bias.npy down_proj_bias.npy token_position_to_id.npy block_to_expert.npy output.npy \
     gate_up_proj_act_checkpoint_T.npy down_proj_act_checkpoint.npy
 check_help mlp-bwd --in --out --block-size --activation --affinity-on --bias --clamp --padding --no-accumulate \
-    --grad-fp32 --dtype --backend --raw output_hidden_states_grad.npy hidden_states_grad.npy \
+    --grad-fp32 --dtype --backend --raw --weight-layout topk_weights_grad.npy output_hidden_states_grad.npy hidden_states_grad.npy \
     expert_affinities_masked_grad.npy gate_up_proj_weight_grad.npy down_proj_weight_grad.npy \
     gate_up_proj_bias_grad.npy down_proj_bias_grad.npy
 run_ok "moe help compare" "$MOE" help compare

@@ -7,6 +7,7 @@ trained for a few steps with libmoe, checked at every step against a pure PyTorc
 
 Run: tests/test_python.sh from the build folder (make check), or from the source tree
 PYTHONPATH=python:python/tests LIBMOE_PATH=.libs python3 -m unittest -v test_libmoe"""
+import math
 import os
 import subprocess
 import unittest
@@ -433,6 +434,22 @@ class TestCompat(unittest.TestCase):
                                   False, False, None)
             within("grouped_mm vs the model", ours, Y)
             within("torch._grouped_mm vs the model", theirs, Y)
+
+
+class TestReadme(unittest.TestCase):
+    def test_the_readme_example_trains(self):
+        """README.md's Python example, run as it stands (on this test's device)."""
+        readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+        with open(readme) as f:
+            text = f.read()
+        section = text[text.index("## Python"):]
+        code = section[section.index("```python\n") + len("```python\n"):section.index("```\n", 10)]
+        code = code.replace('dev = 256, 512, 256, 8, 2, "cuda"', 'dev = 256, 512, 256, 8, 2, "%s"' % DEVICE)
+        self.assertIn(str(DEVICE), code)
+        torch.manual_seed(0)
+        scope = {}
+        exec(compile(code, "README.md (Python)", "exec"), scope)  # pylint: disable=exec-used
+        self.assertTrue(math.isfinite(scope["loss"].item()))
 
 
 @unittest.skipUnless(_ops.HAS_CUSTOM_OP, "this torch has no torch.library.custom_op (plain autograd functions)")
