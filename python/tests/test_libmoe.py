@@ -425,12 +425,12 @@ class TestCompat(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "bias"):
             libmoe.compat.grouped_mm(x, w, offs, bias=rand(4, 8))
         if DEVICE.type == "cuda" and hasattr(torch, "_grouped_mm"):
-            xb, wb = x.detach().bfloat16(), w.detach().bfloat16()
-            offs8 = torch.tensor([8, 8, 24, 32], dtype=torch.int32, device=DEVICE)
-            xb = rand(32, 16, dtype=torch.bfloat16, gen=gen)
+            wb = w.detach().bfloat16()   # [E, K, N], the transpose of a contiguous [E, N, K]
+            offs8 = torch.tensor([16, 16, 32, 64], dtype=torch.int32, device=DEVICE)   # groups of 16 rows
+            xb = rand(64, 16, dtype=torch.bfloat16, gen=gen)
             ours = libmoe.compat.grouped_mm(xb, wb, offs8)
             theirs = torch._grouped_mm(xb, wb, offs=offs8)   # pylint: disable=protected-access
-            Y = bounds.gemm_model(xb, wb.transpose(1, 2), torch.tensor([8, 0, 16, 8], device=DEVICE), None, 1,
+            Y = bounds.gemm_model(xb, wb.transpose(1, 2), torch.tensor([16, 0, 16, 32], device=DEVICE), None, 1,
                                   False, False, None)
             within("grouped_mm vs the model", ours, Y)
             within("torch._grouped_mm vs the model", theirs, Y)
