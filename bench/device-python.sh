@@ -22,7 +22,7 @@ make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 status=0
 case "$steps" in *test*)
   echo "== make check (Python tests)"
-  make -j2 check TESTS="tests/test_python.sh tests/test_python_cuda.sh" VERIFY_TESTS= > "$out/check.log" 2>&1 ||
+  make -j16 check TESTS="tests/test_python.sh tests/test_python_cuda.sh" VERIFY_TESTS= > "$out/check.log" 2>&1 ||
     status=1
   cp tests/test_python.sh.log tests/test_python_cuda.sh.log "$out/" 2>/dev/null || true
   grep -E '^(PASS|FAIL|SKIP|ERROR)' "$out/check.log" || tail -40 "$out/check.log"
