@@ -10,15 +10,9 @@ set -eu
 tarball=$1
 steps=${2:-"test bench"}
 out=${OUT:-$PWD/out}
-mkdir -p "$out"
-work=$(mktemp -d)
-tar -C "$work" -xzf "$tarball"
-cd "$work"/libmoe-*
-nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$out/device.txt"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/device.txt"
-./configure --with-cuda=yes --with-cuda-arch="90a;80" --enable-werror > "$out/configure.log" 2>&1 ||
-  { tail -30 "$out/configure.log"; exit 1; }
-make -j16 > "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+build_targets="bench/moe-bench"
+. "$(dirname "$0")/device-build.sh"
 status=0
 case "$steps" in *test*)
   echo "== make check (Python tests)"
@@ -30,8 +24,7 @@ case "$steps" in *test*)
 esac
 case "$steps" in *bench*)
   echo "== moe-bench --libmoe-only, then python_bench.py"
-  make -j16 bench/moe-bench >> "$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-  LD_LIBRARY_PATH="$PWD/.libs" ./bench/moe-bench --libmoe-only --tokens 4096 --repeat 20 --csv "$out/c.csv" \
+  ./bench/moe-bench --libmoe-only --tokens 4096 --repeat 20 --csv "$out/c.csv" \
     > "$out/moe-bench.txt" 2>&1 || { status=1; tail -20 "$out/moe-bench.txt"; }
   LIBMOE_PATH="$PWD/.libs/libmoe.so" python3 bench/python_bench.py --tokens 4096 --repeat 20 --c-csv "$out/c.csv" \
     2>&1 | tee "$out/python-bench.txt" || status=1
