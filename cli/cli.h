@@ -41,6 +41,7 @@ void claim_files(const args *a, const char *const *outs, const char *const *ins)
 void write_array(const char *path, npy_type type, int ndim, const int64_t *shape, const void *data);
 void write_result(const args *a, const char *path, moe_dtype dtype, const void *data, int ndim,
                   const int64_t *shape);
+void write_text(const char *path, const char *text); /* a text file, all or nothing like write_array */
 void commit_outputs(void);
 void discard_outputs(void);            /* at exit: removes every output not committed */
 const char *uncommitted_output(void); /* the first, NULL when none */
@@ -94,6 +95,65 @@ void call_end(lib_call *c, moe_status status);
 /* ---- cmd_mlp.c: the MLP layout options, which route reads too ---- */
 int64_t parse_block_size(const args *a);
 moe_mlp_padding parse_padding(const args *a);
+
+/* ---- run_options.c: the options a command ran with, DIR/moe-options.txt (cli/README.md) ---- */
+#define RUN_OPTIONS_FILE "moe-options.txt"
+#define RUN_OPTIONS_MAX 24
+typedef struct run_options {
+    char path[4096];   /* the file read (run_options_read) */
+    char command[32];  /* the command that wrote it */
+    int count;
+    char key[RUN_OPTIONS_MAX][32];
+    char value[RUN_OPTIONS_MAX][96];
+} run_options;
+/* Collecting what to write (key: one of the keys run_options.c knows), and writing it to path (an output
+ * the command registered) with the header naming `command`. */
+void run_options_set(run_options *r, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void run_options_write(const char *path, const char *command, const run_options *r);
+void run_options_clamp_text(const moe_mlp_options *o, char *buf, size_t size);
+/* Reads DIR/moe-options.txt: 1 when read, 0 when there is none; dies on a malformed file. */
+int run_options_read(const char *dir, run_options *r);
+const char *run_options_get(const run_options *r, const char *key); /* NULL when absent */
+/* Every key of r that a's command has a flag for becomes that flag's value when the flag is not given;
+ * a given flag with another value is refused, naming both. */
+void run_options_apply(args *a, const run_options *r);
+/* mlp-fwd (forward = 1: only a file moe route wrote) and mlp-bwd: run_options_apply with --in's file. */
+void mlp_apply_run_options(args *a, int forward);
+/* The file mlp-fwd and mlp-bwd write beside their outputs: every option that changes the result. */
+void mlp_write_run_options(const char *path, const char *command, const moe_mlp_options *o,
+                           const char *weight_layout);
+
+/* ---- dtype_fit.c: float32 data holding 16-bit values ---- */
+/* 1 when every value (NaN aside) of a float32/float64 array is exactly a value of dtype (an f16 array: of f16). */
+int values_fit_dtype(const npy_array *arr, moe_dtype dtype);
+/* Warns on stderr, naming --dtype bf16 (or f16), when every floating input (arrays[i], NULL skipped) of a
+ * float32 run holds only bf16 (or f16) values: a forgotten --dtype. */
+void warn_if_16bit_valued(const args *a, const npy_array *const *arrays, int n, const char *folder);
+
+/* ---- mlp_affinities.c: expert_affinities_masked's shapes ---- */
+/* 0 when arr is (T*E,), (T*E, 1) or (T, E); 1 when it carries NKI's padding row ((T+1)*E,), ((T+1)*E, 1)
+ * or (T + 1, E), allowed with row_padding and checked to be zero there; dies otherwise, naming the files
+ * T and E come from.  dtype decodes 16-bit patterns. */
+int mlp_affinities_pad_row(const char *path, const npy_array *arr, int64_t T, int64_t E, int row_padding,
+                           moe_dtype dtype, const char *hidden_path, const char *weight_path);
+
+/* ---- bounds.c: --bound-out of mlp-fwd and mlp-bwd ---- */
+/* One MLP call's inputs, in o->dtype (ckpt_* and g: the backward's; NULL in the forward). */
+typedef struct mlp_bound_in {
+    int64_t T, T1, E, H, I, B, N;
+    const int64_t *b2e, *tpti;
+    const moe_mlp_options *o;
+    const void *x, *A, *wgu, *wd, *bgu, *bd, *g, *ckpt_gu, *ckpt_d;
+} mlp_bound_in;
+/* Writes the per-element bound of every output (float64, the output's shape) to the registered paths:
+ * output, gate/up checkpoint, down checkpoint; or hidden_states_grad, the affinity gradient (aff_count
+ * elements of aff_shape: T*E, or (T + 1)*E with NKI's padding row, bound 0) and, with topk_ids (T x k), its
+ * router's view; and the weight gradients (with bias the bias gradients) in `layout` (weight_paths). */
+void write_mlp_fwd_bounds(char *const *paths, const mlp_bound_in *in);
+struct weight_layout;
+void write_mlp_bwd_bounds(char *const *paths, char *const weight_paths[][2], const struct weight_layout *layout,
+                          const mlp_bound_in *in, int aff_ndim, const int64_t *aff_shape, int64_t aff_count,
+                          const int64_t *topk_ids, int64_t k);
 
 /* ---- the commands, in cmd_*.c ---- */
 extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,

@@ -16,15 +16,19 @@
 static const opt compare_opts[] = {
     {"--dtype", "f32|f16|bf16|f64",
      "the dtype whose rounding the tolerance allows (and how uint16/void16 files are decoded: bf16 or "
-     "f16 bit patterns). Default: f16 if either file is float16, f64 if both are float64, else f32 "
-     "(float32 files holding bf16 results need --dtype bf16). Two integer files are compared exactly."},
+     "f16 bit patterns). Default: the dtype of the moe-options.txt beside A (A itself when a folder), or "
+     "else beside B, that an mlp command wrote (a --dtype that differs from it is refused); without one, "
+     "f16 if either file is float16, f64 if both are float64, else f32 (float32 files holding bf16 results "
+     "need --dtype bf16; a failed comparison says so when every value fits). Two integer files are compared "
+     "exactly."},
     {"--reduction-length", "L",
      "also allow float32 accumulation over L terms: tolerance 2*(g(L)*m + u*(m + g(L)*m) + eta) with "
      "g(L) = L*2^-24/(1 - L*2^-24) and m = max(|a|,|b|), the bound of SEMANTICS section 4 with the sum "
      "of |terms| taken as m. That holds when the terms do not cancel; where they do, use --bound."},
     {"--bound", "B.npy|DIR",
-     "per-element bounds written by a gemm command's --bound-out: tolerance 2*B (A and B are each "
-     "within B of the exact result). With folders: DIR/NAME.npy where it exists."},
+     "per-element bounds written by --bound-out (gemm-fwd/dx/dw: a file; mlp-fwd, mlp-bwd: a folder of "
+     "them): tolerance 2*B (A and B are each within B of the exact result). With two folders: DIR/NAME.npy "
+     "where it exists; with two files and a folder: DIR/NAME.npy of A's NAME."},
     {"--exact", NULL, "tolerance 0: every element must be equal (NaN equals NaN)."},
     {"--atol", "X", "absolute tolerance: tolerance atol + rtol*max(|a|,|b|) replaces the derived one."},
     {"--rtol", "X", "relative tolerance, with or without --atol."},
@@ -32,6 +36,30 @@ static const opt compare_opts[] = {
 };
 
 static int run_compare(const args *a);
+
+/* The options file of the folder that holds A (A itself when a folder), or else B's: its dtype is
+ * --dtype's default, and a --dtype that differs is refused (run_options_apply). */
+static void compare_apply_run_options(args *a)
+{
+    for (int i = 0; i < 2; i++) {
+        const char *p = a->pos[i];
+        /* the folder: p itself, or the part of p before its last '/' ("." without one, "/" for "/x") */
+        const char *slash = strrchr(p, '/');
+        const size_t len = is_dir(p) ? strlen(p) : slash == NULL ? 0 : slash == p ? 1 : (size_t)(slash - p);
+        char *dir = xmalloc(len + 2, 1);
+        memcpy(dir, len ? p : ".", len ? len : 1);
+        dir[len ? len : 1] = '\0';
+        run_options r;
+        const int found = run_options_read(dir, &r);
+        xfree(dir);
+        if (found) {
+            run_options_apply(a, &r);
+            if (run_options_get(&r, "dtype") != NULL)
+                printf("dtype %s from %s (moe %s)\n", get(a, "--dtype"), r.path, r.command);
+            return;
+        }
+    }
+}
 
 const command compare_command = {
     "compare", "A B [--dtype f32|f16|bf16|f64] [--reduction-length L | --bound B.npy | --exact | --atol X --rtol X]",
@@ -45,7 +73,7 @@ const command compare_command = {
     "differ by one rounding each, never more; that is the loosest claim that holds without knowing "
     "how the values were computed. It suits 16-bit results, where one output rounding outweighs the "
     "float32 accumulation error. For float32 results of long reductions use --reduction-length L, or "
-    "better --bound with the per-element bound a gemm command writes with --bound-out (it knows the "
+    "better --bound with the per-element bound a gemm or mlp command writes with --bound-out (it knows the "
     "sum of |terms| and so is exact where terms cancel).\n\n"
     "NaN equals NaN at the same place; a NaN against a number, and an Inf against anything else, fail. "
     "Files in B that A does not have are listed and not compared.",
@@ -117,11 +145,6 @@ static void print_index(int64_t flat, const npy_header *h)
     printf("]");
 }
 
-static int is_bf16_value(double v)
-{
-    return isnan(v) || (double)moe_bf16_to_f32(npy_f64_to_bf16(v)) == v;
-}
-
 /* Compares one pair; prints its report; returns 0 when within tolerance, 1 otherwise. */
 static int compare_pair(const compare_cfg *cfg, const char *label, const char *pa, const char *pb, const char *pbound)
 {
@@ -172,7 +195,6 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
 
     double max_abs = 0, max_rel = 0, worst_ratio = -1, worst_diff = -1, worst_tol = 0;
     int64_t worst = 0, over = 0;
-    int all_bf16 = 1;
     for (int64_t i = 0; i < A.h.count; i++) {
         const double x = npy_get(&A, i, dt.pattern), y = npy_get(&B, i, dt.pattern);
         double diff, rel;
@@ -208,7 +230,6 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
         }
         max_abs = fmax(max_abs, diff);
         max_rel = fmax(max_rel, rel);
-        all_bf16 &= is_bf16_value(x) && is_bf16_value(y);
     }
     const int digits = strcmp(dt.name, "f64") == 0 ? 17 : 9;
     printf("  max abs error  %.6e\n  max rel error  %.6e\n", max_abs, max_rel);
@@ -225,12 +246,19 @@ static int compare_pair(const compare_cfg *cfg, const char *label, const char *p
     }
     printf("  verdict        %s (%lld of %lld elements over the tolerance)\n", over ? "FAIL" : "PASS", (long long)over,
            (long long)A.h.count);
-    if (over && !cfg->have_dtype && mode == TOL_ROUNDING && strcmp(dt.name, "f32") == 0 && all_bf16)
-        printf("  hint           every value of both files is a bf16 value: if these are bf16 results, pass "
-               "--dtype bf16\n");
+    const int f32_tolerance = mode == TOL_ROUNDING || mode == TOL_REDUCTION;
+    const int fit_bf16 = over && f32_tolerance && strcmp(dt.name, "f32") == 0 && values_fit_dtype(&A, MOE_BF16) &&
+                         values_fit_dtype(&B, MOE_BF16);
+    const int fit_f16 = over && f32_tolerance && strcmp(dt.name, "f32") == 0 && values_fit_dtype(&A, MOE_F16) &&
+                        values_fit_dtype(&B, MOE_F16);
+    if (fit_bf16 || fit_f16)
+        printf("  hint           every value of both files is %s, and the tolerance is float32's: if these are %s "
+               "results, pass %s\n", fit_bf16 && fit_f16 ? "a bf16 and an f16 value" : fit_bf16 ? "a bf16 value" : "an f16 value",
+               fit_bf16 && fit_f16 ? "bf16 or f16" : fit_bf16 ? "bf16" : "f16",
+               fit_bf16 && fit_f16 ? "--dtype bf16 or --dtype f16" : fit_bf16 ? "--dtype bf16" : "--dtype f16");
     else if (over && mode == TOL_ROUNDING && (strcmp(dt.name, "f32") == 0 || strcmp(dt.name, "f64") == 0))
         printf("  hint           %s results of a sum taken in another order may differ by more than one "
-               "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm command's "
+               "rounding: pass --reduction-length L (the sum's length), or --bound with a gemm or mlp command's "
                "--bound-out\n", dt.name);
     release(&A);
     release(&B);
@@ -272,8 +300,11 @@ static char **list_npy(const char *dir, size_t *count)
     return names;
 }
 
-static int run_compare(const args *a)
+static int run_compare(const args *given)
 {
+    args with_file = *given; /* the flags, and the dtype of the options file beside A (or else B) */
+    compare_apply_run_options(&with_file);
+    const args *a = &with_file;
     compare_cfg cfg = {0};
     cfg.mode = TOL_ROUNDING;
     const char *s = get(a, "--dtype");
@@ -342,9 +373,15 @@ static int run_compare(const args *a)
                compared, failed - missing, missing, pb);
         return failed ? EXIT_MISMATCH : 0;
     }
-    if (cfg.bound != NULL && is_dir(cfg.bound))
-        die("%s: with two files, --bound must be a file", cfg.bound);
+    const char *bound = cfg.bound;
+    if (bound != NULL && is_dir(bound)) { /* a folder of --bound-out: the bound named like A */
+        const char *slash = strrchr(pa, '/');
+        bound = join_path(bound, slash ? slash + 1 : pa);
+        if (!is_regular(bound))
+            die("%s: no bound for %s in the folder %s (--bound-out writes one per output, named like it)", bound, pa,
+                cfg.bound);
+    }
     char label[2048];
     snprintf(label, sizeof label, "%s vs %s", pa, pb);
-    return compare_pair(&cfg, label, pa, pb, cfg.bound) ? EXIT_MISMATCH : 0;
+    return compare_pair(&cfg, label, pa, pb, bound) ? EXIT_MISMATCH : 0;
 }

@@ -60,6 +60,10 @@ static const opt mlp_fwd_opts[] = {
      "folder to write output.npy and the checkpoints into (created if missing; may be --in, so that "
      "mlp-bwd --in finds the checkpoints there)."},
     OPT_MLP,
+    {"--bound-out", "DIR",
+     "also write, for every output, the derived bound on each element's error (float64, the output's shape "
+     "and file name) into DIR, for `moe compare --bound DIR`: any correct float32 implementation, this "
+     "reference and the CUDA backend included, is within it of the exact result from the rounded inputs."},
     {NULL, NULL, NULL},
 };
 
@@ -71,6 +75,10 @@ static const opt mlp_bwd_opts[] = {
      "write the weight and bias gradients rounded to float32 instead of the computation dtype "
      "(options.grad_fp32). Without it they are rounded to the computation dtype, also when written as "
      "float32."},
+    {"--bound-out", "DIR",
+     "also write, for every gradient, the derived bound on each element's error (float64, the gradient's "
+     "shape and file name) into DIR, for `moe compare --bound DIR`; the exact result is the backward of the "
+     "given checkpoints."},
     {NULL, NULL, NULL},
 };
 
@@ -82,7 +90,7 @@ const command mlp_fwd_command = {
     "--in DIR --out DIR [--block-size B] [--activation silu|gelu|gelu_tanh|swish] [--affinity-on h|i] "
     "[--bias] [--clamp NL_LO,NL_HI,LIN_LO,LIN_HI] [--padding skip|row] [--no-accumulate] "
     "[--intermediates rounded|float32] [--weight-layout NAME] [--dtype f32|f16|bf16] [--backend ref|cuda] "
-    "[--raw]",
+    "[--raw] [--bound-out DIR]",
     "blockwise MoE MLP forward with checkpoints (moe_mlp_fwd, NKI blockwise_mm semantics)",
     "Per position p = n*B + b of block n, token t = token_position_to_id[p], expert e = "
     "block_to_expert[n], a = A[t*E + e]: g, u = x_t . W_gu[e] (+ b_gu[e]), clamped; m = act(g)*u; d = "
@@ -91,7 +99,8 @@ const command mlp_fwd_command = {
     "--in DIR holds (NKI's parameter names; T tokens, E experts, H hidden, I intermediate, N blocks of "
     "B positions; T1 = T + 1 with --padding row, else T):\n"
     "  hidden_states.npy (T1, H)\n"
-    "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E)\n"
+    "  expert_affinities_masked.npy (T*E,), or NKI's (T*E, 1), or (T, E); with --padding row also NKI's "
+    "((T+1)*E, 1), ((T+1)*E,) or (T + 1, E), the padding row zero (checked)\n"
     "  gate_up_proj_weight.npy (E, H, 2, I): [:, :, 0] gate, [:, :, 1] up\n"
     "  down_proj_weight.npy (E, I, H)\n"
     "  gate_up_proj_bias.npy (E, 2, I), down_proj_bias.npy (E, H): only with --bias\n"
@@ -112,8 +121,10 @@ const command mlp_fwd_command = {
     "  output.npy (T1, H)\n"
     "  gate_up_proj_act_checkpoint_T.npy (N, 2, I, B): g and u after bias and clamp\n"
     "  down_proj_act_checkpoint.npy (N, B, H): d before the affinity\n"
-    "in the computation dtype's values (float32 files unless --raw). Every shape is checked against "
-    "the others before anything is written.",
+    "in the computation dtype's values (float32 files unless --raw), and moe-options.txt: the options "
+    "it ran with, which mlp-bwd and compare take as their defaults (cli/README.md). A moe-options.txt "
+    "that moe route wrote into --in gives this command its defaults likewise. Every shape is checked "
+    "against the others before anything is written.",
     mlp_fwd_opts, 0, run_mlp_fwd,
     "# the block layout and affinities of a layer's routing, then its forward, checkpoints left in mlp/\n"
     "moe route --topk-ids mlp/topk_ids.npy --experts 4 --block-size 4 \\\n"
@@ -125,11 +136,14 @@ const command mlp_bwd_command = {
     "mlp-bwd",
     "--in DIR --out DIR [--block-size B] [--activation ...] [--affinity-on h|i] [--bias] [--clamp ...] "
     "[--padding skip|row] [--no-accumulate] [--intermediates ...] [--weight-layout NAME] [--grad-fp32] "
-    "[--dtype ...] [--backend ...] [--raw]",
+    "[--dtype ...] [--backend ...] [--raw] [--bound-out DIR]",
     "blockwise MoE MLP backward from the forward's checkpoints (moe_mlp_bwd)",
     "Every gradient of SEMANTICS section 3 (NKI blockwise_mm_bwd), from the checkpoints the forward "
-    "wrote; give the options the forward ran with, --dtype included: the forward writes float32 files "
-    "unless --raw, and without --dtype float32 inputs mean an f32 run.\n\n"
+    "wrote, with the options the forward ran with: those of its moe-options.txt in --in (mlp-fwd writes it "
+    "beside its outputs) are the defaults, --dtype included, and a flag with another value is refused. "
+    "Without that file give the forward's options, --dtype included: the forward writes float32 files unless "
+    "--raw, and without --dtype float32 inputs mean an f32 run (a warning names --dtype bf16 when every value "
+    "is a bf16 value).\n\n"
     "--in DIR holds the forward's inputs (hidden_states.npy, expert_affinities_masked.npy, "
     "gate_up_proj_weight.npy, down_proj_weight.npy, token_position_to_id.npy, block_to_expert.npy; "
     "gate_up_proj_bias.npy is not needed, down_proj_bias.npy only with --bias --affinity-on i and no "
@@ -140,13 +154,14 @@ const command mlp_bwd_command = {
     "--out DIR gets:\n"
     "  hidden_states_grad.npy (T1, H): 0 for tokens in no block and for row T\n"
     "  expert_affinities_masked_grad.npy: the shape of expert_affinities_masked.npy; <grad, d> for "
-    "every pair of the layout, 0 for every other\n"
+    "every pair of the layout, 0 for every other (and for NKI's padding row)\n"
     "  topk_weights_grad.npy (T, k): when --in holds router_topk_ids.npy (route --topk-weights writes "
     "it): the same gradient in the router's order, [t][j] = expert_affinities_masked_grad[t*E + "
     "router_topk_ids[t][j]]\n"
     "  gate_up_proj_weight_grad.npy (E, H, 2, I), down_proj_weight_grad.npy (E, I, H)\n"
     "  gate_up_proj_bias_grad.npy (E, 2, I), down_proj_bias_grad.npy (E, H): with --bias\n"
     "  (with --weight-layout: the layout's files, each name + _grad, in its shapes)\n"
+    "  moe-options.txt: the options it ran with (compare takes its dtype)\n"
     "Gradients are written fresh (the library's options.accumulate is not offered: add them up with "
     "NumPy).",
     mlp_bwd_opts, 0, run_mlp_bwd,
@@ -282,6 +297,7 @@ typedef struct mlp_in {
     moe_backend backend;
     int64_t T, T1, E, H, I, N, B;
     int aff_ndim; /* the shape of expert_affinities_masked.npy, which its gradient gets */
+    int aff_pad_row; /* it has NKI's padding row (T + 1 rows, zero in row T) */
     int64_t aff_shape[NPY_MAX_DIMS];
     moe_mlp_layout layout;
     const weight_layout *weights;       /* --weight-layout */
@@ -347,6 +363,8 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
         float_paths[nf++] = m->path[f];
     }
     m->o.dtype = choose_dtype(a, floats, float_paths, nf);
+    if (get(a, "--dtype") == NULL && m->o.dtype == MOE_F32)
+        warn_if_16bit_valued(a, floats, nf, dir);
 
     /* E, H, I from the gate/up weight (weight_read checked the other weights against them); N from
      * block_to_expert; B from token_position_to_id or --block-size */
@@ -396,16 +414,11 @@ static void mlp_load(const args *a, mlp_in *m, const int *want)
             row ? "; with --padding row, row T is the padding row" : "", shape_text(hs), npy_type_name(hs->type));
     m->T1 = hs->shape[0];
     m->T = m->T1 - row;
-    if (m->T > 0 && m->E > INT64_MAX / m->T)
-        die("%s: T*E overflows", phs);
+    if (m->T1 > 0 && m->E > INT64_MAX / m->T1)
+        die("%s: T*E overflows", phs); /* (T + 1)*E with the padding row */
 
-    const int64_t te[1] = {m->T * m->E}, t_e[2] = {m->T, m->E};
     const npy_header *ah = &m->arr[F_AFF].h;
-    if (!shape_is(ah, 1, te) && !shape_is(ah, 2, t_e))
-        die("%s: expected expert_affinities_masked of shape (%lld,), (%lld, 1) or (%lld, %lld) (T*E with T = %lld "
-            "tokens from %s%s, E = %lld from %s), found %s %s", m->path[F_AFF], (long long)te[0], (long long)te[0],
-            (long long)m->T, (long long)m->E, (long long)m->T, phs, row ? " less the padding row" : "",
-            (long long)m->E, pw, shape_text(ah), npy_type_name(ah->type));
+    m->aff_pad_row = mlp_affinities_pad_row(m->path[F_AFF], &m->arr[F_AFF], m->T, m->E, row, m->o.dtype, phs, pw);
     m->aff_ndim = ah->ndim;
     memcpy(m->aff_shape, ah->shape, sizeof m->aff_shape);
     if (m->have[F_TOPK_IDS]) { /* route --topk-weights wrote it: the router's order of each token's experts */
@@ -467,6 +480,14 @@ static moe_mlp_layout mlp_call_layout(const lib_call *c, const mlp_in *m)
     return on;
 }
 
+/* m's problem for the bounds of --bound-out (bounds.c). */
+static mlp_bound_in mlp_bound_problem(const mlp_in *m)
+{
+    return (mlp_bound_in){m->T, m->T1, m->E, m->H, m->I, m->B, m->N, m->data[F_B2E], m->data[F_TPTI], &m->o,
+                          m->data[F_HIDDEN], m->data[F_AFF], m->data[F_WGU], m->data[F_WD], m->data[F_BGU],
+                          m->data[F_BD], m->data[F_OUT_GRAD], m->data[F_CKPT_GU], m->data[F_CKPT_D]};
+}
+
 /* The files both directions read: the forward's inputs (biases only with --bias). */
 static void mlp_begin(const args *a, mlp_in *m, int *want)
 {
@@ -484,16 +505,38 @@ static void mlp_begin(const args *a, mlp_in *m, int *want)
 /* ---------------------------------------------------------------------------------------------------
  * mlp-fwd, mlp-bwd
  * ------------------------------------------------------------------------------------------------- */
-static int run_mlp_fwd(const args *a)
+/* Registers the backward's outputs in dir (--out, or --bound-out): the gradients of the token tensors (p; with
+ * topk the router's (T, k) view too) and of the weights in m's layout (wp: its names + "_grad"). */
+static void add_bwd_outputs(const char *dir, const mlp_in *m, int topk, char **p, char *wp[][2])
 {
+    static const char *const names[] = {"hidden_states_grad.npy", "expert_affinities_masked_grad.npy",
+                                        "topk_weights_grad.npy"};
+    add_outputs_in(dir, names, 2 + topk, p);
+    for (int w = 0; w < (m->o.bias ? MLP_WEIGHTS : B_GATE_UP); w++) {
+        char wn[2][WEIGHT_NAME_SIZE];
+        const char *wnames[2] = {wn[0], wn[1]};
+        add_outputs_in(dir, wnames, weight_file_names(m->weights, w, "_grad", wn), wp[w]);
+    }
+}
+
+static int run_mlp_fwd(const args *given)
+{
+    args with_file = *given; /* the flags, and a routing's options file in --in as their defaults */
+    mlp_apply_run_options(&with_file, 1);
+    const args *a = &with_file;
     const char *out = need(a, "--out");
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
     static const char *const names[] = {"output.npy", "gate_up_proj_act_checkpoint_T.npy",
                                         "down_proj_act_checkpoint.npy"};
-    char *p[3];
+    char *p[3], *opts_file;
     add_outputs_in(out, names, 3, p);
+    add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
+    const char *bound_dir = get(a, "--bound-out");
+    char *bp[3];
+    if (bound_dir != NULL)
+        add_outputs_in(bound_dir, names, 3, bp);
     if (m.o.bias)
         want[F_BGU] = want[F_BD] = 2;
     mlp_load(a, &m, want);
@@ -512,6 +555,12 @@ static int run_mlp_fwd(const args *a)
     write_result(a, p[0], m.o.dtype, y, 2, s_y);
     write_result(a, p[1], m.o.dtype, ckpt_gu, 4, s_gu);
     write_result(a, p[2], m.o.dtype, ckpt_d, 3, s_d);
+    mlp_write_run_options(opts_file, "mlp-fwd", &m.o, weight_layout_name(m.weights));
+    if (bound_dir != NULL) {
+        make_dirs(bound_dir);
+        const mlp_bound_in in = mlp_bound_problem(&m);
+        write_mlp_fwd_bounds(bp, &in);
+    }
     commit_outputs();
     printf("mlp-fwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,
@@ -519,23 +568,24 @@ static int run_mlp_fwd(const args *a)
     return 0;
 }
 
-static int run_mlp_bwd(const args *a)
+static int run_mlp_bwd(const args *given)
 {
+    args with_file = *given; /* the flags, and the forward's options file in --in as their defaults */
+    mlp_apply_run_options(&with_file, 0);
+    const args *a = &with_file;
     const char *out = need(a, "--out");
     mlp_in m;
     int want[F_COUNT] = {0};
     mlp_begin(a, &m, want);
-    static const char *const names[] = {"hidden_states_grad.npy", "expert_affinities_masked_grad.npy",
-                                        "topk_weights_grad.npy"};
-    char *p[3], *wp[MLP_WEIGHTS][2]; /* the weight gradients' files: the layout's names + "_grad" */
+    char *p[3], *wp[MLP_WEIGHTS][2], *opts_file; /* the weight gradients' files: the layout's names + "_grad" */
     char *ids = join_path(need(a, "--in"), mlp_file_names[F_TOPK_IDS]);
     const int topk = is_regular(ids); /* route --topk-weights wrote the router's order: also the (T, k) view */
-    add_outputs_in(out, names, 2 + topk, p);
-    for (int w = 0; w < (m.o.bias ? MLP_WEIGHTS : B_GATE_UP); w++) {
-        char wn[2][WEIGHT_NAME_SIZE];
-        const char *wnames[2] = {wn[0], wn[1]};
-        add_outputs_in(out, wnames, weight_file_names(m.weights, w, "_grad", wn), wp[w]);
-    }
+    add_bwd_outputs(out, &m, topk, p, wp);
+    add_outputs_in(out, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
+    const char *bound_dir = get(a, "--bound-out");
+    char *bp[3], *bwp[MLP_WEIGHTS][2];
+    if (bound_dir != NULL)
+        add_bwd_outputs(bound_dir, &m, topk, bp, bwp);
     want[F_OUT_GRAD] = want[F_CKPT_GU] = 2;
     want[F_TOPK_IDS] = topk ? 2 : 0;
     xfree(ids);
@@ -555,8 +605,10 @@ static int run_mlp_bwd(const args *a)
     const int bias = m.o.bias;
     const size_t es = moe_dtype_size(m.o.dtype), gs = moe_dtype_size(gdt);
     const size_t n_h = elements(m.T1, m.H, 1), n_a = elements(m.T, m.E, 1), n_wgu = elements(m.E, m.H, 2 * m.I);
+    const size_t n_a_file = elements(m.aff_pad_row ? m.T1 : m.T, m.E, 1); /* with the padding row: its 0s */
     const size_t n_wd = elements(m.E, m.I, m.H), n_bgu = elements(m.E, 2, m.I), n_bd = elements(m.E, m.H, 1);
-    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    void *dh = xmalloc(n_h, es), *da = xmalloc(n_a_file, es), *dwgu = xmalloc(n_wgu, gs), *dwd = xmalloc(n_wd, gs);
+    memset((char *)da + n_a * es, 0, (n_a_file - n_a) * es); /* the padding row's gradient: +0 */
     void *dbgu = bias ? xmalloc(n_bgu, gs) : NULL;
     void *dbd = bias ? xmalloc(n_bd, gs) : NULL;
     lib_call c = {"moe_mlp_bwd", m.backend, 0, {{0}}};
@@ -583,6 +635,13 @@ static int run_mlp_bwd(const args *a)
     const void *grads[MLP_WEIGHTS] = {dwgu, dwd, dbgu, dbd};
     for (int w = 0; w < (bias ? MLP_WEIGHTS : B_GATE_UP); w++)
         weight_write(a, m.weights, w, wp[w], gdt, grads[w], dims);
+    mlp_write_run_options(opts_file, "mlp-bwd", &m.o, weight_layout_name(m.weights));
+    if (bound_dir != NULL) {
+        make_dirs(bound_dir);
+        const mlp_bound_in in = mlp_bound_problem(&m);
+        write_mlp_bwd_bounds(bp, bwp, m.weights, &in, m.aff_ndim, m.aff_shape, (int64_t)n_a_file,
+                             topk ? m.data[F_TOPK_IDS] : NULL, m.k);
+    }
     commit_outputs();
     printf("mlp-bwd: T = %lld tokens, E = %lld experts, H = %lld, I = %lld, N = %lld blocks of B = %lld, %s%s%s%s\n",
            (long long)m.T, (long long)m.E, (long long)m.H, (long long)m.I, (long long)m.N, (long long)m.B,

@@ -49,7 +49,8 @@ const command route_command = {
     "Writes the routing the gemm commands read (moe_routing_from_topk: --m-sizes DIR/m_sizes.npy "
     "--gather DIR/gather_indices.npy --topk k). With --block-size or --dropping also the blockwise layout "
     "the mlp commands read (moe_mlp_layout_build: token_position_to_id.npy, block_to_expert.npy, and "
-    "with --topk-weights expert_affinities_masked.npy), and prints the number of blocks N and, for "
+    "with --topk-weights expert_affinities_masked.npy) and moe-options.txt (the layout's options, which "
+    "mlp-fwd and mlp-bwd take as their defaults: cli/README.md), and prints the number of blocks N and, for "
     "--dropping, the number of dropped (token, expert) pairs.",
     route_opts, 0, run_route,
     "# the routing of a step's top-2 choices among 4 experts, step/topk_ids.npy (T, 2)\n"
@@ -80,8 +81,10 @@ static int run_route(const args *a)
                                         "scatter_indices.npy", "token_position_to_id.npy",
                                         "block_to_expert.npy", "expert_affinities_masked.npy",
                                         "router_topk_ids.npy"};
-    char *p[7];
+    char *p[7], *opts_file = NULL;
     add_outputs_in(dir, names, blockwise ? 5 + 2 * (tw_path != NULL) : 3, p);
+    if (blockwise)
+        add_outputs_in(dir, (const char *const[]){RUN_OPTIONS_FILE}, 1, &opts_file);
     claim_files(a, (const char *const[]){NULL}, (const char *const[]){"--topk-ids", "--topk-weights", NULL});
 
     npy_array ids;
@@ -142,6 +145,14 @@ static int run_route(const args *a)
             const int64_t tk[2] = {T, k}; /* the router's order, for mlp-bwd's topk_weights_grad.npy */
             write_array(p[6], NPY_T_I64, 2, tk, topk_ids);
         }
+        /* the layout's options, which mlp-fwd and mlp-bwd take as their defaults */
+        run_options r = {0};
+        run_options_set(&r, "block_size", "%lld", (long long)mo.block_size);
+        run_options_set(&r, "padding", "%s", mo.padding == MOE_MLP_PAD_ROW ? "row" : "skip");
+        run_options_set(&r, "dropping", "%d", kind == MOE_MLP_DROPPING);
+        if (aff != NULL && get(a, "--dtype") != NULL) /* a dtype chosen, not one read off the weights' file */
+            run_options_set(&r, "dtype", "%s", moe_dtype_name(mo.dtype));
+        run_options_write(opts_file, "route", &r);
     }
     commit_outputs();
     printf("routing: T = %lld tokens, k = %lld, E = %lld experts, M = %lld rows (use --topk %lld)\n", (long long)T,

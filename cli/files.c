@@ -114,6 +114,20 @@ void write_array(const char *path, npy_type type, int ndim, const int64_t *shape
         die("%s", err);
 }
 
+/* Writes a text file into the temporary file of output `path`, like write_array. */
+void write_text(const char *path, const char *text)
+{
+    char err[OUTPUTS_ERROR_SIZE], note[OUTPUTS_ERROR_SIZE];
+    FILE *f = outputs_open(&outputs, path, err, sizeof err);
+    if (f == NULL)
+        die("%s", err);
+    if (fputs(text, f) == EOF)
+        die("%s: cannot write: %s", path, strerror(errno));
+    snprintf(note, sizeof note, "wrote %s", path);
+    if (outputs_close(&outputs, path, note, err, sizeof err) != 0)
+        die("%s", err);
+}
+
 /* Puts every output of the command in place (all of them written: outputs_commit) and says what it
  * wrote.  Every command that writes calls it once, after its last write_array. */
 void commit_outputs(void)

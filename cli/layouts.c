@@ -284,20 +284,41 @@ void weight_read(const weight_layout *layout, int w, char *const paths[2], const
         release(&arr[k]);
 }
 
+/* grad (NKI's order, es-byte elements) permuted into the layout's order: the storage (owned, count elements),
+ * the spec of the files and their shape. */
+static char *to_layout(const weight_layout *layout, int w, size_t es, const void *grad, const int64_t dims[3],
+                       spec_form *f, int64_t shape[4], int64_t *count)
+{
+    read_spec(layout->spec[w], f);
+    *count = 1;
+    for (const char *l = nki_order[w]; *l != '\0'; l++)
+        *count *= letter_size(*l, dims);
+    char *storage = xmalloc((size_t)*count + 1, es);
+    permute(nki_order[w], f->order, dims, es, grad, storage, 0);
+    file_shape(f, dims, shape);
+    return storage;
+}
+
 void weight_write(const args *a, const weight_layout *layout, int w, char *const paths[2], moe_dtype dtype,
                   const void *grad, const int64_t dims[3])
 {
     spec_form f;
-    read_spec(layout->spec[w], &f);
+    int64_t shape[4], count;
     const size_t es = moe_dtype_size(dtype);
-    int64_t count = 1, shape[4];
-    for (const char *l = nki_order[w]; *l != '\0'; l++)
-        count *= letter_size(*l, dims);
-    char *storage = xmalloc((size_t)count + 1, es);
-    permute(nki_order[w], f.order, dims, es, grad, storage, 0);
-    file_shape(&f, dims, shape);
+    char *storage = to_layout(layout, w, es, grad, dims, &f, shape, &count);
     for (int k = 0; k < f.files; k++)
         write_result(a, paths[k], dtype, storage + (size_t)k * (size_t)(count / f.files) * es, f.ndim, shape);
+    xfree(storage);
+}
+
+void weight_write_f64(const weight_layout *layout, int w, char *const paths[2], const double *values,
+                      const int64_t dims[3])
+{
+    spec_form f;
+    int64_t shape[4], count;
+    char *storage = to_layout(layout, w, sizeof(double), values, dims, &f, shape, &count);
+    for (int k = 0; k < f.files; k++)
+        write_array(paths[k], NPY_T_F64, f.ndim, shape, storage + (size_t)k * (size_t)(count / f.files) * sizeof(double));
     xfree(storage);
 }
 

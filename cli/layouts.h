@@ -44,6 +44,10 @@ void weight_read(const weight_layout *layout, int w, char *const paths[2], const
 void weight_write(const args *a, const weight_layout *layout, int w, char *const paths[2], moe_dtype dtype,
                   const void *grad, const int64_t dims[3]);
 
+/* The same for float64 values in NKI's order (the bounds of --bound-out), written as float64. */
+void weight_write_f64(const weight_layout *layout, int w, char *const paths[2], const double *values,
+                      const int64_t dims[3]);
+
 /* The router's view of the dense affinity gradient: topk_grad[t][j] = d_affinities[t*E + topk_ids[t][j]]
  * for T tokens of k choices, elements of es bytes.  topk_ids must hold experts in [0, E) (checked by
  * check_topk_ids). */

@@ -3,7 +3,7 @@
  * shape, routing and layout mode) runs moe_mlp_fwd then moe_mlp_bwd on the CUDA backend with device
  * copies of every array (the layout arrays too), and
  *   1. every call returns MOE_OK and moe_backend_synchronize reports no device-side error;
- *   2. every output, checkpoint and gradient lies within testlib/mlp_bounds.c's float64 running-error
+ *   2. every output, checkpoint and gradient lies within oracle/mlp_bound.c's float64 running-error
  *      bound of the analytic value (the bound any correct float32 implementation meets: specs/MLP.md
  *      "Error bound"), and within the sum of both bounds of the CPU reference's result of the same case
  *      (what proptest/test_gpu_mlp.c checks);

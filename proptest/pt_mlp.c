@@ -1,5 +1,5 @@
 /*
- * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from testlib/mlp_bounds.c:
+ * MLP properties (ops mlp and mlp-meta).  The expectation and its bound come from oracle/mlp_bound.c:
  * a float64 evaluation in running-error arithmetic, every intermediate quantity carrying a bound on the
  * error a correct float32, round-once implementation may have in it (the rules and their justification:
  * specs/MLP.md "Error bound"; how the fuzzer uses them: specs/PROPTEST.md).  On tiny cases the gradients

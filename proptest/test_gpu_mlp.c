@@ -6,7 +6,7 @@
  *      topk, tensor_update_overwrite (top-1), grad_fp32, round_intermediates (f16/bf16: the rows path; bf16
  *      without it: the rows path on split operands) and, with ON_I, whether the backward gets the down
  *      checkpoint.  Every GPU output, checkpoint and gradient is checked against the float64 analytic
- *      value within the error bound testlib/mlp_bounds.c derives for any correct float32 implementation
+ *      value within the error bound oracle/mlp_bound.c derives for any correct float32 implementation
  *      (specs/MLP.md "Error bound"; small cases also against float64 finite differences), and against the
  *      CPU reference (MOE_BACKEND_REF) of the same case within the sum of both bounds;
  *   2. the same call twice gives bitwise the same outputs, checkpoints and gradients;

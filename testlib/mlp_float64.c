@@ -1,48 +1,10 @@
-/* The MLP test library's float64 model, written from SEMANTICS section 3 independently of ref/mlp/: the
- * activations and their derivatives, the forward, the loss L = <G, out> and its central finite
- * differences (the gradients every test checks against); see mlp_testlib.h. */
+/* The MLP test library's float64 model, written from SEMANTICS section 3 independently of ref/mlp/ (the activations
+ * and their derivatives are the oracle's, oracle/mlp_bound.c): the forward, the loss L = <G, out> and its central
+ * finite differences (the gradients every test checks against); see mlp_testlib.h. */
 #include "mlp_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
-
-#define PI_ 3.14159265358979323846
-
-/* ---------------------------------------------------------------------------------------------------
- * activations in float64
- * ------------------------------------------------------------------------------------------------- */
-static double sigmoid64(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-double mt_act64(moe_mlp_activation a, double x)
-{
-    switch (a) {
-    case MOE_ACT_SILU: return x * sigmoid64(x);
-    case MOE_ACT_GELU: return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    case MOE_ACT_GELU_TANH: return 0.5 * x * (1.0 + tanh(sqrt(2.0 / PI_) * (x + 0.044715 * x * x * x)));
-    case MOE_ACT_SWISH: return x * sigmoid64(1.702 * x);
-    }
-    abort();
-}
-
-double mt_dact64(moe_mlp_activation a, double x)
-{
-    switch (a) {
-    case MOE_ACT_SILU: {
-        double s = sigmoid64(x);
-        return s * (1.0 + x * (1.0 - s));
-    }
-    case MOE_ACT_GELU: return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * PI_);
-    case MOE_ACT_GELU_TANH: {
-        double c = sqrt(2.0 / PI_), t = tanh(c * (x + 0.044715 * x * x * x));
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
-    }
-    case MOE_ACT_SWISH: {
-        double s = sigmoid64(1.702 * x);
-        return s * (1.0 + 1.702 * x * (1.0 - s));
-    }
-    }
-    abort();
-}
 
 /* ---------------------------------------------------------------------------------------------------
  * the float64 forward (from SEMANTICS section 3) and its loss

@@ -5,10 +5,11 @@
  *   - mlp_case.c: a random case generator (routing, layouts, inputs, relabelled copies);
  *   - mlp_float64.c: a float64 forward of SEMANTICS section 3 written from the spec, and central finite
  *     differences of the loss L = <G, out> through it (the gradients every test checks against);
- *   - mlp_bounds.c: a float64 analytic forward/backward in "running error" arithmetic: every quantity
- *     carries its exact value (from the same rounded inputs) and a bound on the error a correct float32
- *     reference may have in it, composed from the dot-product bound of SEMANTICS section 4
- *     (specs/MLP.md, "Error bound", derives each rule);
+ *   - mlp_bounds.c: a case's analytic expectation, the oracle's (oracle/oracle_mlp.h, oracle/mlp_bound.c): a
+ *     float64 forward/backward in "running error" arithmetic: every quantity carries its exact value (from
+ *     the same rounded inputs) and a bound on the error a correct float32 reference may have in it,
+ *     composed from the dot-product bound of SEMANTICS section 4 (specs/MLP.md, "Error bound", derives
+ *     each rule);
  *   - mlp_clamps.c: clamp limits placed in gaps of the data;
  *   - mlp_check.c: the run of an implementation and the checks of its outputs (mt_run), and comparisons
  *     of two result sets.

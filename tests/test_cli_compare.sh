@@ -46,7 +46,26 @@ has "--exact report" out "tolerance      exact (--exact)"
 "$NPY" mk b1_ulp.npy '<f4' 2,2 1.0078125 -4 0.5 100
 "$NPY" mk b1_2ulp.npy '<f4' 2,2 1 -4 0.5 101
 fail "float32 files of bf16 values need --dtype bf16" b1.npy b1_ulp.npy
-has "bf16 hint" out "every value of both files is a bf16 value" "--dtype bf16"
+# 1.0078125 = 1 + 2^-7 is both a bf16 and an f16 value: the hint names both
+has "bf16 hint" out "every value of both files is a bf16 and an f16 value, and the tolerance is float32's" \
+    "pass --dtype bf16 or --dtype f16"
+# 2^20 + 2^13 is a bf16 value and no f16 value (past 65504); 1 + 2^-10 an f16 value and no bf16 value
+"$NPY" mk bf_only.npy '<f4' 2 1048576 2
+"$NPY" mk bf_only_ulp.npy '<f4' 2 1056768 2
+fail "bf16 values only" bf_only.npy bf_only_ulp.npy
+has "bf16-only hint" out "every value of both files is a bf16 value," "pass --dtype bf16"
+"$NPY" mk h_only.npy '<f4' 2 1 2
+"$NPY" mk h_only_ulp.npy '<f4' 2 1.0009765625 2
+fail "f16 values only" h_only.npy h_only_ulp.npy
+has "f16-only hint" out "every value of both files is an f16 value," "pass --dtype f16"
+pass "--dtype f16 one ulp" --dtype f16 h_only.npy h_only_ulp.npy
+# --reduction-length keeps float32's rounding: the hint still names the dtype
+fail "bf16 values with --reduction-length" --reduction-length 2 bf_only.npy bf_only_ulp.npy
+has "bf16 hint with --reduction-length" out "pass --dtype bf16"
+# values of no 16-bit type: the float32 hint
+"$NPY" mk f_only.npy '<f4' 2 1.000000476837158203125 2
+fail "float32 values" f_only.npy h_only.npy
+has "float32 hint" out "pass --reduction-length L"
 pass "--dtype bf16 one ulp" --dtype bf16 b1.npy b1_ulp.npy
 fail "--dtype bf16 two ulps" --dtype bf16 b1.npy b1_2ulp.npy
 has "2-d worst element" out "worst element  [1, 1]  a = 100  b = 101"

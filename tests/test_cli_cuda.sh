@@ -9,12 +9,9 @@
 #    run writes (--bound-out): each side is within it of the exact result (SEMANTICS section 4).
 #  - the topk-weights gradient (no --bound-out): --reduction-length N*K, the bound of a float32 sum of
 #    N*K products with sum |terms| taken as max(|a|,|b|) (compare --help: it assumes no cancellation).
-#  - mlp-fwd, mlp-bwd (no per-element bound yet): --atol 1e-5, the README walkthrough's float32
-#    tolerance (inputs of order 1, H = 5, I = 3: float32 noise is about 1e-6), plus --rtol 2u of the
-#    dtype: a 16-bit output may round to the neighbouring value on either side.
-#    With the rounded intermediates (the default; f16/bf16: the CUDA rows path) the same tolerance: a different float32
-#    summation order flips an intermediate's rounding only when the value lies within ~2^-24 of a
-#    rounding midpoint (improbable at these sizes); proptest/test_gpu_mlp checks derived bounds.
+#  - mlp-fwd, mlp-bwd: `compare --bound` with the per-element bounds the ref run writes (--bound-out, the
+#    oracle's MLP bound that proptest/test_gpu_mlp holds the GPU to, split operands included): each side is
+#    within it of the exact result.
 . "$(dirname "$0")/test_cli_lib.sh"
 
 # ---- can --backend cuda run here? ----
@@ -112,7 +109,6 @@ for dt in f32 f16 bf16; do
     run_ok "genmlp $dt" "$NPY" genmlp "mlp_$dt" 20261125 "$dt"
     rdt=""
     if [ "$dt" = bf16 ]; then rdt="--dtype bf16"; fi
-    case $dt in f32) rtol=1.2e-7 ;; f16) rtol=9.8e-4 ;; bf16) rtol=7.9e-3 ;; esac # 2u: 2^-23, 2^-10, 2^-7
     for c in "mlp_$dt"/*/; do
         c=${c%/}
         name="$dt ${c#*/}"
@@ -130,16 +126,21 @@ for dt in f32 f16 bf16; do
         for b in ref cuda; do
             mkdir -p "$c/$b"
             cp "$c"/in/*.npy "$c/$b/"
-            run_ok "mlp-fwd $name $b" "$MOE" mlp-fwd --in "$c/$b" --out "$c/$b" $mlp_flags --dtype "$dt" --backend $b
+            bound=""
+            if [ "$b" = ref ]; then bound="--bound-out $c/bound_fwd"; fi
+            run_ok "mlp-fwd $name $b" "$MOE" mlp-fwd --in "$c/$b" --out "$c/$b" $mlp_flags --dtype "$dt" --backend $b \
+                $bound
             if [ "$no_down_ckpt" = 1 ]; then rm "$c/$b/down_proj_act_checkpoint.npy"; fi
         done
-        run_ok "mlp-fwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --atol 1e-5 --rtol $rtol "$c/ref" "$c/cuda"
+        run_ok "mlp-fwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --bound "$c/bound_fwd" "$c/ref" "$c/cuda"
         # the backward of both from the reference's checkpoints, so that only mlp-bwd is compared
         for b in ref cuda; do
+            bound=""
+            if [ "$b" = ref ]; then bound="--bound-out $c/bound_bwd"; fi
             run_ok "mlp-bwd $name $b" "$MOE" mlp-bwd --in "$c/ref" --out "$c/grad_$b" $mlp_flags $bwd_flags --dtype "$dt" \
-                --backend $b
+                --backend $b $bound
         done
-        run_ok "mlp-bwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --atol 1e-5 --rtol $rtol "$c/grad_ref" \
+        run_ok "mlp-bwd $name: cuda = ref" "$MOE" compare --dtype "$dt" --bound "$c/bound_bwd" "$c/grad_ref" \
             "$c/grad_cuda"
         }
     done

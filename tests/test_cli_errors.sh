@@ -228,8 +228,15 @@ variant v_aff
 "$NPY" mk v_aff/expert_affinities_masked.npy '<f4' 5 1
 refused "affinities shape" "v_aff/expert_affinities_masked.npy: expected expert_affinities_masked of shape (4,), (4, 1) or (2, 2)" \
     "T = 2 tokens from v_aff/hidden_states.npy" "found (5,) float32" -- mfwd --in v_aff
-refused "--padding row: T + 1 rows" "m/expert_affinities_masked.npy: expected expert_affinities_masked of shape (2,)" \
-    "less the padding row" "found (4,) float32" -- mfwd --in m --padding row
+# with --padding row, m's 2 rows of hidden_states are 1 token and the padding row; its 4 affinities are
+# then NKI's (T + 1) x E with a padding row that is not zero
+refused "--padding row: NKI's padding row of the affinities must be 0" \
+    "m/expert_affinities_masked.npy: the padding row (token 1, with --padding row) of expert_affinities_masked must be 0" \
+    "element [1, 0] (flat index 2) is 1" -- mfwd --in m --padding row
+variant v_aff3
+"$NPY" mk v_aff3/expert_affinities_masked.npy '<f4' 3 1
+refused "--padding row: T*E or (T + 1)*E affinities" "v_aff3/expert_affinities_masked.npy: expected expert_affinities_masked of shape (2,)" \
+    "less the padding row" "or with NKI's padding row (4,), (4, 1) or (2, 2)" "found (3,) float32" -- mfwd --in v_aff3 --padding row
 variant v_tp
 "$NPY" mk v_tp/token_position_to_id.npy '<i8' 3 0
 "$NPY" mk v_tp/block_to_expert.npy '<i8' 2 0 1
@@ -280,6 +287,7 @@ rm v_nh/hidden_states.npy
 refused "missing hidden_states" "v_nh/hidden_states.npy: cannot open" -- mfwd --in v_nh
 refused "missing biases" "m/gate_up_proj_bias.npy: cannot open" -- mfwd --in m --bias
 variant v_nc
+rm v_nc/moe-options.txt # the forward's options (affinity on h); here the flags say which
 rm v_nc/gate_up_proj_act_checkpoint_T.npy
 refused "missing gate/up checkpoint" "v_nc/gate_up_proj_act_checkpoint_T.npy: cannot open" -- mbwd --in v_nc
 rm v_nc/down_proj_act_checkpoint.npy
@@ -320,7 +328,9 @@ run_ok "top-2 layout runs" "$MOE" mlp-fwd --in v_top2 --out ok
 refused "--no-accumulate with a token twice" "v_top2/token_position_to_id.npy" \
     "tensor_update_overwrite is set but token 0 sits at layout.token_position_to_id[0] and [2]" \
     -- mfwd --in v_top2 --no-accumulate
-# bad options
+# bad options (m_flags: m without the forward's options file, so the flags alone decide)
+variant m_flags
+rm m_flags/moe-options.txt
 refused "--clamp 3 fields" "--clamp 1,2,3: expected exactly 4 comma-separated fields NL_LO,NL_HI,LIN_LO,LIN_HI" \
     -- mfwd --in m --clamp 1,2,3
 refused "--clamp 5 fields" "--clamp 1,2,3,4,5: expected exactly 4 comma-separated fields" -- mfwd --in m --clamp 1,2,3,4,5
@@ -331,10 +341,10 @@ refused "--clamp inf" "--clamp ,inf,,: field NL_HI = 'inf' is not a finite numbe
 refused "--clamp nan" "--clamp ,,nan,: field LIN_LO = 'nan' is not a finite number" -- mfwd --in m --clamp ,,nan,
 refused "--clamp past float" "--clamp ,,,1e50: field LIN_HI = '1e50' is not a finite number" -- mfwd --in m --clamp ,,,1e50
 refused "--clamp NL lower above upper" "--clamp 2,1,,: NL_LO = 2 is above NL_HI = 1" -- mfwd --in m --clamp 2,1,,
-refused "--clamp LIN lower above upper" "--clamp ,,3,-3: LIN_LO = 3 is above LIN_HI = -3" -- mbwd --in m --clamp ,,3,-3
+refused "--clamp LIN lower above upper" "--clamp ,,3,-3: LIN_LO = 3 is above LIN_HI = -3" -- mbwd --in m_flags --clamp ,,3,-3
 run_ok "--clamp with every field empty" "$MOE" mlp-fwd --in m --out ok --clamp ,,,
 refused "--activation" "--activation relu: expected silu, gelu, gelu_tanh or swish" -- mfwd --in m --activation relu
-refused "--affinity-on" "--affinity-on x: expected h (out += a*d) or i (m = act(g)*u*a)" -- mbwd --in m --affinity-on x
+refused "--affinity-on" "--affinity-on x: expected h (out += a*d) or i (m = act(g)*u*a)" -- mbwd --in m_flags --affinity-on x
 refused "--padding" "--padding middle: expected skip (empty positions hold -1) or row (they hold T)" \
     -- mfwd --in m --padding middle
 refused "mlp --block-size 0" "--block-size 0: expected an integer >= 1" -- mfwd --in m --block-size 0

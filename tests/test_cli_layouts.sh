@@ -154,4 +154,33 @@ want="$3 $1 $5 $6" # t*E + ids[t][j]: [2], [0], [4], [5]
 got=$(values tk/grad/topk_weights_grad.npy 4 | sed 's/^ //; s/ $//')
 if [ "$got" = "$want" ] && [ "$1" != 0 ] && [ "$6" != 0 ] && [ "$2" = 0 ]; then passed=$((passed + 1)); else
     bad "topk_weights_grad.npy = [$got], expected [$want] from the dense gradient [$*]"; fi
+# --bound-out: the (T, k) gradient's bound is the dense one's, in the router's order
+run_ok "mlp-bwd --bound-out with the router's order" "$MOE" mlp-bwd --in tk --out tk/grad2 --bound-out tk/bound
+has "the (T, k) bound" out "wrote tk/bound/topk_weights_grad.npy: shape (2, 2) float64"
+values64() { od -A n -v -t f8 -j $(($(wc -c <"$1") - 8 * $2)) "$1" | tr -s ' \n' '  '; }
+# shellcheck disable=SC2046
+set -- $(values64 tk/bound/expert_affinities_masked_grad.npy 6)
+want="$3 $1 $5 $6"
+got=$(values64 tk/bound/topk_weights_grad.npy 4 | sed 's/^ //; s/ $//')
+if [ "$got" = "$want" ] && [ "$1" != 0 ]; then passed=$((passed + 1)); else
+    bad "bound of topk_weights_grad.npy = [$got], expected [$want] from the dense bound [$*]"; fi
+# --bound-out in a layout: the weight gradients' bounds are NKI's, moved as the gradients are
+c=mlp_f32/2_gelu_bias_on_i_row
+mlp_flags="" bwd_flags=""
+# shellcheck disable=SC1090
+. "./$c/case.sh"
+# shellcheck disable=SC2086
+{
+run_ok "mlp-bwd nki --bound-out" "$MOE" mlp-bwd --in "$c/nki" --out "$c/nki/bgrad" $mlp_flags $bwd_flags --dtype f32 \
+    --bound-out "$c/nki/bound"
+run_ok "mlp-bwd linear-split --bound-out" "$MOE" mlp-bwd --in "$c/linear-split" --out "$c/linear-split/bgrad" \
+    --weight-layout linear-split $mlp_flags $bwd_flags --dtype f32 --bound-out "$c/linear-split/bound"
+}
+has "the bounds in the layout's files" out "wrote $c/linear-split/bound/gate_proj_weight_grad.npy: shape (4, 3, 5) float64"
+mkdir "$c/bound_want"
+cp "$c/nki/bound/hidden_states_grad.npy" "$c/nki/bound/expert_affinities_masked_grad.npy" "$c/bound_want/"
+to_layout linear-split "$c/nki/bound" "$c/bound_want" _grad 1
+run_ok "the layout's bounds = NKI's, moved" "$MOE" compare --exact "$c/bound_want" "$c/linear-split/bound"
+has "every bound file" out "summary: 8 tensor(s) compared, 0 over the tolerance or differing in shape, 0 missing"
+
 finish

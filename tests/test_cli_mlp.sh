@@ -116,6 +116,15 @@ c=mlp_bf16/6_round_intermediates
 . "./$c/case.sh"
 # shellcheck disable=SC2086
 {
+# the forward's options file in its folder: the backward takes the rounded intermediates from it, and
+# refuses --intermediates float32, naming both
+run_ok "mlp-bwd bf16 with the forward's options file" "$MOE" mlp-bwd --in "$c/in" --out "$c/from_file" $mlp_flags \
+    --dtype bf16
+run_ok "mlp-bwd bf16 with the file's options = library" "$MOE" compare --exact "$c/want_bwd" "$c/from_file"
+run_status "mlp-bwd --intermediates float32 against the file" 2 "$MOE" mlp-bwd --in "$c/in" --out "$c/x" $mlp_flags \
+    --intermediates float32 --dtype bf16
+has "the conflict names both" err "--intermediates float32 conflicts with $c/in/moe-options.txt, which says intermediates = rounded"
+rm "$c/in/moe-options.txt"
 run_ok "mlp-fwd bf16 --intermediates float32" "$MOE" mlp-fwd --in "$c/in" --out "$c/unrounded" $mlp_flags \
     --intermediates float32 --dtype bf16
 run_status "--intermediates float32: the forward differs" 1 "$MOE" compare --exact "$c/want_fwd" "$c/unrounded"

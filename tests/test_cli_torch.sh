@@ -6,11 +6,7 @@
 # and numpy.
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/test_cli_lib.sh"
-python=""
-for py in python3 /usr/bin/python3; do
-    if "$py" -c 'import torch, numpy' 2>/dev/null; then python=$py; break; fi
-done
-if [ -z "$python" ]; then
+if ! python=$(sh "$here/torch_python.sh" "torch, numpy"); then
     echo "SKIP: no python3 with torch and numpy"
     exit 77
 fi
