@@ -55,7 +55,7 @@ tests_mlp_layer_time_LDADD = $(TESTLIB_LIBS)
 # test_cli_npy: unit tests of cli/npy.c, and the helper the scripts use to make .npy files (no numpy);
 # its genmlp mode makes MLP cases with the MLP test library.
 check_PROGRAMS += tests/test_cli_npy
-tests_test_cli_npy_SOURCES = tests/test_cli_npy.c cli/npy.c cli/npy.h
+tests_test_cli_npy_SOURCES = tests/test_cli_npy.c tests/cli_fixtures.c tests/cli_fixtures.h cli/npy.c cli/npy.h
 tests_test_cli_npy_LDADD = $(TESTLIB_LIBS)
 tests_test_cli_npy_LDFLAGS = $(AM_LDFLAGS) -no-install
 CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_mlp.sh tests/test_cli_options.sh tests/test_cli_nki.sh \
