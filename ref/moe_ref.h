@@ -146,10 +146,9 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
     requires gather: need_gather != 0 && rows > 0 ==> \valid_read(gather_indices + (0 .. rows - 1));
     terminates \true;
     assigns moe_error_model;
-    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows));
-    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+    ensures accepts_only_wellformed: \result == MOE_OK ==>
+              routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather);
+    ensures accepts_wellformed: routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather) ==>
               \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
@@ -167,10 +166,9 @@ moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t ro
       \separated(seen + (0 .. rows - 1), gather_indices + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1));
     terminates \true;
     assigns seen[0 .. rows - 1], moe_error_model;
-    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows));
-    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+    ensures accepts_only_wellformed: \result == MOE_OK ==>
+              routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather);
+    ensures accepts_wellformed: routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather) ==>
               \result == MOE_OK || (\result == MOE_ERR_OUT_OF_MEMORY && seen == \null);
     ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> seen == \null && need_gather != 0 && rows > 0; */
 moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
@@ -183,9 +181,7 @@ moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t
 /*@ requires rows_valid: \valid(rows);
     terminates \true;
     assigns *rows, moe_error_model;
-    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
-      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
-       num_tokens * topk <= SIZE_MAX / 8);
+    ensures accepts_exactly_valid_dims: \result == MOE_OK <==> routing_dims_ok(num_tokens, topk, num_experts);
     ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
 moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
                                       int64_t *rows);
@@ -200,8 +196,7 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
     terminates \true;
     assigns *rows, moe_error_model;
     ensures accepts_exactly_valid: \result == MOE_OK <==>
-      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
-       num_tokens * topk <= SIZE_MAX / 8 && m_sizes != \null &&
+      (routing_dims_ok(num_tokens, topk, num_experts) && m_sizes != \null &&
        (num_tokens * topk > 0 ==> topk_ids != \null && gather_indices != \null) && num_experts < SIZE_MAX / 8 &&
        in_range(topk_ids, num_tokens * topk, 0, num_experts));
     ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
@@ -256,6 +251,7 @@ moe_status moe_ref_routing_from_topk(const char *op, int64_t num_tokens, int64_t
     ensures stable: \forall integer e, q; 0 <= e < num_experts && msum(m_sizes, e) <= q && q + 1 < msum(m_sizes, e) + m_sizes[e] ==>
       gather_indices[q] < gather_indices[q + 1];
     ensures permutation: is_permutation(gather_indices, rows);
+    ensures value_routing_ok: routing_ok(m_sizes, num_experts, rows, gather_indices, 1);
     ensures inverse: scatter_indices != \null ==> \forall integer j; 0 <= j < rows ==>
       0 <= scatter_indices[j] < rows && gather_indices[scatter_indices[j]] == j; */
 void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,
