@@ -16,6 +16,9 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
 {
     if (routing == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing is NULL", op);
+    if (opt->dtype == MOE_E4M3 || opt->dtype == MOE_E5M2)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %s: FP8 tensors need their scales, which "
+                        "moe_gemm_fp8_fwd / moe_gemm_fp8_dx take", op, moe_dtype_name(opt->dtype));
     if (opt->dtype != MOE_F32 && opt->dtype != MOE_F16 && opt->dtype != MOE_BF16)
         return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %d, expected MOE_F32, MOE_F16 or MOE_BF16",
                         op, (int)opt->dtype);

@@ -23,6 +23,11 @@ EXTRA_DIST += tests/test_gemm_modes_v4.sh
 TESTS += tests/test_exports.sh
 EXTRA_DIST += tests/test_exports.sh
 
+# FP8 (specs/FP8.md): the e4m3 / e5m2 conversions against an independent model
+check_PROGRAMS += tests/test_fp8_dtype
+tests_test_fp8_dtype_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_fp8_dtype
+
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
 # specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
 check_PROGRAMS += tests/test_contracts
