@@ -27,6 +27,10 @@ EXTRA_DIST += tests/test_exports.sh
 check_PROGRAMS += tests/test_fp8_dtype
 tests_test_fp8_dtype_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_fp8_dtype
+# the FP8 grouped GEMM reference against its oracle and bound, its argument checks; the quantizers
+check_PROGRAMS += tests/test_gemm_fp8
+tests_test_gemm_fp8_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_gemm_fp8
 
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
 # specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
