@@ -31,6 +31,9 @@ TESTS += tests/test_fp8_dtype
 check_PROGRAMS += tests/test_gemm_fp8
 tests_test_gemm_fp8_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_gemm_fp8
+check_PROGRAMS += tests/test_fp8_quantize
+tests_test_fp8_quantize_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_fp8_quantize
 
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
 # specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
