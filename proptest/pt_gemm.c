@@ -400,6 +400,7 @@ static void op_bwd(pt_case *c)
 void pt_gemm_meta(pt_case *c);
 void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
+void pt_gemm_fp8(pt_case *c);
 void pt_mlp(pt_case *c);
 void pt_mlp_meta(pt_case *c);
 void pt_mlp_layout(pt_case *c);
@@ -420,6 +421,9 @@ const pt_op pt_ops[] = {
     {"gemm-adjoint", "<dY, fwd(X)> == <dX, X> and <dY, fwd_W(X)> == <dW, W> in float64 within the bounds", 0,
      pt_gemm_adjoint},
     {"gemm-bad", "one invalid argument: the right status, a message, every output byte untouched", 0, pt_gemm_bad},
+    {"gemm-fp8", "FP8 fwd / dX (every mode, output dtype, scale format, operand dtype pair; partial tiles) vs the "
+                 "float64 oracle within the promotion bound (specs/FP8.md); a bad scale refused, output untouched", 0,
+     pt_gemm_fp8},
     {"mlp", "MLP forward + backward vs the float64 running-error bound (specs/MLP.md), finite differences on "
             "tiny cases", 0, pt_mlp},
     {"mlp-meta", "MLP: block size independence, affinity on H == on I, top-1 overwrite == accumulate, experts "

@@ -154,66 +154,64 @@ float moe_f16_to_f32(uint16_t bits)
     return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
-/* One FP8 format: mantissa bits, exponent bias, the code of the largest finite magnitude. */
-typedef struct fp8_format {
-    unsigned mantissa_bits;
-    unsigned bias;
-    uint8_t max_code;
-} fp8_format;
-
-static const fp8_format e4m3_format = {3, 7, 0x7e};  /* 0.1111.110 = 448 */
-static const fp8_format e5m2_format = {2, 15, 0x7b}; /* 0.11110.11 = 57344 */
+/* The two FP8 formats by their mantissa bits m and exponent bias: e4m3 (m 3, bias 7, largest finite code
+ * 0x7e = 448) and e5m2 (m 2, bias 15, largest finite code 0x7b = 57344). */
+#define E4M3_FORMAT 3u, 7u, 0x7e
+#define E5M2_FORMAT 2u, 15u, 0x7b
 
 /* float -> fp8: NaN -> 0x7f with the sign; |value| >= max (Inf included) -> +-max; otherwise round to
  * nearest even, subnormals included. */
-/*@ terminates \true;
+/*@ requires format: (m == 3 && bias == 7 && max_code == 0x7e) || (m == 2 && bias == 15 && max_code == 0x7b);
+    terminates \true;
     assigns \nothing; */
-static uint8_t encode_fp8(float value, fp8_format f)
+static uint8_t encode_fp8(float value, uint32_t m, uint32_t bias, uint8_t max_code)
 {
     const uint32_t bits = float_bits(value);
     const uint8_t sign = (uint8_t)((bits >> 24) & 0x80u);
     const uint32_t magnitude = bits & 0x7fffffffu;
     if (magnitude > 0x7f800000u)
         return (uint8_t)(sign | 0x7fu);
-    const uint32_t shift = 23u - f.mantissa_bits;
-    const uint32_t max_bits = ((f.max_code >> f.mantissa_bits) + 127u - f.bias) << 23 |
-                              (uint32_t)(f.max_code & ((1u << f.mantissa_bits) - 1u)) << shift;
+    const uint32_t shift = 23u - m;
+    const uint32_t max_bits = ((uint32_t)(max_code >> m) + 127u - bias) << 23 |
+                              (uint32_t)(max_code & ((1u << m) - 1u)) << shift;
     if (magnitude >= max_bits)                        /* saturate (finite overflow and Inf) */
-        return (uint8_t)(sign | f.max_code);
-    const uint32_t min_normal_bits = (128u - f.bias) << 23; /* 2^(1 - bias) */
+        return (uint8_t)(sign | max_code);
+    const uint32_t min_normal_bits = (128u - bias) << 23; /* 2^(1 - bias) */
     if (magnitude < min_normal_bits) {
-        /* subnormal or zero: |value| * 2^(bias - 1 + mantissa_bits) is exact and < 2^mantissa_bits; adding
-         * and removing 2^23 rounds it to an integer (nearest even); the smallest normal's code comes out right */
-        const float scaled = bits_float(magnitude) * (float)(1u << (f.bias - 1u + f.mantissa_bits));
+        /* subnormal or zero: |value| * 2^(bias - 1 + m) is exact and < 2^m; adding and removing 2^23 rounds
+         * it to an integer (nearest even); the smallest normal's code comes out right */
+        const float scaled = bits_float(magnitude) * (float)(1u << (bias - 1u + m));
         volatile float rounded = scaled + 0x1p23f;
         return (uint8_t)(sign | (uint8_t)(rounded - 0x1p23f));
     }
     uint32_t rounded = magnitude + ((1u << (shift - 1u)) - 1u) + ((magnitude >> shift) & 1u); /* nearest even */
-    rounded -= (127u - f.bias) << 23;                 /* exponent bias 127 -> the format's */
+    rounded -= (127u - bias) << 23;                   /* exponent bias 127 -> the format's */
     return (uint8_t)(sign | (rounded >> shift));      /* below max, so the rounding stays finite */
 }
 
-/* fp8 -> float, exact: NaN codes give a quiet NaN with the sign, e5m2's Inf gives Inf. */
-/*@ terminates \true;
+/* fp8 -> float, exact: NaN codes give a quiet NaN with the sign (e4m3: S.1111.111; e5m2: exponent all ones,
+ * mantissa non-zero), e5m2's Inf gives Inf. */
+/*@ requires format: (m == 3 && bias == 7) || (m == 2 && bias == 15);
+    terminates \true;
     assigns \nothing; */
-static float decode_fp8(uint8_t code, fp8_format f, int has_inf)
+static float decode_fp8(uint8_t code, uint32_t m, uint32_t bias)
 {
     const uint32_t sign = (uint32_t)(code & 0x80u) << 24;
-    const uint32_t exponent = (code & 0x7fu) >> f.mantissa_bits;
-    const uint32_t mantissa = code & ((1u << f.mantissa_bits) - 1u);
-    const uint32_t top_exponent = 0x7fu >> f.mantissa_bits;
-    if (has_inf && exponent == top_exponent)
-        return bits_float(sign | 0x7f800000u | (mantissa << (23u - f.mantissa_bits)));
+    const uint32_t exponent = (code & 0x7fu) >> m;
+    const uint32_t mantissa = code & ((1u << m) - 1u);
+    const int has_inf = m == 2u;                      /* e5m2 is IEEE-like; e4m3 has no Inf */
+    if (has_inf && exponent == (0x7fu >> m))
+        return bits_float(sign | 0x7f800000u | (mantissa << (23u - m)));
     if (!has_inf && (code & 0x7fu) == 0x7fu)
         return bits_float(sign | 0x7fc00000u);
     if (exponent == 0) {                              /* zero or subnormal: mantissa * 2^(1 - bias - m) */
-        const float magnitude = (float)mantissa / (float)(1u << (f.bias - 1u + f.mantissa_bits));
+        const float magnitude = (float)mantissa / (float)(1u << (bias - 1u + m));
         return bits_float(sign | float_bits(magnitude));
     }
-    return bits_float(sign | ((exponent + 127u - f.bias) << 23) | (mantissa << (23u - f.mantissa_bits)));
+    return bits_float(sign | ((exponent + 127u - bias) << 23) | (mantissa << (23u - m)));
 }
 
-uint8_t moe_f32_to_e4m3(float value) { return encode_fp8(value, e4m3_format); }
-float moe_e4m3_to_f32(uint8_t bits) { return decode_fp8(bits, e4m3_format, 0); }
-uint8_t moe_f32_to_e5m2(float value) { return encode_fp8(value, e5m2_format); }
-float moe_e5m2_to_f32(uint8_t bits) { return decode_fp8(bits, e5m2_format, 1); }
+uint8_t moe_f32_to_e4m3(float value) { return encode_fp8(value, E4M3_FORMAT); }
+float moe_e4m3_to_f32(uint8_t bits) { return decode_fp8(bits, 3u, 7u); }
+uint8_t moe_f32_to_e5m2(float value) { return encode_fp8(value, E5M2_FORMAT); }
+float moe_e5m2_to_f32(uint8_t bits) { return decode_fp8(bits, 2u, 15u); }
