@@ -72,7 +72,7 @@ tests_test_cli_npy_LDADD = $(TESTLIB_LIBS)
 tests_test_cli_npy_LDFLAGS = $(AM_LDFLAGS) -no-install
 CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_mlp.sh tests/test_cli_options.sh tests/test_cli_nki.sh \
 	tests/test_cli_compare.sh tests/test_cli_errors.sh tests/test_cli_cuda.sh tests/test_cli_atomic.sh \
-	tests/test_cli_layouts.sh tests/test_cli_help.sh tests/test_cli_torch.sh
+	tests/test_cli_layouts.sh tests/test_cli_help.sh tests/test_cli_torch.sh tests/test_cli_fp8.sh
 TESTS += tests/test_cli_npy $(CLI_SH_TESTS)
 EXTRA_DIST += $(CLI_SH_TESTS) tests/test_cli_lib.sh tests/nki_bwmm_cases.py tests/torch_moe_check.py \
 	tests/torch_moe_linear.py tests/torch_moe_hf.py
