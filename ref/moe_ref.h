@@ -45,7 +45,8 @@
 /*@ terminates \true;
     assigns \nothing;
     ensures size: dtype_ok(dtype) ==> \result == byte_offset(1, dtype);
-    ensures unknown: !dtype_ok(dtype) ==> \result == 0; */
+    ensures fp8: fp8_dtype(dtype) ==> \result == 1;
+    ensures unknown: !dtype_ok(dtype) && !fp8_dtype(dtype) ==> \result == 0; */
 size_t moe_dtype_size(moe_dtype dtype);
 /*@ terminates \true;
     assigns \result \from dtype;
@@ -56,7 +57,7 @@ const char *moe_dtype_name(moe_dtype dtype);
     terminates \true;
     assigns *dtype, moe_error_model;
     ensures status: \result == MOE_OK || \result == MOE_ERR_NULL_POINTER || \result == MOE_ERR_INVALID_DTYPE;
-    ensures known: \result == MOE_OK ==> dtype_ok(*dtype);
+    ensures known: \result == MOE_OK ==> dtype_ok(*dtype) || fp8_dtype(*dtype);
     ensures unchanged: \result != MOE_OK && dtype != \null ==> *dtype == \old(*dtype); */
 moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
 /*@ terminates \true;
@@ -64,7 +65,9 @@ moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
     ensures f32: dtype == MOE_F32 ==> \result == 0x1p-24;
     ensures f16: dtype == MOE_F16 ==> \result == 0x1p-11;
     ensures bf16: dtype == MOE_BF16 ==> \result == 0x1p-8;
-    ensures unknown: !dtype_ok(dtype) ==> \result == 0.0; */
+    ensures e4m3: dtype == MOE_E4M3 ==> \result == 0x1p-4;
+    ensures e5m2: dtype == MOE_E5M2 ==> \result == 0x1p-3;
+    ensures unknown: !dtype_ok(dtype) && !fp8_dtype(dtype) ==> \result == 0.0; */
 double moe_dtype_unit_roundoff(moe_dtype dtype);
 /*@ terminates \true;
     assigns \nothing; */
@@ -78,6 +81,18 @@ uint16_t moe_f32_to_f16(float value);
 /*@ terminates \true;
     assigns \nothing; */
 float moe_f16_to_f32(uint16_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint8_t moe_f32_to_e4m3(float value);
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_e4m3_to_f32(uint8_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint8_t moe_f32_to_e5m2(float value);
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_e5m2_to_f32(uint8_t bits);
 #endif
 
 /* Reads element i of a tensor of the given dtype as float (exact).
@@ -92,6 +107,8 @@ static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
     switch (dtype) {
     case MOE_F16: return moe_f16_to_f32(((const uint16_t *)base)[i]);
     case MOE_BF16: return moe_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOE_E4M3: return moe_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case MOE_E5M2: return moe_e5m2_to_f32(((const uint8_t *)base)[i]);
     case MOE_F32: break;
     }
     return ((const float *)base)[i];
@@ -108,6 +125,8 @@ static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float v
     switch (dtype) {
     case MOE_F16: ((uint16_t *)base)[i] = moe_f32_to_f16(value); return;
     case MOE_BF16: ((uint16_t *)base)[i] = moe_f32_to_bf16(value); return;
+    case MOE_E4M3: ((uint8_t *)base)[i] = moe_f32_to_e4m3(value); return;
+    case MOE_E5M2: ((uint8_t *)base)[i] = moe_f32_to_e5m2(value); return;
     case MOE_F32: break;
     }
     ((float *)base)[i] = value;
