@@ -10,6 +10,13 @@
 
 #include <string.h>
 
+#ifdef __FRAMAC__
+/*@ // scale i of a scale array of format f is readable: a float32 (4 bytes) or a UE8M0 byte
+    predicate fp8_scale_readable(char *s, integer i, moe_fp8_scale_format f) =
+      f == MOE_FP8_SCALE_UE8M0 ? \valid_read(s + i) : \valid_read(s + (4 * i .. 4 * i + 3));
+    logic integer fp8_tiles(integer n) = (n + 127) / 128; */
+#endif
+
 /* The number of 128-element tiles covering n >= 0 elements. */
 /*@ requires n: 0 <= n;
     terminates \true;
@@ -18,7 +25,9 @@
 static inline int64_t moe_fp8_tiles(int64_t n) { return n / MOE_FP8_TILE + (n % MOE_FP8_TILE != 0); }
 
 /* The value of code i of an FP8 tensor of dtype MOE_E4M3 or MOE_E5M2 (exact). */
-/*@ requires code: \valid_read((const uint8_t *)codes + i);
+/* Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow the void * -> uint8_t *
+ * cast; callers prove the byte readable. */
+/*@ requires code: \valid_read((char *)codes + i);
     terminates \true;
     assigns \nothing; */
 static inline float moe_fp8_load(moe_dtype dtype, const void *codes, int64_t i)
@@ -29,8 +38,10 @@ static inline float moe_fp8_load(moe_dtype dtype, const void *codes, int64_t i)
 
 /* Scale i of a scale array of the given format.  UE8M0's b gives 2^(b - 127) exactly (the float32 with
  * exponent field b for b >= 1; 2^-127, a subnormal, for b = 0); b = 255 (refused by the entry points) would
- * give Inf. */
-/*@ terminates \true;
+ * give Inf.  Contract trusted, not proved (the casts and the memcpy, as float_bits'); callers prove the bytes
+ * readable. */
+/*@ requires scale: fp8_scale_readable((char *)scales, i, format);
+    terminates \true;
     assigns \nothing; */
 static inline float moe_fp8_scale(moe_fp8_scale_format format, const void *scales, int64_t i)
 {

@@ -22,21 +22,48 @@ typedef struct fp8_stream {
     int64_t scale_first, scale_step;
 } fp8_stream;
 
+#ifdef __FRAMAC__
+/*@ // a stream of len elements whose codes and tile scales are readable, every index within int64
+    predicate fp8_stream_ok{L}(fp8_stream *s, integer len, moe_fp8_scale_format f) =
+      \valid_read(s) && 0 <= s->first && 0 <= s->step && 0 <= s->scale_first && 0 <= s->scale_step &&
+      s->first + len * s->step <= INT64_MAX && s->scale_first + fp8_tiles(len) * s->scale_step <= INT64_MAX &&
+      (\forall integer i; 0 <= i < len ==> \valid_read((char *)s->codes + (s->first + i * s->step))) &&
+      (\forall integer t; 0 <= t < fp8_tiles(len) ==>
+         fp8_scale_readable((char *)s->scales, s->scale_first + t * s->scale_step, f)); */
+#endif
+
 /* The promoted sum over len reduction elements (specs/FP8.md section 2): per 128-element tile, the exact
  * products a_i * b_i summed in float32 in ascending i from +0.0f; the tile's sum times (sa_t * sb_t) (both
  * products rounded to float32) added to the float32 accumulator, tiles in ascending order from +0.0f. */
+/*@ requires len: 0 <= len <= INT64_MAX - 128;
+    requires a: fp8_stream_ok(a, len, format);
+    requires b: fp8_stream_ok(b, len, format);
+    terminates \true;
+    assigns \nothing; */
 static float promoted_dot(moe_fp8_scale_format format, const fp8_stream *a, const fp8_stream *b, int64_t len)
 {
+    const int64_t tiles = moe_fp8_tiles(len);
     float acc = 0.0f;
-    for (int64_t t = 0; t * MOE_FP8_TILE < len; t++) {
+    /*@ loop invariant bounds: 0 <= t <= tiles;
+        loop assigns t, acc;
+        loop variant tiles - t; */
+    for (int64_t t = 0; t < tiles; t++) {
         const int64_t begin = t * MOE_FP8_TILE;
         const int64_t end = len - begin < MOE_FP8_TILE ? len : begin + MOE_FP8_TILE;
         float part = 0.0f;
-        for (int64_t i = begin; i < end; i++)
-            part += moe_fp8_load(a->dtype, a->codes, a->first + i * a->step) *
-                    moe_fp8_load(b->dtype, b->codes, b->first + i * b->step);
-        const float scale = moe_fp8_scale(format, a->scales, a->scale_first + t * a->scale_step) *
-                            moe_fp8_scale(format, b->scales, b->scale_first + t * b->scale_step);
+        /*@ loop invariant bounds: begin <= i <= end <= len;
+            loop assigns i, part;
+            loop variant end - i; */
+        for (int64_t i = begin; i < end; i++) {
+            /*@ ghost lemma_mul_monotone(i, len, a->step); */
+            /*@ ghost lemma_mul_monotone(i, len, b->step); */
+            const int64_t ia = a->first + i * a->step, ib = b->first + i * b->step;
+            part += moe_fp8_load(a->dtype, a->codes, ia) * moe_fp8_load(b->dtype, b->codes, ib);
+        }
+        /*@ ghost lemma_mul_monotone(t, tiles, a->scale_step); */
+        /*@ ghost lemma_mul_monotone(t, tiles, b->scale_step); */
+        const int64_t sa = a->scale_first + t * a->scale_step, sb = b->scale_first + t * b->scale_step;
+        const float scale = moe_fp8_scale(format, a->scales, sa) * moe_fp8_scale(format, b->scales, sb);
         acc += part * scale;
     }
     return acc;
