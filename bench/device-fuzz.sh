@@ -2,8 +2,9 @@
 # Builds libmoe from a `make dist` tarball on a GPU machine and runs, logging under $OUT (or ./out):
 #   1. make check (every CPU and GPU test; no Frama-C there: test_verify skips), or with the step "gpu" the
 #      GPU tests alone;
-#   2. the new GPU fuzz ops for a short batch under compute-sanitizer memcheck;
-#   3. moe-fuzz --backend cuda for FUZZ_SECONDS (default 240) on seed FUZZ_SEED, every GPU op.
+#   2. the GPU fuzz ops SANITIZE_OPS (default gpu-gemm-fp8) for a short batch under compute-sanitizer memcheck;
+#   3. moe-fuzz --backend cuda for FUZZ_SECONDS (default 240) on seed FUZZ_SEED, the GPU ops FUZZ_OPS (default
+#      every one).
 # usage: bench/device-fuzz.sh TARBALL [steps]   steps: any of "check gpu sanitize fuzz" (default "check
 #   sanitize fuzz").  A build left in /tmp/libmoe-build by an earlier call on the same machine is reused.
 set -eu
@@ -39,14 +40,14 @@ case "$steps" in *gpu*)
   cat proptest/test_gpu_gemm.log proptest/test_gpu_mlp.log proptest/test_gpu_builders.log > "$out/gpu-tests.log" || true
 esac
 case "$steps" in *sanitize*)
-  echo "== compute-sanitizer memcheck: gpu-mlp-layout, gpu-gemm (small batches)"
+  echo "== compute-sanitizer memcheck: ${SANITIZE_OPS:-gpu-gemm-fp8} (a small batch)"
   compute-sanitizer --tool memcheck --error-exitcode 3 ./proptest/.libs/moe-fuzz --backend cuda --no-fork \
-    --ops gpu-mlp-layout --cases 60 --seed 7 > "$out/sanitizer.log" 2>&1 || status=1
+    --ops "${SANITIZE_OPS:-gpu-gemm-fp8}" --cases "${SANITIZE_CASES:-60}" --seed 7 > "$out/sanitizer.log" 2>&1 || status=1
   tail -4 "$out/sanitizer.log"
 esac
 case "$steps" in *fuzz*)
   echo "== moe-fuzz --backend cuda --seconds ${FUZZ_SECONDS:-240} --seed ${FUZZ_SEED:-0x5eed6001}"
-  ./proptest/moe-fuzz --backend cuda --seconds "${FUZZ_SECONDS:-240}" --seed "${FUZZ_SEED:-0x5eed6001}" \
+  ./proptest/moe-fuzz --backend cuda --seconds "${FUZZ_SECONDS:-240}" --seed "${FUZZ_SEED:-0x5eed6001}" ${FUZZ_OPS:+--ops "$FUZZ_OPS"} \
     --regressions proptest/regressions.txt > "$out/fuzz_cuda_${FUZZ_SEED:-0x5eed6001}.log" 2>&1 || status=1
   tail -12 "$out/fuzz_cuda_${FUZZ_SEED:-0x5eed6001}.log"
 esac

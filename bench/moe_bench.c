@@ -24,6 +24,8 @@
  * comparison with cuBLAS is skipped (the finiteness check still runs).
  * --dtype f16 | f32 | tf32 times libmoe on f16 or f32 tensors (tf32: f32 with options.allow_tf32), with
  * --libmoe-only only (so only the finiteness check applies).
+ * --dtype e4m3 | e5m2 times libmoe's FP8 GEMM (include/moe_fp8.h: fwd and dX; dW has no FP8 form) on random
+ * finite codes with float32 scales of 1, bf16 output, --libmoe-only only.
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
@@ -34,6 +36,7 @@
  * no host synchronisation between calls; --sync-each waits for each call instead (the method of the older
  * measurements in bench/RESULTS.md). */
 #include "moe.h"
+#include "moe_fp8.h"
 #include "oracle.h"
 #include "alloc.h"
 #include "gpu_check.h"
@@ -126,7 +129,9 @@ typedef struct problem {
     void *topk_w;           /* device [M] (slot order): libmoe's fused topk weights (--topk-weights), or NULL */
     moe_dtype dtype;        /* of x, w, dy, out, topk_w (--dtype; cuBLAS runs only for bf16) */
     int allow_tf32;         /* --dtype tf32: f32 tensors with options.allow_tf32 */
-    void *out;              /* device, of dtype, max of the three outputs */
+    int fp8;                /* --dtype e4m3 | e5m2: x, w, dy hold FP8 codes with the scales below; out is bf16 */
+    void *x_scales, *w_scales, *dy_scales; /* device float32 [M][K/128], [E][N/128][K/128], [M][N/128] */
+    void *out;              /* device, of dtype (bf16 for FP8), max of the three outputs */
     /* grouped cuBLAS */
     const void **A, **B;
     void **C;
@@ -135,9 +140,24 @@ typedef struct problem {
     float *alphas, *betas;
 } problem;
 
+static void run_libmoe_fp8(problem *p)
+{
+    moe_fp8_options o = {0};
+    o.out_dtype = MOE_BF16;
+    const moe_fp8_tensor x = {p->x, p->x_scales, p->dtype}, w = {p->w, p->w_scales, p->dtype};
+    const moe_fp8_tensor dy = {p->dy, p->dy_scales, p->dtype};
+    const moe_status st = p->op == FWD ? moe_gemm_fp8_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, &x, &w, NULL, p->out, &o)
+                                       : moe_gemm_fp8_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, &dy, &w, NULL, p->out, &o);
+    REQUIRE(st == MOE_OK, "libmoe: %s", moe_last_error());
+}
+
 static void run_libmoe(void *state)
 {
     problem *p = state;
+    if (p->fp8) {
+        run_libmoe_fp8(p);
+        return;
+    }
     moe_gemm_options o = {0};
     o.dtype = p->dtype;
     o.allow_tf32 = p->allow_tf32;
@@ -273,6 +293,40 @@ static void fill_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dty
     }
 }
 
+/* Random finite FP8 codes (NaN codes replaced by finite ones; e5m2's Inf too), as fill_device repeats a block. */
+static void fill_codes_device(oracle_rng *rng, void *dev, int64_t count, moe_dtype dtype)
+{
+    const int64_t chunk = 1 << 23;
+    static unsigned char *block = NULL;
+    if (block == NULL) {
+        block = malloc((size_t)chunk + 4096);
+        REQUIRE(block != NULL, "out of memory");
+        for (int64_t i = 0; i < chunk + 4096; i++) {
+            unsigned char b = (unsigned char)oracle_rng_below(rng, 256);
+            const int special = dtype == MOE_E4M3 ? (b & 0x7f) == 0x7f : (b & 0x7c) == 0x7c;
+            block[i] = special ? (unsigned char)(b & 0xbf) : b;
+        }
+    }
+    for (int64_t first = 0; first < count; first += chunk) {
+        int64_t n = count - first < chunk ? count - first : chunk;
+        CUDA_CHECK(cudaMemcpy((char *)dev + first, block + (first / chunk * 7919) % 4096, (size_t)n,
+                              cudaMemcpyHostToDevice));
+    }
+}
+
+/* A device array of count float32 ones (the FP8 scales). */
+static void *device_ones(int64_t count)
+{
+    float *host = xmalloc((size_t)count * sizeof *host + 4);
+    for (int64_t i = 0; i < count; i++)
+        host[i] = 1.0f;
+    void *dev;
+    CUDA_CHECK(cudaMalloc(&dev, (size_t)count * sizeof *host + 4));
+    CUDA_CHECK(cudaMemcpy(dev, host, (size_t)count * sizeof *host, cudaMemcpyHostToDevice));
+    free(host);
+    return dev;
+}
+
 /* Whether all count elements of dtype at dev (libmoe's output) are finite, checked on the device: the
  * 4096-element sample of sample_difference would usually miss one unwritten (NaN-poisoned) tile, and
  * copying a whole output to the host (15 GB for DeepSeek-V3's dW in bf16) would take longer than the
@@ -366,7 +420,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
                             "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] "
-                            "[--dtype bf16|f16|f32|tf32]\n",
+                            "[--dtype bf16|f16|f32|tf32|e4m3|e5m2]\n",
                     argv[0]);
             return 2;
         }
@@ -374,7 +428,13 @@ int main(int argc, char **argv)
     const int allow_tf32 = strcmp(dtype_name, "tf32") == 0;
     moe_dtype dtype = MOE_F32;
     if (!allow_tf32 && moe_dtype_from_name(dtype_name, &dtype) != MOE_OK) {
-        fprintf(stderr, "moe-bench: --dtype is bf16, f16, f32 or tf32 (f32 with allow_tf32), got '%s'\n", dtype_name);
+        fprintf(stderr, "moe-bench: --dtype is bf16, f16, f32, tf32 (f32 with allow_tf32), e4m3 or e5m2, got '%s'\n",
+                dtype_name);
+        return 2;
+    }
+    const int fp8 = dtype == MOE_E4M3 || dtype == MOE_E5M2;
+    if (fp8 && (topk_weights || autotune_path != NULL)) {
+        fprintf(stderr, "moe-bench: --dtype %s runs without --topk-weights and --autotune\n", dtype_name);
         return 2;
     }
     if (dtype != MOE_BF16 && !libmoe_only) {
@@ -382,6 +442,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const size_t es = moe_dtype_size(dtype);
+    const moe_dtype out_dtype = fp8 ? MOE_BF16 : dtype; /* of the outputs */
+    const size_t out_es = moe_dtype_size(out_dtype);
     printf("seed %llu\n", (unsigned long long)seed);
     if (!moe_backend_available(MOE_BACKEND_CUDA)) {
         printf("SKIP: no CUDA device\n");
@@ -434,26 +496,35 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMemcpy(dev_gather, gather, (size_t)M * 8, cudaMemcpyHostToDevice));
         p.dev_routing = (moe_routing){T, k, E, dev_sizes, dev_gather};
         const int64_t out_elems = E * N * K > M * (N > K ? N : K) ? E * N * K : M * (N > K ? N : K);
-        p.dtype = dtype, p.allow_tf32 = allow_tf32;
+        p.dtype = dtype, p.allow_tf32 = allow_tf32, p.fp8 = fp8;
         CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * es));
         CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * es));
         CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * es));
-        CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * es));
+        CUDA_CHECK(cudaMalloc(&p.out, (size_t)out_elems * out_es));
         if (topk_weights) {
             CUDA_CHECK(cudaMalloc(&p.topk_w, (size_t)M * es));
             fill_device(&rng, p.topk_w, M, dtype);
         }
         void *check;
-        CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * es));
-        fill_device(&rng, p.x, M * K, dtype);
-        fill_device(&rng, p.w, E * N * K, dtype);
-        fill_device(&rng, p.dy, M * N, dtype);
+        CUDA_CHECK(cudaMalloc(&check, (size_t)out_elems * out_es));
+        if (fp8) {
+            const int64_t tiles_n = (N + MOE_FP8_TILE - 1) / MOE_FP8_TILE, tiles_k = (K + MOE_FP8_TILE - 1) / MOE_FP8_TILE;
+            fill_codes_device(&rng, p.x, M * K, dtype);
+            fill_codes_device(&rng, p.w, E * N * K, dtype);
+            fill_codes_device(&rng, p.dy, M * N, dtype);
+            p.x_scales = device_ones(M * tiles_k), p.w_scales = device_ones(E * tiles_n * tiles_k);
+            p.dy_scales = device_ones(M * tiles_n);
+        } else {
+            fill_device(&rng, p.x, M * K, dtype);
+            fill_device(&rng, p.w, E * N * K, dtype);
+            fill_device(&rng, p.dy, M * N, dtype);
+        }
         for (int op = FWD; op <= DW; op++) {
-            if (!strstr(ops, op_names[op]))
+            if (!strstr(ops, op_names[op]) || (fp8 && op == DW))
                 continue;
             p.op = op;
             const int64_t count = op == FWD ? M * N : op == DX ? M * K : E * N * K;
-            CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * es)); /* NaN poison */
+            CUDA_CHECK(cudaMemset(p.out, 0xff, (size_t)count * out_es)); /* NaN poison */
             const double flops = 2.0 * (double)M * (double)N * (double)K;
             if (autotune_path != NULL)
                 moe_gemm_autotune_clear(); /* the heuristic's choice, not an entry of an earlier row (reloaded below) */
@@ -484,10 +555,10 @@ int main(int argc, char **argv)
                        flops / t_heuristic[0] / 1e9, flops / t_heuristic[1] / 1e9, flops / t_tuned[0] / 1e9,
                        flops / t_tuned[1] / 1e9);
             }
-            CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * es, cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemcpy(check, p.out, (size_t)count * out_es, cudaMemcpyDeviceToDevice));
             REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
             /* on check, libmoe's output as its last timed run left it: the cuBLAS runs below overwrite p.out */
-            const int finite = output_finite(ctx.handle, check, count, dtype);
+            const int finite = output_finite(ctx.handle, check, count, out_dtype);
             double diff = 0, tf_loop = 0, tf_group = 0, tf_dense = 0;
             if (!libmoe_only) {
                 float t_loop = time_median(&ctx, run_cublas_loop, &p);
@@ -516,6 +587,7 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaFree(p.x)); CUDA_CHECK(cudaFree(p.w)); CUDA_CHECK(cudaFree(p.dy)); CUDA_CHECK(cudaFree(p.out));
         CUDA_CHECK(cudaFree(check)); CUDA_CHECK(cudaFree(dev_sizes)); CUDA_CHECK(cudaFree(dev_gather));
         CUDA_CHECK(cudaFree(p.topk_w)); /* NULL without --topk-weights */
+        CUDA_CHECK(cudaFree(p.x_scales)); CUDA_CHECK(cudaFree(p.w_scales)); CUDA_CHECK(cudaFree(p.dy_scales));
         free(ids), free(m_sizes), free(gather);
     }
     if (csv)

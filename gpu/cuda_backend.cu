@@ -26,34 +26,17 @@ static moe_status cuda_mlp_layout_build(const moe_layout_problem *p, const int64
                                      num_blocks_used, p->stream);
 }
 
-// moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the MLP's
-// layout error, then the device builders' topk_ids error (each is kept until reported; the three
-// records are gpu/common/device_error.cuh's).
+// moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the FP8 GEMM's bad
+// scale, then the MLP's layout error, then the device builders' topk_ids error (each is kept until reported;
+// the four records are gpu/common/device_error.cuh's).
 static moe_status cuda_synchronize(void *stream)
 {
     moe_status status = moe_cuda_synchronize(stream);
     if (status == MOE_OK)
+        status = moe_cuda_fp8_take_error();
+    if (status == MOE_OK)
         status = moe_cuda_mlp_take_error();
     return status != MOE_OK ? status : moe_cuda_routing_take_error();
-}
-
-// No FP8 kernels yet: the FP8 rows refuse every call, naming the op (never a silent fallback).
-static moe_status cuda_gemm_fp8_unsupported(const moe_fp8_problem *p)
-{
-    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no FP8 kernels yet (MOE_BACKEND_REF runs FP8)",
-                    p->g.op);
-}
-
-static moe_status cuda_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *, const moe_fp8_tensor *,
-                                    const float *, void *)
-{
-    return cuda_gemm_fp8_unsupported(p);
-}
-
-static moe_status cuda_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *, const moe_fp8_tensor *,
-                                   const float *, void *)
-{
-    return cuda_gemm_fp8_unsupported(p);
 }
 
 static moe_dispatch make_cuda_dispatch()
@@ -69,8 +52,8 @@ static moe_dispatch make_cuda_dispatch()
     table.mlp_bwd = moe_cuda_mlp_bwd;
     table.routing_build = cuda_routing_build;
     table.mlp_layout_build = cuda_mlp_layout_build;
-    table.gemm_fp8_fwd = cuda_gemm_fp8_fwd;
-    table.gemm_fp8_dx = cuda_gemm_fp8_dx;
+    table.gemm_fp8_fwd = moe_cuda_gemm_fp8_fwd;
+    table.gemm_fp8_dx = moe_cuda_gemm_fp8_dx;
     table.validates_routing_on_host = 0; // routing lives on the device: checked there
     table.synchronize = cuda_synchronize;
     return table;

@@ -58,7 +58,8 @@ typedef struct moe_fp8_options {
  *                 topk_weights[g_r] in float32 before the rounding
  *   y             [M][N] of out_dtype; expert order, or slot order with permute_y
  * MOE_BACKEND_REF checks every scale (MOE_ERR_INVALID_VALUE naming the operand and the index).  The CUDA
- * backend has no FP8 kernels yet: MOE_ERR_UNSUPPORTED. */
+ * backend (sm_80 and later) checks them on the device: a bad scale is reported by moe_backend_synchronize
+ * (MOE_ERR_INVALID_VALUE) and the call writes nothing. */
 moe_status moe_gemm_fp8_fwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
                             const moe_fp8_tensor *x, const moe_fp8_tensor *w, const float *topk_weights, void *y,
                             const moe_fp8_options *options);

@@ -3,7 +3,7 @@
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_fp8.h proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS)
 proptest_moe_fuzz_LDADD = $(TESTLIB_LIBS)
 # make check: a fixed-seed budget plus the committed regression file
@@ -16,7 +16,7 @@ EXTRA_DIST += proptest/mutants.sh
 
 # GPU properties: built and run when CUDA is configured; exit 77 (skip) where no device is visible.
 if MOE_CUDA
-proptest_moe_fuzz_SOURCES += proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h
+proptest_moe_fuzz_SOURCES += proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_gpu_fp8.c proptest/pt_cuda.h
 proptest_moe_fuzz_CPPFLAGS += $(CUDA_CPPFLAGS) -DMOE_FUZZ_CUDA
 proptest_moe_fuzz_LDADD += $(CUDA_LIBS)
 check_PROGRAMS += proptest/test_gpu_gemm
@@ -37,7 +37,7 @@ proptest_test_gpu_autotune_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 proptest_test_gpu_autotune_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_autotune
 else
-EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
+EXTRA_DIST += proptest/test_gpu_gemm.c proptest/pt_gpu.c proptest/pt_gpu_mlp.c proptest/pt_gpu_fp8.c proptest/pt_cuda.h proptest/test_gpu_autotune.c
 endif
 
 # GPU blockwise MoE MLP properties (gpu/mlp/), on the MLP test library of testlib/ with the

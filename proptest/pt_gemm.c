@@ -401,6 +401,7 @@ void pt_gemm_meta(pt_case *c);
 void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
 void pt_gemm_fp8(pt_case *c);
+void pt_gpu_gemm_fp8(pt_case *c);
 void pt_mlp(pt_case *c);
 void pt_mlp_meta(pt_case *c);
 void pt_mlp_layout(pt_case *c);
@@ -441,5 +442,10 @@ const pt_op pt_ops[] = {
     {"gemm-fp8", "FP8 fwd / dX (every mode, output dtype, scale format, operand dtype pair; partial tiles) vs the "
                  "float64 oracle within the promotion bound (specs/FP8.md); a bad scale refused, output untouched", 0,
      pt_gemm_fp8},
+#ifdef MOE_FUZZ_CUDA
+    {"gpu-gemm-fp8", "CUDA FP8 fwd / dX (every mode, dtype, scale format) vs the float64 bound; bitwise equal to the "
+                     "reference on exact codes and deterministic; a bad scale reported by moe_backend_synchronize, "
+                     "output untouched", 1, pt_gpu_gemm_fp8},
+#endif
     {NULL, NULL, 0, NULL},
 };

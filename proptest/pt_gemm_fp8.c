@@ -1,9 +1,8 @@
-/* moe-fuzz's gemm-fp8 op: the FP8 grouped GEMM (fwd or dX, every mode, both output dtypes, both scale formats,
- * all four operand dtype pairs, K and N on both sides of multiples of 128) on the reference backend against
- * the float64 oracle within its bound (oracle/oracle_fp8.h, specs/FP8.md section 4), and a failed call
- * (one bad scale) leaving the output untouched. */
+/* moe-fuzz's gemm-fp8 op: the FP8 grouped GEMM case of pt_fp8.h on the reference backend against the float64
+ * oracle within its bound (oracle/oracle_fp8.h, specs/FP8.md section 4), and a failed call (one bad scale)
+ * leaving the output untouched; and the case's generator and checks, which gpu-gemm-fp8 (pt_gpu_fp8.c) shares. */
 #include "oracle_fp8.h"
-#include "pt.h"
+#include "pt_fp8.h"
 #include "pt_gen.h"
 
 #include <math.h>
@@ -48,10 +47,11 @@ static void *fill_scales(uint64_t *state, int dist, moe_fp8_scale_format format,
     return s;
 }
 
-void pt_gemm_fp8(pt_case *c)
+void fp8_case_generate(pt_case *c, fp8_case *f, int64_t cap_macs)
 {
     pt_source *s = c->src;
-    const int dx = pt_bool(s);
+    memset(f, 0, sizeof *f);
+    const int dx = f->dx = pt_bool(s);
     int64_t E = 1 + pt_sized(s, 0, 6), T = pt_sized(s, 0, 16);
     const int64_t N = pt_sized(s, 0, 400), K = pt_sized(s, 0, 400);
     const int kind = pt_pick(s, PT_ROUTE_KINDS_FROM_TOPK - 1); /* not E_MUCH_LARGER's shape arrangement */
@@ -59,95 +59,127 @@ void pt_gemm_fp8(pt_case *c)
     const int64_t A = pt_allowed_experts(kind == PT_ROUTE_E_MUCH_LARGER ? PT_ROUTE_UNIFORM : kind, E, allowed);
     free(allowed);
     const int64_t k = min64(pt_int(s, 1, 4), A);
-    T = min64(T, FP8_CAP_MACS / max64(1, k * max64(1, N) * max64(1, K)));
+    T = min64(T, cap_macs / max64(1, k * max64(1, N) * max64(1, K)));
     const int64_t M = T * k;
-    moe_fp8_options opt;
-    memset(&opt, 0, sizeof opt);
-    opt.out_dtype = pt_bool(s) ? MOE_BF16 : MOE_F32;
-    opt.scale_format = pt_bool(s) ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
-    opt.permute_x = pt_bool(s);
-    opt.permute_y = pt_bool(s);
-    opt.accumulate = pt_bool(s);
-    opt.reduce_topk = dx && pt_bool(s);
-    const int weighted = pt_bool(s);
+    moe_fp8_options *opt = &f->opt;
+    opt->out_dtype = pt_bool(s) ? MOE_BF16 : MOE_F32;
+    opt->scale_format = pt_bool(s) ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
+    opt->permute_x = pt_bool(s);
+    opt->permute_y = pt_bool(s);
+    opt->accumulate = pt_bool(s);
+    opt->reduce_topk = dx && pt_bool(s);
+    f->weighted = pt_bool(s);
     const moe_dtype a_dtype = pt_bool(s) ? MOE_E5M2 : MOE_E4M3, w_dtype = pt_bool(s) ? MOE_E5M2 : MOE_E4M3;
-    const int code_dist = pt_pick(s, 2), scale_dist = pt_pick(s, 2);
+    f->code_dist = pt_pick(s, 2), f->scale_dist = pt_pick(s, 2);
     uint64_t state = pt_draw(s, UINT32_MAX);
     pt_describe(c, "gemm-fp8 %s T=%lld k=%lld E=%lld N=%lld K=%lld %s x %s -> %s scales=%s px=%d py=%d topk=%d acc=%d "
                 "reduce=%d codes=%s scales=%s", dx ? "dx" : "fwd", (long long)T, (long long)k, (long long)E,
                 (long long)N, (long long)K, moe_dtype_name(a_dtype), moe_dtype_name(w_dtype),
-                moe_dtype_name(opt.out_dtype), opt.scale_format ? "ue8m0" : "f32", opt.permute_x, opt.permute_y,
-                weighted, opt.accumulate, opt.reduce_topk, code_dist ? "any" : "exact", scale_dist ? "tiled" : "one");
+                moe_dtype_name(opt->out_dtype), opt->scale_format ? "ue8m0" : "f32", opt->permute_x, opt->permute_y,
+                f->weighted, opt->accumulate, opt->reduce_topk, f->code_dist ? "any" : "exact",
+                f->scale_dist ? "tiled" : "one");
+    f->T = T, f->k = k, f->E = E, f->N = N, f->K = K, f->M = M;
 
-    int64_t *ids = xmalloc((size_t)(M + 1) * sizeof(int64_t)), *m_sizes = xmalloc((size_t)E * sizeof(int64_t));
-    int64_t *gather = xmalloc((size_t)(M + 1) * sizeof(int64_t));
+    int64_t *ids = xmalloc((size_t)(M + 1) * sizeof(int64_t));
+    f->m_sizes = xmalloc((size_t)E * sizeof(int64_t));
+    f->gather = xmalloc((size_t)(M + 1) * sizeof(int64_t));
     pt_gen_topk_ids(s, kind == PT_ROUTE_E_MUCH_LARGER ? PT_ROUTE_UNIFORM : kind, T, k, E, ids);
-    pt_stable_routing(M, E, ids, m_sizes, gather);
-    const moe_routing routing = {T, k, E, m_sizes, gather};
+    pt_stable_routing(M, E, ids, f->m_sizes, f->gather);
+    free(ids);
+    f->routing = (moe_routing){T, k, E, f->m_sizes, f->gather};
 
     const int64_t tiles_n = (N + 127) / 128, tiles_k = (K + 127) / 128;
-    const int64_t a_rows = dx ? M : (opt.permute_x ? T : M), a_cols = dx ? N : K, a_tiles = dx ? tiles_n : tiles_k;
-    uint8_t *a_codes = xmalloc((size_t)(a_rows * a_cols) + 1), *w_codes = xmalloc((size_t)(E * N * K) + 1);
-    fill_codes(&state, code_dist, a_dtype, a_codes, a_rows * a_cols);
-    fill_codes(&state, code_dist, w_dtype, w_codes, E * N * K);
-    void *a_scales = fill_scales(&state, scale_dist, opt.scale_format, a_rows * a_tiles);
-    void *w_scales = fill_scales(&state, scale_dist, opt.scale_format, E * tiles_n * tiles_k);
-    const moe_fp8_tensor a = {a_codes, a_scales, a_dtype}, w = {w_codes, w_scales, w_dtype};
-    float *topk = NULL;
-    if (weighted) {
-        topk = xmalloc(((size_t)M + 1) * sizeof *topk);
+    const int64_t a_rows = dx ? M : (opt->permute_x ? T : M), a_cols = dx ? N : K, a_tiles = dx ? tiles_n : tiles_k;
+    const size_t scale_size = opt->scale_format == MOE_FP8_SCALE_UE8M0 ? 1 : sizeof(float);
+    f->a_code_bytes = (size_t)(a_rows * a_cols), f->w_code_bytes = (size_t)(E * N * K);
+    f->a_scale_bytes = (size_t)(a_rows * a_tiles) * scale_size, f->w_scale_bytes = (size_t)(E * tiles_n * tiles_k) * scale_size;
+    f->a_codes = xmalloc(f->a_code_bytes + 1), f->w_codes = xmalloc(f->w_code_bytes + 1);
+    fill_codes(&state, f->code_dist, a_dtype, f->a_codes, a_rows * a_cols);
+    fill_codes(&state, f->code_dist, w_dtype, f->w_codes, E * N * K);
+    f->a_scales = fill_scales(&state, f->scale_dist, opt->scale_format, a_rows * a_tiles);
+    f->w_scales = fill_scales(&state, f->scale_dist, opt->scale_format, E * tiles_n * tiles_k);
+    f->a = (moe_fp8_tensor){f->a_codes, f->a_scales, a_dtype};
+    f->w = (moe_fp8_tensor){f->w_codes, f->w_scales, w_dtype};
+    if (f->weighted) {
+        f->topk = xmalloc(((size_t)M + 1) * sizeof *f->topk);
         for (int64_t i = 0; i < M; i++)
-            topk[i] = 0.05f + (float)(pt_mix(state++) >> 40) * 0x1p-24f;
+            f->topk[i] = 0.05f + (float)(pt_mix(state++) >> 40) * 0x1p-24f;
     }
-    const int64_t out_count = dx ? (opt.reduce_topk ? T : M) * K : M * N;
-    const size_t out_bytes = (size_t)out_count * moe_dtype_size(opt.out_dtype);
-    void *out = xmalloc(out_bytes + 4), *old = xmalloc(out_bytes + 4);
-    pt_fill(state, 0, PT_DIST_UNIFORM, opt.out_dtype, out, out_count);
-    memcpy(old, out, out_bytes);
-
-    /* a bad scale first (when there is one): refused, the output untouched */
+    f->out_count = dx ? (opt->reduce_topk ? T : M) * K : M * N;
+    f->out_bytes = (size_t)f->out_count * moe_dtype_size(opt->out_dtype);
+    f->old = xmalloc(f->out_bytes + 4);
+    pt_fill(state, 0, PT_DIST_UNIFORM, opt->out_dtype, f->old, f->out_count);
     const int64_t w_scale_count = E * tiles_n * tiles_k;
-    if (w_scale_count > 0) {
-        const int64_t bad = (int64_t)(pt_mix(state++) % (uint64_t)w_scale_count);
-        if (opt.scale_format == MOE_FP8_SCALE_UE8M0)
-            ((uint8_t *)w_scales)[bad] = 255;
-        else
-            ((float *)w_scales)[bad] = -0.0f;
-        const moe_status st = dx ? moe_gemm_fp8_dx(c->backend, &routing, N, K, &a, &w, topk, out, &opt)
-                                 : moe_gemm_fp8_fwd(c->backend, &routing, N, K, &a, &w, topk, out, &opt);
-        if (st != MOE_ERR_INVALID_VALUE || strstr(moe_last_error(), "w.scales[") == NULL)
-            pt_fail(c, "bad-scale", "w.scales[%lld] bad: status %s, message \"%s\"", (long long)bad, moe_strerror(st),
-                    moe_last_error());
-        else if (memcmp(out, old, out_bytes) != 0)
-            pt_fail(c, "bad-scale", "a refused call changed the output");
-        if (opt.scale_format == MOE_FP8_SCALE_UE8M0)
-            ((uint8_t *)w_scales)[bad] = 127;
-        else
-            ((float *)w_scales)[bad] = 1.0f;
-    }
-    double *value = xmalloc(((size_t)out_count + 1) * sizeof(double));
-    double *bound = xmalloc(((size_t)out_count + 1) * sizeof(double));
-    if (dx)
-        oracle_gemm_fp8_dx(&routing, N, K, &a, &w, topk, old, &opt, value, bound);
+    f->bad_scale = w_scale_count > 0 ? (int64_t)(pt_mix(state++) % (uint64_t)w_scale_count) : -1;
+}
+
+void fp8_case_corrupt(fp8_case *f, int bad)
+{
+    if (f->bad_scale < 0)
+        return;
+    if (f->opt.scale_format == MOE_FP8_SCALE_UE8M0)
+        ((uint8_t *)f->w_scales)[f->bad_scale] = bad ? 255 : 127;
     else
-        oracle_gemm_fp8_fwd(&routing, N, K, &a, &w, topk, old, &opt, value, bound);
-    const moe_status st = dx ? moe_gemm_fp8_dx(c->backend, &routing, N, K, &a, &w, topk, out, &opt)
-                             : moe_gemm_fp8_fwd(c->backend, &routing, N, K, &a, &w, topk, out, &opt);
-    if (st != MOE_OK) {
-        pt_fail(c, "status", "%s returned %s: %s", dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd", moe_strerror(st),
-                moe_last_error());
-    } else {
-        for (int64_t i = 0; i < out_count; i++) {
-            const double got = oracle_load(opt.out_dtype, out, i), err = fabs(got - value[i]);
-            if (!(err <= bound[i])) {
-                pt_fail(c, "bound", "%s[%lld]: got %.9g, want %.17g, |err| %.3g > bound %.3g", dx ? "dx" : "y",
-                        (long long)i, got, value[i], err, bound[i]);
-                break;
-            }
-            if (bound[i] > 0)
-                pt_ratio(c, err / bound[i]);
+        ((float *)f->w_scales)[f->bad_scale] = bad ? -0.0f : 1.0f;
+}
+
+moe_status fp8_case_call(const fp8_case *f, moe_backend backend, const moe_routing *routing, const moe_fp8_tensor *a,
+                         const moe_fp8_tensor *w, const float *topk, void *out)
+{
+    return f->dx ? moe_gemm_fp8_dx(backend, routing, f->N, f->K, a, w, topk, out, &f->opt)
+                 : moe_gemm_fp8_fwd(backend, routing, f->N, f->K, a, w, topk, out, &f->opt);
+}
+
+void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who)
+{
+    double *value = xmalloc(((size_t)f->out_count + 1) * sizeof(double));
+    double *bound = xmalloc(((size_t)f->out_count + 1) * sizeof(double));
+    if (f->dx)
+        oracle_gemm_fp8_dx(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, value, bound);
+    else
+        oracle_gemm_fp8_fwd(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, value, bound);
+    for (int64_t i = 0; i < f->out_count; i++) {
+        const double got = oracle_load(f->opt.out_dtype, out, i), err = fabs(got - value[i]);
+        if (!(err <= bound[i])) {
+            pt_fail(c, "bound", "%s %s[%lld]: got %.9g, want %.17g, |err| %.3g > bound %.3g", who, f->dx ? "dx" : "y",
+                    (long long)i, got, value[i], err, bound[i]);
+            break;
         }
+        if (bound[i] > 0)
+            pt_ratio(c, err / bound[i]);
     }
-    free(ids), free(m_sizes), free(gather), free(a_codes), free(w_codes), free(a_scales), free(w_scales);
-    free(topk), free(out), free(old), free(value), free(bound);
+    free(value), free(bound);
+}
+
+void fp8_case_free(fp8_case *f)
+{
+    free(f->m_sizes), free(f->gather), free(f->a_codes), free(f->w_codes), free(f->a_scales), free(f->w_scales);
+    free(f->topk), free(f->old);
+}
+
+void pt_gemm_fp8(pt_case *c)
+{
+    fp8_case f;
+    fp8_case_generate(c, &f, FP8_CAP_MACS);
+    void *out = xmalloc(f.out_bytes + 4);
+    memcpy(out, f.old, f.out_bytes);
+    /* a bad scale first (when there is one): refused, the output untouched */
+    if (f.bad_scale >= 0) {
+        fp8_case_corrupt(&f, 1);
+        const moe_status st = fp8_case_call(&f, c->backend, &f.routing, &f.a, &f.w, f.topk, out);
+        if (st != MOE_ERR_INVALID_VALUE || strstr(moe_last_error(), "w.scales[") == NULL)
+            pt_fail(c, "bad-scale", "w.scales[%lld] bad: status %s, message \"%s\"", (long long)f.bad_scale,
+                    moe_strerror(st), moe_last_error());
+        else if (memcmp(out, f.old, f.out_bytes) != 0)
+            pt_fail(c, "bad-scale", "a refused call changed the output");
+        fp8_case_corrupt(&f, 0);
+    }
+    const moe_status st = fp8_case_call(&f, c->backend, &f.routing, &f.a, &f.w, f.topk, out);
+    if (st != MOE_OK)
+        pt_fail(c, "status", "%s returned %s: %s", f.dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd", moe_strerror(st),
+                moe_last_error());
+    else
+        fp8_case_check(c, &f, out, "ref");
+    free(out);
+    fp8_case_free(&f);
 }

@@ -24,11 +24,12 @@
 #include "gemm/plan.cuh"
 
 namespace moe_gpu {
-namespace {
 
 // ------------------------------------------------------------------------------------------------
-// Fixed-order reductions: reduce_topk (dX[t] = sum_j slot rows) and the topk-weight gradient partials.
+// Fixed-order reductions: reduce_topk (dX[t] = sum_j slot rows) and the topk-weight gradient partials, and
+// the call workspace (shared with gpu/gemm/fp8.cu).
 // ------------------------------------------------------------------------------------------------
+// reduce_topk: dX[t] = sum_j slot rows t*k + j of the fp32 workspace, in j order, then one rounding.
 __global__ void reduce_topk_kernel(const float *slots, int64_t T, int64_t k, int64_t K, void *dx, moe_dtype dtype,
                                    int accumulate, const int *status)
 {
@@ -44,6 +45,44 @@ __global__ void reduce_topk_kernel(const float *slots, int64_t T, int64_t k, int
         store_from_float(dtype, dx, idx, sum);
     }
 }
+
+void launch_reduce_topk(const float *slots, int64_t T, int64_t k, int64_t K, void *dx, moe_dtype dtype, int accumulate,
+                        const int *status, cudaStream_t stream)
+{
+    if (T * K > 0)
+        reduce_topk_kernel<<<1024, 256, 0, stream>>>(slots, T, k, K, dx, dtype, accumulate, status);
+}
+
+cudaError_t alloc_call_workspace(int64_t E, int64_t M, int64_t extra_floats, cudaStream_t stream,
+                                 unsigned char **base, Workspace *w, float **extra)
+{
+    const int64_t bitmap_words = M / 32 + 1;
+    size_t bytes = (size_t)(3 * (E + 1) + 1) * 8 + (size_t)bitmap_words * 4 + 16;
+    bytes = (bytes + 255) / 256 * 256;
+    const size_t extra_offset = bytes;
+    bytes += (size_t)extra_floats * 4;
+    const cudaError_t err = cudaMallocAsync(base, bytes, stream);
+    if (err != cudaSuccess)
+        return err;
+    w->offsets = reinterpret_cast<int64_t *>(*base);
+    w->tile_start = w->offsets + (E + 1);
+    w->lone_start = w->tile_start + (E + 1);
+    w->tile_counter = reinterpret_cast<unsigned long long *>(w->lone_start + (E + 1));
+    w->seen = reinterpret_cast<unsigned *>(w->tile_counter + 1);
+    w->status = reinterpret_cast<int *>(w->seen + bitmap_words);
+    *extra = reinterpret_cast<float *>(*base + extra_offset);
+    return cudaSuccess;
+}
+
+moe_status free_call_workspace(const char *op, unsigned char *base, cudaStream_t stream, moe_status status)
+{
+    const cudaError_t err = cudaFreeAsync(base, stream);
+    if (status == MOE_OK && err != cudaSuccess)
+        return moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", op, cudaGetErrorString(err));
+    return status;
+}
+
+namespace {
 
 __global__ void reduce_partials_kernel(const float *partials, int64_t M, int64_t parts, void *out, moe_dtype dtype,
                                        int accumulate, const int *status)
@@ -77,22 +116,12 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
     const int64_t col_tiles = (cols_j + plan.bn - 1) / plan.bn;
     const int reduce = op == OP_DX && p->reduce_topk;
 
-    // workspace: offsets, tile starts, bitmap, status, and the fp32 buffer of a reduction
-    const int64_t bitmap_words = M / 32 + 1;
     const int64_t partials = op == OP_TOPK_GRAD ? M * col_tiles : reduce ? M * p->K : 0;
-    size_t bytes = (size_t)(3 * (E + 1) + 1) * 8 + (size_t)bitmap_words * 4 + 16;
-    bytes = (bytes + 255) / 256 * 256;
-    const size_t partial_offset = bytes;
-    bytes += (size_t)partials * 4;
     unsigned char *ws = nullptr;
-    MOE_CUDA_CHECK(cudaMallocAsync(&ws, bytes, stream));
     Workspace w;
-    w.offsets = reinterpret_cast<int64_t *>(ws);
-    w.tile_start = w.offsets + (E + 1);
-    w.lone_start = w.tile_start + (E + 1);
-    w.tile_counter = reinterpret_cast<unsigned long long *>(w.lone_start + (E + 1));
-    w.seen = reinterpret_cast<unsigned *>(w.tile_counter + 1);
-    w.status = reinterpret_cast<int *>(w.seen + bitmap_words);
+    float *partial_buffer = nullptr;
+    const int64_t bitmap_words = M / 32 + 1;
+    MOE_CUDA_CHECK(alloc_call_workspace(E, M, partials, stream, &ws, &w, &partial_buffer));
     do {
         launch_routing_check(p, op, col_tiles, BM, plan.cluster > 1, bitmap_words, w, stream);
         cudaError_t err = cudaGetLastError();
@@ -109,7 +138,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         g.gather = p->gather_indices;
         g.permute_x = p->permute_x, g.permute_y = p->permute_y, g.accumulate = p->accumulate;
         g.a = a, g.b = b, g.weights = weights, g.dy = dy;
-        g.out = (op == OP_TOPK_GRAD || reduce) ? static_cast<void *>(ws + partial_offset) : out;
+        g.out = (op == OP_TOPK_GRAD || reduce) ? static_cast<void *>(partial_buffer) : out;
         g.out_is_workspace = op == OP_TOPK_GRAD || reduce;
         g.partial_stride = col_tiles;
         g.sm90_skip = sm90_skip_from_env();
@@ -118,9 +147,9 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         if (status != MOE_OK)
             break;
         const unsigned blocks = 1024;
-        if (reduce && p->num_tokens * p->K > 0) {
-            reduce_topk_kernel<<<blocks, 256, 0, stream>>>(static_cast<const float *>(g.out), p->num_tokens, p->topk,
-                                                           p->K, out, p->dtype, p->accumulate, w.status);
+        if (reduce) {
+            launch_reduce_topk(partial_buffer, p->num_tokens, p->topk, p->K, out, p->dtype, p->accumulate, w.status,
+                               stream);
         } else if (op == OP_TOPK_GRAD && M > 0) {
             reduce_partials_kernel<<<blocks, 256, 0, stream>>>(static_cast<const float *>(g.out), M, col_tiles, out,
                                                                p->dw_dtype, p->accumulate, w.status);
@@ -129,10 +158,7 @@ moe_status run_gemm(const moe_gemm_problem *p, int op, const void *a, const void
         if (err != cudaSuccess)
             status = moe_fail(MOE_ERR_DEVICE, "%s: reduction launch failed: %s", p->op, cudaGetErrorString(err));
     } while (0);
-    cudaError_t err = cudaFreeAsync(ws, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", p->op, cudaGetErrorString(err));
-    return status;
+    return free_call_workspace(p->op, ws, stream, status);
 }
 
 } // namespace

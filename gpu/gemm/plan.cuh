@@ -30,7 +30,21 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
 moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_tiles, cudaStream_t stream);
 int64_t max_tiles_of(int op, int64_t E, int64_t M, int64_t N, int bm, int64_t col_tiles);
 
-// The routing check (gemm/routing_check.cu).
+// A call's device workspace (gemm/gemm.cu): Workspace's arrays for E experts and M rows in one cudaMallocAsync
+// at *base (freed by the caller with cudaFreeAsync), then extra_floats floats of fp32 scratch at *extra.
+cudaError_t alloc_call_workspace(int64_t E, int64_t M, int64_t extra_floats, cudaStream_t stream,
+                                 unsigned char **base, Workspace *w, float **extra);
+// Frees it (stream-ordered) and returns `status`, or MOE_ERR_DEVICE naming op when the free failed and status
+// was MOE_OK.
+moe_status free_call_workspace(const char *op, unsigned char *base, cudaStream_t stream, moe_status status);
+// reduce_topk's fixed-order sum (gemm/gemm.cu): dx[t][c] = sum_j slots[t*k + j][c] in j order (+ old with
+// accumulate), one rounding to dtype; nothing while *status != 0.
+void launch_reduce_topk(const float *slots, int64_t T, int64_t k, int64_t K, void *dx, moe_dtype dtype, int accumulate,
+                        const int *status, cudaStream_t stream);
+
+// The routing check (gemm/routing_check.cu).  op names the entry point in its messages: a GemmOp, or
+// ROUTING_OP_FP8_FWD / _DX for gemm/fp8.cu's calls.
+constexpr int ROUTING_OP_FP8_FWD = 4, ROUTING_OP_FP8_DX = 5;
 void launch_routing_check(const moe_gemm_problem *p, int op, int64_t col_tiles, int rows_per_tile, bool paired,
                           int64_t bitmap_words, const Workspace &w, cudaStream_t stream);
 

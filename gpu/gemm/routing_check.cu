@@ -174,10 +174,11 @@ moe_status moe_cuda_synchronize(void *stream)
     const moe_status taken = take_device_error(g_routing_check_error, &record);
     if (taken != MOE_OK || record.kind == ROUTING_OK)
         return taken;
-    static const char *const ops[] = {"moe_gemm_fwd", "moe_gemm_dx", "moe_gemm_dw", "moe_gemm_topk_weights_grad"};
+    static const char *const ops[] = {"moe_gemm_fwd", "moe_gemm_dx", "moe_gemm_dw",
+                                      "moe_gemm_topk_weights_grad", "moe_gemm_fp8_fwd", "moe_gemm_fp8_dx"};
     char detail[256];
     snprintf(detail, sizeof detail, routing_error_text(record.kind), record.detail[ROUTING_INDEX],
              record.detail[ROUTING_VALUE]);
-    return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: %s", record.op >= 0 && record.op < 4 ? ops[record.op] : "?",
+    return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: %s", record.op >= 0 && record.op < 6 ? ops[record.op] : "?",
                     DEVICE_ERROR_WHERE, detail);
 }

@@ -1,0 +1,328 @@
+// The FP8 grouped GEMM on CUDA (include/moe_fp8.h; the exact math is specs/FP8.md): fwd and dX, on every GPU
+// from sm_80.  The portable kernel: each K-step's FP8 codes are decoded to bf16 (exact: e4m3's and e5m2's
+// values are bf16 values) into shared memory and multiplied by mma.sync m16n8k16 with fp32 accumulation; at
+// the end of each 128-element tile of the reduction, the tile's partial sums are promoted as the reference
+// promotes them, acc += part * (s_a * s_w), tiles in ascending order.  Only the order of the 128 products'
+// sums inside a tile differs from the reference (the tensor core's), which the derived bound covers.
+//
+//   fwd: out[r][n] = sum over K-tiles t of part_t(X[xrow(r)], W[e][n]) * (sx[xrow(r)][t] * sw[e][n/128][t])
+//   dX:  out[r][c] = sum over N-tiles t of part_t(dY[yrow(r)], W[e][.][c]) * (sdy[yrow(r)][t] * sw[e][t][c/128])
+// 128 x 128 output tiles, 256 threads (8 warps of 64 x 32), K-steps of 32; a tile's 128 columns lie in one W
+// block, so the W scale of a K-tile is one number per CTA.  The scales are checked on the device first
+// (finite and > 0; UE8M0 not 255): a bad one is reported by moe_backend_synchronize and the call writes
+// nothing.  Topk weights, permute_x / permute_y, accumulate and the rounding are the GEMM's epilogue
+// (gemm/epilogue.cuh); reduce_topk sums the fp32 slot rows in gemm/gemm.cu's fixed order.
+#include <stdio.h>
+
+#include "common/cuda_check.cuh"
+#include "common/device_error.cuh"
+#include "common/launch.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/gemm.cuh"
+#include "gemm/plan.cuh"
+
+namespace moe_gpu {
+
+enum Fp8ScaleErrorKind : int { FP8_SCALE_OK = 0, FP8_SCALE_BAD = 1 };
+enum Fp8ScaleDetail : int { FP8_OPERAND = 0, FP8_INDEX = 1, FP8_BITS = 2 }; // DeviceErrorRecord::detail slots
+__device__ DeviceErrorRecord g_fp8_scale_error;
+
+namespace {
+
+constexpr int F8_BM = 128, F8_BN = 128, F8_BK = 32, F8_TILE = MOE_FP8_TILE, F8_THREADS = 256;
+constexpr int F8_LDS = F8_BK + 8; // shared row stride in bf16 elements: conflict-free 32-bit fragment loads
+
+struct Fp8Args {
+    GemmArgs g;              // op OP_FWD or OP_DX, dtype MOE_F32 (the topk weights), out_dtype, shapes, routing
+    const uint8_t *a, *b;    // codes: a = X (fwd) or dY (dX), b = W
+    const void *a_scales, *b_scales;
+    moe_dtype a_dtype, b_dtype;
+    int ue8m0;               // scales are UE8M0 bytes (else float32)
+    int64_t tiles_n, tiles_k;
+    int a_vec, b_vec;        // the operand's rows may be read 16 codes at a time (aligned, row length % 16 == 0)
+};
+
+// The bf16 bits of FP8 code `code` (exact), from its format's fields; NaN codes give a bf16 NaN, e5m2's Inf
+// codes bf16's Inf.
+__device__ uint16_t fp8_to_bf16_bits(moe_dtype dtype, unsigned code)
+{
+    const unsigned sign = (code & 0x80u) << 8, mbits = dtype == MOE_E4M3 ? 3u : 2u, bias = dtype == MOE_E4M3 ? 7u : 15u;
+    const unsigned exponent = (code & 0x7fu) >> mbits, mantissa = code & ((1u << mbits) - 1u);
+    const unsigned top = 0x7fu >> mbits;
+    if (dtype == MOE_E4M3 ? (code & 0x7fu) == 0x7fu : exponent == top)
+        return (uint16_t)(sign | 0x7f80u | (dtype == MOE_E4M3 || mantissa ? 0x40u : 0u)); // NaN, or e5m2's Inf
+    if (exponent == 0) { // subnormal: mantissa * 2^(1 - bias - mbits), exact in float and in bf16
+        const float v = (float)mantissa * __int_as_float((int)(127 + 1 - bias - mbits) << 23);
+        return (uint16_t)(sign | (__float_as_uint(v) >> 16));
+    }
+    return (uint16_t)(sign | (exponent + 127u - bias) << 7 | mantissa << (7u - mbits));
+}
+
+__device__ __forceinline__ float fp8_scale(const Fp8Args &f, const void *scales, int64_t i)
+{
+    if (f.ue8m0) // 2^(b - 127): b = 0 is 2^-127, a float32 subnormal
+        return ldexpf(1.0f, (int)static_cast<const uint8_t *>(scales)[i] - 127);
+    return static_cast<const float *>(scales)[i];
+}
+
+// One operand's scale check: the first few bad scales are reported (any one of them may be the one kept).
+__global__ void check_scales_kernel(const void *scales, int64_t count, int ue8m0, int operand, int op, int *status)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        unsigned bits;
+        bool bad;
+        if (ue8m0) {
+            bits = static_cast<const uint8_t *>(scales)[i];
+            bad = bits == 255u;
+        } else {
+            const float s = static_cast<const float *>(scales)[i];
+            bits = __float_as_uint(s);
+            bad = !(s > 0.0f && s <= 3.4028234663852886e38f);
+        }
+        if (bad && atomicCAS(status, 0, FP8_SCALE_BAD) == 0)
+            publish_device_error(&g_fp8_scale_error, FP8_SCALE_BAD, [&](DeviceErrorRecord *record) {
+                record->op = op;
+                record->detail[FP8_OPERAND] = operand;
+                record->detail[FP8_INDEX] = i;
+                record->detail[FP8_BITS] = bits;
+            });
+    }
+}
+
+__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// 16 codes of a row starting at column q of `len` (0 past it, and all 0 for a NULL row) -> 16 bf16 values at
+// dst[0], dst[stride], ...
+__device__ __forceinline__ void load16(const uint8_t *row, int64_t q, int64_t len, bool vec, const uint16_t *decode,
+                                       uint16_t *dst, int stride)
+{
+    uint16_t v[16];
+    if (row != nullptr && vec && q + 16 <= len) {
+        const uint4 word = *reinterpret_cast<const uint4 *>(row + q);
+        const uint32_t w[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            v[u] = decode[(w[u / 4] >> (8 * (u % 4))) & 0xffu];
+    } else {
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            v[u] = row != nullptr && q + u < len ? decode[row[q + u]] : (uint16_t)0;
+    }
+#pragma unroll
+    for (int u = 0; u < 16; u++)
+        dst[u * stride] = v[u];
+}
+
+__global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
+{
+    __shared__ uint16_t decode_a[256], decode_b[256];
+    __shared__ __align__(16) uint16_t sa[F8_BM][F8_LDS]; // A(i, q): tile row i, K-step column q
+    __shared__ __align__(16) uint16_t sb[F8_BN][F8_LDS]; // B(q, j) stored as [j][q]
+    __shared__ int64_t a_rows[F8_BM];                    // A's source row per tile row, -1 past the expert
+    __shared__ float a_scale[F8_BM];
+    __shared__ float b_scale;
+    const GemmArgs &g = f.g;
+    if (*g.ws.status != 0)
+        return;
+    for (int i = threadIdx.x; i < 256; i += F8_THREADS) {
+        decode_a[i] = fp8_to_bf16_bits(f.a_dtype, (unsigned)i);
+        decode_b[i] = fp8_to_bf16_bits(f.b_dtype, (unsigned)i);
+    }
+    const bool dx = g.op == OP_DX;
+    const int64_t qlen = dx ? g.N : g.K, tiles_q = (qlen + F8_TILE - 1) / F8_TILE;
+    const int64_t a_tiles = dx ? f.tiles_n : f.tiles_k;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int wm = warp % 2 * 64, wn = warp / 2 * 32;
+    const int64_t tiles = total_tiles(g, F8_BM, F8_BN);
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const TileCoord t = tile_coord(g, tile, F8_BM, F8_BN);
+        if (threadIdx.x < F8_BM)
+            a_rows[threadIdx.x] = a_source_row(g, t, t.i0 + threadIdx.x, dx);
+        float acc[4][4][4] = {}, part[4][4][4];
+        for (int64_t tq = 0; tq < tiles_q; tq++) {
+            const int64_t q_begin = tq * F8_TILE, q_end = qlen - q_begin < F8_TILE ? qlen : q_begin + F8_TILE;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++)
+                        part[mt][nt][x] = 0.0f;
+            for (int64_t q0 = q_begin; q0 < q_end; q0 += F8_BK) {
+                __syncthreads(); // a_rows written; the previous step's tiles read
+                { // A: tile row i, 16 codes of the K-step
+                    const int i = threadIdx.x / 2, h = threadIdx.x % 2;
+                    const uint8_t *row = a_rows[i] >= 0 ? f.a + a_rows[i] * qlen : nullptr;
+                    load16(row, q0 + 16 * h, q_end, f.a_vec, decode_a, &sa[i][16 * h], 1);
+                }
+                if (!dx) { // B = W[e][n][q]: tile column j, 16 codes of the K-step
+                    const int j = threadIdx.x / 2, h = threadIdx.x % 2;
+                    const int64_t n = t.j0 + j;
+                    const uint8_t *row = n < g.N ? f.b + (t.e * g.N + n) * g.K : nullptr;
+                    load16(row, q0 + 16 * h, q_end, f.b_vec, decode_b, &sb[j][16 * h], 1);
+                } else { // B = W[e][q][c]: K-step row q, 16 consecutive columns, stored transposed
+                    const int q = threadIdx.x / 8, c16 = threadIdx.x % 8 * 16;
+                    const int64_t n = q0 + q;
+                    const uint8_t *row = n < q_end ? f.b + (t.e * g.N + n) * g.K : nullptr;
+                    load16(row, t.j0 + c16, g.K, f.b_vec, decode_b, &sb[c16][q], F8_LDS);
+                }
+                __syncthreads();
+#pragma unroll
+                for (int k16 = 0; k16 < F8_BK; k16 += 16) {
+                    uint32_t af[4][4], bf[4][2];
+#pragma unroll
+                    for (int mt = 0; mt < 4; mt++) {
+                        const int r0 = wm + 16 * mt + gid, c0 = k16 + 2 * tig;
+                        af[mt][0] = *reinterpret_cast<const uint32_t *>(&sa[r0][c0]);
+                        af[mt][1] = *reinterpret_cast<const uint32_t *>(&sa[r0 + 8][c0]);
+                        af[mt][2] = *reinterpret_cast<const uint32_t *>(&sa[r0][c0 + 8]);
+                        af[mt][3] = *reinterpret_cast<const uint32_t *>(&sa[r0 + 8][c0 + 8]);
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const int n0 = wn + 8 * nt + gid, c0 = k16 + 2 * tig;
+                        bf[nt][0] = *reinterpret_cast<const uint32_t *>(&sb[n0][c0]);
+                        bf[nt][1] = *reinterpret_cast<const uint32_t *>(&sb[n0][c0 + 8]);
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++)
+                            mma_bf16(part[mt][nt], af[mt], bf[nt]);
+                }
+            }
+            // promotion: acc += part * (s_a(row) * s_w), the reference's two roundings
+            if (threadIdx.x < F8_BM)
+                a_scale[threadIdx.x] = a_rows[threadIdx.x] >= 0
+                                           ? fp8_scale(f, f.a_scales, a_rows[threadIdx.x] * a_tiles + tq) : 0.0f;
+            if (threadIdx.x == 0)
+                b_scale = fp8_scale(f, f.b_scales, dx ? (t.e * f.tiles_n + tq) * f.tiles_k + t.j0 / F8_TILE
+                                                      : (t.e * f.tiles_n + t.j0 / F8_TILE) * f.tiles_k + tq);
+            __syncthreads();
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        const float scale = a_scale[wm + 16 * mt + gid + 8 * (x / 2)] * b_scale;
+                        acc[mt][nt][x] += part[mt][nt][x] * scale;
+                    }
+            __syncthreads(); // the scales are read before the next tile writes them
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int x = 0; x < 4; x++)
+                    store_output(g, t, t.i0 + wm + 16 * mt + gid + 8 * (x / 2), t.j0 + wn + 8 * nt + 2 * tig + x % 2,
+                                 acc[mt][nt][x]);
+        __syncthreads(); // a_rows is read before the next tile writes it
+    }
+}
+
+bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// One op end to end on the stream: workspace, routing and scale checks, the kernel, reduce_topk's sum.
+moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, const moe_fp8_tensor *b,
+                   const float *weights, void *out)
+{
+    const moe_gemm_problem *p = &fp->g;
+    cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
+    const int64_t E = p->num_experts, M = p->rows, N = p->N, K = p->K;
+    const bool dx = op == OP_DX, reduce = dx && p->reduce_topk;
+    const int message_op = dx ? ROUTING_OP_FP8_DX : ROUTING_OP_FP8_FWD;
+    Fp8Args f = {};
+    GemmArgs &g = f.g;
+    g.op = op;
+    g.dtype = MOE_F32; // the topk weights' dtype (the epilogue's topk_weight reads them with it)
+    g.out_dtype = p->dtype;
+    g.T = p->num_tokens, g.k = p->topk, g.E = E, g.M = M, g.N = N, g.K = K;
+    g.cols_j = dx ? K : N;
+    g.gather = p->gather_indices;
+    g.permute_x = p->permute_x, g.permute_y = p->permute_y, g.accumulate = p->accumulate;
+    g.weights = weights;
+    g.out_is_workspace = reduce;
+    f.a = static_cast<const uint8_t *>(a->data), f.b = static_cast<const uint8_t *>(b->data);
+    f.a_scales = a->scales, f.b_scales = b->scales;
+    f.a_dtype = a->dtype, f.b_dtype = b->dtype;
+    f.ue8m0 = fp->scale_format == MOE_FP8_SCALE_UE8M0;
+    f.tiles_n = (N + F8_TILE - 1) / F8_TILE, f.tiles_k = (K + F8_TILE - 1) / F8_TILE;
+    const int64_t a_len = dx ? N : K;
+    f.a_vec = aligned16(a->data) && a_len % 16 == 0;
+    f.b_vec = aligned16(b->data) && K % 16 == 0;
+    const int64_t col_tiles = (g.cols_j + F8_BN - 1) / F8_BN, bitmap_words = M / 32 + 1;
+    const int64_t a_rows = dx ? M : (p->permute_x ? p->num_tokens : M);
+
+    unsigned char *ws = nullptr;
+    float *slots = nullptr;
+    MOE_CUDA_CHECK(alloc_call_workspace(E, M, reduce ? M * K : 0, stream, &ws, &g.ws, &slots));
+    if (reduce)
+        g.out = slots;
+    else
+        g.out = out;
+    moe_status status = MOE_OK;
+    do {
+        launch_routing_check(p, message_op, col_tiles, F8_BM, false, bitmap_words, g.ws, stream);
+        const int64_t counts[2] = {a_rows * (dx ? f.tiles_n : f.tiles_k), E * f.tiles_n * f.tiles_k};
+        const void *scales[2] = {a->scales, b->scales};
+        for (int operand = 0; operand < 2; operand++)
+            if (counts[operand] > 0)
+                check_scales_kernel<<<(unsigned)((counts[operand] + 255) / 256 < 1024 ? (counts[operand] + 255) / 256
+                                                                                      : 1024),
+                                      256, 0, stream>>>(scales[operand], counts[operand], f.ue8m0, operand, message_op,
+                                                        g.ws.status);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) {
+            status = moe_fail(MOE_ERR_DEVICE, "%s: check launch failed: %s", p->op, cudaGetErrorString(err));
+            break;
+        }
+        const int64_t max_tiles = max_tiles_of(op, E, M, N, F8_BM, col_tiles);
+        if (max_tiles > 0)
+            fp8_gemm_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
+        if (reduce)
+            launch_reduce_topk(slots, p->num_tokens, p->topk, K, out, p->dtype, p->accumulate, g.ws.status, stream);
+        err = cudaGetLastError();
+        if (err != cudaSuccess)
+            status = moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", p->op, cudaGetErrorString(err));
+    } while (0);
+    return free_call_workspace(p->op, ws, stream, status);
+}
+
+} // namespace
+} // namespace moe_gpu
+
+using namespace moe_gpu;
+
+moe_status moe_cuda_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
+                                 const float *topk_weights, void *y)
+{
+    return run_fp8(p, OP_FWD, x, w, topk_weights, y);
+}
+
+moe_status moe_cuda_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
+                                const float *topk_weights, void *dx)
+{
+    return run_fp8(p, OP_DX, dy, w, topk_weights, dx);
+}
+
+moe_status moe_cuda_fp8_take_error(void)
+{
+    DeviceErrorRecord record;
+    const moe_status taken = take_device_error(g_fp8_scale_error, &record);
+    if (taken != MOE_OK || record.kind == FP8_SCALE_OK)
+        return taken;
+    const char *op = record.op == ROUTING_OP_FP8_DX ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd";
+    const char *operand = record.detail[FP8_OPERAND] == 1 ? "w.scales"
+                          : record.op == ROUTING_OP_FP8_DX ? "dy.scales" : "x.scales";
+    return moe_fail(MOE_ERR_INVALID_VALUE, "%s %s: %s[%lld] (bits 0x%llx) is not a valid scale (float32: finite and "
+                    "> 0; UE8M0: not 255)", op, DEVICE_ERROR_WHERE, operand, record.detail[FP8_INDEX],
+                    record.detail[FP8_BITS]);
+}
