@@ -211,8 +211,9 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
                 for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                     for (int x = 0; x < 4; x++) {
-                        const float scale = a_scale[wm + 16 * mt + gid + 8 * (x / 2)] * b_scale;
-                        acc[mt][nt][x] += part[mt][nt][x] * scale;
+                        // _rn: two roundings as in the reference, never contracted into one FMA
+                        const float scale = __fmul_rn(a_scale[wm + 16 * mt + gid + 8 * (x / 2)], b_scale);
+                        acc[mt][nt][x] = __fadd_rn(acc[mt][nt][x], __fmul_rn(part[mt][nt][x], scale));
                     }
             __syncthreads(); // the scales are read before the next tile writes them
         }
