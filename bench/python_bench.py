@@ -107,6 +107,7 @@ def layer_step(name, time_median):
     x = torch.randn(T, H, generator=gen, device="cuda").to(torch.bfloat16).requires_grad_()
     grad = torch.randn(T, H, generator=gen, device="cuda").to(torch.bfloat16)
     layer = libmoe.MoEExperts(E, H, I, dtype=torch.bfloat16, device="cuda")
+    ids = ids.contiguous()  # peers.routing gives a view
     layout = libmoe.mlp_layout(ids, E, layer.block_size, weights)
     affinities = layout.affinities.clone().requires_grad_()
     # the eager peer on the same weights, in nn.Linear's layout, its expert order prebuilt
