@@ -65,7 +65,8 @@ __device__ __forceinline__ float fp8_scale(const Fp8Args &f, const void *scales,
     return static_cast<const float *>(scales)[i];
 }
 
-// One operand's scale check: the first few bad scales are reported (any one of them may be the one kept).
+// One operand's scale check: one bad scale is reported (whichever thread claims the call's status word first,
+// not necessarily the lowest index); the GEMM kernel then skips the call.
 __global__ void check_scales_kernel(const void *scales, int64_t count, int ue8m0, int operand, int op, int *status)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
