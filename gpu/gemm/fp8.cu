@@ -13,11 +13,14 @@
 // nothing.  Topk weights, permute_x / permute_y, accumulate and the rounding are the GEMM's epilogue
 // (gemm/epilogue.cuh); reduce_topk sums the fp32 slot rows in gemm/gemm.cu's fixed order.
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/cuda_check.cuh"
 #include "common/device_error.cuh"
 #include "common/launch.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/fp8.cuh"
 #include "gemm/gemm.cuh"
 #include "gemm/plan.cuh"
 
@@ -29,18 +32,8 @@ __device__ DeviceErrorRecord g_fp8_scale_error;
 
 namespace {
 
-constexpr int F8_BM = 128, F8_BN = 128, F8_BK = 32, F8_TILE = MOE_FP8_TILE, F8_THREADS = 256;
+constexpr int F8_BM = 128, F8_BN = 128, F8_BK = 32, F8_THREADS = 256;
 constexpr int F8_LDS = F8_BK + 8; // shared row stride in bf16 elements: conflict-free 32-bit fragment loads
-
-struct Fp8Args {
-    GemmArgs g;              // op OP_FWD or OP_DX, dtype MOE_F32 (the topk weights), out_dtype, shapes, routing
-    const uint8_t *a, *b;    // codes: a = X (fwd) or dY (dX), b = W
-    const void *a_scales, *b_scales;
-    moe_dtype a_dtype, b_dtype;
-    int ue8m0;               // scales are UE8M0 bytes (else float32)
-    int64_t tiles_n, tiles_k;
-    int a_vec, b_vec;        // the operand's rows may be read 16 codes at a time (aligned, row length % 16 == 0)
-};
 
 // The bf16 bits of FP8 code `code` (exact), from its format's fields; NaN codes give a bf16 NaN, e5m2's Inf
 // codes bf16's Inf.
@@ -56,13 +49,6 @@ __device__ uint16_t fp8_to_bf16_bits(moe_dtype dtype, unsigned code)
         return (uint16_t)(sign | (__float_as_uint(v) >> 16));
     }
     return (uint16_t)(sign | (exponent + 127u - bias) << 7 | mantissa << (7u - mbits));
-}
-
-__device__ __forceinline__ float fp8_scale(const Fp8Args &f, const void *scales, int64_t i)
-{
-    if (f.ue8m0) // 2^(b - 127): b = 0 is 2^-127, a float32 subnormal
-        return ldexpf(1.0f, (int)static_cast<const uint8_t *>(scales)[i] - 127);
-    return static_cast<const float *>(scales)[i];
 }
 
 // One operand's scale check: one bad scale is reported (whichever thread claims the call's status word first,
@@ -137,7 +123,6 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
     }
     const bool dx = g.op == OP_DX;
     const int64_t qlen = dx ? g.N : g.K, tiles_q = (qlen + F8_TILE - 1) / F8_TILE;
-    const int64_t a_tiles = dx ? f.tiles_n : f.tiles_k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
     const int wm = warp % 2 * 64, wn = warp / 2 * 32;
     const int64_t tiles = total_tiles(g, F8_BM, F8_BN);
@@ -200,11 +185,9 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
             }
             // promotion: acc += part * (s_a(row) * s_w), the reference's two roundings
             if (threadIdx.x < F8_BM)
-                a_scale[threadIdx.x] = a_rows[threadIdx.x] >= 0
-                                           ? fp8_scale(f, f.a_scales, a_rows[threadIdx.x] * a_tiles + tq) : 0.0f;
+                a_scale[threadIdx.x] = a_rows[threadIdx.x] >= 0 ? fp8_a_scale(f, a_rows[threadIdx.x], tq) : 0.0f;
             if (threadIdx.x == 0)
-                b_scale = fp8_scale(f, f.b_scales, dx ? (t.e * f.tiles_n + tq) * f.tiles_k + t.j0 / F8_TILE
-                                                      : (t.e * f.tiles_n + t.j0 / F8_TILE) * f.tiles_k + tq);
+                b_scale = fp8_w_scale(f, t.e, tq, t.j0);
             __syncthreads();
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -287,8 +270,25 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
             break;
         }
         const int64_t max_tiles = max_tiles_of(op, E, M, N, F8_BM, col_tiles);
-        if (max_tiles > 0)
-            fp8_gemm_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
+        if (max_tiles > 0) {
+            // the Hopper kernel where it takes the call, else the portable one; MOE_CUDA_KERNEL=sm80 or simt
+            // forces the portable kernel, =sm90 makes refused tensor maps an error (as for the other dtypes)
+            const char *forced = getenv("MOE_CUDA_KERNEL");
+            const bool portable = forced != NULL && (strcmp(forced, "sm80") == 0 || strcmp(forced, "simt") == 0);
+            Fp8Sm90Maps maps;
+            const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(f, &maps);
+            if (plan == FP8_SM90_MAPS_REFUSED && forced != NULL && strcmp(forced, "sm90") == 0) {
+                status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
+                break;
+            }
+            if (plan == FP8_SM90_TAKES) {
+                status = launch_fp8_sm90(f, maps, max_tiles, stream);
+                if (status != MOE_OK)
+                    break;
+            } else {
+                fp8_gemm_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
+            }
+        }
         if (reduce)
             launch_reduce_topk(slots, p->num_tokens, p->topk, K, out, p->dtype, p->accumulate, g.ws.status, stream);
         err = cudaGetLastError();

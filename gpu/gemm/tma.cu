@@ -46,8 +46,10 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
         if (i > 0)
             st[i - 1] = strides[i - 1];
     }
-    const CUtensorMapDataType type = dtype == MOE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                   : dtype == MOE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    const CUtensorMapDataType type = dtype == MOE_BF16                        ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : dtype == MOE_F16                         ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : dtype == MOE_E4M3 || dtype == MOE_E5M2 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 // FP8 codes
+                                                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
     const CUresult r = encode(map, type,
                               (cuuint32_t)rank, const_cast<void *>(base), d, st, b, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

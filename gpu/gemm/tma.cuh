@@ -20,7 +20,7 @@ struct Sm90Maps {
 };
 
 // TMA descriptor (cuTensorMapEncodeTiled, reached through the runtime's driver entry point) of a dense
-// tensor (bf16, f16 or f32) of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1..,
+// tensor (bf16, f16, f32, or FP8 codes as bytes) of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1..,
 // box `box` elements, with the 128-byte swizzle of gemm/sm90.cuh; loads past the edges fill zeros, stores
 // past them are dropped.  Returns false when the driver has no encoder or rejects the shape.
 bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,

@@ -1,0 +1,36 @@
+#!/bin/bash
+# The FP8 GEMM on a Hopper GPU, logging under $OUT (or ./out):
+#   1. bench/fp8_accum_probe.cu (standalone): what FP8 wgmma keeps of a sum (fp8-accum-probe.txt);
+#   2. the library from the `make dist` tarball TARBALL (bench/device-build.sh), then moe-fuzz's gpu-gemm-fp8 for
+#      FUZZ_SECONDS (default 60) with the default plan (the Hopper kernel takes the forward on sm_90a) and with
+#      MOE_CUDA_KERNEL=sm80 (the portable kernel for every call); memcheck on SANITIZE_CASES (default 40) cases;
+#   3. moe-bench --libmoe-only at T = 4096, fwd and dX, bf16 beside e4m3 (shapes: SHAPES, default qwen3 and
+#      deepseek).
+# usage: bench/device-fp8.sh TARBALL
+set -u
+R=$(cd "$(dirname "$0")/.." && pwd)
+tarball=$1
+out=${OUT:-$PWD/out}
+mkdir -p "$out"
+nvcc -gencode=arch=compute_90a,code=sm_90a -o /tmp/fp8-accum-probe "$R/bench/fp8_accum_probe.cu" &&
+  /tmp/fp8-accum-probe > "$out/fp8-accum-probe.txt" 2>&1
+echo "probe exit $?"
+build_targets="proptest/moe-fuzz bench/moe-bench"
+. "$R/bench/device-build.sh"
+status=0
+for kernel in auto sm80; do
+  MOE_CUDA_KERNEL=$kernel ./proptest/moe-fuzz --backend cuda --ops gpu-gemm-fp8 --seconds "${FUZZ_SECONDS:-60}" \
+    --seed 1 > "$out/fuzz-fp8-$kernel.log" 2>&1 || status=1
+  echo "== fuzz gpu-gemm-fp8, MOE_CUDA_KERNEL=$kernel"; tail -6 "$out/fuzz-fp8-$kernel.log"
+done
+compute-sanitizer --tool memcheck --error-exitcode 3 ./proptest/.libs/moe-fuzz --backend cuda --no-fork \
+  --ops gpu-gemm-fp8 --cases "${SANITIZE_CASES:-40}" --seed 7 > "$out/sanitizer-fp8.log" 2>&1 || status=1
+echo "== memcheck"; tail -3 "$out/sanitizer-fp8.log"
+for shapes in ${SHAPES:-qwen3 deepseek}; do
+  for dtype in bf16 e4m3; do
+    ./bench/moe-bench --libmoe-only --dtype "$dtype" --shapes "$shapes" --tokens 4096 --repeat 10 --ops fwd,dx \
+      > "$out/bench-$shapes-$dtype.txt" 2>&1 || status=1
+    echo "== moe-bench $shapes $dtype"; tail -8 "$out/bench-$shapes-$dtype.txt"
+  done
+done
+exit $status
