@@ -47,9 +47,10 @@ __device__ __forceinline__ float fp8_w_scale(const Fp8Args &f, int64_t e, int64_
                                                     : (e * f.tiles_n + j / F8_TILE) * f.tiles_k + tq);
 }
 
-// The Hopper kernel (gemm/fp8_sm90.cu) and its TMA descriptors (W [E][N][K] codes; X [M][K] codes unless
-// permute_x gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and present, the
-// forward, K % 16 == 0, the codes 16-byte aligned) and, if so, whether the driver accepted the maps (*maps).
+// The Hopper kernel (gemm/fp8_sm90.cu) and its TMA descriptors (W [E][N][K] codes; A [M][K or N] codes unless
+// permute_x / permute_y gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and
+// present, fwd or dX, K % 16 == 0 and for dX N % 16 == 0, the codes 16-byte aligned) and, if so, whether the
+// driver accepted the maps (*maps).
 struct Fp8Sm90Maps {
     CUtensorMap w, a;
 };

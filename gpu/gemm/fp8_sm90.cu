@@ -1,18 +1,22 @@
-// The FP8 grouped GEMM's Hopper kernel (sm_90a): the forward, Y = X . W[e]^T per expert with the scales of
-// include/moe_fp8.h, on FP8 tensor cores (wgmma m64n128k32, e4m3 / e5m2 codes as they are, no decoding), the
-// contract of gemm/fp8.cu's portable kernel and of the reference (specs/FP8.md).
+// The FP8 grouped GEMM's Hopper kernel (sm_90a): fwd and dX with the scales of include/moe_fp8.h on FP8 tensor
+// cores (wgmma m64n128k32 on the e4m3 / e5m2 codes as they are), the contract of gemm/fp8.cu's portable kernel
+// and of the reference (specs/FP8.md).
 //
-//   X codes [M or T][K] (1 x 128 scales), W codes [E][N][K] (128 x 128 block scales), Y [M][N] bf16/f16/f32
+//   fwd: X codes [M or T][K] (1 x 128 scales), W codes [E][N][K] (128 x 128 blocks) -> Y [M][N]
+//   dX:  dY codes [M][N] (1 x 128 scales), W codes [E][N][K]                       -> dX [M or T][K] (or fp32
+//        slot rows for reduce_topk)
 // Tiles of 128 rows x 128 columns; a k-step is one 128-element tile of the reduction (128 bytes of codes per
 // row: exactly the 128-byte swizzle's row), so each k-step's four wgmma k32 give that tile's partial sums in
-// fresh registers, promoted as the reference promotes them: acc = acc + part * (s_x(row) * s_w), two roundings
+// fresh registers, promoted as the reference promotes them: acc = acc + part * (s_a(row) * s_w), two roundings
 // (__fmul_rn / __fadd_rn: never contracted), tiles in ascending order.  What differs from the reference is only
 // the sum of a tile's 128 products inside the tensor core (specs/FP8.md, "The accumulator of Hopper's FP8
-// wgmma").  A producer warpgroup fills a ring of Q_STAGES stages: W by TMA (3-D map, box {128 k, 128 n, 1});
-// X by TMA when its rows are the expert-order rows (2-D map; rows past the expert belong to the next one and
-// are never stored), or by cp.async from the gathered rows with permute_x (zeros past the expert).  Two
-// consumer warpgroups each multiply 64 rows; the epilogue is the GEMM's (gemm/epilogue.cuh: topk weights,
-// permute_y, accumulate, the rounding).  Persistent CTAs take tiles in the static order of tile_coord.
+// wgmma").  A producer warpgroup fills a ring of stages: A (X or dY) by TMA when its rows are the expert-order
+// rows (rows past the expert belong to the next one and are never stored), or by cp.async from the gathered
+// rows (fwd permute_x, dX permute_y; zeros past the expert); W's fwd box straight into the stage by TMA; dX's W
+// box [n][c] by TMA into a staging buffer one step ahead, then transposed to [c][n] by the producers, since FP8
+// wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
+// epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
+// workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
 #include <cuda.h>
 
 #include "common/cp_async.cuh"
@@ -26,15 +30,22 @@
 namespace moe_gpu {
 namespace {
 
-constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE, Q_STAGES = 6;
+constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE;
 constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = Q_A_BYTES + Q_B_BYTES;
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
-constexpr int Q_BARRIER_OFFSET = Q_STAGES * Q_STAGE_BYTES;        // full[S], empty[S]
-constexpr int Q_ROWS_OFFSET = Q_BARRIER_OFFSET + 2 * Q_STAGES * 8; // gathered X rows, int64 [2][Q_BM] by tile parity
-constexpr size_t Q_SMEM_BYTES = 1024 /* alignment */ + Q_ROWS_OFFSET + 2 * Q_BM * 8;
+// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
+// boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
+// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
+template <int OP> struct Fp8Smem {
+    static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
+    static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
+    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
+    static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
+    static constexpr size_t BYTES = 1024 /* alignment */ + ROWS_OFFSET + 2 * Q_BM * 8;
+    static_assert(BYTES <= 232448, "shared memory of one CTA");
+};
 static_assert(Q_BK == 128, "a k-step is one scale tile of 128 codes, one 128-byte swizzled row");
-static_assert(Q_SMEM_BYTES <= 232448, "shared memory of one CTA");
-constexpr int Q_PRODUCER_REGS = 40, Q_CONSUMER_REGS = 232;
+constexpr int Q_PRODUCER_REGS = 56, Q_CONSUMER_REGS = 224;
 static_assert(Q_PRODUCER_REGS * Q_PRODUCERS + Q_CONSUMER_REGS * Q_CONSUMERS <= 65536, "register file");
 
 #ifdef MOE_SM90A_DEVICE
@@ -61,74 +72,220 @@ __device__ __forceinline__ void wgmma_fp8_m64n128k32(float *d, uint64_t desc_a, 
 #undef MOE_WGMMA_FP8_M64N128K32
 #endif
 
-// TA, TB: the codes of X and W (0 e4m3, 1 e5m2); GATHER: X's rows by cp.async from the gathered rows
-// (permute_x), else by TMA (maps.a).
-template <int TA, int TB, bool GATHER>
+#ifdef MOE_SM90A_DEVICE
+// The epilogue of one consumer thread's accumulators (gemm/epilogue.cuh's store_output, two columns at a time):
+// acc[4 j + 2 h + x] is row row_in_tile + 8 h, column 8 j + 2 (lane % 4) + x of the tile.  Per element v = w * v
+// (topk weights), then into reduce_topk's fp32 workspace as it is, or v = old + v (accumulate) and one rounding;
+// a pair of columns is one 32-bit (16-bit outputs) or 64-bit (f32) store where the row length is even and the
+// output aligned, else element by element.
+__device__ __forceinline__ void store_fragment(const GemmArgs &g, const TileCoord &t, int row_in_tile, int lane,
+                                               const float *acc)
+{
+    int64_t out_row[2];
+    float weight[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t gi = t.i0 + row_in_tile + 8 * h, r = g.ws.offsets[t.e] + gi;
+        out_row[h] = gi >= t.rows ? -1
+                   : g.op == OP_FWD ? y_row(g, r)
+                   : g.permute_x || g.out_is_workspace ? slot_of(g, r) : r;
+        weight[h] = gi < t.rows && g.weights ? topk_weight(g, r) : 1.0f;
+    }
+    const int64_t ld = g.cols_j;
+    const moe_dtype out_dtype = g.out_is_workspace ? MOE_F32 : g.out_dtype;
+    const bool accumulate = g.accumulate && !g.out_is_workspace;
+    const bool pairs = ld % 2 == 0 && (reinterpret_cast<uintptr_t>(g.out) & (out_dtype == MOE_F32 ? 7u : 3u)) == 0;
+#pragma unroll
+    for (int j = 0; j < Q_BN / 8; j++) {
+        const int64_t col = t.j0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (out_row[h] < 0 || col >= ld)
+                continue;
+            float v[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
+            if (g.weights)
+                v[0] = weight[h] * v[0], v[1] = weight[h] * v[1];
+            const int64_t index = out_row[h] * ld + col;
+            if (pairs) { // col + 1 < ld too: ld even, col even
+                if (out_dtype == MOE_F32) {
+                    float2 *word = reinterpret_cast<float2 *>(static_cast<float *>(g.out) + index);
+                    if (accumulate) {
+                        const float2 old = *word;
+                        v[0] = old.x + v[0], v[1] = old.y + v[1];
+                    }
+                    *word = make_float2(v[0], v[1]);
+                } else {
+                    uint32_t *word = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(g.out) + index);
+                    if (accumulate) {
+                        float old[2];
+                        unpack_word(out_dtype, *word, old);
+                        v[0] = old[0] + v[0], v[1] = old[1] + v[1];
+                    }
+                    *word = pack_word(out_dtype, v[0], v[1]);
+                }
+            } else {
+#pragma unroll
+                for (int x = 0; x < 2; x++)
+                    if (col + x < ld)
+                        store_from_float(out_dtype, g.out, index + x,
+                                         accumulate ? load_as_float(out_dtype, g.out, index + x) + v[x] : v[x]);
+            }
+        }
+    }
+}
+
+// dX's B operand: W[e]'s box [n 128][c 128] as TMA wrote it (128-byte swizzle: byte (n, c) at n * 128 + 16 ((c /
+// 16) ^ (n % 8)) + c % 16) into the stage's K-major tile [c 128][n 128] (byte (c, n) at c * 128 + 16 ((n / 16) ^ (c %
+// 8)) + n % 16), which FP8 wgmma needs (it transposes no 8-bit operand).  Each of the 128 producer threads moves 8
+// blocks of 4 x 4 bytes (4 n rows of one 32-bit column word -> 4 c rows of one n word, by byte permutes).  The
+// block of lane L (bits L0..L4) in round idx = 8 warp + u: cb = L0..L3 | cb4, nb = (L4 ^ cb4) | (L1..L3 ^ d) | nb4
+// (d = idx % 8, cb4 = idx / 8 % 2, nb4 = idx / 16): the 32 lanes of a load hit 32 banks, and so do those of a store.
+__device__ __forceinline__ void transpose_w_box(uint32_t staging, uint32_t stage_b, int p)
+{
+    const int lane = p % 32, warp = p / 32;
+#pragma unroll 1
+    for (int u = 0; u < 8; u++) {
+        const int idx = 8 * warp + u, d = idx & 7, cb4 = (idx >> 3) & 1, nb4 = idx >> 4;
+        const int cb = (lane & 15) | cb4 << 4;
+        const int nb = ((lane >> 4) ^ cb4) | ((((lane >> 1) & 7) ^ d) << 1) | nb4 << 4;
+        uint32_t r[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = 4 * nb + i;
+            asm volatile("ld.shared.b32 %0, [%1];\n"
+                         : "=r"(r[i])
+                         : "r"(staging + n * 128 + ((((cb >> 2) ^ (n & 7)) << 4) | ((cb & 3) << 2))));
+        }
+        const uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
+        const uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
+        const uint32_t o[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                               __byte_perm(t1, t3, 0x7632)}; // o[j]: W[4 nb + 0..3][4 cb + j]
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int c = 4 * cb + j;
+            sts_b32(stage_b + c * 128 + ((((nb >> 2) ^ (c & 7)) << 4) | ((nb & 3) << 2)), o[j]);
+        }
+    }
+}
+
+// The producers' position: a tile of this CTA (in tile_coord's order) and a k-step of it.
+struct Fp8Cursor {
+    int64_t tile, step, count; // count: tiles of this CTA before this one
+    TileCoord t;
+};
+__device__ __forceinline__ void cursor_start(const GemmArgs &g, int64_t tiles, Fp8Cursor *c)
+{
+    c->tile = blockIdx.x, c->step = 0, c->count = 0;
+    if (c->tile < tiles)
+        c->t = tile_coord(g, c->tile, Q_BM, Q_BN);
+}
+__device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, int64_t steps, Fp8Cursor *c)
+{
+    if (++c->step < steps)
+        return;
+    c->step = 0, c->count++, c->tile += gridDim.x;
+    if (c->tile < tiles)
+        c->t = tile_coord(g, c->tile, Q_BM, Q_BN);
+}
+#endif
+
+// OP: OP_FWD or OP_DX; TA, TB: the codes of A (X or dY) and W (0 e4m3, 1 e5m2); GATHER: A's rows by cp.async from
+// the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
+// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
+// transposed by the producers (transpose_w_box).
+template <int OP, int TA, int TB, bool GATHER>
 __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
+    using L = Fp8Smem<OP>;
+    constexpr bool DX = OP == OP_DX;
     const GemmArgs &g = f.g;
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
-    const uint32_t full_bar = smem_base + Q_BARRIER_OFFSET, empty_bar = full_bar + Q_STAGES * 8;
-    int64_t *row_table = reinterpret_cast<int64_t *>(smem + Q_ROWS_OFFSET);
+    const uint32_t full_bar = smem_base + L::BARRIER_OFFSET, empty_bar = full_bar + L::STAGES * 8;
+    const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[2]
+    int64_t *row_table = reinterpret_cast<int64_t *>(smem + L::ROWS_OFFSET);
     if (*g.ws.status != 0) // the routing or a scale was refused: nothing is read or written
         return;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < Q_STAGES; s++) {
-            // thread 0's arrival (expect_tx), and with GATHER each producer's cp.async arrival
-            mbar_init(full_bar + 8 * s, GATHER ? Q_PRODUCERS + 1 : 1);
+        for (int s = 0; s < L::STAGES; s++) {
+            // thread 0's arrival (expect_tx); with GATHER each producer's cp.async arrival; dX each producer's
+            // arrival after its part of the transposition
+            mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0));
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
+        mbar_init(staged_bar, 1);
+        mbar_init(staged_bar + 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
     __syncthreads();
-    const int64_t tiles = total_tiles(g, Q_BM, Q_BN), steps = (g.K + Q_BK - 1) / Q_BK;
+    const int64_t qlen = DX ? g.N : g.K; // the reduction
+    const int64_t tiles = total_tiles(g, Q_BM, Q_BN), steps = (qlen + Q_BK - 1) / Q_BK;
 
     if (threadIdx.x < Q_PRODUCERS) {
         // ------------------------------------------------------------------ producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Q_PRODUCER_REGS));
         const int p = threadIdx.x;
-        if (!GATHER && p > 0) // every load is thread 0's TMA
+        if (!GATHER && !DX && p > 0) // every load is thread 0's TMA
             return;
         const uint64_t w_policy = l2_policy(true); // a W block is read again by the expert's other row tiles
-        uint32_t it = 0; // k-steps issued over all of this CTA's tiles (the consumers count the same)
-        int64_t tile_count = 0;
-        for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, tile_count++) {
-            const TileCoord t = tile_coord(g, tile, Q_BM, Q_BN);
-            const int64_t base = g.ws.offsets[t.e];
-            int64_t *tile_rows = row_table + (tile_count & 1) * Q_BM; // by tile parity: the last tile's may be in use
-            if (GATHER) {
+        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into staging buffer `buffer`
+        auto load_w = [&](const Fp8Cursor &c, uint32_t dst, uint32_t bar) {
+            const int q0 = (int)(c.step * Q_BK);
+            tma_load_3d(dst, &maps.w, bar, DX ? (int)c.t.j0 : q0, DX ? q0 : (int)c.t.j0, (int)c.t.e, w_policy);
+        };
+        Fp8Cursor cur, next;
+        cursor_start(g, tiles, &cur);
+        next = cur;
+        cursor_next(g, tiles, steps, &next);
+        if (DX && p == 0 && cur.tile < tiles && steps > 0) {
+            mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
+            load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
+        }
+        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cur = next, cursor_next(g, tiles, steps, &next)) {
+            const int s = (int)(it % L::STAGES);
+            const uint32_t bar = full_bar + 8 * s;
+            const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
+            const int q0 = (int)(cur.step * Q_BK);
+            int64_t *tile_rows = row_table + (cur.count & 1) * Q_BM; // by tile parity: the last tile's may be in use
+            if (GATHER && cur.step == 0) {
                 for (int i = p; i < Q_BM; i += Q_PRODUCERS)
-                    tile_rows[i] = a_source_row(g, t, t.i0 + i, false);
+                    tile_rows[i] = a_source_row(g, cur.t, cur.t.i0 + i, DX);
                 producer_sync();
             }
-            for (int64_t step = 0; step < steps; step++, it++) {
-                const int s = (int)(it % Q_STAGES);
-                const uint32_t bar = full_bar + 8 * s;
-                mbar_wait(empty_bar + 8 * s, ((it / Q_STAGES) & 1) ^ 1);
-                const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
-                const int q0 = (int)(step * Q_BK);
-                if (p == 0) {
-                    mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + Q_B_BYTES);
-                    if (!GATHER)
-                        tma_load_2d(sa_addr, &maps.a, bar, q0, (int)(base + t.i0));
-                    tma_load_3d(sb_addr, &maps.w, bar, q0, (int)t.j0, (int)t.e, w_policy);
-                }
-                if (GATHER) { // thread p copies 16-code chunk p % 8 of rows p / 8 + 16 u
-                    const int kc = p & 7;
-                    const bool k_ok = q0 + kc * 16 < g.K;
-                    unsigned char *sa = smem + s * Q_STAGE_BYTES;
+            if (DX && p == 0 && next.tile < tiles) { // the next step's W box, into the other staging buffer
+                const uint32_t nb = staged_bar + 8 * ((it + 1) & 1);
+                mbar_arrive_expect_tx(nb, Q_B_BYTES);
+                load_w(next, smem_base + L::STAGING_OFFSET + ((it + 1) & 1) * Q_B_BYTES, nb);
+            }
+            mbar_wait(empty_bar + 8 * s, ((it / L::STAGES) & 1) ^ 1);
+            if (p == 0) {
+                mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
+                if (!GATHER)
+                    tma_load_2d(sa_addr, &maps.a, bar, q0, (int)(g.ws.offsets[cur.t.e] + cur.t.i0));
+                if (!DX)
+                    load_w(cur, sb_addr, bar);
+            }
+            if (GATHER) { // thread p copies 16-code chunk p % 8 of rows p / 8 + 16 u
+                const int kc = p & 7;
+                const bool k_ok = q0 + kc * 16 < qlen;
+                unsigned char *sa = smem + s * Q_STAGE_BYTES;
 #pragma unroll
-                    for (int u = 0; u < Q_BM / 16; u++) {
-                        const int i = (p >> 3) + 16 * u;
-                        const int64_t row = tile_rows[i];
-                        const bool ok = row >= 0 && k_ok;
-                        cp_async16(sa + kmajor_offset(i, kc), ok ? f.a + row * g.K + q0 + kc * 16 : f.a, ok);
-                    }
-                    cp_async_arrive_noinc(bar);
+                for (int u = 0; u < Q_BM / 16; u++) {
+                    const int i = (p >> 3) + 16 * u;
+                    const int64_t row = tile_rows[i];
+                    const bool ok = row >= 0 && k_ok;
+                    cp_async16(sa + kmajor_offset(i, kc), ok ? f.a + row * qlen + q0 + kc * 16 : f.a, ok);
                 }
+                cp_async_arrive_noinc(bar);
+            }
+            if (DX) {
+                mbar_wait(staged_bar + 8 * (it & 1), (it / 2) & 1);
+                transpose_w_box(smem_base + L::STAGING_OFFSET + (it & 1) * Q_B_BYTES, sb_addr, p);
+                fence_proxy_async(); // the transposed box is read by wgmma (the async proxy)
+                mbar_arrive(bar);
+                producer_sync(); // the staging buffer is read before thread 0 loads into it again (next step)
             }
         }
     } else {
@@ -143,19 +300,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             part[i] = 0.0f; // overwritten by each k-step's first wgmma (scale_d = 0)
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
             const TileCoord t = tile_coord(g, tile, Q_BM, Q_BN);
-            const int64_t row0 = a_source_row(g, t, t.i0 + row_in_tile, false);
-            const int64_t row1 = a_source_row(g, t, t.i0 + row_in_tile + 8, false);
+            const int64_t row0 = a_source_row(g, t, t.i0 + row_in_tile, DX);
+            const int64_t row1 = a_source_row(g, t, t.i0 + row_in_tile + 8, DX);
             float acc[64];
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 acc[i] = 0.0f;
             for (int64_t step = 0; step < steps; step++, it++) {
-                const int s = (int)(it % Q_STAGES);
+                const int s = (int)(it % L::STAGES);
                 // this tile's scales, read before the wait so that their latency hides behind it
                 const float sw = fp8_w_scale(f, t.e, step, t.j0);
-                const float sx0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
-                const float sx1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
-                mbar_wait(full_bar + 8 * s, (it / Q_STAGES) & 1);
+                const float sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
+                const float sa1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
+                mbar_wait(full_bar + 8 * s, (it / L::STAGES) & 1);
                 const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES + wg * (Q_A_BYTES / 2);
                 const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
                 if (GATHER)
@@ -171,25 +328,26 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 if (lane == 0)
                     mbar_arrive(empty_bar + 8 * s); // the stage is read: the producer may refill it
                 // promotion, the reference's two roundings per element
-                const float scale0 = __fmul_rn(sx0, sw), scale1 = __fmul_rn(sx1, sw);
+                const float scale0 = __fmul_rn(sa0, sw), scale1 = __fmul_rn(sa1, sw);
 #pragma unroll
                 for (int i = 0; i < 64; i++)
                     acc[i] = __fadd_rn(acc[i], __fmul_rn(part[i], i % 4 < 2 ? scale0 : scale1));
             }
-            // d[4 j + 2 h + x]: row row_in_tile + 8 h, column 8 j + 2 (lane % 4) + x
-#pragma unroll
-            for (int i = 0; i < 64; i++)
-                store_output(g, t, t.i0 + row_in_tile + 8 * (i % 4 / 2), t.j0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2,
-                             acc[i]);
+            store_fragment(g, t, row_in_tile, lane, acc);
         }
     }
 #endif
 }
 
-template <int TA, int TB> void *kernel_for(bool gather)
+template <int OP, int TA, int TB> void *kernel_for(bool gather)
 {
-    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<TA, TB, true>)
-                  : reinterpret_cast<void *>(fp8_sm90_kernel<TA, TB, false>);
+    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true>)
+                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false>);
+}
+template <int OP> void *kernel_for(int ta, int tb, bool gather)
+{
+    return ta ? (tb ? kernel_for<OP, 1, 1>(gather) : kernel_for<OP, 1, 0>(gather))
+              : (tb ? kernel_for<OP, 0, 1>(gather) : kernel_for<OP, 0, 0>(gather));
 }
 
 } // namespace
@@ -198,16 +356,21 @@ Fp8Sm90Plan fp8_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps)
 {
     const GemmArgs &g = f.g;
     *maps = Fp8Sm90Maps{};
-    if (g.op != OP_FWD || !sm90_path_available() || g.K % 16 != 0 || !aligned16(f.a) || !aligned16(f.b))
+    const bool dx = g.op == OP_DX;
+    const int64_t qlen = dx ? g.N : g.K; // A's rows: [rows][qlen]
+    if ((g.op != OP_FWD && !dx) || !sm90_path_available() || g.K % 16 != 0 || (dx && g.N % 16 != 0) ||
+        !aligned16(f.a) || !aligned16(f.b))
         return FP8_SM90_NOT_ITS_SHAPE;
+    // W [E][N][K]: fwd boxes {128 k, 128 n} (K-major as the stage wants them), dX {128 c, 128 n} (transposed
+    // by the producers)
     const uint64_t w_dims[3] = {(uint64_t)g.K, (uint64_t)g.N, (uint64_t)g.E};
     const uint64_t w_strides[2] = {(uint64_t)g.K, (uint64_t)(g.N * g.K)};
     const uint32_t box[3] = {Q_BK, Q_BN, 1};
     if (!encode_tensor_map(&maps->w, f.b_dtype, f.b, 3, w_dims, w_strides, box))
         return FP8_SM90_MAPS_REFUSED;
-    if (g.permute_x)
-        return FP8_SM90_TAKES; // X's rows are gathered by cp.async
-    const uint64_t a_dims[2] = {(uint64_t)g.K, (uint64_t)g.M}, a_strides[1] = {(uint64_t)g.K};
+    if (dx ? g.permute_y : g.permute_x)
+        return FP8_SM90_TAKES; // A's rows are gathered by cp.async
+    const uint64_t a_dims[2] = {(uint64_t)qlen, (uint64_t)g.M}, a_strides[1] = {(uint64_t)qlen};
     return encode_tensor_map(&maps->a, f.a_dtype, f.a, 2, a_dims, a_strides, box) ? FP8_SM90_TAKES
                                                                                    : FP8_SM90_MAPS_REFUSED;
 }
@@ -215,13 +378,13 @@ Fp8Sm90Plan fp8_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps)
 moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
 {
     const int ta = f.a_dtype == MOE_E5M2, tb = f.b_dtype == MOE_E5M2;
-    const bool gather = f.g.permute_x != 0;
-    void *kernel = ta ? (tb ? kernel_for<1, 1>(gather) : kernel_for<1, 0>(gather))
-                      : (tb ? kernel_for<0, 1>(gather) : kernel_for<0, 0>(gather));
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Q_SMEM_BYTES));
-    const unsigned grid = persistent_grid(max_tiles, 1);
+    const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
+    void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather) : kernel_for<OP_FWD>(ta, tb, gather);
+    const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
-    MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(grid), dim3(Q_THREADS), args, Q_SMEM_BYTES, stream));
+    MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,
+                                    stream));
     return MOE_OK;
 }
 
