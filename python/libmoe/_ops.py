@@ -6,9 +6,10 @@ as the ops libmoe::gemm_fwd, libmoe::gemm_bwd, libmoe::mlp_fwd and libmoe::mlp_b
 implementations and the same autograd formulas, so that torch.compile traces them and CUDA graphs capture
 them.  A call goes through the registered op where torch must see it (dispatched(): under torch.compile or
 torch.export, inside a TorchDispatchMode, on a tensor subclass) and through the autograd function
-otherwise: a plain eager call then skips the dispatcher's Python layers (tens of microseconds a call; the
-numbers are in bench/RESULTS.md) and computes the same thing.  On older torch (Debian's 1.13) every call
-takes the autograd function."""
+otherwise, or, where autograd records nothing (no grad mode, no input that requires grad), the raw call
+itself: a plain eager call then skips the dispatcher's Python layers and the autograd function's (tens of
+microseconds a call; the numbers are in bench/RESULTS.md) and computes the same thing.  On older torch
+(Debian's 1.13) no call takes the registered op (there is none)."""
 import torch
 
 from . import _raw
@@ -144,13 +145,26 @@ class MlpFunction(torch.autograd.Function):  # pylint: disable=abstract-method
         return _mlp_backward(ctx, *grads)
 
 
-def _entry(eager, registered, tensor_count, doc):
-    """A call of the arguments of a raw function: `registered` (the op) where dispatched() says so for its first
-    tensor_count arguments (its tensors), else `eager`."""
+def _needs_grad(tensors):
+    """Whether autograd records a call on `tensors`: grad mode on and a tensor that requires grad."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
+
+
+def _entry(raw, function, registered, tensor_count, doc):
+    """A call of the arguments of `raw`, whose first tensor_count arguments are its tensors: `registered` (the
+    op) where dispatched() says so; else `function` (the autograd function on raw, None for a backward) where
+    autograd records the call; else `raw` itself (what the autograd function would run, less its cost)."""
     def call(*args):
-        if dispatched(args[:tensor_count]):
+        tensors = args[:tensor_count]
+        if dispatched(tensors):
             return registered(*args)
-        return eager(*args)
+        if function is not None and _needs_grad(tensors):
+            return function.apply(*args)
+        return raw(*args)
     call.__doc__ = doc
     return call
 
@@ -170,8 +184,10 @@ if HAS_CUSTOM_OP:
 else:
     gemm_fwd_op = gemm_bwd_op = mlp_fwd_op = mlp_bwd_op = None
 
-gemm_apply = _entry(GroupedGemmFunction.apply, gemm_fwd_op, 5,
+gemm_apply = _entry(_raw.gemm_fwd, GroupedGemmFunction, gemm_fwd_op, 5,
                     "The differentiable grouped GEMM (the arguments of _raw.gemm_fwd).")
-gemm_bwd = _entry(_raw.gemm_bwd, gemm_bwd_op, 6, "The grouped GEMM's backward op (the arguments of _raw.gemm_bwd).")
-mlp_apply = _entry(MlpFunction.apply, mlp_fwd_op, 8, "The differentiable blockwise MLP (the arguments of _raw.mlp_fwd).")
-mlp_bwd = _entry(_raw.mlp_bwd, mlp_bwd_op, 10, "The blockwise MLP's backward op (the arguments of _raw.mlp_bwd).")
+gemm_bwd = _entry(_raw.gemm_bwd, None, gemm_bwd_op, 6,
+                  "The grouped GEMM's backward op (the arguments of _raw.gemm_bwd).")
+mlp_apply = _entry(_raw.mlp_fwd, MlpFunction, mlp_fwd_op, 8,
+                   "The differentiable blockwise MLP (the arguments of _raw.mlp_fwd).")
+mlp_bwd = _entry(_raw.mlp_bwd, None, mlp_bwd_op, 10, "The blockwise MLP's backward op (the arguments of _raw.mlp_bwd).")
