@@ -18,7 +18,6 @@ import argparse
 import csv
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -28,19 +27,13 @@ import torch  # noqa: E402
 
 import libmoe  # noqa: E402
 import peers  # noqa: E402
+import python_host  # noqa: E402
 from libmoe import _capi, _ops  # noqa: E402
 
 
-def host_us(fn, calls=50):
-    """Host microseconds per call to enqueue fn() (the device runs behind; one wait at the end)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+def host_us(fn):
+    """Host microseconds per call to enqueue fn() (the device runs behind; waits outside the timed span)."""
+    return python_host.host_us(fn, 50, sync=torch.cuda.synchronize)
 
 
 def gemm_rows(c_rows, shapes, T, time_medians):

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import libmoe  # noqa: E402
-from libmoe import _capi, _ops  # noqa: E402
+from libmoe import _ops  # noqa: E402
 
 
 def host_us(fn, calls, rounds=1, sync=None):
@@ -47,7 +47,7 @@ def host_us(fn, calls, rounds=1, sync=None):
 def cases(device, package=libmoe):
     """name -> a call of one Python entry (or the bare C call) on tiny tensors of `device`, of `package` (libmoe,
     or a copy of another version under another name, to compare two side by side)."""
-    _capi, _ops = package._capi, package._ops  # pylint: disable=protected-access,redefined-outer-name
+    capi, ops = package._capi, package._ops  # pylint: disable=protected-access
     T, k, E, N, K = 4, 2, 2, 8, 8
     M = T * k
     gen = torch.Generator().manual_seed(1)
@@ -70,21 +70,21 @@ def cases(device, package=libmoe):
         with torch.no_grad():
             return package.moe_mlp(hidden, layout.affinities, w_gu, w_d, layout)
 
-    routing = _capi.Routing(M, 1, E, m_sizes.data_ptr(), None)
-    backend = _capi.MOE_BACKEND_CUDA if x.is_cuda else _capi.MOE_BACKEND_REF
-    options = _capi.GemmOptions(dtype=_capi.MOE_F32,
+    routing = capi.Routing(M, 1, E, m_sizes.data_ptr(), None)
+    backend = capi.MOE_BACKEND_CUDA if x.is_cuda else capi.MOE_BACKEND_REF
+    options = capi.GemmOptions(dtype=capi.MOE_F32,
                                 stream=torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None)
     y = torch.empty((M, N), device=device)
-    c_fwd = _capi.lib().moe_gemm_fwd
+    c_fwd = capi.lib().moe_gemm_fwd
     c_args = (backend, ctypes.byref(routing), N, K, x.data_ptr(), w.data_ptr(), None, y.data_ptr(),
               ctypes.byref(options))
     keep = (routing, options, y)
     return {
         "grouped_gemm fwd, no grad": fwd,
         "grouped_gemm fwd, autograd": lambda: package.grouped_gemm(x_grad, w_grad, m_sizes),
-        "backward op dX": lambda: _ops.gemm_bwd(x, w, dy, m_sizes, None, None, 1, False, False, False, True, False,
+        "backward op dX": lambda: ops.gemm_bwd(x, w, dy, m_sizes, None, None, 1, False, False, False, True, False,
                                                 False),
-        "backward op dW": lambda: _ops.gemm_bwd(x, w, dy, m_sizes, None, None, 1, False, False, False, False, True,
+        "backward op dW": lambda: ops.gemm_bwd(x, w, dy, m_sizes, None, None, 1, False, False, False, False, True,
                                                 False),
         "moe_mlp fwd, no grad": mlp,
         "ctypes moe_gemm_fwd": lambda keep=keep: c_fwd(*c_args),

@@ -111,7 +111,7 @@ def check_int(fn, name, value, minimum):
 def check_devices(fn, **tensors):
     """Every tensor argument given (None: absent) a torch.Tensor, on one cpu or cuda device: checked before an op is entered,
     so that a meta or mixed-device call is refused rather than shape-inferred by torch's dispatcher."""
-    device = None
+    device = first = None
     for name, t in tensors.items():
         if t is None:
             continue
