@@ -88,6 +88,9 @@ def bare_call(op, as_moe_bench, x, w, dy, m_sizes, T, k, E, N, K):
     out = torch.empty({"fwd": (T * k, N), "dx": (T * k, K), "dw": (E, N, K)}[op], dtype=torch.bfloat16,
                       device="cuda")
     lib = _capi.lib()
+    for name in ("moe_gemm_dx", "moe_gemm_dw"):   # not called by the package, so not declared by _capi: the
+        fn = getattr(lib, name)                    # prototype of moe_gemm_fwd, whose arguments have the same types
+        fn.restype, fn.argtypes = _capi.PROTOTYPES["moe_gemm_fwd"]
     cuda, r, o = _capi.MOE_BACKEND_CUDA, ctypes.byref(routing), ctypes.byref(opts)
     if op == "fwd":
         fn, args = lib.moe_gemm_fwd, (cuda, r, N, K, x.data_ptr(), w.data_ptr(), None, out.data_ptr(), o)
