@@ -4,7 +4,7 @@
 #      (CUDA tensors, CUDA graphs, torch.compile, the device-side error reports);
 #   2. bench/moe-bench --libmoe-only on the ANCHORS.md shapes (the C entry), then bench/python_bench.py on
 #      the same shapes (the Python entry, beside the C numbers) and one MoE layer step against eager
-#      torch._grouped_mm.
+#      torch._grouped_mm; bench/python_host.py --device cuda (host time per call of each Python entry).
 # usage: bench/device-python.sh TARBALL [steps]   steps: any of "test bench" (default both)
 set -eu
 tarball=$1
@@ -28,5 +28,8 @@ case "$steps" in *bench*)
     > "$out/moe-bench.txt" 2>&1 || { status=1; tail -20 "$out/moe-bench.txt"; }
   LIBMOE_PATH="$PWD/.libs/libmoe.so" python3 bench/python_bench.py --tokens 4096 --repeat 20 --c-csv "$out/c.csv" \
     2>&1 | tee "$out/python-bench.txt" || status=1
+  echo "== python_host.py: host us per call on tiny CUDA tensors"
+  LIBMOE_PATH="$PWD/.libs/libmoe.so" python3 bench/python_host.py --device cuda 2>&1 | tee "$out/python-host.txt" ||
+    status=1
 esac
 exit $status

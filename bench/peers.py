@@ -45,22 +45,40 @@ def fail(msg):
 
 
 def timer(torch, repeat):
+    """time_median(fn): the median milliseconds of fn() (see time_medians)."""
+    time_medians = interleaved_timer(torch, repeat)
+    return lambda fn: time_medians([fn])[0]
+
+
+def interleaved_timer(torch, repeat):
+    """time_medians(fns): the median milliseconds of each fn() in fns, as moe-bench times a call: three warm-up
+    calls of each, then `repeat` rounds, each timing every fn in turn: the L2 flushed (a 256 MiB buffer
+    rewritten), CUDA events around the call alone, no host wait between calls.  Interleaving puts the fns
+    under the same conditions (clocks, temperature).  time_medians.repeat is `repeat`; time_medians.pending,
+    after a call: how many of the
+    timed calls the GPU had not finished when the host had enqueued them all (near the count of calls: the
+    host ran ahead of the GPU, so the host time a call takes before its launch never held the GPU up)."""
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
-    def time_median(fn):
-        for _ in range(3):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(repeat)]
+    def time_medians(fns):
+        for fn in fns:
+            for _ in range(3):
+                fn()
+        starts = [[torch.cuda.Event(enable_timing=True) for _ in range(repeat)] for _ in fns]
+        stops = [[torch.cuda.Event(enable_timing=True) for _ in range(repeat)] for _ in fns]
         for i in range(repeat):
-            flush.fill_(i & 0xFF)
-            starts[i].record()
-            fn()
-            stops[i].record()
+            for j, fn in enumerate(fns):
+                flush.fill_(i & 0xFF)
+                starts[j][i].record()
+                fn()
+                stops[j][i].record()
+        time_medians.pending = sum(not e.query() for row in stops for e in row)
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in zip(starts, stops))
+        return [statistics.median(s.elapsed_time(e) for s, e in zip(row_s, row_e))
+                for row_s, row_e in zip(starts, stops)]
 
-    return time_median
+    time_medians.pending, time_medians.repeat = 0, repeat
+    return time_medians
 
 
 def routing(torch, gen, T, E, k):

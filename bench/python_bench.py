@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The Python package's cost on a GPU: (1) each grouped GEMM op of the ANCHORS.md shapes through libmoe's
-Python entry (the op torch calls: libmoe.grouped_gemm for fwd, the backward op for dX and dW), timed as
-bench/moe-bench times the C calls (bench/peers.py's timer: L2 flushed before each timed call, CUDA events
-around the call alone, no host wait between calls; median of --repeat), beside moe-bench's own numbers when
-its CSV is given (--c-csv, from `moe-bench --libmoe-only --csv FILE` on the same machine), and the host time
-one call takes to enqueue (Python entry, and the bare ctypes call); (2) one MoE layer's forward + backward
+Python entry (the op torch calls: libmoe.grouped_gemm for fwd, the backward op for dX and dW), through bare
+ctypes calls of the C entry it calls, and of the C entry moe-bench calls, on the same tensors (moe-bench's
+distribution, uniform in [-1, 1)), timed interleaved as bench/moe-bench times the C calls (bench/peers.py's
+interleaved_timer: L2 flushed before each timed call, CUDA events around the call alone, no host wait between
+calls; median of --repeat), beside moe-bench's own numbers when its CSV is given (--c-csv, from `moe-bench
+--libmoe-only --csv FILE` on the same machine), with the host time one call takes to enqueue and how many
+timed calls were still pending when the host had enqueued them all (the host ahead of the GPU: its time
+before a launch is hidden); (2) one MoE layer's forward + backward
 on an mlp-gpu-time shape, bf16: libmoe.moe_mlp on a prebuilt layout and libmoe.MoEExperts (layout built in
 the step) against bench/peers.py's eager PyTorch MoE MLP on torch._grouped_mm (its expert order prebuilt).
 
@@ -15,7 +18,6 @@ import argparse
 import csv
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -25,71 +27,83 @@ import torch  # noqa: E402
 
 import libmoe  # noqa: E402
 import peers  # noqa: E402
+import python_host  # noqa: E402
 from libmoe import _capi, _ops  # noqa: E402
 
 
-def host_us(fn, calls=50):
-    """Host microseconds per call to enqueue fn() (the device runs behind; one wait at the end)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+def host_us(fn):
+    """Host microseconds per call to enqueue fn() (the device runs behind; waits outside the timed span)."""
+    return python_host.host_us(fn, 50, sync=torch.cuda.synchronize)
 
 
-def gemm_rows(c_rows, shapes, T, time_median):
+def gemm_rows(c_rows, shapes, T, time_medians):
+    """Each op timed three ways on the same tensors, interleaved (peers.interleaved_timer): the Python entry,
+    the C entry it calls through bare ctypes, and the C entry moe-bench calls (moe_gemm_dx / moe_gemm_dw
+    with moe-bench's routing struct) through bare ctypes; beside moe-bench's own number (another process,
+    its own data and routing)."""
     gen = torch.Generator(device="cuda").manual_seed(1)
-    print("%-14s %-8s %-4s %6s %6s %6s | %9s %9s %7s | %8s %8s" % (
-        "model", "gemm", "op", "M", "N", "K", "py TF/s", "C TF/s", "py/C", "py us", "ctypes us"))
+    print("TFLOP/s (2 M N K over the median time); py: the Python entry; same: its C call (moe_gemm_fwd or "
+          "moe_gemm_bwd with dx_only / dw_only) through bare ctypes; bench: moe-bench's C call (moe_gemm_fwd, "
+          "moe_gemm_dx, moe_gemm_dw) through bare ctypes; C: moe-bench's CSV; host us: enqueue time per call; "
+          "pending: timed calls unfinished when the host had enqueued all %d" % (3 * time_medians.repeat))
+    print("%-14s %-8s %-4s %6s %6s %6s | %7s %7s %7s %7s | %7s %7s | %7s %7s | %7s" % (
+        "model", "gemm", "op", "M", "N", "K", "py", "same", "bench", "C", "py/same", "py/C", "py us", "same us",
+        "pending"))
     for model, gemm, E, k, N, K in shapes:
         M = T * k
         _, _, m_sizes = peers.routing(torch, gen, T, E, k)
-        x = torch.rand((M, K), generator=gen, device="cuda").sub_(0.5).bfloat16()
-        w = torch.rand((E, N, K), generator=gen, device="cuda").sub_(0.5).bfloat16()
-        dy = torch.rand((M, N), generator=gen, device="cuda").sub_(0.5).bfloat16()
+        # moe-bench's distribution: uniform in [-1, 1)
+        x = torch.rand((M, K), generator=gen, device="cuda").mul_(2).sub_(1).bfloat16()
+        w = torch.rand((E, N, K), generator=gen, device="cuda").mul_(2).sub_(1).bfloat16()
+        dy = torch.rand((M, N), generator=gen, device="cuda").mul_(2).sub_(1).bfloat16()
         for op in ("fwd", "dx", "dw"):
             if op == "fwd":
                 def call():
                     with torch.no_grad():
                         return libmoe.grouped_gemm(x, w, m_sizes)
-                bare = bare_call("moe_gemm_fwd", x, w, dy, m_sizes, T, k, E, N, K, op)
             else:
-                need_dx = op == "dx"
-
-                def call(need_dx=need_dx):
+                def call(need_dx=op == "dx"):
                     return _ops.gemm_bwd(x, w, dy, m_sizes, None, None, 1, False, False, False, need_dx, not need_dx,
                                          False)
-                bare = bare_call("moe_gemm_bwd", x, w, dy, m_sizes, T, k, E, N, K, op)
-            ms = time_median(call)
-            tflops = 2.0 * M * N * K / (ms * 1e-3) / 1e12
+            same = bare_call(op, False, x, w, dy, m_sizes, T, k, E, N, K)
+            bench = bare_call(op, True, x, w, dy, m_sizes, T, k, E, N, K)
+            ms = time_medians([call, same, bench])
+            py, py_same, py_bench = (2.0 * M * N * K / (t * 1e-3) / 1e12 for t in ms)
             c = c_rows.get((model, gemm, op))
-            ratio = "%7.3f" % (tflops / c) if c else "      -"
-            print("%-14s %-8s %-4s %6d %6d %6d | %9.1f %9s %7s | %8.1f %8.1f" % (
-                model, gemm, op, M, N, K, tflops, "%.1f" % c if c else "-", ratio, host_us(call), host_us(bare)))
+            print("%-14s %-8s %-4s %6d %6d %6d | %7.1f %7.1f %7.1f %7s | %7.3f %7s | %7.1f %7.1f | %7d" % (
+                model, gemm, op, M, N, K, py, py_same, py_bench, "%.1f" % c if c else "-", py / py_same,
+                "%.3f" % (py / c) if c else "-", host_us(call), host_us(same), time_medians.pending))
             sys.stdout.flush()
 
 
-def bare_call(name, x, w, dy, m_sizes, T, k, E, N, K, op):
-    """The C call alone through ctypes, its arguments made once (the floor of any Python entry)."""
+def bare_call(op, as_moe_bench, x, w, dy, m_sizes, T, k, E, N, K):
+    """The C call alone through ctypes, its arguments made once (the floor of any Python entry): the call the
+    Python entry makes (moe_gemm_fwd, or moe_gemm_bwd with dx_only / dw_only; routing (T k, 1, E), as
+    grouped_gemm with topk = 1 builds it), or, as_moe_bench, the call moe-bench makes (moe_gemm_fwd,
+    moe_gemm_dx, moe_gemm_dw; routing (T, k, E))."""
     import ctypes  # pylint: disable=import-outside-toplevel
-    routing = _capi.Routing(T * k, 1, E, m_sizes.data_ptr(), None)
+    routing = _capi.Routing(T, k, E, m_sizes.data_ptr(), None) if as_moe_bench else \
+        _capi.Routing(T * k, 1, E, m_sizes.data_ptr(), None)
     opts = _capi.GemmOptions(dtype=_capi.MOE_BF16, stream=torch.cuda.current_stream().cuda_stream)
-    out_fwd = torch.empty((T * k, N), dtype=torch.bfloat16, device="cuda")
-    out_dx = torch.empty((T * k, K), dtype=torch.bfloat16, device="cuda")
-    out_dw = torch.empty((E, N, K), dtype=torch.bfloat16, device="cuda")
-    fn = getattr(_capi.lib(), name)
+    out = torch.empty({"fwd": (T * k, N), "dx": (T * k, K), "dw": (E, N, K)}[op], dtype=torch.bfloat16,
+                      device="cuda")
+    lib = _capi.lib()
+    for name in ("moe_gemm_dx", "moe_gemm_dw"):   # not called by the package, so not declared by _capi: the
+        fn = getattr(lib, name)                    # prototype of moe_gemm_fwd, whose arguments have the same types
+        fn.restype, fn.argtypes = _capi.PROTOTYPES["moe_gemm_fwd"]
+    cuda, r, o = _capi.MOE_BACKEND_CUDA, ctypes.byref(routing), ctypes.byref(opts)
     if op == "fwd":
-        args = (_capi.MOE_BACKEND_CUDA, ctypes.byref(routing), N, K, x.data_ptr(), w.data_ptr(), None,
-                out_fwd.data_ptr(), ctypes.byref(opts))
+        fn, args = lib.moe_gemm_fwd, (cuda, r, N, K, x.data_ptr(), w.data_ptr(), None, out.data_ptr(), o)
+    elif as_moe_bench:
+        fn, args = ((lib.moe_gemm_dx, (cuda, r, N, K, dy.data_ptr(), w.data_ptr(), None, out.data_ptr(), o))
+                    if op == "dx" else
+                    (lib.moe_gemm_dw, (cuda, r, N, K, x.data_ptr(), dy.data_ptr(), None, out.data_ptr(), o)))
     else:
         opts.dx_only, opts.dw_only = int(op == "dx"), int(op == "dw")
-        args = (_capi.MOE_BACKEND_CUDA, ctypes.byref(routing), N, K, x.data_ptr(), w.data_ptr(), dy.data_ptr(), None,
-                out_dx.data_ptr() if op == "dx" else None, out_dw.data_ptr() if op == "dw" else None, None,
-                ctypes.byref(opts))
-    keep = (routing, opts, out_fwd, out_dx, out_dw)
+        fn, args = lib.moe_gemm_bwd, (cuda, r, N, K, x.data_ptr(), w.data_ptr(), dy.data_ptr(), None,
+                                      out.data_ptr() if op == "dx" else None, out.data_ptr() if op == "dw" else None,
+                                      None, o)
+    keep = (routing, opts, out)
 
     def call(keep=keep):
         if fn(*args) != 0:
@@ -147,10 +161,10 @@ def main():
             for row in csv.DictReader(f):
                 c_rows[(row["model"], row["gemm"], row["op"])] = float(row["libmoe_tflops"])
     shapes = [s for s in peers.GEMM_SHAPES if args.shapes == "all" or s[0].startswith(args.shapes)]
-    time_median = peers.timer(torch, args.repeat)
-    gemm_rows(c_rows, shapes, args.tokens, time_median)
+    time_medians = peers.interleaved_timer(torch, args.repeat)
+    gemm_rows(c_rows, shapes, args.tokens, time_medians)
     if args.layer != "none":
-        layer_step(args.layer, time_median)
+        layer_step(args.layer, peers.timer(torch, args.repeat))
     return 0
 
 

@@ -27,7 +27,7 @@ else
 EXTRA_DIST += $(LIBMOE_PY)
 endif
 EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py python/tests/bounds.py \
-	bench/python_bench.py bench/device-python.sh
+	bench/python_bench.py bench/python_host.py bench/device-python.sh
 
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
 check_PROGRAMS += tests/python_abi

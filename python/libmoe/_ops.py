@@ -1,10 +1,15 @@
 """The differentiable ops: the grouped GEMM and the blockwise MLP.
 
-Where the running torch has torch.library.custom_op (2.4 and later), the raw calls of _raw.py are
-registered as the ops libmoe::gemm_fwd, libmoe::gemm_bwd, libmoe::mlp_fwd and libmoe::mlp_bwd, with fake
-(meta) implementations and autograd formulas, so that torch.compile traces them and CUDA graphs capture
-them.  On older torch (Debian's 1.13) the same raw calls run inside torch.autograd.Function subclasses.
-Both paths share the setup_context and backward functions below, so they compute the same thing."""
+The raw calls of _raw.py run inside torch.autograd.Function subclasses (GroupedGemmFunction, MlpFunction).
+Where the running torch has torch.library.custom_op (2.4 and later), the same raw calls are also registered
+as the ops libmoe::gemm_fwd, libmoe::gemm_bwd, libmoe::mlp_fwd and libmoe::mlp_bwd, with fake (meta)
+implementations and the same autograd formulas, so that torch.compile traces them and CUDA graphs capture
+them.  A call goes through the registered op where torch must see it (dispatched(): under torch.compile or
+torch.export, inside a TorchDispatchMode, on a tensor subclass) and through the autograd function
+otherwise, or, where autograd records nothing (no grad mode, no input that requires grad), the raw call
+itself: a plain eager call then skips the dispatcher's Python layers and the autograd function's (tens of
+microseconds a call; the numbers are in bench/RESULTS.md) and computes the same thing.  On older torch
+(Debian's 1.13) no call takes the registered op (there is none)."""
 import torch
 
 from . import _raw
@@ -15,6 +20,22 @@ _GEMM_ARGS = ("x", "w", "m_sizes", "gather_indices", "topk_weights", "topk", "pe
 _MLP_ARGS = ("hidden", "affinities", "w_gu", "w_d", "b_gu", "b_d", "block_to_expert", "token_position_to_id",
              "block_size", "activation", "affinity_on_i", "pad_row", "clamps", "tensor_update_overwrite",
              "float32_intermediates", "checkpoints")
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_dispatch_stack_depth = getattr(torch._C, "_len_torch_dispatch_stack", None)  # pylint: disable=protected-access
+
+
+def dispatched(tensors):
+    """Whether a call on `tensors` must go through the registered op: torch has custom ops, and torch.compile or
+    torch.export traces the call, a TorchDispatchMode is active (FakeTensorMode, FlopCounterMode, ...; where
+    this torch cannot tell, always), or a tensor is a subclass (FakeTensor, FunctionalTensor, DTensor, ...)."""
+    if not HAS_CUSTOM_OP:
+        return False
+    if torch.compiler.is_compiling() or _dispatch_stack_depth is None or _dispatch_stack_depth():
+        return True
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TENSORS:  # pylint: disable=unidiomatic-typecheck
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -93,8 +114,61 @@ def _mlp_backward(ctx, grad_out, _grad_ckpt_gu, _grad_ckpt_d):
 
 
 # ------------------------------------------------------------------------------------------------------
-# Registration
+# The autograd functions (every torch) and the registered ops (torch with custom_op)
 # ------------------------------------------------------------------------------------------------------
+class GroupedGemmFunction(torch.autograd.Function):  # pylint: disable=abstract-method
+    """The grouped GEMM forward with its backward, on the raw call."""
+
+    @staticmethod
+    def forward(ctx, *args):  # pylint: disable=arguments-differ
+        y = _raw.gemm_fwd(*args)
+        _gemm_setup_context(ctx, args, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):  # pylint: disable=arguments-differ
+        return _gemm_backward(ctx, grad_y)
+
+
+class MlpFunction(torch.autograd.Function):  # pylint: disable=abstract-method
+    """The blockwise MLP forward with its backward, on the raw call."""
+
+    @staticmethod
+    def forward(ctx, *args):  # pylint: disable=arguments-differ
+        outputs = _raw.mlp_fwd(*args)
+        _mlp_setup_context(ctx, args, outputs)
+        ctx.mark_non_differentiable(outputs[1], outputs[2])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):  # pylint: disable=arguments-differ
+        return _mlp_backward(ctx, *grads)
+
+
+def _needs_grad(tensors):
+    """Whether autograd records a call on `tensors`: grad mode on and a tensor that requires grad."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
+
+
+def _entry(raw, function, registered, tensor_count, doc):
+    """A call of the arguments of `raw`, whose first tensor_count arguments are its tensors: `registered` (the
+    op) where dispatched() says so; else `function` (the autograd function on raw, None for a backward) where
+    autograd records the call; else `raw` itself (what the autograd function would run, less its cost)."""
+    def call(*args):
+        tensors = args[:tensor_count]
+        if dispatched(tensors):
+            return registered(*args)
+        if function is not None and _needs_grad(tensors):
+            return function.apply(*args)
+        return raw(*args)
+    call.__doc__ = doc
+    return call
+
+
 if HAS_CUSTOM_OP:
     def _register(name, fn, fake):
         op = torch.library.custom_op("libmoe::" + name, mutates_args=())(fn)
@@ -102,49 +176,18 @@ if HAS_CUSTOM_OP:
         return op
 
     gemm_fwd_op = _register("gemm_fwd", _raw.gemm_fwd, _gemm_fwd_fake)
-    gemm_bwd = _register("gemm_bwd", _raw.gemm_bwd, _gemm_bwd_fake)
+    gemm_bwd_op = _register("gemm_bwd", _raw.gemm_bwd, _gemm_bwd_fake)
     mlp_fwd_op = _register("mlp_fwd", _raw.mlp_fwd, _mlp_fwd_fake)
-    mlp_bwd = _register("mlp_bwd", _raw.mlp_bwd, _mlp_bwd_fake)
+    mlp_bwd_op = _register("mlp_bwd", _raw.mlp_bwd, _mlp_bwd_fake)
     gemm_fwd_op.register_autograd(_gemm_backward, setup_context=_gemm_setup_context)
     mlp_fwd_op.register_autograd(_mlp_backward, setup_context=_mlp_setup_context)
-
-    def gemm_apply(*args):
-        return gemm_fwd_op(*args)
-
-    def mlp_apply(*args):
-        return mlp_fwd_op(*args)
 else:
-    gemm_bwd, mlp_bwd = _raw.gemm_bwd, _raw.mlp_bwd
+    gemm_fwd_op = gemm_bwd_op = mlp_fwd_op = mlp_bwd_op = None
 
-    class GroupedGemmFunction(torch.autograd.Function):  # pylint: disable=abstract-method
-        """The grouped GEMM forward with its backward (torch without custom_op)."""
-
-        @staticmethod
-        def forward(ctx, *args):  # pylint: disable=arguments-differ
-            y = _raw.gemm_fwd(*args)
-            _gemm_setup_context(ctx, args, y)
-            return y
-
-        @staticmethod
-        def backward(ctx, grad_y):  # pylint: disable=arguments-differ
-            return _gemm_backward(ctx, grad_y)
-
-    class MlpFunction(torch.autograd.Function):  # pylint: disable=abstract-method
-        """The blockwise MLP forward with its backward (torch without custom_op)."""
-
-        @staticmethod
-        def forward(ctx, *args):  # pylint: disable=arguments-differ
-            outputs = _raw.mlp_fwd(*args)
-            _mlp_setup_context(ctx, args, outputs)
-            ctx.mark_non_differentiable(outputs[1], outputs[2])
-            return outputs
-
-        @staticmethod
-        def backward(ctx, *grads):  # pylint: disable=arguments-differ
-            return _mlp_backward(ctx, *grads)
-
-    def gemm_apply(*args):
-        return GroupedGemmFunction.apply(*args)
-
-    def mlp_apply(*args):
-        return MlpFunction.apply(*args)
+gemm_apply = _entry(_raw.gemm_fwd, GroupedGemmFunction, gemm_fwd_op, 5,
+                    "The differentiable grouped GEMM (the arguments of _raw.gemm_fwd).")
+gemm_bwd = _entry(_raw.gemm_bwd, None, gemm_bwd_op, 6,
+                  "The grouped GEMM's backward op (the arguments of _raw.gemm_bwd).")
+mlp_apply = _entry(_raw.mlp_fwd, MlpFunction, mlp_fwd_op, 8,
+                   "The differentiable blockwise MLP (the arguments of _raw.mlp_fwd).")
+mlp_bwd = _entry(_raw.mlp_bwd, None, mlp_bwd_op, 10, "The blockwise MLP's backward op (the arguments of _raw.mlp_bwd).")

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _capi
-from ._tensors import (DeviceScope, backend_of, check_float, check_index, check_int, moe_dtype, ptr,
+from ._tensors import (backend_of, check_float, check_index, check_int, device_scope, moe_dtype, ptr,
                        stream_of)
 
 _EMPTY_SHAPE = (0,)
@@ -21,7 +21,7 @@ NO_CLAMPS = [math.nan] * 4   # the clamps argument of the MLP calls: NaN is an a
 
 
 def _empty(like):
-    return torch.empty(_EMPTY_SHAPE, dtype=like.dtype, device=like.device)
+    return like.new_empty(_EMPTY_SHAPE)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -36,10 +36,10 @@ def routing_from_topk(topk_ids: Tensor, num_experts: int) -> Tuple[Tensor, Tenso
     device = topk_ids.device
     T, k = topk_ids.shape
     backend = backend_of(device)
-    m_sizes = torch.empty((num_experts,), dtype=torch.int64, device=device)
-    gather = torch.empty((T * k,), dtype=torch.int64, device=device)
-    scatter = torch.empty((T * k,), dtype=torch.int64, device=device)
-    with DeviceScope(device):
+    m_sizes = topk_ids.new_empty((num_experts,))
+    gather = topk_ids.new_empty((T * k,))
+    scatter = topk_ids.new_empty((T * k,))
+    with device_scope(device):
         _capi.call("moe_routing_build", backend, T, k, num_experts, ptr(topk_ids), ptr(m_sizes), ptr(gather),
                    ptr(scatter), stream_of(device))
     return m_sizes, gather, scatter
@@ -78,8 +78,8 @@ def gemm_fwd(x: Tensor, w: Tensor, m_sizes: Tensor, gather_indices: Optional[Ten
     backend, routing, M, N, K, options = _gemm_setup("libmoe.gemm_fwd", x, w, m_sizes, gather_indices,
                                                      topk_weights, topk, permute_x, permute_y)
     options.allow_tf32 = int(allow_tf32)
-    y = torch.empty((M, N), dtype=w.dtype, device=w.device)
-    with DeviceScope(w.device):
+    y = w.new_empty((M, N))
+    with device_scope(w.device):
         _capi.call("moe_gemm_fwd", backend, ctypes.byref(routing), N, K, ptr(x), ptr(w), ptr(topk_weights), ptr(y),
                    ctypes.byref(options))
     return y
@@ -99,10 +99,10 @@ def gemm_bwd(x: Tensor, w: Tensor, dy: Tensor, m_sizes: Tensor, gather_indices: 
     if need_dtopk and topk_weights is None:
         raise ValueError("%s: the topk-weight gradient needs topk_weights" % fn)
     options.allow_tf32 = int(allow_tf32)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_dx else _empty(x)
-    dw = torch.empty(w.shape, dtype=w.dtype, device=w.device) if need_dw else _empty(w)
-    dtw = torch.empty((M,), dtype=w.dtype, device=w.device) if need_dtopk else _empty(w)
-    with DeviceScope(w.device):
+    dx = torch.empty_like(x) if need_dx else _empty(x)   # x and w are contiguous: so are these
+    dw = torch.empty_like(w) if need_dw else _empty(w)
+    dtw = w.new_empty((M,)) if need_dtopk else _empty(w)
+    with device_scope(w.device):
         if need_dx or need_dw:
             options.dx_only, options.dw_only = int(not need_dw), int(not need_dx)
             options.reduce_topk = int(permute_x and need_dx)
@@ -173,7 +173,7 @@ def mlp_layout(topk_ids: Tensor, topk_weights: Optional[Tensor], num_experts: in
         _capi.call("moe_mlp_layout_build", kind, T, k, num_experts, ptr(topk_ids), ptr(topk_weights), N, *arrays,
                    ctypes.byref(options))
     else:
-        with DeviceScope(device):
+        with device_scope(device):
             _capi.call("moe_mlp_layout_build_on", backend, kind, T, k, num_experts, ptr(topk_ids), ptr(topk_weights),
                        N, *arrays, None, ctypes.byref(options))
     return block_to_expert, position_to_id, affinities, dropped
@@ -216,10 +216,10 @@ def mlp_fwd(hidden: Tensor, affinities: Tensor, w_gu: Tensor, w_d: Tensor, b_gu:
         raise ValueError("%s: b_gu and b_d are given together or not at all" % fn)
     opts = mlp_options(w_gu.dtype, block_size, activation, affinity_on_i, pad_row, b_gu is not None, clamps,
                        tensor_update_overwrite, float32_intermediates, stream_of(w_gu.device))
-    out = torch.empty((T1, H), dtype=w_gu.dtype, device=w_gu.device)
-    ckpt_gu = torch.empty((N, 2, I, block_size), dtype=w_gu.dtype, device=w_gu.device) if checkpoints else _empty(w_gu)
-    ckpt_d = torch.empty((N, block_size, H), dtype=w_gu.dtype, device=w_gu.device) if checkpoints else _empty(w_gu)
-    with DeviceScope(w_gu.device):
+    out = w_gu.new_empty((T1, H))
+    ckpt_gu = w_gu.new_empty((N, 2, I, block_size)) if checkpoints else _empty(w_gu)
+    ckpt_d = w_gu.new_empty((N, block_size, H)) if checkpoints else _empty(w_gu)
+    with device_scope(w_gu.device):
         _capi.call("moe_mlp_fwd", backend, ctypes.byref(layout), H, I, ptr(hidden), ptr(affinities), ptr(w_gu),
                    ptr(w_d), ptr(b_gu), ptr(b_d), ptr(out), ptr(ckpt_gu) if checkpoints else None,
                    ptr(ckpt_d) if checkpoints else None, ctypes.byref(opts))
@@ -247,9 +247,9 @@ def mlp_bwd(hidden: Tensor, affinities: Tensor, w_gu: Tensor, w_d: Tensor, b_d: 
     d_w_gu = torch.empty_like(w_gu)
     d_w_d = torch.empty_like(w_d)
     E = w_gu.shape[0]
-    d_b_gu = torch.empty((E, 2, I), dtype=dtype, device=device) if bias else _empty(w_gu)
-    d_b_d = torch.empty((E, H), dtype=dtype, device=device) if bias else _empty(w_gu)
-    with DeviceScope(device):
+    d_b_gu = w_gu.new_empty((E, 2, I)) if bias else _empty(w_gu)
+    d_b_d = w_gu.new_empty((E, H)) if bias else _empty(w_gu)
+    with device_scope(device):
         _capi.call("moe_mlp_bwd", backend, ctypes.byref(layout), H, I, ptr(hidden), ptr(affinities), ptr(w_gu),
                    ptr(w_d), ptr(b_d) if bias else None, ptr(gate_up_ckpt_T), ptr(down_ckpt), ptr(out_grad),
                    ptr(d_hidden), ptr(d_aff), ptr(d_w_gu), ptr(d_w_d), ptr(d_b_gu) if bias else None,

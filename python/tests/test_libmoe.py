@@ -452,8 +452,55 @@ class TestReadme(unittest.TestCase):
         self.assertTrue(math.isfinite(scope["loss"].item()))
 
 
+class TestCallPaths(unittest.TestCase):
+    """A plain eager call takes the autograd function where autograd records it and the raw call where it does
+    not (libmoe._ops: the registered op's dispatch is left to the calls torch must see)."""
+
+    def test_eager_calls_skip_the_dispatcher(self):
+        gen = torch.Generator().manual_seed(70)
+        ids = routing_case(6, 2, 3, gen)
+        m, g, _ = libmoe.routing_from_topk(ids, 3)
+        x, w = rand(6, 8, gen=gen).requires_grad_(), rand(3, 4, 8, gen=gen).requires_grad_()
+        y = libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
+        self.assertEqual(type(y.grad_fn).__name__, "GroupedGemmFunctionBackward")
+        with torch.no_grad():
+            y_raw = libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
+        self.assertIsNone(y_raw.grad_fn)
+        self.assertFalse(y_raw.requires_grad)
+        self.assertTrue(torch.equal(y.detach(), y_raw))
+        y_plain = libmoe.grouped_gemm(x.detach(), w.detach(), m, g, 2, permute_x=True)   # nothing requires grad
+        self.assertIsNone(y_plain.grad_fn)
+        self.assertTrue(torch.equal(y_plain, y_raw))
+
+
 @unittest.skipUnless(_ops.HAS_CUSTOM_OP, "this torch has no torch.library.custom_op (plain autograd functions)")
 class TestCustomOps(unittest.TestCase):
+    def test_dispatch_modes_see_the_registered_op(self):
+        from torch.utils._python_dispatch import TorchDispatchMode  # pylint: disable=import-outside-toplevel
+
+        class Record(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+        gen = torch.Generator().manual_seed(71)
+        ids = routing_case(6, 2, 3, gen)
+        m, g, _ = libmoe.routing_from_topk(ids, 3)
+        x, w = rand(6, 8, gen=gen), rand(3, 4, 8, gen=gen)
+        eager = libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
+        with Record() as record:
+            seen = libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
+        self.assertIn("libmoe.gemm_fwd.default", record.ops)
+        self.assertTrue(torch.equal(eager, seen))
+        with Record() as record:
+            libmoe.grouped_gemm(x, w, m, g, 2, permute_x=True)
+            dx, _, _ = _ops.gemm_bwd(x, w, eager, m, g, None, 2, True, False, False, True, False, False)
+        self.assertIn("libmoe.gemm_bwd.default", record.ops)
+        self.assertEqual(dx.shape, x.shape)
+
     def test_opcheck_and_compile(self):
         gen = torch.Generator().manual_seed(60)
         ids = torch.randint(0, 3, (5, 2), generator=gen).to(DEVICE)
