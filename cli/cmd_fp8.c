@@ -268,9 +268,9 @@ static int run_gemm_fp8(const args *a, int dx)
     if (bound_path != NULL) {
         double *value = xmalloc(count, sizeof(double)), *bound = xmalloc(count, sizeof(double));
         if (dx)
-            oracle_gemm_fp8_dx(&ri.r, N, K, &at, &wt, tw, NULL, &o, value, bound);
+            oracle_gemm_fp8_dx(&ri.r, N, K, &at, &wt, tw, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
         else
-            oracle_gemm_fp8_fwd(&ri.r, N, K, &at, &wt, tw, NULL, &o, value, bound);
+            oracle_gemm_fp8_fwd(&ri.r, N, K, &at, &wt, tw, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
         write_array(bound_path, NPY_T_F64, 2, out_shape, bound);
     }
     commit_outputs();

@@ -58,10 +58,20 @@ static dot promoted_dot(moe_fp8_scale_format format, moe_dtype a_dtype, const vo
     return d;
 }
 
-/* The bound of oracle.h's form with the FP8 roundings, plus the underflow term. */
-static double fp8_bound(moe_dtype out_dtype, int64_t roundings, double magnitude, double underflow, double value)
+/* The bound of oracle.h's form with the FP8 roundings, plus the underflow term (oracle_fp8.h): `roundings` are
+ * the float32 roundings with the in-tile ones (float32 tiles), `len` the reduction's length. */
+static double fp8_bound(moe_dtype out_dtype, int64_t roundings, int64_t len, int tile_acc_bits, double magnitude,
+                        double underflow, double value)
 {
-    const double accumulation = oracle_gamma(roundings) * magnitude + underflow * (1.0 + oracle_gamma(roundings));
+    double accumulation;
+    if (tile_acc_bits == ORACLE_FP8_TILE_F32) {
+        accumulation = oracle_gamma(roundings) * magnitude + underflow * (1.0 + oracle_gamma(roundings));
+    } else {
+        const int64_t in_tile = len < 128 ? len : 128, groups = (in_tile + 31) / 32;
+        const double g = oracle_gamma(roundings - in_tile), ge = (double)groups * 34.0 * ldexp(1.0, -tile_acc_bits);
+        const double c = ge * (1.0 + ge);
+        accumulation = g * magnitude + (1.0 + g) * (c * magnitude + (1.0 + c) * underflow);
+    }
     return accumulation + oracle_output_rounding(out_dtype, fabs(value) + accumulation) +
            (double)roundings * 0x1p-52 * magnitude;
 }
@@ -87,7 +97,7 @@ static int64_t *rows_alloc(int64_t M)
 
 void oracle_gemm_fp8_fwd(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
                          const moe_fp8_tensor *w, const float *topk_weights, const void *old_y,
-                         const moe_fp8_options *o, double *value, double *bound)
+                         const moe_fp8_options *o, int tile_acc_bits, double *value, double *bound)
 {
     const int64_t M = routing->num_tokens * routing->topk, tk = tiles_of(K), tn = tiles_of(N);
     int64_t *expert = rows_alloc(M), *slot = rows_alloc(M);
@@ -110,7 +120,7 @@ void oracle_gemm_fp8_fwd(const moe_routing *routing, int64_t N, int64_t K, const
             }
             value[i] = v;
             bound[i] = fp8_bound(o->out_dtype, promoted_roundings(K) + (topk_weights != NULL) + (o->accumulate != 0),
-                                 magnitude, underflow, v);
+                                 K, tile_acc_bits, magnitude, underflow, v);
         }
     }
     free(expert);
@@ -119,7 +129,7 @@ void oracle_gemm_fp8_fwd(const moe_routing *routing, int64_t N, int64_t K, const
 
 void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *dy,
                         const moe_fp8_tensor *w, const float *topk_weights, const void *old_dx,
-                        const moe_fp8_options *o, double *value, double *bound)
+                        const moe_fp8_options *o, int tile_acc_bits, double *value, double *bound)
 {
     const int64_t T = routing->num_tokens, k = routing->topk, M = T * k, tk = tiles_of(K), tn = tiles_of(N);
     const int64_t out_rows = o->reduce_topk ? T : M;
@@ -154,7 +164,7 @@ void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const 
             value[i] += old;
             magnitude[i] += fabs(old);
         }
-        bound[i] = fp8_bound(o->out_dtype, roundings, magnitude[i], underflow[i], value[i]);
+        bound[i] = fp8_bound(o->out_dtype, roundings, N, tile_acc_bits, magnitude[i], underflow[i], value[i]);
     }
     free(magnitude);
     free(underflow);

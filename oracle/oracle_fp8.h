@@ -20,11 +20,23 @@
 #include "moe_fp8.h"
 #include "oracle.h"
 
+/* The in-tile sums the bound assumes (tile_acc_bits): 0, float32 with round to nearest (the reference and the
+ * portable CUDA kernel: the bound above); p > 0, the FP8 tensor cores' fixed-point sum (Hopper's wgmma,
+ * specs/FP8.md "The accumulator of Hopper's FP8 wgmma"): each k32 group's products and its accumulator input
+ * are aligned to the largest of them and truncated to p bits below its leading bit, and the group's sum is
+ * truncated to p bits, so a group errs by at most 34 2^-p times the sum of its |terms|.  Then the in-tile
+ * term g(127) S of A becomes c S, c = G e (1 + G e), e = 34 2^-p, G = the k32 groups of a tile (<= 4), and L
+ * keeps only the roundings after the tile's sum: A = g(L) S + (1 + g(L)) (c S + (1 + c) U). */
+#define ORACLE_FP8_TILE_F32 0
+/* What Hopper's FP8 wgmma keeps: 13 bits (bench/fp8_accum_probe.cu; bench/RESULTS.md, "The accumulator of
+ * Hopper's FP8 wgmma"). */
+#define ORACLE_FP8_TILE_HOPPER_BITS 13
+
 void oracle_gemm_fp8_fwd(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
                          const moe_fp8_tensor *w, const float *topk_weights, const void *old_y,
-                         const moe_fp8_options *options, double *value, double *bound);
+                         const moe_fp8_options *options, int tile_acc_bits, double *value, double *bound);
 void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *dy,
                         const moe_fp8_tensor *w, const float *topk_weights, const void *old_dx,
-                        const moe_fp8_options *options, double *value, double *bound);
+                        const moe_fp8_options *options, int tile_acc_bits, double *value, double *bound);
 
 #endif

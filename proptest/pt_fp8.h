@@ -33,8 +33,9 @@ void fp8_case_corrupt(fp8_case *f, int bad);
 /* The case's call on `backend` with the given operands (host or device copies of the case's arrays). */
 moe_status fp8_case_call(const fp8_case *f, moe_backend backend, const moe_routing *routing, const moe_fp8_tensor *a,
                          const moe_fp8_tensor *w, const float *topk, void *out);
-/* The float64 oracle's values and bounds, checked against `out` (host); failures tagged "bound". */
-void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who);
+/* The float64 oracle's values and bounds for in-tile sums of tile_acc_bits (oracle_fp8.h), checked against `out`
+ * (host); failures tagged "bound". */
+void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who, int tile_acc_bits);
 void fp8_case_free(fp8_case *f);
 
 #endif /* LIBMOE_PT_FP8_H */

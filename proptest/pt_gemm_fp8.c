@@ -130,14 +130,14 @@ moe_status fp8_case_call(const fp8_case *f, moe_backend backend, const moe_routi
                  : moe_gemm_fp8_fwd(backend, routing, f->N, f->K, a, w, topk, out, &f->opt);
 }
 
-void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who)
+void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who, int tile_acc_bits)
 {
     double *value = xmalloc(((size_t)f->out_count + 1) * sizeof(double));
     double *bound = xmalloc(((size_t)f->out_count + 1) * sizeof(double));
     if (f->dx)
-        oracle_gemm_fp8_dx(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, value, bound);
+        oracle_gemm_fp8_dx(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, tile_acc_bits, value, bound);
     else
-        oracle_gemm_fp8_fwd(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, value, bound);
+        oracle_gemm_fp8_fwd(&f->routing, f->N, f->K, &f->a, &f->w, f->topk, f->old, &f->opt, tile_acc_bits, value, bound);
     for (int64_t i = 0; i < f->out_count; i++) {
         const double got = oracle_load(f->opt.out_dtype, out, i), err = fabs(got - value[i]);
         if (!(err <= bound[i])) {
@@ -179,7 +179,7 @@ void pt_gemm_fp8(pt_case *c)
         pt_fail(c, "status", "%s returned %s: %s", f.dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd", moe_strerror(st),
                 moe_last_error());
     else
-        fp8_case_check(c, &f, out, "ref");
+        fp8_case_check(c, &f, out, "ref", ORACLE_FP8_TILE_F32);
     free(out);
     fp8_case_free(&f);
 }

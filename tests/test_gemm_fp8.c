@@ -144,9 +144,9 @@ static double random_cases(oracle_rng *rng, int count)
         double *value = malloc((size_t)c.out_count * sizeof(double) + 8);
         double *bound = malloc((size_t)c.out_count * sizeof(double) + 8);
         if (c.dx)
-            oracle_gemm_fp8_dx(&c.routing, c.N, c.K, &c.a, &c.w, c.topk, c.out, &c.opt, value, bound);
+            oracle_gemm_fp8_dx(&c.routing, c.N, c.K, &c.a, &c.w, c.topk, c.out, &c.opt, ORACLE_FP8_TILE_F32, value, bound);
         else
-            oracle_gemm_fp8_fwd(&c.routing, c.N, c.K, &c.a, &c.w, c.topk, c.out, &c.opt, value, bound);
+            oracle_gemm_fp8_fwd(&c.routing, c.N, c.K, &c.a, &c.w, c.topk, c.out, &c.opt, ORACLE_FP8_TILE_F32, value, bound);
         char what[256];
         describe(&c, what, sizeof what);
         const moe_status st = run_case(&c, MOE_BACKEND_REF, c.out);
