@@ -167,8 +167,9 @@ static int run_fp8_quantize(const args *a)
     const int64_t tiles_r = blocks ? (R + 127) / 128 : R, tiles_c = (C + 127) / 128;
     uint8_t *q = xmalloc(elements(B, R, C), 1);
     void *scales = xmalloc(elements(B, tiles_r, tiles_c), format == MOE_FP8_SCALE_UE8M0 ? 1 : 4);
-    const moe_status st = blocks ? moe_quantize_fp8_blocks(src_dtype, B, R, C, src, fp8, format, q, scales)
-                                 : moe_quantize_fp8_rows(src_dtype, R, C, src, fp8, format, q, scales);
+    const moe_status st =
+        blocks ? moe_quantize_fp8_blocks(MOE_BACKEND_REF, src_dtype, B, R, C, src, fp8, format, q, scales, NULL)
+               : moe_quantize_fp8_rows(MOE_BACKEND_REF, src_dtype, R, C, src, fp8, format, q, scales, NULL);
     if (st != MOE_OK)
         die("%s: %s", in, moe_last_error());
     make_dirs(dir);

@@ -44,11 +44,12 @@ static void one_case(oracle_rng *rng, int blocks, moe_dtype src_dtype, moe_dtype
     uint8_t *q = malloc((size_t)n + 1);
     void *scales = malloc((size_t)ns * 4 + 4);
     float *back = malloc((size_t)n * 4 + 4);
-    const moe_status st = blocks ? moe_quantize_fp8_blocks(src_dtype, B, R, C, src, fp8, format, q, scales)
-                                 : moe_quantize_fp8_rows(src_dtype, R, C, src, fp8, format, q, scales);
+    const moe_status st =
+        blocks ? moe_quantize_fp8_blocks(MOE_BACKEND_REF, src_dtype, B, R, C, src, fp8, format, q, scales, NULL)
+               : moe_quantize_fp8_rows(MOE_BACKEND_REF, src_dtype, R, C, src, fp8, format, q, scales, NULL);
     REQUIRE(st == MOE_OK, "quantize: %s", moe_last_error());
-    REQUIRE(moe_dequantize_fp8(fp8, format, tile_rows, B, R, C, q, scales, MOE_F32, back) == MOE_OK, "dequantize: %s",
-            moe_last_error());
+    REQUIRE(moe_dequantize_fp8(MOE_BACKEND_REF, fp8, format, tile_rows, B, R, C, q, scales, MOE_F32, back, NULL) ==
+                MOE_OK, "dequantize: %s", moe_last_error());
     const float max = fp8 == MOE_E5M2 ? 57344.0f : 448.0f;
     const double u8 = moe_dtype_unit_roundoff(fp8), half_subnormal = fp8 == MOE_E5M2 ? 0x1p-17 : 0x1p-10;
     for (int64_t b = 0; b < B; b++)
@@ -113,38 +114,48 @@ static void bad_arguments(void)
               #call, (int)st_, moe_last_error());                                                                \
         CHECK(q[0] == q_before && scales[0] == 0.0f, "%s wrote its outputs", #call);                            \
     } while (0)
-    EXPECT(moe_quantize_fp8_rows(MOE_F16, 4, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_DTYPE,
-           "src_dtype = f16");
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, 4, 130, src, MOE_BF16, 0, q, scales), MOE_ERR_INVALID_DTYPE,
-           "fp8_dtype = bf16");
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, 4, 130, src, MOE_E4M3, (moe_fp8_scale_format)7, q, scales),
-           MOE_ERR_INVALID_OPTION, "scale_format = 7");
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, -1, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_SHAPE, "rows = -1");
-    EXPECT(moe_quantize_fp8_blocks(MOE_F32, 1, 4, 130, NULL, MOE_E4M3, 0, q, scales), MOE_ERR_NULL_POINTER, "src");
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, 4, 130, src, MOE_E4M3, 0, q, NULL), MOE_ERR_NULL_POINTER, "scales");
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, 4, 130, src, MOE_E4M3, 0, src, scales), MOE_ERR_INVALID_OPTION,
-           "overlap");
+#define ROWS(...) moe_quantize_fp8_rows(MOE_BACKEND_REF, __VA_ARGS__, NULL)
+#define BLOCKS(...) moe_quantize_fp8_blocks(MOE_BACKEND_REF, __VA_ARGS__, NULL)
+#define DEQUANTIZE(...) moe_dequantize_fp8(MOE_BACKEND_REF, __VA_ARGS__, NULL)
+    EXPECT(ROWS(MOE_F16, 4, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_DTYPE, "src_dtype = f16");
+    EXPECT(ROWS(MOE_F32, 4, 130, src, MOE_BF16, 0, q, scales), MOE_ERR_INVALID_DTYPE, "fp8_dtype = bf16");
+    EXPECT(ROWS(MOE_F32, 4, 130, src, MOE_E4M3, (moe_fp8_scale_format)7, q, scales), MOE_ERR_INVALID_OPTION,
+           "scale_format = 7");
+    EXPECT(ROWS(MOE_F32, -1, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_SHAPE, "rows = -1");
+    EXPECT(BLOCKS(MOE_F32, 1, 4, 130, NULL, MOE_E4M3, 0, q, scales), MOE_ERR_NULL_POINTER, "src");
+    EXPECT(ROWS(MOE_F32, 4, 130, src, MOE_E4M3, 0, q, NULL), MOE_ERR_NULL_POINTER, "scales");
+    EXPECT(ROWS(MOE_F32, 4, 130, src, MOE_E4M3, 0, src, scales), MOE_ERR_INVALID_OPTION, "overlap");
+    EXPECT(moe_quantize_fp8_rows((moe_backend)9, MOE_F32, 4, 130, src, MOE_E4M3, 0, q, scales, NULL),
+           MOE_ERR_NO_BACKEND, "moe_quantize_fp8_rows: backend 9 (?) is not available here");
+    if (!moe_backend_available(MOE_BACKEND_CUDA)) {
+        EXPECT(moe_quantize_fp8_blocks(MOE_BACKEND_CUDA, MOE_F32, 1, 4, 130, src, MOE_E4M3, 0, q, scales, NULL),
+               MOE_ERR_NO_BACKEND, "backend 1 (cuda) is not available here");
+        EXPECT(moe_dequantize_fp8(MOE_BACKEND_CUDA, MOE_E4M3, 0, 1, 1, 4, 130, q, scales, MOE_F32, src, NULL),
+               MOE_ERR_NO_BACKEND, "moe_dequantize_fp8: backend 1 (cuda) is not available here");
+    }
     src[2 * 130 + 129] = NAN;
-    EXPECT(moe_quantize_fp8_rows(MOE_F32, 4, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_VALUE,
+    EXPECT(ROWS(MOE_F32, 4, 130, src, MOE_E4M3, 0, q, scales), MOE_ERR_INVALID_VALUE,
            "src[0][2][129] = nan, expected a finite value");
     src[2 * 130 + 129] = -INFINITY;
-    EXPECT(moe_quantize_fp8_blocks(MOE_F32, 2, 2, 130, src, MOE_E5M2, 1, q, scales), MOE_ERR_INVALID_VALUE,
-           "src[1][0][129] = -inf");
+    EXPECT(BLOCKS(MOE_F32, 2, 2, 130, src, MOE_E5M2, 1, q, scales), MOE_ERR_INVALID_VALUE, "src[1][0][129] = -inf");
     src[2 * 130 + 129] = 1.0f;
     float out[4 * 130];
     out[0] = 7.0f;
     float bad_scales[8] = {1, 1, 1, 1, 1, -2, 1, 1};
-    CHECK(moe_dequantize_fp8(MOE_E4M3, 0, 1, 1, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_VALUE &&
+    CHECK(DEQUANTIZE(MOE_E4M3, 0, 1, 1, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_VALUE &&
           strstr(moe_last_error(), "scales[2][1] = -2") != NULL && out[0] == 7.0f, "dequantize bad scale: %s",
           moe_last_error());
-    CHECK(moe_dequantize_fp8(MOE_E4M3, 0, 1, 2, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_SHAPE &&
+    CHECK(DEQUANTIZE(MOE_E4M3, 0, 1, 2, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_SHAPE &&
           strstr(moe_last_error(), "batches = 2 with tile_rows 1") != NULL, "dequantize rows batches: %s",
           moe_last_error());
-    CHECK(moe_dequantize_fp8(MOE_E4M3, 0, 64, 1, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_OPTION &&
+    CHECK(DEQUANTIZE(MOE_E4M3, 0, 64, 1, 4, 130, q, bad_scales, MOE_F32, out) == MOE_ERR_INVALID_OPTION &&
           strstr(moe_last_error(), "tile_rows = 64") != NULL, "dequantize tile_rows: %s", moe_last_error());
-    CHECK(moe_dequantize_fp8(MOE_E4M3, 0, 1, 1, 4, 130, q, bad_scales, MOE_E4M3, out) == MOE_ERR_INVALID_DTYPE &&
+    CHECK(DEQUANTIZE(MOE_E4M3, 0, 1, 1, 4, 130, q, bad_scales, MOE_E4M3, out) == MOE_ERR_INVALID_DTYPE &&
           strstr(moe_last_error(), "out_dtype = e4m3") != NULL && out[0] == 7.0f, "dequantize out dtype: %s",
           moe_last_error());
+#undef ROWS
+#undef BLOCKS
+#undef DEQUANTIZE
 #undef EXPECT
 }
 
