@@ -2,8 +2,8 @@
 # it in $(pythondir)/libmoe and records $(libdir) in it (_installed.py) so that it finds the installed
 # library; from the source tree it finds the build tree's .libs/ (or LIBMOE_PATH).
 LIBMOE_PY = python/libmoe/__init__.py python/libmoe/_capi.py python/libmoe/_ops.py python/libmoe/_raw.py \
-	python/libmoe/_tensors.py python/libmoe/compat.py python/libmoe/gemm.py python/libmoe/layer.py \
-	python/libmoe/mlp.py
+	python/libmoe/_tensors.py python/libmoe/compat.py python/libmoe/fp8.py python/libmoe/gemm.py \
+	python/libmoe/layer.py python/libmoe/mlp.py
 if HAVE_PYTHON
 libmoepydir = $(pythondir)/libmoe
 libmoepy_PYTHON = $(LIBMOE_PY)
@@ -27,6 +27,7 @@ else
 EXTRA_DIST += $(LIBMOE_PY)
 endif
 EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py python/tests/bounds.py \
+	python/tests/test_fp8.py python/tests/fp8_model.py \
 	bench/python_bench.py bench/device-python.sh
 
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
