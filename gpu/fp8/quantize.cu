@@ -263,9 +263,10 @@ moe_status moe_cuda_fp8_dequantize(const moe_fp8_quantize_problem *p, const void
     const QuantizeArgs a = make_args(p, DEQUANTIZE);
     const int64_t count = p->batches * p->rows * p->cols;
     const uint8_t *codes = static_cast<const uint8_t *>(q);
-    return run_checked(p, a, scales, a.batches * a.tiles_r * a.tiles_c, 1, [&](const QuantizeArgs &args, cudaStream_t s) {
-        dequantize_kernel<<<grid_for(count, Q_THREADS, (int64_t)sm_count() * 8), Q_THREADS, 0, s>>>(args, codes, scales,
-                                                                                                     out);
+    const int64_t scale_count = a.batches * a.tiles_r * a.tiles_c;
+    return run_checked(p, a, scales, scale_count, 1, [&](const QuantizeArgs &args, cudaStream_t s) {
+        const unsigned grid = grid_for(count, Q_THREADS, (int64_t)sm_count() * 8);
+        dequantize_kernel<<<grid, Q_THREADS, 0, s>>>(args, codes, scales, out);
     });
 }
 
