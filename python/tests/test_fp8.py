@@ -249,7 +249,7 @@ class TestGemmFp8(unittest.TestCase):
             (ValueError, r"w_scales has shape \(3, 1, 1\), expected \(3, 1, 2\)", lambda: fwd(ws=ws[:, :, :1].contiguous())),
             (TypeError, "x_scales has dtype torch.uint8, expected torch.float32", lambda: fwd(xs=xs.to(torch.uint8))),
             (TypeError, "w_scales has dtype torch.float64", lambda: fwd(ws=ws.double())),
-            (ValueError, "x is on %s" % second, lambda: fwd(x=xq.to(second))),
+            (ValueError, "x_scales is on %s" % second, lambda: fwd(xs=xs.to(second))),
             (ValueError, "w_scales is on %s" % second, lambda: fwd(ws=ws.to(second))),
             (ValueError, "x is not contiguous", lambda: fwd(x=xq.repeat(1, 2)[:, ::2])),
             (TypeError, "topk_weights has dtype torch.bfloat16", lambda: fwd(tw=tw.bfloat16())),
