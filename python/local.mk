@@ -27,8 +27,8 @@ else
 EXTRA_DIST += $(LIBMOE_PY)
 endif
 EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py python/tests/bounds.py \
-	python/tests/test_fp8.py python/tests/fp8_model.py \
 	bench/python_bench.py bench/device-python.sh
+EXTRA_DIST += python/tests/test_fp8.py python/tests/fp8_model.py
 
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
 check_PROGRAMS += tests/python_abi
