@@ -28,9 +28,10 @@ EXTRA_DIST += $(LIBMOE_PY)
 endif
 EXTRA_DIST += python/pyproject.toml python/README.md python/tests/test_libmoe.py python/tests/bounds.py \
 	bench/python_bench.py bench/device-python.sh
-EXTRA_DIST += python/tests/test_fp8.py python/tests/fp8_model.py
 
 # The tests: on CPU tensors, on CUDA tensors (skips without a device), and the struct layouts they compare.
 check_PROGRAMS += tests/python_abi
 TESTS += tests/test_python.sh tests/test_python_cuda.sh
 EXTRA_DIST += tests/test_python.sh tests/test_python_cuda.sh tests/torch_python.sh
+# the FP8 calls' tests and their models (python/libmoe/fp8.py)
+EXTRA_DIST += python/tests/test_fp8.py python/tests/fp8_model.py
