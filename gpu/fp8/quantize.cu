@@ -232,10 +232,7 @@ moe_status run_checked(const moe_fp8_quantize_problem *p, QuantizeArgs a, const 
     }
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", p->op, cudaGetErrorString(err));
-    err = cudaFreeAsync(first_bad, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", p->op, cudaGetErrorString(err));
-    return status;
+    return free_call_workspace(p->op, first_bad, stream, status);
 }
 
 } // namespace
