@@ -119,6 +119,20 @@ typedef struct moe_fp8_problem {
     moe_fp8_scale_format scale_format;
 } moe_fp8_problem;
 
+/* A validated FP8 quantization (moe_quantize_fp8_rows / _blocks) or dequantization (moe_dequantize_fp8):
+ * `wide` is the full-precision side (src of a quantization, out of a dequantization), [batches][rows][cols];
+ * the codes have its shape, the scales [batches][ceil(rows / tile_rows)][ceil(cols / 128)].  Every product
+ * of the extents fits in int64 and in size_t bytes. */
+typedef struct moe_fp8_quantize_problem {
+    const char *op;
+    moe_dtype wide_dtype;              /* MOE_F32 or MOE_BF16 */
+    moe_dtype fp8_dtype;               /* MOE_E4M3 or MOE_E5M2 */
+    moe_fp8_scale_format scale_format;
+    int tile_rows;                     /* 1 (rows) or 128 (blocks) */
+    int64_t batches, rows, cols;
+    void *stream;                      /* MOE_BACKEND_CUDA: the cudaStream_t */
+} moe_fp8_quantize_problem;
+
 /* A validated MLP call. */
 typedef struct moe_mlp_problem {
     const char *op;
@@ -201,6 +215,11 @@ typedef struct moe_dispatch {
                                const float *topk_weights, void *y);
     moe_status (*gemm_fp8_dx)(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
                               const float *topk_weights, void *dx);
+    /* FP8 quantization and its inverse (include/moe_fp8.h).  quantize checks the source's values itself (a
+     * NaN or Inf: nothing written); dequantize gets scales the front end checked when the backend takes host
+     * pointers, and checks them itself otherwise. */
+    moe_status (*fp8_quantize)(const moe_fp8_quantize_problem *p, const void *src, void *q, void *scales);
+    moe_status (*fp8_dequantize)(const moe_fp8_quantize_problem *p, const void *q, const void *scales, void *out);
     /* Non-zero: the front end checks routing contents on the host before calling (host pointers). */
     int validates_routing_on_host;
     /* Waits for the backend's queued work on `stream` and reports errors detected there (NULL: the

@@ -35,9 +35,11 @@ esac
 case "$steps" in *gpu*)
   echo "== the GPU tests"
   make -j16 check VERIFY_TESTS= TESTS="proptest/test_gpu_gemm proptest/test_gpu_mlp proptest/test_gpu_builders \
-    proptest/test_gpu_autotune tests/test_cli_cuda.sh" > "$out/check-gpu.log" 2>&1 || status=1
+    proptest/test_gpu_autotune proptest/test_gpu_fp8_quantize tests/test_cli_cuda.sh" > "$out/check-gpu.log" 2>&1 ||
+    status=1
   grep -E '^(PASS|FAIL|ERROR|SKIP):' "$out/check-gpu.log"
-  cat proptest/test_gpu_gemm.log proptest/test_gpu_mlp.log proptest/test_gpu_builders.log > "$out/gpu-tests.log" || true
+  cat proptest/test_gpu_gemm.log proptest/test_gpu_mlp.log proptest/test_gpu_builders.log \
+    proptest/test_gpu_fp8_quantize.log > "$out/gpu-tests.log" || true
 esac
 case "$steps" in *sanitize*)
   echo "== compute-sanitizer memcheck: ${SANITIZE_OPS:-gpu-gemm-fp8} (a small batch)"

@@ -104,6 +104,10 @@ typedef struct routing_in {
 void load_routing(const args *a, routing_in *ri);
 /* Dies, naming flag, when the routing has no gather_indices. */
 void require_gather(const routing_in *ri, const char *flag);
+/* The routing flags of a gemm or gemm-fp8 command: *permute_x, *permute_y from --permute-x, --permute-y;
+ * *reduce_topk from --reduce-topk when reduce_topk is not NULL (the dX commands); each of these and
+ * --topk-weights dies without --gather. */
+void routing_flags(const args *a, const routing_in *ri, int *permute_x, int *permute_y, int *reduce_topk);
 /* Dies unless the topk weights have the shape (M,) or (T, k). */
 void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri);
 

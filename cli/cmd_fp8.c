@@ -1,6 +1,6 @@
 /*
  * cli/cmd_fp8.c: the FP8 commands (specs/FP8.md): fp8-quantize (moe_quantize_fp8_rows / _blocks) and
- * gemm-fp8-fwd, gemm-fp8-dx (moe_gemm_fp8_fwd / _dx on the CPU reference), with the oracle's bound.
+ * gemm-fp8-fwd, gemm-fp8-dx (moe_gemm_fp8_fwd / _dx), on the backend --backend names, with the oracle's bound.
  */
 #include "cli.h"
 #include "moe_fp8.h"
@@ -27,6 +27,7 @@ static const opt fp8_quantize_opts[] = {
     {"--dtype", "f32|bf16",
      "the source's dtype: f32 (default) or bf16 (the values are rounded to bf16 on load; needed for uint16 "
      "bit-pattern files)."},
+    OPT_BACKEND,
     {"--out", "DIR",
      "folder to write q.npy (uint8 codes, the shape of --in) and scales.npy (float32 or uint8: (rows, "
      "ceil(C/128)), or (ceil(R/128), ceil(C/128)) with a third leading dimension B for 3-D blocks) into."},
@@ -53,6 +54,7 @@ static const opt gemm_fp8_fwd_opts[] = {
     OPT_FP8_FORMAT,
     {"--w-fp8", "e4m3|e5m2", "W's format when it differs from --fp8."},
     OPT_FP8_ROUTING,
+    OPT_BACKEND,
     {"--out", "Y.npy", "where to write Y (M, N): expert order, or slot order with --permute-y."},
     OPT_RAW,
     {NULL, NULL, NULL},
@@ -67,6 +69,7 @@ static const opt gemm_fp8_dx_opts[] = {
     {"--w-fp8", "e4m3|e5m2", "W's format when it differs from --fp8."},
     OPT_FP8_ROUTING,
     {"--reduce-topk", NULL, "write dX (T, K), each token's k rows summed in float32 (needs --gather)."},
+    OPT_BACKEND,
     {"--out", "DX.npy", "where to write dX: (M, K) (slot order with --permute-x) or (T, K) with --reduce-topk."},
     OPT_RAW,
     {NULL, NULL, NULL},
@@ -78,7 +81,7 @@ static int run_gemm_fp8_dx(const args *a);
 
 const command fp8_quantize_command = {
     "fp8-quantize",
-    "--in A.npy [--blocks] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] --out DIR",
+    "--in A.npy [--blocks] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] [--backend ref|cuda] --out DIR",
     "FP8 codes and scales per 1 x 128 tile or 128 x 128 block (moe_quantize_fp8_rows / _blocks)",
     "DeepSeek-V3's recipe (specs/FP8.md section 3): per tile amax = max |v| (at least 1e-4), scale = amax / "
     "max (448 for e4m3), codes = the saturating round-to-nearest-even conversion of v * (max / amax). A NaN "
@@ -93,8 +96,8 @@ const command gemm_fp8_fwd_command = {
     "gemm-fp8-fwd",
     "--x XQ.npy --x-scales XS.npy --w WQ.npy --w-scales WS.npy [--fp8 e4m3|e5m2] [--w-fp8 ...] --m-sizes M.npy "
     "[--gather G.npy --topk K] [--permute-x] [--permute-y] [--topk-weights TW.npy] [--out-dtype f32|bf16] "
-    "--out Y.npy [--raw] [--bound-out B.npy]",
-    "FP8 grouped GEMM forward with tile and block scales (moe_gemm_fp8_fwd, CPU reference)",
+    "[--backend ref|cuda] --out Y.npy [--raw] [--bound-out B.npy]",
+    "FP8 grouped GEMM forward with tile and block scales (moe_gemm_fp8_fwd)",
     "Each 128-element tile of K: the exact products of the codes summed in float32, times the product of "
     "the tile's two scales, added to a float32 accumulator (the promotion); one rounding of the output "
     "(specs/FP8.md section 2). The scale format (float32 or UE8M0) is that of the scale files.",
@@ -109,7 +112,7 @@ const command gemm_fp8_dx_command = {
     "gemm-fp8-dx",
     "--dy DYQ.npy --dy-scales DYS.npy --w WQ.npy --w-scales WS.npy [--fp8 e4m3|e5m2] [--w-fp8 ...] --m-sizes M.npy "
     "[--gather G.npy --topk K] [--permute-x] [--permute-y] [--topk-weights TW.npy] [--reduce-topk] "
-    "[--out-dtype f32|bf16] --out DX.npy [--raw] [--bound-out B.npy]",
+    "[--out-dtype f32|bf16] [--backend ref|cuda] --out DX.npy [--raw] [--bound-out B.npy]",
     "FP8 grouped GEMM input gradient dX = dY . W[e] with tile and block scales (moe_gemm_fp8_dx)",
     "The reduction runs over N in tiles of 128: dY's 1 x 128 tiles and W's 128 x 128 blocks (the forward's: "
     "one quantization of W serves both products).",
@@ -134,6 +137,7 @@ static moe_dtype fp8_format(const args *a, const char *flag, moe_dtype fallback)
 
 static int run_fp8_quantize(const args *a)
 {
+    const moe_backend backend = get_backend(a);
     const char *in = need(a, "--in"), *dir = need(a, "--out");
     const int blocks = get(a, "--blocks") != NULL;
     const moe_dtype fp8 = fp8_format(a, "--fp8", MOE_E4M3);
@@ -165,12 +169,18 @@ static int run_fp8_quantize(const args *a)
     const int64_t R = C > 0 ? arr.h.count / C / B : (blocks ? arr.h.shape[arr.h.ndim - 2] : arr.h.count);
     void *src = convert(in, &arr, src_dtype);
     const int64_t tiles_r = blocks ? (R + 127) / 128 : R, tiles_c = (C + 127) / 128;
-    uint8_t *q = xmalloc(elements(B, R, C), 1);
-    void *scales = xmalloc(elements(B, tiles_r, tiles_c), format == MOE_FP8_SCALE_UE8M0 ? 1 : 4);
-    const moe_status st = blocks ? moe_quantize_fp8_blocks(src_dtype, B, R, C, src, fp8, format, q, scales)
-                                 : moe_quantize_fp8_rows(src_dtype, R, C, src, fp8, format, q, scales);
-    if (st != MOE_OK)
-        die("%s: %s", in, moe_last_error());
+    const size_t count = elements(B, R, C);
+    const size_t scale_bytes = elements(B, tiles_r, tiles_c) * (format == MOE_FP8_SCALE_UE8M0 ? 1 : 4);
+    uint8_t *q = xmalloc(count, 1);
+    void *scales = xmalloc(scale_bytes, 1);
+    char name[1200]; /* the call and the file, for a refusal's message */
+    snprintf(name, sizeof name, "%s on %s", blocks ? "moe_quantize_fp8_blocks" : "moe_quantize_fp8_rows", in);
+    lib_call c = {name, backend, 0, {{0}}};
+    const void *src_on = call_in(&c, "src", src, count * moe_dtype_size(src_dtype));
+    void *q_on = call_out(&c, "q", q, count), *scales_on = call_out(&c, "scales", scales, scale_bytes);
+    call_end(&c, blocks ? moe_quantize_fp8_blocks(backend, src_dtype, B, R, C, src_on, fp8, format, q_on, scales_on,
+                                                  NULL)
+                        : moe_quantize_fp8_rows(backend, src_dtype, R, C, src_on, fp8, format, q_on, scales_on, NULL));
     make_dirs(dir);
     write_array(p[0], NPY_T_U8, arr.h.ndim, arr.h.shape, q);
     const int64_t s3[3] = {B, tiles_r, tiles_c};
@@ -209,6 +219,8 @@ static moe_fp8_tensor load_operand(const char *codes_path, const char *scales_pa
 /* gemm-fp8-fwd (dx 0) and gemm-fp8-dx (dx 1). */
 static int run_gemm_fp8(const args *a, int dx)
 {
+    const char *fn = dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd";
+    lib_call c = {fn, get_backend(a), 0, {{0}}};
     const char *a_opt = dx ? "--dy" : "--x", *as_opt = dx ? "--dy-scales" : "--x-scales";
     const char *a_path = need(a, a_opt), *as_path = need(a, as_opt);
     const char *w_path = need(a, "--w"), *ws_path = need(a, "--w-scales"), *out = need(a, "--out");
@@ -220,13 +232,7 @@ static int run_gemm_fp8(const args *a, int dx)
     load_routing(a, &ri);
     moe_fp8_options o;
     memset(&o, 0, sizeof o);
-    o.permute_x = get(a, "--permute-x") != NULL;
-    o.permute_y = get(a, "--permute-y") != NULL;
-    o.reduce_topk = dx && get(a, "--reduce-topk") != NULL;
-    static const char *const needs_gather[] = {"--permute-x", "--permute-y", "--topk-weights", "--reduce-topk"};
-    for (size_t i = 0; i < (dx ? 4u : 3u); i++) /* --reduce-topk: gemm-fp8-dx only */
-        if (get(a, needs_gather[i]) != NULL)
-            require_gather(&ri, needs_gather[i]);
+    routing_flags(a, &ri, &o.permute_x, &o.permute_y, dx ? &o.reduce_topk : NULL);
     o.out_dtype = MOE_F32;
     if (get(a, "--out-dtype") != NULL && (!parse_dtype(get(a, "--out-dtype"), &o.out_dtype) ||
                                           (o.out_dtype != MOE_F32 && o.out_dtype != MOE_BF16)))
@@ -257,12 +263,19 @@ static int run_gemm_fp8(const args *a, int dx)
         tw = convert(tw_path, &t, MOE_F32);
     }
     const int64_t out_shape[2] = {dx ? (o.reduce_topk ? ri.T : ri.M) : ri.M, dx ? K : N};
-    const size_t count = elements(out_shape[0], out_shape[1], 1);
+    const size_t count = elements(out_shape[0], out_shape[1], 1), out_bytes = count * moe_dtype_size(o.out_dtype);
     void *y = xmalloc(count, moe_dtype_size(o.out_dtype));
-    const moe_status st = dx ? moe_gemm_fp8_dx(MOE_BACKEND_REF, &ri.r, N, K, &at, &wt, tw, y, &o)
-                             : moe_gemm_fp8_fwd(MOE_BACKEND_REF, &ri.r, N, K, &at, &wt, tw, y, &o);
-    if (st != MOE_OK)
-        library_failed(dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd", st);
+    const size_t scale_size = format == MOE_FP8_SCALE_UE8M0 ? 1 : 4;
+    const moe_routing r = call_routing(&c, &ri.r);
+    const moe_fp8_tensor a_on = {call_in(&c, a_opt + 2, at.data, elements(a_rows, a_cols, 1)),
+                                 call_in(&c, as_opt + 2, at.scales, elements(as_shape[0], as_shape[1], scale_size)),
+                                 at.dtype};
+    const moe_fp8_tensor w_on = {call_in(&c, "w", wt.data, elements(ri.E, N, K)),
+                                 call_in(&c, "w-scales", wt.scales, elements(ri.E, tn, tk) * scale_size), wt.dtype};
+    const float *tw_on = call_in(&c, "topk_weights", tw, elements(ri.M, sizeof(float), 1));
+    void *y_on = call_out(&c, dx ? "dx" : "y", y, out_bytes);
+    call_end(&c, dx ? moe_gemm_fp8_dx(c.backend, &r, N, K, &a_on, &w_on, tw_on, y_on, &o)
+                    : moe_gemm_fp8_fwd(c.backend, &r, N, K, &a_on, &w_on, tw_on, y_on, &o));
     write_result(a, out, o.out_dtype, y, 2, out_shape);
     const char *bound_path = get(a, "--bound-out");
     if (bound_path != NULL) {

@@ -191,17 +191,23 @@ void require_gather(const routing_in *ri, const char *flag)
 /* ---------------------------------------------------------------------------------------------------
  * Checking the routing options and the operands
  * ------------------------------------------------------------------------------------------------- */
+/* (cli.h) */
+void routing_flags(const args *a, const routing_in *ri, int *permute_x, int *permute_y, int *reduce_topk)
+{
+    static const char *const needs_gather[] = {"--permute-x", "--permute-y", "--topk-weights", "--reduce-topk"};
+    for (size_t i = 0; i < (reduce_topk != NULL ? 4u : 3u); i++)
+        if (get(a, needs_gather[i]) != NULL)
+            require_gather(ri, needs_gather[i]);
+    *permute_x = get(a, "--permute-x") != NULL;
+    *permute_y = get(a, "--permute-y") != NULL;
+    if (reduce_topk != NULL)
+        *reduce_topk = get(a, "--reduce-topk") != NULL;
+}
+
 static void gemm_options(const args *a, const routing_in *ri, moe_gemm_options *o)
 {
     memset(o, 0, sizeof *o);
-    o->permute_x = get(a, "--permute-x") != NULL;
-    o->permute_y = get(a, "--permute-y") != NULL;
-    if (o->permute_x)
-        require_gather(ri, "--permute-x");
-    if (o->permute_y)
-        require_gather(ri, "--permute-y");
-    if (get(a, "--topk-weights") != NULL)
-        require_gather(ri, "--topk-weights");
+    routing_flags(a, ri, &o->permute_x, &o->permute_y, NULL);
     o->allow_tf32 = get(a, "--allow-tf32") != NULL; /* the library refuses it for a 16-bit dtype */
 }
 
@@ -385,9 +391,7 @@ static int run_gemm_dx(const args *a)
 {
     gemm_cmd g;
     gemm_begin(a, &gemm_dx_op, &g);
-    g.o.reduce_topk = get(a, "--reduce-topk") != NULL;
-    if (g.o.reduce_topk)
-        require_gather(&g.ri, "--reduce-topk");
+    routing_flags(a, &g.ri, &g.o.permute_x, &g.o.permute_y, &g.o.reduce_topk);
     gemm_load(a, &g);
     const char *dy_path = g.path[GEMM_A], *w_path = g.path[GEMM_B], *tw_path = g.path[GEMM_TW];
     const npy_array *dy = &g.arr[GEMM_A], *w = &g.arr[GEMM_B];

@@ -1,5 +1,6 @@
 // The CUDA backend's table (every row of moe_dispatch) and its host glue (device pointers, options.stream).
 #include "common/cuda_check.cuh"
+#include "fp8/quantize.h"
 #include "gemm/gemm.cuh"
 #include "mlp/mlp_cuda.h"
 #include "routing/builders.h"
@@ -27,13 +28,15 @@ static moe_status cuda_mlp_layout_build(const moe_layout_problem *p, const int64
 }
 
 // moe_backend_synchronize: the grouped GEMM's device-detected routing error first, then the FP8 GEMM's bad
-// scale, then the MLP's layout error, then the device builders' topk_ids error (each is kept until reported;
-// the four records are gpu/common/device_error.cuh's).
+// scale, then the FP8 quantizers' bad value or scale, then the MLP's layout error, then the device builders'
+// topk_ids error (each is kept until reported; the five records are gpu/common/device_error.cuh's).
 static moe_status cuda_synchronize(void *stream)
 {
     moe_status status = moe_cuda_synchronize(stream);
     if (status == MOE_OK)
         status = moe_cuda_fp8_take_error();
+    if (status == MOE_OK)
+        status = moe_cuda_fp8_quantize_take_error();
     if (status == MOE_OK)
         status = moe_cuda_mlp_take_error();
     return status != MOE_OK ? status : moe_cuda_routing_take_error();
@@ -54,6 +57,8 @@ static moe_dispatch make_cuda_dispatch()
     table.mlp_layout_build = cuda_mlp_layout_build;
     table.gemm_fp8_fwd = moe_cuda_gemm_fp8_fwd;
     table.gemm_fp8_dx = moe_cuda_gemm_fp8_dx;
+    table.fp8_quantize = moe_cuda_fp8_quantize;
+    table.fp8_dequantize = moe_cuda_fp8_dequantize;
     table.validates_routing_on_host = 0; // routing lives on the device: checked there
     table.synchronize = cuda_synchronize;
     return table;

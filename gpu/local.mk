@@ -5,6 +5,7 @@
 #   gemm/     the grouped GEMM: one file per kernel family, the plan and its heuristics, the entry points
 #   mlp/      the blockwise MLP: layout check, tile path, elementwise and rows-path kernels, the fused gate kernel
 #   routing/  the device builders of routings and MLP layouts
+#   fp8/      the FP8 quantizers and their inverse
 MOE_CUDA_SRCS = gpu/cuda_backend.cu
 MOE_CUDA_HDRS = gpu/common/act.cuh gpu/common/cp_async.cuh gpu/common/cuda_check.cuh gpu/common/device_error.cuh \
 	gpu/common/dtype.cuh gpu/common/launch.cuh gpu/common/simt_tile.cuh gpu/common/warp_scan.cuh
@@ -23,6 +24,9 @@ MOE_CUDA_HDRS += gpu/mlp/mlp_cuda.h gpu/mlp/args.cuh gpu/mlp/gate_sm90.cuh gpu/m
 # routing and MLP layouts built on the device (gpu/routing/builders.h is C)
 MOE_CUDA_SRCS += gpu/routing/builders.cu
 MOE_CUDA_HDRS += gpu/routing/builders.h
+# FP8 quantization and dequantization on the device (gpu/fp8/quantize.h is C)
+MOE_CUDA_SRCS += gpu/fp8/quantize.cu
+MOE_CUDA_HDRS += gpu/fp8/quantize.h
 EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
 
 if MOE_CUDA
@@ -30,7 +34,7 @@ MOE_CUDA_OBJECTS = $(MOE_CUDA_SRCS:.cu=.lo)
 libmoe_la_LIBADD += $(MOE_CUDA_OBJECTS) $(CUDA_LIBS)
 EXTRA_libmoe_la_DEPENDENCIES = $(MOE_CUDA_OBJECTS)
 $(MOE_CUDA_OBJECTS): $(MOE_CUDA_HDRS) $(top_srcdir)/include/moe.h $(top_srcdir)/backend/moe_backend.h \
-	$(top_srcdir)/include/moe_mlp.h $(top_srcdir)/backend/moe_activations.h
+	$(top_srcdir)/include/moe_mlp.h $(top_srcdir)/include/moe_fp8.h $(top_srcdir)/backend/moe_activations.h
 endif
 
 NVCC_COMPILE = $(NVCC) -std=c++17 -O3 $(CUDA_GENCODE) -I$(top_srcdir)/include -I$(top_srcdir)/backend \

@@ -73,28 +73,35 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
                            const moe_fp8_tensor *dy, const moe_fp8_tensor *w, const float *topk_weights, void *dx,
                            const moe_fp8_options *options);
 
-/* Quantization (host pointers; specs/FP8.md section 3).  src holds f32 or bf16 values (src_dtype); for
- * each tile, amax = max |v| over it, floored at MOE_FP8_AMAX_FLOOR (so a zero tile has a finite scale and
- * zero codes); its scale s = amax / max_format in float32 (448 for e4m3, 57344 for e5m2), or with UE8M0
- * the power of two 2^ceil(log2(amax / max_format)); each code is the saturating round-to-nearest-even
- * conversion of v * (max_format / amax) (float32 scale) or v * 2^-e (UE8M0), as DeepGEMM's
- * per_token_cast_to_fp8 / per_block_cast_to_fp8 compute them.  A NaN or Inf in src fails with
- * MOE_ERR_INVALID_VALUE naming the element; then nothing is written.
+/* Quantization (specs/FP8.md section 3).  src holds f32 or bf16 values (src_dtype); for each tile, amax =
+ * max |v| over it, floored at MOE_FP8_AMAX_FLOOR (so a zero tile has a finite scale and zero codes); its
+ * scale s = amax / max_format in float32 (448 for e4m3, 57344 for e5m2), or with UE8M0 the power of two
+ * 2^ceil(log2(amax / max_format)); each code is the saturating round-to-nearest-even conversion of
+ * v * (max_format / amax) (float32 scale) or v * 2^-e (UE8M0), as DeepGEMM's per_token_cast_to_fp8 /
+ * per_block_cast_to_fp8 compute them.
  *   rows:   src [R][C] -> q [R][C], scales [R][ceil(C/128)]                      (1 x 128 tiles)
- *   blocks: src [B][R][C] -> q [B][R][C], scales [B][ceil(R/128)][ceil(C/128)]   (128 x 128 blocks) */
+ *   blocks: src [B][R][C] -> q [B][R][C], scales [B][ceil(R/128)][ceil(C/128)]   (128 x 128 blocks)
+ * MOE_BACKEND_REF: host pointers, stream ignored; a NaN or Inf in src fails with MOE_ERR_INVALID_VALUE
+ * naming the element, and nothing is written.  MOE_BACKEND_CUDA: device pointers, queued on `stream` (a
+ * cudaStream_t, NULL = the default stream) without waiting; the source is checked on the device first, and
+ * a NaN or Inf is reported by moe_backend_synchronize (MOE_ERR_INVALID_VALUE, the first such element as the
+ * host names it) with nothing written.  Both backends give the same codes and scales, bit for bit. */
 #define MOE_FP8_AMAX_FLOOR 1e-4f
-moe_status moe_quantize_fp8_rows(moe_dtype src_dtype, int64_t rows, int64_t cols, const void *src,
-                                 moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q, void *scales);
-moe_status moe_quantize_fp8_blocks(moe_dtype src_dtype, int64_t batches, int64_t rows, int64_t cols,
-                                   const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q,
-                                   void *scales);
+moe_status moe_quantize_fp8_rows(moe_backend backend, moe_dtype src_dtype, int64_t rows, int64_t cols,
+                                 const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q,
+                                 void *scales, void *stream);
+moe_status moe_quantize_fp8_blocks(moe_backend backend, moe_dtype src_dtype, int64_t batches, int64_t rows,
+                                   int64_t cols, const void *src, moe_dtype fp8_dtype,
+                                   moe_fp8_scale_format scale_format, void *q, void *scales, void *stream);
 
 /* The inverse: out = decode(q) * scale in float32 (exact for UE8M0 scales; one rounding otherwise), then
  * rounded to out_dtype (MOE_F32 or MOE_BF16).  tile_rows 1 reads the rows layout (batches must be 1), 128
- * the blocks layout.  Scales are checked as the GEMM checks them. */
-moe_status moe_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, int tile_rows,
-                              int64_t batches, int64_t rows, int64_t cols, const void *q, const void *scales,
-                              moe_dtype out_dtype, void *out);
+ * the blocks layout.  Scales are checked as the GEMM checks them: on the host for MOE_BACKEND_REF, on the
+ * device for MOE_BACKEND_CUDA (a bad one reported by moe_backend_synchronize, nothing written).  Pointers
+ * and stream as for the quantizers. */
+moe_status moe_dequantize_fp8(moe_backend backend, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format,
+                              int tile_rows, int64_t batches, int64_t rows, int64_t cols, const void *q,
+                              const void *scales, moe_dtype out_dtype, void *out, void *stream);
 
 #ifdef __cplusplus
 }

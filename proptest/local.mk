@@ -30,6 +30,12 @@ proptest_test_gpu_builders_SOURCES = tests/test_builders.c
 proptest_test_gpu_builders_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
 proptest_test_gpu_builders_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_builders
+# the shared test tests/test_fp8_quantize.c again, on MOE_BACKEND_CUDA (-DMOE_TEST_CUDA): the device quantizers
+check_PROGRAMS += proptest/test_gpu_fp8_quantize
+proptest_test_gpu_fp8_quantize_SOURCES = tests/test_fp8_quantize.c
+proptest_test_gpu_fp8_quantize_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
+proptest_test_gpu_fp8_quantize_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
+TESTS += proptest/test_gpu_fp8_quantize
 # moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c

@@ -402,6 +402,7 @@ void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
 void pt_gemm_fp8(pt_case *c);
 void pt_gpu_gemm_fp8(pt_case *c);
+void pt_gpu_fp8_quantize(pt_case *c);
 void pt_mlp(pt_case *c);
 void pt_mlp_meta(pt_case *c);
 void pt_mlp_layout(pt_case *c);
@@ -446,6 +447,10 @@ const pt_op pt_ops[] = {
     {"gpu-gemm-fp8", "CUDA FP8 fwd / dX (every mode, dtype, scale format) vs the float64 bound; bitwise equal to the "
                      "reference on exact codes and deterministic; a bad scale reported by moe_backend_synchronize, "
                      "output untouched", 1, pt_gpu_gemm_fp8},
+    {"gpu-fp8-quantize", "CUDA FP8 quantizers and dequantizer (rows, blocks, both formats and scale formats, f32 "
+                         "and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
+                         "moe_backend_synchronize with the reference's message, outputs untouched", 1,
+     pt_gpu_fp8_quantize},
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -46,6 +46,19 @@ static moe_status ref_mlp_layout_build(const moe_layout_problem *p, const int64_
     return MOE_OK;
 }
 
+static moe_status ref_fp8_quantize(const moe_fp8_quantize_problem *p, const void *src, void *q, void *scales)
+{
+    return moe_ref_quantize_fp8(p->op, p->wide_dtype, p->tile_rows, p->batches, p->rows, p->cols, src, p->fp8_dtype,
+                                p->scale_format, q, scales);
+}
+
+static moe_status ref_fp8_dequantize(const moe_fp8_quantize_problem *p, const void *q, const void *scales, void *out)
+{
+    moe_ref_dequantize_fp8(p->fp8_dtype, p->scale_format, p->tile_rows, p->batches, p->rows, p->cols, q, scales,
+                           p->wide_dtype, out);
+    return MOE_OK;
+}
+
 const moe_dispatch moe_ref_dispatch = {
     .name = "ref",
     .available = ref_available,
@@ -59,5 +72,7 @@ const moe_dispatch moe_ref_dispatch = {
     .mlp_layout_build = ref_mlp_layout_build,
     .gemm_fp8_fwd = moe_ref_gemm_fp8_fwd,
     .gemm_fp8_dx = moe_ref_gemm_fp8_dx,
+    .fp8_quantize = ref_fp8_quantize,
+    .fp8_dequantize = ref_fp8_dequantize,
     .validates_routing_on_host = 1,
 };

@@ -1,16 +1,21 @@
-/* Public FP8 quantization entry points (include/moe_fp8.h): validate every argument, then run the host
- * quantizer of ref/fp8_quantize.c. */
+/* Public FP8 quantization entry points (include/moe_fp8.h): validate every argument (and, for a backend on
+ * host pointers, the scales' values of a dequantization), then call the backend's table. */
 #include "fp8_ref.h"
 
 #include <inttypes.h>
 
 /* The checks the three calls share: dtypes, format, dimensions, the arrays (sizes, NULLs, alignment,
  * overlaps).  src is the full-precision side (input of quantize, output of dequantize). */
-static moe_status check_call(const char *op, int dequantize, moe_dtype wide_dtype, int tile_rows, int64_t batches,
-                             int64_t rows, int64_t cols, const void *wide, moe_dtype fp8_dtype,
-                             moe_fp8_scale_format format, const void *q, const void *scales)
+static moe_status check_call(const char *op, moe_backend backend, int dequantize, moe_dtype wide_dtype, int tile_rows,
+                             int64_t batches, int64_t rows, int64_t cols, const void *wide, moe_dtype fp8_dtype,
+                             moe_fp8_scale_format format, const void *q, const void *scales, void *stream,
+                             const moe_dispatch **table, moe_fp8_quantize_problem *p)
 {
     const char *wide_name = dequantize ? "out" : "src";
+    *table = moe_dispatch_for(backend);
+    if (*table == NULL || !(*table)->available())
+        return moe_fail(MOE_ERR_NO_BACKEND, "%s: backend %d (%s) is not available here", op, (int)backend,
+                        moe_backend_name(backend));
     if (wide_dtype != MOE_F32 && wide_dtype != MOE_BF16)
         return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: %s_dtype = %s (%d), expected MOE_F32 or MOE_BF16", op, wide_name,
                         moe_dtype_name(wide_dtype), (int)wide_dtype);
@@ -40,49 +45,57 @@ static moe_status check_call(const char *op, int dequantize, moe_dtype wide_dtyp
         {"scales", scales, batches * tiles_r, moe_fp8_tiles(cols),
          format == MOE_FP8_SCALE_UE8M0 ? MOE_E4M3 : MOE_F32, !dequantize, 0},
     };
+    *p = (moe_fp8_quantize_problem){op, wide_dtype, fp8_dtype, format, tile_rows, batches, rows, cols, stream};
     return moe_check_arrays(op, args, 3);
 }
 
-static moe_status quantize(const char *op, moe_dtype src_dtype, int tile_rows, int64_t batches, int64_t rows,
-                           int64_t cols, const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format format, void *q,
-                           void *scales)
+static moe_status quantize(const char *op, moe_backend backend, moe_dtype src_dtype, int tile_rows, int64_t batches,
+                           int64_t rows, int64_t cols, const void *src, moe_dtype fp8_dtype,
+                           moe_fp8_scale_format format, void *q, void *scales, void *stream)
 {
     moe_clear_error();
-    moe_status status = check_call(op, 0, src_dtype, tile_rows, batches, rows, cols, src, fp8_dtype, format, q,
-                                   scales);
+    const moe_dispatch *table;
+    moe_fp8_quantize_problem p;
+    moe_status status = check_call(op, backend, 0, src_dtype, tile_rows, batches, rows, cols, src, fp8_dtype, format, q,
+                                   scales, stream, &table, &p);
     if (status != MOE_OK)
         return status;
-    return moe_ref_quantize_fp8(op, src_dtype, tile_rows, batches, rows, cols, src, fp8_dtype, format, q, scales);
+    return table->fp8_quantize(&p, src, q, scales);
 }
 
-moe_status moe_quantize_fp8_rows(moe_dtype src_dtype, int64_t rows, int64_t cols, const void *src,
-                                 moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q, void *scales)
+moe_status moe_quantize_fp8_rows(moe_backend backend, moe_dtype src_dtype, int64_t rows, int64_t cols,
+                                 const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q,
+                                 void *scales, void *stream)
 {
-    return quantize("moe_quantize_fp8_rows", src_dtype, 1, 1, rows, cols, src, fp8_dtype, scale_format, q, scales);
+    return quantize("moe_quantize_fp8_rows", backend, src_dtype, 1, 1, rows, cols, src, fp8_dtype, scale_format, q,
+                    scales, stream);
 }
 
-moe_status moe_quantize_fp8_blocks(moe_dtype src_dtype, int64_t batches, int64_t rows, int64_t cols,
-                                   const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q,
-                                   void *scales)
+moe_status moe_quantize_fp8_blocks(moe_backend backend, moe_dtype src_dtype, int64_t batches, int64_t rows,
+                                   int64_t cols, const void *src, moe_dtype fp8_dtype,
+                                   moe_fp8_scale_format scale_format, void *q, void *scales, void *stream)
 {
-    return quantize("moe_quantize_fp8_blocks", src_dtype, MOE_FP8_TILE, batches, rows, cols, src, fp8_dtype,
-                    scale_format, q, scales);
+    return quantize("moe_quantize_fp8_blocks", backend, src_dtype, MOE_FP8_TILE, batches, rows, cols, src, fp8_dtype,
+                    scale_format, q, scales, stream);
 }
 
-moe_status moe_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, int tile_rows,
-                              int64_t batches, int64_t rows, int64_t cols, const void *q, const void *scales,
-                              moe_dtype out_dtype, void *out)
+moe_status moe_dequantize_fp8(moe_backend backend, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format,
+                              int tile_rows, int64_t batches, int64_t rows, int64_t cols, const void *q,
+                              const void *scales, moe_dtype out_dtype, void *out, void *stream)
 {
     static const char op[] = "moe_dequantize_fp8";
     moe_clear_error();
-    moe_status status = check_call(op, 1, out_dtype, tile_rows, batches, rows, cols, out, fp8_dtype, scale_format, q,
-                                   scales);
+    const moe_dispatch *table;
+    moe_fp8_quantize_problem p;
+    moe_status status = check_call(op, backend, 1, out_dtype, tile_rows, batches, rows, cols, out, fp8_dtype,
+                                   scale_format, q, scales, stream, &table, &p);
     if (status != MOE_OK)
         return status;
-    const int64_t tiles_r = rows / tile_rows + (rows % tile_rows != 0), tiles_c = moe_fp8_tiles(cols);
-    status = moe_ref_fp8_check_scales(op, "scales", scale_format, scales, batches * tiles_r * tiles_c, tiles_c);
-    if (status != MOE_OK)
-        return status;
-    moe_ref_dequantize_fp8(fp8_dtype, scale_format, tile_rows, batches, rows, cols, q, scales, out_dtype, out);
-    return MOE_OK;
+    if (table->validates_routing_on_host) { /* host pointers: the scales' values too */
+        const int64_t tiles_r = rows / tile_rows + (rows % tile_rows != 0), tiles_c = moe_fp8_tiles(cols);
+        status = moe_ref_fp8_check_scales(op, "scales", scale_format, scales, batches * tiles_r * tiles_c, tiles_c);
+        if (status != MOE_OK)
+            return status;
+    }
+    return table->fp8_dequantize(&p, q, scales, out);
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "moe.h"
+#include "moe_fp8.h"
 #include "moe_mlp.h"
 
 #define FIELD(S, F) printf("%s %s %zu %zu\n", #S, #F, offsetof(S, F), sizeof(((S *)0)->F))
@@ -59,5 +60,20 @@ int main(void)
     FIELD(moe_mlp_layout, num_blocks);
     FIELD(moe_mlp_layout, block_to_expert);
     FIELD(moe_mlp_layout, token_position_to_id);
+
+    SIZE(moe_fp8_tensor);
+    FIELD(moe_fp8_tensor, data);
+    FIELD(moe_fp8_tensor, scales);
+    FIELD(moe_fp8_tensor, dtype);
+
+    SIZE(moe_fp8_options);
+    FIELD(moe_fp8_options, out_dtype);
+    FIELD(moe_fp8_options, scale_format);
+    FIELD(moe_fp8_options, permute_x);
+    FIELD(moe_fp8_options, permute_y);
+    FIELD(moe_fp8_options, reduce_topk);
+    FIELD(moe_fp8_options, accumulate);
+    FIELD(moe_fp8_options, stream);
+
     return 0;
 }

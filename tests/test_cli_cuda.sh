@@ -146,6 +146,61 @@ for dt in f32 f16 bf16; do
     done
 done
 
+# ---- FP8: fp8-quantize on the GPU gives the reference's codes and scales bit for bit (both scale formats, e4m3
+# and e5m2, rows and blocks); gemm-fp8-fwd and gemm-fp8-dx on them, in several modes, within the reference
+# run's bound; a NaN input and a bad scale are refused with --backend cuda too, writing nothing ----
+"$NPY" mk f8ids.npy '<i8' 6,2 0 1 2 3 1 2 3 0 0 2 1 3
+"$NPY" mk f8x.npy '<f4' 6,200 0.5 -1 0.25 2 -0.75 3 0.125
+"$NPY" mk f8w.npy '<f4' 4,130,200 0.125 -0.5 0.25 1 -0.375 0.75 -2
+"$NPY" mk f8dy.npy '<f4' 12,130 0.5 -0.25 1 -3
+"$NPY" mk f8tw.npy '<f4' 12 0.5 0.25 1 0.75
+run_ok "fp8 route" "$MOE" route --topk-ids f8ids.npy --experts 4 --out f8r
+F="--m-sizes f8r/m_sizes.npy --gather f8r/gather_indices.npy --topk 2"
+# fp8_gemm CMD OUT OPERANDS MODE: CMD (e5m2 weights) on both backends into f8ref/OUT.npy and f8cuda/OUT.npy
+# with the bound of each run, then cuda = ref within the reference run's bound
+fp8_gemm() {
+    for b in ref cuda; do
+        # shellcheck disable=SC2086 # the flag lists are several words
+        run_ok "$1 $4 $b" "$MOE" "$1" $3 --w-fp8 e5m2 $F $4 --backend $b --out "f8$b/$2.npy" \
+            --bound-out "f8$b/$2.bound.npy"
+    done
+    dt=f32
+    case $4 in *bf16*) dt=bf16 ;; esac
+    run_ok "$1 $4: cuda = ref within the bound" "$MOE" compare --dtype $dt --bound "f8ref/$2.bound.npy" \
+        "f8ref/$2.npy" "f8cuda/$2.npy"
+}
+for sc in f32 ue8m0; do
+    for b in ref cuda; do
+        run_ok "fp8-quantize x $sc $b" "$MOE" fp8-quantize --in f8x.npy --scales $sc --backend $b --out "f8$b/x$sc"
+        run_ok "fp8-quantize w $sc $b" "$MOE" fp8-quantize --in f8w.npy --blocks --fp8 e5m2 --scales $sc --backend $b \
+            --out "f8$b/w$sc"
+        run_ok "fp8-quantize dy $sc $b" "$MOE" fp8-quantize --in f8dy.npy --dtype bf16 --scales $sc --backend $b \
+            --out "f8$b/dy$sc"
+    done
+    for t in x w dy; do
+        for f in q scales; do
+            run_ok "fp8-quantize $t $f $sc: cuda = ref" "$MOE" compare --exact "f8ref/$t$sc/$f.npy" "f8cuda/$t$sc/$f.npy"
+        done
+    done
+    X="--x f8ref/x$sc/q.npy --x-scales f8ref/x$sc/scales.npy --w f8ref/w$sc/q.npy --w-scales f8ref/w$sc/scales.npy"
+    DY="--dy f8ref/dy$sc/q.npy --dy-scales f8ref/dy$sc/scales.npy --w f8ref/w$sc/q.npy --w-scales f8ref/w$sc/scales.npy"
+    fp8_gemm gemm-fp8-fwd "y${sc}1" "$X" "--permute-x"
+    fp8_gemm gemm-fp8-fwd "y${sc}2" "$X" "--permute-x --permute-y --topk-weights f8tw.npy --out-dtype bf16"
+    fp8_gemm gemm-fp8-dx "dx${sc}1" "$DY" ""
+    fp8_gemm gemm-fp8-dx "dx${sc}2" "$DY" "--permute-x --reduce-topk"
+    fp8_gemm gemm-fp8-dx "dx${sc}3" "$DY" "--permute-y --topk-weights f8tw.npy --out-dtype bf16"
+done
+"$NPY" mk f8nan.npy '<f4' 2,3 1 nan 2
+refused "fp8-quantize NaN --backend cuda" "f8nan.npy" "src[0][0][1] = nan, expected a finite value" -- \
+    "$MOE" fp8-quantize --in f8nan.npy --backend cuda --out f8nan
+if [ -e f8nan/q.npy ]; then bad "a refused fp8-quantize --backend cuda wrote f8nan/q.npy"; else passed=$((passed + 1)); fi
+"$NPY" mk f8zero.npy '<f4' 4,2,2 1 1 1 0
+# shellcheck disable=SC2086
+refused "gemm-fp8-fwd zero scale --backend cuda" "moe_gemm_fp8_fwd" "w.scales[" -- \
+    "$MOE" gemm-fp8-fwd --x f8ref/xf32/q.npy --x-scales f8ref/xf32/scales.npy --w f8ref/wf32/q.npy \
+    --w-scales f8zero.npy --w-fp8 e5m2 $F --permute-x --backend cuda --out f8bad.npy
+if [ -e f8bad.npy ]; then bad "a refused gemm-fp8-fwd --backend cuda wrote f8bad.npy"; else passed=$((passed + 1)); fi
+
 # moe autotune: each op tunes, prints its choice and appends one line per call to the cache file
 rm -f tune.txt
 n=0

@@ -15,25 +15,6 @@ run_ok "the base problem runs" fwd --x x.npy
 # these refusals are skipped (tests/test_cli_cuda.sh checks the GPU's results).
 fwd --x x.npy --backend cuda >out 2>err
 cuda_runs=$?
-# cuda_refused DESC CMD...
-cuda_refused() {
-    desc=$1
-    shift
-    if [ "$cuda_runs" -eq 0 ]; then
-        echo "SKIP: $desc: a CUDA device is usable here"
-        return
-    fi
-    "$@" >out 2>err
-    got=$?
-    if [ "$got" -ne 2 ] || [ -s out ]; then
-        bad "$desc: exit $got (expected 2, nothing on stdout): $*"
-    elif grep -qF -- "--backend cuda: this build has no CUDA backend (configure --with-cuda" err ||
-        grep -qF -- "--backend cuda: no CUDA device available (" err; then
-        passed=$((passed + 1))
-    else
-        bad "$desc: stderr names neither a build without CUDA nor a missing device: $*"
-    fi
-}
 
 # ---- malformed and unsupported files, given as --x ----
 H="'fortran_order': False, 'shape': (3, 2), }"

@@ -2,7 +2,8 @@
 # The FP8 commands (specs/FP8.md): fp8-quantize's files (codes, scales, their shapes and types, known codes),
 # gemm-fp8-fwd and gemm-fp8-dx on a known answer and against their own --bound-out, UE8M0 scales, e5m2 weights,
 # and the refusals (non-finite input, codes that are not uint8, mixed scale formats, a bad scale value, a bad
-# --fp8), none of which writes a file.
+# --fp8, --backend cuda where it cannot run), none of which writes a file.  Where --backend cuda runs,
+# tests/test_cli_cuda.sh checks these commands on the GPU against the reference.
 . "$(dirname "$0")/test_cli_lib.sh"
 
 # ---- fp8-quantize: known codes.  One row of 3 values, amax 3.5: factor 448 / 3.5 = 128, so 1.75 -> 224
@@ -87,4 +88,19 @@ if [ -e bad.npy ]; then bad "a refused gemm-fp8-fwd wrote bad.npy"; else passed=
 refused "--reduce-topk needs --gather" "--reduce-topk needs --gather" -- \
     "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy --w wb8/q.npy --w-scales wb8/scales.npy \
     --m-sizes routing/m_sizes.npy --reduce-topk --out bad.npy
+
+# ---- --backend cuda where it cannot run (a build without CUDA, or no usable device): each command refuses
+# with status 2 and the reason, nothing on stdout, no file written (where it runs: tests/test_cli_cuda.sh) ----
+"$MOE" fp8-quantize --in x.npy --backend cuda --out xc >out 2>err
+cuda_runs=$?
+if [ "$cuda_runs" -ne 0 ]; then
+    cuda_refused "fp8-quantize --backend cuda" "$MOE" fp8-quantize --in x.npy --backend cuda --out xc
+    # shellcheck disable=SC2086
+    cuda_refused "gemm-fp8-fwd --backend cuda" "$MOE" gemm-fp8-fwd --x x8/q.npy --x-scales x8/scales.npy \
+        --w wb8/q.npy --w-scales wb8/scales.npy $R --permute-x --backend cuda --out yc.npy
+    # shellcheck disable=SC2086
+    cuda_refused "gemm-fp8-dx --backend cuda" "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy \
+        --w wb8/q.npy --w-scales wb8/scales.npy $R --backend cuda --out dxc.npy
+    if [ -e xc ] || [ -e yc.npy ] || [ -e dxc.npy ]; then bad "a refused --backend cuda wrote a file"; fi
+fi
 finish

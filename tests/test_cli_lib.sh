@@ -86,6 +86,28 @@ refused() {
     passed=$((passed + 1))
 }
 
+# cuda_refused DESC CMD...: where --backend cuda cannot run (the caller sets cuda_runs to a probe's exit
+# status, 0 where it runs, and then this skips), CMD refuses it: status 2, nothing on stdout, and stderr
+# names a build without CUDA or a missing device.
+cuda_refused() {
+    desc=$1
+    shift
+    if [ "$cuda_runs" -eq 0 ]; then
+        echo "SKIP: $desc: a CUDA device is usable here"
+        return
+    fi
+    "$@" >out 2>err
+    got=$?
+    if [ "$got" -ne 2 ] || [ -s out ]; then
+        bad "$desc: exit $got (expected 2, nothing on stdout): $*"
+    elif grep -qF -- "--backend cuda: this build has no CUDA backend (configure --with-cuda" err ||
+        grep -qF -- "--backend cuda: no CUDA device available (" err; then
+        passed=$((passed + 1))
+    else
+        bad "$desc: stderr names neither a build without CUDA nor a missing device: $*"
+    fi
+}
+
 # raw_npy FILE HEADER NBYTES [VERSION_BYTES]: a .npy file with a hand-written header dict (plus a newline)
 # and NBYTES zero data bytes; VERSION_BYTES default '\001\000' (format 1.0).
 raw_npy() {

@@ -74,14 +74,6 @@ cudaError_t alloc_call_workspace(int64_t E, int64_t M, int64_t extra_floats, cud
     return cudaSuccess;
 }
 
-moe_status free_call_workspace(const char *op, unsigned char *base, cudaStream_t stream, moe_status status)
-{
-    const cudaError_t err = cudaFreeAsync(base, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        return moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", op, cudaGetErrorString(err));
-    return status;
-}
-
 namespace {
 
 __global__ void reduce_partials_kernel(const float *partials, int64_t M, int64_t parts, void *out, moe_dtype dtype,

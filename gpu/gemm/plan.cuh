@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/cuda_check.cuh"
 #include "gemm/args.cuh"
 #include "gemm/tma.cuh"
 
@@ -31,12 +32,10 @@ moe_status launch_plan(const Plan &plan, int op, const GemmArgs &g, int64_t max_
 int64_t max_tiles_of(int op, int64_t E, int64_t M, int64_t N, int bm, int64_t col_tiles);
 
 // A call's device workspace (gemm/gemm.cu): Workspace's arrays for E experts and M rows in one cudaMallocAsync
-// at *base (freed by the caller with cudaFreeAsync), then extra_floats floats of fp32 scratch at *extra.
+// at *base (freed by the caller with free_call_workspace, common/cuda_check.cuh), then extra_floats floats of
+// fp32 scratch at *extra.
 cudaError_t alloc_call_workspace(int64_t E, int64_t M, int64_t extra_floats, cudaStream_t stream,
                                  unsigned char **base, Workspace *w, float **extra);
-// Frees it (stream-ordered) and returns `status`, or MOE_ERR_DEVICE naming op when the free failed and status
-// was MOE_OK.
-moe_status free_call_workspace(const char *op, unsigned char *base, cudaStream_t stream, moe_status status);
 // reduce_topk's fixed-order sum (gemm/gemm.cu): dx[t][c] = sum_j slots[t*k + j][c] in j order (+ old with
 // accumulate), one rounding to dtype; nothing while *status != 0.
 void launch_reduce_topk(const float *slots, int64_t T, int64_t k, int64_t K, void *dx, moe_dtype dtype, int accumulate,

@@ -8,6 +8,8 @@ libdir, the build tree, pkg-config or the system loader (libmoe._capi.library_ca
     grouped_gemm        the grouped GEMM, every mode, differentiable
     mlp_layout, moe_mlp the blockwise MoE MLP, every option, differentiable
     MoEExperts          an nn.Module expert layer on moe_mlp
+    quantize_fp8_rows, quantize_fp8_blocks, dequantize_fp8, grouped_gemm_fp8, grouped_gemm_fp8_dx
+                        FP8 (DeepSeek-V3's tile and block scales): the quantizers and the GEMM, no autograd
     compat              Unsloth's grouped_gemm and torch._grouped_mm call forms
     synchronize         reports an error the CUDA backend found on the device
 """
@@ -16,12 +18,14 @@ import torch
 from . import _capi, _ops, compat
 from ._capi import MoeError
 from ._raw import routing_from_topk
+from .fp8 import dequantize_fp8, grouped_gemm_fp8, grouped_gemm_fp8_dx, quantize_fp8_blocks, quantize_fp8_rows
 from .gemm import grouped_gemm
 from .layer import MoEExperts
 from .mlp import MlpLayout, mlp_layout, moe_mlp, to_nki_layout
 
 __all__ = ["MoeError", "routing_from_topk", "grouped_gemm", "mlp_layout", "MlpLayout", "moe_mlp", "to_nki_layout",
-           "MoEExperts", "compat", "synchronize", "library_path", "HAS_CUSTOM_OP", "cuda_available"]
+           "MoEExperts", "compat", "synchronize", "library_path", "HAS_CUSTOM_OP", "cuda_available",
+           "quantize_fp8_rows", "quantize_fp8_blocks", "dequantize_fp8", "grouped_gemm_fp8", "grouped_gemm_fp8_dx"]
 __version__ = "0.1.0"
 
 HAS_CUSTOM_OP = _ops.HAS_CUSTOM_OP
@@ -39,8 +43,9 @@ def cuda_available():
 
 def synchronize(device=None):
     """Waits for torch's current stream on a CUDA device and raises MoeError for the first error the CUDA
-    backend detected on the device since the last call (a routing or layout whose contents are invalid:
-    such a call writes nothing and returns at once).  No-op for the CPU."""
+    backend detected on the device since the last call (a routing or layout whose contents are invalid, an
+    FP8 scale or a value to quantize that is not finite: such a call writes nothing and returns at once).
+    No-op for the CPU."""
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     if device.type != "cuda":

@@ -1,5 +1,6 @@
 """The C library through ctypes: where libmoe.so is found, the mirrors of the public structs of
-include/moe.h and include/moe_mlp.h, and every prototype this package calls, declared in one table.
+include/moe.h, include/moe_mlp.h and include/moe_fp8.h, and every prototype this package calls, declared in one
+table.
 
 Nothing here knows about torch; the callers pass plain integers (addresses, a cudaStream_t as an int)."""
 import ctypes
@@ -82,10 +83,12 @@ def _locate():
 
 
 # ------------------------------------------------------------------------------------------------------
-# Enums and structs (include/moe.h, include/moe_mlp.h): field for field, in the header's order
+# Enums and structs (include/moe.h, include/moe_mlp.h, include/moe_fp8.h): field for field, in the header's order
 # ------------------------------------------------------------------------------------------------------
 MOE_OK = 0
-MOE_F32, MOE_F16, MOE_BF16 = 0, 1, 2
+MOE_F32, MOE_F16, MOE_BF16, MOE_E4M3, MOE_E5M2 = 0, 1, 2, 3, 4
+MOE_FP8_SCALE_F32, MOE_FP8_SCALE_UE8M0 = 0, 1
+MOE_FP8_TILE = 128
 MOE_BACKEND_REF, MOE_BACKEND_CUDA = 0, 1
 MOE_MLP_DROPLESS, MOE_MLP_DROPPING = 0, 1
 MOE_MLP_PAD_SKIP, MOE_MLP_PAD_ROW = 0, 1
@@ -127,9 +130,19 @@ class MlpLayout(ctypes.Structure):  # moe_mlp_layout
                 ("block_to_expert", ctypes.c_void_p), ("token_position_to_id", ctypes.c_void_p)]
 
 
+class Fp8Tensor(ctypes.Structure):  # moe_fp8_tensor
+    _fields_ = [("data", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("dtype", _enum)]
+
+
+class Fp8Options(ctypes.Structure):  # moe_fp8_options
+    _fields_ = [("out_dtype", _enum), ("scale_format", _enum), ("permute_x", ctypes.c_int),
+                ("permute_y", ctypes.c_int), ("reduce_topk", ctypes.c_int), ("accumulate", ctypes.c_int),
+                ("stream", ctypes.c_void_p)]
+
+
 # The mirrored structs by their C names (tests/python_abi prints the C side's sizeof and offsetof).
 STRUCTS = {"moe_routing": Routing, "moe_gemm_options": GemmOptions, "moe_mlp_options": MlpOptions,
-           "moe_mlp_layout": MlpLayout}
+           "moe_mlp_layout": MlpLayout, "moe_fp8_tensor": Fp8Tensor, "moe_fp8_options": Fp8Options}
 
 # ------------------------------------------------------------------------------------------------------
 # Prototypes: name -> (return type, argument types).  Pointers to tensors are c_void_p (passed as ints).
@@ -153,6 +166,13 @@ PROTOTYPES = {
                                       ctypes.POINTER(MlpOptions)]),
     "moe_mlp_fwd": (_st, [_enum, ctypes.POINTER(MlpLayout), _i64, _i64] + [_vp] * 9 + [ctypes.POINTER(MlpOptions)]),
     "moe_mlp_bwd": (_st, [_enum, ctypes.POINTER(MlpLayout), _i64, _i64] + [_vp] * 14 + [ctypes.POINTER(MlpOptions)]),
+    "moe_quantize_fp8_rows": (_st, [_enum, _enum, _i64, _i64, _vp, _enum, _enum, _vp, _vp, _vp]),
+    "moe_quantize_fp8_blocks": (_st, [_enum, _enum, _i64, _i64, _i64, _vp, _enum, _enum, _vp, _vp, _vp]),
+    "moe_dequantize_fp8": (_st, [_enum, _enum, _enum, _int, _i64, _i64, _i64, _vp, _vp, _enum, _vp, _vp]),
+    "moe_gemm_fp8_fwd": (_st, _gemm_args + [ctypes.POINTER(Fp8Tensor), ctypes.POINTER(Fp8Tensor), _vp, _vp,
+                                            ctypes.POINTER(Fp8Options)]),
+    "moe_gemm_fp8_dx": (_st, _gemm_args + [ctypes.POINTER(Fp8Tensor), ctypes.POINTER(Fp8Tensor), _vp, _vp,
+                                           ctypes.POINTER(Fp8Options)]),
 }
 
 
