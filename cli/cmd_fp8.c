@@ -280,10 +280,12 @@ static int run_gemm_fp8(const args *a, int dx)
     const char *bound_path = get(a, "--bound-out");
     if (bound_path != NULL) {
         double *value = xmalloc(count, sizeof(double)), *bound = xmalloc(count, sizeof(double));
+        // on CUDA the bound of FP8 wgmma's in-tile sums (the Hopper kernel's), which covers the float32 ones too
+        const int tile_bits = c.backend == MOE_BACKEND_CUDA ? ORACLE_FP8_TILE_HOPPER_BITS : ORACLE_FP8_TILE_F32;
         if (dx)
-            oracle_gemm_fp8_dx(&ri.r, N, K, &at, &wt, tw, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
+            oracle_gemm_fp8_dx(&ri.r, N, K, &at, &wt, tw, NULL, &o, tile_bits, value, bound);
         else
-            oracle_gemm_fp8_fwd(&ri.r, N, K, &at, &wt, tw, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
+            oracle_gemm_fp8_fwd(&ri.r, N, K, &at, &wt, tw, NULL, &o, tile_bits, value, bound);
         write_array(bound_path, NPY_T_F64, 2, out_shape, bound);
     }
     commit_outputs();

@@ -13,7 +13,8 @@ import math
 import torch
 
 from . import _capi
-from ._tensors import DeviceScope, backend_of, check, check_devices, check_index, check_int, moe_dtype, ptr, stream_of
+from ._tensors import (backend_of, check, check_devices, check_index, check_int, device_scope, moe_dtype, ptr,
+                       stream_of)
 
 FP8_FORMATS = {"e4m3": _capi.MOE_E4M3, "e5m2": _capi.MOE_E5M2}
 SCALE_FORMATS = {"f32": _capi.MOE_FP8_SCALE_F32, "ue8m0": _capi.MOE_FP8_SCALE_UE8M0}
@@ -62,7 +63,7 @@ def _quantize(fn, x, fp8, scale_format, blocks):
     backend = backend_of(device)
     q = torch.empty(x.shape, dtype=torch.uint8, device=device)
     scales = torch.empty(scale_shape, dtype=SCALE_DTYPES[sfmt], device=device)
-    with DeviceScope(device):
+    with device_scope(device):
         if blocks:
             _capi.call("moe_quantize_fp8_blocks", backend, moe_dtype(x.dtype), B, R, C, ptr(x), fmt, sfmt, ptr(q),
                        ptr(scales), stream_of(device))
@@ -112,7 +113,7 @@ def dequantize_fp8(q, scales, fp8="e4m3", *, blocks=False, dtype=torch.float32):
     device = q.device
     backend = backend_of(device)
     out = torch.empty(q.shape, dtype=dtype, device=device)
-    with DeviceScope(device):
+    with device_scope(device):
         _capi.call("moe_dequantize_fp8", backend, fmt, _scale_format(scales), tile_rows, B, R, C, ptr(q),
                    ptr(scales), moe_dtype(dtype), ptr(out), stream_of(device))
     return out
@@ -152,7 +153,7 @@ def _gemm_fp8(fn, dx, a_name, a, a_scales, w, w_scales, m_sizes, gather_indices,
     options = _capi.Fp8Options(out_dtype=moe_dtype(out_dtype), scale_format=_scale_format(w_scales),
                                permute_x=int(permute_x), permute_y=int(permute_y), reduce_topk=int(reduce_topk),
                                stream=stream_of(device))
-    with DeviceScope(device):
+    with device_scope(device):
         _capi.call("moe_gemm_fp8_dx" if dx else "moe_gemm_fp8_fwd", backend_of(device), ctypes.byref(routing), N, K,
                    ctypes.byref(a_t), ctypes.byref(w_t), ptr(topk_weights), ptr(out), ctypes.byref(options))
     return out

@@ -133,8 +133,9 @@ def _promoted(a, sa, b, sb):
 
 
 def gemm_fp8(a_q, a_s, w_q, w_s, m_sizes, gather, topk, permute_x, permute_y, topk_weights, dx, reduce_topk,
-             fp8, w_fp8, out_dtype):
-    """The FP8 GEMM (fwd, or dX with dx) as EV(exact value, oracle bound) of the output's shape."""
+             fp8, w_fp8, out_dtype, tile_acc_bits=0):
+    """The FP8 GEMM (fwd, or dX with dx) as EV(exact value, oracle bound) of the output's shape; tile_acc_bits as
+    oracle/oracle_fp8.h's (0: float32 in-tile sums; 13: Hopper's FP8 wgmma)."""
     A, SA = decode(a_q, fp8), scale_values(a_s)
     W, SW = decode(w_q, w_fp8), scale_values(w_s)
     E, N, K = W.shape
@@ -162,7 +163,15 @@ def gemm_fp8(a_q, a_s, w_q, w_s, m_sizes, gather, topk, permute_x, permute_y, to
     total = [torch.zeros((out_rows, cols), dtype=F64).index_add_(0, dest, t) for t in (value, mag, under)]
     value, mag, under = total
     roundings = min(length, TILE) + 2 + tiles(length) + int(weighted) + (topk if dx and reduce_topk else 0)
-    g = roundings * U / (1 - roundings * U)
-    acc = g * mag + under * (1 + g)
+    if tile_acc_bits == 0:
+        g = roundings * U / (1 - roundings * U)
+        acc = g * mag + under * (1 + g)
+    else:   # the in-tile sums' c S instead of their roundings (oracle_fp8.h)
+        in_tile = min(length, TILE)
+        rest = roundings - in_tile
+        g = rest * U / (1 - rest * U)
+        ge = (in_tile + 31) // 32 * 34.0 * 2.0 ** -tile_acc_bits
+        c = ge * (1 + ge)
+        acc = g * mag + (1 + g) * (c * mag + (1 + c) * under)
     u_out, eta_out = OUTPUT_ROUNDING[out_dtype]
     return EV(value, acc + u_out * (value.abs() + acc) + eta_out + roundings * 2.0 ** -52 * mag)

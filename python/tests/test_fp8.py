@@ -18,6 +18,10 @@ import fp8_model
 from bounds import within
 
 DEVICE = torch.device(os.environ.get("LIBMOE_TEST_DEVICE", "cpu"))
+# The in-tile sums of the GEMM's bound: FP8 wgmma's on a Hopper GPU (gpu/gemm/fp8_sm90.cu may take the call) unless
+# MOE_CUDA_KERNEL forces the portable kernel, else float32's (oracle/oracle_fp8.h)
+TILE_ACC_BITS = (13 if DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) == (9, 0)
+                 and os.environ.get("MOE_CUDA_KERNEL") not in ("sm80", "simt") else 0)
 FORMATS = ("e4m3", "e5m2")
 SCALE_FORMATS = ("f32", "ue8m0")
 
@@ -165,7 +169,8 @@ def gemm_case(T, k, E, N, K, dx, px, py, tw, reduce, fmt, w_fmt, sfmt, out_dtype
     else:
         got = libmoe.grouped_gemm_fp8(aq, a_s, wq, w_s, m, gather, k, permute_x=px, permute_y=py, topk_weights=weights,
                                       fp8=fmt, w_fp8=w_fmt, out_dtype=out_dtype)
-    want = fp8_model.gemm_fp8(aq, a_s, wq, w_s, m, gather, k, px, py, weights, dx, reduce, fmt, w_fmt, out_dtype)
+    want = fp8_model.gemm_fp8(aq, a_s, wq, w_s, m, gather, k, px, py, weights, dx, reduce, fmt, w_fmt, out_dtype,
+                              TILE_ACC_BITS)
     return got, want
 
 
