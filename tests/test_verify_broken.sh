@@ -5,7 +5,7 @@
 # unproved memory-access goal.  Skipped (exit 77) without Frama-C.
 . ./specs/verify-config.sh
 if [ -z "$FRAMAC" ]; then
-    echo "test_verify_broken: Frama-C/why3/z3/cvc4 not configured; skipping"
+    echo "test_verify_broken: Frama-C/why3/z3/cvc4/cvc5/python3 not configured; skipping"
     exit 77
 fi
 set -eu
@@ -22,7 +22,7 @@ if ! grep -A1 'e <= num_experts; e++)$' "$work/tree/ref/routing.c" | grep -q 'of
     exit 1
 fi
 diff "$srcdir/ref/routing.c" "$work/tree/ref/routing.c" || true
-if VERIFY_ONLY=moe_ref_expert_offsets FRAMAC=$FRAMAC WHY3=$WHY3 \
+if VERIFY_ONLY=moe_ref_expert_offsets FRAMAC=$FRAMAC WHY3=$WHY3 PYTHON=$PYTHON \
         sh "$srcdir/specs/verify.sh" "$work/tree" "$work/wp" > "$work/verify.log" 2>&1; then
     cat "$work/verify.log"
     echo "test_verify_broken: FAIL: WP proved the out-of-bounds write" >&2
