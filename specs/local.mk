@@ -57,11 +57,11 @@ endif
 
 clean-local: clean-verify
 clean-verify:
-	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-cold tests/proof-reports
+	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-smoke tests/verify-cold tests/proof-reports
 .PHONY: clean-verify
 
-# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound demonstration and
+# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound and dead-code demonstrations,
 # verify-cold's comparison on one function; and, with Python only, the reports' generator and staleness.
-VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_cold.sh
+VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_smoke.sh tests/test_verify_cold.sh
 TESTS += $(VERIFY_TESTS) tests/test_proof_reports.sh
 EXTRA_DIST += $(VERIFY_TESTS) tests/test_proof_reports.sh

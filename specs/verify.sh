@@ -117,7 +117,11 @@ for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
     for goal in goals:
         if "_wp_smoke_" in goal:
             print("typed_" + goal, fct)' "$work/report-$name.json" > "$work/owners-$name.txt"
-    awk -v file="$file" -v src="$srcdir/" '
+    # Frama-C names a source file relative to the current folder when it lies below it, else in full
+    src_abs=$(cd "$srcdir" && pwd)
+    src_rel=${src_abs#"$PWD"/}
+    awk -v file="$file" -v prefixes="$srcdir/ $src_abs/ $src_rel/" '
+        BEGIN { np = split(prefixes, prefix, " ") }
         FNR == NR { owner[$1] = $2; next }
         /^\[wp\] \[[A-Za-z]*\] Smoke-test / {
             goal = $4; last = goal
@@ -125,9 +129,11 @@ for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
             next }
         /^\[wp\] .*: Warning: Failed smoke-test/ {
             if (last != "" && !(last in loc)) {
-                l = $2; sub(/:$/, "", l); if (index(l, src) == 1) l = substr(l, length(src) + 1); loc[last] = l }
+                l = $2; sub(/:$/, "", l)
+                for (i = 1; i <= np; i++) if (index(l, prefix[i]) == 1) { l = substr(l, length(prefix[i]) + 1); break }
+                loc[last] = l }
             next }
-        { last = "" }
+        /^\[wp\] / { last = "" }
         END { for (i = 1; i <= n; i++) { g = order[i]
                   print file, (g in owner ? owner[g] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
         "$work/owners-$name.txt" "$log" > "$work/smoke-$name.txt"
