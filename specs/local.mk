@@ -64,4 +64,4 @@ clean-verify:
 # verify-cold's comparison on one function; and, with Python only, the reports' generator and staleness.
 VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_smoke.sh tests/test_verify_cold.sh
 TESTS += $(VERIFY_TESTS) tests/test_proof_reports.sh
-EXTRA_DIST += $(VERIFY_TESTS) tests/test_proof_reports.sh
+EXTRA_DIST += $(VERIFY_TESTS) tests/test_proof_reports.sh tests/verify_lib.sh

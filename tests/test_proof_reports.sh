@@ -5,7 +5,7 @@
 # them: stated only and in TRUSTED.md while no target lists it, "value proved, bound proved" once
 # verify.sh's targets do, with the counts of the summary; an admit, a check and an axiomatic block
 # planted in the copy must be listed in TRUSTED.md.  Skipped (exit 77) without python3.
-. ./specs/verify-config.sh
+. "$srcdir/tests/verify_lib.sh"
 python=${PYTHON:-python3}
 if [ "$python" = ":" ] || ! "$python" -c "import sys" > /dev/null 2>&1; then
     echo "test_proof_reports: no python3; skipping"
@@ -19,16 +19,13 @@ gen() { # SRCDIR SUMMARY OUTDIR
         --trusted "$3/TRUSTED.md"
 }
 work=tests/proof-reports
-rm -rf "$work"
-mkdir -p "$work/tree"
+verify_copy_tree "$work"
 
 # 1. The committed reports are current.
 "$python" "$srcdir/specs/proof_reports.py" --srcdir "$srcdir" --summary "$srcdir/specs/VERIFY-SUMMARY.md" --check ||
     fail "specs/PROOF-TABLE.md or specs/TRUSTED.md is stale (the diff above; make proof-reports rewrites them)"
 
 # 2. A contract planted in a copy of the sources, with a reason in the comment before it.
-for dir in include backend src ref specs; do cp -R "$srcdir/$dir" "$work/tree/"; done
-chmod -R u+w "$work/tree"
 cat >> "$work/tree/src/errors.c" << 'PLANT'
 
 /* Planted by tests/test_proof_reports.sh: its reason. */

@@ -2,9 +2,6 @@
 # make check: proves the reference's ACSL contracts with Frama-C/WP (specs/verify.sh); every goal must be
 # proved and every smoke test must pass.  Skipped (exit 77) when configure did not find Frama-C, why3, z3,
 # cvc4, cvc5 and python3.
-. ./specs/verify-config.sh
-if [ -z "$FRAMAC" ]; then
-    echo "test_verify: Frama-C/why3/z3/cvc4/cvc5/python3 not configured; skipping"
-    exit 77
-fi
+. "$srcdir/tests/verify_lib.sh"
+verify_require test_verify
 FRAMAC=$FRAMAC WHY3=$WHY3 PYTHON=$PYTHON exec sh "$srcdir/specs/verify.sh" "$srcdir" tests/verify-wp

@@ -5,11 +5,8 @@
 # and twice where the comparison must fail, naming the goal: a cache that says a prover proved a smoke
 # goal the run did not prove, and the run's results with one goal a prover proved marked unproved.
 # Skipped (exit 77) without Frama-C.
-. ./specs/verify-config.sh
-if [ -z "$FRAMAC" ]; then
-    echo "test_verify_cold: Frama-C/why3/z3/cvc4/cvc5/python3 not configured; skipping"
-    exit 77
-fi
+. "$srcdir/tests/verify_lib.sh"
+verify_require test_verify_cold
 set -eu
 fail() { echo "test_verify_cold: FAIL: $*" >&2; exit 1; }
 compare() { "$PYTHON" "$srcdir/specs/verify_cold.py" "$@"; }

@@ -4,18 +4,12 @@
 # (`if (a < 0) return 0;` after the return for a < 0: unreachable, and harmless to every other goal), and
 # expects specs/verify.sh to fail on that function's smoke test at the planted line, with every goal
 # proved.  Skipped (exit 77) without Frama-C.
-. ./specs/verify-config.sh
-if [ -z "$FRAMAC" ]; then
-    echo "test_verify_smoke: Frama-C/why3/z3/cvc4/cvc5/python3 not configured; skipping"
-    exit 77
-fi
+. "$srcdir/tests/verify_lib.sh"
+verify_require test_verify_smoke
 set -eu
 fail() { echo "test_verify_smoke: FAIL: $*" >&2; exit 1; }
 work=tests/verify-smoke
-rm -rf "$work"
-mkdir -p "$work/tree"
-for dir in include backend src ref specs; do cp -R "$srcdir/$dir" "$work/tree/"; done
-chmod -R u+w "$work/tree"
+verify_copy_tree "$work"
 good='^    if (a != 0 \&\& b > INT64_MAX \/ a)$'
 sed "/$good/{N;s/\$/\n    if (a < 0)\n        return 0;/;}" "$srcdir/src/errors.c" > "$work/tree/src/errors.c"
 line=$(grep -n '^    if (a < 0)$' "$work/tree/src/errors.c" | cut -d: -f1)
