@@ -1,6 +1,7 @@
 # specs/: semantics decisions, the ACSL logic and the Frama-C/WP proof run (issue 5).
 EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md specs/README.md specs/VERIFY-SUMMARY.md specs/THRESHOLDS.md \
 	specs/routing.acsl specs/arith.acsl specs/mlp_layout.acsl specs/gemm.acsl specs/gemm_blocked.acsl \
+	specs/gemm_value.acsl specs/gemm_value.driver \
 	specs/mlp.acsl specs/mlp_index.acsl specs/mlp_fwd.acsl specs/mlp_bwd.acsl specs/mlp_problem.acsl \
 	specs/verify.sh specs/PROPTEST.md specs/wp-cache.txt
 DISTCLEANFILES += specs/verify-config.sh
@@ -30,10 +31,11 @@ endif
 
 clean-local: clean-verify
 clean-verify:
-	-rm -rf specs/wp tests/verify-wp tests/verify-broken
+	-rm -rf specs/wp tests/verify-wp tests/verify-broken tests/verify-value-broken
 .PHONY: clean-verify
 
-# make check runs the proofs (skipped, exit 77, without Frama-C) and the broken-bound demonstration.
-VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh
+# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound demonstration and the
+# changed-rounding-order one.
+VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_value_broken.sh
 TESTS += $(VERIFY_TESTS)
 EXTRA_DIST += $(VERIFY_TESTS)
