@@ -21,6 +21,7 @@
 #endif
 
 #include "moe.h"
+#include "moe_fp8.h"
 #include "moe_mlp.h"
 
 #include <stdint.h>
@@ -111,6 +112,13 @@ typedef struct moe_gemm_problem {
     int64_t ref_scratch_bytes;      /* >= 1: options.ref_scratch_bytes, its default filled in */
 } moe_gemm_problem;
 
+/* A validated FP8 grouped GEMM call (include/moe_fp8.h): g as for the other dtypes, with g.dtype the output
+ * dtype (MOE_F32 or MOE_BF16); the operands' FP8 dtypes are in their moe_fp8_tensor. */
+typedef struct moe_fp8_problem {
+    moe_gemm_problem g;
+    moe_fp8_scale_format scale_format;
+} moe_fp8_problem;
+
 /* A validated MLP call. */
 typedef struct moe_mlp_problem {
     const char *op;
@@ -188,6 +196,11 @@ typedef struct moe_dispatch {
     moe_status (*mlp_layout_build)(const moe_layout_problem *p, const int64_t *topk_ids, const void *topk_weights,
                                    int64_t *block_to_expert, int64_t *token_position_to_id, void *affinities,
                                    int64_t *num_dropped, int64_t *num_blocks_used);
+    /* FP8 grouped GEMM (include/moe_fp8.h): a = x (fwd) or dy (dX), b = w; topk_weights float32 */
+    moe_status (*gemm_fp8_fwd)(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
+                               const float *topk_weights, void *y);
+    moe_status (*gemm_fp8_dx)(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
+                              const float *topk_weights, void *dx);
     /* Non-zero: the front end checks routing contents on the host before calling (host pointers). */
     int validates_routing_on_host;
     /* Waits for the backend's queued work on `stream` and reports errors detected there (NULL: the

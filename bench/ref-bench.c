@@ -330,6 +330,8 @@ static void fill_topk_weights(bench *b, oracle_rng *rng)
             case MOE_BF16: ((uint16_t *)b->topk_weights)[s] = moe_f32_to_bf16(value); break;
             case MOE_F16: ((uint16_t *)b->topk_weights)[s] = moe_f32_to_f16(value); break;
             case MOE_F32: ((float *)b->topk_weights)[s] = value; break;
+            case MOE_E4M3: ((uint8_t *)b->topk_weights)[s] = moe_f32_to_e4m3(value); break;
+            case MOE_E5M2: ((uint8_t *)b->topk_weights)[s] = moe_f32_to_e5m2(value); break;
             }
         }
     }

@@ -44,7 +44,7 @@ void check_matrix(const char *path, const npy_array *array, int64_t rows, int64_
 
 void check_floating(const char *path, const npy_array *array)
 {
-    if (npy_type_is_int(array->h.type))
+    if (npy_type_is_int(array->h.type) || array->h.type == NPY_T_U8)
         die("%s: expected a floating-point array (float16, float32, float64, or uint16 bit patterns), found %s %s",
             path, shape_text(&array->h), npy_type_name(array->h.type));
 }

@@ -92,6 +92,21 @@ void *call_out(lib_call *c, const char *name, void *host, size_t bytes);
 moe_routing call_routing(const lib_call *c, const moe_routing *r);
 void call_end(lib_call *c, moe_status status);
 
+/* ---- cmd_gemm.c: the routing the gemm commands (and the gemm-fp8 ones) read ---- */
+typedef struct routing_in {
+    const char *m_path, *g_path;
+    int64_t E, T, k, M;
+    int64_t *m_sizes, *gather;
+    moe_routing r;
+} routing_in;
+/* Reads the routing (--m-sizes, and --gather with --topk) and checks it: M = the sum of m_sizes is T*k,
+ * and gather_indices is a valid routing of M slots (moe_routing_validate). */
+void load_routing(const args *a, routing_in *ri);
+/* Dies, naming flag, when the routing has no gather_indices. */
+void require_gather(const routing_in *ri, const char *flag);
+/* Dies unless the topk weights have the shape (M,) or (T, k). */
+void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri);
+
 /* ---- cmd_mlp.c: the MLP layout options, which route reads too ---- */
 int64_t parse_block_size(const args *a);
 moe_mlp_padding parse_padding(const args *a);
@@ -156,6 +171,7 @@ void write_mlp_bwd_bounds(char *const *paths, char *const weight_paths[][2], con
                           const int64_t *topk_ids, int64_t k);
 
 /* ---- the commands, in cmd_*.c ---- */
+extern const command fp8_quantize_command, gemm_fp8_fwd_command, gemm_fp8_dx_command;
 extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,
     mlp_fwd_command, mlp_bwd_command, autotune_command;
 

@@ -137,16 +137,8 @@ const command gemm_dw_command = {
 /* ---------------------------------------------------------------------------------------------------
  * Routing
  * ------------------------------------------------------------------------------------------------- */
-typedef struct routing_in {
-    const char *m_path, *g_path;
-    int64_t E, T, k, M;
-    int64_t *m_sizes, *gather;
-    moe_routing r;
-} routing_in;
-
-/* Reads the routing (--m-sizes, and --gather with --topk) and checks it: M = the sum of m_sizes is T*k,
- * and gather_indices is a valid routing of M slots (moe_routing_validate). */
-static void load_routing(const args *a, routing_in *ri)
+/* (cli.h) */
+void load_routing(const args *a, routing_in *ri)
 {
     memset(ri, 0, sizeof *ri);
     ri->m_path = need(a, "--m-sizes");
@@ -190,7 +182,7 @@ static void load_routing(const args *a, routing_in *ri)
         die("%s: %s", ri->g_path, moe_last_error());
 }
 
-static void require_gather(const routing_in *ri, const char *flag)
+void require_gather(const routing_in *ri, const char *flag)
 {
     if (ri->gather == NULL)
         die("%s needs --gather G.npy --topk K (the routing's gather_indices)", flag);
@@ -228,7 +220,7 @@ static void check_weights_nk(const char *path, const npy_array *w, int64_t E, in
             (long long)N, (long long)K, why, shape_text(&w->h), npy_type_name(w->h.type));
 }
 
-static void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri)
+void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri)
 {
     const npy_header *h = &tw->h;
     if (!((h->ndim == 1 && h->shape[0] == ri->M) ||

@@ -11,8 +11,9 @@
 /* The commands, in the order moe --help lists them (each cmd_*.c defines its own): the order of their
  * examples, each of which runs on the files the ones before it made. */
 static const command *const commands[] = {
-    &route_command,   &gemm_fwd_command, &compare_command, &gemm_dx_command,
-    &gemm_dw_command, &mlp_fwd_command,  &mlp_bwd_command, &autotune_command,
+    &route_command,        &gemm_fwd_command,     &compare_command,     &gemm_dx_command,
+    &gemm_dw_command,      &fp8_quantize_command, &gemm_fp8_fwd_command, &gemm_fp8_dx_command,
+    &mlp_fwd_command,      &mlp_bwd_command,      &autotune_command,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
@@ -39,7 +40,7 @@ static void print_usage(FILE *out)
     fprintf(out, "usage: moe COMMAND [options]   (moe COMMAND --help: its options and a worked example;\n"
                  "                                moe help all: every command's help and the rules for files)\n\ncommands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
-        fprintf(out, "  %-10s %s\n", commands[i]->name, commands[i]->summary);
+        fprintf(out, "  %-13s %s\n", commands[i]->name, commands[i]->summary);
 }
 
 /* moe --help: one screen, a line and an example per command. */
@@ -52,7 +53,7 @@ static void print_overview(FILE *out)
                  "                                moe help all: every command's help and the rules for files)\n\n");
     fprintf(out, "commands, with an example each (each runs on the files the ones before it made):\n");
     for (size_t i = 0; i < NCOMMANDS; i++) {
-        fprintf(out, "%-10s %s\n", commands[i]->name, commands[i]->summary);
+        fprintf(out, "%-13s %s\n", commands[i]->name, commands[i]->summary);
         print_example(out, commands[i], 0);
     }
     fprintf(out, "\nInputs: .npy files, float16/32/64 (or bf16 bit patterns with --dtype bf16), int32/int64 indices.\n"

@@ -22,6 +22,7 @@ static const struct {
     [NPY_T_F64] = {"<f8", "float64", 8}, [NPY_T_I32] = {"<i4", "int32", 4},
     [NPY_T_I64] = {"<i8", "int64", 8},   [NPY_T_U16] = {"<u2", "uint16", 2},
     [NPY_T_V2] = {"<V2", "void16 (2-byte void, e.g. ml_dtypes.bfloat16)", 2},
+    [NPY_T_U8] = {"|u1", "uint8", 1},
 };
 
 size_t npy_type_size(npy_type type) { return (unsigned)type < NPY_T_COUNT ? npy_types[type].size : 0; }
@@ -185,20 +186,21 @@ static int parse_descr(const char *descr, npy_type *type, char *err, size_t errl
         const char *code;
         npy_type type;
     } known[] = {{"f2", NPY_T_F16}, {"f4", NPY_T_F32}, {"f8", NPY_T_F64}, {"i4", NPY_T_I32},
-                 {"i8", NPY_T_I64}, {"u2", NPY_T_U16}, {"V2", NPY_T_V2}};
+                 {"i8", NPY_T_I64}, {"u2", NPY_T_U16}, {"V2", NPY_T_V2}, {"u1", NPY_T_U8}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         if (strcmp(rest, known[i].code) != 0)
             continue;
         if (order == '>')
             return fail(err, errlen, "big-endian data (dtype '%s') is not supported: convert it with "
                         "a.astype(a.dtype.newbyteorder('<'))", descr);
-        if (order == '|' && known[i].type != NPY_T_V2)
+        if (order == '|' && known[i].type != NPY_T_V2 && known[i].type != NPY_T_U8)
             return fail(err, errlen, "dtype '%s' has no byte order; expected '<%s'", descr, rest);
         *type = known[i].type;
         return 0;
     }
     return fail(err, errlen, "unsupported dtype '%s' (supported: float16 '<f2', float32 '<f4', float64 '<f8', "
-                "int32 '<i4', int64 '<i8', and uint16 '<u2' or 2-byte void '<V2' for bf16/f16 bit patterns)",
+                "int32 '<i4', int64 '<i8', uint16 '<u2' or 2-byte void '<V2' for bf16/f16 bit patterns, and uint8 '|u1' "
+                "for FP8 codes and UE8M0 scales)",
                 descr);
 }
 
@@ -562,6 +564,7 @@ double npy_get(const npy_array *a, int64_t i, moe_dtype pattern_dtype)
     const unsigned char *p = a->data;
     switch (a->h.type) {
     case NPY_T_F16: return (double)moe_f16_to_f32(load_u16(p, i));
+    case NPY_T_U8: return (double)p[i];
     case NPY_T_F32: {
         float v;
         memcpy(&v, p + 4 * i, 4);
@@ -597,7 +600,7 @@ int npy_to_dtype(const npy_array *a, const char *path, moe_dtype dtype, void *ds
                  size_t errlen)
 {
     const npy_type type = a->h.type;
-    if (npy_type_is_int(type))
+    if (npy_type_is_int(type) || type == NPY_T_U8)
         return fail(err, errlen, "%s: expected a floating-point array, found %s", path, npy_type_name(type));
     if (npy_type_is_pattern(type) && dtype == MOE_F32)
         return fail(err, errlen, "%s: holds %s 16-bit patterns; pass --dtype bf16 (bfloat16 bit patterns) or "

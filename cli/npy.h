@@ -34,6 +34,7 @@ typedef enum npy_type {
     NPY_T_I64,
     NPY_T_U16, /* uint16: 16-bit patterns (bf16 or f16, given by the caller) */
     NPY_T_V2,  /* two-byte void, e.g. ml_dtypes.bfloat16: 16-bit patterns as well */
+    NPY_T_U8,  /* uint8 '|u1': FP8 codes and UE8M0 scales (moe fp8-quantize, the gemm-fp8 commands) */
     NPY_T_COUNT
 } npy_type;
 

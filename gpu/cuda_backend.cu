@@ -37,6 +37,25 @@ static moe_status cuda_synchronize(void *stream)
     return status != MOE_OK ? status : moe_cuda_routing_take_error();
 }
 
+// No FP8 kernels yet: the FP8 rows refuse every call, naming the op (never a silent fallback).
+static moe_status cuda_gemm_fp8_unsupported(const moe_fp8_problem *p)
+{
+    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the CUDA backend has no FP8 kernels yet (MOE_BACKEND_REF runs FP8)",
+                    p->g.op);
+}
+
+static moe_status cuda_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *, const moe_fp8_tensor *,
+                                    const float *, void *)
+{
+    return cuda_gemm_fp8_unsupported(p);
+}
+
+static moe_status cuda_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *, const moe_fp8_tensor *,
+                                   const float *, void *)
+{
+    return cuda_gemm_fp8_unsupported(p);
+}
+
 static moe_dispatch make_cuda_dispatch()
 {
     moe_dispatch table = {};
@@ -50,6 +69,8 @@ static moe_dispatch make_cuda_dispatch()
     table.mlp_bwd = moe_cuda_mlp_bwd;
     table.routing_build = cuda_routing_build;
     table.mlp_layout_build = cuda_mlp_layout_build;
+    table.gemm_fp8_fwd = cuda_gemm_fp8_fwd;
+    table.gemm_fp8_dx = cuda_gemm_fp8_dx;
     table.validates_routing_on_host = 0; // routing lives on the device: checked there
     table.synchronize = cuda_synchronize;
     return table;

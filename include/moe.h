@@ -52,7 +52,9 @@ typedef enum moe_status {
     MOE_ERR_DEVICE = 10,          /* a CUDA call failed; moe_last_error() has the CUDA message */
     MOE_ERR_INVALID_INDEX = 11,   /* an index array holds a value out of its range */
     MOE_ERR_IO = 12,              /* a file could not be opened, read or written, or is malformed */
-    MOE_ERR_MISALIGNED = 13       /* an array's address is not a multiple of its element size */
+    MOE_ERR_MISALIGNED = 13,      /* an array's address is not a multiple of its element size */
+    MOE_ERR_INVALID_VALUE = 14    /* an element is outside its domain (an FP8 scale not finite and > 0, a
+                                     non-finite value to quantize) */
 } moe_status;
 
 /* A short constant description of a status code ("invalid routing", ...). Never NULL. */
@@ -69,15 +71,18 @@ const char *moe_last_error(void);
 typedef enum moe_dtype {
     MOE_F32 = 0,   /* IEEE binary32 */
     MOE_F16 = 1,   /* IEEE binary16, stored as uint16_t */
-    MOE_BF16 = 2   /* bfloat16 (upper half of binary32), stored as uint16_t */
+    MOE_BF16 = 2,  /* bfloat16 (upper half of binary32), stored as uint16_t */
+    MOE_E4M3 = 3,  /* OCP FP8 E4M3 ("e4m3fn"), stored as uint8_t: bias 7, no Inf, NaN = S.1111.111, max 448;
+                      only the FP8 entry points take it (specs/FP8.md) */
+    MOE_E5M2 = 4   /* OCP FP8 E5M2, stored as uint8_t: bias 15, IEEE-like (Inf, NaN), max 57344; FP8 only */
 } moe_dtype;
 
 /* Bytes per element of a dtype, or 0 for an unknown dtype value. */
 size_t moe_dtype_size(moe_dtype dtype);
-/* "f32", "f16", "bf16", or "?" */
+/* "f32", "f16", "bf16", "e4m3", "e5m2", or "?" */
 const char *moe_dtype_name(moe_dtype dtype);
-/* The dtype of a name: moe_dtype_name's three, or the aliases "float32", "fp32", "float16", "fp16" and
- * "bfloat16" (exact, case-sensitive).  Sets *dtype and returns MOE_OK; MOE_ERR_NULL_POINTER when name or dtype
+/* The dtype of a name: moe_dtype_name's five, or the aliases "float32", "fp32", "float16", "fp16",
+ * "bfloat16", "float8_e4m3fn" and "float8_e5m2" (torch's names) (exact, case-sensitive).  Sets *dtype and returns MOE_OK; MOE_ERR_NULL_POINTER when name or dtype
  * is NULL, MOE_ERR_INVALID_DTYPE (the message quotes the name) for any other name; *dtype is then unchanged. */
 moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
 
@@ -88,7 +93,18 @@ float moe_bf16_to_f32(uint16_t bits);
 uint16_t moe_f32_to_f16(float value);
 float moe_f16_to_f32(uint16_t bits);
 
-/* Unit roundoff of a dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16); 0 for an unknown dtype. */
+/* FP8 conversions (OCP 8-bit floating point).  fp8 -> float is exact.  float -> fp8 rounds to nearest
+ * even and saturates: a finite value beyond the largest finite (448 for e4m3, 57344 for e5m2) and +-Inf
+ * give +-max (as PTX's cvt.rn.satfinite), so e5m2's Inf is never produced; NaN gives NaN (0x7f with the
+ * sign bit of the input, a NaN in both formats); the sign of zero is kept; values below half the smallest
+ * subnormal (2^-10 for e4m3, 2^-17 for e5m2) give a signed zero. */
+uint8_t moe_f32_to_e4m3(float value);
+float moe_e4m3_to_f32(uint8_t bits);
+uint8_t moe_f32_to_e5m2(float value);
+float moe_e5m2_to_f32(uint8_t bits);
+
+/* Unit roundoff of a dtype: 2^-24 (f32), 2^-11 (f16), 2^-8 (bf16), 2^-4 (e4m3), 2^-3 (e5m2); 0 for an
+ * unknown dtype. */
 double moe_dtype_unit_roundoff(moe_dtype dtype);
 
 /* ----------------------------------------------------------------------------------------------------

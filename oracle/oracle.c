@@ -23,6 +23,8 @@ double oracle_overflow_threshold(moe_dtype dtype)
     switch (dtype) {
     case MOE_F16: return 65520.0;
     case MOE_BF16: return 0x1.ffp127;
+    case MOE_E4M3: /* saturating conversions: no value overflows */
+    case MOE_E5M2: return HUGE_VAL;
     case MOE_F32: break;
     }
     return 0x1.ffffffp127;
@@ -33,6 +35,8 @@ double oracle_load(moe_dtype dtype, const void *base, int64_t i)
     switch (dtype) {
     case MOE_F16: return (double)moe_f16_to_f32(((const uint16_t *)base)[i]);
     case MOE_BF16: return (double)moe_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOE_E4M3: return (double)moe_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case MOE_E5M2: return (double)moe_e5m2_to_f32(((const uint8_t *)base)[i]);
     case MOE_F32: break;
     }
     return (double)((const float *)base)[i];
@@ -312,6 +316,8 @@ static void store(moe_dtype dtype, void *base, int64_t i, float v)
     switch (dtype) {
     case MOE_F16: ((uint16_t *)base)[i] = moe_f32_to_f16(v); return;
     case MOE_BF16: ((uint16_t *)base)[i] = moe_f32_to_bf16(v); return;
+    case MOE_E4M3: ((uint8_t *)base)[i] = moe_f32_to_e4m3(v); return;
+    case MOE_E5M2: ((uint8_t *)base)[i] = moe_f32_to_e5m2(v); return;
     case MOE_F32: break;
     }
     ((float *)base)[i] = v;

@@ -90,6 +90,8 @@ static inline double round_dt(moe_dtype dt, double v)
     switch (dt) {
     case MOE_F16: return moe_f16_to_f32(moe_f32_to_f16((float)v));
     case MOE_BF16: return moe_bf16_to_f32(moe_f32_to_bf16((float)v));
+    case MOE_E4M3: return moe_e4m3_to_f32(moe_f32_to_e4m3((float)v));
+    case MOE_E5M2: return moe_e5m2_to_f32(moe_f32_to_e5m2((float)v));
     case MOE_F32: break;
     }
     return (float)v;

@@ -94,6 +94,8 @@ double pt_round_to(moe_dtype dtype, double v)
     switch (dtype) {
     case MOE_F16: return moe_f16_to_f32(moe_f32_to_f16(f));
     case MOE_BF16: return moe_bf16_to_f32(moe_f32_to_bf16(f));
+    case MOE_E4M3: return moe_e4m3_to_f32(moe_f32_to_e4m3(f));
+    case MOE_E5M2: return moe_e5m2_to_f32(moe_f32_to_e5m2(f));
     case MOE_F32: break;
     }
     return f;
@@ -105,6 +107,8 @@ static void store(moe_dtype dtype, void *buf, int64_t i, double v)
     switch (dtype) {
     case MOE_F16: ((uint16_t *)buf)[i] = moe_f32_to_f16(f); return;
     case MOE_BF16: ((uint16_t *)buf)[i] = moe_f32_to_bf16(f); return;
+    case MOE_E4M3: ((uint8_t *)buf)[i] = moe_f32_to_e4m3(f); return;
+    case MOE_E5M2: ((uint8_t *)buf)[i] = moe_f32_to_e5m2(f); return;
     case MOE_F32: break;
     }
     ((float *)buf)[i] = f;

@@ -27,8 +27,7 @@ static moe_status no_offsets(const moe_gemm_problem *p)
     requires row: 0 <= r < p->rows;
     terminates \true;
     assigns \nothing;
-    ensures slot: 0 <= \result < p->rows;
-    ensures value: \result == gemm_slot(p, r); */
+    ensures slot: 0 <= \result < p->rows && \result == gemm_slot(p, r); */
 static int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->gather_indices != NULL ? p->gather_indices[r] : r;
@@ -54,7 +53,7 @@ static int64_t x_row(const moe_gemm_problem *p, int64_t r)
     requires row: 0 <= r < p->rows;
     terminates \true;
     assigns \nothing;
-    ensures y_row: 0 <= \result < p->rows; */
+    ensures y_row: 0 <= \result < p->rows && \result == gemm_y_row(p, r); */
 static int64_t y_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->permute_y ? slot_of_row(p, r) : r;
@@ -65,7 +64,7 @@ static int64_t y_row(const moe_gemm_problem *p, int64_t r)
     requires element: element_writable((char *)out, index, dtype);
     terminates \true;
     assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1];
-    ensures value: dtype == MOE_F32 ==> same_float(loaded(dtype, (char *)out, index),
+    ensures value_finish: dtype == MOE_F32 ==> same_float(loaded(dtype, (char *)out, index),
       accumulate != 0 ? f32_add(\old(loaded(dtype, (char *)out, index)), value) : value); */
 static void finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate)
 {
@@ -73,6 +72,95 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
         value = moe_ref_load(dtype, out, index) + value;
     moe_ref_store(dtype, out, index, value);
 }
+
+/* The partition of the parallel loops below.  Each loop's body is a function (gemm_fwd_row, ...) whose
+ * assigns clause names the span of the output that iteration i writes: W(i), a row of the output (one
+ * element for the topk-weight gradient).  The lemmas prove that W(i) and W(j) are separated for i != j;
+ * with a permutation of gather indices (what moe_routing_validate accepts) where the row goes through
+ * them.  With the OpenMP fact that a `parallel for` whose iterations write disjoint locations and read no
+ * location another iteration writes is equivalent to the sequential loop, WP's proof of the sequential
+ * program covers the threaded one (specs/README.md, "The parallel loops"). */
+
+/* Rows a != b of width n do not overlap. */
+/*@ ghost
+  /@ requires rows: 0 <= a && 0 <= b && a != b && 0 <= n;
+     terminates \true;
+     assigns \nothing;
+     ensures apart: a * n + n <= b * n || b * n + n <= a * n; @/
+  static void lemma_rows_apart(int64_t a, int64_t b, int64_t n)
+  {
+    if (a < b)
+      lemma_mul_monotone(a + 1, b, n);
+    else
+      lemma_mul_monotone(b + 1, a, n);
+  }
+*/
+
+/* The slots of rows r1 != r2 differ when the gather indices are injective. */
+/*@ ghost
+  /@ requires problem: gemm_problem_ok(p);
+     requires rows: 0 <= r1 < p->rows && 0 <= r2 < p->rows && r1 != r2;
+     requires permutation: p->gather_indices != \null ==> injective(p->gather_indices, p->rows);
+     terminates \true;
+     assigns \nothing;
+     ensures apart: gemm_slot(p, r1) != gemm_slot(p, r2) && 0 <= gemm_slot(p, r1) && 0 <= gemm_slot(p, r2); @/
+  static void lemma_slots_apart(const moe_gemm_problem *p, int64_t r1, int64_t r2)
+  {
+  }
+*/
+
+/* W(r) of gemm_fwd_rows (y row gemm_y_row(p, r): permuted = p->permute_y, width N) and of gemm_dx_rows (dx
+ * row gemm_dx_row(p, r): permuted = p->permute_x, width K): the row of r, through its slot when permuted;
+ * rows r1 != r2 write separated bytes. */
+/*@ ghost
+  /@ requires problem: gemm_problem_ok(p);
+     requires rows: 0 <= r1 < p->rows && 0 <= r2 < p->rows && r1 != r2 && 0 <= width;
+     requires permutation: p->gather_indices != \null ==> injective(p->gather_indices, p->rows);
+     terminates \true;
+     assigns \nothing;
+     ensures apart: \let a = (permuted != 0 ? gemm_slot(p, r1) : r1); \let b = (permuted != 0 ? gemm_slot(p, r2) : r2);
+       \separated(out + (byte_offset(a * width, d) .. byte_offset(a * width + width, d) - 1),
+                  out + (byte_offset(b * width, d) .. byte_offset(b * width + width, d) - 1)); @/
+  static void lemma_out_rows_through_slots_apart(const moe_gemm_problem *p, char *out, moe_dtype d, int permuted,
+                                                 int64_t width, int64_t r1, int64_t r2)
+  {
+    lemma_slots_apart(p, r1, r2);
+    if (permuted)
+      lemma_rows_apart(p->gather_indices != 0 ? p->gather_indices[r1] : r1,
+                       p->gather_indices != 0 ? p->gather_indices[r2] : r2, width);
+    else
+      lemma_rows_apart(r1, r2, width);
+  }
+*/
+
+/* W(i) of gemm_dx_reduce_rows (dx row i, width K) and of gemm_dw_rows (dw row i = e * N + n, width K):
+ * rows i1 != i2 of width K write separated bytes. */
+/*@ ghost
+  /@ requires rows: 0 <= i1 && 0 <= i2 && i1 != i2 && 0 <= K;
+     terminates \true;
+     assigns \nothing;
+     ensures apart: \separated(out + (byte_offset(i1 * K, d) .. byte_offset(i1 * K + K, d) - 1),
+                               out + (byte_offset(i2 * K, d) .. byte_offset(i2 * K + K, d) - 1)); @/
+  static void lemma_out_rows_apart(char *out, moe_dtype d, int64_t i1, int64_t i2, int64_t K)
+  {
+    lemma_rows_apart(i1, i2, K);
+  }
+*/
+
+/* W(r) of gemm_topk_grad_rows: element gemm_slot(p, r); rows r1 != r2 write separated bytes. */
+/*@ ghost
+  /@ requires problem: gemm_problem_ok(p);
+     requires rows: 0 <= r1 < p->rows && 0 <= r2 < p->rows && r1 != r2;
+     requires permutation: p->gather_indices != \null ==> injective(p->gather_indices, p->rows);
+     terminates \true;
+     assigns \nothing;
+     ensures apart: \separated(g + (byte_offset(gemm_slot(p, r1), p->dw_dtype) .. byte_offset(gemm_slot(p, r1) + 1, p->dw_dtype) - 1),
+                               g + (byte_offset(gemm_slot(p, r2), p->dw_dtype) .. byte_offset(gemm_slot(p, r2) + 1, p->dw_dtype) - 1)); @/
+  static void lemma_topk_grad_apart(const moe_gemm_problem *p, char *g, int64_t r1, int64_t r2)
+  {
+    lemma_slots_apart(p, r1, r2);
+  }
+*/
 
 /* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
  * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
@@ -186,6 +274,7 @@ static void fwd_element(const moe_gemm_problem *p, const void *x, const void *w,
 {
     /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
     /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
     float acc = fwd_dot(p, x, w, xr, w_row);
     /*@ ghost float dot = acc; */
     if (topk_weights != NULL) {
@@ -195,6 +284,35 @@ static void fwd_element(const moe_gemm_problem *p, const void *x, const void *w,
     }
     /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
     finish(p->dtype, y, y_index, acc, p->accumulate);
+}
+
+/* Row r of the forward, the body of gemm_fwd_rows' parallel loop: y row gemm_y_row(p, r), every n.  It
+ * writes that row only (W(r), lemma_out_rows_through_slots_apart). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)y + (0 .. byte_offset(p->rows * p->N, p->dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns ((char *)y)[byte_offset(gemm_y_row(p, r) * p->N, p->dtype) ..
+                        byte_offset(gemm_y_row(p, r) * p->N + p->N, p->dtype) - 1]; */
+static void gemm_fwd_row(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *w,
+                         const void *topk_weights, void *y, int64_t r)
+{
+    const int64_t N = p->N;
+    /*@ ghost const int64_t M = p->rows; */
+    /*@ assert y: tensor_writable((char *)y, M * N, p->dtype); */
+    const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+    const int64_t xr = x_row(p, r), yr = y_row(p, r);
+    /*@ ghost lemma_row_fits(yr, M, N); */
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop assigns n, ((char *)y)[byte_offset(yr * N, p->dtype) .. byte_offset(yr * N + N, p->dtype) - 1];
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++) {
+        /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+        fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
+    }
 }
 
 /* The loops of moe_ref_gemm_fwd_naive on a validated problem, given its expert offsets.
@@ -213,23 +331,49 @@ static void fwd_element(const moe_gemm_problem *p, const void *x, const void *w,
 static void gemm_fwd_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *w,
                           const void *topk_weights, void *y)
 {
-    const int64_t M = p->rows, N = p->N;
-    /*@ assert y: tensor_writable((char *)y, M * N, p->dtype); */
+    const int64_t M = p->rows;
+    /*@ ghost const int64_t N = p->N; */
     /*@ loop invariant bounds: 0 <= r <= M;
         loop assigns r, ((char *)y)[0 .. byte_offset(M * N, p->dtype) - 1];
         loop variant M - r; */
 NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t r = 0; r < M; r++) {
-        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-        const int64_t xr = x_row(p, r), yr = y_row(p, r);
-        /*@ loop invariant bounds: 0 <= n <= N;
-            loop assigns n, ((char *)y)[0 .. byte_offset(M * N, p->dtype) - 1];
-            loop variant N - n; */
-        for (int64_t n = 0; n < N; n++) {
-            /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-            /*@ ghost lemma_row_fits(yr, M, N); */
-            fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
-        }
+        /*@ ghost lemma_row_fits(p->permute_y ? (p->gather_indices != 0 ? p->gather_indices[r] : r) : r, M, N); */
+        gemm_fwd_row(p, offsets, x, w, topk_weights, y, r);
+    }
+}
+
+/* Row r of the dX without reduce_topk, the body of gemm_dx_rows' parallel loop: dx row gemm_dx_row(p, r),
+ * every c.  It writes that row only (W(r), lemma_out_rows_through_slots_apart). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires per_row: p->reduce_topk == 0;
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)dx + (0 .. byte_offset(p->rows * p->K, p->dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns ((char *)dx)[byte_offset(gemm_dx_row(p, r) * p->K, p->dtype) ..
+                         byte_offset(gemm_dx_row(p, r) * p->K + p->K, p->dtype) - 1]; */
+static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, const void *dy, const void *w,
+                            const void *topk_weights, void *dx, int64_t r)
+{
+    const int64_t K = p->K;
+    /*@ ghost const int64_t M = p->rows; */
+    /*@ assert dx: tensor_writable((char *)dx, M * K, p->dtype); */
+    const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+    const int64_t dyr = y_row(p, r);
+    const int64_t dxr = p->permute_x ? slot_of_row(p, r) : r;
+    /*@ assert dx_row: dxr == gemm_dx_row(p, r); */
+    /*@ ghost lemma_row_fits(dxr, M, K); */
+    /*@ loop invariant bounds: 0 <= c <= K;
+        loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
+        loop variant K - c; */
+    for (int64_t c = 0; c < K; c++) {
+        float acc = dx_dot(p, dy, w, e, dyr, c);
+        if (topk_weights != NULL)
+            acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
+        finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
     }
 }
 
@@ -246,26 +390,15 @@ NAIVE_OMP(omp parallel for schedule(static))
 static void gemm_dx_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *dy, const void *w,
                          const void *topk_weights, void *dx)
 {
-    const int64_t M = p->rows, K = p->K;
-    /*@ assert dx: tensor_writable((char *)dx, M * K, p->dtype); */
+    const int64_t M = p->rows;
+    /*@ ghost const int64_t K = p->K; */
     /*@ loop invariant bounds: 0 <= r <= M;
         loop assigns r, ((char *)dx)[0 .. byte_offset(M * K, p->dtype) - 1];
         loop variant M - r; */
 NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t r = 0; r < M; r++) {
-        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-        const int64_t dyr = y_row(p, r);
-        const int64_t dxr = p->permute_x ? slot_of_row(p, r) : r;
-        /*@ ghost lemma_row_fits(dxr, M, K); */
-        /*@ loop invariant bounds: 0 <= c <= K;
-            loop assigns c, ((char *)dx)[0 .. byte_offset(M * K, p->dtype) - 1];
-            loop variant K - c; */
-        for (int64_t c = 0; c < K; c++) {
-            float acc = dx_dot(p, dy, w, e, dyr, c);
-            if (topk_weights != NULL)
-                acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-            finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
-        }
+        /*@ ghost lemma_row_fits(p->permute_x ? (p->gather_indices != 0 ? p->gather_indices[r] : r) : r, M, K); */
+        gemm_dx_per_row(p, offsets, dy, w, topk_weights, dx, r);
     }
 }
 
@@ -298,6 +431,47 @@ static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
     /*@ ghost lemma_inverse_converse((int64_t *)p->gather_indices, row_of_slot, M); */
 }
 
+/* Token t of the dX with reduce_topk, the body of gemm_dx_reduce_rows' parallel loop: dx row t, every c.
+ * It writes that row only (W(t), lemma_out_rows_apart). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires reduce: p->reduce_topk != 0;
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires row_of_slot: \valid_read(row_of_slot + (0 .. p->rows - 1)) &&
+      in_range((int64_t *)row_of_slot, p->rows, 0, p->rows);
+    requires separated: \separated((char *)dx + (0 .. byte_offset(p->num_tokens * p->K, p->dtype) - 1),
+                                   offsets + (0 .. p->num_experts), row_of_slot + (0 .. p->rows - 1));
+    requires token: 0 <= t < p->num_tokens;
+    terminates \true;
+    assigns ((char *)dx)[byte_offset(t * p->K, p->dtype) .. byte_offset(t * p->K + p->K, p->dtype) - 1]; */
+static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                               const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t)
+{
+    const int64_t k = p->topk, K = p->K;
+    /*@ ghost const int64_t T = p->num_tokens; */
+    /*@ assert dx: tensor_writable((char *)dx, T * K, p->dtype); */
+    /*@ ghost lemma_row_fits(t, T, K); */
+    /*@ ghost lemma_row_fits(t, T, k); */
+    /*@ loop invariant bounds: 0 <= c <= K;
+        loop assigns c, ((char *)dx)[byte_offset(t * K, p->dtype) .. byte_offset(t * K + K, p->dtype) - 1];
+        loop variant K - c; */
+    for (int64_t c = 0; c < K; c++) {
+        float sum = 0.0f;
+        /*@ loop invariant bounds: 0 <= j <= k;
+            loop assigns j, sum;
+            loop variant k - j; */
+        for (int64_t j = 0; j < k; j++) {
+            const int64_t r = row_of_slot[t * k + j];
+            const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+            float acc = dx_dot(p, dy, w, e, y_row(p, r), c);
+            if (topk_weights != NULL)
+                acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
+            sum += acc;
+        }
+        finish(p->dtype, dx, t * K + c, sum, p->accumulate);
+    }
+}
+
 /* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in
  * order j = 0 .. k-1 (each slot's dX accumulation times its weight).
  *   offsets [E + 1], row_of_slot [M] (invert_gather), dy [M][N], w [E][N][K], topk_weights [M] or NULL,
@@ -315,7 +489,8 @@ static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
 static void gemm_dx_reduce_rows(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
                                 const void *dy, const void *w, const void *topk_weights, void *dx)
 {
-    const int64_t T = p->num_tokens, k = p->topk, K = p->K;
+    const int64_t T = p->num_tokens;
+    /*@ ghost const int64_t k = p->topk, K = p->K; */
     /*@ assert dx: tensor_writable((char *)dx, T * K, p->dtype); */
     /*@ loop invariant bounds: 0 <= t <= T;
         loop assigns t, ((char *)dx)[0 .. byte_offset(T * K, p->dtype) - 1];
@@ -323,26 +498,35 @@ static void gemm_dx_reduce_rows(const moe_gemm_problem *p, const int64_t *offset
 NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t t = 0; t < T; t++) {
         /*@ ghost lemma_row_fits(t, T, K); */
-        /*@ ghost lemma_row_fits(t, T, k); */
-        /*@ loop invariant bounds: 0 <= c <= K;
-            loop assigns c, ((char *)dx)[0 .. byte_offset(T * K, p->dtype) - 1];
-            loop variant K - c; */
-        for (int64_t c = 0; c < K; c++) {
-            float sum = 0.0f;
-            /*@ loop invariant bounds: 0 <= j <= k;
-                loop assigns j, sum;
-                loop variant k - j; */
-            for (int64_t j = 0; j < k; j++) {
-                const int64_t r = row_of_slot[t * k + j];
-                const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-                float acc = dx_dot(p, dy, w, e, y_row(p, r), c);
-                if (topk_weights != NULL)
-                    acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
-                sum += acc;
-            }
-            finish(p->dtype, dx, t * K + c, sum, p->accumulate);
-        }
+        gemm_dx_reduce_row(p, offsets, row_of_slot, dy, w, topk_weights, dx, t);
     }
+}
+
+/* Row en = e * N + n of dW, the body of gemm_dw_rows' parallel loop: dw[e][n][0 .. K - 1].  It writes that
+ * row only (W(en), lemma_out_rows_apart). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)dw + (0 .. byte_offset(p->num_experts * p->N * p->K, p->dw_dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    requires row: 0 <= en < p->num_experts * p->N;
+    terminates \true;
+    assigns ((char *)dw)[byte_offset(en * p->K, p->dw_dtype) .. byte_offset(en * p->K + p->K, p->dw_dtype) - 1]; */
+static void gemm_dw_row(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                        const void *topk_weights, void *dw, int64_t en)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost const int64_t E = p->num_experts; */
+    /*@ assert dw: tensor_writable((char *)dw, E * N * K, p->dw_dtype); */
+    /*@ assert features: N >= 1; */
+    /*@ ghost lemma_div_below(en, E, N); */
+    /*@ ghost lemma_row_fits(en, E * N, K); */
+    const int64_t e = en / N, n = en % N;
+    /*@ loop invariant bounds: 0 <= c <= K;
+        loop assigns c, ((char *)dw)[byte_offset(en * K, p->dw_dtype) .. byte_offset(en * K + K, p->dw_dtype) - 1];
+        loop variant K - c; */
+    for (int64_t c = 0; c < K; c++)
+        finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
@@ -357,23 +541,47 @@ NAIVE_OMP(omp parallel for schedule(static))
 static void gemm_dw_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
                          const void *topk_weights, void *dw)
 {
-    const int64_t E = p->num_experts, N = p->N, K = p->K;
+    const int64_t E = p->num_experts, N = p->N;
+    /*@ ghost const int64_t K = p->K; */
     /*@ assert dw: tensor_writable((char *)dw, E * N * K, p->dw_dtype); */
     /*@ loop invariant bounds: 0 <= en <= E * N;
         loop assigns en, ((char *)dw)[0 .. byte_offset(E * N * K, p->dw_dtype) - 1];
         loop variant E * N - en; */
 NAIVE_OMP(omp parallel for schedule(static))
     for (int64_t en = 0; en < E * N; en++) {
-        /*@ assert features: N >= 1; */
-        /*@ ghost lemma_div_below(en, E, N); */
         /*@ ghost lemma_row_fits(en, E * N, K); */
-        const int64_t e = en / N, n = en % N;
-        /*@ loop invariant bounds: 0 <= c <= K;
-            loop assigns c, ((char *)dw)[0 .. byte_offset(E * N * K, p->dw_dtype) - 1];
-            loop variant K - c; */
-        for (int64_t c = 0; c < K; c++)
-            finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+        gemm_dw_row(p, offsets, x, dy, topk_weights, dw, en);
     }
+}
+
+/* Row r of the topk-weight gradient, the body of gemm_topk_grad_rows' parallel loop: the one element
+ * d_topk_weights[gemm_slot(p, r)] (W(r), lemma_topk_grad_apart). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires separated: \separated((char *)d_topk_weights + (0 .. byte_offset(p->rows, p->dw_dtype) - 1),
+                                   offsets + (0 .. p->num_experts));
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns ((char *)d_topk_weights)[byte_offset(gemm_slot(p, r), p->dw_dtype) ..
+                                     byte_offset(gemm_slot(p, r) + 1, p->dw_dtype) - 1]; */
+static void gemm_topk_grad_row(const moe_gemm_problem *p, const int64_t *offsets, const void *x,
+                               const void *w, const void *dy, void *d_topk_weights, int64_t r)
+{
+    const int64_t N = p->N;
+    /*@ ghost const int64_t M = p->rows; */
+    /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, M, p->dw_dtype); */
+    const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+    const int64_t xr = x_row(p, r), dyr = y_row(p, r);
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, M, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++)
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * fwd_dot(p, x, w, xr, e * N + n);
+    finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with
@@ -389,25 +597,14 @@ NAIVE_OMP(omp parallel for schedule(static))
 static void gemm_topk_grad_rows(const moe_gemm_problem *p, const int64_t *offsets, const void *x,
                                 const void *w, const void *dy, void *d_topk_weights)
 {
-    const int64_t M = p->rows, N = p->N;
+    const int64_t M = p->rows;
     /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, M, p->dw_dtype); */
     /*@ loop invariant bounds: 0 <= r <= M;
         loop assigns r, ((char *)d_topk_weights)[0 .. byte_offset(M, p->dw_dtype) - 1];
         loop variant M - r; */
 NAIVE_OMP(omp parallel for schedule(static))
-    for (int64_t r = 0; r < M; r++) {
-        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-        const int64_t xr = x_row(p, r), dyr = y_row(p, r);
-        /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-        /*@ ghost lemma_row_fits(dyr, M, N); */
-        float acc = 0.0f;
-        /*@ loop invariant bounds: 0 <= n <= N;
-            loop assigns n, acc;
-            loop variant N - n; */
-        for (int64_t n = 0; n < N; n++)
-            acc += moe_ref_load(p->dtype, dy, dyr * N + n) * fwd_dot(p, x, w, xr, e * N + n);
-        finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
-    }
+    for (int64_t r = 0; r < M; r++)
+        gemm_topk_grad_row(p, offsets, x, w, dy, d_topk_weights, r);
 }
 
 /* The naive kernels on caller-provided scratch (contracts in moe_ref.h); ref/alloc_shells.c allocates it

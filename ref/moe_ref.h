@@ -46,7 +46,8 @@
 /*@ terminates \true;
     assigns \nothing;
     ensures size: dtype_ok(dtype) ==> \result == byte_offset(1, dtype);
-    ensures unknown: !dtype_ok(dtype) ==> \result == 0; */
+    ensures fp8: fp8_dtype(dtype) ==> \result == 1;
+    ensures unknown: !dtype_ok(dtype) && !fp8_dtype(dtype) ==> \result == 0; */
 size_t moe_dtype_size(moe_dtype dtype);
 /*@ terminates \true;
     assigns \result \from dtype;
@@ -57,7 +58,7 @@ const char *moe_dtype_name(moe_dtype dtype);
     terminates \true;
     assigns *dtype, moe_error_model;
     ensures status: \result == MOE_OK || \result == MOE_ERR_NULL_POINTER || \result == MOE_ERR_INVALID_DTYPE;
-    ensures known: \result == MOE_OK ==> dtype_ok(*dtype);
+    ensures known: \result == MOE_OK ==> dtype_ok(*dtype) || fp8_dtype(*dtype);
     ensures unchanged: \result != MOE_OK && dtype != \null ==> *dtype == \old(*dtype); */
 moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
 /*@ terminates \true;
@@ -65,7 +66,9 @@ moe_status moe_dtype_from_name(const char *name, moe_dtype *dtype);
     ensures f32: dtype == MOE_F32 ==> \result == 0x1p-24;
     ensures f16: dtype == MOE_F16 ==> \result == 0x1p-11;
     ensures bf16: dtype == MOE_BF16 ==> \result == 0x1p-8;
-    ensures unknown: !dtype_ok(dtype) ==> \result == 0.0; */
+    ensures e4m3: dtype == MOE_E4M3 ==> \result == 0x1p-4;
+    ensures e5m2: dtype == MOE_E5M2 ==> \result == 0x1p-3;
+    ensures unknown: !dtype_ok(dtype) && !fp8_dtype(dtype) ==> \result == 0.0; */
 double moe_dtype_unit_roundoff(moe_dtype dtype);
 /*@ terminates \true;
     assigns \nothing; */
@@ -79,6 +82,18 @@ uint16_t moe_f32_to_f16(float value);
 /*@ terminates \true;
     assigns \nothing; */
 float moe_f16_to_f32(uint16_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint8_t moe_f32_to_e4m3(float value);
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_e4m3_to_f32(uint8_t bits);
+/*@ terminates \true;
+    assigns \nothing; */
+uint8_t moe_f32_to_e5m2(float value);
+/*@ terminates \true;
+    assigns \nothing; */
+float moe_e5m2_to_f32(uint8_t bits);
 #endif
 
 /* The value clauses of moe_ref_load and moe_ref_store (specs/gemm_value.acsl: the load returns
@@ -108,6 +123,8 @@ static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
     switch (dtype) {
     case MOE_F16: return moe_f16_to_f32(((const uint16_t *)base)[i]);
     case MOE_BF16: return moe_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOE_E4M3: return moe_e4m3_to_f32(((const uint8_t *)base)[i]);
+    case MOE_E5M2: return moe_e5m2_to_f32(((const uint8_t *)base)[i]);
     case MOE_F32: break;
     }
     return ((const float *)base)[i];
@@ -126,6 +143,8 @@ static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float v
     switch (dtype) {
     case MOE_F16: ((uint16_t *)base)[i] = moe_f32_to_f16(value); return;
     case MOE_BF16: ((uint16_t *)base)[i] = moe_f32_to_bf16(value); return;
+    case MOE_E4M3: ((uint8_t *)base)[i] = moe_f32_to_e4m3(value); return;
+    case MOE_E5M2: ((uint8_t *)base)[i] = moe_f32_to_e5m2(value); return;
     case MOE_F32: break;
     }
     ((float *)base)[i] = value;
@@ -164,10 +183,9 @@ static inline void moe_ref_load_row(moe_dtype dtype, const void *base, int64_t f
     requires gather: need_gather != 0 && rows > 0 ==> \valid_read(gather_indices + (0 .. rows - 1));
     terminates \true;
     assigns moe_error_model;
-    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows));
-    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+    ensures accepts_only_wellformed: \result == MOE_OK ==>
+              routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather);
+    ensures accepts_wellformed: routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather) ==>
               \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
                                  const int64_t *gather_indices, int need_gather);
@@ -185,10 +203,9 @@ moe_status moe_ref_check_routing(const char *op, int64_t num_experts, int64_t ro
       \separated(seen + (0 .. rows - 1), gather_indices + (0 .. rows - 1), m_sizes + (0 .. num_experts - 1));
     terminates \true;
     assigns seen[0 .. rows - 1], moe_error_model;
-    ensures accepts_only_wellformed: \result == MOE_OK ==> sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows));
-    ensures accepts_wellformed: sizes_ok(m_sizes, num_experts, rows) &&
-              (need_gather != 0 ==> is_permutation(gather_indices, rows)) ==>
+    ensures accepts_only_wellformed: \result == MOE_OK ==>
+              routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather);
+    ensures accepts_wellformed: routing_ok(m_sizes, num_experts, rows, gather_indices, need_gather) ==>
               \result == MOE_OK || (\result == MOE_ERR_OUT_OF_MEMORY && seen == \null);
     ensures out_of_memory: \result == MOE_ERR_OUT_OF_MEMORY ==> seen == \null && need_gather != 0 && rows > 0; */
 moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t rows, const int64_t *m_sizes,
@@ -201,9 +218,7 @@ moe_status moe_ref_check_routing_in(const char *op, int64_t num_experts, int64_t
 /*@ requires rows_valid: \valid(rows);
     terminates \true;
     assigns *rows, moe_error_model;
-    ensures accepts_exactly_valid_dims: \result == MOE_OK <==>
-      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
-       num_tokens * topk <= SIZE_MAX / 8);
+    ensures accepts_exactly_valid_dims: \result == MOE_OK <==> routing_dims_ok(num_tokens, topk, num_experts);
     ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
 moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_t topk, int64_t num_experts,
                                       int64_t *rows);
@@ -218,8 +233,7 @@ moe_status moe_ref_check_routing_dims(const char *op, int64_t num_tokens, int64_
     terminates \true;
     assigns *rows, moe_error_model;
     ensures accepts_exactly_valid: \result == MOE_OK <==>
-      (num_tokens >= 0 && topk >= 0 && !(topk == 0 && num_tokens > 0) && num_experts >= 1 &&
-       num_tokens * topk <= SIZE_MAX / 8 && m_sizes != \null &&
+      (routing_dims_ok(num_tokens, topk, num_experts) && m_sizes != \null &&
        (num_tokens * topk > 0 ==> topk_ids != \null && gather_indices != \null) && num_experts < SIZE_MAX / 8 &&
        in_range(topk_ids, num_tokens * topk, 0, num_experts));
     ensures rows: \result == MOE_OK ==> *rows == num_tokens * topk; */
@@ -274,6 +288,7 @@ moe_status moe_ref_routing_from_topk(const char *op, int64_t num_tokens, int64_t
     ensures stable: \forall integer e, q; 0 <= e < num_experts && msum(m_sizes, e) <= q && q + 1 < msum(m_sizes, e) + m_sizes[e] ==>
       gather_indices[q] < gather_indices[q + 1];
     ensures permutation: is_permutation(gather_indices, rows);
+    ensures value_routing_ok: routing_ok(m_sizes, num_experts, rows, gather_indices, 1);
     ensures inverse: scatter_indices != \null ==> \forall integer j; 0 <= j < rows ==>
       0 <= scatter_indices[j] < rows && gather_indices[scatter_indices[j]] == j; */
 void moe_ref_counting_sort(int64_t rows, int64_t num_experts, const int64_t *topk_ids, int64_t *m_sizes,

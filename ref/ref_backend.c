@@ -2,6 +2,7 @@
  * of moe_dispatch.  Every grouped GEMM op runs the blocked twin (ref/gemm/), which agrees bit for
  * bit with the naive twin (ref/gemm_naive.c), the readable definition. */
 #include "mlp_ref.h"
+#include "fp8_ref.h"
 #include "moe_ref.h"
 
 #include <inttypes.h>
@@ -56,5 +57,7 @@ const moe_dispatch moe_ref_dispatch = {
     .mlp_bwd = moe_ref_mlp_bwd,
     .routing_build = ref_routing_build,
     .mlp_layout_build = ref_mlp_layout_build,
+    .gemm_fp8_fwd = moe_ref_gemm_fp8_fwd,
+    .gemm_fp8_dx = moe_ref_gemm_fp8_dx,
     .validates_routing_on_host = 1,
 };

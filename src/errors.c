@@ -27,6 +27,7 @@ const char *moe_strerror(moe_status status)
     case MOE_ERR_INVALID_INDEX: return "index out of range";
     case MOE_ERR_IO: return "file error";
     case MOE_ERR_MISALIGNED: return "misaligned pointer";
+    case MOE_ERR_INVALID_VALUE: return "invalid value";
     }
     return "unknown status code";
 }

@@ -1,4 +1,5 @@
 /* Public grouped GEMM entry points: validate every argument, then call the backend's table. */
+#include "gemm_prepare.h"
 #include "moe_backend.h"
 #include "moe_ref.h"
 
@@ -16,6 +17,9 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
 {
     if (routing == NULL)
         return moe_fail(MOE_ERR_NULL_POINTER, "%s: routing is NULL", op);
+    if (opt->dtype == MOE_E4M3 || opt->dtype == MOE_E5M2)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %s: FP8 tensors need their scales, which "
+                        "moe_gemm_fp8_fwd / moe_gemm_fp8_dx take", op, moe_dtype_name(opt->dtype));
     if (opt->dtype != MOE_F32 && opt->dtype != MOE_F16 && opt->dtype != MOE_BF16)
         return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %d, expected MOE_F32, MOE_F16 or MOE_BF16",
                         op, (int)opt->dtype);
@@ -102,7 +106,7 @@ static moe_status build_problem(const char *op, enum gemm_op which, const moe_di
 
 /* Checks the op's tensors, and that no output overlaps another argument, the routing arrays included
  * (a kernel reading gather_indices must never see them overwritten). */
-static moe_status check_tensors(const char *op, const moe_gemm_problem *p, const moe_array_arg *args, int count)
+moe_status moe_gemm_check_tensors(const char *op, const moe_gemm_problem *p, const moe_array_arg *args, int count)
 {
     enum { MAX_ARGS = 8 };
     moe_array_arg all[MAX_ARGS + 2];
@@ -148,6 +152,13 @@ static moe_status prepare(const char *op, enum gemm_op which, moe_backend backen
     return build_problem(op, which, *table, routing, N, K, topk_weights, *opt, p);
 }
 
+moe_status moe_gemm_prepare(const char *op, int is_dx, moe_backend backend, const moe_routing *routing, int64_t N,
+                            int64_t K, const void *topk_weights, const moe_gemm_options *options,
+                            const moe_dispatch **table, moe_gemm_problem *p)
+{
+    return prepare(op, is_dx ? OP_DX : OP_FWD, backend, routing, N, K, topk_weights, &options, table, p);
+}
+
 static int64_t x_rows(const moe_gemm_problem *p) { return p->permute_x ? p->num_tokens : p->rows; }
 
 moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
@@ -166,7 +177,7 @@ moe_status moe_gemm_fwd(moe_backend backend, const moe_routing *routing, int64_t
         {"topk_weights", topk_weights, topk_weights ? p.rows : 0, 1, p.dtype, 0, 0},
         {"y", y, p.rows, N, p.dtype, 1, 0},
     };
-    status = check_tensors(op, &p, args, 4);
+    status = moe_gemm_check_tensors(op, &p, args, 4);
     return status != MOE_OK ? status : table->gemm_fwd(&p, x, w, topk_weights, y);
 }
 
@@ -179,7 +190,7 @@ static moe_status dx_tensors(const char *op, const moe_gemm_problem *p, const vo
         {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
         {"dx", dx, p->reduce_topk ? p->num_tokens : p->rows, p->K, p->dtype, 1, 0},
     };
-    return check_tensors(op, p, args, 4);
+    return moe_gemm_check_tensors(op, p, args, 4);
 }
 
 static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *dy,
@@ -191,7 +202,7 @@ static moe_status dw_tensors(const char *op, const moe_gemm_problem *p, const vo
         {"topk_weights", topk_weights, topk_weights ? p->rows : 0, 1, p->dtype, 0, 0},
         {"dw", dw, p->num_experts * p->N, p->K, p->dw_dtype, 1, 0},
     };
-    return check_tensors(op, p, args, 4);
+    return moe_gemm_check_tensors(op, p, args, 4);
 }
 
 static moe_status topk_grad_tensors(const char *op, const moe_gemm_problem *p, const void *x, const void *w,
@@ -203,7 +214,7 @@ static moe_status topk_grad_tensors(const char *op, const moe_gemm_problem *p, c
         {"dy", dy, p->rows, p->N, p->dtype, 0, 0},
         {"d_topk_weights", d_topk_weights, p->rows, 1, p->dw_dtype, 1, 0},
     };
-    return check_tensors(op, p, args, 4);
+    return moe_gemm_check_tensors(op, p, args, 4);
 }
 
 moe_status moe_gemm_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
@@ -284,7 +295,7 @@ moe_status moe_gemm_bwd(moe_backend backend, const moe_routing *routing, int64_t
         {"dw", dw, want_dw ? p.num_experts * N : 0, K, p.dw_dtype, 1, 0},
         {"d_topk_weights", d_topk_weights, want_dtopk ? p.rows : 0, 1, p.dw_dtype, 1, 0},
     };
-    if ((status = check_tensors(op, &p, outs, 7)) != MOE_OK)
+    if ((status = moe_gemm_check_tensors(op, &p, outs, 7)) != MOE_OK)
         return status;
 
     if (want_dx && (status = table->gemm_dx(&p, dy, w, topk_weights, dx)) != MOE_OK)

@@ -92,6 +92,9 @@ static const char *clamp_name(int which)
 /* Options every MLP entry point shares.  *B gets the resolved block size. */
 static moe_status check_options(const char *op, const moe_mlp_options *o, int64_t *B)
 {
+    if (o->dtype == MOE_E4M3 || o->dtype == MOE_E5M2)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %s: the MLP takes no FP8 tensors (they need "
+                        "scales; only moe_gemm_fp8_fwd / moe_gemm_fp8_dx take them)", op, moe_dtype_name(o->dtype));
     if (o->dtype != MOE_F32 && o->dtype != MOE_F16 && o->dtype != MOE_BF16)
         return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.dtype = %d, expected MOE_F32, MOE_F16 or MOE_BF16",
                         op, (int)o->dtype);

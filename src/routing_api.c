@@ -15,15 +15,30 @@ moe_status moe_routing_from_topk(int64_t num_tokens, int64_t topk, int64_t num_e
                                      gather_indices, scatter_indices);
 }
 
+/* The arrays may be NULL (each NULL check below is reachable); where not NULL, they hold what the routing's
+ * dimensions say.  The acceptance is routing_ok, what moe_ref_counting_sort proves of its output. */
 /*@ requires routing: routing == \null || \valid_read(routing);
-    requires arrays: routing != \null ==> \valid_read(routing->m_sizes + (0 .. routing->num_experts - 1)) &&
-      \valid_read(routing->gather_indices + (0 .. routing->num_tokens * routing->topk - 1));
+    requires arrays: routing != \null ==>
+      (routing->m_sizes != \null ==> \valid_read(routing->m_sizes + (0 .. routing->num_experts - 1))) &&
+      (routing->gather_indices != \null ==>
+         \valid_read(routing->gather_indices + (0 .. routing->num_tokens * routing->topk - 1)));
     terminates \true;
     assigns moe_error_model;
-    ensures accepts_only_wellformed: \result == MOE_OK ==> routing != \null &&
-      sizes_ok(routing->m_sizes, routing->num_experts, routing->num_tokens * routing->topk) &&
-      (require_gather != 0 || routing->gather_indices != \null ==>
-         is_permutation(routing->gather_indices, routing->num_tokens * routing->topk)); */
+    ensures null_routing: routing == \null ==> \result == MOE_ERR_NULL_POINTER;
+    ensures null_m_sizes: routing != \null && routing_dims_ok(routing->num_tokens, routing->topk, routing->num_experts) &&
+      routing->m_sizes == \null ==> \result == MOE_ERR_NULL_POINTER;
+    ensures null_gather: routing != \null && routing_dims_ok(routing->num_tokens, routing->topk, routing->num_experts) &&
+      routing->m_sizes != \null && require_gather != 0 && routing->num_tokens * routing->topk > 0 &&
+      routing->gather_indices == \null ==> \result == MOE_ERR_NULL_POINTER;
+    ensures accepts_only_wellformed: \result == MOE_OK ==> routing != \null && routing->m_sizes != \null &&
+      routing_ok(routing->m_sizes, routing->num_experts, routing->num_tokens * routing->topk, routing->gather_indices,
+                 (require_gather != 0 || routing->gather_indices != \null ? 1 : 0));
+    ensures accepts_wellformed: routing != \null &&
+      routing_dims_ok(routing->num_tokens, routing->topk, routing->num_experts) && routing->m_sizes != \null &&
+      (require_gather != 0 && routing->num_tokens * routing->topk > 0 ==> routing->gather_indices != \null) &&
+      routing_ok(routing->m_sizes, routing->num_experts, routing->num_tokens * routing->topk, routing->gather_indices,
+                 (require_gather != 0 || routing->gather_indices != \null ? 1 : 0)) ==>
+      \result == MOE_OK || \result == MOE_ERR_MISALIGNED || \result == MOE_ERR_OUT_OF_MEMORY; */
 moe_status moe_routing_validate(const moe_routing *routing, int require_gather)
 {
     static const char op[] = "moe_routing_validate";

@@ -215,6 +215,8 @@ static void scale_input(const mt_case *c, void *buf, double *copy, int64_t n, do
         case MOE_F32: ((float *)buf)[i] = v; break;
         case MOE_F16: ((uint16_t *)buf)[i] = moe_f32_to_f16(v); break;
         case MOE_BF16: ((uint16_t *)buf)[i] = moe_f32_to_bf16(v); break;
+        case MOE_E4M3: ((uint8_t *)buf)[i] = moe_f32_to_e4m3(v); break;
+        case MOE_E5M2: ((uint8_t *)buf)[i] = moe_f32_to_e5m2(v); break;
         }
         copy[i] = oracle_load(c->opt.dtype, buf, i);
     }

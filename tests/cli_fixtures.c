@@ -76,6 +76,7 @@ int mk(int argc, char **argv)
         case NPY_T_I64: ((int64_t *)data)[i] = (int64_t)iv; break;
         case NPY_T_U16:
         case NPY_T_V2: ((uint16_t *)data)[i] = (uint16_t)iv; break;
+        case NPY_T_U8: data[i] = (unsigned char)iv; break;
         case NPY_T_COUNT: break;
         }
     }

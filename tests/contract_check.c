@@ -21,6 +21,8 @@ static double eta_out(moe_dtype dtype)
     switch (dtype) {
     case MOE_F16: return 0x1p-25;
     case MOE_BF16: return 0x1p-134;
+    case MOE_E4M3: return 0x1p-10;
+    case MOE_E5M2: return 0x1p-17;
     case MOE_F32: break;
     }
     return 0x1p-150;

@@ -23,6 +23,18 @@ EXTRA_DIST += tests/test_gemm_modes_v4.sh
 TESTS += tests/test_exports.sh
 EXTRA_DIST += tests/test_exports.sh
 
+# FP8 (specs/FP8.md): the e4m3 / e5m2 conversions against an independent model
+check_PROGRAMS += tests/test_fp8_dtype
+tests_test_fp8_dtype_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_fp8_dtype
+# the FP8 grouped GEMM reference against its oracle and bound, its argument checks; the quantizers
+check_PROGRAMS += tests/test_gemm_fp8
+tests_test_gemm_fp8_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_gemm_fp8
+check_PROGRAMS += tests/test_fp8_quantize
+tests_test_fp8_quantize_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_fp8_quantize
+
 # Run-time checks of the ACSL float postconditions (issue 5): contract_check.c mirrors the clauses of
 # specs/gemm.acsl / ref/moe_ref.h; test_contracts runs them and shows a violation being caught.
 check_PROGRAMS += tests/test_contracts
@@ -60,7 +72,7 @@ tests_test_cli_npy_LDADD = $(TESTLIB_LIBS)
 tests_test_cli_npy_LDFLAGS = $(AM_LDFLAGS) -no-install
 CLI_SH_TESTS = tests/test_cli_ops.sh tests/test_cli_mlp.sh tests/test_cli_options.sh tests/test_cli_nki.sh \
 	tests/test_cli_compare.sh tests/test_cli_errors.sh tests/test_cli_cuda.sh tests/test_cli_atomic.sh \
-	tests/test_cli_layouts.sh tests/test_cli_help.sh tests/test_cli_torch.sh
+	tests/test_cli_layouts.sh tests/test_cli_help.sh tests/test_cli_torch.sh tests/test_cli_fp8.sh
 TESTS += tests/test_cli_npy $(CLI_SH_TESTS)
 EXTRA_DIST += $(CLI_SH_TESTS) tests/test_cli_lib.sh tests/nki_bwmm_cases.py tests/torch_moe_check.py \
 	tests/torch_moe_linear.py tests/torch_moe_hf.py

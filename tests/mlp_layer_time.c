@@ -42,6 +42,8 @@ static void fill(moe_dtype dt, void *p, int64_t n, double scale)
         case MOE_F32: ((float *)p)[i] = v; break;
         case MOE_F16: ((uint16_t *)p)[i] = moe_f32_to_f16(v); break;
         case MOE_BF16: ((uint16_t *)p)[i] = moe_f32_to_bf16(v); break;
+        case MOE_E4M3: ((uint8_t *)p)[i] = moe_f32_to_e4m3(v); break;
+        case MOE_E5M2: ((uint8_t *)p)[i] = moe_f32_to_e5m2(v); break;
         }
     }
 }

@@ -210,7 +210,10 @@ static void routing_defects(void)
                  "E*N*K = 16*1099511627776*1099511627776 overflows");
             CASE("N*K*4 bytes past 64 bits (N=2^31, K=2^30)", (a.N = (int64_t)1 << 31, a.K = (int64_t)1 << 30),
                  MOE_ERR_OVERFLOW, NULL);
-            CASE("dtype = 3", a.o.dtype = (moe_dtype)3, MOE_ERR_INVALID_DTYPE, "dtype");
+            CASE("dtype = 5", a.o.dtype = (moe_dtype)5, MOE_ERR_INVALID_DTYPE, "dtype");
+            CASE("dtype = e4m3", a.o.dtype = MOE_E4M3, MOE_ERR_INVALID_DTYPE, "options.dtype = e4m3: FP8 tensors "
+                 "need their scales");
+            CASE("dtype = e5m2", a.o.dtype = MOE_E5M2, MOE_ERR_INVALID_DTYPE, "options.dtype = e5m2: FP8");
             CASE("dtype = -1", a.o.dtype = (moe_dtype)-1, MOE_ERR_INVALID_DTYPE, "dtype");
             CASE("allow_tf32 with bf16", (a.o.dtype = MOE_BF16, a.o.allow_tf32 = 1), MOE_ERR_INVALID_OPTION,
                  "allow_tf32");

@@ -325,7 +325,13 @@ static void dtype_helpers(void)
     CHECK(moe_dtype_unit_roundoff(MOE_F16) == 0x1p-11, "unit roundoff f16 = %a", moe_dtype_unit_roundoff(MOE_F16));
     CHECK(moe_dtype_unit_roundoff(MOE_BF16) == 0x1p-8, "unit roundoff bf16 = %a",
           moe_dtype_unit_roundoff(MOE_BF16));
-    static const int unknown[] = {3, 4, 99, -1, 0x7fffffff};
+    CHECK(moe_dtype_size(MOE_E4M3) == 1 && moe_dtype_size(MOE_E5M2) == 1, "moe_dtype_size(e4m3, e5m2) = %zu, %zu",
+          moe_dtype_size(MOE_E4M3), moe_dtype_size(MOE_E5M2));
+    CHECK(strcmp(moe_dtype_name(MOE_E4M3), "e4m3") == 0 && strcmp(moe_dtype_name(MOE_E5M2), "e5m2") == 0,
+          "moe_dtype_name(e4m3, e5m2) = %s, %s", moe_dtype_name(MOE_E4M3), moe_dtype_name(MOE_E5M2));
+    CHECK(moe_dtype_unit_roundoff(MOE_E4M3) == 0x1p-4 && moe_dtype_unit_roundoff(MOE_E5M2) == 0x1p-3,
+          "unit roundoff e4m3, e5m2 = %a, %a", moe_dtype_unit_roundoff(MOE_E4M3), moe_dtype_unit_roundoff(MOE_E5M2));
+    static const int unknown[] = {5, 6, 99, -1, 0x7fffffff};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         const moe_dtype d = (moe_dtype)unknown[i];
         CHECK(moe_dtype_size(d) == 0, "moe_dtype_size(%d) = %zu, expected 0", unknown[i], moe_dtype_size(d));
@@ -344,7 +350,8 @@ static void dtype_from_name(void)
         const char *name;
         moe_dtype dtype;
     } known[] = {{"f32", MOE_F32},    {"float32", MOE_F32}, {"fp32", MOE_F32},     {"f16", MOE_F16},
-                 {"float16", MOE_F16}, {"fp16", MOE_F16},    {"bf16", MOE_BF16}, {"bfloat16", MOE_BF16}};
+                 {"float16", MOE_F16}, {"fp16", MOE_F16},    {"bf16", MOE_BF16}, {"bfloat16", MOE_BF16},
+                 {"e4m3", MOE_E4M3}, {"float8_e4m3fn", MOE_E4M3}, {"e5m2", MOE_E5M2}, {"float8_e5m2", MOE_E5M2}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         moe_dtype d = (moe_dtype)99;
         const moe_status st = moe_dtype_from_name(known[i].name, &d);
@@ -353,12 +360,12 @@ static void dtype_from_name(void)
         CHECK(moe_last_error()[0] == '\0', "moe_dtype_from_name(\"%s\") left the message \"%s\"", known[i].name,
               moe_last_error());
     }
-    for (int d = MOE_F32; d <= MOE_BF16; d++) { /* round trip through moe_dtype_name */
+    for (int d = MOE_F32; d <= MOE_E5M2; d++) { /* round trip through moe_dtype_name */
         moe_dtype back = (moe_dtype)99;
         CHECK(moe_dtype_from_name(moe_dtype_name((moe_dtype)d), &back) == MOE_OK && back == (moe_dtype)d,
               "moe_dtype_from_name(moe_dtype_name(%d)) = %d", d, (int)back);
     }
-    static const char *const unknown[] = {"", "F32", "BF16", "f64", "float64", "bf16 ", " f16", "f3", "fp32x",
+    static const char *const unknown[] = {"", "F32", "BF16", "f64", "float64", "bf16 ", " f16", "f3", "fp32x", "E4M3", "e4m3fn", "fp8",
                                           "bfloat", "?", "int64", "half"};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         moe_dtype d = (moe_dtype)77;

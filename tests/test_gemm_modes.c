@@ -114,6 +114,8 @@ static double round_to(moe_dtype dtype, float v)
     switch (dtype) {
     case MOE_F16: return (double)moe_f16_to_f32(moe_f32_to_f16(v));
     case MOE_BF16: return (double)moe_bf16_to_f32(moe_f32_to_bf16(v));
+    case MOE_E4M3: return (double)moe_e4m3_to_f32(moe_f32_to_e4m3(v));
+    case MOE_E5M2: return (double)moe_e5m2_to_f32(moe_f32_to_e5m2(v));
     case MOE_F32: break;
     }
     return (double)v;

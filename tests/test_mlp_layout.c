@@ -228,6 +228,8 @@ static void test_validation(void)
     /* options */
     x = baseline(), x.opt.dtype = (moe_dtype)9;
     expect_error("dtype", &x, 3, MOE_ERR_INVALID_DTYPE, "options.dtype = 9");
+    x = baseline(), x.opt.dtype = MOE_E4M3;
+    expect_error("dtype e4m3", &x, 3, MOE_ERR_INVALID_DTYPE, "options.dtype = e4m3: the MLP takes no FP8");
     x = baseline(), x.opt.activation = (moe_mlp_activation)4;
     expect_error("activation", &x, 3, MOE_ERR_INVALID_OPTION, "options.activation = 4");
     x = baseline(), x.opt.affinity = (moe_mlp_affinity)2;

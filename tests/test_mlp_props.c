@@ -37,6 +37,8 @@ static void store(moe_dtype dt, void *base, int64_t i, double v)
     case MOE_F16: ((uint16_t *)base)[i] = moe_f32_to_f16((float)v); return;
     case MOE_BF16: ((uint16_t *)base)[i] = moe_f32_to_bf16((float)v); return;
     case MOE_F32: ((float *)base)[i] = (float)v; return;
+    case MOE_E4M3: ((uint8_t *)base)[i] = moe_f32_to_e4m3((float)v); return;
+    case MOE_E5M2: ((uint8_t *)base)[i] = moe_f32_to_e5m2((float)v); return;
     }
 }
 

@@ -80,6 +80,8 @@ static void check_table(const moe_dispatch *t)
         {"mlp_bwd", t->mlp_bwd != NULL},
         {"routing_build", t->routing_build != NULL},
         {"mlp_layout_build", t->mlp_layout_build != NULL},
+        {"gemm_fp8_fwd", t->gemm_fp8_fwd != NULL},
+        {"gemm_fp8_dx", t->gemm_fp8_dx != NULL},
     };
     for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++)
         CHECK(rows[r].filled, "backend %s: row %s is NULL", t->name, rows[r].row);

@@ -13,7 +13,10 @@ float mlp_round_to(moe_dtype dtype, float v)
     switch (dtype) {
     case MOE_F16: return moe_f16_to_f32(moe_f32_to_f16(v));
     case MOE_BF16: return moe_bf16_to_f32(moe_f32_to_bf16(v));
-    case MOE_F32: break;
+    case MOE_F32:
+    case MOE_E4M3: /* unreachable: the MLP refuses FP8 (check_options) */
+    case MOE_E5M2:
+        break;
     }
     return v;
 }
@@ -21,7 +24,10 @@ float mlp_round_to(moe_dtype dtype, float v)
 void mlp_round_row(moe_dtype dtype, float *v, int64_t count)
 {
     switch (dtype) {
-    case MOE_F32: return;
+    case MOE_F32:
+    case MOE_E4M3: /* unreachable: dtype_ok excludes FP8, which only the FP8 entry points take */
+    case MOE_E5M2:
+        return;
     case MOE_BF16:
         /*@ loop invariant bounds: 0 <= i <= count;
             loop assigns i, v[0 .. count - 1];

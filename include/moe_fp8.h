@@ -1,0 +1,102 @@
+/*
+ * libmoe: FP8 grouped GEMM with fine-grained scales (the DeepSeek-V3 recipe) and its quantization helpers.
+ * The exact math is specs/FP8.md; this header names the shapes and the contract of each entry point.
+ * Notation and conventions as in moe.h (T, k, E, M = T*k, W [E][N][K], the routing, statuses, messages,
+ * nothing changed on failure).
+ *
+ * Tiles.  Every FP8 tensor carries float32 (or UE8M0) scales, one per tile of MOE_FP8_TILE = 128 elements
+ * along the reduction dimension:
+ *   activations (X for fwd, dY for dX)   [R][C] codes,  scales [R][ceil(C/128)]        (1 x 128 tiles)
+ *   weights W                             [E][N][K] codes, scales [E][ceil(N/128)][ceil(K/128)]
+ *                                                                                     (128 x 128 blocks)
+ * The last tile of a row, and the last block row and column, may be partial (C, N, K need not be
+ * multiples of 128).  Element (e, n, c) of W has the scale of block (e, n / 128, c / 128).  The forward
+ * reduces over K: the K-tile t of output (r, n) uses X's scale (xrow(r), t) and W's (e, n / 128, t).  dX
+ * reduces over N: the N-tile t of output (r, c) uses dY's scale (yrow(r), t) and W's (e, t, c / 128).
+ * Because the blocks are square, one quantization of W serves both products.
+ */
+#ifndef LIBMOE_FP8_H
+#define LIBMOE_FP8_H
+
+#include "moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements per scale along the reduction (and both sides of a weight block). */
+#define MOE_FP8_TILE 128
+
+typedef enum moe_fp8_scale_format {
+    MOE_FP8_SCALE_F32 = 0,   /* float32 scales, each finite and > 0 */
+    MOE_FP8_SCALE_UE8M0 = 1  /* uint8_t biased exponents b (OCP MX E8M0): scale 2^(b - 127); b = 255 (E8M0's
+                                NaN) is refused */
+} moe_fp8_scale_format;
+
+/* One FP8 operand: codes of `dtype` (uint8_t each) and the scales of its tiles (layout above; float or
+ * uint8_t elements by the call's scale_format). */
+typedef struct moe_fp8_tensor {
+    const void *data;
+    const void *scales;
+    moe_dtype dtype;   /* MOE_E4M3 or MOE_E5M2 */
+} moe_fp8_tensor;
+
+typedef struct moe_fp8_options {
+    moe_dtype out_dtype;               /* MOE_F32 (0, the default) or MOE_BF16: y, dx */
+    moe_fp8_scale_format scale_format; /* of every operand's scales */
+    int permute_x;                     /* as moe_gemm_options: X token order [T][K], row r reads X[g_r / k] */
+    int permute_y;                     /* Y and dY slot order */
+    int reduce_topk;                   /* dX: [T][K], the k slot rows of a token summed in float32 */
+    int accumulate;                    /* add into the output (float32, one rounding) */
+    void *stream;                      /* CUDA backend: the cudaStream_t */
+} moe_fp8_options;
+
+/* Y = fwd(X, W) on FP8 operands.
+ *   x             codes [R_x][K], scales [R_x][ceil(K/128)]     (R_x = T with permute_x, else M)
+ *   w             codes [E][N][K], scales [E][ceil(N/128)][ceil(K/128)]
+ *   topk_weights  float32 [M] in slot order, or NULL (needs gather_indices): row r's result times
+ *                 topk_weights[g_r] in float32 before the rounding
+ *   y             [M][N] of out_dtype; expert order, or slot order with permute_y
+ * MOE_BACKEND_REF checks every scale (MOE_ERR_INVALID_VALUE naming the operand and the index).  The CUDA
+ * backend has no FP8 kernels yet: MOE_ERR_UNSUPPORTED. */
+moe_status moe_gemm_fp8_fwd(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                            const moe_fp8_tensor *x, const moe_fp8_tensor *w, const float *topk_weights, void *y,
+                            const moe_fp8_options *options);
+
+/* dX = dY . W per expert on FP8 operands (the reduction over N).
+ *   dy            codes [M][N] (slot order with permute_y), scales [M][ceil(N/128)]
+ *   w             as for the forward (the same codes and scales)
+ *   topk_weights  float32 [M] or NULL: the forward's fused routing weights
+ *   dx            [M][K] of out_dtype (slot order with permute_x), or [T][K] with reduce_topk */
+moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                           const moe_fp8_tensor *dy, const moe_fp8_tensor *w, const float *topk_weights, void *dx,
+                           const moe_fp8_options *options);
+
+/* Quantization (host pointers; specs/FP8.md section 3).  src holds f32 or bf16 values (src_dtype); for
+ * each tile, amax = max |v| over it, floored at MOE_FP8_AMAX_FLOOR (so a zero tile has a finite scale and
+ * zero codes); its scale s = amax / max_format in float32 (448 for e4m3, 57344 for e5m2), or with UE8M0
+ * the power of two 2^ceil(log2(amax / max_format)); each code is the saturating round-to-nearest-even
+ * conversion of v * (max_format / amax) (float32 scale) or v * 2^-e (UE8M0), as DeepGEMM's
+ * per_token_cast_to_fp8 / per_block_cast_to_fp8 compute them.  A NaN or Inf in src fails with
+ * MOE_ERR_INVALID_VALUE naming the element; then nothing is written.
+ *   rows:   src [R][C] -> q [R][C], scales [R][ceil(C/128)]                      (1 x 128 tiles)
+ *   blocks: src [B][R][C] -> q [B][R][C], scales [B][ceil(R/128)][ceil(C/128)]   (128 x 128 blocks) */
+#define MOE_FP8_AMAX_FLOOR 1e-4f
+moe_status moe_quantize_fp8_rows(moe_dtype src_dtype, int64_t rows, int64_t cols, const void *src,
+                                 moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q, void *scales);
+moe_status moe_quantize_fp8_blocks(moe_dtype src_dtype, int64_t batches, int64_t rows, int64_t cols,
+                                   const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, void *q,
+                                   void *scales);
+
+/* The inverse: out = decode(q) * scale in float32 (exact for UE8M0 scales; one rounding otherwise), then
+ * rounded to out_dtype (MOE_F32 or MOE_BF16).  tile_rows 1 reads the rows layout (batches must be 1), 128
+ * the blocks layout.  Scales are checked as the GEMM checks them. */
+moe_status moe_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format scale_format, int tile_rows,
+                              int64_t batches, int64_t rows, int64_t cols, const void *q, const void *scales,
+                              moe_dtype out_dtype, void *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LIBMOE_FP8_H */

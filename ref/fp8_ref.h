@@ -1,0 +1,83 @@
+/*
+ * The FP8 reference (specs/FP8.md): code and scale access, the scale check, the fwd and dX reference
+ * (ref/gemm_fp8.c) and the quantizers (ref/fp8_quantize.c) that src/gemm_fp8_api.c and
+ * src/fp8_quantize_api.c call after validating every argument.
+ */
+#ifndef LIBMOE_FP8_REF_H
+#define LIBMOE_FP8_REF_H
+
+#include "moe_backend.h"
+
+#include <string.h>
+
+#ifdef __FRAMAC__
+/*@ // scale i of a scale array of format f is readable: a float32 (4 bytes) or a UE8M0 byte
+    predicate fp8_scale_readable(char *s, integer i, moe_fp8_scale_format f) =
+      f == MOE_FP8_SCALE_UE8M0 ? \valid_read(s + i) : \valid_read(s + (4 * i .. 4 * i + 3));
+    logic integer fp8_tiles(integer n) = (n + 127) / 128; */
+#endif
+
+/* The number of 128-element tiles covering n >= 0 elements. */
+/*@ requires n: 0 <= n;
+    terminates \true;
+    assigns \nothing;
+    ensures tiles: \result == (n + 127) / 128; */
+static inline int64_t moe_fp8_tiles(int64_t n) { return n / MOE_FP8_TILE + (n % MOE_FP8_TILE != 0); }
+
+/* The value of code i of an FP8 tensor of dtype MOE_E4M3 or MOE_E5M2 (exact). */
+/* Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow the void * -> uint8_t *
+ * cast; callers prove the byte readable. */
+/*@ requires code: \valid_read((char *)codes + i);
+    terminates \true;
+    assigns \nothing; */
+static inline float moe_fp8_load(moe_dtype dtype, const void *codes, int64_t i)
+{
+    const uint8_t code = ((const uint8_t *)codes)[i];
+    return dtype == MOE_E5M2 ? moe_e5m2_to_f32(code) : moe_e4m3_to_f32(code);
+}
+
+/* Scale i of a scale array of the given format.  UE8M0's b gives 2^(b - 127) exactly (the float32 with
+ * exponent field b for b >= 1; 2^-127, a subnormal, for b = 0); b = 255 (refused by the entry points) would
+ * give Inf.  Contract trusted, not proved (the casts and the memcpy, as float_bits'); callers prove the bytes
+ * readable. */
+/*@ requires scale: fp8_scale_readable((char *)scales, i, format);
+    terminates \true;
+    assigns \nothing; */
+static inline float moe_fp8_scale(moe_fp8_scale_format format, const void *scales, int64_t i)
+{
+    if (format == MOE_FP8_SCALE_UE8M0) {
+        const uint32_t b = ((const uint8_t *)scales)[i];
+        const uint32_t bits = b != 0 ? b << 23 : 0x00400000u;
+        float value;
+        memcpy(&value, &bits, sizeof value);
+        return value;
+    }
+    return ((const float *)scales)[i];
+}
+
+/* Checks count scales: float32 finite and > 0, UE8M0 b != 255.  name and the per-row count `per_row`
+ * (the scales' innermost extent) make the message: "%s: name[i / per_row][i % per_row] = v, expected ...".
+ * MOE_ERR_INVALID_VALUE for the first bad scale. */
+moe_status moe_ref_fp8_check_scales(const char *op, const char *name, moe_fp8_scale_format format,
+                                    const void *scales, int64_t count, int64_t per_row);
+
+/* The FP8 grouped GEMM, the readable definition (specs/FP8.md section 2), one output element at a time. */
+moe_status moe_ref_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
+                                const float *topk_weights, void *y);
+moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
+                               const float *topk_weights, void *dx);
+
+/* The quantizer behind moe_quantize_fp8_rows (tile_rows 1) and _blocks (tile_rows 128), on validated
+ * arguments: src [batches][rows][cols] of src_dtype (f32 or bf16) -> q (same shape), scales
+ * [batches][ceil(rows / tile_rows)][ceil(cols / 128)].  Returns MOE_ERR_INVALID_VALUE (naming the element)
+ * before writing anything when src holds a NaN or Inf. */
+moe_status moe_ref_quantize_fp8(const char *op, moe_dtype src_dtype, int tile_rows, int64_t batches, int64_t rows,
+                                int64_t cols, const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format format,
+                                void *q, void *scales);
+
+/* The inverse on validated arguments: out = decode(q) * scale (float32), rounded to out_dtype. */
+void moe_ref_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format format, int tile_rows, int64_t batches,
+                            int64_t rows, int64_t cols, const void *q, const void *scales, moe_dtype out_dtype,
+                            void *out);
+
+#endif
