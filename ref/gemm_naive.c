@@ -248,6 +248,7 @@ static float dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const voi
         const int64_t yr = y_row(p, r), xr = x_row(p, r);
         /*@ ghost lemma_row_fits(yr, p->rows, N); */
         /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        /*@ assert x_element: element_readable((char *)x, xr * K + c, p->dtype); */
         float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
         if (topk_weights != NULL)
             dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
@@ -370,6 +371,8 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
         loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++) {
+        /*@ assert in_row: byte_offset(dxr * K, p->dtype) <= byte_offset(dxr * K + c, p->dtype) &&
+                           byte_offset(dxr * K + c + 1, p->dtype) <= byte_offset(dxr * K + K, p->dtype); */
         float acc = dx_dot(p, dy, w, e, dyr, c);
         if (topk_weights != NULL)
             acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
