@@ -1,5 +1,6 @@
 /* The grouped GEMM, naive twin: the readable definition (see moe_ref.h for the operation order).
  * One output element at a time; each OpenMP thread owns whole output rows. */
+#define MOE_REF_VALUES /* moe_ref_load's and moe_ref_store's value clauses, for the value proofs (moe_ref.h) */
 #include "moe_ref.h"
 
 /* OpenMP directives as _Pragma (as in ref/gemm/ and ref/mlp/): the same compiled code as `#pragma omp`,
@@ -62,7 +63,9 @@ static int64_t y_row(const moe_gemm_problem *p, int64_t r)
 /*@ requires dtype: dtype_ok(dtype);
     requires element: element_writable((char *)out, index, dtype);
     terminates \true;
-    assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1]; */
+    assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1];
+    ensures value_finish: dtype == MOE_F32 ==> same_float(loaded(dtype, (char *)out, index),
+      accumulate != 0 ? f32_add(\old(loaded(dtype, (char *)out, index)), value) : value); */
 static void finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate)
 {
     if (accumulate)
@@ -168,7 +171,8 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
     requires x_row: 0 <= xr < gemm_x_rows(p);
     requires w_row: 0 <= w_row < p->num_experts * p->N;
     terminates \true;
-    assigns \nothing; */
+    assigns \nothing;
+    ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)); */
 static float fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
 {
     const int64_t K = p->K;
@@ -179,6 +183,7 @@ static float fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, in
     /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
     float acc = 0.0f;
     /*@ loop invariant bounds: 0 <= c <= K;
+        loop invariant value: same_float(acc, fdot(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, c));
         loop assigns c, acc;
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
@@ -243,12 +248,43 @@ static float dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const voi
         const int64_t yr = y_row(p, r), xr = x_row(p, r);
         /*@ ghost lemma_row_fits(yr, p->rows, N); */
         /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        /*@ assert x_element: element_readable((char *)x, xr * K + c, p->dtype); */
         float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
         if (topk_weights != NULL)
             dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
         acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
     }
     return acc;
+}
+
+/* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
+ * by finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
+ * (specs/gemm_value.acsl); finish's own contract states the accumulate case's one more binary32 addition. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires row: 0 <= r < p->rows;
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires w_row: 0 <= w_row < p->num_experts * p->N;
+    requires y_index: 0 <= y_index < p->rows * p->N;
+    terminates \true;
+    assigns ((char *)y)[byte_offset(y_index, p->dtype) .. byte_offset(y_index + 1, p->dtype) - 1];
+    ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row))); */
+static void fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                        void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
+{
+    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
+    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = fwd_dot(p, x, w, xr, w_row);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
+        acc = weight * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+    }
+    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
+    finish(p->dtype, y, y_index, acc, p->accumulate);
 }
 
 /* Row r of the forward, the body of gemm_fwd_rows' parallel loop: y row gemm_y_row(p, r), every n.  It
@@ -276,10 +312,7 @@ static void gemm_fwd_row(const moe_gemm_problem *p, const int64_t *offsets, cons
         loop variant N - n; */
     for (int64_t n = 0; n < N; n++) {
         /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-        float acc = fwd_dot(p, x, w, xr, e * N + n);
-        if (topk_weights != NULL)
-            acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        finish(p->dtype, y, yr * N + n, acc, p->accumulate);
+        fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
     }
 }
 
@@ -338,6 +371,8 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
         loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++) {
+        /*@ assert in_row: byte_offset(dxr * K, p->dtype) <= byte_offset(dxr * K + c, p->dtype) &&
+                           byte_offset(dxr * K + c + 1, p->dtype) <= byte_offset(dxr * K + K, p->dtype); */
         float acc = dx_dot(p, dy, w, e, dyr, c);
         if (topk_weights != NULL)
             acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;

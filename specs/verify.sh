@@ -49,6 +49,8 @@
 #                               have 2 cores)
 #   -wp-frama-c-stdlib-terminate  trust that the functions of Frama-C's libc without a terminates clause
 #                               (expf, called by the activations of ref/mlp/activations.h) terminate
+#   -wp-driver specs/gemm_value.driver  binds specs/gemm_value.acsl's f32_add / f32_mul to WP's own model of
+#                               C's float + and * (specs/README.md, "Values and bounds proved")
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
 #                               instead, whose goal proves the pointer equal to a listed function
@@ -92,6 +94,7 @@ if [ "${1:-}" = "--one" ]; then
     rm -rf "$work/out/$name" "$work/report-$name.json"
     # shellcheck disable=SC2086
     if ! "$FRAMAC" -cpp-extra-args="$incs -D_POSIX_C_SOURCE=200809L" -c11 "$srcdir/$file" -wp-fct "$fcts" $wp_flags \
+        -wp-driver "$srcdir/specs/gemm_value.driver" \
         -wp-session "$work/session/$name" -wp-cache "$VERIFY_CACHE_MODE" -wp-out "$work/out/$name" \
         -wp-report-json "$work/report-$name.json" > "$log" 2>&1; then
         echo "verify: frama-c failed on $file (log: $log):" >&2
@@ -102,7 +105,7 @@ if [ "${1:-}" = "--one" ]; then
     # the trailing underscores of a name such as clamp_: its goals are typed_clamp_<property>)
     for f in $(echo "$fcts" | tr ',' ' '); do
         stem=$(echo "$f" | sed 's/_*$//')
-        sed -n "s/^\[wp\] \[[^]]*\] Goal \(\(typed_\)\{0,1\}${stem}_[A-Za-z0-9_]*\)\(.*\)$/\1 \3/p" "$log" |
+        sed -n "s/^\[wp\] \[[^]]*\] Goal \(\(typed_\(gemm_value_\)\{0,1\}\)\{0,1\}${stem}_[A-Za-z0-9_]*\)\(.*\)$/\1 \4/p" "$log" |
             while read -r goal rest; do
                 case $rest in *": Valid"*) st=proved ;; *) st=UNPROVED ;; esac
                 echo "$file $f $goal $st"
@@ -175,7 +178,7 @@ ref/gemm/dx.c:lemma_mul_monotone,lemma_row_fits,lemma_reduce_out,reduce_width,re
 ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_split,lemma_permutation_onto,lemma_buckets_sorted,lemma_pairs_once_all,lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,sort_blocks,check_block_pairs,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
 ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
 ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
-ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,finish,fwd_dot,dx_dot,dw_dot,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
+ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,finish,fwd_dot,fwd_element,dx_dot,dw_dot,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
 ref/mlp/fwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,is_token,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens
 ref/gemm/fwd_dw.c:gemm_fwd_blocked_in,gemm_dw_blocked_in
 ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in
