@@ -1,7 +1,6 @@
 /* The grouped GEMM, naive twin: the readable definition (see moe_ref.h for the operation order).
  * One output element at a time; each OpenMP thread owns whole output rows. */
-#define MOE_REF_VALUES /* moe_ref_load's and moe_ref_store's value clauses, for the value proofs (moe_ref.h) */
-#include "moe_ref.h"
+#include "gemm_naive_internal.h"
 
 /* OpenMP directives as _Pragma (as in ref/gemm/ and ref/mlp/): the same compiled code as `#pragma omp`,
  * and Frama-C's parser, which rejects `#pragma omp` in statement position, reads it. */
@@ -20,17 +19,6 @@ static moe_status no_offsets(const moe_gemm_problem *p)
 {
     return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %lld expert offsets", p->op,
                     (long long)p->num_experts + 1);
-}
-
-/* The slot of expert-order row r (r itself when no gather indices are given). */
-/*@ requires problem: gemm_problem_ok(p);
-    requires row: 0 <= r < p->rows;
-    terminates \true;
-    assigns \nothing;
-    ensures slot: 0 <= \result < p->rows && \result == gemm_slot(p, r); */
-static int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
-{
-    return p->gather_indices != NULL ? p->gather_indices[r] : r;
 }
 
 /* Row of X read by expert-order row r. */
@@ -57,20 +45,6 @@ static int64_t x_row(const moe_gemm_problem *p, int64_t r)
 static int64_t y_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->permute_y ? slot_of_row(p, r) : r;
-}
-
-/* Applies the topk weight and accumulation of moe_ref.h's order, then stores with one rounding. */
-/*@ requires dtype: dtype_ok(dtype);
-    requires element: element_writable((char *)out, index, dtype);
-    terminates \true;
-    assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1];
-    ensures value_finish: dtype == MOE_F32 ==> same_float(loaded(dtype, (char *)out, index),
-      accumulate != 0 ? f32_add(\old(loaded(dtype, (char *)out, index)), value) : value); */
-static void finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate)
-{
-    if (accumulate)
-        value = moe_ref_load(dtype, out, index) + value;
-    moe_ref_store(dtype, out, index, value);
 }
 
 /* The partition of the parallel loops below.  Each loop's body is a function (gemm_fwd_row, ...) whose
@@ -162,35 +136,6 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
   }
 */
 
-/* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
- * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
- *   x [x rows][K], w [E][N][K] */
-/*@ requires problem: gemm_problem_ok(p);
-    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
-    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
-    requires x_row: 0 <= xr < gemm_x_rows(p);
-    requires w_row: 0 <= w_row < p->num_experts * p->N;
-    terminates \true;
-    assigns \nothing;
-    ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)); */
-static float fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
-{
-    const int64_t K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ ghost lemma_row_fits(xr, x_rows, K); */
-    /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= c <= K;
-        loop invariant value: same_float(acc, fdot(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, c));
-        loop assigns c, acc;
-        loop variant K - c; */
-    for (int64_t c = 0; c < K; c++)
-        acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
-    return acc;
-}
-
 /* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
  * (both the per-row and the reduce_topk forms).  dy [M][N], w [E][N][K] */
 /*@ requires problem: gemm_problem_ok(p);
@@ -248,43 +193,12 @@ static float dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const voi
         const int64_t yr = y_row(p, r), xr = x_row(p, r);
         /*@ ghost lemma_row_fits(yr, p->rows, N); */
         /*@ ghost lemma_row_fits(xr, x_rows, K); */
-        /*@ assert x_element: element_readable((char *)x, xr * K + c, p->dtype); */
         float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
         if (topk_weights != NULL)
             dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
         acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
     }
     return acc;
-}
-
-/* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
- * by finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
- * (specs/gemm_value.acsl); finish's own contract states the accumulate case's one more binary32 addition. */
-/*@ requires problem: gemm_problem_ok(p);
-    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
-    requires row: 0 <= r < p->rows;
-    requires x_row: 0 <= xr < gemm_x_rows(p);
-    requires w_row: 0 <= w_row < p->num_experts * p->N;
-    requires y_index: 0 <= y_index < p->rows * p->N;
-    terminates \true;
-    assigns ((char *)y)[byte_offset(y_index, p->dtype) .. byte_offset(y_index + 1, p->dtype) - 1];
-    ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
-      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row))); */
-static void fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
-                        void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
-{
-    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
-    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
-    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
-    float acc = fwd_dot(p, x, w, xr, w_row);
-    /*@ ghost float dot = acc; */
-    if (topk_weights != NULL) {
-        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
-        acc = weight * acc;
-        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
-    }
-    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
-    finish(p->dtype, y, y_index, acc, p->accumulate);
 }
 
 /* Row r of the forward, the body of gemm_fwd_rows' parallel loop: y row gemm_y_row(p, r), every n.  It
@@ -312,7 +226,7 @@ static void gemm_fwd_row(const moe_gemm_problem *p, const int64_t *offsets, cons
         loop variant N - n; */
     for (int64_t n = 0; n < N; n++) {
         /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-        fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
+        gemm_naive_fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
     }
 }
 
@@ -371,12 +285,10 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
         loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++) {
-        /*@ assert in_row: byte_offset(dxr * K, p->dtype) <= byte_offset(dxr * K + c, p->dtype) &&
-                           byte_offset(dxr * K + c + 1, p->dtype) <= byte_offset(dxr * K + K, p->dtype); */
         float acc = dx_dot(p, dy, w, e, dyr, c);
         if (topk_weights != NULL)
             acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
+        gemm_naive_finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
     }
 }
 
@@ -471,7 +383,7 @@ static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets
                 acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
             sum += acc;
         }
-        finish(p->dtype, dx, t * K + c, sum, p->accumulate);
+        gemm_naive_finish(p->dtype, dx, t * K + c, sum, p->accumulate);
     }
 }
 
@@ -529,7 +441,7 @@ static void gemm_dw_row(const moe_gemm_problem *p, const int64_t *offsets, const
         loop assigns c, ((char *)dw)[byte_offset(en * K, p->dw_dtype) .. byte_offset(en * K + K, p->dw_dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
-        finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+        gemm_naive_finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
@@ -583,12 +495,12 @@ static void gemm_topk_grad_row(const moe_gemm_problem *p, const int64_t *offsets
         loop assigns n, acc;
         loop variant N - n; */
     for (int64_t n = 0; n < N; n++)
-        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * fwd_dot(p, x, w, xr, e * N + n);
-    finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
+    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with
- * y_n = fwd_dot(x row of r, w[e][n]).
+ * y_n = gemm_naive_fwd_dot(x row of r, w[e][n]).
  *   offsets [E + 1], x [x rows][K], w [E][N][K], dy [M][N], d_topk_weights [M] out (dw_dtype, by slot) */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);

@@ -13,7 +13,7 @@ compare() { "$PYTHON" "$srcdir/specs/verify_cold.py" "$@"; }
 work=tests/verify-cold
 rm -rf "$work"
 mkdir -p "$work"
-if ! VERIFY_ONLY=moe_mul_ok VERIFY_CACHE=none FRAMAC=$FRAMAC WHY3=$WHY3 PYTHON=$PYTHON \
+if ! VERIFY_SMOKE=1 VERIFY_ONLY=moe_mul_ok VERIFY_CACHE=none FRAMAC=$FRAMAC WHY3=$WHY3 PYTHON=$PYTHON \
         sh "$srcdir/specs/verify.sh" "$srcdir" "$work/wp" > "$work/verify.log" 2>&1; then
     cat "$work/verify.log"
     fail "the cold proof of moe_mul_ok failed"

@@ -31,7 +31,7 @@ float tanhf(float x);
 
 /* Clamps keep NaN (a comparison with NaN is false).  Each limit applies only when its flag is set; a NaN
  * limit clamps nothing.  The comparisons are IEEE's (\lt_float, \le_float: false with a NaN operand);
- * same_float (specs/gemm_value.acsl) is IEEE equality or both NaN. */
+ * same_float (specs/mlp.acsl) is IEEE equality or both NaN. */
 /*@ terminates \true;
     assigns \nothing;
     ensures nan_kept: \is_NaN(v) ==> \is_NaN(\result);
