@@ -1,7 +1,7 @@
 # specs/: semantics decisions, the ACSL logic and the Frama-C/WP proof run (issue 5).
 EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md specs/README.md specs/VERIFY-SUMMARY.md specs/THRESHOLDS.md \
 	specs/routing.acsl specs/arith.acsl specs/mlp_layout.acsl specs/gemm.acsl specs/gemm_blocked.acsl \
-	specs/gemm_value.acsl specs/gemm_value.driver \
+	specs/gemm_value.acsl specs/gemm_value.driver specs/float_bounds.mlw \
 	specs/mlp.acsl specs/mlp_index.acsl specs/mlp_fwd.acsl specs/mlp_bwd.acsl specs/mlp_problem.acsl \
 	specs/verify.sh specs/PROPTEST.md specs/wp-cache.txt specs/cvc5.drv specs/proof_reports.py specs/verify_cold.py \
 	specs/PROOF-TABLE.md specs/TRUSTED.md
@@ -58,11 +58,13 @@ endif
 
 clean-local: clean-verify
 clean-verify:
-	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-value-broken tests/verify-smoke tests/verify-cold tests/proof-reports
+	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-value-broken tests/verify-smoke tests/verify-cold tests/proof-reports tests/float-bounds
 .PHONY: clean-verify
 
-# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound, changed-rounding-order and dead-code demonstrations,
-# verify-cold's comparison on one function; and, with Python only, the reports' generator and staleness.
-VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_value_broken.sh tests/test_verify_smoke.sh tests/test_verify_cold.sh
+# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound, changed-rounding-order and
+# dead-code demonstrations, verify-cold's comparison on one function, the float error lemmas (with Gappa);
+# and, with Python only, the reports' generator and staleness.
+VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_value_broken.sh \
+	tests/test_verify_smoke.sh tests/test_verify_cold.sh tests/test_float_bounds.sh
 TESTS += $(VERIFY_TESTS) tests/test_proof_reports.sh
 EXTRA_DIST += $(VERIFY_TESTS) tests/test_proof_reports.sh tests/verify_lib.sh
