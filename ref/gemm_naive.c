@@ -1,6 +1,6 @@
 /* The grouped GEMM, naive twin: the readable definition (see moe_ref.h for the operation order).
  * One output element at a time; each OpenMP thread owns whole output rows. */
-#include "moe_ref.h"
+#include "gemm_naive_internal.h"
 
 /* OpenMP directives as _Pragma (as in ref/gemm/ and ref/mlp/): the same compiled code as `#pragma omp`,
  * and Frama-C's parser, which rejects `#pragma omp` in statement position, reads it. */
@@ -19,17 +19,6 @@ static moe_status no_offsets(const moe_gemm_problem *p)
 {
     return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for %lld expert offsets", p->op,
                     (long long)p->num_experts + 1);
-}
-
-/* The slot of expert-order row r (r itself when no gather indices are given). */
-/*@ requires problem: gemm_problem_ok(p);
-    requires row: 0 <= r < p->rows;
-    terminates \true;
-    assigns \nothing;
-    ensures slot: 0 <= \result < p->rows && \result == gemm_slot(p, r); */
-static int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
-{
-    return p->gather_indices != NULL ? p->gather_indices[r] : r;
 }
 
 /* Row of X read by expert-order row r. */
@@ -56,18 +45,6 @@ static int64_t x_row(const moe_gemm_problem *p, int64_t r)
 static int64_t y_row(const moe_gemm_problem *p, int64_t r)
 {
     return p->permute_y ? slot_of_row(p, r) : r;
-}
-
-/* Applies the topk weight and accumulation of moe_ref.h's order, then stores with one rounding. */
-/*@ requires dtype: dtype_ok(dtype);
-    requires element: element_writable((char *)out, index, dtype);
-    terminates \true;
-    assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1]; */
-static void finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate)
-{
-    if (accumulate)
-        value = moe_ref_load(dtype, out, index) + value;
-    moe_ref_store(dtype, out, index, value);
 }
 
 /* The partition of the parallel loops below.  Each loop's body is a function (gemm_fwd_row, ...) whose
@@ -159,33 +136,6 @@ static void finish(moe_dtype dtype, void *out, int64_t index, float value, int a
   }
 */
 
-/* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
- * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
- *   x [x rows][K], w [E][N][K] */
-/*@ requires problem: gemm_problem_ok(p);
-    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
-    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
-    requires x_row: 0 <= xr < gemm_x_rows(p);
-    requires w_row: 0 <= w_row < p->num_experts * p->N;
-    terminates \true;
-    assigns \nothing; */
-static float fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
-{
-    const int64_t K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ ghost lemma_row_fits(xr, x_rows, K); */
-    /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= c <= K;
-        loop assigns c, acc;
-        loop variant K - c; */
-    for (int64_t c = 0; c < K; c++)
-        acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
-    return acc;
-}
-
 /* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
  * (both the per-row and the reduce_topk forms).  dy [M][N], w [E][N][K] */
 /*@ requires problem: gemm_problem_ok(p);
@@ -276,10 +226,7 @@ static void gemm_fwd_row(const moe_gemm_problem *p, const int64_t *offsets, cons
         loop variant N - n; */
     for (int64_t n = 0; n < N; n++) {
         /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-        float acc = fwd_dot(p, x, w, xr, e * N + n);
-        if (topk_weights != NULL)
-            acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        finish(p->dtype, y, yr * N + n, acc, p->accumulate);
+        gemm_naive_fwd_element(p, x, w, topk_weights, y, r, xr, e * N + n, yr * N + n);
     }
 }
 
@@ -341,7 +288,7 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
         float acc = dx_dot(p, dy, w, e, dyr, c);
         if (topk_weights != NULL)
             acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
+        gemm_naive_finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
     }
 }
 
@@ -436,7 +383,7 @@ static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets
                 acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
             sum += acc;
         }
-        finish(p->dtype, dx, t * K + c, sum, p->accumulate);
+        gemm_naive_finish(p->dtype, dx, t * K + c, sum, p->accumulate);
     }
 }
 
@@ -494,7 +441,7 @@ static void gemm_dw_row(const moe_gemm_problem *p, const int64_t *offsets, const
         loop assigns c, ((char *)dw)[byte_offset(en * K, p->dw_dtype) .. byte_offset(en * K + K, p->dw_dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
-        finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+        gemm_naive_finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
@@ -548,12 +495,12 @@ static void gemm_topk_grad_row(const moe_gemm_problem *p, const int64_t *offsets
         loop assigns n, acc;
         loop variant N - n; */
     for (int64_t n = 0; n < N; n++)
-        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * fwd_dot(p, x, w, xr, e * N + n);
-    finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
+    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with
- * y_n = fwd_dot(x row of r, w[e][n]).
+ * y_n = gemm_naive_fwd_dot(x row of r, w[e][n]).
  *   offsets [E + 1], x [x rows][K], w [E][N][K], dy [M][N], d_topk_weights [M] out (dw_dtype, by slot) */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);

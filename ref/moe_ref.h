@@ -33,6 +33,11 @@
 #ifdef __FRAMAC__
 #include "routing.acsl" /* specs/: the ACSL logic of routings (Frama-C only) */
 #include "gemm.acsl"    /* specs/: the grouped GEMM over the reals (Frama-C only) */
+/* specs/: the float values the naive GEMM computes, only where they are proved (MOE_REF_VALUES, below):
+ * its declarations change the text of every goal WP writes, hence the cache digests of the other files */
+#ifdef MOE_REF_VALUES
+#include "gemm_value.acsl"
+#endif
 
 /* The dtype functions of src/dtype.c (prototypes in include/moe.h, which carries no ACSL), redeclared with
  * their contracts for Frama-C only; Frama-C merges them with moe.h's prototypes.  WP proves all eight in
@@ -95,13 +100,27 @@ uint8_t moe_f32_to_e5m2(float value);
 float moe_e5m2_to_f32(uint8_t bits);
 #endif
 
+/* Value clauses: MOE_REF_VALUE_CLAUSE(ensures value...: ...;) in a contract is that clause in the files
+ * that prove float values (they define MOE_REF_VALUES before including this header:
+ * ref/gemm_naive_value.c), and nothing elsewhere: a float clause among a goal's hypotheses brings binary32
+ * into it, which CVC4 1.8 cannot read, and the other files' index goals need CVC4.  moe_ref_load's and
+ * moe_ref_store's below are trusted as the rest of their contracts (specs/gemm_value.acsl: the load
+ * returns loaded(dtype, base, i); the element then loads as stored(dtype, value)). */
+#if defined(__FRAMAC__) && defined(MOE_REF_VALUES)
+#define MOE_REF_VALUE_CLAUSE(...) __VA_ARGS__
+#else
+#define MOE_REF_VALUE_CLAUSE(...)
+#endif
+
 /* Reads element i of a tensor of the given dtype as float (exact).
  * Contract trusted, not proved: WP's typed memory model cannot follow the void * -> float * / uint16_t *
- * casts of the body; callers prove the element's bytes valid (specs/gemm.acsl). */
+ * casts of the body; callers prove the element's bytes valid (specs/gemm.acsl).  Its result is named
+ * loaded(dtype, base, i) (its value clause), the value the proved float values speak of. */
 /*@ requires dtype: dtype_ok(dtype);
     requires element: element_readable((char *)base, i, dtype);
     terminates \true;
-    assigns \nothing; */
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value: same_float(\result, loaded(dtype, (char *)base, i));) */
 static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
 {
     switch (dtype) {
@@ -115,11 +134,13 @@ static inline float moe_ref_load(moe_dtype dtype, const void *base, int64_t i)
 }
 
 /* Writes element i of a tensor of the given dtype, rounding to nearest even.
- * Contract trusted, not proved (as moe_ref_load): it writes exactly the bytes of element i. */
+ * Contract trusted, not proved (as moe_ref_load): it writes exactly the bytes of element i, and
+ * moe_ref_load then reads stored(dtype, value) there (its value clause; value itself for f32). */
 /*@ requires dtype: dtype_ok(dtype);
     requires element: element_writable((char *)base, i, dtype);
     terminates \true;
-    assigns ((char *)base)[byte_offset(i, dtype) .. byte_offset(i + 1, dtype) - 1]; */
+    assigns ((char *)base)[byte_offset(i, dtype) .. byte_offset(i + 1, dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value: same_float(loaded(dtype, (char *)base, i), stored(dtype, value));) */
 static inline void moe_ref_store(moe_dtype dtype, void *base, int64_t i, float value)
 {
     switch (dtype) {

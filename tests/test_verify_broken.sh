@@ -3,17 +3,11 @@
 # loop of moe_ref_expert_offsets (ref/routing.c) run one step further, so that it writes offsets[E + 1],
 # one element past its [E + 1] range, and expects specs/verify.sh to fail on that function with an
 # unproved memory-access goal.  Skipped (exit 77) without Frama-C.
-. ./specs/verify-config.sh
-if [ -z "$FRAMAC" ]; then
-    echo "test_verify_broken: Frama-C/why3/z3/cvc4 not configured; skipping"
-    exit 77
-fi
+. "$srcdir/tests/verify_lib.sh"
+verify_require test_verify_broken
 set -eu
 work=tests/verify-broken
-rm -rf "$work"
-mkdir -p "$work/tree"
-for dir in include backend src ref specs; do cp -R "$srcdir/$dir" "$work/tree/"; done
-chmod -R u+w "$work/tree"
+verify_copy_tree "$work"
 good='^    for (int64_t e = 0; e < num_experts; e++)$'
 sed "/$good/{N;s/e < num_experts; e++)\(\n        offsets\[e + 1\]\)/e <= num_experts; e++)\1/;}" \
     "$srcdir/ref/routing.c" > "$work/tree/ref/routing.c"
@@ -22,7 +16,7 @@ if ! grep -A1 'e <= num_experts; e++)$' "$work/tree/ref/routing.c" | grep -q 'of
     exit 1
 fi
 diff "$srcdir/ref/routing.c" "$work/tree/ref/routing.c" || true
-if VERIFY_ONLY=moe_ref_expert_offsets FRAMAC=$FRAMAC WHY3=$WHY3 \
+if VERIFY_ONLY=moe_ref_expert_offsets FRAMAC=$FRAMAC WHY3=$WHY3 PYTHON=$PYTHON \
         sh "$srcdir/specs/verify.sh" "$work/tree" "$work/wp" > "$work/verify.log" 2>&1; then
     cat "$work/verify.log"
     echo "test_verify_broken: FAIL: WP proved the out-of-bounds write" >&2

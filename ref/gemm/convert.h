@@ -118,7 +118,7 @@ static inline void load_span(moe_dtype dtype, const void *src, int64_t first, in
 }
 
 /* The tail of moe_ref.h for count consecutive elements of out from base: v = old + v with
- * accumulate, then one rounding (gemm_naive.c's finish, with the conversions inlined).
+ * accumulate, then one rounding (gemm_naive_value.c's gemm_naive_finish, conversions inlined).
  * Contract trusted, not proved (as moe_ref_store's): WP's typed model cannot follow the casts of out to
  * uint16_t * / float * nor the memcpy, so the contract speaks of out's bytes (elements base ..
  * base + count - 1); callers prove those bytes writable and the writes inside their own ranges. */

@@ -1,0 +1,61 @@
+/* The naive GEMM's internals shared by its two files: ref/gemm_naive.c (the kernels' loops, proved for
+ * safety) and ref/gemm_naive_value.c (the float functions whose contracts state their values: the dot
+ * product of the forward, one forward element, the finishing store).  The value clauses of these
+ * contracts (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is defined, in
+ * gemm_naive_value.c's proof: a float clause among a goal's hypotheses makes that goal Z3's alone (CVC4
+ * 1.8 cannot read binary32), and the index goals of gemm_naive.c's loops need CVC4. */
+#ifndef LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
+#define LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
+
+#include "moe_ref.h"
+
+/* The slot of expert-order row r (r itself when no gather indices are given). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures slot: 0 <= \result < p->rows && \result == gemm_slot(p, r); */
+static inline int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
+{
+    return p->gather_indices != NULL ? p->gather_indices[r] : r;
+}
+
+/* Applies the topk weight and accumulation of moe_ref.h's order, then stores with one rounding. */
+/*@ requires dtype: dtype_ok(dtype);
+    requires element: element_writable((char *)out, index, dtype);
+    terminates \true;
+    assigns ((char *)out)[byte_offset(index, dtype) .. byte_offset(index + 1, dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_finish: dtype == MOE_F32 ==> same_float(loaded(dtype, (char *)out, index),
+      accumulate != 0 ? f32_add(\old(loaded(dtype, (char *)out, index)), value) : value);) */
+void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate);
+
+/* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
+ * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
+ *   x [x rows][K], w [E][N][K] */
+/*@ requires problem: gemm_problem_ok(p);
+    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires w_row: 0 <= w_row < p->num_experts * p->N;
+    terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));) */
+float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row);
+
+/* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
+ * by gemm_naive_finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
+ * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
+    requires row: 0 <= r < p->rows;
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires w_row: 0 <= w_row < p->num_experts * p->N;
+    requires y_index: 0 <= y_index < p->rows * p->N;
+    terminates \true;
+    assigns ((char *)y)[byte_offset(y_index, p->dtype) .. byte_offset(y_index + 1, p->dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));) */
+void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index);
+
+#endif

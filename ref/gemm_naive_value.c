@@ -1,0 +1,49 @@
+/* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the dot
+ * product of the forward, one forward element, the finishing store.  Their proofs state the values they
+ * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
+ * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
+#define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
+#include "gemm_naive_internal.h"
+
+void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, int accumulate)
+{
+    if (accumulate)
+        value = moe_ref_load(dtype, out, index) + value;
+    moe_ref_store(dtype, out, index, value);
+}
+
+float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
+{
+    const int64_t K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ ghost lemma_row_fits(xr, x_rows, K); */
+    /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= c <= K;
+        loop invariant value: same_float(acc, fdot(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, c));
+        loop assigns c, acc;
+        loop variant K - c; */
+    for (int64_t c = 0; c < K; c++)
+        acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
+    return acc;
+}
+
+void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
+{
+    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
+    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_fwd_dot(p, x, w, xr, w_row);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
+        acc = weight * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+    }
+    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
+    gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
+}
+
