@@ -7,7 +7,7 @@ bench_moe_bench_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS) -lcublas
 else
 EXTRA_DIST += bench/moe_bench.c
 endif
-EXTRA_DIST += bench/device-fp8.sh bench/fp8_accum_probe.cu bench/device-run.sh bench/device-fuzz.sh bench/device-ab.sh bench/ab-variants.sh
+EXTRA_DIST += bench/device-fp8.sh bench/device-fp8-profile.sh bench/fp8_accum_probe.cu bench/device-run.sh bench/device-fuzz.sh bench/device-ab.sh bench/ab-variants.sh
 
 # The CUDA blockwise MoE MLP timing (bench/mlp_gpu_time.c) and its device script.
 if MOE_CUDA

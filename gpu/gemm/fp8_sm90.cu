@@ -33,14 +33,16 @@ namespace {
 constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE;
 constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = Q_A_BYTES + Q_B_BYTES;
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
-// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
-// boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
-// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
+// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX three staging buffers of W
+// boxes as TMA writes them ([n][c], before the producers' transposition into the stage; TMA loads two k-steps
+// ahead of the transposition, so that its latency hides behind two k-steps), the barriers (full[S], empty[S], dX:
+// staged[STAGING]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
 template <int OP> struct Fp8Smem {
     static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
+    static constexpr int STAGING = OP == OP_DX ? 3 : 0;
     static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
-    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
-    static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
+    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + STAGING * Q_B_BYTES;
+    static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + STAGING) * 8;
     static constexpr size_t BYTES = 1024 /* alignment */ + ROWS_OFFSET + 2 * Q_BM * 8;
     static_assert(BYTES <= 232448, "shared memory of one CTA");
 };
@@ -203,7 +205,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + L::BARRIER_OFFSET, empty_bar = full_bar + L::STAGES * 8;
-    const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[2]
+    const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[STAGING]
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + L::ROWS_OFFSET);
     if (*g.ws.status != 0) // the routing or a scale was refused: nothing is read or written
         return;
@@ -214,8 +216,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0));
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
-        mbar_init(staged_bar, 1);
-        mbar_init(staged_bar + 8, 1);
+        for (int b = 0; b < L::STAGING; b++)
+            mbar_init(staged_bar + 8 * b, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
@@ -230,20 +232,30 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         if (!GATHER && !DX && p > 0) // every load is thread 0's TMA
             return;
         const uint64_t w_policy = l2_policy(true); // a W block is read again by the expert's other row tiles
-        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into staging buffer `buffer`
+        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into a staging buffer
         auto load_w = [&](const Fp8Cursor &c, uint32_t dst, uint32_t bar) {
             const int q0 = (int)(c.step * Q_BK);
             tma_load_3d(dst, &maps.w, bar, DX ? (int)c.t.j0 : q0, DX ? q0 : (int)c.t.j0, (int)c.t.e, w_policy);
         };
-        Fp8Cursor cur, next;
+        // dX: thread 0 loads the W box of k-step `ahead` (issue number `staged`, STAGING - 1 steps after `cur`)
+        // into staging buffer staged % STAGING; every producer advances the cursor alike
+        Fp8Cursor cur, ahead;
+        uint32_t staged = 0;
+        auto stage_w_ahead = [&]() {
+            if (p == 0) {
+                const int b = (int)(staged % L::STAGING);
+                mbar_arrive_expect_tx(staged_bar + 8 * b, Q_B_BYTES);
+                load_w(ahead, smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, staged_bar + 8 * b);
+            }
+            staged++;
+            cursor_next(g, tiles, steps, &ahead);
+        };
         cursor_start(g, tiles, &cur);
-        next = cur;
-        cursor_next(g, tiles, steps, &next);
-        if (DX && p == 0 && cur.tile < tiles && steps > 0) {
-            mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
-            load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
-        }
-        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cur = next, cursor_next(g, tiles, steps, &next)) {
+        ahead = cur;
+        if (DX && steps > 0)
+            for (int d = 0; d < L::STAGING - 1 && ahead.tile < tiles; d++)
+                stage_w_ahead();
+        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cursor_next(g, tiles, steps, &cur)) {
             const int s = (int)(it % L::STAGES);
             const uint32_t bar = full_bar + 8 * s;
             const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
@@ -254,11 +266,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                     tile_rows[i] = a_source_row(g, cur.t, cur.t.i0 + i, DX);
                 producer_sync();
             }
-            if (DX && p == 0 && next.tile < tiles) { // the next step's W box, into the other staging buffer
-                const uint32_t nb = staged_bar + 8 * ((it + 1) & 1);
-                mbar_arrive_expect_tx(nb, Q_B_BYTES);
-                load_w(next, smem_base + L::STAGING_OFFSET + ((it + 1) & 1) * Q_B_BYTES, nb);
-            }
+            if (DX && ahead.tile < tiles) // into the buffer the last iteration's transposition read
+                stage_w_ahead();
             mbar_wait(empty_bar + 8 * s, ((it / L::STAGES) & 1) ^ 1);
             if (p == 0) {
                 mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
@@ -281,11 +290,12 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 cp_async_arrive_noinc(bar);
             }
             if (DX) {
-                mbar_wait(staged_bar + 8 * (it & 1), (it / 2) & 1);
-                transpose_w_box(smem_base + L::STAGING_OFFSET + (it & 1) * Q_B_BYTES, sb_addr, p);
+                const int b = (int)(it % L::STAGING);
+                mbar_wait(staged_bar + 8 * b, (it / L::STAGING) & 1);
+                transpose_w_box(smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, sb_addr, p);
                 fence_proxy_async(); // the transposed box is read by wgmma (the async proxy)
                 mbar_arrive(bar);
-                producer_sync(); // the staging buffer is read before thread 0 loads into it again (next step)
+                producer_sync(); // the staging buffer is read before thread 0 loads into it again (next iteration)
             }
         }
     } else {
@@ -306,12 +316,21 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 acc[i] = 0.0f;
+            // a k-step's three scales (W's block, the two rows' tiles), loaded one k-step ahead of their use so
+            // that their latency hides behind a k-step's MMAs and promotion
+            auto load_scales = [&](int64_t step, float *scales) {
+                scales[0] = fp8_w_scale(f, t.e, step, t.j0);
+                scales[1] = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
+                scales[2] = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
+            };
+            float next_scales[3] = {0.0f, 0.0f, 0.0f};
+            if (steps > 0)
+                load_scales(0, next_scales);
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % L::STAGES);
-                // this tile's scales, read before the wait so that their latency hides behind it
-                const float sw = fp8_w_scale(f, t.e, step, t.j0);
-                const float sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
-                const float sa1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
+                const float sw = next_scales[0], sa0 = next_scales[1], sa1 = next_scales[2];
+                if (step + 1 < steps)
+                    load_scales(step + 1, next_scales);
                 mbar_wait(full_bar + 8 * s, (it / L::STAGES) & 1);
                 const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES + wg * (Q_A_BYTES / 2);
                 const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
