@@ -36,6 +36,9 @@ moe_status fp8_case_call(const fp8_case *f, moe_backend backend, const moe_routi
 /* The float64 oracle's values and bounds for in-tile sums of tile_acc_bits (oracle_fp8.h), checked against `out`
  * (host); failures tagged "bound". */
 void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who, int tile_acc_bits);
+/* On exact codes (code_dist 0: every sum exact in any order and in 13 bits), `out` (host) must equal the reference's
+ * output bit for bit; failures tagged "<tag>". */
+void fp8_case_check_exact(pt_case *c, const fp8_case *f, const void *out, const char *tag, const char *who);
 void fp8_case_free(fp8_case *f);
 
 #endif /* LIBMOE_PT_FP8_H */

@@ -183,3 +183,17 @@ void pt_gemm_fp8(pt_case *c)
     free(out);
     fp8_case_free(&f);
 }
+
+void fp8_case_check_exact(pt_case *c, const fp8_case *f, const void *out, const char *tag, const char *who)
+{
+    if (f->code_dist != 0)
+        return;
+    void *ref = xmalloc(f->out_bytes + 4);
+    memcpy(ref, f->old, f->out_bytes);
+    const moe_status st = fp8_case_call(f, MOE_BACKEND_REF, &f->routing, &f->a, &f->w, f->topk, ref);
+    if (st != MOE_OK)
+        pt_fail(c, "status", "reference returned %s: %s", moe_strerror(st), moe_last_error());
+    else if (memcmp(out, ref, f->out_bytes) != 0)
+        pt_fail(c, tag, "%s and the CPU reference differ on exact codes", who);
+    free(ref);
+}
