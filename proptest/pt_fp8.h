@@ -28,6 +28,8 @@ typedef struct fp8_case {
 
 /* Draws a case whose work is at most cap_macs multiply-adds. */
 void fp8_case_generate(pt_case *c, fp8_case *f, int64_t cap_macs);
+/* The same with N and K multiples of `align` (1: the same case stream as fp8_case_generate). */
+void fp8_case_generate_aligned(pt_case *c, fp8_case *f, int64_t cap_macs, int64_t align);
 /* bad 1: w_scales[bad_scale] made invalid (-0.0f, or UE8M0's 255); bad 0: restored to a valid 1. */
 void fp8_case_corrupt(fp8_case *f, int bad);
 /* The case's call on `backend` with the given operands (host or device copies of the case's arrays). */
