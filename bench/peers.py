@@ -216,7 +216,7 @@ def bench_fp8(torch, args, time_medians, writer):
 
             try:
                 out = call(False)
-            except RuntimeError as err:  # a torch build without the kernel, or a layout it refuses
+            except (RuntimeError, TypeError, ValueError) as err:  # no kernel in this build, a refused layout or call
                 print(f"ABSENT: torch._scaled_grouped_mm {model} {gemm} {op}: {str(err).splitlines()[0]}", flush=True)
                 writer.append(f"{model},{gemm},{op},{M},{N},{K},absent,absent")
                 continue
