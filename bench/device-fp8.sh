@@ -3,8 +3,9 @@
 #   1. bench/fp8_accum_probe.cu (standalone): what FP8 wgmma keeps of a sum (fp8-accum-probe.txt);
 #   2. the library from the `make dist` tarball TARBALL (bench/device-build.sh), then moe-fuzz's gpu-gemm-fp8 for
 #      FUZZ_SECONDS (default 60) with the default plan (the Hopper kernel takes the forward on sm_90a) and with
-#      MOE_CUDA_KERNEL=sm80 (the portable kernel for every call), gpu-fp8-quantize for 20 s, and memcheck on
-#      SANITIZE_CASES (default 40) cases of both ops;
+#      MOE_CUDA_KERNEL=sm80 (the portable kernel for every call), gpu-fp8-quantize for 20 s, gpu-gemm-fp8-model
+#      (the Hopper kernel bit for bit its CPU model) for MODEL_SECONDS (default 30), and memcheck on
+#      SANITIZE_CASES (default 40) cases of gpu-gemm-fp8 and gpu-fp8-quantize;
 #   3. moe-bench --libmoe-only at T = 4096, fwd and dX, bf16 beside e4m3 (shapes: SHAPES, default qwen3 and
 #      deepseek).
 # usage: bench/device-fp8.sh TARBALL
@@ -27,6 +28,9 @@ done
 ./proptest/moe-fuzz --backend cuda --ops gpu-fp8-quantize --seconds 20 --seed 1 > "$out/fuzz-fp8-quantize.log" 2>&1 ||
   status=1
 echo "== fuzz gpu-fp8-quantize"; tail -4 "$out/fuzz-fp8-quantize.log"
+MOE_CUDA_KERNEL=sm90 ./proptest/moe-fuzz --backend cuda --ops gpu-gemm-fp8-model --seconds "${MODEL_SECONDS:-30}" --seed 1 \
+  > "$out/fuzz-fp8-model.log" 2>&1 || status=1
+echo "== fuzz gpu-gemm-fp8-model (the Hopper kernel bit for bit its CPU model)"; tail -6 "$out/fuzz-fp8-model.log"
 compute-sanitizer --tool memcheck --error-exitcode 3 ./proptest/.libs/moe-fuzz --backend cuda --no-fork \
   --ops gpu-gemm-fp8,gpu-fp8-quantize --cases "${SANITIZE_CASES:-40}" --seed 7 > "$out/sanitizer-fp8.log" 2>&1 || status=1
 echo "== memcheck"; tail -3 "$out/sanitizer-fp8.log"

@@ -182,6 +182,17 @@ int main(void)
         // 5. A big accumulator input c = 2^(BIG+8) beside big + small products.
         pow2_factors(BIG - j, &av[1], &bv[1]);
         report("c=2^8 big, big + small", j, 2, av, bv, (float)ldexp(1, BIG + 8), unit);
+        // 6. Is the k32 one alignment group, or chunks added in turn?  31 small products, then the big one last
+        //    (k = 31), or at k = 16.  One group truncates every small one on the big one's grid (from j = 14:
+        //    big); chunks of 16 in turn would first sum the 16 small ones before the big one exactly and keep
+        //    them (big + 16 small at j = 14), chunks of 8 the 24 before the last chunk (big + 24 small).
+        for (int i = 0; i < 31; i++)
+            pow2_factors(BIG - j, &av[i], &bv[i]);
+        pow2_factors(BIG, &av[31], &bv[31]);
+        report("31 small, then big", j, 32, av, bv, 0.0f, unit);
+        pow2_factors(BIG - j, &av[31], &bv[31]);
+        pow2_factors(BIG, &av[16], &bv[16]);
+        report("16 small, big, 15 small", j, 32, av, bv, 0.0f, unit);
     }
     CHECK(cudaDeviceSynchronize());
     return 0;

@@ -24,3 +24,5 @@ EXTRA_DIST += bench/ncu-kernel-times.py
 # The peers in PyTorch (torch._grouped_mm, an eager MoE MLP) beside moe-bench and mlp-gpu-time, and the
 # ratio table against the best peer of one run.
 EXTRA_DIST += bench/peers.py bench/peer-table.py bench/device-peers.sh bench/device-build.sh
+# libmoe's FP8 GEMM beside torch._scaled_grouped_mm (row-wise scales) and its own bf16 rate, one device call.
+EXTRA_DIST += bench/device-fp8-peers.sh

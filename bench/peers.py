@@ -4,6 +4,13 @@
   grouped GEMM  torch._grouped_mm (CUTLASS) fwd, dX and dW on ANCHORS.md's five GEMM shapes (bf16,
                 T tokens, uniformly random distinct top-k routing, expert order); dW's group sizes
                 rounded down to multiples of 8, which torch._grouped_mm needs there (ANCHORS.md)
+  FP8 GEMM      (--fp8) torch._scaled_grouped_mm fwd and dX, e4m3 operands with row-wise float32 scales (one
+                per row of X or dY, one per output column of W: its only FP8 granularity on sm_90, where
+                libmoe's is 1 x 128 and 128 x 128), bf16 out, precise (use_fast_accum=False, CUTLASS's
+                promotion) and fast accumulation (use_fast_accum=True) timed interleaved; rows in expert
+                order; dX's W given as its own row-wise quantization of the transposed W (a row-wise W serves
+                one product only), made before the timing; reported absent where torch lacks the op or the
+                GPU is not sm_90
   MoE MLP       an eager PyTorch MoE MLP on torch._grouped_mm with autograd (gather into expert order,
                 gate/up GEMM, SiLU(g) * u, down GEMM, affinity on H, index_add back), forward and
                 forward + backward, on mlp-gpu-time's shapes
@@ -13,10 +20,14 @@ buffer rewritten) before each run, the median of --repeat runs. TFLOP/s: 2 M N K
 6 T k I H for the MLP forward and 12 T k I H for its backward (the backward's time is the forward +
 backward time less the forward's). The peers' outputs are checked finite, and the MLP's down rows (before
 the affinity) against float32 math on 8 sampled rows (relative difference <= 0.05), so that no time of a
-wrong or empty computation is reported. bench/peer-table.py puts these beside libmoe's numbers.
+wrong or empty computation is reported; the FP8 outputs against float32 math on the dequantized operands on
+8 sampled rows (relative difference <= 0.05). bench/peer-table.py puts these beside libmoe's numbers.
 
 usage: bench/peers.py [--tokens T] [--repeat R] [--gemm-csv FILE] [--mlp-csv FILE] [--skip-mlp]
-       [--skip-gemm] [--mlp-shapes NAME,...]
+       [--skip-gemm] [--mlp-shapes NAME,...] [--models NAME,...] [--ops fwd,dx,dw] [--fp8 [--fp8-csv FILE]]
+       [--dry-run]
+--models and --ops restrict the GEMM shapes (GEMM_SHAPES' model names) and ops; --dry-run prints what would be
+timed and exits without torch.
 Exit status: 0, 1 when a check fails, 77 without torch, CUDA or torch._grouped_mm.
 """
 import argparse
@@ -94,11 +105,16 @@ def offsets(torch, counts):
     return torch.cumsum(counts, 0).to(torch.int32)
 
 
+def selected_shapes(args):
+    """GEMM_SHAPES of the models named by --models (all by default)."""
+    return [s for s in GEMM_SHAPES if args.models is None or s[0] in args.models.split(",")]
+
+
 def bench_gemm(torch, args, time_median, writer):
     status = 0
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     T = args.tokens
-    for model, gemm, E, k, N, K in GEMM_SHAPES:
+    for model, gemm, E, k, N, K in selected_shapes(args):
         _, _, counts = routing(torch, gen, T, E, k)
         M = T * k
         x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
@@ -115,6 +131,8 @@ def bench_gemm(torch, args, time_median, writer):
             "dw": (lambda: torch._grouped_mm(dy[:M8].t(), x[:M8], offs=offs8), M8),
         }
         for op, (fn, rows) in ops.items():
+            if op not in args.ops.split(","):
+                continue
             out = fn()
             if not bool(torch.isfinite(out).all()):
                 status = fail(f"torch._grouped_mm {model} {gemm} {op}: non-finite output")
@@ -127,6 +145,114 @@ def bench_gemm(torch, args, time_median, writer):
         del x, w, dy
         torch.cuda.empty_cache()
     return status
+
+
+FP8_OPS = ("fwd", "dx")
+
+
+def fp8_absent(torch):
+    """Why torch._scaled_grouped_mm's FP8 row-wise kernel cannot run here, or None."""
+    if not hasattr(torch, "_scaled_grouped_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no torch._scaled_grouped_mm"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"torch._scaled_grouped_mm's FP8 row-wise kernel runs on sm_90 only; this GPU is sm_{major}{minor}"
+    return None
+
+
+def quantize_rows(torch, v):
+    """e4m3 codes of v (..., rows, cols) and float32 dequantization scales, one per row: amax / 448."""
+    v = v.float()
+    scale = v.abs().amax(dim=-1).clamp_min(1e-12) / 448.0
+    return (v / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def fp8_sample_rel(torch, gen, out, a, a_scale, b, b_scale, offs):
+    """The largest relative difference of 8 sampled output rows r (of expert e) from float32 math on the
+    dequantized operands: out[r] = (b[e] * b_scale[e]) . (a[r] * a_scale[r])."""
+    rel = 0.0
+    for r in torch.randint(0, out.shape[0], (8,), generator=gen, device="cuda").tolist():
+        e = int(torch.searchsorted(offs.to(torch.int64), torch.tensor(r, device="cuda"), right=True))
+        want = (b[e].float() * b_scale[e][:, None]) @ (a[r].float() * a_scale[r])
+        rel = max(rel, ((out[r].float() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item())
+    return rel
+
+
+def bench_fp8(torch, args, time_medians, writer):
+    """torch._scaled_grouped_mm fwd and dX (module docstring), precise and fast accumulation interleaved."""
+    status = 0
+    T = args.tokens
+    ops = [op for op in FP8_OPS if op in args.ops.split(",")]
+    absent = fp8_absent(torch)
+    if absent:
+        print("ABSENT: " + absent, flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    for model, gemm, E, k, N, K in selected_shapes(args):
+        M = T * k
+        if absent:
+            writer.extend(f"{model},{gemm},{op},{M},{N},{K},absent,absent" for op in ops)
+            continue
+        _, _, counts = routing(torch, gen, T, E, k)
+        offs = offsets(torch, counts)
+        # W [E][N][K] row-wise along K (fwd) and, for dX, its transpose [E][K][N] row-wise along N
+        w_q = torch.empty(E, N, K, dtype=torch.float8_e4m3fn, device="cuda")
+        wt_q = torch.empty(E, K, N, dtype=torch.float8_e4m3fn, device="cuda")
+        w_s = torch.empty(E, N, device="cuda")
+        wt_s = torch.empty(E, K, device="cuda")
+        for e in range(E):  # one expert at a time: DeepSeek-V3's W is 30 GB in float32
+            w = torch.randn(N, K, generator=gen, device="cuda") / K ** 0.5
+            w_q[e], w_s[e] = quantize_rows(torch, w)
+            wt_q[e], wt_s[e] = quantize_rows(torch, w.t())
+            del w
+        x_q, x_s = quantize_rows(torch, torch.randn(M, K, generator=gen, device="cuda"))
+        dy_q, dy_s = quantize_rows(torch, torch.randn(M, N, generator=gen, device="cuda"))
+        operands = {"fwd": (x_q, x_s, w_q, w_s), "dx": (dy_q, dy_s, wt_q, wt_s)}
+        for op in ops:
+            a, a_s, b, b_s = operands[op]
+
+            def call(fast, a=a, a_s=a_s, b=b, b_s=b_s):
+                return torch._scaled_grouped_mm(a, b.transpose(-2, -1), a_s, b_s, offs=offs,
+                                                out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+            try:
+                out = call(False)
+            except (RuntimeError, TypeError, ValueError) as err:  # no kernel in this build, a refused layout or call
+                print(f"ABSENT: torch._scaled_grouped_mm {model} {gemm} {op}: {str(err).splitlines()[0]}", flush=True)
+                writer.append(f"{model},{gemm},{op},{M},{N},{K},absent,absent")
+                continue
+            rel = fp8_sample_rel(torch, gen, out, a, a_s, b, b_s, offs)
+            if not bool(torch.isfinite(out).all()) or not rel <= 0.05:
+                status = fail(f"torch._scaled_grouped_mm {model} {gemm} {op}: non-finite output or sampled rows off "
+                              f"by {rel:.3g} (> 0.05)")
+                continue
+            del out
+            ms, ms_fast = time_medians([lambda: call(False), lambda: call(True)])
+            tf, tf_fast = (2.0 * M * N * K / (t * 1e-3) / 1e12 for t in (ms, ms_fast))
+            print(f"{model:14s} {gemm:8s} {op:4s} M={M:6d} N={N:6d} K={K:6d}  torch._scaled_grouped_mm e4m3 "
+                  f"row-wise {ms:8.3f} ms {tf:7.1f} TFLOP/s, fast_accum {ms_fast:8.3f} ms {tf_fast:7.1f} TFLOP/s "
+                  f"(sample check {rel:.2g})", flush=True)
+            writer.append(f"{model},{gemm},{op},{M},{N},{K},{tf:.1f},{tf_fast:.1f}")
+        del w_q, wt_q, x_q, dy_q
+        torch.cuda.empty_cache()
+    return status
+
+
+def dry_run(args):
+    """What a run with these arguments would time (no torch needed)."""
+    if not args.skip_gemm:
+        for model, gemm, E, k, N, K in selected_shapes(args):
+            for op in args.ops.split(","):
+                print(f"torch._grouped_mm bf16 {model} {gemm} {op} T={args.tokens} E={E} k={k} N={N} K={K}")
+    if args.fp8:
+        for model, gemm, E, k, N, K in selected_shapes(args):
+            for op in FP8_OPS:
+                if op in args.ops.split(","):
+                    print(f"torch._scaled_grouped_mm e4m3 row-wise (precise, fast_accum) {model} {gemm} {op} "
+                          f"T={args.tokens} E={E} k={k} N={N} K={K}")
+    if not args.skip_mlp:
+        for name in args.mlp_shapes.split(","):
+            print(f"eager MLP {name} {MLP_SHAPES[name]}")
+    return 0
 
 
 def eager_mlp(torch, F):
@@ -216,7 +342,26 @@ def main():
     p.add_argument("--skip-gemm", action="store_true")
     p.add_argument("--skip-mlp", action="store_true")
     p.add_argument("--mlp-shapes", default=",".join(MLP_SHAPES))
+    p.add_argument("--models", help="comma list of GEMM_SHAPES' models (default: all)")
+    p.add_argument("--ops", default="fwd,dx,dw", help="the GEMM ops (default: fwd,dx,dw)")
+    p.add_argument("--fp8", action="store_true", help="also torch._scaled_grouped_mm (fwd, dX)")
+    p.add_argument("--fp8-csv")
+    p.add_argument("--dry-run", action="store_true")
     args = p.parse_args()
+    models = {s[0] for s in GEMM_SHAPES}
+    for name in args.models.split(",") if args.models else []:
+        if name not in models:
+            p.error(f"--models: unknown model {name}; known: {', '.join(sorted(models))}")
+    for op in args.ops.split(","):
+        if op not in ("fwd", "dx", "dw"):
+            p.error(f"--ops: unknown op {op}; known: fwd, dx, dw")
+    for name in args.mlp_shapes.split(",") if not args.skip_mlp else []:
+        if name not in MLP_SHAPES:
+            p.error(f"--mlp-shapes: unknown shape {name}; known: {', '.join(MLP_SHAPES)}")
+    if args.fp8_csv and not args.fp8:
+        p.error("--fp8-csv needs --fp8")
+    if args.dry_run:
+        return dry_run(args)
     try:
         import torch
     except ImportError:
@@ -234,6 +379,13 @@ def main():
         if args.gemm_csv:
             with open(args.gemm_csv, "w") as f:
                 f.write("model,gemm,op,M,N,K,torch_grouped_mm_tflops\n" + "".join(r + "\n" for r in rows))
+    if args.fp8:
+        rows = []
+        status |= bench_fp8(torch, args, interleaved_timer(torch, args.repeat), rows)
+        if args.fp8_csv:
+            with open(args.fp8_csv, "w") as f:
+                f.write("model,gemm,op,M,N,K,torch_scaled_grouped_mm_tflops,torch_scaled_grouped_mm_fast_accum_tflops\n"
+                        + "".join(r + "\n" for r in rows))
     if not args.skip_mlp:
         rows = []
         status |= bench_mlp(torch, args, time_median, rows)

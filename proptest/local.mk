@@ -3,7 +3,7 @@
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_fp8.h proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_fp8.h proptest/pt_gemm_fp8_model.c proptest/fp8_hopper_model.c proptest/fp8_hopper_model.h proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS)
 proptest_moe_fuzz_LDADD = $(TESTLIB_LIBS)
 # make check: a fixed-seed budget plus the committed regression file
@@ -11,6 +11,12 @@ TESTS += proptest/check-fuzz.sh
 # and over a spread of seeds: a correct build never fails the fuzzer (proptest/README.md)
 TESTS += proptest/check-fuzz-seeds.sh
 EXTRA_DIST += proptest/check-fuzz.sh proptest/check-fuzz-seeds.sh proptest/regressions.txt proptest/README.md
+# the Hopper FP8 kernel's CPU model against the oracle's Hopper bound, and its mutant without promotion
+# failing it (specs/FP8.md section 5)
+check_PROGRAMS += proptest/test_fp8_promotion
+proptest_test_fp8_promotion_SOURCES = proptest/test_fp8_promotion.c proptest/fp8_hopper_model.c proptest/fp8_hopper_model.h
+proptest_test_fp8_promotion_LDADD = $(TESTLIB_LIBS)
+TESTS += proptest/test_fp8_promotion
 # mutation testing (proptest/README.md, "Mutation testing"): shipped, not run by make check (too slow)
 EXTRA_DIST += proptest/mutants.sh
 

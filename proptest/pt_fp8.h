@@ -28,6 +28,8 @@ typedef struct fp8_case {
 
 /* Draws a case whose work is at most cap_macs multiply-adds. */
 void fp8_case_generate(pt_case *c, fp8_case *f, int64_t cap_macs);
+/* The same with N and K multiples of `align` (1: the same case stream as fp8_case_generate). */
+void fp8_case_generate_aligned(pt_case *c, fp8_case *f, int64_t cap_macs, int64_t align);
 /* bad 1: w_scales[bad_scale] made invalid (-0.0f, or UE8M0's 255); bad 0: restored to a valid 1. */
 void fp8_case_corrupt(fp8_case *f, int bad);
 /* The case's call on `backend` with the given operands (host or device copies of the case's arrays). */
@@ -36,6 +38,9 @@ moe_status fp8_case_call(const fp8_case *f, moe_backend backend, const moe_routi
 /* The float64 oracle's values and bounds for in-tile sums of tile_acc_bits (oracle_fp8.h), checked against `out`
  * (host); failures tagged "bound". */
 void fp8_case_check(pt_case *c, const fp8_case *f, const void *out, const char *who, int tile_acc_bits);
+/* On exact codes (code_dist 0: every sum exact in any order and in 13 bits), `out` (host) must equal the reference's
+ * output bit for bit; failures tagged "<tag>". */
+void fp8_case_check_exact(pt_case *c, const fp8_case *f, const void *out, const char *tag, const char *who);
 void fp8_case_free(fp8_case *f);
 
 #endif /* LIBMOE_PT_FP8_H */

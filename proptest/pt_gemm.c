@@ -401,6 +401,8 @@ void pt_gemm_meta(pt_case *c);
 void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
 void pt_gemm_fp8(pt_case *c);
+void pt_gemm_fp8_hopper_model(pt_case *c);
+void pt_gpu_gemm_fp8_model(pt_case *c);
 void pt_gpu_gemm_fp8(pt_case *c);
 void pt_gpu_fp8_quantize(pt_case *c);
 void pt_mlp(pt_case *c);
@@ -451,6 +453,13 @@ const pt_op pt_ops[] = {
                          "and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
                          "moe_backend_synchronize with the reference's message, outputs untouched", 1,
      pt_gpu_fp8_quantize},
+#endif
+    {"gemm-fp8-hopper-model", "the Hopper FP8 kernel's CPU model (measured wgmma accumulator, promotion every 128) "
+                              "vs the float64 oracle within its Hopper bound; bitwise the reference on exact codes",
+     0, pt_gemm_fp8_hopper_model},
+#ifdef MOE_FUZZ_CUDA
+    {"gpu-gemm-fp8-model", "the Hopper FP8 kernel bit for bit its CPU model (the measured wgmma accumulator) where it "
+                           "takes the call; run with MOE_CUDA_KERNEL=sm90", 1, pt_gpu_gemm_fp8_model},
 #endif
     {NULL, NULL, 0, NULL},
 };

@@ -47,13 +47,15 @@ static void *fill_scales(uint64_t *state, int dist, moe_fp8_scale_format format,
     return s;
 }
 
-void fp8_case_generate(pt_case *c, fp8_case *f, int64_t cap_macs)
+void fp8_case_generate(pt_case *c, fp8_case *f, int64_t cap_macs) { fp8_case_generate_aligned(c, f, cap_macs, 1); }
+
+void fp8_case_generate_aligned(pt_case *c, fp8_case *f, int64_t cap_macs, int64_t align)
 {
     pt_source *s = c->src;
     memset(f, 0, sizeof *f);
     const int dx = f->dx = pt_bool(s);
     int64_t E = 1 + pt_sized(s, 0, 6), T = pt_sized(s, 0, 16);
-    const int64_t N = pt_sized(s, 0, 400), K = pt_sized(s, 0, 400);
+    const int64_t N = align * pt_sized(s, 0, 400 / align), K = align * pt_sized(s, 0, 400 / align);
     const int kind = pt_pick(s, PT_ROUTE_KINDS_FROM_TOPK - 1); /* not E_MUCH_LARGER's shape arrangement */
     int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(kind == PT_ROUTE_E_MUCH_LARGER ? PT_ROUTE_UNIFORM : kind, E, allowed);
@@ -182,4 +184,18 @@ void pt_gemm_fp8(pt_case *c)
         fp8_case_check(c, &f, out, "ref", ORACLE_FP8_TILE_F32);
     free(out);
     fp8_case_free(&f);
+}
+
+void fp8_case_check_exact(pt_case *c, const fp8_case *f, const void *out, const char *tag, const char *who)
+{
+    if (f->code_dist != 0)
+        return;
+    void *ref = xmalloc(f->out_bytes + 4);
+    memcpy(ref, f->old, f->out_bytes);
+    const moe_status st = fp8_case_call(f, MOE_BACKEND_REF, &f->routing, &f->a, &f->w, f->topk, ref);
+    if (st != MOE_OK)
+        pt_fail(c, "status", "reference returned %s: %s", moe_strerror(st), moe_last_error());
+    else if (memcmp(out, ref, f->out_bytes) != 0)
+        pt_fail(c, tag, "%s and the CPU reference differ on exact codes", who);
+    free(ref);
 }

@@ -11,6 +11,8 @@
  *   3. on exact codes (every tile sum exact in any order) equals the CPU reference bit for bit;
  *   4. a second run on identical inputs gives bitwise the same output.
  *
+ * gpu-gemm-fp8-model (at the end of this file): the Hopper kernel's output bit for bit its CPU model's.
+ *
  * gpu-fp8-quantize: moe_quantize_fp8_rows / _blocks and moe_dequantize_fp8 on the CUDA backend against the
  * reference (shapes on both sides of the 128 tiles, f32 and bf16 sources, e4m3 and e5m2, both scale formats;
  * values of a spread of magnitudes, zero tiles, float32 subnormals, and values of 8 significant bits, whose
@@ -30,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8_hopper_model.h"
 #include "oracle_fp8.h"
 
 #define GPU_FP8_CAP_MACS 20000000
@@ -73,19 +76,29 @@ static int gpu_fp8_run(pt_case *c, const fp8_case *f, const void *init, void *ou
     return ok;
 }
 
-/* The in-tile sums the bound assumes on this GPU (oracle_fp8.h): FP8 wgmma's on compute capability 9.0 unless the
- * portable kernel is forced, else float32's. */
-static int gpu_tile_acc_bits(void)
+/* MOE_CUDA_KERNEL forces the portable FP8 kernel. */
+static int portable_forced(void)
 {
     const char *forced = getenv("MOE_CUDA_KERNEL");
-    if (forced != NULL && (strcmp(forced, "sm80") == 0 || strcmp(forced, "simt") == 0))
-        return ORACLE_FP8_TILE_F32;
+    return forced != NULL && (strcmp(forced, "sm80") == 0 || strcmp(forced, "simt") == 0);
+}
+
+/* 1 when this GPU is of compute capability 9.0 (the Hopper FP8 kernel's), 0 when not, -1 when unknown. */
+static int gpu_is_sm90(void)
+{
     int device = 0, major = 0, minor = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-        return ORACLE_FP8_TILE_HOPPER_BITS; /* unknown: the looser bound, never a false alarm */
-    return major == 9 && minor == 0 ? ORACLE_FP8_TILE_HOPPER_BITS : ORACLE_FP8_TILE_F32;
+        return -1;
+    return major == 9 && minor == 0;
+}
+
+/* The in-tile sums the bound assumes on this GPU (oracle_fp8.h): FP8 wgmma's on compute capability 9.0 unless the
+ * portable kernel is forced, else float32's; unknown: the looser bound, never a false alarm. */
+static int gpu_tile_acc_bits(void)
+{
+    return !portable_forced() && gpu_is_sm90() != 0 ? ORACLE_FP8_TILE_HOPPER_BITS : ORACLE_FP8_TILE_F32;
 }
 
 void pt_gpu_gemm_fp8(pt_case *c)
@@ -101,14 +114,7 @@ void pt_gpu_gemm_fp8(pt_case *c)
     }
     if (c->outcome != PT_FAIL && gpu_fp8_run(c, &f, f.old, first, 0)) {
         fp8_case_check(c, &f, first, "gpu", gpu_tile_acc_bits());
-        if (f.code_dist == 0) {
-            memcpy(second, f.old, f.out_bytes);
-            const moe_status st = fp8_case_call(&f, MOE_BACKEND_REF, &f.routing, &f.a, &f.w, f.topk, second);
-            if (st != MOE_OK)
-                pt_fail(c, "status", "reference returned %s: %s", moe_strerror(st), moe_last_error());
-            else if (memcmp(first, second, f.out_bytes) != 0)
-                pt_fail(c, "gpu-vs-ref", "GPU and CPU reference differ on exact codes");
-        }
+        fp8_case_check_exact(c, &f, first, "gpu-vs-ref", "the GPU");
         if (c->outcome != PT_FAIL && gpu_fp8_run(c, &f, f.old, second, 0) && memcmp(first, second, f.out_bytes) != 0)
             pt_fail(c, "determinism", "two GPU runs on identical inputs differ");
     }
@@ -299,4 +305,40 @@ void pt_gpu_fp8_quantize(pt_case *c)
     void *ps[] = {d_src, d_q, d_scales};
     pt_device_free_all(ps, 3);
     free(src), free(scales), free(ref_scales), free(q), free(ref_q), free(codes), free(out), free(ref_out);
+}
+
+/* gpu-gemm-fp8-model: where the Hopper kernel takes the call (compute capability 9.0, K and, for dX, N multiples
+ * of 16, MOE_CUDA_KERNEL not forcing the portable kernel), the GPU's output equals the CPU model of that kernel
+ * (fp8_hopper_model.h, the accumulator measured by bench/fp8_accum_probe.cu) bit for bit: a test of the model,
+ * every wgmma of the case against it.  Elsewhere the case is discarded.  Run it with MOE_CUDA_KERNEL=sm90, so
+ * that refused TMA descriptors fail instead of falling back to the portable kernel. */
+#define GPU_FP8_MODEL_CAP_MACS 4000000 /* the model's CPU time */
+
+void pt_gpu_gemm_fp8_model(pt_case *c)
+{
+    fp8_case f;
+    fp8_case_generate_aligned(c, &f, GPU_FP8_MODEL_CAP_MACS, 16);
+    if (portable_forced() || gpu_is_sm90() != 1 || f.M == 0 || f.N == 0 || f.K == 0) {
+        pt_discard(c, "the Hopper FP8 kernel does not take this call here");
+        fp8_case_free(&f);
+        return;
+    }
+    void *got = xmalloc(f.out_bytes + 4), *want = xmalloc(f.out_bytes + 4);
+    if (gpu_fp8_run(c, &f, f.old, got, 0)) {
+        const fp8_hopper_model model = {1, 0};
+        memcpy(want, f.old, f.out_bytes);
+        if (f.dx)
+            fp8_hopper_model_dx(&model, &f.routing, f.N, f.K, &f.a, &f.w, f.topk, want, &f.opt);
+        else
+            fp8_hopper_model_fwd(&model, &f.routing, f.N, f.K, &f.a, &f.w, f.topk, want, &f.opt);
+        const size_t size = moe_dtype_size(f.opt.out_dtype);
+        for (int64_t i = 0; i < f.out_count; i++)
+            if (memcmp((char *)got + i * size, (char *)want + i * size, size) != 0) {
+                pt_fail(c, "gpu-vs-model", "%s[%lld]: GPU %.9g, the model %.9g", f.dx ? "dx" : "y", (long long)i,
+                        oracle_load(f.opt.out_dtype, got, i), oracle_load(f.opt.out_dtype, want, i));
+                break;
+            }
+    }
+    free(got), free(want);
+    fp8_case_free(&f);
 }

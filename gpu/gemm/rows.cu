@@ -53,10 +53,7 @@ moe_status with_tile_starts_of(const MoeRowsGemm *r, int64_t col_tiles, int64_t 
         status = moe_fail(MOE_ERR_DEVICE, "%s: tile start launch failed: %s", r->name, cudaGetErrorString(err));
     if (status == MOE_OK)
         status = launch(context, tile_start, lone_start, tile_counter);
-    err = cudaFreeAsync(tile_start, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", r->name, cudaGetErrorString(err));
-    return status;
+    return free_call_workspace(r->name, tile_start, stream, status);
 }
 
 // GemmArgs of a rows GEMM (op, dtypes, shapes, operands, offsets and status from r; cols_j, the tile starts

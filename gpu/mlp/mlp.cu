@@ -227,10 +227,7 @@ moe_status with_workspace(const moe_mlp_problem *p, MlpArgs &g, int64_t nM, int6
         status = launch_rows_layout(g, stream);
     if (status == MOE_OK)
         status = body(g, stream);
-    err = cudaFreeAsync(ws, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", p->op, cudaGetErrorString(err));
-    return status;
+    return free_call_workspace(p->op, ws, stream, status);
 }
 
 } // namespace
@@ -279,9 +276,7 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                 s = rows_gemm(u, "moe_mlp_fwd (gate/up)", MOE_ROWS_A_W, MOE_F32, H, 2 * I, u.Xr, u.w_gu, u.GU, 0, stream);
                 if (s == MOE_OK && NB * I > 0)
                     s = launch_gate_act(u, stream);
-                err = cudaFreeAsync(u.GU, stream);
-                if (s == MOE_OK && err != cudaSuccess)
-                    s = moe_fail(MOE_ERR_DEVICE, "moe_mlp_fwd: cudaFreeAsync failed: %s", cudaGetErrorString(err));
+                s = free_call_workspace("moe_mlp_fwd", u.GU, stream, s);
             }
             if (s != MOE_OK)
                 return s;

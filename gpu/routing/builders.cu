@@ -257,10 +257,7 @@ moe_status run_build(BuildArgs a, bool need_gather_ws, cudaStream_t stream, cons
         status = moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
     if (status == MOE_OK)
         status = more(a);
-    err = cudaFreeAsync(ws, stream);
-    if (status == MOE_OK && err != cudaSuccess)
-        status = moe_fail(MOE_ERR_DEVICE, "%s: cudaFreeAsync failed: %s", op, cudaGetErrorString(err));
-    return status;
+    return free_call_workspace(op, ws, stream, status);
 }
 
 } // namespace
