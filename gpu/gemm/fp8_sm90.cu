@@ -40,6 +40,8 @@ constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_
 template <int OP> struct Fp8Smem {
     static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
     static constexpr int STAGING = OP == OP_DX ? 3 : 0;
+    static constexpr int STAGING_RING = STAGING > 0 ? STAGING : 1; // the modulus of a staging index (dX code only)
+    static_assert(STAGING_RING >= 1 && STAGING_RING >= STAGING, "a staging index's modulus");
     static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
     static constexpr int BARRIER_OFFSET = STAGING_OFFSET + STAGING * Q_B_BYTES;
     static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + STAGING) * 8;
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         uint32_t staged = 0;
         auto stage_w_ahead = [&]() {
             if (p == 0) {
-                const int b = (int)(staged % L::STAGING);
+                const int b = (int)(staged % L::STAGING_RING);
                 mbar_arrive_expect_tx(staged_bar + 8 * b, Q_B_BYTES);
                 load_w(ahead, smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, staged_bar + 8 * b);
             }
@@ -290,8 +292,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 cp_async_arrive_noinc(bar);
             }
             if (DX) {
-                const int b = (int)(it % L::STAGING);
-                mbar_wait(staged_bar + 8 * b, (it / L::STAGING) & 1);
+                const int b = (int)(it % L::STAGING_RING);
+                mbar_wait(staged_bar + 8 * b, (it / L::STAGING_RING) & 1);
                 transpose_w_box(smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, sb_addr, p);
                 fence_proxy_async(); // the transposed box is read by wgmma (the async proxy)
                 mbar_arrive(bar);
