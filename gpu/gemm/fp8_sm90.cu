@@ -197,8 +197,12 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 // the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
 // straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
 // transposed by the producers (transpose_w_box).
+// ordered: warpgroup 1 issues a k-step's wgmmas only after warpgroup 0 has issued its own (named barrier 3), so that
+// the tensor cores finish warpgroup 0's half first and its promotion overlaps warpgroup 1's MMAs
+// (MOE_FP8_SM90_ORDERED).
 template <int OP, int TA, int TB, bool GATHER>
-__global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
+__global__ void __launch_bounds__(Q_THREADS, 1)
+    fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps, const int ordered)
 {
 #ifdef MOE_SM90A_DEVICE
     using L = Fp8Smem<OP>;
@@ -338,12 +342,16 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
                 if (GATHER)
                     fence_proxy_async(); // the rows came through cp.async (generic proxy); wgmma reads via the async proxy
+                if (ordered && wg == 1)
+                    named_sync(3, Q_CONSUMERS);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < Q_BK / 32; kk++)
                     wgmma_fp8_m64n128k32<TA, TB>(part, smem_descriptor(sa_addr + kk * 32, 16, 1024),
                                                  smem_descriptor(sb_addr + kk * 32, 16, 1024), kk > 0);
                 wgmma_commit();
+                if (ordered && wg == 0)
+                    named_arrive(3, Q_CONSUMERS);
                 wgmma_wait<0>();
                 __syncwarp();
                 if (lane == 0)
@@ -403,7 +411,8 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
     void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather) : kernel_for<OP_FWD>(ta, tb, gather);
     const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
-    void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
+    int ordered = env_switch("MOE_FP8_SM90_ORDERED") == 1;
+    void *args[3] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps), &ordered};
     MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,
                                     stream));
     return MOE_OK;
