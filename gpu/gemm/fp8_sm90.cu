@@ -13,8 +13,8 @@
 // wgmma").  A producer warpgroup fills a ring of stages: A (X or dY) by TMA when its rows are the expert-order
 // rows (rows past the expert belong to the next one and are never stored), or by cp.async from the gathered
 // rows (fwd permute_x, dX permute_y; zeros past the expert); W's fwd box straight into the stage by TMA; dX's W
-// box [n][c] by TMA into a staging buffer one step ahead, then transposed to [c][n] by the producers, since FP8
-// wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
+// box [n][c] by TMA into a ring of staging buffers two steps ahead, then transposed to [c][n] by the producers,
+// since FP8 wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
 // workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
 #include <cuda.h>
@@ -195,7 +195,7 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 
 // OP: OP_FWD or OP_DX; TA, TB: the codes of A (X or dY) and W (0 e4m3, 1 e5m2); GATHER: A's rows by cp.async from
 // the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
-// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
+// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, two steps ahead, then
 // transposed by the producers (transpose_w_box).
 // ordered: warpgroup 1 issues a k-step's wgmmas only after warpgroup 0 has issued its own (named barrier 3), so that
 // the tensor cores finish warpgroup 0's half first and its promotion overlaps warpgroup 1's MMAs
