@@ -401,6 +401,7 @@ void pt_gemm_meta(pt_case *c);
 void pt_gemm_adjoint(pt_case *c);
 void pt_gemm_bad(pt_case *c);
 void pt_gemm_fp8(pt_case *c);
+void pt_gemm_fp8_dw(pt_case *c);
 void pt_gpu_gemm_fp8(pt_case *c);
 void pt_gpu_fp8_quantize(pt_case *c);
 void pt_mlp(pt_case *c);
@@ -452,5 +453,8 @@ const pt_op pt_ops[] = {
                          "moe_backend_synchronize with the reference's message, outputs untouched", 1,
      pt_gpu_fp8_quantize},
 #endif
+    {"gemm-fp8-dw", "FP8 dW on operands of the 128 x 1 quantizer (every row source, topk weights, f32 / bf16 "
+                    "sources, both scale formats, partial and empty experts) vs the float64 oracle within the "
+                    "promotion bound; a bad scale refused, dW untouched", 0, pt_gemm_fp8_dw},
     {NULL, NULL, 0, NULL},
 };
