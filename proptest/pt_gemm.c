@@ -454,7 +454,8 @@ const pt_op pt_ops[] = {
      pt_gpu_fp8_quantize},
 #endif
     {"gemm-fp8-dw", "FP8 dW on operands of the 128 x 1 quantizer (every row source, topk weights, f32 / bf16 "
-                    "sources, both scale formats, partial and empty experts) vs the float64 oracle within the "
-                    "promotion bound; a bad scale refused, dW untouched", 0, pt_gemm_fp8_dw},
+                    "sources, both scale formats, partial and empty experts; each value back within the round "
+                    "trip's error) vs the float64 oracle within the promotion bound; a bad scale refused, dW "
+                    "untouched", 0, pt_gemm_fp8_dw},
     {NULL, NULL, 0, NULL},
 };

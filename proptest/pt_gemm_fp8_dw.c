@@ -1,5 +1,6 @@
 /* moe-fuzz's gemm-fp8-dw op: FP8 dW's operands made by moe_quantize_fp8_columns from random sources (every row
- * source, topk weights or none, f32 or bf16, every value distribution), then moe_gemm_fp8_dw on the reference
+ * source, topk weights or none, f32 or bf16, every value distribution; each value back from its code and scale
+ * within the round trip's error), then moe_gemm_fp8_dw on the reference
  * backend against the float64 oracle within its bound (oracle_gemm_fp8_dw, specs/FP8.md sections 2 and 4); a
  * bad scale in a tile in use refused with dW untouched. */
 #include "oracle_fp8.h"
@@ -25,6 +26,45 @@ typedef struct dw_operand {
     moe_fp8_tensor t;
 } dw_operand;
 
+/* The quantizer's codes and scales give back each value (its source element, times its topk weight) within the
+ * round trip's error (specs/FP8.md section 3): u_fp8 |v| + 4 2^-24 |v| + half the smallest subnormal times
+ * the scale (the float32 scale and factor each rounded once: the 1.001) -- so a scale written to another row
+ * than the GEMM reads, or codes of another tile, fail here. */
+static void check_round_trip(pt_case *c, const dw_operand *o, const moe_routing *routing, int64_t cols,
+                             moe_dtype src_dtype, const float *topk, moe_fp8_scale_format format)
+{
+    const moe_dtype fp8 = o->t.dtype;
+    const double u8 = fp8 == MOE_E5M2 ? 0x1p-3 : 0x1p-4, half_subnormal = fp8 == MOE_E5M2 ? 0x1p-17 : 0x1p-10;
+    int64_t first = 0;
+    for (int64_t e = 0; e < routing->num_experts; e++) {
+        const int64_t end = first + routing->m_sizes[e];
+        for (int64_t r = first; r < end; r++) {
+            const int64_t slot = routing->gather_indices[r];
+            const int64_t row = o->source == MOE_FP8_ROWS_EXPERT ? r
+                                : o->source == MOE_FP8_ROWS_SLOT ? slot : slot / routing->topk;
+            const int64_t scale_row = first / 128 + e + (r - first) / 128;
+            for (int64_t col = 0; col < cols; col++) {
+                float v = (float)oracle_load(src_dtype, o->src, row * cols + col);
+                if (topk != NULL)
+                    v = topk[slot] * v;
+                const uint8_t q = o->codes[r * cols + col];
+                const double decoded = fp8 == MOE_E5M2 ? moe_e5m2_to_f32(q) : moe_e4m3_to_f32(q);
+                const int64_t si = scale_row * cols + col;
+                const double scale = format == MOE_FP8_SCALE_UE8M0 ? ldexp(1.0, ((const uint8_t *)o->scales)[si] - 127)
+                                                                   : (double)((const float *)o->scales)[si];
+                const double err = fabs(decoded * scale - v);
+                if (!(err <= (u8 + 0x1p-22) * fabs(v) + half_subnormal * scale * 1.001)) {
+                    pt_fail(c, "round-trip", "%s rows, expert row %lld column %lld: %a -> code 0x%02x x scale %a = %a",
+                            source_name(o->source), (long long)r, (long long)col, (double)v, q, scale,
+                            decoded * scale);
+                    return;
+                }
+            }
+        }
+        first = end;
+    }
+}
+
 static void make_operand(pt_case *c, dw_operand *o, const moe_routing *routing, int64_t cols, moe_dtype src_dtype,
                          int dist, moe_fp8_row_source source, const float *topk, moe_fp8_scale_format format,
                          uint64_t seed, int tensor)
@@ -43,6 +83,8 @@ static void make_operand(pt_case *c, dw_operand *o, const moe_routing *routing, 
         pt_fail(c, "quantize", "moe_quantize_fp8_columns (%s rows, %lld columns) returned %s: %s", source_name(source),
                 (long long)cols, moe_strerror(st), moe_last_error());
     o->t.data = o->codes, o->t.scales = o->scales;
+    if (st == MOE_OK)
+        check_round_trip(c, o, routing, cols, src_dtype, topk, format);
 }
 
 static void free_operand(dw_operand *o) { free(o->src), free(o->codes), free(o->scales); }
