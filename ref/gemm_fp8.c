@@ -197,7 +197,8 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
 }
 
 /* dW's element (e, n, c): dY column n against X column c over the rows of expert e (first row `first`, m rows),
- * both walked with step N (dY) and K (X); the tile beginning at expert row r0 has scale row r0 / 128 + e. */
+ * both walked with step N (dY) and K (X); the tile beginning at expert row r0 has scale row r0 / 128 + e, so the
+ * expert's tiles use scale rows first / 128 + e .. first / 128 + e + tiles(m) - 1. */
 static float dw_element(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy, int64_t e,
                         int64_t first, int64_t m, int64_t n, int64_t c)
 {
