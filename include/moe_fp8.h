@@ -1,5 +1,6 @@
 /*
- * libmoe: FP8 grouped GEMM with fine-grained scales (the DeepSeek-V3 recipe) and its quantization helpers.
+ * libmoe: FP8 grouped GEMM (fwd, dX, dW) with fine-grained scales (the DeepSeek-V3 recipe) and its quantization
+ * helpers.
  * The exact math is specs/FP8.md; this header names the shapes and the contract of each entry point.
  * Notation and conventions as in moe.h (T, k, E, M = T*k, W [E][N][K], the routing, statuses, messages,
  * nothing changed on failure).
@@ -13,7 +14,9 @@
  * multiples of 128).  Element (e, n, c) of W has the scale of block (e, n / 128, c / 128).  The forward
  * reduces over K: the K-tile t of output (r, n) uses X's scale (xrow(r), t) and W's (e, n / 128, t).  dX
  * reduces over N: the N-tile t of output (r, c) uses dY's scale (yrow(r), t) and W's (e, t, c / 128).
- * Because the blocks are square, one quantization of W serves both products.
+ * Because the blocks are square, one quantization of W serves both products.  dW reduces over each expert's
+ * rows: its operands X [M][K] and dY [M][N] (expert-row order) have 128 x 1 tiles along the rows of each expert
+ * (moe_quantize_fp8_columns, moe_gemm_fp8_dw below).
  */
 #ifndef LIBMOE_FP8_H
 #define LIBMOE_FP8_H
