@@ -133,6 +133,18 @@ typedef struct moe_fp8_quantize_problem {
     void *stream;                      /* MOE_BACKEND_CUDA: the cudaStream_t */
 } moe_fp8_quantize_problem;
 
+/* A validated moe_quantize_fp8_columns call: g holds the routing (rows, experts, topk, m_sizes,
+ * gather_indices, host or device pointers as the backend takes them) with g.N = cols and g.K = 0; the source
+ * rows are where `source` says, the codes [g.rows][cols] and the scales
+ * [moe_fp8_column_scale_rows(g.rows, g.num_experts)][cols]. */
+typedef struct moe_fp8_columns_problem {
+    moe_gemm_problem g;
+    moe_dtype src_dtype;               /* MOE_F32 or MOE_BF16 */
+    moe_dtype fp8_dtype;               /* MOE_E4M3 or MOE_E5M2 */
+    moe_fp8_scale_format scale_format;
+    moe_fp8_row_source source;
+} moe_fp8_columns_problem;
+
 /* A validated MLP call. */
 typedef struct moe_mlp_problem {
     const char *op;
@@ -215,6 +227,12 @@ typedef struct moe_dispatch {
                                const float *topk_weights, void *y);
     moe_status (*gemm_fp8_dx)(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
                               const float *topk_weights, void *dx);
+    /* FP8 dW (include/moe_fp8.h): x [M][K] and dy [M][N] in expert-row order, 128 x 1 tiles per expert */
+    moe_status (*gemm_fp8_dw)(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                              void *dw);
+    /* The 128 x 1 quantizer of dW's operands (moe_quantize_fp8_columns); checks the source's values itself */
+    moe_status (*fp8_quantize_columns)(const moe_fp8_columns_problem *p, const void *src, const float *topk_weights,
+                                       void *q, void *scales);
     /* FP8 quantization and its inverse (include/moe_fp8.h).  quantize checks the source's values itself (a
      * NaN or Inf: nothing written); dequantize gets scales the front end checked when the backend takes host
      * pointers, and checks them itself otherwise. */

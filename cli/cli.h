@@ -6,6 +6,7 @@
 #define LIBMOE_CLI_H
 
 #include "moe.h"
+#include "moe_fp8.h"
 #include "moe_mlp.h"
 #include "npy.h"
 #include "options.h"
@@ -111,6 +112,29 @@ void routing_flags(const args *a, const routing_in *ri, int *permute_x, int *per
 /* Dies unless the topk weights have the shape (M,) or (T, k). */
 void check_topk_weights(const char *path, const npy_array *tw, const routing_in *ri);
 
+/* ---- cmd_fp8.c: what the FP8 commands (and cmd_fp8_dw.c's) share ---- */
+/* The options the FP8 GEMM commands share. */
+#define OPT_FP8_M_SIZES {"--m-sizes", "M.npy", "rows per expert, shape (E,), int32 or int64 (moe route writes it)."}
+#define OPT_FP8_TOPK {"--topk", "K", "experts per token k (required with --gather; default 1)."}
+#define OPT_FP8_OUT_DTYPE                                                                              \
+    {"--out-dtype", "f32|bf16", "the output's dtype (default f32); written as float32 either way."}
+#define OPT_FP8_BOUND_OUT                                                                              \
+    {"--bound-out", "B.npy",                                                                           \
+     "also write the float64 oracle's error bound of every output element (specs/FP8.md section 4), "  \
+     "for `moe compare --bound`."}
+/* The value of flag (--dtype, --out-dtype): f32 (the default) or bf16. */
+moe_dtype f32_or_bf16(const args *a, const char *flag);
+/* The FP8 format named by flag (e4m3 or e5m2), fallback when absent. */
+moe_dtype fp8_format(const args *a, const char *flag, moe_dtype fallback);
+/* --scales f32|ue8m0 (default f32) of the quantizing commands. */
+moe_fp8_scale_format fp8_scale_format(const args *a);
+/* Loads a quantization's source and dies unless it is floating (16-bit patterns only with bf16). */
+void load_fp8_source(const char *path, npy_array *arr, moe_dtype src_dtype);
+/* One FP8 operand from its codes file (uint8 of shape) and its scales file (scale_shape); *format is set by
+ * (or checked against) the scales' type: float32, or uint8 for UE8M0. */
+moe_fp8_tensor load_fp8_operand(const char *codes_path, const char *scales_path, moe_dtype dtype, int ndim,
+                                const int64_t *shape, const int64_t *scale_shape, int *format);
+
 /* ---- cmd_mlp.c: the MLP layout options, which route reads too ---- */
 int64_t parse_block_size(const args *a);
 moe_mlp_padding parse_padding(const args *a);
@@ -175,7 +199,9 @@ void write_mlp_bwd_bounds(char *const *paths, char *const weight_paths[][2], con
                           const int64_t *topk_ids, int64_t k);
 
 /* ---- the commands, in cmd_*.c ---- */
-extern const command fp8_quantize_command, gemm_fp8_fwd_command, gemm_fp8_dx_command;
+extern const command fp8_quantize_command, gemm_fp8_fwd_command, gemm_fp8_dx_command, gemm_fp8_dw_command;
+/* cmd_fp8_dw.c: fp8-quantize --columns */
+int run_fp8_quantize_columns(const args *a);
 extern const command gemm_fwd_command, gemm_dx_command, gemm_dw_command, route_command, compare_command,
     mlp_fwd_command, mlp_bwd_command, autotune_command;
 

@@ -1,5 +1,6 @@
 /*
- * cli/cmd_fp8.c: the FP8 commands (specs/FP8.md): fp8-quantize (moe_quantize_fp8_rows / _blocks) and
+ * cli/cmd_fp8.c: the FP8 commands (specs/FP8.md): fp8-quantize (moe_quantize_fp8_rows / _blocks; --columns is
+ * cmd_fp8_dw.c's) and
  * gemm-fp8-fwd, gemm-fp8-dx (moe_gemm_fp8_fwd / _dx), on the backend --backend names, with the oracle's bound.
  */
 #include "cli.h"
@@ -20,6 +21,20 @@ static const opt fp8_quantize_opts[] = {
     {"--blocks", NULL,
      "128 x 128 blocks (weights, moe_quantize_fp8_blocks) instead of 1 x 128 tiles (activations, "
      "moe_quantize_fp8_rows)."},
+    {"--columns", NULL,
+     "128 x 1 tiles along each expert's rows (gemm-fp8-dw's operands, moe_quantize_fp8_columns): --in is "
+     "(rows, C), the routing is --m-sizes (and --gather, --topk); writes q.npy (M, C) in expert-row order and "
+     "scales.npy (ceil(M/128) + E - 1, C), the tile of expert e beginning at expert row r0 in scale row "
+     "r0 / 128 + e."},
+    {"--rows", "expert|slot|token",
+     "with --columns, where expert row r's values are: row r of --in (expert, the default), row G[r] (slot: "
+     "dY of a forward with --permute-y) or row G[r] / k (token: X of a forward with --permute-x)."},
+    {"--topk-weights", "TW.npy",
+     "with --columns: routing weights (M,) or (T, k), used as float32; expert row r's values times TW[G[r]] "
+     "before its tile's amax (dY of a forward with fused topk weights)."},
+    {"--m-sizes", "M.npy", "with --columns: rows per expert, shape (E,), int32 or int64 (moe route writes it)."},
+    {"--gather", "G.npy", "with --columns: gather_indices (M,), needed by --rows slot|token and --topk-weights."},
+    {"--topk", "K", "with --columns: experts per token k (required with --gather; default 1)."},
     OPT_FP8_FORMAT,
     {"--scales", "f32|ue8m0",
      "the scale format: f32 (default), scale = amax / max; ue8m0, 2^ceil(log2(amax / max)) stored as the "
@@ -35,16 +50,14 @@ static const opt fp8_quantize_opts[] = {
 };
 
 #define OPT_FP8_ROUTING                                                                                \
-    {"--m-sizes", "M.npy", "rows per expert, shape (E,), int32 or int64 (moe route writes it)."},      \
+    OPT_FP8_M_SIZES,                                                                                   \
     {"--gather", "G.npy", "gather_indices (M,): needed by --permute-x, --permute-y, --topk-weights, --reduce-topk."}, \
-    {"--topk", "K", "experts per token k (required with --gather; default 1)."},                       \
+    OPT_FP8_TOPK,                                                                                      \
     {"--permute-x", NULL, "X is token order (T, K); for gemm-fp8-dx: dX is written in slot order."},  \
     {"--permute-y", NULL, "Y and dY are in slot order."},                                              \
     {"--topk-weights", "TW.npy", "routing weights (M,) or (T, k), floating, used as float32."},        \
-    {"--out-dtype", "f32|bf16", "the output's dtype (default f32); written as float32 either way."},   \
-    {"--bound-out", "B.npy",                                                                           \
-     "also write the float64 oracle's error bound of every output element (specs/FP8.md section 4), "  \
-     "for `moe compare --bound`."}
+    OPT_FP8_OUT_DTYPE,                                                                                 \
+    OPT_FP8_BOUND_OUT
 
 static const opt gemm_fp8_fwd_opts[] = {
     {"--x", "XQ.npy", "X's codes, uint8, (M, K) in expert order or (T, K) with --permute-x (fp8-quantize's q.npy)."},
@@ -81,8 +94,10 @@ static int run_gemm_fp8_dx(const args *a);
 
 const command fp8_quantize_command = {
     "fp8-quantize",
-    "--in A.npy [--blocks] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] [--backend ref|cuda] --out DIR",
-    "FP8 codes and scales per 1 x 128 tile or 128 x 128 block (moe_quantize_fp8_rows / _blocks)",
+    "--in A.npy [--blocks | --columns --m-sizes M.npy [--gather G.npy --topk K] [--rows expert|slot|token] "
+    "[--topk-weights TW.npy]] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] [--backend ref|cuda] "
+    "--out DIR",
+    "FP8 codes and scales per 1 x 128 tile, 128 x 128 block or 128 x 1 expert tile (moe_quantize_fp8_*)",
     "DeepSeek-V3's recipe (specs/FP8.md section 3): per tile amax = max |v| (at least 1e-4), scale = amax / "
     "max (448 for e4m3), codes = the saturating round-to-nearest-even conversion of v * (max / amax). A NaN "
     "or Inf in the input is refused, naming the element.",
@@ -124,7 +139,7 @@ const command gemm_fp8_dx_command = {
     "    --out dx8.npy",
 };
 
-static moe_dtype fp8_format(const args *a, const char *flag, moe_dtype fallback)
+moe_dtype fp8_format(const args *a, const char *flag, moe_dtype fallback)
 {
     const char *s = get(a, flag);
     if (s == NULL)
@@ -135,32 +150,56 @@ static moe_dtype fp8_format(const args *a, const char *flag, moe_dtype fallback)
     return d;
 }
 
+moe_dtype f32_or_bf16(const args *a, const char *flag)
+{
+    moe_dtype d = MOE_F32;
+    if (get(a, flag) != NULL && (!parse_dtype(get(a, flag), &d) || (d != MOE_F32 && d != MOE_BF16)))
+        die("%s %s: expected f32 or bf16", flag, get(a, flag));
+    return d;
+}
+
+moe_fp8_scale_format fp8_scale_format(const args *a)
+{
+    const char *name = get(a, "--scales");
+    if (name == NULL || strcmp(name, "f32") == 0)
+        return MOE_FP8_SCALE_F32;
+    if (strcmp(name, "ue8m0") != 0)
+        die("--scales %s: expected f32 or ue8m0", name);
+    return MOE_FP8_SCALE_UE8M0;
+}
+
+void load_fp8_source(const char *path, npy_array *arr, moe_dtype src_dtype)
+{
+    load(path, arr);
+    check_floating(path, arr);
+    if (npy_type_is_pattern(arr->h.type) && src_dtype != MOE_BF16)
+        die("%s: holds %s 16-bit patterns; pass --dtype bf16 to say they are bf16", path, npy_type_name(arr->h.type));
+}
+
 static int run_fp8_quantize(const args *a)
 {
+    const int columns = get(a, "--columns") != NULL;
+    if (columns && get(a, "--blocks") != NULL)
+        die("--columns and --blocks: pick one tiling");
+    if (columns)
+        return run_fp8_quantize_columns(a);
+    static const char *const columns_only[] = {"--rows", "--topk-weights", "--m-sizes", "--gather", "--topk"};
+    for (size_t i = 0; i < sizeof columns_only / sizeof columns_only[0]; i++)
+        if (get(a, columns_only[i]) != NULL)
+            die("%s applies to --columns only", columns_only[i]);
     const moe_backend backend = get_backend(a);
     const char *in = need(a, "--in"), *dir = need(a, "--out");
     const int blocks = get(a, "--blocks") != NULL;
     const moe_dtype fp8 = fp8_format(a, "--fp8", MOE_E4M3);
-    const char *scales_name = get(a, "--scales");
-    moe_fp8_scale_format format = MOE_FP8_SCALE_F32;
-    if (scales_name != NULL && strcmp(scales_name, "ue8m0") == 0)
-        format = MOE_FP8_SCALE_UE8M0;
-    else if (scales_name != NULL && strcmp(scales_name, "f32") != 0)
-        die("--scales %s: expected f32 or ue8m0", scales_name);
-    moe_dtype src_dtype = MOE_F32;
-    if (get(a, "--dtype") != NULL && (!parse_dtype(get(a, "--dtype"), &src_dtype) ||
-                                      (src_dtype != MOE_F32 && src_dtype != MOE_BF16)))
-        die("--dtype %s: expected f32 or bf16", get(a, "--dtype"));
+    const moe_fp8_scale_format format = fp8_scale_format(a);
+    const moe_dtype src_dtype = f32_or_bf16(a, "--dtype");
     static const char *const names[] = {"q.npy", "scales.npy"};
     char *p[2];
     add_outputs_in(dir, names, 2, p);
     claim_files(a, (const char *const[]){NULL}, (const char *const[]){"--in", NULL});
 
     npy_array arr;
-    load(in, &arr);
-    check_floating(in, &arr);
-    if (npy_type_is_pattern(arr.h.type) && src_dtype != MOE_BF16)
-        die("%s: holds %s 16-bit patterns; pass --dtype bf16 to say they are bf16", in, npy_type_name(arr.h.type));
+    load_fp8_source(in, &arr, src_dtype);
     if (arr.h.ndim < 1 || (blocks && arr.h.ndim != 2 && arr.h.ndim != 3))
         die("%s: expected %s, found %s %s", in, blocks ? "a shape (R, C) or (B, R, C)" : "at least one dimension",
             shape_text(&arr.h), npy_type_name(arr.h.type));
@@ -190,10 +229,8 @@ static int run_fp8_quantize(const args *a)
     return 0;
 }
 
-/* One FP8 operand from its codes file and its scales file; *format is set by (or checked against) the
- * scales' type. */
-static moe_fp8_tensor load_operand(const char *codes_path, const char *scales_path, moe_dtype dtype, int ndim,
-                                   const int64_t *shape, const int64_t *scale_shape, int *format)
+moe_fp8_tensor load_fp8_operand(const char *codes_path, const char *scales_path, moe_dtype dtype, int ndim,
+                                const int64_t *shape, const int64_t *scale_shape, int *format)
 {
     npy_array q, s;
     load(codes_path, &q);
@@ -233,10 +270,7 @@ static int run_gemm_fp8(const args *a, int dx)
     moe_fp8_options o;
     memset(&o, 0, sizeof o);
     routing_flags(a, &ri, &o.permute_x, &o.permute_y, dx ? &o.reduce_topk : NULL);
-    o.out_dtype = MOE_F32;
-    if (get(a, "--out-dtype") != NULL && (!parse_dtype(get(a, "--out-dtype"), &o.out_dtype) ||
-                                          (o.out_dtype != MOE_F32 && o.out_dtype != MOE_BF16)))
-        die("--out-dtype %s: expected f32 or bf16", get(a, "--out-dtype"));
+    o.out_dtype = f32_or_bf16(a, "--out-dtype");
     const moe_dtype a_fp8 = fp8_format(a, "--fp8", MOE_E4M3), w_fp8 = fp8_format(a, "--w-fp8", a_fp8);
 
     /* W's shape gives N and K */
@@ -251,8 +285,8 @@ static int run_gemm_fp8(const args *a, int dx)
     const int64_t a_rows = dx ? ri.M : (o.permute_x ? ri.T : ri.M), a_cols = dx ? N : K;
     const int64_t a_shape[2] = {a_rows, a_cols}, as_shape[2] = {a_rows, dx ? tn : tk};
     const int64_t w_shape[3] = {ri.E, N, K}, ws_shape[3] = {ri.E, tn, tk};
-    const moe_fp8_tensor at = load_operand(a_path, as_path, a_fp8, 2, a_shape, as_shape, &format);
-    const moe_fp8_tensor wt = load_operand(w_path, ws_path, w_fp8, 3, w_shape, ws_shape, &format);
+    const moe_fp8_tensor at = load_fp8_operand(a_path, as_path, a_fp8, 2, a_shape, as_shape, &format);
+    const moe_fp8_tensor wt = load_fp8_operand(w_path, ws_path, w_fp8, 3, w_shape, ws_shape, &format);
     o.scale_format = (moe_fp8_scale_format)format;
     float *tw = NULL;
     if (tw_path != NULL) {

@@ -13,7 +13,7 @@
 static const command *const commands[] = {
     &route_command,        &gemm_fwd_command,     &compare_command,     &gemm_dx_command,
     &gemm_dw_command,      &fp8_quantize_command, &gemm_fp8_fwd_command, &gemm_fp8_dx_command,
-    &mlp_fwd_command,      &mlp_bwd_command,      &autotune_command,
+    &gemm_fp8_dw_command,  &mlp_fwd_command,      &mlp_bwd_command,     &autotune_command,
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -1,5 +1,6 @@
 /*
- * libmoe: FP8 grouped GEMM with fine-grained scales (the DeepSeek-V3 recipe) and its quantization helpers.
+ * libmoe: FP8 grouped GEMM (fwd, dX, dW) with fine-grained scales (the DeepSeek-V3 recipe) and its quantization
+ * helpers.
  * The exact math is specs/FP8.md; this header names the shapes and the contract of each entry point.
  * Notation and conventions as in moe.h (T, k, E, M = T*k, W [E][N][K], the routing, statuses, messages,
  * nothing changed on failure).
@@ -13,7 +14,9 @@
  * multiples of 128).  Element (e, n, c) of W has the scale of block (e, n / 128, c / 128).  The forward
  * reduces over K: the K-tile t of output (r, n) uses X's scale (xrow(r), t) and W's (e, n / 128, t).  dX
  * reduces over N: the N-tile t of output (r, c) uses dY's scale (yrow(r), t) and W's (e, t, c / 128).
- * Because the blocks are square, one quantization of W serves both products.
+ * Because the blocks are square, one quantization of W serves both products.  dW reduces over each expert's
+ * rows: its operands X [M][K] and dY [M][N] (expert-row order) have 128 x 1 tiles along the rows of each expert
+ * (moe_quantize_fp8_columns, moe_gemm_fp8_dw below).
  */
 #ifndef LIBMOE_FP8_H
 #define LIBMOE_FP8_H
@@ -73,6 +76,28 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
                            const moe_fp8_tensor *dy, const moe_fp8_tensor *w, const float *topk_weights, void *dx,
                            const moe_fp8_options *options);
 
+/* dW[e] = sum over the rows r of expert e of dy_r^T (x) x_r on FP8 operands (the reduction over the expert's
+ * rows), with 128 x 1 tiles along the rows (specs/FP8.md, "dW"): both operands come from
+ * moe_quantize_fp8_columns, in expert-row order, tiled from each expert's own offset.
+ *   x             codes [M][K], scales [moe_fp8_column_scale_rows(M, E)][K]
+ *   dy            codes [M][N], scales [moe_fp8_column_scale_rows(M, E)][N]
+ *   dw            [E][N][K] of out_dtype; an expert with no rows gets zeros (old + 0 with accumulate)
+ * The tile of expert e beginning at expert row r0 has scale row r0 / 128 + e in both.  The forward's
+ * permute_x, permute_y and topk weights are the quantizer's (it gathers the rows and multiplies dY by the
+ * weights before it picks the scales: a per-row factor or a row shared by k tiles has no tile scale), so
+ * options.permute_x, permute_y and reduce_topk are refused here; out_dtype, scale_format, accumulate and
+ * stream apply.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
+ * operand and the index); MOE_BACKEND_CUDA has no FP8 dW kernel yet (MOE_ERR_UNSUPPORTED). */
+moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                           const moe_fp8_tensor *x, const moe_fp8_tensor *dy, void *dw,
+                           const moe_fp8_options *options);
+
+/* The scale rows of an operand of moe_gemm_fp8_dw with `rows` expert-order rows (M) and num_experts
+ * experts: ceil(M / 128) + E - 1, enough for every routing (expert e's tiles take rows off_e / 128 + e
+ * onwards, and no two experts' tiles meet), known without reading m_sizes.  Rows no tile uses are written by
+ * the quantizer as an empty tile's scale and read by nothing.  -1 when rows < 0 or num_experts < 1. */
+int64_t moe_fp8_column_scale_rows(int64_t rows, int64_t num_experts);
+
 /* Quantization (specs/FP8.md section 3).  src holds f32 or bf16 values (src_dtype); for each tile, amax =
  * max |v| over it, floored at MOE_FP8_AMAX_FLOOR (so a zero tile has a finite scale and zero codes); its
  * scale s = amax / max_format in float32 (448 for e4m3, 57344 for e5m2), or with UE8M0 the power of two
@@ -93,6 +118,33 @@ moe_status moe_quantize_fp8_rows(moe_backend backend, moe_dtype src_dtype, int64
 moe_status moe_quantize_fp8_blocks(moe_backend backend, moe_dtype src_dtype, int64_t batches, int64_t rows,
                                    int64_t cols, const void *src, moe_dtype fp8_dtype,
                                    moe_fp8_scale_format scale_format, void *q, void *scales, void *stream);
+
+/* Where the rows of moe_quantize_fp8_columns' source are: expert row r of the routing reads source row r
+ * (expert order), g_r (slot order: dY of a forward with permute_y) or g_r / k (token order: X of a
+ * forward with permute_x); the last two need routing.gather_indices. */
+typedef enum moe_fp8_row_source {
+    MOE_FP8_ROWS_EXPERT = 0, /* src [M][cols] */
+    MOE_FP8_ROWS_SLOT = 1,   /* src [M][cols] */
+    MOE_FP8_ROWS_TOKEN = 2   /* src [T][cols] */
+} moe_fp8_row_source;
+
+/* The quantizer of moe_gemm_fp8_dw's operands: 128 x 1 tiles along the expert-order rows of each expert,
+ * each expert tiled from its own offset (its last tile partial, never shared with the next expert), with
+ * the rows and blocks quantizers' rule per tile (amax floored, amax / max_format, the same codes).
+ *   src           [M or T][cols] of src_dtype (f32 or bf16), rows as `source` says
+ *   topk_weights  float32 [M] in slot order, or NULL (needs gather_indices): the value of expert row r is
+ *                 topk_weights[g_r] * src (float32, one rounding) before the tile's amax, as the bf16 dW
+ *                 weights dY
+ *   q             [M][cols] codes, expert-row order
+ *   scales        [moe_fp8_column_scale_rows(M, E)][cols]: the tile of expert e beginning at expert row r0
+ *                 has scale row r0 / 128 + e; unused rows get an empty tile's scale (MOE_FP8_AMAX_FLOOR's)
+ * MOE_BACKEND_REF: host pointers (the routing too, checked as the GEMM checks it); a NaN or Inf value
+ * (after the weight) fails with MOE_ERR_INVALID_VALUE naming the element, and nothing is written.
+ * MOE_BACKEND_CUDA has no kernel for it yet (MOE_ERR_UNSUPPORTED). */
+moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
+                                    int64_t cols, const void *src, moe_fp8_row_source source,
+                                    const float *topk_weights, moe_dtype fp8_dtype,
+                                    moe_fp8_scale_format scale_format, void *q, void *scales, void *stream);
 
 /* The inverse: out = decode(q) * scale in float32 (exact for UE8M0 scales; one rounding otherwise), then
  * rounded to out_dtype (MOE_F32 or MOE_BF16).  tile_rows 1 reads the rows layout (batches must be 1), 128

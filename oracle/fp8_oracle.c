@@ -171,3 +171,30 @@ void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const 
     free(expert);
     free(slot);
 }
+
+void oracle_gemm_fp8_dw(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
+                        const moe_fp8_tensor *dy, const void *old_dw, const moe_fp8_options *o, int tile_acc_bits,
+                        double *value, double *bound)
+{
+    int64_t first = 0; /* expert e's first row */
+    for (int64_t e = 0; e < routing->num_experts; e++) {
+        const int64_t m = routing->m_sizes[e], scale_row = first / 128 + e;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < K; c++) {
+                dot d = promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales, first * N + n, N,
+                                     scale_row * N + n, N, x->dtype, x->data, x->scales, first * K + c, K,
+                                     scale_row * K + c, K, m);
+                const int64_t i = (e * N + n) * K + c;
+                double v = d.value, magnitude = d.magnitude;
+                if (o->accumulate) {
+                    const double old = oracle_load(o->out_dtype, old_dw, i);
+                    v += old;
+                    magnitude += fabs(old);
+                }
+                value[i] = v;
+                bound[i] = fp8_bound(o->out_dtype, promoted_roundings(m) + (o->accumulate != 0), m, tile_acc_bits,
+                                     magnitude, d.underflow, v);
+            }
+        first += m;
+    }
+}

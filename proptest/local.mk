@@ -3,7 +3,7 @@
 # moe-fuzz: the property-based testing engine, generators and properties (proptest/README.md).
 bin_PROGRAMS += proptest/moe-fuzz
 proptest_moe_fuzz_SOURCES = proptest/moe_fuzz.c proptest/pt.h proptest/pt_engine.c proptest/pt_gen.c \
-	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_fp8.h proptest/pt_gemm_fp8_model.c proptest/fp8_hopper_model.c proptest/fp8_hopper_model.h proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
+	proptest/pt_gen.h proptest/pt_gemm.c proptest/pt_gemm.h proptest/pt_gemm_meta.c proptest/pt_gemm_fp8.c proptest/pt_gemm_fp8_dw.c proptest/pt_fp8.h proptest/pt_gemm_fp8_model.c proptest/fp8_hopper_model.c proptest/fp8_hopper_model.h proptest/pt_mlp.c proptest/pt_mlp.h proptest/pt_mlp_layout.c
 proptest_moe_fuzz_CPPFLAGS = $(AM_CPPFLAGS)
 proptest_moe_fuzz_LDADD = $(TESTLIB_LIBS)
 # make check: a fixed-seed budget plus the committed regression file

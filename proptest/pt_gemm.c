@@ -403,6 +403,7 @@ void pt_gemm_bad(pt_case *c);
 void pt_gemm_fp8(pt_case *c);
 void pt_gemm_fp8_hopper_model(pt_case *c);
 void pt_gpu_gemm_fp8_model(pt_case *c);
+void pt_gemm_fp8_dw(pt_case *c);
 void pt_gpu_gemm_fp8(pt_case *c);
 void pt_gpu_fp8_quantize(pt_case *c);
 void pt_mlp(pt_case *c);
@@ -461,5 +462,9 @@ const pt_op pt_ops[] = {
     {"gpu-gemm-fp8-model", "the Hopper FP8 kernel bit for bit its CPU model (the measured wgmma accumulator) where it "
                            "takes the call; run with MOE_CUDA_KERNEL=sm90", 1, pt_gpu_gemm_fp8_model},
 #endif
+    {"gemm-fp8-dw", "FP8 dW on operands of the 128 x 1 quantizer (every row source, topk weights, f32 / bf16 "
+                    "sources, both scale formats, partial and empty experts; each value back within the round "
+                    "trip's error) vs the float64 oracle within the promotion bound; a bad scale refused, dW "
+                    "untouched", 0, pt_gemm_fp8_dw},
     {NULL, NULL, 0, NULL},
 };

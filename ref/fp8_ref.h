@@ -1,5 +1,5 @@
 /*
- * The FP8 reference (specs/FP8.md): code and scale access, the scale check, the fwd and dX reference
+ * The FP8 reference (specs/FP8.md): code and scale access, the scale check, the fwd, dX and dW reference
  * (ref/gemm_fp8.c) and the quantizers (ref/fp8_quantize.c) that src/gemm_fp8_api.c and
  * src/fp8_quantize_api.c call after validating every argument.
  */
@@ -61,11 +61,24 @@ static inline float moe_fp8_scale(moe_fp8_scale_format format, const void *scale
 moe_status moe_ref_fp8_check_scales(const char *op, const char *name, moe_fp8_scale_format format,
                                     const void *scales, int64_t count, int64_t per_row);
 
+/* Checks the scales [moe_fp8_column_scale_rows(M, E)][cols] of moe_gemm_fp8_dw's operand `name` in the rows its
+ * tiles use (m_sizes [E], the routing's, summing to M), as moe_ref_fp8_check_scales checks (its message, the
+ * index [row][column]); the rows no tile uses are not read. */
+moe_status moe_ref_fp8_check_column_scales(const char *op, const char *name, moe_fp8_scale_format format,
+                                           const void *scales, int64_t num_experts, const int64_t *m_sizes,
+                                           int64_t cols);
+
 /* The FP8 grouped GEMM, the readable definition (specs/FP8.md section 2), one output element at a time. */
 moe_status moe_ref_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
                                 const float *topk_weights, void *y);
 moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
                                const float *topk_weights, void *dx);
+
+/* FP8 dW (specs/FP8.md, "dW"): dw[e][n][c] promoted every 128 rows of expert e, x and dy in expert-row order,
+ * the scales of the tile beginning at expert row r0 in scale row r0 / 128 + e.  Each OpenMP thread owns whole
+ * rows (e, n) of dW. */
+moe_status moe_ref_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                               void *dw);
 
 /* The quantizer behind moe_quantize_fp8_rows (tile_rows 1) and _blocks (tile_rows 128), on validated
  * arguments: src [batches][rows][cols] of src_dtype (f32 or bf16) -> q (same shape), scales
@@ -74,6 +87,12 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
 moe_status moe_ref_quantize_fp8(const char *op, moe_dtype src_dtype, int tile_rows, int64_t batches, int64_t rows,
                                 int64_t cols, const void *src, moe_dtype fp8_dtype, moe_fp8_scale_format format,
                                 void *q, void *scales);
+
+/* The quantizer behind moe_quantize_fp8_columns (include/moe_fp8.h) on validated arguments: 128 x 1 tiles along
+ * each expert's rows from its offset; MOE_ERR_INVALID_VALUE (naming the element) before writing anything when
+ * a value (after its topk weight) is a NaN or Inf. */
+moe_status moe_ref_quantize_fp8_columns(const moe_fp8_columns_problem *p, const void *src, const float *topk_weights,
+                                        void *q, void *scales);
 
 /* The inverse on validated arguments: out = decode(q) * scale (float32), rounded to out_dtype. */
 void moe_ref_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format format, int tile_rows, int64_t batches,

@@ -1,6 +1,6 @@
-/* The FP8 grouped GEMM, fwd and dX: the readable definition of specs/FP8.md section 2, one output element at
- * a time; each OpenMP thread owns whole output rows (fwd, dX: rows; reduce_topk: tokens), so the result does
- * not depend on the thread count. */
+/* The FP8 grouped GEMM, fwd, dX and dW: the readable definition of specs/FP8.md section 2, one output element
+ * at a time; each OpenMP thread owns whole output rows (fwd, dX: rows; reduce_topk: tokens; dW: rows (e, n)),
+ * so the result does not depend on the thread count. */
 #include "fp8_ref.h"
 #include "moe_ref.h"
 
@@ -194,4 +194,34 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
         gemm_rows(p, offsets, 1, dy, w, topk_weights, dx);
     free(offsets);
     return status;
+}
+
+/* dW's element (e, n, c): dY column n against X column c over the rows of expert e (first row `first`, m rows),
+ * both walked with step N (dY) and K (X); the tile beginning at expert row r0 has scale row r0 / 128 + e, so the
+ * expert's tiles use scale rows first / 128 + e .. first / 128 + e + tiles(m) - 1. */
+static float dw_element(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy, int64_t e,
+                        int64_t first, int64_t m, int64_t n, int64_t c)
+{
+    const int64_t N = p->g.N, K = p->g.K, scale_row = first / MOE_FP8_TILE + e;
+    const fp8_stream a = {dy->dtype, dy->data, first * N + n, N, dy->scales, scale_row * N + n, N};
+    const fp8_stream b = {x->dtype, x->data, first * K + c, K, x->scales, scale_row * K + c, K};
+    return promoted_dot(p->scale_format, &a, &b, m);
+}
+
+moe_status moe_ref_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                               void *dw)
+{
+    const moe_gemm_problem *g = &p->g;
+    int64_t *offsets = expert_offsets(g);
+    if (offsets == NULL)
+        return MOE_ERR_OUT_OF_MEMORY;
+    const int64_t N = g->N, K = g->K, rows = g->num_experts * N;
+FP8_OMP(omp parallel for schedule(static))
+    for (int64_t en = 0; en < rows; en++) {
+        const int64_t e = en / N, n = en % N, first = offsets[e], m = offsets[e + 1] - first;
+        for (int64_t c = 0; c < K; c++)
+            finish(g, dw, en * K + c, dw_element(p, x, dy, e, first, m, n, c));
+    }
+    free(offsets);
+    return MOE_OK;
 }

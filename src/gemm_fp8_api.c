@@ -1,6 +1,6 @@
-/* Public FP8 grouped GEMM entry points (include/moe_fp8.h): validate every argument (the shared GEMM checks of
- * gemm_prepare.h, then the FP8 operands, their scales' extents and, for a host backend, their values), then
- * call the backend's table. */
+/* Public FP8 grouped GEMM entry points, fwd, dX and dW (include/moe_fp8.h): validate every argument (the shared
+ * GEMM checks of gemm_prepare.h, then the FP8 operands, their scales' extents and, for a host backend, their
+ * values), then call the backend's table. */
 #include "fp8_ref.h"
 #include "gemm_prepare.h"
 
@@ -27,7 +27,19 @@ static moe_dtype scale_element(moe_fp8_scale_format format)
     return format == MOE_FP8_SCALE_UE8M0 ? MOE_E4M3 : MOE_F32;
 }
 
-/* Everything both ops share.  a is x (fwd) or dy (dX), a_rows its rows, a_cols its reduction length. */
+/* The options every FP8 GEMM reads: the output dtype and the scale format. */
+static moe_status check_options(const char *op, const moe_fp8_options *options)
+{
+    if (options->out_dtype != MOE_F32 && options->out_dtype != MOE_BF16)
+        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.out_dtype = %s (%d), expected MOE_F32 or MOE_BF16", op,
+                        moe_dtype_name(options->out_dtype), (int)options->out_dtype);
+    if (options->scale_format != MOE_FP8_SCALE_F32 && options->scale_format != MOE_FP8_SCALE_UE8M0)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.scale_format = %d, expected MOE_FP8_SCALE_F32 (0) or "
+                        "MOE_FP8_SCALE_UE8M0 (1)", op, (int)options->scale_format);
+    return MOE_OK;
+}
+
+/* Everything fwd and dX share.  a is x (fwd) or dy (dX), a_rows its rows, a_cols its reduction length. */
 static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const moe_routing *routing, int64_t N,
                            int64_t K, const moe_fp8_tensor *a, const moe_fp8_tensor *w, const float *topk_weights,
                            void *out, const moe_fp8_options *options)
@@ -36,13 +48,9 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
     const char *a_name = is_dx ? "dy" : "x";
     if (options == NULL)
         options = &default_fp8_options;
-    if (options->out_dtype != MOE_F32 && options->out_dtype != MOE_BF16)
-        return moe_fail(MOE_ERR_INVALID_DTYPE, "%s: options.out_dtype = %s (%d), expected MOE_F32 or MOE_BF16", op,
-                        moe_dtype_name(options->out_dtype), (int)options->out_dtype);
-    if (options->scale_format != MOE_FP8_SCALE_F32 && options->scale_format != MOE_FP8_SCALE_UE8M0)
-        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.scale_format = %d, expected MOE_FP8_SCALE_F32 (0) or "
-                        "MOE_FP8_SCALE_UE8M0 (1)", op, (int)options->scale_format);
-    moe_status status = check_operand(op, a_name, a);
+    moe_status status = check_options(op, options);
+    if (status == MOE_OK)
+        status = check_operand(op, a_name, a);
     if (status == MOE_OK)
         status = check_operand(op, "w", w);
     if (status != MOE_OK)
@@ -101,4 +109,54 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
                            const moe_fp8_options *options)
 {
     return fp8_call("moe_gemm_fp8_dx", 1, backend, routing, N, K, dy, w, topk_weights, dx, options);
+}
+
+moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
+                           const moe_fp8_tensor *x, const moe_fp8_tensor *dy, void *dw,
+                           const moe_fp8_options *options)
+{
+    static const char op[] = "moe_gemm_fp8_dw";
+    moe_clear_error();
+    if (options == NULL)
+        options = &default_fp8_options;
+    moe_status status = check_options(op, options);
+    if (status != MOE_OK)
+        return status;
+    const char *gathering = options->permute_x ? "permute_x" : options->permute_y ? "permute_y"
+                            : options->reduce_topk ? "reduce_topk" : NULL;
+    if (gathering != NULL)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.%s does not apply: dW's operands are in expert-row "
+                        "order (moe_quantize_fp8_columns gathers their rows)", op, gathering);
+    if ((status = check_operand(op, "x", x)) != MOE_OK || (status = check_operand(op, "dy", dy)) != MOE_OK)
+        return status;
+    const moe_gemm_options gemm_options = {
+        .dtype = options->out_dtype,
+        .accumulate = options->accumulate,
+        .stream = options->stream,
+    };
+    const moe_dispatch *table;
+    moe_fp8_problem p;
+    if ((status = moe_gemm_prepare(op, 0, backend, routing, N, K, NULL, &gemm_options, &table, &p.g)) != MOE_OK)
+        return status;
+    p.scale_format = options->scale_format;
+    const moe_gemm_problem *g = &p.g;
+    const int64_t M = g->rows, E = g->num_experts, scale_rows = moe_fp8_column_scale_rows(M, E);
+    const moe_dtype scale_type = scale_element(options->scale_format);
+    const moe_array_arg args[] = {
+        {"x.data", x->data, M, K, x->dtype, 0, 0},
+        {"x.scales", x->scales, scale_rows, K, scale_type, 0, 0},
+        {"dy.data", dy->data, M, N, dy->dtype, 0, 0},
+        {"dy.scales", dy->scales, scale_rows, N, scale_type, 0, 0},
+        {"dw", dw, E * N, K, g->dtype, 1, 0},
+    };
+    if ((status = moe_gemm_check_tensors(op, g, args, 5)) != MOE_OK)
+        return status;
+    if (table->validates_routing_on_host) { /* host pointers: the scales of the tiles in use */
+        status = moe_ref_fp8_check_column_scales(op, "dy.scales", p.scale_format, dy->scales, E, g->m_sizes, N);
+        if (status == MOE_OK)
+            status = moe_ref_fp8_check_column_scales(op, "x.scales", p.scale_format, x->scales, E, g->m_sizes, K);
+        if (status != MOE_OK)
+            return status;
+    }
+    return table->gemm_fp8_dw(&p, x, dy, dw);
 }

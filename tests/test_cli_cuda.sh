@@ -148,7 +148,8 @@ done
 
 # ---- FP8: fp8-quantize on the GPU gives the reference's codes and scales bit for bit (both scale formats, e4m3
 # and e5m2, rows and blocks); gemm-fp8-fwd and gemm-fp8-dx on them, in several modes, within the reference
-# run's bound; a NaN input and a bad scale are refused with --backend cuda too, writing nothing ----
+# run's bound; a NaN input and a bad scale are refused with --backend cuda too, writing nothing; FP8 dW is refused
+# (no kernel yet) ----
 "$NPY" mk f8ids.npy '<i8' 6,2 0 1 2 3 1 2 3 0 0 2 1 3
 "$NPY" mk f8x.npy '<f4' 6,200 0.5 -1 0.25 2 -0.75 3 0.125
 "$NPY" mk f8w.npy '<f4' 4,130,200 0.125 -0.5 0.25 1 -0.375 0.75 -2
@@ -200,6 +201,16 @@ refused "gemm-fp8-fwd zero scale --backend cuda" "moe_gemm_fp8_fwd" "w.scales[" 
     "$MOE" gemm-fp8-fwd --x f8ref/xf32/q.npy --x-scales f8ref/xf32/scales.npy --w f8ref/wf32/q.npy \
     --w-scales f8zero.npy --w-fp8 e5m2 $F --permute-x --backend cuda --out f8bad.npy
 if [ -e f8bad.npy ]; then bad "a refused gemm-fp8-fwd --backend cuda wrote f8bad.npy"; else passed=$((passed + 1)); fi
+# FP8 dW and its quantizer have no CUDA kernel yet: refused with that reason, nothing written
+# shellcheck disable=SC2086
+run_ok "fp8-quantize --columns ref" "$MOE" fp8-quantize --in f8dy.npy --columns $F --rows slot --out f8ref/dyc
+# shellcheck disable=SC2086
+refused "fp8-quantize --columns --backend cuda" "moe_quantize_fp8_columns" "no CUDA kernel yet" -- \
+    "$MOE" fp8-quantize --in f8dy.npy --columns $F --rows slot --backend cuda --out f8cuda/dyc
+refused "gemm-fp8-dw --backend cuda" "moe_gemm_fp8_dw" "FP8 dW has no CUDA kernel yet" -- \
+    "$MOE" gemm-fp8-dw --x f8ref/dyc/q.npy --x-scales f8ref/dyc/scales.npy --dy f8ref/dyc/q.npy \
+    --dy-scales f8ref/dyc/scales.npy --m-sizes f8r/m_sizes.npy --backend cuda --out f8dw.npy
+if [ -e f8cuda/dyc ] || [ -e f8dw.npy ]; then bad "a refused FP8 dW call wrote a file"; else passed=$((passed + 1)); fi
 
 # moe autotune: each op tunes, prints its choice and appends one line per call to the cache file
 rm -f tune.txt

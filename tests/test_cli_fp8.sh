@@ -1,6 +1,7 @@
 #!/bin/sh
 # The FP8 commands (specs/FP8.md): fp8-quantize's files (codes, scales, their shapes and types, known codes),
 # gemm-fp8-fwd and gemm-fp8-dx on a known answer and against their own --bound-out, UE8M0 scales, e5m2 weights,
+# fp8-quantize --columns and gemm-fp8-dw (a known answer, every row source, topk weights, the scales' shape),
 # and the refusals (non-finite input, codes that are not uint8, mixed scale formats, a bad scale value, a bad
 # --fp8, --backend cuda where it cannot run), none of which writes a file.  Where --backend cuda runs,
 # tests/test_cli_cuda.sh checks these commands on the GPU against the reference.
@@ -89,6 +90,68 @@ refused "--reduce-topk needs --gather" "--reduce-topk needs --gather" -- \
     "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy --w wb8/q.npy --w-scales wb8/scales.npy \
     --m-sizes routing/m_sizes.npy --reduce-topk --out bad.npy
 
+# ---- dW (fp8-quantize --columns, gemm-fp8-dw).  Known value: one expert of 3 rows, x = a.npy's values as a
+# column (codes 224, -448, 112, scale 2^-7), dy = 7 (codes 448, scale 2^-6): dW = 448 (224 - 448 + 112)
+# 2^-7 2^-6 = -6.125 exactly ----
+"$NPY" mk xcol.npy '<f4' 3,1 1.75 -3.5 0.875
+"$NPY" mk dycol.npy '<f4' 3,1 7 7 7
+"$NPY" mk m3.npy '<i8' 1 3
+run_ok "fp8-quantize --columns" "$MOE" fp8-quantize --in xcol.npy --columns --m-sizes m3.npy --out xk
+has "--columns writes codes and scales" out "wrote xk/q.npy: shape (3, 1) uint8" "wrote xk/scales.npy: shape (1, 1) float32"
+"$NPY" mk xk_want.npy '<f4' 3,1 118 254 110
+run_ok "known column codes" "$MOE" compare --exact xk_want.npy xk/q.npy
+run_ok "fp8-quantize --columns dy" "$MOE" fp8-quantize --in dycol.npy --columns --m-sizes m3.npy --out dyk
+run_ok "gemm-fp8-dw known" "$MOE" gemm-fp8-dw --x xk/q.npy --x-scales xk/scales.npy --dy dyk/q.npy \
+    --dy-scales dyk/scales.npy --m-sizes m3.npy --out dwk.npy
+has "gemm-fp8-dw output" out "wrote dwk.npy: shape (1, 1, 1) float32"
+"$NPY" mk dwk_want.npy '<f4' 1,1,1 -6.125
+run_ok "gemm-fp8-dw known value" "$MOE" compare --exact dwk_want.npy dwk.npy
+# the routed problem: x in token order, dy in slot order with topk weights; scales (ceil(12/128) + 4 - 1, C)
+"$NPY" mk tw.npy '<f4' 6,2 0.75 0.25 0.5 0.5 0.125 0.875
+# shellcheck disable=SC2086
+run_ok "columns of x, token rows" "$MOE" fp8-quantize --in x.npy --columns $R --rows token --out xcols
+has "x's column scales" out "wrote xcols/q.npy: shape (12, 200) uint8" "wrote xcols/scales.npy: shape (4, 200) float32"
+# shellcheck disable=SC2086
+run_ok "columns of dy, slot rows, weighted" "$MOE" fp8-quantize --in dy.npy --columns $R --rows slot \
+    --topk-weights tw.npy --fp8 e5m2 --out dycols
+run_ok "gemm-fp8-dw routed" "$MOE" gemm-fp8-dw --x xcols/q.npy --x-scales xcols/scales.npy --dy dycols/q.npy \
+    --dy-scales dycols/scales.npy --fp8 e5m2 --x-fp8 e4m3 --m-sizes routing/m_sizes.npy --out-dtype bf16 \
+    --out dw8.npy --bound-out dw8_bound.npy
+has "gemm-fp8-dw routed output" out "wrote dw8.npy: shape (4, 130, 200) float32" \
+    "wrote dw8_bound.npy: shape (4, 130, 200) float64"
+# shellcheck disable=SC2086
+run_ok "columns ue8m0" "$MOE" fp8-quantize --in x.npy --columns $R --rows token --scales ue8m0 --out xcolu
+has "UE8M0 column scales are uint8" out "wrote xcolu/scales.npy: shape (4, 200) uint8"
+refused "--columns and --blocks" "--columns and --blocks: pick one tiling" -- \
+    "$MOE" fp8-quantize --in x.npy --columns --blocks --m-sizes routing/m_sizes.npy --out bad8
+refused "--rows without --columns" "--rows applies to --columns only" -- \
+    "$MOE" fp8-quantize --in x.npy --rows token --out bad8
+refused "--rows token needs --gather" "--rows slot|token needs --gather" -- \
+    "$MOE" fp8-quantize --in x.npy --columns --m-sizes routing/m_sizes.npy --rows token --out bad8
+# shellcheck disable=SC2086
+refused "a bad --rows" "--rows tokens: expected expert, slot or token" -- \
+    "$MOE" fp8-quantize --in x.npy --columns $R --rows tokens --out bad8
+refused "--columns source of the wrong shape" "x.npy: expected a shape (12, C)" -- \
+    "$MOE" fp8-quantize --in x.npy --columns --m-sizes routing/m_sizes.npy --out bad8
+"$NPY" mk nancol.npy '<f4' 3,2 1 2 3 nan 4 5
+refused "--columns NaN input" "moe_quantize_fp8_columns" "src[1][1] = nan, expected a finite value" -- \
+    "$MOE" fp8-quantize --in nancol.npy --columns --m-sizes m3.npy --out bad8
+if [ -e bad8 ]; then bad "a refused fp8-quantize --columns wrote bad8"; else passed=$((passed + 1)); fi
+refused "mixed dW scale formats" "xcolu/scales.npy: uint8 scales, but the other operand's are float32" -- \
+    "$MOE" gemm-fp8-dw --x xcols/q.npy --x-scales xcolu/scales.npy --dy dycols/q.npy --dy-scales dycols/scales.npy \
+    --m-sizes routing/m_sizes.npy --out bad.npy
+refused "dW scales of the wrong shape" "x8/scales.npy: expected scales, float32 or uint8 (UE8M0) of shape (4, 200)" -- \
+    "$MOE" gemm-fp8-dw --x xcols/q.npy --x-scales x8/scales.npy --dy dycols/q.npy --dy-scales dycols/scales.npy \
+    --m-sizes routing/m_sizes.npy --out bad.npy
+refused "dW codes of the wrong rows" "x8/q.npy: expected FP8 codes of shape (M, C) with M = 12" -- \
+    "$MOE" gemm-fp8-dw --x x8/q.npy --x-scales xcols/scales.npy --dy dycols/q.npy --dy-scales dycols/scales.npy \
+    --m-sizes routing/m_sizes.npy --out bad.npy
+"$NPY" mk neg_scale.npy '<f4' 1,1 -0.5
+refused "a negative dW scale" "moe_gemm_fp8_dw" "x.scales[0][0] = -0.5, expected finite and > 0" -- \
+    "$MOE" gemm-fp8-dw --x xk/q.npy --x-scales neg_scale.npy --dy dyk/q.npy --dy-scales dyk/scales.npy \
+    --m-sizes m3.npy --out bad.npy
+if [ -e bad.npy ]; then bad "a refused gemm-fp8-dw wrote bad.npy"; else passed=$((passed + 1)); fi
+
 # ---- --backend cuda where it cannot run (a build without CUDA, or no usable device): each command refuses
 # with status 2 and the reason, nothing on stdout, no file written (where it runs: tests/test_cli_cuda.sh) ----
 "$MOE" fp8-quantize --in x.npy --backend cuda --out xc >out 2>err
@@ -101,6 +164,8 @@ if [ "$cuda_runs" -ne 0 ]; then
     # shellcheck disable=SC2086
     cuda_refused "gemm-fp8-dx --backend cuda" "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy \
         --w wb8/q.npy --w-scales wb8/scales.npy $R --backend cuda --out dxc.npy
-    if [ -e xc ] || [ -e yc.npy ] || [ -e dxc.npy ]; then bad "a refused --backend cuda wrote a file"; fi
+    cuda_refused "gemm-fp8-dw --backend cuda" "$MOE" gemm-fp8-dw --x xk/q.npy --x-scales xk/scales.npy \
+        --dy dyk/q.npy --dy-scales dyk/scales.npy --m-sizes m3.npy --backend cuda --out dwc.npy
+    if [ -e xc ] || [ -e yc.npy ] || [ -e dxc.npy ] || [ -e dwc.npy ]; then bad "a refused --backend cuda wrote a file"; fi
 fi
 finish

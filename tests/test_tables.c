@@ -82,6 +82,8 @@ static void check_table(const moe_dispatch *t)
         {"mlp_layout_build", t->mlp_layout_build != NULL},
         {"gemm_fp8_fwd", t->gemm_fp8_fwd != NULL},
         {"gemm_fp8_dx", t->gemm_fp8_dx != NULL},
+        {"gemm_fp8_dw", t->gemm_fp8_dw != NULL},
+        {"fp8_quantize_columns", t->fp8_quantize_columns != NULL},
         {"fp8_quantize", t->fp8_quantize != NULL},
         {"fp8_dequantize", t->fp8_dequantize != NULL},
     };

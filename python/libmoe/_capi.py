@@ -89,6 +89,7 @@ MOE_OK = 0
 MOE_F32, MOE_F16, MOE_BF16, MOE_E4M3, MOE_E5M2 = 0, 1, 2, 3, 4
 MOE_FP8_SCALE_F32, MOE_FP8_SCALE_UE8M0 = 0, 1
 MOE_FP8_TILE = 128
+MOE_FP8_ROWS_EXPERT, MOE_FP8_ROWS_SLOT, MOE_FP8_ROWS_TOKEN = 0, 1, 2
 MOE_BACKEND_REF, MOE_BACKEND_CUDA = 0, 1
 MOE_MLP_DROPLESS, MOE_MLP_DROPPING = 0, 1
 MOE_MLP_PAD_SKIP, MOE_MLP_PAD_ROW = 0, 1
@@ -173,6 +174,11 @@ PROTOTYPES = {
                                             ctypes.POINTER(Fp8Options)]),
     "moe_gemm_fp8_dx": (_st, _gemm_args + [ctypes.POINTER(Fp8Tensor), ctypes.POINTER(Fp8Tensor), _vp, _vp,
                                            ctypes.POINTER(Fp8Options)]),
+    "moe_gemm_fp8_dw": (_st, _gemm_args + [ctypes.POINTER(Fp8Tensor), ctypes.POINTER(Fp8Tensor), _vp,
+                                           ctypes.POINTER(Fp8Options)]),
+    "moe_fp8_column_scale_rows": (_i64, [_i64, _i64]),
+    "moe_quantize_fp8_columns": (_st, [_enum, ctypes.POINTER(Routing), _enum, _i64, _vp, _enum, _vp, _enum, _enum,
+                                       _vp, _vp, _vp]),
 }
 
 

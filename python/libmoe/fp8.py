@@ -1,5 +1,6 @@
-"""FP8 on torch tensors (specs/FP8.md): the DeepSeek-V3 quantizers (1 x 128 tiles, 128 x 128 blocks), their
-inverse, and the FP8 grouped GEMM forward and dX with those scales.  No autograd: each function is one library
+"""FP8 on torch tensors (specs/FP8.md): the DeepSeek-V3 quantizers (1 x 128 tiles, 128 x 128 blocks, and dW's
+128 x 1 tiles along each expert's rows), the inverse of the first two, and the FP8 grouped GEMM forward, dX and
+dW with those scales.  No autograd: each function is one library
 call on the tensors' device, CPU tensors on the reference and CUDA tensors on the kernels (torch's current
 stream, without waiting; a bad value found on the device is raised by libmoe.synchronize()).
 
@@ -21,6 +22,7 @@ SCALE_FORMATS = {"f32": _capi.MOE_FP8_SCALE_F32, "ue8m0": _capi.MOE_FP8_SCALE_UE
 SCALE_DTYPES = {_capi.MOE_FP8_SCALE_F32: torch.float32, _capi.MOE_FP8_SCALE_UE8M0: torch.uint8}
 WIDE_DTYPES = (torch.float32, torch.bfloat16)   # the quantizers' sources, the dequantizer's and the GEMM's outputs
 SCALE_TENSOR_DTYPES = (torch.float32, torch.uint8)
+ROW_SOURCES = {"expert": _capi.MOE_FP8_ROWS_EXPERT, "slot": _capi.MOE_FP8_ROWS_SLOT, "token": _capi.MOE_FP8_ROWS_TOKEN}
 
 
 def tiles(n):
@@ -190,3 +192,98 @@ def grouped_gemm_fp8_dx(dy, dy_scales, w, w_scales, m_sizes, gather_indices=None
     return _gemm_fp8("libmoe.grouped_gemm_fp8_dx", True, "dy", dy, dy_scales, w, w_scales, m_sizes,
                      gather_indices, topk, bool(permute_x), bool(permute_y), topk_weights, bool(reduce_topk), fp8,
                      w_fp8, out_dtype)
+
+
+def column_scale_rows(rows, num_experts):
+    """The scale rows of a grouped_gemm_fp8_dw operand of `rows` expert-order rows and num_experts experts,
+    ceil(rows / 128) + num_experts - 1 (moe_fp8_column_scale_rows): the tile of expert e beginning at expert row
+    r0 has scale row r0 / 128 + e, for every routing."""
+    return _capi.lib().moe_fp8_column_scale_rows(rows, num_experts)
+
+
+def quantize_fp8_columns(x, m_sizes, gather_indices=None, topk=1, *, rows="expert", topk_weights=None, fp8="e4m3",
+                         scale_format="f32"):
+    """(q, scales) of x per 128 x 1 tile along each expert's rows, grouped_gemm_fp8_dw's operands
+    (moe_quantize_fp8_columns; specs/FP8.md, "dW").
+
+    x              float32 or bfloat16 [rows, C]: expert row r reads row r (rows="expert", [M, C]), row g_r
+                   (rows="slot", [M, C]: dY of a forward with permute_y) or row g_r / topk (rows="token", [T, C]:
+                   X of a forward with permute_x)
+    m_sizes, gather_indices, topk   the routing (gather_indices needed by "slot", "token" and topk_weights)
+    topk_weights   float32 [M] in slot order, or None: expert row r's values times topk_weights[g_r] (float32)
+                   before its tile's amax, as the forward's fused weights enter dW
+    Each expert's rows are tiled from its own offset (its last tile partial); per tile of each column the rule
+    of quantize_fp8_rows.  Returns q uint8 [M, C] in expert-row order and scales [column_scale_rows(M, E), C]
+    (float32, or uint8 with "ue8m0"); rows no tile uses hold an empty tile's scale.  A NaN or Inf value raises
+    MoeError and writes nothing.  CPU tensors only: the CUDA backend has no kernel for it yet (MoeError)."""
+    fn = "libmoe.quantize_fp8_columns"
+    check_devices(fn, x=x, m_sizes=m_sizes, gather_indices=gather_indices, topk_weights=topk_weights)
+    check(fn, "x", x, (None, None), WIDE_DTYPES)
+    device = x.device
+    check_index(fn, "m_sizes", m_sizes, (None,), device)
+    check_int(fn, "topk", topk, 1)
+    source = _choice(fn, "rows", rows, ROW_SOURCES)
+    fmt = _choice(fn, "fp8", fp8, FP8_FORMATS)
+    sfmt = _choice(fn, "scale_format", scale_format, SCALE_FORMATS)
+    E = m_sizes.shape[0]
+    if E < 1:
+        raise ValueError("%s: m_sizes is empty, expected one entry per expert" % fn)
+    M = x.shape[0] * topk if source == _capi.MOE_FP8_ROWS_TOKEN else x.shape[0]
+    if M % topk:
+        raise ValueError("%s: x has %d rows, not a multiple of topk = %d" % (fn, M, topk))
+    if (source != _capi.MOE_FP8_ROWS_EXPERT or topk_weights is not None) and gather_indices is None:
+        raise ValueError("%s: gather_indices is required with rows \"slot\" or \"token\" and with topk_weights" % fn)
+    check_index(fn, "gather_indices", gather_indices, (M,), device, optional=True)
+    check(fn, "topk_weights", topk_weights, (M,), (torch.float32,), device, optional=True)
+    C = x.shape[1]
+    q = torch.empty((M, C), dtype=torch.uint8, device=device)
+    scales = torch.empty((column_scale_rows(M, E), C), dtype=SCALE_DTYPES[sfmt], device=device)
+    routing = _capi.Routing(M // topk, topk, E, ptr(m_sizes), ptr(gather_indices))
+    with device_scope(device):
+        _capi.call("moe_quantize_fp8_columns", backend_of(device), ctypes.byref(routing), moe_dtype(x.dtype), C,
+                   ptr(x), source, ptr(topk_weights), fmt, sfmt, ptr(q), ptr(scales), stream_of(device))
+    return q, scales
+
+
+def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp8=None, out_dtype=torch.float32):
+    """dW[e] = sum over the rows r of expert e of dy_r^T x_r on FP8 operands (moe_gemm_fp8_dw; specs/FP8.md,
+    "dW"), not differentiable.
+
+    x, x_scales    codes uint8 [M, K] and scales [column_scale_rows(M, E), K] (quantize_fp8_columns)
+    dy, dy_scales  codes uint8 [M, N] and scales [column_scale_rows(M, E), N], of x_scales' dtype
+    m_sizes        int64 [E]: the rows of each expert (the operands are in expert-row order: the forward's
+                   permute_x, permute_y and topk weights are quantize_fp8_columns')
+    fp8, x_fp8     the codes' formats, dY's and X's ("e4m3" or "e5m2"; x_fp8 defaults to fp8)
+    out_dtype      torch.float32 or torch.bfloat16
+    Per tile of 128 rows of an expert the exact products are summed in float32, times the product of the
+    tile's two scales, into a float32 accumulator; one rounding.  Returns dW [E, N, K]; an expert without rows
+    gets zeros.  A bad scale in a tile in use raises MoeError.  CPU tensors only: the CUDA backend has no FP8
+    dW kernel yet (MoeError)."""
+    fn = "libmoe.grouped_gemm_fp8_dw"
+    check_devices(fn, x=x, x_scales=x_scales, dy=dy, dy_scales=dy_scales, m_sizes=m_sizes)
+    check(fn, "x", x, (None, None), (torch.uint8,))
+    device = x.device
+    M, K = x.shape
+    check(fn, "dy", dy, (M, None), (torch.uint8,), device)
+    N = dy.shape[1]
+    check_index(fn, "m_sizes", m_sizes, (None,), device)
+    E = m_sizes.shape[0]
+    if E < 1:
+        raise ValueError("%s: m_sizes is empty, expected one entry per expert" % fn)
+    rows = column_scale_rows(M, E)
+    check(fn, "x_scales", x_scales, (rows, K), SCALE_TENSOR_DTYPES, device)
+    check(fn, "dy_scales", dy_scales, (rows, N), (x_scales.dtype,), device)
+    dy_fmt = _choice(fn, "fp8", fp8, FP8_FORMATS)
+    x_fmt = _choice(fn, "x_fp8", x_fp8 if x_fp8 is not None else fp8, FP8_FORMATS)
+    if out_dtype not in WIDE_DTYPES:
+        raise TypeError("%s: out_dtype %s, expected torch.float32 or torch.bfloat16" % (fn, out_dtype))
+    out = torch.empty((E, N, K), dtype=out_dtype, device=device)
+    routing = _capi.Routing(M, 1, E, ptr(m_sizes), None)
+    x_t = _capi.Fp8Tensor(ptr(x), ptr(x_scales), x_fmt)
+    dy_t = _capi.Fp8Tensor(ptr(dy), ptr(dy_scales), dy_fmt)
+    options = _capi.Fp8Options(out_dtype=moe_dtype(out_dtype), scale_format=_scale_format(x_scales),
+                               stream=stream_of(device))
+    with device_scope(device):
+        _capi.call("moe_gemm_fp8_dw", backend_of(device), ctypes.byref(routing), N, K, ctypes.byref(x_t),
+                   ctypes.byref(dy_t), ptr(out), ctypes.byref(options))
+    return out

@@ -7,6 +7,8 @@ the library:
     dequantize     decode(q) * scale in float32, rounded to the output dtype
     gemm_fp8       the FP8 grouped GEMM's exact value in float64 and the bound of oracle/fp8_oracle.c (section 4),
                    as an EV of bounds.py
+    quantize_columns, gemm_fp8_dw   dW's 128 x 1 quantizer (quantize's rule on each expert's rows, transposed) and
+                   FP8 dW's value and bound
 """
 import math
 
@@ -175,3 +177,61 @@ def gemm_fp8(a_q, a_s, w_q, w_s, m_sizes, gather, topk, permute_x, permute_y, to
         acc = g * mag + (1 + g) * (c * mag + (1 + c) * under)
     u_out, eta_out = OUTPUT_ROUNDING[out_dtype]
     return EV(value, acc + u_out * (value.abs() + acc) + eta_out + roundings * 2.0 ** -52 * mag)
+
+
+def _bound(value, mag, under, roundings, out_dtype):
+    """oracle/fp8_oracle.c's bound with float32 in-tile sums, `roundings` per element (a tensor)."""
+    g = roundings * U / (1 - roundings * U)
+    acc = g * mag + under * (1 + g)
+    u_out, eta_out = OUTPUT_ROUNDING[out_dtype]
+    return acc + u_out * (value.abs() + acc) + eta_out + roundings * 2.0 ** -52 * mag
+
+
+def column_scale_rows(M, E):
+    return tiles(M) + E - 1
+
+
+def quantize_columns(x, m_sizes, gather, topk, rows, topk_weights, fmt, scale_format):
+    """moe_quantize_fp8_columns' (codes [M, C], scales [tiles(M) + E - 1, C]): expert row r's values (row r, g_r
+    or g_r / topk of x, times topk_weights[g_r] in float32), each expert's rows quantized as quantize's 1 x 128
+    tiles of the transposed segment; rows no tile uses get a zero tile's scale."""
+    sizes = [int(v) for v in m_sizes.cpu()]
+    M, E, C = sum(sizes), len(sizes), x.shape[1]
+    slot = gather.cpu() if gather is not None else torch.arange(M)
+    src = {"expert": torch.arange(M), "slot": slot, "token": slot // topk}[rows]
+    v = x.detach().cpu().to(torch.float32)[src]
+    if topk_weights is not None:
+        v = topk_weights.detach().cpu()[slot][:, None] * v
+    _, empty = quantize(torch.zeros(1, 1), fmt, scale_format, 1, (1, 1, 1))
+    q = torch.zeros((M, C), dtype=torch.uint8)
+    scales = empty.reshape(1).repeat(column_scale_rows(M, E) * C).reshape(-1, C)
+    first = 0
+    for e, m in enumerate(sizes):
+        if m:
+            qe, se = quantize(v[first:first + m].t().contiguous(), fmt, scale_format, 1, (1, C, m))
+            q[first:first + m] = qe.reshape(C, m).t()
+            row = first // TILE + e
+            scales[row:row + tiles(m)] = se.reshape(C, tiles(m)).t()
+        first += m
+    return q, scales
+
+
+def gemm_fp8_dw(x_q, x_s, dy_q, dy_s, m_sizes, fp8, x_fp8, out_dtype):
+    """FP8 dW as EV(exact value [E, N, K], oracle bound): per expert, its 128-row tiles' exact sums times the
+    tile's scales (scale row first / 128 + e + t) in float64."""
+    X, SX = decode(x_q, x_fp8), scale_values(x_s)
+    DY, SDY = decode(dy_q, fp8), scale_values(dy_s)
+    sizes = [int(v) for v in m_sizes.cpu()]
+    E, N, K = len(sizes), DY.shape[1], X.shape[1]
+    value, bound = torch.zeros((E, N, K), dtype=F64), torch.zeros((E, N, K), dtype=F64)
+    first = 0
+    for e, m in enumerate(sizes):
+        row = first // TILE + e
+        a, sa = DY[first:first + m].t(), SDY[row:row + tiles(m)].t()                # [N, m], [N, t]
+        b = X[first:first + m].t()[None].expand(N, K, m)                             # [N, K, m]
+        sb = SX[row:row + tiles(m)].t()[None].expand(N, K, tiles(m))                 # [N, K, t]
+        v, mag, under = _promoted(a, sa, b, sb) if m else (torch.zeros(N, K, dtype=F64),) * 3
+        value[e] = v
+        bound[e] = _bound(v, mag, under, min(m, TILE) + 2 + tiles(m), out_dtype)
+        first += m
+    return EV(value, bound)

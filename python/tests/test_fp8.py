@@ -291,5 +291,106 @@ class TestGemmFp8(unittest.TestCase):
         libmoe.synchronize(DEVICE)
 
 
+def dw_case(T, k, E, N, K, x_rows, dy_rows, tw, fmt, x_fmt, sfmt, out_dtype, seed, empty_expert=False):
+    """FP8 dW's operands quantized by libmoe.quantize_fp8_columns (checked against the model bit for bit) and
+    libmoe's dW and the model's."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, E - 1 if empty_expert else E, (T, k), generator=gen)
+    m, g, _ = libmoe.routing_from_topk(ids, E)
+    M = T * k
+    x = spread((T if x_rows == "token" else M, K), gen)
+    dy = spread((M, N), gen)
+    weights = torch.rand(M, generator=gen) + 0.05 if tw else None
+    gather = g if x_rows != "expert" or dy_rows != "expert" or tw else None
+    xq, xs = libmoe.quantize_fp8_columns(x, m, gather, k, rows=x_rows, fp8=x_fmt, scale_format=sfmt)
+    dyq, dys = libmoe.quantize_fp8_columns(dy, m, gather, k, rows=dy_rows, topk_weights=weights, fp8=fmt,
+                                           scale_format=sfmt)
+    for got, want, what in zip((xq, xs, dyq, dys),
+                               fp8_model.quantize_columns(x, m, gather, k, x_rows, None, x_fmt, sfmt) +
+                               fp8_model.quantize_columns(dy, m, gather, k, dy_rows, weights, fmt, sfmt),
+                               ("x codes", "x scales", "dy codes", "dy scales")):
+        if not torch.equal(got, want):
+            raise AssertionError("quantize_fp8_columns: %s differ from the model's (seed %d)" % (what, seed))
+    got = libmoe.grouped_gemm_fp8_dw(xq, xs, dyq, dys, m, fp8=fmt, x_fp8=x_fmt, out_dtype=out_dtype)
+    return got, fp8_model.gemm_fp8_dw(xq, xs, dyq, dys, m, fmt, x_fmt, out_dtype)
+
+
+@unittest.skipUnless(DEVICE.type == "cpu", "FP8 dW has no CUDA kernel yet (test_cuda_refuses_dw)")
+class TestGemmFp8Dw(unittest.TestCase):
+    def test_every_source_against_the_bound(self):
+        seed = 100
+        for x_rows in ("expert", "token"):
+            for dy_rows in ("expert", "slot"):
+                for tw in (False, True):
+                    seed += 1
+                    fmt, x_fmt = FORMATS[seed % 2], FORMATS[seed // 2 % 2]
+                    sfmt, out_dtype = SCALE_FORMATS[seed // 4 % 2], (torch.float32, torch.bfloat16)[seed // 3 % 2]
+                    got, want = dw_case(150, 2, 3, 130, 129, x_rows, dy_rows, tw, fmt, x_fmt, sfmt, out_dtype, seed)
+                    what = " (x %s, dy %s, tw=%d, %s/%s %s %s)" % (x_rows, dy_rows, tw, fmt, x_fmt, sfmt, out_dtype)
+                    self.assertEqual(got.dtype, out_dtype)
+                    self.assertEqual(tuple(got.shape), (3, 130, 129), what)
+                    within("fp8 dw", got, want, what)
+
+    def test_empty_expert_and_one_row(self):
+        got, _ = dw_case(5, 1, 3, 7, 9, "expert", "expert", False, "e4m3", "e4m3", "f32", torch.float32, 110,
+                         empty_expert=True)
+        self.assertTrue(bool((got[2] == 0).all()), "the expert without rows")
+        got, want = dw_case(1, 1, 1, 1, 1, "expert", "expert", False, "e4m3", "e4m3", "f32", torch.float32, 111)
+        within("fp8 dw, one row", got, want)
+
+    def test_bad_inputs_raise_and_change_nothing(self):
+        gen = torch.Generator().manual_seed(112)
+        ids = torch.randint(0, 3, (4, 2), generator=gen)
+        m, g, _ = libmoe.routing_from_topk(ids, 3)
+        x, dy = spread((4, 140), gen), spread((8, 20), gen)
+        xq, xs = libmoe.quantize_fp8_columns(x, m, g, 2, rows="token")
+        dyq, dys = libmoe.quantize_fp8_columns(dy, m, g, 2, rows="slot")
+        self.assertEqual(tuple(xs.shape), (libmoe.column_scale_rows(8, 3), 140))
+        self.assertEqual(libmoe.column_scale_rows(8, 3), 3)
+        keep = [t.clone() for t in (x, dy, xq, xs, dyq, dys, m, g)]
+        quant = lambda **kw: libmoe.quantize_fp8_columns(kw.get("x", x), kw.get("m", m),  # noqa: E731
+                                                         kw.get("g", g), 2, rows=kw.get("rows", "token"),
+                                                         topk_weights=kw.get("tw"))
+        dw = lambda **kw: libmoe.grouped_gemm_fp8_dw(kw.get("xq", xq), kw.get("xs", xs), kw.get("dyq", dyq),  # noqa: E731
+                                                     kw.get("dys", dys), kw.get("m", m),
+                                                     out_dtype=kw.get("out", torch.float32))
+        nan = x.clone()
+        nan[3, 7] = float("nan")
+        bad_scale = xs.clone()
+        bad_scale[0, 5] = -1.0
+        cases = [
+            (ValueError, "rows must be one of", lambda: quant(rows="tokens")),
+            (ValueError, "gather_indices is required", lambda: quant(g=None)),
+            (TypeError, "x has dtype torch.float64", lambda: quant(x=x.double())),
+            (ValueError, r"topk_weights has shape \(4,\)", lambda: quant(tw=torch.ones(4))),
+            (libmoe.MoeError, r"src\[3\]\[7\] = nan", lambda: quant(x=nan)),
+            (TypeError, "x has dtype torch.float32, expected torch.uint8", lambda: dw(xq=xq.float())),
+            (ValueError, r"dy has shape \(7, 20\), expected \(8, \*\)", lambda: dw(dyq=dyq[:7].contiguous())),
+            (ValueError, r"x_scales has shape \(2, 140\), expected \(3, 140\)", lambda: dw(xs=xs[:2].contiguous())),
+            (TypeError, "dy_scales has dtype torch.uint8, expected torch.float32", lambda: dw(dys=dys.to(torch.uint8))),
+            (TypeError, "out_dtype torch.float16", lambda: dw(out=torch.float16)),
+            (libmoe.MoeError, r"x.scales\[0\]\[5\] = -1", lambda: dw(xs=bad_scale)),
+        ]
+        for exc, pattern, call in cases:
+            with self.assertRaisesRegex(exc, pattern):
+                call()
+        for before, after in zip(keep, (x, dy, xq, xs, dyq, dys, m, g)):
+            self.assertTrue(torch.equal(before, after))
+
+
+class TestDwOnCuda(unittest.TestCase):
+    @unittest.skipUnless(DEVICE.type == "cuda", "needs a CUDA device")
+    def test_cuda_refuses_dw(self):
+        """No CUDA kernel for FP8 dW or its quantizer yet: both raise MoeError saying so, nothing runs elsewhere."""
+        m = torch.tensor([2], dtype=torch.int64, device=DEVICE)
+        x = torch.ones((2, 3), device=DEVICE)
+        with self.assertRaisesRegex(libmoe.MoeError, "no CUDA kernel yet"):
+            libmoe.quantize_fp8_columns(x, m)
+        q = torch.zeros((2, 3), dtype=torch.uint8, device=DEVICE)
+        s = torch.ones((1, 3), device=DEVICE)
+        with self.assertRaisesRegex(libmoe.MoeError, "FP8 dW has no CUDA kernel yet"):
+            libmoe.grouped_gemm_fp8_dw(q, s, q, s, m)
+
+
 if __name__ == "__main__":
     unittest.main()

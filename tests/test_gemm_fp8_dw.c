@@ -1,0 +1,598 @@
+/* FP8 dW (moe_gemm_fp8_dw) and its 128 x 1 quantizer (moe_quantize_fp8_columns) on MOE_BACKEND_REF, against the
+ * float64 oracle within its derived bound (oracle_gemm_fp8_dw, specs/FP8.md sections 2 and 4):
+ *
+ *   - the quantizer: every tile of every expert against moe_quantize_fp8_rows on the same values laid out as
+ *     one row (the gathered, weighted column tile), so both share one scale rule; the unused scale rows hold
+ *     an empty tile's scale; every source mode (expert, slot, token order) and topk weights;
+ *   - dW on random codes and scales: experts of 0 .. 300 rows (partial last tiles, several tiles, empty
+ *     experts), N and K below, at and past 128, both output dtypes, both scale formats, all four operand dtype
+ *     pairs, accumulate; the scale rows no tile uses hold -1 (never read);
+ *   - dW on quantized operands (the training step's chain) within the same bound;
+ *   - an exact case: powers of two, two experts whose tiles restart at their own offsets;
+ *   - planted mutants the check must reject: one tile's scale dropped (replaced by 1), the tiles numbered
+ *     without the per-expert restart;
+ *   - bad arguments of both calls: each status, a message naming the argument, nothing written; the CUDA
+ *     table's refusal.
+ *
+ * Usage: test_gemm_fp8_dw [seed] */
+#include "moe_backend.h"
+#include "moe_fp8.h"
+#include "oracle_fp8.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes + 8);
+    REQUIRE(p != NULL, "no memory for %zu bytes", bytes);
+    return p;
+}
+
+static size_t scale_bytes(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
+
+/* A random routing with M = T * k rows; T from 1 .. 6 or, one time in three, 100 .. 300 (experts of more than
+ * one tile). */
+typedef struct routed {
+    int64_t T, k, E;
+    int64_t *ids, *m_sizes, *gather;
+    moe_routing routing;
+} routed;
+
+static void make_routing(routed *r, oracle_rng *rng)
+{
+    r->E = 1 + (int64_t)oracle_rng_below(rng, 5);
+    r->k = 1 + (int64_t)oracle_rng_below(rng, (uint64_t)(r->E < 2 ? r->E : 2));
+    r->T = oracle_rng_below(rng, 3) ? 1 + (int64_t)oracle_rng_below(rng, 6) : 100 + (int64_t)oracle_rng_below(rng, 201);
+    const int64_t M = r->T * r->k;
+    r->ids = xmalloc((size_t)M * sizeof(int64_t));
+    r->m_sizes = xmalloc((size_t)r->E * sizeof(int64_t));
+    r->gather = xmalloc((size_t)M * sizeof(int64_t));
+    oracle_topk_ids(rng, r->T, r->k, r->E, r->ids);
+    REQUIRE(moe_routing_from_topk(r->T, r->k, r->E, r->ids, r->m_sizes, r->gather, NULL) == MOE_OK, "routing: %s",
+            moe_last_error());
+    r->routing = (moe_routing){r->T, r->k, r->E, r->m_sizes, r->gather};
+}
+
+static void free_routing(routed *r) { free(r->ids), free(r->m_sizes), free(r->gather); }
+
+/* N and K: below, at and past multiples of 128 (smaller with many rows, so that a case costs little). */
+static int64_t random_length(oracle_rng *rng, int64_t M)
+{
+    static const int64_t lengths[] = {1, 7, 64, 127, 128, 129, 200, 257};
+    return lengths[oracle_rng_below(rng, M > 100 ? 6 : 8)];
+}
+
+static uint8_t finite_code(oracle_rng *rng, moe_dtype dtype)
+{
+    for (;;) {
+        const uint8_t c = (uint8_t)oracle_rng_below(rng, 256);
+        if (isfinite(dtype == MOE_E5M2 ? moe_e5m2_to_f32(c) : moe_e4m3_to_f32(c)))
+            return c;
+    }
+}
+
+/* The scale rows expert e's tiles use: first / 128 + e onwards, tiles(m) of them. */
+static int64_t first_scale_row(const moe_routing *routing, int64_t e, int64_t *first_row)
+{
+    int64_t first = 0;
+    for (int64_t i = 0; i < e; i++)
+        first += routing->m_sizes[i];
+    *first_row = first;
+    return first / 128 + e;
+}
+
+/* Random scales for the rows in use (2^[-6, 6] times [1, 2), or biased exponents 121 .. 133); -1 (or 255,
+ * UE8M0's NaN) in the rows no tile uses, which nothing may read. */
+static void *random_column_scales(oracle_rng *rng, moe_fp8_scale_format format, const moe_routing *routing,
+                                  int64_t cols)
+{
+    const int64_t rows = moe_fp8_column_scale_rows(routing->num_tokens * routing->topk, routing->num_experts);
+    void *s = xmalloc((size_t)(rows * cols) * scale_bytes(format));
+    for (int64_t i = 0; i < rows * cols; i++) {
+        if (format == MOE_FP8_SCALE_UE8M0)
+            ((uint8_t *)s)[i] = 255;
+        else
+            ((float *)s)[i] = -1.0f;
+    }
+    for (int64_t e = 0; e < routing->num_experts; e++) {
+        int64_t first;
+        const int64_t row0 = first_scale_row(routing, e, &first), used = (routing->m_sizes[e] + 127) / 128;
+        for (int64_t i = row0 * cols; i < (row0 + used) * cols; i++) {
+            if (format == MOE_FP8_SCALE_UE8M0)
+                ((uint8_t *)s)[i] = (uint8_t)(121 + oracle_rng_below(rng, 13));
+            else
+                ((float *)s)[i] = (float)ldexp(1.0 + 0.5 * (oracle_rng_symmetric(rng) + 1.0),
+                                               (int)oracle_rng_below(rng, 13) - 6);
+        }
+    }
+    return s;
+}
+
+/* Runs dW and checks it against the oracle; returns |err| / bound at worst (and counts the elements outside
+ * in *outside when not NULL, without failing: the mutants' use). */
+static double check_dw(const char *what, const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
+                       const moe_fp8_tensor *dy, const moe_fp8_tensor *oracle_x, const moe_fp8_tensor *oracle_dy,
+                       const moe_fp8_options *opt, oracle_rng *rng, int64_t *outside)
+{
+    const int64_t count = routing->num_experts * N * K;
+    void *dw = xmalloc((size_t)count * 4);
+    double *value = xmalloc((size_t)count * sizeof(double)), *bound = xmalloc((size_t)count * sizeof(double));
+    oracle_fill(rng, opt->out_dtype, dw, count, 0);
+    oracle_gemm_fp8_dw(routing, N, K, oracle_x, oracle_dy, dw, opt, ORACLE_FP8_TILE_F32, value, bound);
+    const moe_status st = moe_gemm_fp8_dw(MOE_BACKEND_REF, routing, N, K, x, dy, dw, opt);
+    CHECK(st == MOE_OK, "%s: status %d: %s", what, (int)st, moe_last_error());
+    double ratio = 0.0;
+    const int64_t bad = oracle_compare(what, opt->out_dtype, dw, value, bound, count, outside ? NULL : stdout, 3,
+                                       &ratio);
+    if (outside != NULL)
+        *outside = bad;
+    else
+        CHECK(bad == 0, "%s: %lld elements outside the bound", what, (long long)bad);
+    free(dw), free(value), free(bound);
+    return ratio;
+}
+
+/* What every random case draws: the routing, N and K, the options (output dtype, scale format, accumulate) and
+ * the operands' FP8 dtypes; `what` describes it. */
+typedef struct dw_case {
+    routed r;
+    int64_t M, N, K;
+    moe_fp8_options opt;
+    moe_fp8_tensor x, dy;
+    char what[160];
+} dw_case;
+
+static void make_dw_case(dw_case *c, oracle_rng *rng)
+{
+    make_routing(&c->r, rng);
+    c->M = c->r.T * c->r.k;
+    c->N = random_length(rng, c->M);
+    c->K = random_length(rng, c->M);
+    memset(&c->opt, 0, sizeof c->opt);
+    c->opt.out_dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F32;
+    c->opt.scale_format = oracle_rng_below(rng, 2) ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
+    c->opt.accumulate = (int)oracle_rng_below(rng, 2);
+    c->x = (moe_fp8_tensor){NULL, NULL, oracle_rng_below(rng, 3) ? MOE_E4M3 : MOE_E5M2};
+    c->dy = (moe_fp8_tensor){NULL, NULL, oracle_rng_below(rng, 3) ? MOE_E4M3 : MOE_E5M2};
+    snprintf(c->what, sizeof c->what, "dw T=%lld k=%lld E=%lld N=%lld K=%lld %sx%s out=%s scales=%s acc=%d",
+             (long long)c->r.T, (long long)c->r.k, (long long)c->r.E, (long long)c->N, (long long)c->K,
+             moe_dtype_name(c->dy.dtype), moe_dtype_name(c->x.dtype), moe_dtype_name(c->opt.out_dtype),
+             c->opt.scale_format ? "ue8m0" : "f32", c->opt.accumulate);
+}
+
+/* count random cases of one kind; returns the worst |err| / bound. */
+static double random_cases(oracle_rng *rng, int count, double (*run)(dw_case *c, oracle_rng *rng))
+{
+    double worst = 0.0;
+    for (int i = 0; i < count; i++) {
+        dw_case c;
+        make_dw_case(&c, rng);
+        const double ratio = run(&c, rng);
+        worst = ratio > worst ? ratio : worst;
+        free_routing(&c.r);
+    }
+    return worst;
+}
+
+/* dW on random codes and scales. */
+static double gemm_case(dw_case *cp, oracle_rng *rng)
+{
+    dw_case c = *cp; /* its operands filled here */
+    const int64_t M = c.M, N = c.N, K = c.K;
+    uint8_t *xq = xmalloc((size_t)(M * K)), *dyq = xmalloc((size_t)(M * N));
+    for (int64_t j = 0; j < M * K; j++)
+        xq[j] = finite_code(rng, c.x.dtype);
+    for (int64_t j = 0; j < M * N; j++)
+        dyq[j] = finite_code(rng, c.dy.dtype);
+    void *xs = random_column_scales(rng, c.opt.scale_format, &c.r.routing, K);
+    void *dys = random_column_scales(rng, c.opt.scale_format, &c.r.routing, N);
+    c.x.data = xq, c.x.scales = xs, c.dy.data = dyq, c.dy.scales = dys;
+    const double ratio = check_dw(c.what, &c.r.routing, N, K, &c.x, &c.dy, &c.x, &c.dy, &c.opt, rng, NULL);
+    free(xq), free(dyq), free(xs), free(dys);
+    return ratio;
+}
+
+/* Quantizes src with moe_quantize_fp8_columns and checks every tile against moe_quantize_fp8_rows on the tile's
+ * values laid out as one row; the unused scale rows against an empty tile's scale. */
+static void check_columns(const char *what, const routed *r, int64_t cols, moe_dtype src_dtype, const void *src,
+                          moe_fp8_row_source source, const float *topk, moe_dtype fp8_dtype,
+                          moe_fp8_scale_format format, const uint8_t *q, const void *scales)
+{
+    const int64_t M = r->T * r->k, rows = moe_fp8_column_scale_rows(M, r->E);
+    const size_t sb = scale_bytes(format);
+    unsigned char *used = calloc((size_t)rows + 1, 1);
+    float tile[128];
+    uint8_t tile_q[128], tile_scale[4];
+    int64_t mismatches = 0;
+    for (int64_t e = 0; e < r->E; e++) {
+        int64_t first;
+        const int64_t row0 = first_scale_row(&r->routing, e, &first), end = first + r->m_sizes[e];
+        for (int64_t r0 = first, t = 0; r0 < end; r0 += 128, t++) {
+            const int64_t len = end - r0 < 128 ? end - r0 : 128;
+            used[row0 + t] = 1;
+            for (int64_t c = 0; c < cols; c++) {
+                for (int64_t i = 0; i < len; i++) {
+                    const int64_t row = r0 + i, slot = r->gather[row];
+                    const int64_t src_row = source == MOE_FP8_ROWS_EXPERT ? row
+                                            : source == MOE_FP8_ROWS_SLOT ? slot : slot / r->k;
+                    const float v = src_dtype == MOE_F32 ? ((const float *)src)[src_row * cols + c]
+                                                         : moe_bf16_to_f32(((const uint16_t *)src)[src_row * cols + c]);
+                    tile[i] = topk != NULL ? topk[slot] * v : v;
+                }
+                REQUIRE(moe_quantize_fp8_rows(MOE_BACKEND_REF, MOE_F32, 1, len, tile, fp8_dtype, format, tile_q,
+                                              tile_scale, NULL) == MOE_OK, "%s: rows quantizer: %s", what,
+                        moe_last_error());
+                int same = memcmp(tile_scale, (const char *)scales + ((row0 + t) * cols + c) * sb, sb) == 0;
+                for (int64_t i = 0; i < len; i++)
+                    same = same && tile_q[i] == q[(r0 + i) * cols + c];
+                mismatches += !same;
+            }
+        }
+    }
+    CHECK(mismatches == 0, "%s: %lld tiles differ from the rows quantizer's", what, (long long)mismatches);
+    /* an empty tile's scale: the rows quantizer's on a zero row */
+    const float zero = 0.0f;
+    REQUIRE(moe_quantize_fp8_rows(MOE_BACKEND_REF, MOE_F32, 1, 1, &zero, fp8_dtype, format, tile_q, tile_scale, NULL) ==
+            MOE_OK, "zero row: %s", moe_last_error());
+    int64_t unused_bad = 0;
+    for (int64_t row = 0; row < rows; row++)
+        for (int64_t c = 0; !used[row] && c < cols; c++)
+            unused_bad += memcmp(tile_scale, (const char *)scales + (row * cols + c) * sb, sb) != 0;
+    CHECK(unused_bad == 0, "%s: %lld unused scales are not an empty tile's", what, (long long)unused_bad);
+    free(used);
+}
+
+/* The quantizer on random sources (every mode), then dW on its operands within the bound. */
+static double quantized_case(dw_case *cp, oracle_rng *rng)
+{
+    const dw_case c = *cp;
+    const int64_t M = c.M, N = c.N, K = c.K;
+    const routed r = c.r;
+    const moe_fp8_options opt = c.opt;
+    moe_fp8_tensor x = c.x, dy = c.dy;
+    const moe_dtype src_dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F32;
+    const moe_fp8_row_source x_source = oracle_rng_below(rng, 2) ? MOE_FP8_ROWS_TOKEN : MOE_FP8_ROWS_EXPERT;
+    const moe_fp8_row_source dy_source = oracle_rng_below(rng, 2) ? MOE_FP8_ROWS_SLOT : MOE_FP8_ROWS_EXPERT;
+    const int64_t x_rows = x_source == MOE_FP8_ROWS_TOKEN ? r.T : M;
+    void *x_src = xmalloc((size_t)(x_rows * K) * 4), *dy_src = xmalloc((size_t)(M * N) * 4);
+    oracle_fill(rng, src_dtype, x_src, x_rows * K, (int)oracle_rng_below(rng, 3));
+    oracle_fill(rng, src_dtype, dy_src, M * N, (int)oracle_rng_below(rng, 3));
+    float *topk = NULL;
+    if (oracle_rng_below(rng, 2)) {
+        topk = xmalloc((size_t)M * sizeof(float));
+        for (int64_t j = 0; j < M; j++)
+            topk[j] = (float)(0.05 + 0.5 * (oracle_rng_symmetric(rng) + 1.0));
+    }
+    const int64_t srows = moe_fp8_column_scale_rows(M, r.E);
+    const size_t sb = scale_bytes(opt.scale_format);
+    uint8_t *xq = xmalloc((size_t)(M * K)), *dyq = xmalloc((size_t)(M * N));
+    void *xs = xmalloc((size_t)(srows * K) * sb), *dys = xmalloc((size_t)(srows * N) * sb);
+    char what[300];
+    snprintf(what, sizeof what, "quantized %s %s x_src=%d dy_src=%d topk=%d", c.what, moe_dtype_name(src_dtype),
+             (int)x_source, (int)dy_source, topk != NULL);
+    moe_status st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &r.routing, src_dtype, K, x_src, x_source, NULL,
+                                             x.dtype, opt.scale_format, xq, xs, NULL);
+    CHECK(st == MOE_OK, "%s: quantize x: %s", what, moe_last_error());
+    st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype,
+                                  opt.scale_format, dyq, dys, NULL);
+    CHECK(st == MOE_OK, "%s: quantize dy: %s", what, moe_last_error());
+    check_columns(what, &r, K, src_dtype, x_src, x_source, NULL, x.dtype, opt.scale_format, xq, xs);
+    check_columns(what, &r, N, src_dtype, dy_src, dy_source, topk, dy.dtype, opt.scale_format, dyq, dys);
+    x.data = xq, x.scales = xs, dy.data = dyq, dy.scales = dys;
+    const double ratio = check_dw(what, &r.routing, N, K, &x, &dy, &x, &dy, &opt, rng, NULL);
+    free(x_src), free(dy_src), free(topk), free(xq), free(dyq), free(xs), free(dys);
+    return ratio;
+}
+
+/* Two experts of 130 and 300 rows: x codes 1, dy codes 2, the scales of each scale row inverse powers of two in
+ * x and dy, so each tile adds 2 * its rows: dW[0] = 260, dW[1] = 600 exactly (expert 1's tiles take scale rows
+ * 2, 3, 4 = 130 / 128 + 1 onwards; the mutants below check that numbering).  Then an empty expert between
+ * them: zeros, or the old values with accumulate. */
+/* Scale row i: 2^-exponent[i] in each of x's K columns, 2^exponent[i] in each of dy's N. */
+static void inverse_scales(int rows, const int *exponent, int K, float *xs, int N, float *dys)
+{
+    for (int row = 0; row < rows; row++) {
+        for (int c = 0; c < K; c++)
+            xs[row * K + c] = ldexpf(1.0f, -exponent[row]);
+        for (int n = 0; n < N; n++)
+            dys[row * N + n] = ldexpf(1.0f, exponent[row]);
+    }
+}
+
+static void exact_case(void)
+{
+    enum { M = 430, N = 2, K = 3, E = 2 };
+    int64_t m_sizes[E] = {130, 300};
+    const moe_routing routing = {M, 1, E, m_sizes, NULL};
+    const int64_t srows = moe_fp8_column_scale_rows(M, E);
+    CHECK(srows == 5, "scale rows of M = 430, E = 2: %lld, expected 5", (long long)srows);
+    static uint8_t xq[M * K], dyq[M * N];
+    memset(xq, moe_f32_to_e4m3(1.0f), sizeof xq);
+    memset(dyq, moe_f32_to_e4m3(2.0f), sizeof dyq);
+    float xs[5 * K], dys[5 * N];
+    static const int row_exponent[5] = {0, 1, 1, 2, 3}; /* rows 0, 1: expert 0's tiles; 2, 3, 4: expert 1's */
+    inverse_scales(5, row_exponent, K, xs, N, dys);
+    const moe_fp8_tensor x = {xq, xs, MOE_E4M3}, dy = {dyq, dys, MOE_E4M3};
+    float dw[E * N * K];
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &routing, N, K, &x, &dy, dw, NULL) == MOE_OK, "exact case: %s",
+          moe_last_error());
+    for (int i = 0; i < E * N * K; i++)
+        CHECK(dw[i] == (i < N * K ? 260.0f : 600.0f), "exact case: dw[%d] = %g, expected %g", i, (double)dw[i],
+              i < N * K ? 260.0 : 600.0);
+    /* an empty expert gets zeros; with accumulate its old values stay */
+    int64_t empty_sizes[3] = {130, 0, 300};
+    const moe_routing with_empty = {M, 1, 3, empty_sizes, NULL};
+    CHECK(moe_fp8_column_scale_rows(M, 3) == 6, "scale rows of M = 430, E = 3");
+    float xs3[6 * K], dys3[6 * N], dw3[3 * N * K];
+    static const int row_exponent3[6] = {0, 1, 5, 1, 2, 3}; /* row 2 unused: the empty expert's (130 / 128 + 1) */
+    inverse_scales(6, row_exponent3, K, xs3, N, dys3);
+    /* expert 2 begins at row 130: scale row 130 / 128 + 2 = 3 */
+    const moe_fp8_tensor x3 = {xq, xs3, MOE_E4M3}, dy3 = {dyq, dys3, MOE_E4M3};
+    for (int i = 0; i < 3 * N * K; i++)
+        dw3[i] = 7.0f;
+    const moe_fp8_options accumulate = {.accumulate = 1};
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &with_empty, N, K, &x3, &dy3, dw3, &accumulate) == MOE_OK,
+          "empty expert: %s", moe_last_error());
+    for (int i = 0; i < 3 * N * K; i++) {
+        const float want = i < N * K ? 267.0f : i < 2 * N * K ? 7.0f : 607.0f;
+        CHECK(dw3[i] == want, "empty expert, accumulate: dw[%d] = %g, expected %g", i, (double)dw3[i], (double)want);
+    }
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &with_empty, N, K, &x3, &dy3, dw3, NULL) == MOE_OK, "empty expert: %s",
+          moe_last_error());
+    for (int i = N * K; i < 2 * N * K; i++)
+        CHECK(dw3[i] == 0.0f && !signbit(dw3[i]), "empty expert: dw[%d] = %g, expected +0", i, (double)dw3[i]);
+}
+
+/* Planted mutants: the reference fed scales that a broken implementation would read must fail the oracle's
+ * check on the true scales.  (a) one tile's dY scale dropped (read as 1); (b) the tiles numbered without the
+ * per-expert restart (expert e's tile t read from scale row (first_e + 128 t) / 128). */
+static void mutants(oracle_rng *rng)
+{
+    enum { E = 3, N = 5, K = 4 };
+    int64_t m_sizes[E] = {150, 0, 140}; /* expert 2's tiles: scale rows 150 / 128 + 2 = 3, 4; unrestarted: 1, 2 */
+    const int64_t M = 290;
+    const moe_routing routing = {M, 1, E, m_sizes, NULL};
+    const int64_t srows = moe_fp8_column_scale_rows(M, E);
+    uint8_t *xq = xmalloc((size_t)(M * K)), *dyq = xmalloc((size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++)
+        xq[i] = finite_code(rng, MOE_E4M3);
+    for (int64_t i = 0; i < M * N; i++)
+        dyq[i] = finite_code(rng, MOE_E4M3);
+    float *xs = random_column_scales(rng, MOE_FP8_SCALE_F32, &routing, K);
+    float *dys = random_column_scales(rng, MOE_FP8_SCALE_F32, &routing, N);
+    for (int64_t i = 0; i < srows * N; i++) /* dy's scales at least 2, so that 1 is a change; none unused */
+        dys[i] = dys[i] > 0.0f ? 2.0f + dys[i] : 3.0f;
+    for (int64_t i = 0; i < srows * K; i++)
+        xs[i] = xs[i] > 0.0f ? xs[i] : 0.75f;
+    const moe_fp8_tensor x = {xq, xs, MOE_E4M3}, dy = {dyq, dys, MOE_E4M3};
+    const moe_fp8_options opt = {0};
+    int64_t outside = -1;
+    check_dw("mutants' base", &routing, N, K, &x, &dy, &x, &dy, &opt, rng, &outside);
+    CHECK(outside == 0, "the unmutated call: %lld elements outside", (long long)outside);
+    /* (a) */
+    float *dropped = xmalloc((size_t)(srows * N) * sizeof(float));
+    memcpy(dropped, dys, (size_t)(srows * N) * sizeof(float));
+    dropped[4 * N + 2] = 1.0f; /* expert 2's second tile, column n = 2 */
+    const moe_fp8_tensor dy_dropped = {dyq, dropped, MOE_E4M3};
+    check_dw("mutant: a dropped tile scale", &routing, N, K, &x, &dy_dropped, &x, &dy, &opt, rng, &outside);
+    CHECK(outside > 0, "a dropped tile scale passed the check");
+    printf("mutant, a dropped tile scale: %lld elements outside the bound\n", (long long)outside);
+    /* (b): expert 2 reads rows 1, 2 instead of 3, 4 */
+    float *xs_b = xmalloc((size_t)(srows * K) * sizeof(float)), *dys_b = xmalloc((size_t)(srows * N) * sizeof(float));
+    memcpy(xs_b, xs, (size_t)(srows * K) * sizeof(float));
+    memcpy(dys_b, dys, (size_t)(srows * N) * sizeof(float));
+    memcpy(xs_b + 3 * K, xs + 1 * K, 2 * K * sizeof(float));
+    memcpy(dys_b + 3 * N, dys + 1 * N, 2 * N * sizeof(float));
+    const moe_fp8_tensor x_b = {xq, xs_b, MOE_E4M3}, dy_b = {dyq, dys_b, MOE_E4M3};
+    check_dw("mutant: tiles without the expert restart", &routing, N, K, &x_b, &dy_b, &x, &dy, &opt, rng, &outside);
+    CHECK(outside > 0, "tiles without the expert restart passed the check");
+    printf("mutant, tiles without the expert restart: %lld elements outside the bound\n", (long long)outside);
+    free(xq), free(dyq), free(xs), free(dys), free(dropped), free(xs_b), free(dys_b);
+}
+
+/* ---- bad arguments: status, a message naming the argument, nothing written ---- */
+
+enum { BT = 3, BN = 130, BK = 129, BE = 2 };
+static int64_t bad_sizes[BE] = {2, 1}, bad_gather[BT] = {2, 0, 1};
+static uint8_t bad_xq[BT * BK], bad_dyq[BT * BN];
+static float bad_xs[2 * BK], bad_dys[2 * BN], bad_dw[BE * BN * BK];
+static uint8_t bad_ue[2 * BN];
+
+typedef struct dw_args {
+    moe_backend backend;
+    moe_routing routing;
+    int64_t N, K;
+    moe_fp8_tensor x, dy;
+    void *dw;
+    moe_fp8_options opt;
+} dw_args;
+
+static void expect_bad_dw(const char *what, const dw_args *a, moe_status want, const char *fragment)
+{
+    bad_dw[0] = 12345.0f;
+    const moe_status st = moe_gemm_fp8_dw(a->backend, &a->routing, a->N, a->K, &a->x, &a->dy, a->dw, &a->opt);
+    CHECK(st == want && strstr(moe_last_error(), fragment) != NULL, "%s: status %d (want %d), message \"%s\" (want "
+          "\"%s\")", what, (int)st, (int)want, moe_last_error(), fragment);
+    CHECK(bad_dw[0] == 12345.0f, "%s: dw changed", what);
+}
+
+static void bad_dw_arguments(void)
+{
+    for (size_t i = 0; i < sizeof bad_xs / sizeof bad_xs[0]; i++)
+        bad_xs[i] = 1.0f;
+    for (size_t i = 0; i < sizeof bad_dys / sizeof bad_dys[0]; i++)
+        bad_dys[i] = 0.5f;
+    memset(bad_ue, 127, sizeof bad_ue);
+    const dw_args good = {MOE_BACKEND_REF, {BT, 1, BE, bad_sizes, bad_gather}, BN, BK, {bad_xq, bad_xs, MOE_E4M3},
+                          {bad_dyq, bad_dys, MOE_E5M2}, bad_dw, {0}};
+    dw_args a = good;
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &a.routing, BN, BK, &a.x, &a.dy, bad_dw, NULL) == MOE_OK, "good call: %s",
+          moe_last_error());
+#define BAD(what, change, status, fragment) (a = good, (change), expect_bad_dw(what, &a, status, fragment))
+    BAD("out_dtype f16", a.opt.out_dtype = MOE_F16, MOE_ERR_INVALID_DTYPE, "moe_gemm_fp8_dw: options.out_dtype = f16");
+    BAD("scale_format 3", a.opt.scale_format = (moe_fp8_scale_format)3, MOE_ERR_INVALID_OPTION,
+        "options.scale_format = 3");
+    BAD("permute_x", a.opt.permute_x = 1, MOE_ERR_INVALID_OPTION, "options.permute_x does not apply");
+    BAD("permute_y", a.opt.permute_y = 1, MOE_ERR_INVALID_OPTION, "options.permute_y does not apply");
+    BAD("reduce_topk", a.opt.reduce_topk = 1, MOE_ERR_INVALID_OPTION, "options.reduce_topk does not apply");
+    BAD("x dtype bf16", a.x.dtype = MOE_BF16, MOE_ERR_INVALID_DTYPE, "x.dtype = bf16");
+    BAD("dy dtype f32", a.dy.dtype = MOE_F32, MOE_ERR_INVALID_DTYPE, "dy.dtype = f32");
+    BAD("x data NULL", a.x.data = NULL, MOE_ERR_NULL_POINTER, "x.data");
+    BAD("dy scales NULL", a.dy.scales = NULL, MOE_ERR_NULL_POINTER, "dy.scales");
+    BAD("dw NULL", a.dw = NULL, MOE_ERR_NULL_POINTER, "dw");
+    BAD("x scale 0", bad_xs[1 * BK + 5] = 0.0f, MOE_ERR_INVALID_VALUE, "x.scales[1][5] = 0, expected finite and > 0");
+    bad_xs[1 * BK + 5] = 1.0f;
+    BAD("dy scale -1", bad_dys[7] = -1.0f, MOE_ERR_INVALID_VALUE, "dy.scales[0][7] = -1");
+    bad_dys[7] = 0.5f;
+    BAD("dy scale NaN", bad_dys[BN + 3] = NAN, MOE_ERR_INVALID_VALUE, "dy.scales[1][3] = nan");
+    bad_dys[BN + 3] = 0.5f;
+    BAD("x scale Inf", bad_xs[BK - 1] = INFINITY, MOE_ERR_INVALID_VALUE, "x.scales[0][128] = inf");
+    bad_xs[BK - 1] = 1.0f;
+    bad_ue[BN + 1] = 255;
+    BAD("UE8M0 255", (a.opt.scale_format = MOE_FP8_SCALE_UE8M0, a.x.scales = bad_ue, a.dy.scales = bad_ue),
+        MOE_ERR_INVALID_VALUE, "dy.scales[1][1] = 255 (UE8M0's NaN)");
+    bad_ue[BN + 1] = 127;
+    BAD("f32 scales misaligned", a.dy.scales = (const char *)bad_dys + 2, MOE_ERR_MISALIGNED, "dy.scales");
+    BAD("dw overlaps x.scales", a.dw = bad_xs, MOE_ERR_INVALID_OPTION, "overlap");
+    BAD("K negative", a.K = -2, MOE_ERR_INVALID_SHAPE, "K = -2");
+    BAD("bad routing", bad_sizes[0] = 3, MOE_ERR_INVALID_ROUTING, "m_sizes");
+    bad_sizes[0] = 2;
+    BAD("routing NULL", a.routing.m_sizes = NULL, MOE_ERR_NULL_POINTER, "routing.m_sizes");
+    BAD("no backend", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, "backend 7 is not a libmoe backend");
+#undef BAD
+    bad_dw[0] = 12345.0f;
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &good.routing, BN, BK, NULL, &good.dy, bad_dw, NULL) ==
+          MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "x is NULL") != NULL, "x NULL: %s", moe_last_error());
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &good.routing, BN, BK, &good.x, NULL, bad_dw, NULL) ==
+          MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "dy is NULL") != NULL, "dy NULL: %s", moe_last_error());
+    CHECK(bad_dw[0] == 12345.0f, "a refused call wrote dw");
+    CHECK(moe_fp8_column_scale_rows(BT, BE) == 2, "scale rows of M = 3, E = 2");
+    CHECK(moe_fp8_column_scale_rows(0, 1) == 0 && moe_fp8_column_scale_rows(128, 1) == 1 &&
+          moe_fp8_column_scale_rows(129, 1) == 2 && moe_fp8_column_scale_rows(-1, 1) == -1 &&
+          moe_fp8_column_scale_rows(5, 0) == -1 && moe_fp8_column_scale_rows(INT64_MAX, INT64_MAX) == -1,
+          "moe_fp8_column_scale_rows' edges");
+}
+
+static void bad_columns_arguments(void)
+{
+    enum { T = 3, k = 2, E = 2, M = T * k, C = 5 };
+    int64_t m_sizes[E] = {4, 2}, gather[M] = {0, 2, 3, 5, 1, 4};
+    const moe_routing routing = {T, k, E, m_sizes, gather}, no_gather = {T, k, E, m_sizes, NULL};
+    float src[M * C], topk[M] = {1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < M * C; i++)
+        src[i] = (float)i - 7.0f;
+    static uint8_t q[M * C];
+    static float scales[3 * C];
+    CHECK(moe_fp8_column_scale_rows(M, E) == 2, "scale rows");
+    struct {
+        const char *what;
+        const moe_routing *routing;
+        moe_dtype src_dtype;
+        int64_t cols;
+        const void *src;
+        int source;
+        const float *topk;
+        moe_dtype fp8;
+        int format;
+        void *q, *scales;
+        moe_backend backend;
+        moe_status want;
+        const char *fragment;
+    } bad[] = {
+        {"src dtype f16", &routing, MOE_F16, C, src, 0, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_DTYPE, "moe_quantize_fp8_columns: src_dtype = f16"},
+        {"fp8 dtype bf16", &routing, MOE_F32, C, src, 0, NULL, MOE_BF16, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_DTYPE, "fp8_dtype = bf16"},
+        {"format 2", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 2, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_OPTION, "scale_format = 2"},
+        {"source 3", &routing, MOE_F32, C, src, 3, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_OPTION, "source = 3"},
+        {"routing NULL", NULL, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_NULL_POINTER, "routing is NULL"},
+        {"token rows without gather", &no_gather, MOE_F32, C, src, 2, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_NULL_POINTER, "routing.gather_indices is NULL but source MOE_FP8_ROWS_TOKEN needs it"},
+        {"weights without gather", &no_gather, MOE_F32, C, src, 0, topk, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_NULL_POINTER, "but topk_weights needs it"},
+        {"cols negative", &routing, MOE_F32, -1, src, 0, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_SHAPE, "moe_quantize_fp8_columns: cols = -1, expected >= 0"},
+        {"src NULL", &routing, MOE_F32, C, NULL, 0, NULL, MOE_E4M3, 0, q, scales, MOE_BACKEND_REF,
+         MOE_ERR_NULL_POINTER, "src"},
+        {"scales NULL", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, q, NULL, MOE_BACKEND_REF,
+         MOE_ERR_NULL_POINTER, "scales"},
+        {"q overlaps src", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, src, scales, MOE_BACKEND_REF,
+         MOE_ERR_INVALID_OPTION, "overlap"},
+        {"scales misaligned", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, q, (char *)scales + 1,
+         MOE_BACKEND_REF, MOE_ERR_MISALIGNED, "scales"},
+        {"no backend", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, q, scales, (moe_backend)7,
+         MOE_ERR_NO_BACKEND, "backend 7"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(q, 0xab, sizeof q);
+        scales[0] = 12345.0f;
+        const moe_status st = moe_quantize_fp8_columns(bad[i].backend, bad[i].routing, bad[i].src_dtype, bad[i].cols,
+                                                       bad[i].src, (moe_fp8_row_source)bad[i].source, bad[i].topk,
+                                                       bad[i].fp8, (moe_fp8_scale_format)bad[i].format, bad[i].q,
+                                                       bad[i].scales, NULL);
+        CHECK(st == bad[i].want && strstr(moe_last_error(), bad[i].fragment) != NULL, "%s: status %d (want %d), "
+              "message \"%s\" (want \"%s\")", bad[i].what, (int)st, (int)bad[i].want, moe_last_error(),
+              bad[i].fragment);
+        CHECK(q[0] == 0xab && scales[0] == 12345.0f, "%s: an output changed", bad[i].what);
+    }
+    /* non-finite values, after the weight: the first in expert-row order named, nothing written */
+    memset(q, 0xab, sizeof q);
+    scales[0] = 12345.0f;
+    src[3 * C + 1] = NAN; /* expert row 3 reads it (expert order) */
+    moe_status st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, NULL,
+                                             MOE_E4M3, MOE_FP8_SCALE_F32, q, scales, NULL);
+    CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "src[3][1] = nan, expected a finite value"),
+          "NaN source: %d %s", (int)st, moe_last_error());
+    src[3 * C + 1] = 0.0f;
+    topk[4] = 1e38f; /* slot 4 is expert row 5, which reads src row 5 (expert order): 1e38 * 18 overflows */
+    st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, topk, MOE_E4M3,
+                                  MOE_FP8_SCALE_F32, q, scales, NULL);
+    CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "topk_weights[4] * src[5][0] = 1e+38 * 18 = inf"),
+          "overflowing weight: %d %s", (int)st, moe_last_error());
+    CHECK(q[0] == 0xab && scales[0] == 12345.0f, "a refused quantization wrote");
+}
+
+/* The CUDA table refuses both calls with MOE_ERR_UNSUPPORTED (no kernel yet), whether or not a device is here:
+ * called through the table, as src/ would after validation. */
+static void cuda_refusal(void)
+{
+    const moe_dispatch *cuda = moe_dispatch_for(MOE_BACKEND_CUDA);
+    if (cuda == NULL) {
+        printf("no CUDA backend built in: its refusal not checked\n");
+        return;
+    }
+    moe_fp8_problem p = {0};
+    p.g.op = "moe_gemm_fp8_dw";
+    CHECK(cuda->gemm_fp8_dw(&p, NULL, NULL, NULL) == MOE_ERR_UNSUPPORTED &&
+          strstr(moe_last_error(), "FP8 dW has no CUDA kernel yet") != NULL, "CUDA dW: %s", moe_last_error());
+    moe_fp8_columns_problem c = {0};
+    c.g.op = "moe_quantize_fp8_columns";
+    CHECK(cuda->fp8_quantize_columns(&c, NULL, NULL, NULL, NULL) == MOE_ERR_UNSUPPORTED &&
+          strstr(moe_last_error(), "no CUDA kernel yet") != NULL, "CUDA columns quantizer: %s", moe_last_error());
+}
+
+int main(int argc, char **argv)
+{
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261207;
+    printf("seed %llu\n", (unsigned long long)seed);
+    oracle_rng rng = {seed};
+    exact_case();
+    mutants(&rng);
+    const double worst_codes = random_cases(&rng, 80, gemm_case);
+    printf("80 random dW cases: worst |err| / bound %.3g\n", worst_codes);
+    const double worst_quantized = random_cases(&rng, 40, quantized_case);
+    printf("40 quantized dW cases: worst |err| / bound %.3g\n", worst_quantized);
+    bad_dw_arguments();
+    bad_columns_arguments();
+    cuda_refusal();
+    printf("%ld checks, %ld failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
