@@ -509,18 +509,26 @@ int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t
     terminates \true;
     assigns block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
     ensures blocks: \result == E;
-    ensures one_block_each: \forall integer e; 0 <= e < E ==> block_to_expert[e] == e && cursor[e] == e * B; */
+    ensures one_block_each: \forall integer e; 0 <= e < E ==> block_to_expert[e] == e && cursor[e] == e * B;
+    ensures value_regions: regions_ok(cursor, E, E * B);
+    ensures value_blocks_in_regions: blocks_in_regions(block_to_expert, cursor, E, E, B); */
 static int64_t assign_blocks_dropping(int64_t E, int64_t B, int64_t *block_to_expert, int64_t *cursor)
 {
     /*@ loop invariant bounds: 0 <= e <= E;
         loop invariant done: \forall integer x; 0 <= x < e ==> block_to_expert[x] == x && cursor[x] == x * B;
+        loop invariant ascending: \forall integer a, b; 0 <= a <= b < e ==> cursor[a] <= cursor[b];
+        loop invariant below: \forall integer x; 0 <= x < e ==> cursor[x] + B <= e * B;
+        loop invariant runs: \forall integer n; 0 <= n < e ==> block_in_region(block_to_expert, cursor, e, e * B, B, n);
         loop assigns e, block_to_expert[0 .. E - 1], cursor[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++) {
         /*@ ghost lemma_mul_monotone(e, E, B); */
         block_to_expert[e] = e;
         cursor[e] = e * B;
+        /*@ assert step: (e + 1) * B == e * B + B; */
+        /*@ assert run: block_in_region(block_to_expert, cursor, e + 1, (e + 1) * B, B, e); */
     }
+    /*@ assert first: cursor[0] == 0; */
     return E;
 }
 
@@ -541,7 +549,10 @@ static int64_t assign_blocks_dropping(int64_t E, int64_t B, int64_t *block_to_ex
     ensures first_positions: \forall integer e; 0 <= e < E ==> cursor[e] == first_position{Pre}(m, e, B);
     ensures in_order: \forall integer e, n; 0 <= e < E && in_expert_blocks{Pre}(m, B, e, n) ==>
       block_to_expert[n] == e;
-    ensures room: \forall integer e; 0 <= e < E ==> 0 <= cursor[e] && cursor[e] + m[e] <= N * B; */
+    ensures room: \forall integer e; 0 <= e < E ==> 0 <= cursor[e] && cursor[e] + m[e] <= N * B;
+    ensures value_regions: regions_ok(cursor, E, N * B);
+    ensures value_blocks_in_regions: blocks_in_regions(block_to_expert, cursor, E, N, B);
+    ensures value_fits: \forall integer e; 0 <= e < E ==> cursor[e] + m[e] <= region_end(cursor, E, N * B, e); */
 static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, int64_t *block_to_expert,
                                       int64_t *cursor) /*@ ghost (int64_t N) */
 {
@@ -557,6 +568,14 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
           in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
         loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
         loop invariant room: \forall integer x; 0 <= x < e ==> 0 <= cursor[x] && cursor[x] + m[x] <= N * B;
+        loop invariant start: 0 < e ==> cursor[0] == 0;
+        loop invariant ascending: \forall integer a, b; 0 <= a <= b < e ==> cursor[a] <= cursor[b];
+        loop invariant below: \forall integer x; 0 <= x < e ==> cursor[x] <= block * B;
+        loop invariant runs: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
+          cursor[block_to_expert[n]] <= n * B;
+        loop invariant run_ends: \forall integer n; 0 <= n < block ==>
+          n * B + B <= region_end(cursor, e, block * B, block_to_expert[n]);
+        loop invariant fits: \forall integer x; 0 <= x < e ==> cursor[x] + m[x] <= region_end(cursor, e, block * B, x);
         loop assigns e, block, block_to_expert[0 .. N - 1], cursor[0 .. E - 1];
         loop variant E - e; */
     for (int64_t e = 0; e < E; e++) {
@@ -564,20 +583,39 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
               nblocks{Pre}(m, e + 1, B) <= msum{Pre}(m, e + 1) && msum{Pre}(m, e + 1) <= msum{Pre}(m, E) &&
               nblocks{Pre}(m, e + 1, B) <= N; */
         const int64_t blocks = m[e] / B + (m[e] % B != 0);
+        /*@ ghost lemma_mul_monotone(block, N, B); */
+        cursor[e] = block * B;
+        /*@ assert first: cursor[e] == first_position{Pre}(m, e, B); */
+        /*@ assert runs_kept: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
+              cursor[block_to_expert[n]] <= n * B; */
+        /*@ assert ends_kept: \forall integer x; 0 <= x < e ==>
+              region_end(cursor, e + 1, block * B, x) == \at(region_end(cursor, e, block * B, x), LoopCurrent); */
+        /*@ ghost lemma_mul_monotone(block, block + blocks, B); */
         /*@ loop invariant bounds: 0 <= q <= blocks;
             loop invariant owner: \forall integer n; 0 <= n < block + q ==> 0 <= block_to_expert[n] <= e &&
               in_expert_blocks{Pre}(m, B, block_to_expert[n], n);
-            loop invariant cursor: \forall integer x; 0 <= x < e ==> cursor[x] == first_position{Pre}(m, x, B);
+            loop invariant cursor: \forall integer x; 0 <= x <= e ==> cursor[x] == first_position{Pre}(m, x, B);
             loop invariant room: \forall integer x; 0 <= x < e ==> 0 <= cursor[x] && cursor[x] + m[x] <= N * B;
+            loop invariant runs: \forall integer n; 0 <= n < block ==> block_to_expert[n] == \at(block_to_expert[n], LoopEntry);
+            loop invariant runs_new: \forall integer n; block <= n < block + q ==> block_to_expert[n] == e;
             loop assigns q, block_to_expert[block .. block + blocks - 1];
             loop variant blocks - q; */
         for (int64_t q = 0; q < blocks; q++) {
             /*@ assert mine: in_expert_blocks{Pre}(m, B, e, block + q); */
             block_to_expert[block + q] = e;
         }
-        /*@ ghost lemma_mul_monotone(block, N, B); */
-        cursor[e] = block * B;
-        /*@ assert first: cursor[e] == first_position{Pre}(m, e, B); */
+        /* the runs in positions: the earlier blocks keep theirs, expert e's new blocks lie in block * B ..
+         * (block + blocks) * B (lemma_rows_inside: the products of the quantified block index, apart from
+         * the loop above, whose goals they swamp) */
+        /*@ ghost lemma_rows_inside(block, block + blocks, B); */
+        /*@ assert runs_old: \forall integer n; 0 <= n < block ==> 0 <= block_to_expert[n] < e &&
+              cursor[block_to_expert[n]] <= n * B && n * B + B <= cursor[block_to_expert[n] + 1]; */
+        /*@ assert runs_new: \forall integer n; block <= n < block + blocks ==> block_to_expert[n] == e &&
+              cursor[e] <= n * B && n * B + B <= (block + blocks) * B; */
+        /*@ assert runs_e: \forall integer n; 0 <= n < block + blocks ==> 0 <= block_to_expert[n] < e + 1 &&
+              cursor[block_to_expert[n]] <= n * B; */
+        /*@ assert ends_e: \forall integer n; 0 <= n < block + blocks ==>
+              n * B + B <= region_end(cursor, e + 1, (block + blocks) * B, block_to_expert[n]); */
         /* expert e's tokens fit in its blocks, which end inside the layout */
         /*@ ghost lemma_mul_monotone(block + blocks, N, B); */
         /*@ assert euclid: m[e] == (m[e] / B) * B + m[e] % B && 0 <= m[e] % B < B; */

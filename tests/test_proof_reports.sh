@@ -69,4 +69,22 @@ if grep -q "planted_contract" "$work/listed/TRUSTED.md"; then fail "TRUSTED.md s
 gen "$work/tree" "$work/summary.md" "$work/counted"
 grep -qF "| src/errors.c | planted_contract | value proved, bound proved | 4 / 4 | 3 / 3 |" "$work/counted/PROOF-TABLE.md" ||
     fail "PROOF-TABLE.md does not show the summary's counts"
-echo "test_proof_reports: ok: the committed reports are current; a planted contract, its target and its clauses change them"
+# 4. A contract in an #ifdef branch of a macro Frama-C's preprocessing leaves undefined (the vector kernels'):
+# "outside Frama-C's parse"; the #else branch's contract (what Frama-C reads) stays plain stated only.
+cat >> "$work/tree/src/errors.c" << 'PLANT'
+#ifdef MOE_HAVE_VECTOR_EXT
+/*@ assigns \nothing; */
+int planted_vector(void);
+#else
+/*@ assigns \nothing; */
+int planted_scalar(void);
+#endif
+PLANT
+gen "$work/tree" "$srcdir/specs/VERIFY-SUMMARY.md" "$work/unparsed"
+grep -qE "\| src/errors.c:[0-9]+ \| planted_vector \| stated only, outside Frama-C's parse \(MOE_HAVE_VECTOR_EXT\) \|" \
+    "$work/unparsed/PROOF-TABLE.md" || fail "PROOF-TABLE.md does not class the #ifdef MOE_HAVE_VECTOR_EXT contract as outside Frama-C's parse"
+grep -qE "\| src/errors.c:[0-9]+ \| planted_scalar \| stated only \|" "$work/unparsed/PROOF-TABLE.md" ||
+    fail "PROOF-TABLE.md does not class the #else branch's contract as plain stated only"
+grep -qE "planted_vector\` \(src/errors.c:[0-9]+, outside Frama-C's parse: MOE_HAVE_VECTOR_EXT\)" "$work/unparsed/TRUSTED.md" ||
+    fail "TRUSTED.md does not mark the #ifdef contract as outside Frama-C's parse"
+echo "test_proof_reports: ok: the committed reports are current; a planted contract, its target and its clauses change them; a contract Frama-C does not parse is marked"
