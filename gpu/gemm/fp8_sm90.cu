@@ -13,8 +13,8 @@
 // wgmma").  A producer warpgroup fills a ring of stages: A (X or dY) by TMA when its rows are the expert-order
 // rows (rows past the expert belong to the next one and are never stored), or by cp.async from the gathered
 // rows (fwd permute_x, dX permute_y; zeros past the expert); W's fwd box straight into the stage by TMA; dX's W
-// box [n][c] by TMA into a ring of staging buffers two steps ahead, then transposed to [c][n] by the producers,
-// since FP8 wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
+// box [n][c] by TMA into a staging buffer one step ahead, then transposed to [c][n] by the producers, since FP8
+// wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
 // workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
 #include <cuda.h>
@@ -33,18 +33,14 @@ namespace {
 constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE;
 constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = Q_A_BYTES + Q_B_BYTES;
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
-// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX three staging buffers of W
-// boxes as TMA writes them ([n][c], before the producers' transposition into the stage; TMA loads two k-steps
-// ahead of the transposition, so that its latency hides behind two k-steps), the barriers (full[S], empty[S], dX:
-// staged[STAGING]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
+// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
+// boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
+// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
 template <int OP> struct Fp8Smem {
     static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
-    static constexpr int STAGING = OP == OP_DX ? 3 : 0;
-    static constexpr int STAGING_RING = STAGING > 0 ? STAGING : 1; // the modulus of a staging index (dX code only)
-    static_assert(STAGING_RING >= 1 && STAGING_RING >= STAGING, "a staging index's modulus");
     static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
-    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + STAGING * Q_B_BYTES;
-    static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + STAGING) * 8;
+    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
+    static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
     static constexpr size_t BYTES = 1024 /* alignment */ + ROWS_OFFSET + 2 * Q_BM * 8;
     static_assert(BYTES <= 232448, "shared memory of one CTA");
 };
@@ -195,14 +191,10 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 
 // OP: OP_FWD or OP_DX; TA, TB: the codes of A (X or dY) and W (0 e4m3, 1 e5m2); GATHER: A's rows by cp.async from
 // the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
-// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, two steps ahead, then
+// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
 // transposed by the producers (transpose_w_box).
-// ordered: warpgroup 1 issues a k-step's wgmmas only after warpgroup 0 has issued its own (named barrier 3), so that
-// the tensor cores finish warpgroup 0's half first and its promotion overlaps warpgroup 1's MMAs
-// (MOE_FP8_SM90_ORDERED).
 template <int OP, int TA, int TB, bool GATHER>
-__global__ void __launch_bounds__(Q_THREADS, 1)
-    fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps, const int ordered)
+__global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
     using L = Fp8Smem<OP>;
@@ -211,7 +203,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t full_bar = smem_base + L::BARRIER_OFFSET, empty_bar = full_bar + L::STAGES * 8;
-    const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[STAGING]
+    const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[2]
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + L::ROWS_OFFSET);
     if (*g.ws.status != 0) // the routing or a scale was refused: nothing is read or written
         return;
@@ -222,8 +214,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
             mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0));
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
-        for (int b = 0; b < L::STAGING; b++)
-            mbar_init(staged_bar + 8 * b, 1);
+        mbar_init(staged_bar, 1);
+        mbar_init(staged_bar + 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_proxy_async();
     }
@@ -238,30 +230,20 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
         if (!GATHER && !DX && p > 0) // every load is thread 0's TMA
             return;
         const uint64_t w_policy = l2_policy(true); // a W block is read again by the expert's other row tiles
-        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into a staging buffer
+        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into staging buffer `buffer`
         auto load_w = [&](const Fp8Cursor &c, uint32_t dst, uint32_t bar) {
             const int q0 = (int)(c.step * Q_BK);
             tma_load_3d(dst, &maps.w, bar, DX ? (int)c.t.j0 : q0, DX ? q0 : (int)c.t.j0, (int)c.t.e, w_policy);
         };
-        // dX: thread 0 loads the W box of k-step `ahead` (issue number `staged`, STAGING - 1 steps after `cur`)
-        // into staging buffer staged % STAGING; every producer advances the cursor alike
-        Fp8Cursor cur, ahead;
-        uint32_t staged = 0;
-        auto stage_w_ahead = [&]() {
-            if (p == 0) {
-                const int b = (int)(staged % L::STAGING_RING);
-                mbar_arrive_expect_tx(staged_bar + 8 * b, Q_B_BYTES);
-                load_w(ahead, smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, staged_bar + 8 * b);
-            }
-            staged++;
-            cursor_next(g, tiles, steps, &ahead);
-        };
+        Fp8Cursor cur, next;
         cursor_start(g, tiles, &cur);
-        ahead = cur;
-        if (DX && steps > 0)
-            for (int d = 0; d < L::STAGING - 1 && ahead.tile < tiles; d++)
-                stage_w_ahead();
-        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cursor_next(g, tiles, steps, &cur)) {
+        next = cur;
+        cursor_next(g, tiles, steps, &next);
+        if (DX && p == 0 && cur.tile < tiles && steps > 0) {
+            mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
+            load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
+        }
+        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cur = next, cursor_next(g, tiles, steps, &next)) {
             const int s = (int)(it % L::STAGES);
             const uint32_t bar = full_bar + 8 * s;
             const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
@@ -272,8 +254,11 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
                     tile_rows[i] = a_source_row(g, cur.t, cur.t.i0 + i, DX);
                 producer_sync();
             }
-            if (DX && ahead.tile < tiles) // into the buffer the last iteration's transposition read
-                stage_w_ahead();
+            if (DX && p == 0 && next.tile < tiles) { // the next step's W box, into the other staging buffer
+                const uint32_t nb = staged_bar + 8 * ((it + 1) & 1);
+                mbar_arrive_expect_tx(nb, Q_B_BYTES);
+                load_w(next, smem_base + L::STAGING_OFFSET + ((it + 1) & 1) * Q_B_BYTES, nb);
+            }
             mbar_wait(empty_bar + 8 * s, ((it / L::STAGES) & 1) ^ 1);
             if (p == 0) {
                 mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
@@ -296,12 +281,11 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
                 cp_async_arrive_noinc(bar);
             }
             if (DX) {
-                const int b = (int)(it % L::STAGING_RING);
-                mbar_wait(staged_bar + 8 * b, (it / L::STAGING_RING) & 1);
-                transpose_w_box(smem_base + L::STAGING_OFFSET + b * Q_B_BYTES, sb_addr, p);
+                mbar_wait(staged_bar + 8 * (it & 1), (it / 2) & 1);
+                transpose_w_box(smem_base + L::STAGING_OFFSET + (it & 1) * Q_B_BYTES, sb_addr, p);
                 fence_proxy_async(); // the transposed box is read by wgmma (the async proxy)
                 mbar_arrive(bar);
-                producer_sync(); // the staging buffer is read before thread 0 loads into it again (next iteration)
+                producer_sync(); // the staging buffer is read before thread 0 loads into it again (next step)
             }
         }
     } else {
@@ -322,36 +306,23 @@ __global__ void __launch_bounds__(Q_THREADS, 1)
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 acc[i] = 0.0f;
-            // a k-step's three scales (W's block, the two rows' tiles), loaded one k-step ahead of their use so
-            // that their latency hides behind a k-step's MMAs and promotion
-            auto load_scales = [&](int64_t step, float *scales) {
-                scales[0] = fp8_w_scale(f, t.e, step, t.j0);
-                scales[1] = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
-                scales[2] = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
-            };
-            float next_scales[3] = {0.0f, 0.0f, 0.0f};
-            if (steps > 0)
-                load_scales(0, next_scales);
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % L::STAGES);
-                const float sw = next_scales[0], sa0 = next_scales[1], sa1 = next_scales[2];
-                if (step + 1 < steps)
-                    load_scales(step + 1, next_scales);
+                // this tile's scales, read before the wait so that their latency hides behind it
+                const float sw = fp8_w_scale(f, t.e, step, t.j0);
+                const float sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
+                const float sa1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
                 mbar_wait(full_bar + 8 * s, (it / L::STAGES) & 1);
                 const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES + wg * (Q_A_BYTES / 2);
                 const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
                 if (GATHER)
                     fence_proxy_async(); // the rows came through cp.async (generic proxy); wgmma reads via the async proxy
-                if (ordered && wg == 1)
-                    named_sync(3, Q_CONSUMERS);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < Q_BK / 32; kk++)
                     wgmma_fp8_m64n128k32<TA, TB>(part, smem_descriptor(sa_addr + kk * 32, 16, 1024),
                                                  smem_descriptor(sb_addr + kk * 32, 16, 1024), kk > 0);
                 wgmma_commit();
-                if (ordered && wg == 0)
-                    named_arrive(3, Q_CONSUMERS);
                 wgmma_wait<0>();
                 __syncwarp();
                 if (lane == 0)
@@ -411,8 +382,7 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
     void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather) : kernel_for<OP_FWD>(ta, tb, gather);
     const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
-    int ordered = env_switch("MOE_FP8_SM90_ORDERED") == 1;
-    void *args[3] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps), &ordered};
+    void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
     MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,
                                     stream));
     return MOE_OK;
