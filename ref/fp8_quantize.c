@@ -37,7 +37,7 @@ moe_status moe_ref_fp8_check_column_scales(const char *op, const char *name, moe
 {
     int64_t first = 0; /* the expert's first row */
     for (int64_t e = 0; e < num_experts; e++) {
-        const int64_t scale_row = first / MOE_FP8_TILE + e, tiles = moe_fp8_tiles(m_sizes[e]);
+        const int64_t scale_row = moe_fp8_dw_scale_row(first, e), tiles = moe_fp8_tiles(m_sizes[e]);
         const moe_status status = check_scale_range(op, name, format, scales, scale_row * cols, tiles * cols, cols);
         if (status != MOE_OK)
             return status;
@@ -160,7 +160,7 @@ moe_status moe_ref_quantize_fp8_columns(const moe_fp8_columns_problem *p, const 
                 for (int64_t r = r0; r < r1; r++)
                     amax = fmaxf(amax, fabsf(column_value(p, src, topk_weights, r, c)));
                 const float factor = store_tile_scale(p->fp8_dtype, p->scale_format, amax, scales,
-                                                      (r0 / MOE_FP8_TILE + e) * cols + c);
+                                                      moe_fp8_dw_scale_row(r0, e) * cols + c);
                 for (int64_t r = r0; r < r1; r++)
                     ((uint8_t *)q)[r * cols + c] = encode(p->fp8_dtype, column_value(p, src, topk_weights, r, c) * factor);
             }

@@ -24,6 +24,14 @@
     ensures tiles: \result == (n + 127) / 128; */
 static inline int64_t moe_fp8_tiles(int64_t n) { return n / MOE_FP8_TILE + (n % MOE_FP8_TILE != 0); }
 
+/* dW's scale row (moe_gemm_fp8_dw's operands, specs/FP8.md): the 128 x 1 tiles restart at each expert's first
+ * row, so expert e's tile beginning at expert row r0 has its scales in row r0 / 128 + e. */
+/*@ requires rows: 0 <= r0 && 0 <= e && r0 / 128 + e <= INT64_MAX;
+    terminates \true;
+    assigns \nothing;
+    ensures row: \result == r0 / 128 + e; */
+static inline int64_t moe_fp8_dw_scale_row(int64_t r0, int64_t e) { return r0 / MOE_FP8_TILE + e; }
+
 /* The value of code i of an FP8 tensor of dtype MOE_E4M3 or MOE_E5M2 (exact). */
 /* Contract trusted, not proved (as moe_ref_load's): WP's typed model cannot follow the void * -> uint8_t *
  * cast; callers prove the byte readable. */
@@ -75,8 +83,8 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
                                const float *topk_weights, void *dx);
 
 /* FP8 dW (specs/FP8.md, "dW"): dw[e][n][c] promoted every 128 rows of expert e, x and dy in expert-row order,
- * the scales of the tile beginning at expert row r0 in scale row r0 / 128 + e.  Each OpenMP thread owns whole
- * rows (e, n) of dW. */
+ * the scales of the tile beginning at expert row r0 in scale row moe_fp8_dw_scale_row(r0, e).  Each OpenMP
+ * thread owns whole rows (e, n) of dW. */
 moe_status moe_ref_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
                                void *dw);
 

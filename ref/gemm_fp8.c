@@ -197,12 +197,12 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
 }
 
 /* dW's element (e, n, c): dY column n against X column c over the rows of expert e (first row `first`, m rows),
- * both walked with step N (dY) and K (X); the tile beginning at expert row r0 has scale row r0 / 128 + e, so the
- * expert's tiles use scale rows first / 128 + e .. first / 128 + e + tiles(m) - 1. */
+ * both walked with step N (dY) and K (X); the expert's tiles use scale rows moe_fp8_dw_scale_row(first, e) onward,
+ * one per tile. */
 static float dw_element(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy, int64_t e,
                         int64_t first, int64_t m, int64_t n, int64_t c)
 {
-    const int64_t N = p->g.N, K = p->g.K, scale_row = first / MOE_FP8_TILE + e;
+    const int64_t N = p->g.N, K = p->g.K, scale_row = moe_fp8_dw_scale_row(first, e);
     const fp8_stream a = {dy->dtype, dy->data, first * N + n, N, dy->scales, scale_row * N + n, N};
     const fp8_stream b = {x->dtype, x->data, first * K + c, K, x->scales, scale_row * K + c, K};
     return promoted_dot(p->scale_format, &a, &b, m);
