@@ -8,6 +8,8 @@
  *     experts), N and K below, at and past 128, both output dtypes, both scale formats, all four operand dtype
  *     pairs, accumulate; the scale rows no tile uses hold -1 (never read);
  *   - dW on quantized operands (the training step's chain) within the same bound;
+ *   - in every case, the blocked twin that the reference backend runs (ref/gemm_fp8_blocked.c) bit for bit the
+ *     readable definition (ref/gemm_fp8.c);
  *   - an exact case: powers of two, two experts whose tiles restart at their own offsets;
  *   - planted mutants the check must reject: one tile's scale dropped (replaced by 1), the tiles numbered
  *     without the per-expert restart;
@@ -15,6 +17,7 @@
  *     table's refusal.
  *
  * Usage: test_gemm_fp8_dw [seed] */
+#include "fp8_ref.h"
 #include "moe_backend.h"
 #include "moe_fp8.h"
 #include "oracle_fp8.h"
@@ -124,8 +127,24 @@ static double check_dw(const char *what, const moe_routing *routing, int64_t N, 
     double *value = xmalloc((size_t)count * sizeof(double)), *bound = xmalloc((size_t)count * sizeof(double));
     oracle_fill(rng, opt->out_dtype, dw, count, 0);
     oracle_gemm_fp8_dw(routing, N, K, oracle_x, oracle_dy, dw, opt, ORACLE_FP8_TILE_F32, value, bound);
+    const size_t bytes = (size_t)count * moe_dtype_size(opt->out_dtype);
+    void *naive = xmalloc(bytes);
+    memcpy(naive, dw, bytes);
     const moe_status st = moe_gemm_fp8_dw(MOE_BACKEND_REF, routing, N, K, x, dy, dw, opt);
     CHECK(st == MOE_OK, "%s: status %d: %s", what, (int)st, moe_last_error());
+    /* the reference backend runs the blocked twin: the readable definition must give the same bits */
+    const moe_fp8_problem p = {
+        .g = {.op = "test_gemm_fp8_dw", .num_tokens = routing->num_tokens, .topk = routing->topk,
+              .num_experts = routing->num_experts, .rows = routing->num_tokens * routing->topk, .N = N, .K = K,
+              .m_sizes = routing->m_sizes, .gather_indices = routing->gather_indices, .dtype = opt->out_dtype,
+              .dw_dtype = opt->out_dtype, .accumulate = opt->accumulate},
+        .scale_format = opt->scale_format};
+    const moe_status naive_st = moe_ref_gemm_fp8_dw(&p, x, dy, naive);
+    const int64_t differs = st == MOE_OK && naive_st == MOE_OK
+                                ? first_difference(naive, dw, count, moe_dtype_size(opt->out_dtype)) : -1;
+    CHECK(naive_st == MOE_OK && differs < 0, "%s: the twins differ at element %lld (status %d)", what,
+          (long long)differs, (int)naive_st);
+    free(naive);
     double ratio = 0.0;
     const int64_t bad = oracle_compare(what, opt->out_dtype, dw, value, bound, count, outside ? NULL : stdout, 3,
                                        &ratio);
