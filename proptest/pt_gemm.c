@@ -451,8 +451,8 @@ const pt_op pt_ops[] = {
     {"gpu-gemm-fp8", "CUDA FP8 fwd / dX (every mode, dtype, scale format) vs the float64 bound; bitwise equal to the "
                      "reference on exact codes and deterministic; a bad scale reported by moe_backend_synchronize, "
                      "output untouched", 1, pt_gpu_gemm_fp8},
-    {"gpu-fp8-quantize", "CUDA FP8 quantizers and dequantizer (rows, blocks, both formats and scale formats, f32 "
-                         "and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
+    {"gpu-fp8-quantize", "CUDA FP8 quantizers and dequantizer (rows, blocks, dW's columns, both formats and scale "
+                         "formats, f32 and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
                          "moe_backend_synchronize with the reference's message, outputs untouched", 1,
      pt_gpu_fp8_quantize},
 #endif

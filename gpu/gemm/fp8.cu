@@ -97,23 +97,16 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
     }
     const bool dx = g.op == OP_DX;
     const int64_t qlen = dx ? g.N : g.K, tiles_q = (qlen + F8_TILE - 1) / F8_TILE;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int warp = threadIdx.x / 32;
     const int wm = warp % 2 * 64, wn = warp / 2 * 32;
     const int64_t tiles = total_tiles(g, F8_BM, F8_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, F8_BM, F8_BN);
         if (threadIdx.x < F8_BM)
             a_rows[threadIdx.x] = a_source_row(g, t, t.i0 + threadIdx.x, dx);
-        float acc[4][4][4] = {}, part[4][4][4];
+        float acc[4][4][4] = {}, part[4][4][4] = {};
         for (int64_t tq = 0; tq < tiles_q; tq++) {
             const int64_t q_begin = tq * F8_TILE, q_end = qlen - q_begin < F8_TILE ? qlen : q_begin + F8_TILE;
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++)
-                        part[mt][nt][x] = 0.0f;
             for (int64_t q0 = q_begin; q0 < q_end; q0 += F8_BK) {
                 __syncthreads(); // a_rows written; the previous step's tiles read
                 { // A: tile row i, 16 codes of the K-step
@@ -141,26 +134,10 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
             if (threadIdx.x == 0)
                 b_scale = fp8_w_scale(f, t.e, tq, t.j0);
             __syncthreads();
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        // _rn: two roundings as in the reference, never contracted into one FMA
-                        const float scale = __fmul_rn(a_scale[wm + 16 * mt + gid + 8 * (x / 2)], b_scale);
-                        acc[mt][nt][x] = __fadd_rn(acc[mt][nt][x], __fmul_rn(part[mt][nt][x], scale));
-                    }
+            fp8_promote(acc, part, a_scale, &b_scale, 0, wm, wn);
             __syncthreads(); // the scales are read before the next tile writes them
         }
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int x = 0; x < 4; x++)
-                    store_output(g, t, t.i0 + wm + 16 * mt + gid + 8 * (x / 2), t.j0 + wn + 8 * nt + 2 * tig + x % 2,
-                                 acc[mt][nt][x]);
+        fp8_store(g, t, acc, wm, wn);
         __syncthreads(); // a_rows is read before the next tile writes it
     }
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "gemm/args.cuh"
+#include "gemm/epilogue.cuh"
 
 extern "C" {
 #include "moe_fp8.h"
@@ -111,6 +112,45 @@ __device__ __forceinline__ void fp8_mma_step(const uint16_t (*sa)[F8_LDS], const
             for (int nt = 0; nt < 4; nt++)
                 mma_bf16(part[mt][nt], af[mt], bf[nt]);
     }
+}
+
+// f(mt, nt, x, i, j) for each accumulator element of the warp's block (fp8_mma_step's layout): m16n8 tile (mt, nt),
+// element x, tile row i and tile column j.
+template <class F>
+__device__ __forceinline__ void fp8_for_each_element(int wm, int wn, F f)
+{
+    const int lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                f(mt, nt, x, wm + 16 * mt + gid + 8 * (x / 2), wn + 8 * nt + 2 * tig + x % 2);
+}
+
+// The promotion of the warp's block at the end of a reduction tile: acc += part * (row_scale[i] *
+// col_scale[j * col_step]) for tile row i and column j, with the reference's two roundings (__fmul_rn, then
+// __fmul_rn and __fadd_rn: never contracted into an FMA); col_step 0 reads one scale for every column.  part is
+// zeroed for the next tile.
+__device__ __forceinline__ void fp8_promote(float (&acc)[4][4][4], float (&part)[4][4][4], const float *row_scale,
+                                            const float *col_scale, int col_step, int wm, int wn)
+{
+    fp8_for_each_element(wm, wn, [&](int mt, int nt, int x, int i, int j) {
+        const float scale = __fmul_rn(row_scale[i], col_scale[col_step * j]);
+        acc[mt][nt][x] = __fadd_rn(acc[mt][nt][x], __fmul_rn(part[mt][nt][x], scale));
+        part[mt][nt][x] = 0.0f;
+    });
+}
+
+// The warp's block of a finished output tile t through the GEMM's epilogue (store_output: topk weight, accumulate,
+// one rounding; rows and columns past the tile's extent skipped).
+__device__ __forceinline__ void fp8_store(const GemmArgs &g, const TileCoord &t, const float (&acc)[4][4][4], int wm,
+                                          int wn)
+{
+    fp8_for_each_element(wm, wn, [&](int mt, int nt, int x, int i, int j) {
+        store_output(g, t, t.i0 + i, t.j0 + j, acc[mt][nt][x]);
+    });
 }
 
 // The scale check of one operand (gemm/fp8.cu), queued after the routing check of the call's workspace ws:

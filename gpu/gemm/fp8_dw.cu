@@ -24,6 +24,8 @@
 namespace moe_gpu {
 namespace {
 
+static_assert(F8_THREADS == F8_BM + F8_BN, "one thread per scale of the output tile's n and c at the promotion");
+
 __global__ void __launch_bounds__(F8_THREADS) fp8_dw_kernel(Fp8Args f)
 {
     __shared__ uint16_t decode_a[256], decode_b[256];
@@ -37,23 +39,16 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_dw_kernel(Fp8Args f)
         decode_a[i] = fp8_to_bf16_bits(f.a_dtype, (unsigned)i);
         decode_b[i] = fp8_to_bf16_bits(f.b_dtype, (unsigned)i);
     }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int warp = threadIdx.x / 32;
     const int wm = warp % 2 * 64, wn = warp / 2 * 32;
     const int64_t tiles = total_tiles(g, F8_BM, F8_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, F8_BM, F8_BN); // i0: n, j0: c
         const int64_t first = g.ws.offsets[t.e], end = g.ws.offsets[t.e + 1];
         const int64_t scale_row0 = column_first_scale_row(g.ws.offsets, t.e);
-        float acc[4][4][4] = {}, part[4][4][4];
+        float acc[4][4][4] = {}, part[4][4][4] = {};
         for (int64_t q_begin = first, s_row = scale_row0; q_begin < end; q_begin += F8_TILE, s_row++) {
             const int64_t q_end = end - q_begin < F8_TILE ? end : q_begin + F8_TILE;
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++)
-                        part[mt][nt][x] = 0.0f;
             for (int64_t q0 = q_begin; q0 < q_end; q0 += F8_BK) {
                 __syncthreads(); // the decode tables written; the previous step's tiles read
                 { // row q of the step (zero past the tile), 16 consecutive columns of each operand
@@ -76,27 +71,10 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_dw_kernel(Fp8Args f)
                 b_scale[threadIdx.x - F8_BM] = c < g.K ? fp8_scale(f, f.b_scales, s_row * g.K + c) : 0.0f;
             }
             __syncthreads();
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        // _rn: two roundings as in the reference, never contracted into one FMA
-                        const float scale = __fmul_rn(a_scale[wm + 16 * mt + gid + 8 * (x / 2)],
-                                                      b_scale[wn + 8 * nt + 2 * tig + x % 2]);
-                        acc[mt][nt][x] = __fadd_rn(acc[mt][nt][x], __fmul_rn(part[mt][nt][x], scale));
-                    }
+            fp8_promote(acc, part, a_scale, b_scale, 1, wm, wn);
             __syncthreads(); // the scales are read before the next tile writes them
         }
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int x = 0; x < 4; x++)
-                    store_output(g, t, t.i0 + wm + 16 * mt + gid + 8 * (x / 2), t.j0 + wn + 8 * nt + 2 * tig + x % 2,
-                                 acc[mt][nt][x]);
+        fp8_store(g, t, acc, wm, wn);
     }
 }
 
