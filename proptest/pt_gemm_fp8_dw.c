@@ -21,7 +21,9 @@
 #define FP8_DW_CAP_MACS 1000000 /* the work of one case */
 #define GPU_FP8_DW_CAP_MACS 4000000
 
+#ifdef MOE_FUZZ_CUDA
 static size_t scale_size(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
+#endif
 
 /* moe_quantize_fp8_columns on the case's backend from host arrays into host codes and scales; on CUDA through
  * device copies, then compared bit for bit with the reference's ("columns-vs-ref"). */
