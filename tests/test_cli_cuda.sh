@@ -218,7 +218,7 @@ for t in dyc xc; do
 done
 for b in ref cuda; do
     run_ok "gemm-fp8-dw $b" "$MOE" gemm-fp8-dw --x f8ref/xc/q.npy --x-scales f8ref/xc/scales.npy --dy f8ref/dyc/q.npy \
-        --dy-scales f8ref/dyc/scales.npy --fp8 e5m2 --m-sizes f8r/m_sizes.npy --out-dtype bf16 --backend $b \
+        --dy-scales f8ref/dyc/scales.npy --fp8 e5m2 --x-fp8 e4m3 --m-sizes f8r/m_sizes.npy --out-dtype bf16 --backend $b \
         --out "f8$b/dw.npy" --bound-out "f8$b/dw.bound.npy"
 done
 run_ok "gemm-fp8-dw: cuda = ref within the bound" "$MOE" compare --dtype bf16 --bound f8ref/dw.bound.npy \
