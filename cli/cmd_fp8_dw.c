@@ -33,7 +33,7 @@ static int run_gemm_fp8_dw(const args *a);
 const command gemm_fp8_dw_command = {
     "gemm-fp8-dw",
     "--x XQ.npy --x-scales XS.npy --dy DYQ.npy --dy-scales DYS.npy [--fp8 e4m3|e5m2] [--x-fp8 ...] --m-sizes M.npy "
-    "[--gather G.npy --topk K] [--out-dtype f32|bf16] [--backend ref] --out DW.npy [--raw] [--bound-out B.npy]",
+    "[--gather G.npy --topk K] [--out-dtype f32|bf16] [--backend ref|cuda] --out DW.npy [--raw] [--bound-out B.npy]",
     "FP8 grouped GEMM weight gradient dW[e] = sum over expert e's rows of dY_r^T X_r (moe_gemm_fp8_dw)",
     "The reduction runs over each expert's rows in tiles of 128 (fp8-quantize --columns' tiles): the exact "
     "products of the codes summed in float32, times the product of the tile's two scales, added to a float32 "

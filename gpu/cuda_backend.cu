@@ -42,19 +42,6 @@ static moe_status cuda_synchronize(void *stream)
     return status != MOE_OK ? status : moe_cuda_routing_take_error();
 }
 
-// FP8 dW and its columns quantizer have no CUDA kernel yet: refused, never run elsewhere.
-static moe_status cuda_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *, const moe_fp8_tensor *, void *)
-{
-    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: FP8 dW has no CUDA kernel yet (MOE_BACKEND_REF computes it)", p->g.op);
-}
-
-static moe_status cuda_fp8_quantize_columns(const moe_fp8_columns_problem *p, const void *, const float *, void *,
-                                            void *)
-{
-    return moe_fail(MOE_ERR_UNSUPPORTED, "%s: the 128 x 1 quantizer of FP8 dW has no CUDA kernel yet "
-                    "(MOE_BACKEND_REF computes it)", p->g.op);
-}
-
 static moe_dispatch make_cuda_dispatch()
 {
     moe_dispatch table = {};
@@ -70,8 +57,8 @@ static moe_dispatch make_cuda_dispatch()
     table.mlp_layout_build = cuda_mlp_layout_build;
     table.gemm_fp8_fwd = moe_cuda_gemm_fp8_fwd;
     table.gemm_fp8_dx = moe_cuda_gemm_fp8_dx;
-    table.gemm_fp8_dw = cuda_gemm_fp8_dw;
-    table.fp8_quantize_columns = cuda_fp8_quantize_columns;
+    table.gemm_fp8_dw = moe_cuda_gemm_fp8_dw;
+    table.fp8_quantize_columns = moe_cuda_fp8_quantize_columns;
     table.fp8_quantize = moe_cuda_fp8_quantize;
     table.fp8_dequantize = moe_cuda_fp8_dequantize;
     table.validates_routing_on_host = 0; // routing lives on the device: checked there

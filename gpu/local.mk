@@ -5,14 +5,14 @@
 #   gemm/     the grouped GEMM: one file per kernel family, the plan and its heuristics, the entry points
 #   mlp/      the blockwise MLP: layout check, tile path, elementwise and rows-path kernels, the fused gate kernel
 #   routing/  the device builders of routings and MLP layouts
-#   fp8/      the FP8 quantizers and their inverse
+#   fp8/      the FP8 quantizers (rows, blocks, dW's columns) and their inverse; dW's 128 x 1 tiles
 MOE_CUDA_SRCS = gpu/cuda_backend.cu
 MOE_CUDA_HDRS = gpu/common/act.cuh gpu/common/cp_async.cuh gpu/common/cuda_check.cuh gpu/common/device_error.cuh \
 	gpu/common/dtype.cuh gpu/common/launch.cuh gpu/common/simt_tile.cuh gpu/common/warp_scan.cuh
 # the grouped GEMM (gpu/gemm/gemm.cuh: its entry points and the rows GEMMs of the MLP)
 MOE_CUDA_SRCS += gpu/gemm/gemm.cu gpu/gemm/routing_check.cu gpu/gemm/plan.cu gpu/gemm/heuristics.cu gpu/gemm/tma.cu \
 	gpu/gemm/tune.cu gpu/gemm/simt.cu gpu/gemm/sm80.cu gpu/gemm/tf32.cu gpu/gemm/sm90.cu gpu/gemm/sm90_dw_pingpong.cu \
-	gpu/gemm/rows.cu gpu/gemm/rows_f32_sm90.cu gpu/gemm/fp8.cu gpu/gemm/fp8_sm90.cu
+	gpu/gemm/rows.cu gpu/gemm/rows_f32_sm90.cu gpu/gemm/fp8.cu gpu/gemm/fp8_dw.cu gpu/gemm/fp8_sm90.cu
 MOE_CUDA_HDRS += gpu/gemm/gemm.cuh gpu/gemm/args.cuh gpu/gemm/epilogue.cuh gpu/gemm/fp8.cuh gpu/gemm/heuristics.cuh gpu/gemm/mma_sm80.cuh \
 	gpu/gemm/pingpong_rows.cuh gpu/gemm/plan.cuh gpu/gemm/rows.cuh gpu/gemm/sm80.cuh gpu/gemm/sm90.cuh \
 	gpu/gemm/sm90_dw_pingpong.cuh gpu/gemm/tma.cuh gpu/gemm/tune.cuh
@@ -26,7 +26,7 @@ MOE_CUDA_SRCS += gpu/routing/builders.cu
 MOE_CUDA_HDRS += gpu/routing/builders.h
 # FP8 quantization and dequantization on the device (gpu/fp8/quantize.h is C)
 MOE_CUDA_SRCS += gpu/fp8/quantize.cu
-MOE_CUDA_HDRS += gpu/fp8/quantize.h
+MOE_CUDA_HDRS += gpu/fp8/quantize.h gpu/fp8/column_tiles.cuh
 EXTRA_DIST += build-aux/nvcc-lt $(MOE_CUDA_SRCS) $(MOE_CUDA_HDRS)
 
 if MOE_CUDA

@@ -87,7 +87,8 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
  * weights before it picks the scales: a per-row factor or a row shared by k tiles has no tile scale), so
  * options.permute_x, permute_y and reduce_topk are refused here; out_dtype, scale_format, accumulate and
  * stream apply.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
- * operand and the index); MOE_BACKEND_CUDA has no FP8 dW kernel yet (MOE_ERR_UNSUPPORTED). */
+ * operand and the index); MOE_BACKEND_CUDA (sm_80 and later) checks them on the device: a bad one is reported by
+ * moe_backend_synchronize (MOE_ERR_INVALID_VALUE) and the call writes nothing. */
 moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
                            const moe_fp8_tensor *x, const moe_fp8_tensor *dy, void *dw,
                            const moe_fp8_options *options);
@@ -140,7 +141,10 @@ typedef enum moe_fp8_row_source {
  *                 has scale row r0 / 128 + e; unused rows get an empty tile's scale (MOE_FP8_AMAX_FLOOR's)
  * MOE_BACKEND_REF: host pointers (the routing too, checked as the GEMM checks it); a NaN or Inf value
  * (after the weight) fails with MOE_ERR_INVALID_VALUE naming the element, and nothing is written.
- * MOE_BACKEND_CUDA has no kernel for it yet (MOE_ERR_UNSUPPORTED). */
+ * MOE_BACKEND_CUDA: device pointers (the routing too), queued on `stream`; the routing and the values are checked
+ * on the device and a violation is reported by moe_backend_synchronize (the reference's status and message for
+ * the first bad value in expert-row order), with nothing written; the codes and scales equal the reference's bit
+ * for bit. */
 moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
                                     int64_t cols, const void *src, moe_fp8_row_source source,
                                     const float *topk_weights, moe_dtype fp8_dtype,

@@ -42,6 +42,12 @@ proptest_test_gpu_fp8_quantize_SOURCES = tests/test_fp8_quantize.c
 proptest_test_gpu_fp8_quantize_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
 proptest_test_gpu_fp8_quantize_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_fp8_quantize
+# the shared test tests/test_gemm_fp8_dw.c again, on MOE_BACKEND_CUDA (-DMOE_TEST_CUDA): FP8 dW and its quantizer
+check_PROGRAMS += proptest/test_gpu_gemm_fp8_dw
+proptest_test_gpu_gemm_fp8_dw_SOURCES = tests/test_gemm_fp8_dw.c
+proptest_test_gpu_gemm_fp8_dw_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
+proptest_test_gpu_gemm_fp8_dw_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
+TESTS += proptest/test_gpu_gemm_fp8_dw
 # moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c

@@ -404,6 +404,7 @@ void pt_gemm_fp8(pt_case *c);
 void pt_gemm_fp8_hopper_model(pt_case *c);
 void pt_gpu_gemm_fp8_model(pt_case *c);
 void pt_gemm_fp8_dw(pt_case *c);
+void pt_gpu_gemm_fp8_dw(pt_case *c);
 void pt_gpu_gemm_fp8(pt_case *c);
 void pt_gpu_fp8_quantize(pt_case *c);
 void pt_mlp(pt_case *c);
@@ -450,8 +451,8 @@ const pt_op pt_ops[] = {
     {"gpu-gemm-fp8", "CUDA FP8 fwd / dX (every mode, dtype, scale format) vs the float64 bound; bitwise equal to the "
                      "reference on exact codes and deterministic; a bad scale reported by moe_backend_synchronize, "
                      "output untouched", 1, pt_gpu_gemm_fp8},
-    {"gpu-fp8-quantize", "CUDA FP8 quantizers and dequantizer (rows, blocks, both formats and scale formats, f32 "
-                         "and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
+    {"gpu-fp8-quantize", "CUDA FP8 quantizers and dequantizer (rows, blocks, dW's columns, both formats and scale "
+                         "formats, f32 and bf16) bitwise equal to the reference; a non-finite source or a bad scale reported by "
                          "moe_backend_synchronize with the reference's message, outputs untouched", 1,
      pt_gpu_fp8_quantize},
 #endif
@@ -466,5 +467,10 @@ const pt_op pt_ops[] = {
                     "sources, both scale formats, partial and empty experts; each value back within the round "
                     "trip's error) vs the float64 oracle within the promotion bound; a bad scale refused, dW "
                     "untouched", 0, pt_gemm_fp8_dw},
+#ifdef MOE_FUZZ_CUDA
+    {"gpu-gemm-fp8-dw", "CUDA FP8 dW and its 128 x 1 quantizer (the gemm-fp8-dw cases on the device): the quantizer "
+                        "bitwise the reference's, dW within the float32 promotion bound and deterministic; a bad scale "
+                        "reported by moe_backend_synchronize, dW untouched", 1, pt_gpu_gemm_fp8_dw},
+#endif
     {NULL, NULL, 0, NULL},
 };

@@ -54,8 +54,10 @@ void fp8_case_generate_aligned(pt_case *c, fp8_case *f, int64_t cap_macs, int64_
     pt_source *s = c->src;
     memset(f, 0, sizeof *f);
     const int dx = f->dx = pt_bool(s);
-    int64_t E = 1 + pt_sized(s, 0, 6), T = pt_sized(s, 0, 16);
-    const int64_t N = align * pt_sized(s, 0, 400 / align), K = align * pt_sized(s, 0, 400 / align);
+    /* aligned cases (gpu-gemm-fp8-model) are never empty: an empty one would be discarded */
+    const int64_t least = align > 1;
+    int64_t E = 1 + pt_sized(s, 0, 6), T = pt_sized(s, least, 16);
+    const int64_t N = align * pt_sized(s, least, 400 / align), K = align * pt_sized(s, least, 400 / align);
     const int kind = pt_pick(s, PT_ROUTE_KINDS_FROM_TOPK - 1); /* not E_MUCH_LARGER's shape arrangement */
     int64_t *allowed = xmalloc((size_t)E * sizeof(int64_t));
     const int64_t A = pt_allowed_experts(kind == PT_ROUTE_E_MUCH_LARGER ? PT_ROUTE_UNIFORM : kind, E, allowed);

@@ -2,15 +2,112 @@
  * source, topk weights or none, f32 or bf16, every value distribution; each value back from its code and scale
  * within the round trip's error), then moe_gemm_fp8_dw on the reference
  * backend against the float64 oracle within its bound (oracle_gemm_fp8_dw, specs/FP8.md sections 2 and 4); a
- * bad scale in a tile in use refused with dW untouched. */
+ * bad scale in a tile in use refused with dW untouched.
+ *
+ * gpu-gemm-fp8-dw (--backend cuda): the same case on the CUDA backend through device copies of every array, routing
+ * included: the columns quantizer's codes and scales bit for bit the reference's, dW within the same bound (the
+ * portable kernel's tile sums are float32), a bad scale reported by moe_backend_synchronize with dW untouched, and
+ * a second run bitwise the first. */
 #include "oracle_fp8.h"
 #include "pt_gen.h"
+#ifdef MOE_FUZZ_CUDA
+#include "pt_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define FP8_DW_CAP_MACS 1000000 /* the work of one case */
+#define GPU_FP8_DW_CAP_MACS 4000000
+
+#ifdef MOE_FUZZ_CUDA
+static size_t scale_size(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
+#endif
+
+/* moe_quantize_fp8_columns on the case's backend from host arrays into host codes and scales; on CUDA through
+ * device copies, then compared bit for bit with the reference's ("columns-vs-ref"). */
+static moe_status quantize_columns(pt_case *c, const moe_routing *routing, moe_dtype src_dtype, int64_t cols,
+                                   const void *src, moe_fp8_row_source source, const float *topk, moe_dtype fp8,
+                                   moe_fp8_scale_format format, uint8_t *codes, void *scales)
+{
+    if (c->backend != MOE_BACKEND_CUDA)
+        return moe_quantize_fp8_columns(c->backend, routing, src_dtype, cols, src, source, topk, fp8, format, codes,
+                                        scales, NULL);
+#ifdef MOE_FUZZ_CUDA
+    const int64_t T = routing->num_tokens, M = T * routing->topk, E = routing->num_experts;
+    const size_t src_bytes = (size_t)((source == MOE_FP8_ROWS_TOKEN ? T : M) * cols) * moe_dtype_size(src_dtype);
+    const size_t code_bytes = (size_t)(M * cols), scale_bytes = (size_t)(moe_fp8_column_scale_rows(M, E) * cols) *
+                                                                scale_size(format);
+    void *d_sizes = pt_device_copy(c, routing->m_sizes, (size_t)E * sizeof(int64_t));
+    void *d_gather = pt_device_copy(c, routing->gather_indices, (size_t)M * sizeof(int64_t));
+    void *d_src = pt_device_copy(c, src, src_bytes), *d_topk = topk ? pt_device_copy(c, topk, (size_t)M * 4) : NULL;
+    void *d_codes = pt_device_copy(c, NULL, code_bytes), *d_scales = pt_device_copy(c, NULL, scale_bytes);
+    moe_status st = MOE_ERR_DEVICE;
+    if (c->outcome != PT_FAIL) {
+        const moe_routing d_routing = {T, routing->topk, E, d_sizes, d_gather};
+        st = moe_quantize_fp8_columns(MOE_BACKEND_CUDA, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format,
+                                      d_codes, d_scales, NULL);
+        if (st == MOE_OK)
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        if (st == MOE_OK && pt_device_download(c, codes, d_codes, code_bytes) &&
+            pt_device_download(c, scales, d_scales, scale_bytes)) {
+            uint8_t *ref_codes = xmalloc(code_bytes + 1);
+            void *ref_scales = xmalloc(scale_bytes + 4);
+            const moe_status ref = moe_quantize_fp8_columns(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk,
+                                                            fp8, format, ref_codes, ref_scales, NULL);
+            if (ref != MOE_OK || memcmp(codes, ref_codes, code_bytes) != 0 ||
+                memcmp(scales, ref_scales, scale_bytes) != 0)
+                pt_fail(c, "columns-vs-ref", "the CUDA columns quantizer (%lld columns) differs from the reference's "
+                        "(reference status %s)", (long long)cols, moe_strerror(ref));
+            free(ref_codes), free(ref_scales);
+        }
+    }
+    void *ps[] = {d_sizes, d_gather, d_src, d_topk, d_codes, d_scales};
+    pt_device_free_all(ps, sizeof ps / sizeof ps[0]);
+    return st;
+#else
+    pt_fail(c, "backend", "moe-fuzz was built without CUDA");
+    return MOE_ERR_NO_BACKEND;
+#endif
+}
+
+/* moe_gemm_fp8_dw on the case's backend from host arrays; dw (host) holds the old output and receives the new
+ * (on CUDA through device copies, the status the call's or the synchronisation's). */
+static moe_status run_dw(pt_case *c, const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
+                         const moe_fp8_tensor *dy, void *dw, size_t dw_bytes, const moe_fp8_options *opt)
+{
+    if (c->backend != MOE_BACKEND_CUDA)
+        return moe_gemm_fp8_dw(c->backend, routing, N, K, x, dy, dw, opt);
+#ifdef MOE_FUZZ_CUDA
+    const int64_t T = routing->num_tokens, M = T * routing->topk, E = routing->num_experts;
+    const int64_t scale_rows = moe_fp8_column_scale_rows(M, E);
+    const size_t sb = scale_size(opt->scale_format);
+    void *d_sizes = pt_device_copy(c, routing->m_sizes, (size_t)E * sizeof(int64_t));
+    void *d_gather = pt_device_copy(c, routing->gather_indices, (size_t)M * sizeof(int64_t));
+    void *d_xc = pt_device_copy(c, x->data, (size_t)(M * K)), *d_xs = pt_device_copy(c, x->scales, (size_t)(scale_rows * K) * sb);
+    void *d_dyc = pt_device_copy(c, dy->data, (size_t)(M * N));
+    void *d_dys = pt_device_copy(c, dy->scales, (size_t)(scale_rows * N) * sb);
+    void *d_dw = pt_device_copy(c, dw, dw_bytes);
+    moe_status st = MOE_ERR_DEVICE;
+    if (c->outcome != PT_FAIL) {
+        const moe_routing d_routing = {T, routing->topk, E, d_sizes, d_gather};
+        const moe_fp8_tensor d_x = {d_xc, d_xs, x->dtype}, d_dy = {d_dyc, d_dys, dy->dtype};
+        st = moe_gemm_fp8_dw(MOE_BACKEND_CUDA, &d_routing, N, K, &d_x, &d_dy, d_dw, opt);
+        if (st == MOE_OK)
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        if (!pt_device_download(c, dw, d_dw, dw_bytes))
+            st = MOE_ERR_DEVICE;
+    }
+    void *ps[] = {d_sizes, d_gather, d_xc, d_xs, d_dyc, d_dys, d_dw};
+    pt_device_free_all(ps, sizeof ps / sizeof ps[0]);
+    return st;
+#else
+    (void)N, (void)K, (void)x, (void)dy, (void)dw, (void)dw_bytes, (void)opt;
+    pt_fail(c, "backend", "moe-fuzz was built without CUDA");
+    return MOE_ERR_NO_BACKEND;
+#endif
+}
 
 static const char *source_name(moe_fp8_row_source source)
 {
@@ -77,8 +174,8 @@ static void make_operand(pt_case *c, dw_operand *o, const moe_routing *routing, 
     pt_fill(seed, tensor, dist, src_dtype, o->src, rows * cols);
     o->codes = xmalloc((size_t)(M * cols) + 1);
     o->scales = xmalloc((size_t)(scale_rows * cols) * (format == MOE_FP8_SCALE_UE8M0 ? 1 : 4) + 4);
-    const moe_status st = moe_quantize_fp8_columns(c->backend, routing, src_dtype, cols, o->src, source, topk,
-                                                   o->t.dtype, format, o->codes, o->scales, NULL);
+    const moe_status st = quantize_columns(c, routing, src_dtype, cols, o->src, source, topk, o->t.dtype, format,
+                                           o->codes, o->scales);
     if (st != MOE_OK)
         pt_fail(c, "quantize", "moe_quantize_fp8_columns (%s rows, %lld columns) returned %s: %s", source_name(source),
                 (long long)cols, moe_strerror(st), moe_last_error());
@@ -112,8 +209,8 @@ static void corrupt(const moe_routing *routing, const moe_fp8_options *opt, dw_o
     }
 }
 
-void pt_gemm_fp8_dw(pt_case *c); /* the op table's (pt_gemm.c) */
-void pt_gemm_fp8_dw(pt_case *c)
+/* The property on c->backend (the reference, or CUDA for gpu-gemm-fp8-dw), cases of at most cap_macs. */
+static void fp8_dw_property(pt_case *c, int64_t cap_macs)
 {
     pt_source *s = c->src;
     const int64_t E = 1 + pt_sized(s, 0, 6), N = pt_sized(s, 0, 300), K = pt_sized(s, 0, 300);
@@ -122,7 +219,7 @@ void pt_gemm_fp8_dw(pt_case *c)
     const int64_t A = pt_allowed_experts(kind == PT_ROUTE_E_MUCH_LARGER ? PT_ROUTE_UNIFORM : kind, E, allowed);
     free(allowed);
     const int64_t k = min64(pt_int(s, 1, 4), A);
-    const int64_t T = min64(pt_sized(s, 0, 400), FP8_DW_CAP_MACS / max64(1, k * max64(1, N) * max64(1, K)));
+    const int64_t T = min64(pt_sized(s, 0, 400), cap_macs / max64(1, k * max64(1, N) * max64(1, K)));
     const int64_t M = T * k;
     moe_fp8_options opt = {0};
     opt.out_dtype = pt_bool(s) ? MOE_BF16 : MOE_F32;
@@ -134,8 +231,8 @@ void pt_gemm_fp8_dw(pt_case *c)
     const int weighted = pt_bool(s), x_dist = pt_pick(s, PT_DISTS), dy_dist = pt_pick(s, PT_DISTS);
     dw_operand x = {.t.dtype = pt_bool(s) ? MOE_E5M2 : MOE_E4M3}, dy = {.t.dtype = pt_bool(s) ? MOE_E5M2 : MOE_E4M3};
     uint64_t state = pt_draw(s, UINT32_MAX);
-    pt_describe(c, "gemm-fp8-dw T=%lld k=%lld E=%lld N=%lld K=%lld %s -> dy %s (%s rows, %s) x %s (%s rows, %s) -> %s "
-                "scales=%s topk=%d acc=%d", (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
+    pt_describe(c, "%s T=%lld k=%lld E=%lld N=%lld K=%lld %s -> dy %s (%s rows, %s) x %s (%s rows, %s) -> %s "
+                "scales=%s topk=%d acc=%d", c->backend == MOE_BACKEND_CUDA ? "gpu-gemm-fp8-dw" : "gemm-fp8-dw", (long long)T, (long long)k, (long long)E, (long long)N, (long long)K,
                 moe_dtype_name(src_dtype), moe_dtype_name(dy.t.dtype), source_name(dy_source), pt_dist_name(dy_dist),
                 moe_dtype_name(x.t.dtype), source_name(x_source), pt_dist_name(x_dist), moe_dtype_name(opt.out_dtype),
                 opt.scale_format ? "ue8m0" : "f32", weighted, opt.accumulate);
@@ -165,7 +262,7 @@ void pt_gemm_fp8_dw(pt_case *c)
         float kept = 0.0f;
         const int64_t n = (int64_t)(pt_mix(state++) % (uint64_t)N);
         corrupt(&routing, &opt, &dy, N, n, 1, &kept);
-        const moe_status st = moe_gemm_fp8_dw(c->backend, &routing, N, K, &x.t, &dy.t, dw, &opt);
+        const moe_status st = run_dw(c, &routing, N, K, &x.t, &dy.t, dw, bytes, &opt);
         if (st != MOE_ERR_INVALID_VALUE || strstr(moe_last_error(), "dy.scales[") == NULL)
             pt_fail(c, "bad-scale", "dy column %lld's first scale bad: status %s, message \"%s\"", (long long)n,
                     moe_strerror(st), moe_last_error());
@@ -173,8 +270,10 @@ void pt_gemm_fp8_dw(pt_case *c)
             pt_fail(c, "bad-scale", "a refused call changed dW");
         corrupt(&routing, &opt, &dy, N, n, 0, &kept);
     }
-    const moe_status st = moe_gemm_fp8_dw(c->backend, &routing, N, K, &x.t, &dy.t, dw, &opt);
-    if (st != MOE_OK) {
+    const moe_status st = c->outcome == PT_FAIL ? MOE_OK : run_dw(c, &routing, N, K, &x.t, &dy.t, dw, bytes, &opt);
+    if (c->outcome == PT_FAIL) {
+        /* the quantizer or the bad-scale call failed already */
+    } else if (st != MOE_OK) {
         pt_fail(c, "status", "moe_gemm_fp8_dw returned %s: %s", moe_strerror(st), moe_last_error());
     } else {
         double *value = xmalloc(((size_t)count + 1) * sizeof(double));
@@ -191,7 +290,21 @@ void pt_gemm_fp8_dw(pt_case *c)
                 pt_ratio(c, err / bound[i]);
         }
         free(value), free(bound);
+        if (c->backend == MOE_BACKEND_CUDA && c->outcome != PT_FAIL) { /* a second run, bitwise the first */
+            void *again = xmalloc(bytes + 4);
+            memcpy(again, old, bytes);
+            if (run_dw(c, &routing, N, K, &x.t, &dy.t, again, bytes, &opt) != MOE_OK || memcmp(again, dw, bytes) != 0)
+                pt_fail(c, "determinism", "two GPU runs on identical inputs differ (or the second failed: %s)",
+                        moe_last_error());
+            free(again);
+        }
     }
     free_operand(&x), free_operand(&dy);
     free(m_sizes), free(gather), free(topk), free(old), free(dw);
 }
+
+void pt_gemm_fp8_dw(pt_case *c); /* the op table's (pt_gemm.c) */
+void pt_gemm_fp8_dw(pt_case *c) { fp8_dw_property(c, FP8_DW_CAP_MACS); }
+
+void pt_gpu_gemm_fp8_dw(pt_case *c); /* the op table's, with CUDA */
+void pt_gpu_gemm_fp8_dw(pt_case *c) { fp8_dw_property(c, GPU_FP8_DW_CAP_MACS); }

@@ -22,6 +22,9 @@
  *   3. with a NaN or Inf in the source (or a bad scale to dequantize) the call is accepted, moe_backend_synchronize
  *      reports MOE_ERR_INVALID_VALUE with the reference's message for the first bad element, and no output
  *      byte changes.
+ * One case in four is moe_quantize_fp8_columns instead (dW's 128 x 1 tiles per expert; random routings with empty
+ * experts, every row source, topk weights or none): its codes and scales bit for bit the reference's, and a
+ * non-finite value (after its weight) reported with the reference's message, no output byte changed.
  */
 #include "oracle.h"
 #include "pt_cuda.h"
@@ -34,6 +37,7 @@
 
 #include "fp8_hopper_model.h"
 #include "oracle_fp8.h"
+#include "pt_gen.h"
 
 #define GPU_FP8_CAP_MACS 20000000
 
@@ -146,6 +150,15 @@ static float source_value(uint64_t r, int dist, int64_t c)
     }
 }
 
+/* Element i of a source of dtype f32 or bf16 set to v (rounded to bf16). */
+static void set_source(void *src, moe_dtype dtype, int64_t i, float v)
+{
+    if (dtype == MOE_F32)
+        ((float *)src)[i] = v;
+    else
+        ((uint16_t *)src)[i] = moe_f32_to_bf16(v);
+}
+
 /* 1 when the two dequantized outputs agree bit for bit, NaN matching NaN; else the case fails naming the first
  * difference. */
 static int same_dequantized(pt_case *c, moe_dtype out_dtype, const void *gpu, const void *ref, int64_t n)
@@ -170,9 +183,89 @@ static const char *message_body(const char *message)
     return colon ? colon + 2 : message;
 }
 
+/* gpu-fp8-quantize's columns case: moe_quantize_fp8_columns on the device against the reference. */
+static void gpu_fp8_quantize_columns(pt_case *c)
+{
+    pt_source *s = c->src;
+    static const int64_t edges[] = {1, 2, 127, 128, 129, 255, 256, 300};
+    const int64_t E = 1 + pt_sized(s, 0, 6), T = pt_sized(s, 0, 300), k = min64(pt_int(s, 1, 3), E), M = T * k;
+    const int64_t C = pt_bool(s) ? edges[pt_pick(s, 8)] : pt_sized(s, 1, 300);
+    const moe_fp8_row_source source = (moe_fp8_row_source)pt_pick(s, 3);
+    const int weighted = pt_bool(s), dist = pt_pick(s, 4), bad = pt_pick(s, 4) == 0;
+    const moe_dtype src_dtype = pt_bool(s) ? MOE_BF16 : MOE_F32, fp8 = pt_bool(s) ? MOE_E5M2 : MOE_E4M3;
+    const moe_fp8_scale_format format = pt_bool(s) ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
+    int64_t *ids = xmalloc((size_t)(M + 1) * sizeof(int64_t)), *m_sizes = xmalloc((size_t)E * sizeof(int64_t));
+    int64_t *gather = xmalloc((size_t)(M + 1) * sizeof(int64_t));
+    pt_gen_topk_ids(s, PT_ROUTE_UNIFORM, T, k, E, ids);
+    pt_stable_routing(M, E, ids, m_sizes, gather);
+    uint64_t state = pt_draw(s, UINT32_MAX);
+    pt_describe(c, "gpu-fp8-quantize columns T=%lld k=%lld E=%lld C=%lld rows=%d topk=%d %s -> %s scales=%s dist=%d "
+                "bad=%d", (long long)T, (long long)k, (long long)E, (long long)C, (int)source, weighted,
+                moe_dtype_name(src_dtype), moe_dtype_name(fp8), format ? "ue8m0" : "f32", dist, bad);
+    const int64_t rows = source == MOE_FP8_ROWS_TOKEN ? T : M, n = rows * C;
+    const int64_t scale_count = moe_fp8_column_scale_rows(M, E) * C;
+    const size_t src_size = moe_dtype_size(src_dtype), scale_bytes = (size_t)scale_count * (format ? 1 : 4);
+    void *src = xmalloc((size_t)n * src_size + 4), *scales = xmalloc(scale_bytes + 4), *ref_scales = xmalloc(scale_bytes + 4);
+    uint8_t *q = xmalloc((size_t)(M * C) + 1), *ref_q = xmalloc((size_t)(M * C) + 1);
+    float *topk = weighted ? xmalloc((size_t)(M + 1) * sizeof(float)) : NULL;
+    for (int64_t i = 0; i < n; i++)
+        set_source(src, src_dtype, i, source_value(pt_mix(state++), dist, i % C));
+    for (int64_t i = 0; weighted && i < M; i++)
+        topk[i] = 0.05f + (float)(pt_mix(state++) >> 40) * 0x1p-24f;
+    if (bad && n > 0) { /* a non-finite value, or (weighted) a weight that overflows a value */
+        const int64_t at = (int64_t)(pt_mix(state++) % (uint64_t)n);
+        if (weighted && M > 0 && pt_mix(state++) % 2)
+            topk[pt_mix(state++) % (uint64_t)M] = 3e38f;
+        else
+            set_source(src, src_dtype, at, src_dtype == MOE_F32 ? NAN : INFINITY);
+    }
+    const moe_routing routing = {T, k, E, m_sizes, gather};
+    const moe_status ref_st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &routing, src_dtype, C, src, source, topk, fp8,
+                                                       format, ref_q, ref_scales, NULL);
+    char ref_message[1024];
+    snprintf(ref_message, sizeof ref_message, "%s", message_body(moe_last_error()));
+    if (ref_st != MOE_OK && ref_st != MOE_ERR_INVALID_VALUE)
+        pt_fail(c, "status", "reference columns quantize returned %s: %s", moe_strerror(ref_st), moe_last_error());
+    memset(q, 0xa5, (size_t)(M * C) + 1);
+    memset(scales, 0xa5, scale_bytes + 4);
+    void *d_sizes = pt_device_copy(c, m_sizes, (size_t)E * sizeof(int64_t));
+    void *d_gather = pt_device_copy(c, gather, (size_t)M * sizeof(int64_t));
+    void *d_src = pt_device_copy(c, src, (size_t)n * src_size);
+    void *d_topk = topk ? pt_device_copy(c, topk, (size_t)M * sizeof(float)) : NULL;
+    void *d_q = pt_device_copy(c, q, (size_t)(M * C)), *d_scales = pt_device_copy(c, scales, scale_bytes);
+    if (c->outcome != PT_FAIL) {
+        const moe_routing d_routing = {T, k, E, d_sizes, d_gather};
+        moe_status st = moe_quantize_fp8_columns(MOE_BACKEND_CUDA, &d_routing, src_dtype, C, d_src, source, d_topk, fp8,
+                                                 format, d_q, d_scales, NULL);
+        if (st == MOE_OK)
+            st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
+        if (st != ref_st || (st != MOE_OK && strstr(moe_last_error(), ref_message) == NULL))
+            pt_fail(c, "columns-status", "the GPU gave %s, \"%s\"; the reference %s, \"%s\"", moe_strerror(st),
+                    moe_last_error(), moe_strerror(ref_st), ref_message);
+        uint8_t *got_q = xmalloc((size_t)(M * C) + 1);
+        void *got_scales = xmalloc(scale_bytes + 4);
+        if (c->outcome != PT_FAIL && pt_device_download(c, got_q, d_q, (size_t)(M * C)) &&
+            pt_device_download(c, got_scales, d_scales, scale_bytes)) {
+            const void *want_q = ref_st == MOE_OK ? (const void *)ref_q : q; /* refused: the poison unchanged */
+            const void *want_scales = ref_st == MOE_OK ? ref_scales : scales;
+            if (memcmp(got_q, want_q, (size_t)(M * C)) != 0 || memcmp(got_scales, want_scales, scale_bytes) != 0)
+                pt_fail(c, "columns-vs-ref", ref_st == MOE_OK ? "codes or scales differ from the reference's"
+                                                              : "a call reported bad changed its outputs");
+        }
+        free(got_q), free(got_scales);
+    }
+    void *ps[] = {d_sizes, d_gather, d_src, d_topk, d_q, d_scales};
+    pt_device_free_all(ps, sizeof ps / sizeof ps[0]);
+    free(ids), free(m_sizes), free(gather), free(src), free(scales), free(ref_scales), free(q), free(ref_q), free(topk);
+}
+
 void pt_gpu_fp8_quantize(pt_case *c)
 {
     pt_source *s = c->src;
+    if (pt_pick(s, 4) == 3) {
+        gpu_fp8_quantize_columns(c);
+        return;
+    }
     static const int64_t edges[] = {1, 2, 127, 128, 129, 255, 256, 300};
     const int blocks = pt_bool(s);
     const int64_t B = blocks ? pt_int(s, 1, 3) : 1;
@@ -195,11 +288,7 @@ void pt_gpu_fp8_quantize(pt_case *c)
     uint8_t *q = xmalloc((size_t)n + 1), *ref_q = xmalloc((size_t)n + 1), *codes = xmalloc((size_t)n + 1);
     void *out = xmalloc((size_t)n * out_size + 4), *ref_out = xmalloc((size_t)n * out_size + 4);
     for (int64_t i = 0; i < n; i++) {
-        const float v = source_value(pt_mix(state++), dist, i % C);
-        if (src_dtype == MOE_F32)
-            ((float *)src)[i] = v;
-        else
-            ((uint16_t *)src)[i] = moe_f32_to_bf16(v);
+        set_source(src, src_dtype, i, source_value(pt_mix(state++), dist, i % C));
         codes[i] = (uint8_t)pt_mix(state++);
     }
     int64_t bad_at = -1;
@@ -207,10 +296,7 @@ void pt_gpu_fp8_quantize(pt_case *c)
         bad_at = (int64_t)(pt_mix(state++) % (uint64_t)n);
         const float bad_value = pt_mix(state++) % 2 ? NAN : (pt_mix(state++) % 2 ? INFINITY : -INFINITY);
         for (int64_t at = bad_at; at < n; at += 1 + (int64_t)(pt_mix(state++) % (uint64_t)n)) {
-            if (src_dtype == MOE_F32)
-                ((float *)src)[at] = bad_value;
-            else
-                ((uint16_t *)src)[at] = moe_f32_to_bf16(bad_value);
+            set_source(src, src_dtype, at, bad_value);
         }
     }
     /* the reference, on the host */

@@ -76,6 +76,13 @@ moe_status moe_ref_fp8_check_column_scales(const char *op, const char *name, moe
                                            const void *scales, int64_t num_experts, const int64_t *m_sizes,
                                            int64_t cols);
 
+/* Stores output element `index` of a GEMM: value, plus the old element under g->accumulate, rounded once to
+ * g->dtype (the topk weight, when there is one, is already in value). */
+void moe_ref_fp8_store_element(const moe_gemm_problem *g, void *out, int64_t index, float value);
+
+/* The expert offsets [E + 1] of the problem's m_sizes, or NULL (out of memory, reported). */
+int64_t *moe_ref_fp8_expert_offsets(const moe_gemm_problem *g);
+
 /* The FP8 grouped GEMM, the readable definition (specs/FP8.md section 2), one output element at a time. */
 moe_status moe_ref_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
                                 const float *topk_weights, void *y);
@@ -87,6 +94,16 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
  * thread owns whole rows (e, n) of dW. */
 moe_status moe_ref_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
                                void *dw);
+
+/* The blocked twins of the three (ref/gemm_fp8_blocked.c): the same float32 operations on every element in the
+ * same order, so bit for bit the same outputs, a block of rows and columns at a time.  What the reference
+ * backend runs. */
+moe_status moe_ref_gemm_fp8_fwd_blocked(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
+                                        const float *topk_weights, void *y);
+moe_status moe_ref_gemm_fp8_dx_blocked(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
+                                       const float *topk_weights, void *dx);
+moe_status moe_ref_gemm_fp8_dw_blocked(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                                       void *dw);
 
 /* The quantizer behind moe_quantize_fp8_rows (tile_rows 1) and _blocks (tile_rows 128), on validated
  * arguments: src [batches][rows][cols] of src_dtype (f32 or bf16) -> q (same shape), scales

@@ -74,8 +74,7 @@ static int64_t slot_of_row(const moe_gemm_problem *g, int64_t r)
     return g->gather_indices != NULL ? g->gather_indices[r] : r;
 }
 
-/* v = wt * v (topk weights), v = old + v (accumulate), one rounding to the output dtype. */
-static void finish(const moe_gemm_problem *g, void *out, int64_t index, float value)
+void moe_ref_fp8_store_element(const moe_gemm_problem *g, void *out, int64_t index, float value)
 {
     if (g->accumulate)
         value = moe_ref_load(g->dtype, out, index) + value;
@@ -104,8 +103,7 @@ static float dx_element(const moe_fp8_problem *p, const moe_fp8_tensor *dy, cons
     return promoted_dot(p->scale_format, &a, &b, N);
 }
 
-/* The expert offsets [E + 1] of the problem's m_sizes, or NULL (out of memory, reported). */
-static int64_t *expert_offsets(const moe_gemm_problem *g)
+int64_t *moe_ref_fp8_expert_offsets(const moe_gemm_problem *g)
 {
     int64_t *offsets = malloc((size_t)(g->num_experts + 1) * sizeof *offsets);
     if (offsets == NULL) {
@@ -134,7 +132,7 @@ FP8_OMP(omp parallel for schedule(static))
             float acc = dx ? dx_element(p, a, w, e, a_row, c) : fwd_element(p, a, w, e, a_row, c);
             if (topk_weights != NULL)
                 acc = topk_weights[slot] * acc;
-            finish(g, out, out_row * cols + c, acc);
+            moe_ref_fp8_store_element(g, out, out_row * cols + c, acc);
         }
     }
 }
@@ -142,7 +140,7 @@ FP8_OMP(omp parallel for schedule(static))
 moe_status moe_ref_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
                                 const float *topk_weights, void *y)
 {
-    int64_t *offsets = expert_offsets(&p->g);
+    int64_t *offsets = moe_ref_fp8_expert_offsets(&p->g);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     gemm_rows(p, offsets, 0, x, w, topk_weights, y);
@@ -174,7 +172,7 @@ FP8_OMP(omp parallel for schedule(static))
                     acc = topk_weights[s] * acc;
                 sum += acc;
             }
-            finish(g, dx, t * K + c, sum);
+            moe_ref_fp8_store_element(g, dx, t * K + c, sum);
         }
     free(row_of_slot);
     return MOE_OK;
@@ -184,7 +182,7 @@ moe_status moe_ref_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *d
                                const float *topk_weights, void *dx)
 {
     const moe_gemm_problem *g = &p->g;
-    int64_t *offsets = expert_offsets(g);
+    int64_t *offsets = moe_ref_fp8_expert_offsets(g);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     moe_status status = MOE_OK;
@@ -212,7 +210,7 @@ moe_status moe_ref_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x
                                void *dw)
 {
     const moe_gemm_problem *g = &p->g;
-    int64_t *offsets = expert_offsets(g);
+    int64_t *offsets = moe_ref_fp8_expert_offsets(g);
     if (offsets == NULL)
         return MOE_ERR_OUT_OF_MEMORY;
     const int64_t N = g->N, K = g->K, rows = g->num_experts * N;
@@ -220,7 +218,7 @@ FP8_OMP(omp parallel for schedule(static))
     for (int64_t en = 0; en < rows; en++) {
         const int64_t e = en / N, n = en % N, first = offsets[e], m = offsets[e + 1] - first;
         for (int64_t c = 0; c < K; c++)
-            finish(g, dw, en * K + c, dw_element(p, x, dy, e, first, m, n, c));
+            moe_ref_fp8_store_element(g, dw, en * K + c, dw_element(p, x, dy, e, first, m, n, c));
     }
     free(offsets);
     return MOE_OK;

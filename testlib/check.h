@@ -10,12 +10,16 @@
  *                            For what the rest of the program cannot go on without, and for the programs
  *                            whose first failure is their verdict (the GPU tests, the benchmarks, the MLP
  *                            test library).
+ *   first_difference(a, b, count, size)  the first of count elements of size bytes where a and b differ bit
+ *                            for bit, or -1: the twins' check (naive and blocked references agree bit for bit).
  */
 #ifndef LIBMOE_TESTLIB_CHECK_H
 #define LIBMOE_TESTLIB_CHECK_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef CHECK_MAX_PRINTED
 #define CHECK_MAX_PRINTED 40
@@ -45,5 +49,13 @@ static long failures __attribute__((unused)), checks __attribute__((unused));
             exit(1);                                                                                 \
         }                                                                                            \
     } while (0)
+
+static inline int64_t first_difference(const void *a, const void *b, int64_t count, size_t size)
+{
+    for (int64_t i = 0; i < count; i++)
+        if (memcmp((const char *)a + (size_t)i * size, (const char *)b + (size_t)i * size, size) != 0)
+            return i;
+    return -1;
+}
 
 #endif /* LIBMOE_TESTLIB_CHECK_H */

@@ -201,16 +201,33 @@ refused "gemm-fp8-fwd zero scale --backend cuda" "moe_gemm_fp8_fwd" "w.scales[" 
     "$MOE" gemm-fp8-fwd --x f8ref/xf32/q.npy --x-scales f8ref/xf32/scales.npy --w f8ref/wf32/q.npy \
     --w-scales f8zero.npy --w-fp8 e5m2 $F --permute-x --backend cuda --out f8bad.npy
 if [ -e f8bad.npy ]; then bad "a refused gemm-fp8-fwd --backend cuda wrote f8bad.npy"; else passed=$((passed + 1)); fi
-# FP8 dW and its quantizer have no CUDA kernel yet: refused with that reason, nothing written
+# FP8 dW: the columns quantizer on both backends (cuda = ref, bit for bit), then gemm-fp8-dw on both (cuda = ref
+# within the bound)
+for b in ref cuda; do
+    # shellcheck disable=SC2086
+    run_ok "fp8-quantize --columns dy $b" "$MOE" fp8-quantize --in f8dy.npy --columns $F --rows slot \
+        --topk-weights f8tw.npy --fp8 e5m2 --backend $b --out "f8$b/dyc"
+    # shellcheck disable=SC2086
+    run_ok "fp8-quantize --columns x $b" "$MOE" fp8-quantize --in f8x.npy --columns $F --rows token --backend $b \
+        --out "f8$b/xc"
+done
+for t in dyc xc; do
+    for f in q scales; do
+        run_ok "fp8-quantize --columns $t $f: cuda = ref" "$MOE" compare --exact "f8ref/$t/$f.npy" "f8cuda/$t/$f.npy"
+    done
+done
+for b in ref cuda; do
+    run_ok "gemm-fp8-dw $b" "$MOE" gemm-fp8-dw --x f8ref/xc/q.npy --x-scales f8ref/xc/scales.npy --dy f8ref/dyc/q.npy \
+        --dy-scales f8ref/dyc/scales.npy --fp8 e5m2 --x-fp8 e4m3 --m-sizes f8r/m_sizes.npy --out-dtype bf16 --backend $b \
+        --out "f8$b/dw.npy" --bound-out "f8$b/dw.bound.npy"
+done
+run_ok "gemm-fp8-dw: cuda = ref within the bound" "$MOE" compare --dtype bf16 --bound f8ref/dw.bound.npy \
+    f8ref/dw.npy f8cuda/dw.npy
+"$NPY" mk f8colnan.npy '<f4' 12,3 1 nan 2
 # shellcheck disable=SC2086
-run_ok "fp8-quantize --columns ref" "$MOE" fp8-quantize --in f8dy.npy --columns $F --rows slot --out f8ref/dyc
-# shellcheck disable=SC2086
-refused "fp8-quantize --columns --backend cuda" "moe_quantize_fp8_columns" "no CUDA kernel yet" -- \
-    "$MOE" fp8-quantize --in f8dy.npy --columns $F --rows slot --backend cuda --out f8cuda/dyc
-refused "gemm-fp8-dw --backend cuda" "moe_gemm_fp8_dw" "FP8 dW has no CUDA kernel yet" -- \
-    "$MOE" gemm-fp8-dw --x f8ref/dyc/q.npy --x-scales f8ref/dyc/scales.npy --dy f8ref/dyc/q.npy \
-    --dy-scales f8ref/dyc/scales.npy --m-sizes f8r/m_sizes.npy --backend cuda --out f8dw.npy
-if [ -e f8cuda/dyc ] || [ -e f8dw.npy ]; then bad "a refused FP8 dW call wrote a file"; else passed=$((passed + 1)); fi
+refused "fp8-quantize --columns NaN --backend cuda" "moe_quantize_fp8_columns" "src[0][1] = nan, expected a finite value" -- \
+    "$MOE" fp8-quantize --in f8colnan.npy --columns $F --rows expert --backend cuda --out f8colnan
+if [ -e f8colnan/q.npy ]; then bad "a refused fp8-quantize --columns --backend cuda wrote f8colnan/q.npy"; else passed=$((passed + 1)); fi
 
 # moe autotune: each op tunes, prints its choice and appends one line per call to the cache file
 rm -f tune.txt

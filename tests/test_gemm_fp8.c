@@ -5,12 +5,15 @@
  *     (permute_x, permute_y, topk weights, accumulate, reduce_topk for dX), both output dtypes, both scale
  *     formats, all four pairs of FP8 operand dtypes; scales that differ from tile to tile (a wrong scale
  *     index or a dropped promotion is far outside the bound: specs/FP8.md records the planted mutants);
+ *   - the blocked twin that the reference backend runs (ref/gemm_fp8_blocked.c) bit for bit the readable
+ *     definition (ref/gemm_fp8.c), on those cases and on larger ones (experts of more than one row block);
  *   - a case whose exact result is known: powers of two, every tile's sum exact;
  *   - NaN codes propagate to NaN outputs;
  *   - bad arguments: each rejected with its status and a message naming it, the output unchanged.
  * The CUDA kernels are checked against the same oracle by moe-fuzz's gpu-gemm-fp8 (proptest/pt_gpu_fp8.c).
  *
  * Usage: test_gemm_fp8 [seed] */
+#include "fp8_ref.h"
 #include "moe_backend.h"
 #include "moe_fp8.h"
 #include "oracle_fp8.h"
@@ -64,10 +67,11 @@ static void *random_scales(oracle_rng *rng, moe_fp8_scale_format format, int64_t
     return s;
 }
 
-static void make_case(fp8_case *c, oracle_rng *rng)
+/* A random case of 1 .. max_tokens tokens. */
+static void make_case(fp8_case *c, oracle_rng *rng, int max_tokens)
 {
     static const int64_t lengths[] = {1, 7, 64, 127, 128, 129, 200, 256, 300, 385};
-    c->T = 1 + (int64_t)oracle_rng_below(rng, 6);
+    c->T = 1 + (int64_t)oracle_rng_below(rng, (uint64_t)max_tokens);
     c->E = 1 + (int64_t)oracle_rng_below(rng, 4);
     c->k = 1 + (int64_t)oracle_rng_below(rng, (uint64_t)c->E);
     c->N = lengths[oracle_rng_below(rng, 10)];
@@ -134,13 +138,64 @@ static void describe(const fp8_case *c, char *buf, size_t len)
              c->opt.accumulate, c->opt.reduce_topk);
 }
 
+/* The reference backend's result `blocked` (its blocked twin) against the readable definition, ref/gemm_fp8.c, run
+ * on the same old output `old`: bit for bit. */
+static void check_twin(const fp8_case *c, const void *old, const void *blocked, const char *what)
+{
+    const moe_fp8_problem p = {
+        .g = {.op = "test_gemm_fp8", .num_tokens = c->T, .topk = c->k, .num_experts = c->E, .rows = c->T * c->k,
+              .N = c->N, .K = c->K, .m_sizes = c->m_sizes, .gather_indices = c->gather, .dtype = c->opt.out_dtype,
+              .dw_dtype = c->opt.out_dtype, .permute_x = c->opt.permute_x, .permute_y = c->opt.permute_y,
+              .reduce_topk = c->opt.reduce_topk, .accumulate = c->opt.accumulate},
+        .scale_format = c->opt.scale_format};
+    const size_t size = moe_dtype_size(c->opt.out_dtype), bytes = (size_t)c->out_count * size;
+    void *naive = malloc(bytes + 4);
+    REQUIRE(naive != NULL, "no memory for %zu bytes", bytes);
+    memcpy(naive, old, bytes);
+    const moe_status st = c->dx ? moe_ref_gemm_fp8_dx(&p, &c->a, &c->w, c->topk, naive)
+                                : moe_ref_gemm_fp8_fwd(&p, &c->a, &c->w, c->topk, naive);
+    const int64_t differs = st == MOE_OK ? first_difference(naive, blocked, c->out_count, size) : -1;
+    CHECK(st == MOE_OK && differs < 0, "%s: the twins differ at element %lld (naive status %d)", what,
+          (long long)differs, (int)st);
+    free(naive);
+}
+
+/* The reference backend on c (its blocked twin) and, on the same old output, the readable definition: bit for
+ * bit.  Returns the backend's status. */
+static moe_status run_reference(fp8_case *c, const char *what)
+{
+    const size_t bytes = (size_t)c->out_count * moe_dtype_size(c->opt.out_dtype);
+    void *old = malloc(bytes + 4);
+    REQUIRE(old != NULL, "no memory for %zu bytes", bytes);
+    memcpy(old, c->out, bytes);
+    const moe_status st = run_case(c, MOE_BACKEND_REF, c->out);
+    if (st == MOE_OK)
+        check_twin(c, old, c->out, what);
+    free(old);
+    return st;
+}
+
+/* Cases of up to 48 tokens (experts of up to 48 rows: several of the blocked twin's 16-row blocks), twins only. */
+static void twin_cases(oracle_rng *rng, int count)
+{
+    for (int i = 0; i < count; i++) {
+        fp8_case c;
+        make_case(&c, rng, 48);
+        char what[256];
+        describe(&c, what, sizeof what);
+        const moe_status st = run_reference(&c, what);
+        CHECK(st == MOE_OK, "twin case %d (%s): status %d: %s", i, what, (int)st, moe_last_error());
+        free_case(&c);
+    }
+}
+
 /* The reference against the oracle on random cases; returns the worst |err| / bound seen. */
 static double random_cases(oracle_rng *rng, int count)
 {
     double worst = 0.0;
     for (int i = 0; i < count; i++) {
         fp8_case c;
-        make_case(&c, rng);
+        make_case(&c, rng, 6);
         double *value = malloc((size_t)c.out_count * sizeof(double) + 8);
         double *bound = malloc((size_t)c.out_count * sizeof(double) + 8);
         if (c.dx)
@@ -149,7 +204,7 @@ static double random_cases(oracle_rng *rng, int count)
             oracle_gemm_fp8_fwd(&c.routing, c.N, c.K, &c.a, &c.w, c.topk, c.out, &c.opt, ORACLE_FP8_TILE_F32, value, bound);
         char what[256];
         describe(&c, what, sizeof what);
-        const moe_status st = run_case(&c, MOE_BACKEND_REF, c.out);
+        const moe_status st = run_reference(&c, what);
         CHECK(st == MOE_OK, "case %d (%s): status %d: %s", i, what, (int)st, moe_last_error());
         double ratio = 0.0;
         const int64_t bad = oracle_compare(what, c.opt.out_dtype, c.out, value, bound, c.out_count, stdout, 3, &ratio);
@@ -290,6 +345,8 @@ int main(int argc, char **argv)
     exact_case();
     const double worst = random_cases(&rng, 300);
     printf("300 random cases: worst |err| / bound %.3g\n", worst);
+    twin_cases(&rng, 40);
+    printf("40 larger cases: the blocked twin against the definition\n");
     bad_arguments();
     printf("%ld checks, %ld failures\n", checks, failures);
     return failures ? 1 : 0;

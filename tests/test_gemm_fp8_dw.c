@@ -8,13 +8,22 @@
  *     experts), N and K below, at and past 128, both output dtypes, both scale formats, all four operand dtype
  *     pairs, accumulate; the scale rows no tile uses hold -1 (never read);
  *   - dW on quantized operands (the training step's chain) within the same bound;
+ *   - in every case, the blocked twin that the reference backend runs (ref/gemm_fp8_blocked.c) bit for bit the
+ *     readable definition (ref/gemm_fp8.c);
  *   - an exact case: powers of two, two experts whose tiles restart at their own offsets;
  *   - planted mutants the check must reject: one tile's scale dropped (replaced by 1), the tiles numbered
  *     without the per-expert restart;
- *   - bad arguments of both calls: each status, a message naming the argument, nothing written; the CUDA
- *     table's refusal.
+ *   - bad arguments of both calls: each status, a message naming the argument, nothing written.
+ *
+ * The same file built with -DMOE_TEST_CUDA (proptest/test_gpu_gemm_fp8_dw) runs both calls on MOE_BACKEND_CUDA with
+ * device copies of every array, routing included (exits 77 where no device is visible): the exact case, the random
+ * cases on codes and on quantized operands within the same bound (the portable kernel sums a tile in float32, in
+ * another order), the columns quantizer bit for bit the reference's, and bad inputs found on the device (a bad
+ * scale in a tile in use, a non-finite source value, a bad routing) reported by moe_backend_synchronize with
+ * nothing written, a bad scale in a row no tile uses ignored.
  *
  * Usage: test_gemm_fp8_dw [seed] */
+#include "fp8_ref.h"
 #include "moe_backend.h"
 #include "moe_fp8.h"
 #include "oracle_fp8.h"
@@ -26,6 +35,13 @@
 
 #include "check.h"
 
+#ifdef MOE_TEST_CUDA
+#include "gpu_check.h"
+static const moe_backend backend = MOE_BACKEND_CUDA;
+#else
+static const moe_backend backend = MOE_BACKEND_REF;
+#endif
+
 static void *xmalloc(size_t bytes)
 {
     void *p = malloc(bytes + 8);
@@ -34,6 +50,81 @@ static void *xmalloc(size_t bytes)
 }
 
 static size_t scale_bytes(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
+
+/* moe_gemm_fp8_dw on the test's backend from host arrays: dw [E][N][K] (host) is the output's old contents and
+ * receives the result; on CUDA through device copies of every array, the status the call's or the
+ * synchronisation's (dw copied back either way: a refused call must leave it unchanged). */
+static moe_status dw_on(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
+                        const moe_fp8_tensor *dy, void *dw, const moe_fp8_options *opt)
+{
+#ifdef MOE_TEST_CUDA
+    const int64_t E = routing->num_experts, M = routing->num_tokens * routing->topk;
+    const int64_t srows = moe_fp8_column_scale_rows(M, E);
+    const size_t sb = scale_bytes(opt ? opt->scale_format : MOE_FP8_SCALE_F32);
+    const size_t dw_bytes = (size_t)(E * N * K) * (opt && opt->out_dtype == MOE_BF16 ? 2 : 4);
+    int64_t *d_sizes = to_device(routing->m_sizes, (size_t)E * sizeof(int64_t));
+    int64_t *d_gather = routing->gather_indices ? to_device(routing->gather_indices, (size_t)M * sizeof(int64_t))
+                                                : NULL;
+    const moe_routing d_routing = {routing->num_tokens, routing->topk, E, d_sizes, d_gather};
+    const moe_fp8_tensor d_x = {to_device(x->data, (size_t)(M * K)), to_device(x->scales, (size_t)(srows * K) * sb),
+                                x->dtype};
+    const moe_fp8_tensor d_dy = {to_device(dy->data, (size_t)(M * N)),
+                                 to_device(dy->scales, (size_t)(srows * N) * sb), dy->dtype};
+    void *d_dw = to_device(dw, dw_bytes);
+    moe_status st = moe_gemm_fp8_dw(backend, &d_routing, N, K, &d_x, &d_dy, d_dw, opt);
+    if (st == MOE_OK)
+        st = moe_backend_synchronize(backend, NULL);
+    to_host(dw, d_dw, dw_bytes);
+    cudaFree(d_sizes), cudaFree(d_gather), cudaFree((void *)d_x.data), cudaFree((void *)d_x.scales);
+    cudaFree((void *)d_dy.data), cudaFree((void *)d_dy.scales), cudaFree(d_dw);
+    return st;
+#else
+    return moe_gemm_fp8_dw(backend, routing, N, K, x, dy, dw, opt);
+#endif
+}
+
+/* moe_quantize_fp8_columns on the test's backend from host arrays (q [M][cols] and scales receive the result; on
+ * CUDA through device copies, and then also checked bit for bit against the reference's codes and scales). */
+static moe_status columns_on(const moe_routing *routing, moe_dtype src_dtype, int64_t cols, const void *src,
+                             moe_fp8_row_source source, const float *topk, moe_dtype fp8, moe_fp8_scale_format format,
+                             uint8_t *q, void *scales)
+{
+#ifdef MOE_TEST_CUDA
+    const int64_t E = routing->num_experts, T = routing->num_tokens, M = T * routing->topk;
+    const int64_t srows = moe_fp8_column_scale_rows(M, E);
+    const size_t scale_size = (size_t)(srows * cols) * scale_bytes(format);
+    const size_t src_bytes = (size_t)((source == MOE_FP8_ROWS_TOKEN ? T : M) * cols) * (src_dtype == MOE_F32 ? 4 : 2);
+    int64_t *d_sizes = to_device(routing->m_sizes, (size_t)E * sizeof(int64_t));
+    int64_t *d_gather = routing->gather_indices ? to_device(routing->gather_indices, (size_t)M * sizeof(int64_t))
+                                                : NULL;
+    const moe_routing d_routing = {T, routing->topk, E, d_sizes, d_gather};
+    void *d_src = to_device(src, src_bytes), *d_topk = topk ? to_device(topk, (size_t)M * sizeof(float)) : NULL;
+    void *d_q = to_device(q, (size_t)(M * cols)), *d_scales = to_device(scales, scale_size);
+    moe_status st = moe_quantize_fp8_columns(backend, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format,
+                                             d_q, d_scales, NULL);
+    if (st == MOE_OK)
+        st = moe_backend_synchronize(backend, NULL);
+    to_host(q, d_q, (size_t)(M * cols));
+    to_host(scales, d_scales, scale_size);
+    cudaFree(d_sizes), cudaFree(d_gather), cudaFree(d_src), cudaFree(d_topk), cudaFree(d_q), cudaFree(d_scales);
+    if (st == MOE_OK) {
+        uint8_t *ref_q = xmalloc((size_t)(M * cols));
+        void *ref_scales = xmalloc(scale_size);
+        REQUIRE(moe_quantize_fp8_columns(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk, fp8, format,
+                                         ref_q, ref_scales, NULL) == MOE_OK, "reference columns: %s",
+                moe_last_error());
+        CHECK(memcmp(q, ref_q, (size_t)(M * cols)) == 0 && memcmp(scales, ref_scales, scale_size) == 0,
+              "columns quantizer (M %lld E %lld cols %lld source %d topk %d %s %s): codes or scales differ from the "
+              "reference's", (long long)M, (long long)E, (long long)cols, (int)source, topk != NULL,
+              moe_dtype_name(fp8), format ? "ue8m0" : "f32");
+        free(ref_q), free(ref_scales);
+    }
+    return st;
+#else
+    return moe_quantize_fp8_columns(backend, routing, src_dtype, cols, src, source, topk, fp8, format, q, scales,
+                                    NULL);
+#endif
+}
 
 /* A random routing with M = T * k rows; T from 1 .. 6 or, one time in three, 100 .. 300 (experts of more than
  * one tile). */
@@ -124,8 +215,28 @@ static double check_dw(const char *what, const moe_routing *routing, int64_t N, 
     double *value = xmalloc((size_t)count * sizeof(double)), *bound = xmalloc((size_t)count * sizeof(double));
     oracle_fill(rng, opt->out_dtype, dw, count, 0);
     oracle_gemm_fp8_dw(routing, N, K, oracle_x, oracle_dy, dw, opt, ORACLE_FP8_TILE_F32, value, bound);
-    const moe_status st = moe_gemm_fp8_dw(MOE_BACKEND_REF, routing, N, K, x, dy, dw, opt);
+#ifndef MOE_TEST_CUDA
+    const size_t bytes = (size_t)count * moe_dtype_size(opt->out_dtype);
+    void *naive = xmalloc(bytes);
+    memcpy(naive, dw, bytes);
+#endif
+    const moe_status st = dw_on(routing, N, K, x, dy, dw, opt);
     CHECK(st == MOE_OK, "%s: status %d: %s", what, (int)st, moe_last_error());
+#ifndef MOE_TEST_CUDA
+    /* the reference backend runs the blocked twin: the readable definition must give the same bits */
+    const moe_fp8_problem p = {
+        .g = {.op = "test_gemm_fp8_dw", .num_tokens = routing->num_tokens, .topk = routing->topk,
+              .num_experts = routing->num_experts, .rows = routing->num_tokens * routing->topk, .N = N, .K = K,
+              .m_sizes = routing->m_sizes, .gather_indices = routing->gather_indices, .dtype = opt->out_dtype,
+              .dw_dtype = opt->out_dtype, .accumulate = opt->accumulate},
+        .scale_format = opt->scale_format};
+    const moe_status naive_st = moe_ref_gemm_fp8_dw(&p, x, dy, naive);
+    const int64_t differs = st == MOE_OK && naive_st == MOE_OK
+                                ? first_difference(naive, dw, count, moe_dtype_size(opt->out_dtype)) : -1;
+    CHECK(naive_st == MOE_OK && differs < 0, "%s: the twins differ at element %lld (status %d)", what,
+          (long long)differs, (int)naive_st);
+    free(naive);
+#endif
     double ratio = 0.0;
     const int64_t bad = oracle_compare(what, opt->out_dtype, dw, value, bound, count, outside ? NULL : stdout, 3,
                                        &ratio);
@@ -275,11 +386,9 @@ static double quantized_case(dw_case *cp, oracle_rng *rng)
     char what[300];
     snprintf(what, sizeof what, "quantized %s %s x_src=%d dy_src=%d topk=%d", c.what, moe_dtype_name(src_dtype),
              (int)x_source, (int)dy_source, topk != NULL);
-    moe_status st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &r.routing, src_dtype, K, x_src, x_source, NULL,
-                                             x.dtype, opt.scale_format, xq, xs, NULL);
+    moe_status st = columns_on(&r.routing, src_dtype, K, x_src, x_source, NULL, x.dtype, opt.scale_format, xq, xs);
     CHECK(st == MOE_OK, "%s: quantize x: %s", what, moe_last_error());
-    st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype,
-                                  opt.scale_format, dyq, dys, NULL);
+    st = columns_on(&r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype, opt.scale_format, dyq, dys);
     CHECK(st == MOE_OK, "%s: quantize dy: %s", what, moe_last_error());
     check_columns(what, &r, K, src_dtype, x_src, x_source, NULL, x.dtype, opt.scale_format, xq, xs);
     check_columns(what, &r, N, src_dtype, dy_src, dy_source, topk, dy.dtype, opt.scale_format, dyq, dys);
@@ -319,8 +428,7 @@ static void exact_case(void)
     inverse_scales(5, row_exponent, K, xs, N, dys);
     const moe_fp8_tensor x = {xq, xs, MOE_E4M3}, dy = {dyq, dys, MOE_E4M3};
     float dw[E * N * K];
-    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &routing, N, K, &x, &dy, dw, NULL) == MOE_OK, "exact case: %s",
-          moe_last_error());
+    CHECK(dw_on(&routing, N, K, &x, &dy, dw, NULL) == MOE_OK, "exact case: %s", moe_last_error());
     for (int i = 0; i < E * N * K; i++)
         CHECK(dw[i] == (i < N * K ? 260.0f : 600.0f), "exact case: dw[%d] = %g, expected %g", i, (double)dw[i],
               i < N * K ? 260.0 : 600.0);
@@ -336,14 +444,12 @@ static void exact_case(void)
     for (int i = 0; i < 3 * N * K; i++)
         dw3[i] = 7.0f;
     const moe_fp8_options accumulate = {.accumulate = 1};
-    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &with_empty, N, K, &x3, &dy3, dw3, &accumulate) == MOE_OK,
-          "empty expert: %s", moe_last_error());
+    CHECK(dw_on(&with_empty, N, K, &x3, &dy3, dw3, &accumulate) == MOE_OK, "empty expert: %s", moe_last_error());
     for (int i = 0; i < 3 * N * K; i++) {
         const float want = i < N * K ? 267.0f : i < 2 * N * K ? 7.0f : 607.0f;
         CHECK(dw3[i] == want, "empty expert, accumulate: dw[%d] = %g, expected %g", i, (double)dw3[i], (double)want);
     }
-    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &with_empty, N, K, &x3, &dy3, dw3, NULL) == MOE_OK, "empty expert: %s",
-          moe_last_error());
+    CHECK(dw_on(&with_empty, N, K, &x3, &dy3, dw3, NULL) == MOE_OK, "empty expert: %s", moe_last_error());
     for (int i = N * K; i < 2 * N * K; i++)
         CHECK(dw3[i] == 0.0f && !signbit(dw3[i]), "empty expert: dw[%d] = %g, expected +0", i, (double)dw3[i]);
 }
@@ -401,7 +507,6 @@ enum { BT = 3, BN = 130, BK = 129, BE = 2 };
 static int64_t bad_sizes[BE] = {2, 1}, bad_gather[BT] = {2, 0, 1};
 static uint8_t bad_xq[BT * BK], bad_dyq[BT * BN];
 static float bad_xs[2 * BK], bad_dys[2 * BN], bad_dw[BE * BN * BK];
-static uint8_t bad_ue[2 * BN];
 
 typedef struct dw_args {
     moe_backend backend;
@@ -427,7 +532,6 @@ static void bad_dw_arguments(void)
         bad_xs[i] = 1.0f;
     for (size_t i = 0; i < sizeof bad_dys / sizeof bad_dys[0]; i++)
         bad_dys[i] = 0.5f;
-    memset(bad_ue, 127, sizeof bad_ue);
     const dw_args good = {MOE_BACKEND_REF, {BT, 1, BE, bad_sizes, bad_gather}, BN, BK, {bad_xq, bad_xs, MOE_E4M3},
                           {bad_dyq, bad_dys, MOE_E5M2}, bad_dw, {0}};
     dw_args a = good;
@@ -445,23 +549,9 @@ static void bad_dw_arguments(void)
     BAD("x data NULL", a.x.data = NULL, MOE_ERR_NULL_POINTER, "x.data");
     BAD("dy scales NULL", a.dy.scales = NULL, MOE_ERR_NULL_POINTER, "dy.scales");
     BAD("dw NULL", a.dw = NULL, MOE_ERR_NULL_POINTER, "dw");
-    BAD("x scale 0", bad_xs[1 * BK + 5] = 0.0f, MOE_ERR_INVALID_VALUE, "x.scales[1][5] = 0, expected finite and > 0");
-    bad_xs[1 * BK + 5] = 1.0f;
-    BAD("dy scale -1", bad_dys[7] = -1.0f, MOE_ERR_INVALID_VALUE, "dy.scales[0][7] = -1");
-    bad_dys[7] = 0.5f;
-    BAD("dy scale NaN", bad_dys[BN + 3] = NAN, MOE_ERR_INVALID_VALUE, "dy.scales[1][3] = nan");
-    bad_dys[BN + 3] = 0.5f;
-    BAD("x scale Inf", bad_xs[BK - 1] = INFINITY, MOE_ERR_INVALID_VALUE, "x.scales[0][128] = inf");
-    bad_xs[BK - 1] = 1.0f;
-    bad_ue[BN + 1] = 255;
-    BAD("UE8M0 255", (a.opt.scale_format = MOE_FP8_SCALE_UE8M0, a.x.scales = bad_ue, a.dy.scales = bad_ue),
-        MOE_ERR_INVALID_VALUE, "dy.scales[1][1] = 255 (UE8M0's NaN)");
-    bad_ue[BN + 1] = 127;
     BAD("f32 scales misaligned", a.dy.scales = (const char *)bad_dys + 2, MOE_ERR_MISALIGNED, "dy.scales");
     BAD("dw overlaps x.scales", a.dw = bad_xs, MOE_ERR_INVALID_OPTION, "overlap");
     BAD("K negative", a.K = -2, MOE_ERR_INVALID_SHAPE, "K = -2");
-    BAD("bad routing", bad_sizes[0] = 3, MOE_ERR_INVALID_ROUTING, "m_sizes");
-    bad_sizes[0] = 2;
     BAD("routing NULL", a.routing.m_sizes = NULL, MOE_ERR_NULL_POINTER, "routing.m_sizes");
     BAD("no backend", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, "backend 7 is not a libmoe backend");
 #undef BAD
@@ -543,46 +633,113 @@ static void bad_columns_arguments(void)
               bad[i].fragment);
         CHECK(q[0] == 0xab && scales[0] == 12345.0f, "%s: an output changed", bad[i].what);
     }
-    /* non-finite values, after the weight: the first in expert-row order named, nothing written */
+}
+
+/* ---- bad values, found by the backend reading the arrays (the reference on the host, CUDA on the device and
+ * reported by moe_backend_synchronize): the status, a message naming the element, nothing written ---- */
+
+/* dW's scales: a bad one in a tile in use (named [row][column] by both backends), a bad routing; a bad scale in a
+ * row no tile uses is never read. */
+static void expect_dw_values(const char *what, const moe_routing *routing, const void *xs, const void *dys,
+                             moe_fp8_scale_format format, moe_status want, const char *fragment)
+{
+    enum { N = 130, K = 129 };
+    static uint8_t xq[3 * K], dyq[3 * N];
+    static float dw[2 * N * K], kept[2 * N * K];
+    for (int i = 0; i < 2 * N * K; i++)
+        dw[i] = kept[i] = (float)(i % 7);
+    const moe_fp8_tensor x = {xq, xs, MOE_E4M3}, dy = {dyq, dys, MOE_E5M2};
+    const moe_fp8_options opt = {.scale_format = format, .accumulate = 1};
+    const moe_status st = dw_on(routing, N, K, &x, &dy, dw, &opt);
+    CHECK(st == want && (fragment == NULL || strstr(moe_last_error(), fragment) != NULL), "%s: status %d (want %d), "
+          "message \"%s\" (want \"%s\")", what, (int)st, (int)want, moe_last_error(), fragment ? fragment : "");
+    if (want != MOE_OK)
+        CHECK(memcmp(dw, kept, sizeof dw) == 0, "%s: dw changed", what);
+}
+
+static void bad_dw_values(void)
+{
+    enum { N = 130, K = 129 };
+    int64_t sizes[2] = {2, 1}, bad_sum[2] = {3, 1}, empty_second[2] = {3, 0};
+    const moe_routing routing = {3, 1, 2, sizes, NULL}; /* scale rows 0 (expert 0) and 1 (expert 1: 2 / 128 + 1) */
+    static float xs[2 * K], dys[2 * N];
+    static uint8_t xs_ue[2 * K], dys_ue[2 * N];
+    for (int i = 0; i < 2 * K; i++)
+        xs[i] = 1.0f, xs_ue[i] = 127;
+    for (int i = 0; i < 2 * N; i++)
+        dys[i] = 0.5f, dys_ue[i] = 126;
+    expect_dw_values("valid scales", &routing, xs, dys, MOE_FP8_SCALE_F32, MOE_OK, NULL);
+    xs[1 * K + 5] = 0.0f;
+    expect_dw_values("x scale 0", &routing, xs, dys, MOE_FP8_SCALE_F32, MOE_ERR_INVALID_VALUE, "x.scales[1][5]");
+    xs[1 * K + 5] = 1.0f;
+    dys[7] = -1.0f;
+    expect_dw_values("dy scale -1", &routing, xs, dys, MOE_FP8_SCALE_F32, MOE_ERR_INVALID_VALUE, "dy.scales[0][7]");
+    dys[7] = 0.5f;
+    dys[N + 3] = NAN;
+    expect_dw_values("dy scale NaN", &routing, xs, dys, MOE_FP8_SCALE_F32, MOE_ERR_INVALID_VALUE, "dy.scales[1][3]");
+    dys[N + 3] = 0.5f;
+    xs[K - 1] = INFINITY;
+    expect_dw_values("x scale Inf", &routing, xs, dys, MOE_FP8_SCALE_F32, MOE_ERR_INVALID_VALUE, "x.scales[0][128]");
+    xs[K - 1] = 1.0f;
+    dys_ue[N + 1] = 255;
+    expect_dw_values("UE8M0 255", &routing, xs_ue, dys_ue, MOE_FP8_SCALE_UE8M0, MOE_ERR_INVALID_VALUE,
+                     "dy.scales[1][1]");
+    /* the second expert without rows: scale row 1 (3 / 128 + 1) is no tile's, its 255 never read */
+    const moe_routing with_empty = {3, 1, 2, empty_second, NULL};
+    expect_dw_values("UE8M0 255 in an unused row", &with_empty, xs_ue, dys_ue, MOE_FP8_SCALE_UE8M0, MOE_OK, NULL);
+    dys_ue[N + 1] = 126;
+    dys[N + 2] = -1.0f;
+    expect_dw_values("-1 in an unused row", &with_empty, xs, dys, MOE_FP8_SCALE_F32, MOE_OK, NULL);
+    dys[N + 2] = 0.5f;
+    const moe_routing bad_routing = {3, 1, 2, bad_sum, NULL};
+    expect_dw_values("m_sizes summing to 4", &bad_routing, xs, dys, MOE_FP8_SCALE_F32, MOE_ERR_INVALID_ROUTING,
+                     "m_sizes");
+}
+
+/* The columns quantizer's values, after the weight: the first non-finite one in expert-row order named as the
+ * reference names it, nothing written; a bad routing. */
+static void bad_columns_values(void)
+{
+    enum { T = 3, k = 2, E = 2, M = T * k, C = 5 };
+    int64_t m_sizes[E] = {4, 2}, bad_sum[E] = {4, 3}, gather[M] = {0, 2, 3, 5, 1, 4};
+    const moe_routing routing = {T, k, E, m_sizes, gather};
+    float src[M * C], topk[M] = {1, 1, 1, 1, 1, 1};
+    for (int i = 0; i < M * C; i++)
+        src[i] = (float)i - 7.0f;
+    uint8_t q[M * C];
+    float scales[2 * C];
     memset(q, 0xab, sizeof q);
     scales[0] = 12345.0f;
     src[3 * C + 1] = NAN; /* expert row 3 reads it (expert order) */
-    moe_status st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, NULL,
-                                             MOE_E4M3, MOE_FP8_SCALE_F32, q, scales, NULL);
+    src[4 * C + 0] = INFINITY;
+    moe_status st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, NULL, MOE_E4M3, MOE_FP8_SCALE_F32, q,
+                               scales);
     CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "src[3][1] = nan, expected a finite value"),
           "NaN source: %d %s", (int)st, moe_last_error());
     src[3 * C + 1] = 0.0f;
+    src[4 * C + 0] = 0.0f;
     topk[4] = 1e38f; /* slot 4 is expert row 5, which reads src row 5 (expert order): 1e38 * 18 overflows */
-    st = moe_quantize_fp8_columns(MOE_BACKEND_REF, &routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, topk, MOE_E4M3,
-                                  MOE_FP8_SCALE_F32, q, scales, NULL);
+    st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, q, scales);
     CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "topk_weights[4] * src[5][0] = 1e+38 * 18 = inf"),
           "overflowing weight: %d %s", (int)st, moe_last_error());
-    CHECK(q[0] == 0xab && scales[0] == 12345.0f, "a refused quantization wrote");
-}
-
-/* The CUDA table refuses both calls with MOE_ERR_UNSUPPORTED (no kernel yet), whether or not a device is here:
- * called through the table, as src/ would after validation. */
-static void cuda_refusal(void)
-{
-    const moe_dispatch *cuda = moe_dispatch_for(MOE_BACKEND_CUDA);
-    if (cuda == NULL) {
-        printf("no CUDA backend built in: its refusal not checked\n");
-        return;
-    }
-    moe_fp8_problem p = {0};
-    p.g.op = "moe_gemm_fp8_dw";
-    CHECK(cuda->gemm_fp8_dw(&p, NULL, NULL, NULL) == MOE_ERR_UNSUPPORTED &&
-          strstr(moe_last_error(), "FP8 dW has no CUDA kernel yet") != NULL, "CUDA dW: %s", moe_last_error());
-    moe_fp8_columns_problem c = {0};
-    c.g.op = "moe_quantize_fp8_columns";
-    CHECK(cuda->fp8_quantize_columns(&c, NULL, NULL, NULL, NULL) == MOE_ERR_UNSUPPORTED &&
-          strstr(moe_last_error(), "no CUDA kernel yet") != NULL, "CUDA columns quantizer: %s", moe_last_error());
+    topk[4] = 1.0f;
+    const moe_routing bad_routing = {T, k, E, bad_sum, gather};
+    st = columns_on(&bad_routing, MOE_F32, C, src, MOE_FP8_ROWS_SLOT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, q, scales);
+    CHECK(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), "m_sizes") != NULL, "bad routing: %d %s", (int)st,
+          moe_last_error());
+    uint8_t q_kept[M * C];
+    memset(q_kept, 0xab, sizeof q_kept);
+    CHECK(memcmp(q, q_kept, sizeof q) == 0 && scales[0] == 12345.0f, "a refused quantization wrote");
 }
 
 int main(int argc, char **argv)
 {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 20261207;
-    printf("seed %llu\n", (unsigned long long)seed);
+    if (!moe_backend_available(backend)) {
+        printf("SKIP: backend %s not available (no CUDA device)\n", moe_backend_name(backend));
+        return 77;
+    }
+    printf("seed %llu, backend %s\n", (unsigned long long)seed, moe_backend_name(backend));
     oracle_rng rng = {seed};
     exact_case();
     mutants(&rng);
@@ -592,7 +749,8 @@ int main(int argc, char **argv)
     printf("40 quantized dW cases: worst |err| / bound %.3g\n", worst_quantized);
     bad_dw_arguments();
     bad_columns_arguments();
-    cuda_refusal();
+    bad_dw_values();
+    bad_columns_values();
     printf("%ld checks, %ld failures\n", checks, failures);
     return failures ? 1 : 0;
 }

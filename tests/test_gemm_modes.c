@@ -218,11 +218,8 @@ static void check_twins(const setup *s, const combo *c, const moe_gemm_options *
     }
     CHECK(sa == MOE_OK && sb == MOE_OK, "twins %s: naive %d, blocked %d (%s): %s", names[which], (int)sa, (int)sb,
           moe_last_error(), describe(s, c, names[which]));
-    if (sa == MOE_OK && sb == MOE_OK && memcmp(a, b, bytes) != 0) {
-        const size_t es = moe_dtype_size(out_dtype);
-        int64_t i = 0;
-        while (i < count && memcmp((const char *)a + (size_t)i * es, (const char *)b + (size_t)i * es, es) == 0)
-            i++;
+    const int64_t i = sa == MOE_OK && sb == MOE_OK ? first_difference(a, b, count, moe_dtype_size(out_dtype)) : -1;
+    if (i >= 0) {
         CHECK(0, "twins %s differ at element %" PRId64 ": naive %.9g, blocked %.9g: %s", names[which], i,
               oracle_load(out_dtype, a, i), oracle_load(out_dtype, b, i), describe(s, c, names[which]));
     } else {

@@ -1,6 +1,6 @@
-// The FP8 quantizers and their inverse on CUDA (gpu/fp8/quantize.h; the rule is specs/FP8.md section 3), bit for
-// bit the reference's (ref/fp8_quantize.c): the same float32 operations, each written as one rounded operation
-// (__fdiv_rn, __fmul_rn), so that nvcc contracts nothing.
+// The FP8 quantizers (rows, blocks, dW's columns) and their inverse on CUDA (gpu/fp8/quantize.h; the rule is
+// specs/FP8.md section 3), bit for bit the reference's (ref/fp8_quantize.c): the same float32 operations, each
+// written as one rounded operation (__fdiv_rn, __fmul_rn), so that nvcc contracts nothing.
 //
 //   quantize:   amax = max(MOE_FP8_AMAX_FLOOR, max |v| over the tile) (fmaxf: exact, in any order)
 //               float32 scale  s = amax / max_format, factor = max_format / amax
@@ -13,6 +13,13 @@
 // and the work, which returns at once when the scan found one (its first thread then publishes the error for
 // moe_backend_synchronize).  The work runs one tile per warp (1 x 128 tiles: 4 elements a lane) or per CTA
 // (128 x 128 blocks: 64 elements a thread).
+//
+// The columns quantizer (dW's operands, 128 x 1 tiles along each expert's rows) runs the GEMM's routing check
+// first (gemm/routing_check.cu: the expert offsets, and m_sizes and gather_indices checked as the GEMM checks
+// them, reported by moe_backend_synchronize), then the scan of the values in expert-row order (each read from its
+// source row and times its topk weight, __fmul_rn, as the reference's column_value), then one thread per scale
+// (scale row, column): the tile that scale row holds (gpu/fp8/column_tiles.cuh), or an empty tile's scale for a
+// row no tile uses.
 #include <cuda_fp8.h>
 #include <string.h>
 
@@ -20,14 +27,20 @@
 #include "common/device_error.cuh"
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "fp8/column_tiles.cuh"
 #include "fp8/quantize.h"
+#include "gemm/plan.cuh"
 
 namespace moe_gpu {
 
 enum Fp8QuantizeErrorKind : int { QUANTIZE_OK = 0, QUANTIZE_NONFINITE = 1, QUANTIZE_BAD_SCALE = 2 };
-enum Fp8QuantizeOp : int { QUANTIZE_ROWS = 0, QUANTIZE_BLOCKS = 1, DEQUANTIZE = 2 };
+enum Fp8QuantizeOp : int { QUANTIZE_ROWS = 0, QUANTIZE_BLOCKS = 1, DEQUANTIZE = 2, QUANTIZE_COLUMNS = 3 };
 // DeviceErrorRecord::detail slots: the bad element's index and bits; the shape that names it
 enum Fp8QuantizeDetail : int { QD_INDEX = 0, QD_BITS = 1, QD_DTYPE = 2, QD_ROWS = 3, QD_COLS = 4, QD_FORMAT = 5 };
+// ... and those of the columns quantizer's non-finite value: the source element, its slot and topk weight
+enum Fp8ColumnsDetail : int {
+    QC_ROW = 0, QC_COL = 1, QC_BITS = 2, QC_DTYPE = 3, QC_SLOT = 4, QC_WEIGHTED = 5, QC_WEIGHT_BITS = 6
+};
 __device__ DeviceErrorRecord g_fp8_quantize_error;
 
 namespace {
@@ -65,6 +78,24 @@ __device__ __forceinline__ float decode(moe_dtype fp8_dtype, uint8_t code)
 {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(code, fp8_dtype == MOE_E5M2 ? __NV_E5M2 : __NV_E4M3);
     return __half2float(__half(h));
+}
+
+// The scale rule of every tile (the reference's store_tile_scale): the scale of a tile whose floored amax is `amax`
+// (amax / max_format, or its UE8M0 power of two), stored at scales[index] when `store`; returns the factor each
+// value is multiplied by before the conversion (max_format / amax, or 2^(127 - b) exactly: b is 97 .. 247).
+__device__ __forceinline__ float tile_scale_rule(moe_dtype fp8_dtype, int ue8m0, float amax, void *scales,
+                                                 int64_t index, bool store)
+{
+    const float max = format_max(fp8_dtype), scale = __fdiv_rn(amax, max);
+    if (ue8m0) {
+        const unsigned biased = ue8m0_ceil(scale);
+        if (store)
+            static_cast<uint8_t *>(scales)[index] = (uint8_t)biased;
+        return __uint_as_float((254u - biased) << 23);
+    }
+    if (store)
+        static_cast<float *>(scales)[index] = scale;
+    return __fdiv_rn(max, amax);
 }
 
 // The element index of a tile's slot `slot` (0 .. tile_rows * 128 - 1), or -1 past the tensor's edge.
@@ -152,7 +183,6 @@ __global__ void __launch_bounds__(Q_THREADS) quantize_kernel(QuantizeArgs a, con
     constexpr int GROUPS = Q_THREADS / GROUP;
     const int slots = a.tile_rows * MOE_FP8_TILE, lane = threadIdx.x % GROUP;
     const int64_t tiles = a.batches * a.tiles_r * a.tiles_c;
-    const float max = format_max(a.fp8_dtype);
     // every thread of a group runs the same trip count (the group's tile is one value)
     for (int64_t tile = (int64_t)blockIdx.x * GROUPS + threadIdx.x / GROUP; tile < tiles;
          tile += (int64_t)gridDim.x * GROUPS) {
@@ -163,18 +193,7 @@ __global__ void __launch_bounds__(Q_THREADS) quantize_kernel(QuantizeArgs a, con
                 amax = fmaxf(amax, fabsf(load_as_float(a.wide_dtype, src, i)));
         }
         amax = group_max<GROUP>(amax);
-        const float scale = __fdiv_rn(amax, max);
-        float factor;
-        if (a.ue8m0) {
-            const unsigned biased = ue8m0_ceil(scale);
-            if (lane == 0)
-                static_cast<uint8_t *>(scales)[tile] = (uint8_t)biased;
-            factor = __uint_as_float((254u - biased) << 23); // 1 / 2^(biased - 127), exact: biased is 97 .. 247
-        } else {
-            if (lane == 0)
-                static_cast<float *>(scales)[tile] = scale;
-            factor = __fdiv_rn(max, amax);
-        }
+        const float factor = tile_scale_rule(a.fp8_dtype, a.ue8m0, amax, scales, tile, lane == 0);
         for (int slot = lane; slot < slots; slot += GROUP) {
             const int64_t i = tile_element(a, tile, slot);
             if (i >= 0)
@@ -194,6 +213,80 @@ __global__ void dequantize_kernel(QuantizeArgs a, const uint8_t *q, const void *
         const float scale = a.ue8m0 ? ue8m0_value(static_cast<const uint8_t *>(scales)[s])
                                     : static_cast<const float *>(scales)[s];
         store_from_float(a.wide_dtype, out, i, __fmul_rn(decode(a.fp8_dtype, q[i]), scale));
+    }
+}
+
+// The columns quantizer's arguments: the routing (offsets and status of the call's workspace, from the routing
+// check), the source and its row mode, the topk weights or NULL.
+struct ColumnsArgs {
+    moe_dtype src_dtype, fp8_dtype;
+    int ue8m0, source;
+    int64_t M, E, k, cols, scale_rows;
+    const int64_t *gather; // NULL for expert-order rows without weights
+    const float *weights;
+    Workspace ws;
+    unsigned long long *first_bad;
+};
+
+__device__ __forceinline__ int64_t column_slot(const ColumnsArgs &a, int64_t r) { return a.gather ? a.gather[r] : r; }
+__device__ __forceinline__ int64_t column_source_row(const ColumnsArgs &a, int64_t r)
+{
+    return a.source == MOE_FP8_ROWS_EXPERT ? r : a.source == MOE_FP8_ROWS_SLOT ? column_slot(a, r) : column_slot(a, r) / a.k;
+}
+// The value expert row r, column c stands for: the source element, times its slot's topk weight if any.
+__device__ __forceinline__ float column_value(const ColumnsArgs &a, const void *src, int64_t r, int64_t c)
+{
+    const float v = load_as_float(a.src_dtype, src, column_source_row(a, r) * a.cols + c);
+    return a.weights ? __fmul_rn(a.weights[column_slot(a, r)], v) : v;
+}
+
+// The scan: the lowest expert-row-order index r * cols + c of a non-finite value.
+__global__ void columns_scan_kernel(ColumnsArgs a, const void *src)
+{
+    if (*a.ws.status != 0) // a routing error (reported by the routing check): gather may be out of range
+        return;
+    GRID_STRIDE(i, a.M * a.cols) {
+        if (!isfinite(column_value(a, src, i / a.cols, i % a.cols)))
+            atomicMin(a.first_bad, (unsigned long long)i);
+    }
+}
+
+// One thread per scale (scale row s, column c): its tile's amax, scale and codes, or an empty tile's scale.
+__global__ void columns_quantize_kernel(ColumnsArgs a, const void *src, uint8_t *q, void *scales)
+{
+    if (*a.ws.status != 0)
+        return;
+    const unsigned long long bad = *a.first_bad;
+    if (bad != NO_BAD) {
+        if (blockIdx.x == 0 && threadIdx.x == 0)
+            publish_device_error(&g_fp8_quantize_error, QUANTIZE_NONFINITE, [&](DeviceErrorRecord *record) {
+                const int64_t r = (int64_t)bad / a.cols, c = (int64_t)bad % a.cols, row = column_source_row(a, r);
+                record->op = QUANTIZE_COLUMNS;
+                record->detail[QC_ROW] = row;
+                record->detail[QC_COL] = c;
+                record->detail[QC_BITS] = a.src_dtype == MOE_F32
+                                              ? static_cast<const unsigned *>(src)[row * a.cols + c]
+                                              : static_cast<const uint16_t *>(src)[row * a.cols + c];
+                record->detail[QC_DTYPE] = a.src_dtype;
+                record->detail[QC_SLOT] = column_slot(a, r);
+                record->detail[QC_WEIGHTED] = a.weights != nullptr;
+                record->detail[QC_WEIGHT_BITS] = a.weights ? __float_as_uint(a.weights[column_slot(a, r)]) : 0;
+            });
+        return;
+    }
+    GRID_STRIDE(i, a.scale_rows * a.cols) {
+        const int64_t c = i % a.cols;
+        int64_t first, end;
+        if (!column_tile_of_scale_row(a.ws.offsets, a.E, i / a.cols, &first, &end)) {
+            tile_scale_rule(a.fp8_dtype, a.ue8m0, MOE_FP8_AMAX_FLOOR, scales, i, true);
+            continue;
+        }
+        float amax = MOE_FP8_AMAX_FLOOR;
+        for (int64_t r = first; r < end; r++)
+            amax = fmaxf(amax, fabsf(column_value(a, src, r, c)));
+        const float factor = tile_scale_rule(a.fp8_dtype, a.ue8m0, amax, scales, i, true);
+        for (int64_t r = first; r < end; r++)
+            q[r * a.cols + c] = encode(a.fp8_dtype, __fmul_rn(column_value(a, src, r, c), factor));
     }
 }
 
@@ -267,6 +360,36 @@ moe_status moe_cuda_fp8_dequantize(const moe_fp8_quantize_problem *p, const void
     });
 }
 
+moe_status moe_cuda_fp8_quantize_columns(const moe_fp8_columns_problem *p, const void *src, const float *topk_weights,
+                                         void *q, void *scales)
+{
+    const moe_gemm_problem *g = &p->g;
+    cudaStream_t stream = static_cast<cudaStream_t>(g->stream);
+    ColumnsArgs a = {};
+    a.src_dtype = p->src_dtype, a.fp8_dtype = p->fp8_dtype;
+    a.ue8m0 = p->scale_format == MOE_FP8_SCALE_UE8M0, a.source = p->source;
+    a.M = g->rows, a.E = g->num_experts, a.k = g->topk, a.cols = g->N;
+    a.scale_rows = cdiv(a.M, MOE_FP8_TILE) + a.E - 1;
+    a.gather = g->gather_indices, a.weights = topk_weights;
+    unsigned char *ws = nullptr;
+    float *word = nullptr; // two floats: the 8-byte first_bad word (256-byte aligned)
+    MOE_CUDA_CHECK(alloc_call_workspace(a.E, a.M, 2, stream, &ws, &a.ws, &word));
+    a.first_bad = reinterpret_cast<unsigned long long *>(word);
+    launch_routing_check(g, ROUTING_OP_FP8_COLUMNS, 1, MOE_FP8_TILE, false, a.M / 32 + 1, a.ws, stream);
+    cudaError_t err = cudaMemsetAsync(a.first_bad, 0xff, sizeof *a.first_bad, stream);
+    const int64_t cap = (int64_t)sm_count() * 8, values = a.M * a.cols, scale_count = a.scale_rows * a.cols;
+    if (err == cudaSuccess && values > 0)
+        columns_scan_kernel<<<grid_for(values, Q_THREADS, cap), Q_THREADS, 0, stream>>>(a, src);
+    if (err == cudaSuccess && scale_count > 0)
+        columns_quantize_kernel<<<grid_for(scale_count, Q_THREADS, cap), Q_THREADS, 0, stream>>>(
+            a, src, static_cast<uint8_t *>(q), scales);
+    if (err == cudaSuccess)
+        err = cudaGetLastError();
+    const moe_status status = err == cudaSuccess ? MOE_OK
+                              : moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", g->op, cudaGetErrorString(err));
+    return free_call_workspace(g->op, ws, stream, status);
+}
+
 static float float_of_bits(unsigned bits)
 {
     float v;
@@ -281,8 +404,21 @@ moe_status moe_cuda_fp8_quantize_take_error(void)
     const moe_status taken = take_device_error(g_fp8_quantize_error, &record);
     if (taken != MOE_OK || record.kind == QUANTIZE_OK)
         return taken;
-    static const char *const ops[] = {"moe_quantize_fp8_rows", "moe_quantize_fp8_blocks", "moe_dequantize_fp8"};
+    static const char *const ops[] = {"moe_quantize_fp8_rows", "moe_quantize_fp8_blocks", "moe_dequantize_fp8",
+                                      "moe_quantize_fp8_columns"};
     const char *op = ops[record.op];
+    if (record.op == QUANTIZE_COLUMNS) { // a non-finite value, named as the reference names it
+        const unsigned bits = (unsigned)record.detail[QC_BITS];
+        const float v = float_of_bits(record.detail[QC_DTYPE] == MOE_F32 ? bits : bits << 16);
+        const long long row = record.detail[QC_ROW], col = record.detail[QC_COL];
+        if (!record.detail[QC_WEIGHTED])
+            return moe_fail(MOE_ERR_INVALID_VALUE, "%s %s: src[%lld][%lld] = %g, expected a finite value", op,
+                            DEVICE_ERROR_WHERE, row, col, (double)v);
+        const float w = float_of_bits((unsigned)record.detail[QC_WEIGHT_BITS]);
+        return moe_fail(MOE_ERR_INVALID_VALUE, "%s %s: topk_weights[%lld] * src[%lld][%lld] = %g * %g = %g, expected "
+                        "a finite value", op, DEVICE_ERROR_WHERE, record.detail[QC_SLOT], row, col, (double)w,
+                        (double)v, (double)(w * v));
+    }
     const long long i = record.detail[QD_INDEX], bits = record.detail[QD_BITS];
     const long long rows = record.detail[QD_ROWS], cols = record.detail[QD_COLS];
     if (record.kind == QUANTIZE_BAD_SCALE) {

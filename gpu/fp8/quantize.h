@@ -1,6 +1,6 @@
 /*
- * The FP8 quantizers and their inverse on CUDA (gpu/fp8/quantize.cu): the rows fp8_quantize and
- * fp8_dequantize of gpu/cuda_backend.cu's table, behind moe_quantize_fp8_rows / _blocks and
+ * The FP8 quantizers and their inverse on CUDA (gpu/fp8/quantize.cu): the rows fp8_quantize, fp8_quantize_columns
+ * and fp8_dequantize of gpu/cuda_backend.cu's table, behind moe_quantize_fp8_rows / _blocks / _columns and
  * moe_dequantize_fp8 with MOE_BACKEND_CUDA.
  *
  * Contract (besides moe_backend.h's):
@@ -22,6 +22,10 @@ extern "C" {
 
 moe_status moe_cuda_fp8_quantize(const moe_fp8_quantize_problem *p, const void *src, void *q, void *scales);
 moe_status moe_cuda_fp8_dequantize(const moe_fp8_quantize_problem *p, const void *q, const void *scales, void *out);
+/* moe_quantize_fp8_columns: the routing (device arrays) is checked on the device as the GEMM checks it (a bad one
+ * reported by moe_backend_synchronize, MOE_ERR_INVALID_ROUTING), then the values (after their topk weights). */
+moe_status moe_cuda_fp8_quantize_columns(const moe_fp8_columns_problem *p, const void *src, const float *topk_weights,
+                                         void *q, void *scales);
 
 /* After the stream has been synchronised: the first bad source value or scale these calls detected since the
  * previous report (then forgotten), as a status with its message; MOE_OK if none. */

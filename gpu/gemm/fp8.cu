@@ -23,39 +23,29 @@
 #include "gemm/fp8.cuh"
 #include "gemm/gemm.cuh"
 #include "gemm/plan.cuh"
+#include "fp8/column_tiles.cuh"
 
 namespace moe_gpu {
 
 enum Fp8ScaleErrorKind : int { FP8_SCALE_OK = 0, FP8_SCALE_BAD = 1 };
-enum Fp8ScaleDetail : int { FP8_OPERAND = 0, FP8_INDEX = 1, FP8_BITS = 2 }; // DeviceErrorRecord::detail slots
+// DeviceErrorRecord::detail slots: the operand, the scale's index and bits, the scales per row
+enum Fp8ScaleDetail : int { FP8_OPERAND = 0, FP8_INDEX = 1, FP8_BITS = 2, FP8_PER_ROW = 3 };
 __device__ DeviceErrorRecord g_fp8_scale_error;
 
 namespace {
 
-constexpr int F8_BM = 128, F8_BN = 128, F8_BK = 32, F8_THREADS = 256;
-constexpr int F8_LDS = F8_BK + 8; // shared row stride in bf16 elements: conflict-free 32-bit fragment loads
-
-// The bf16 bits of FP8 code `code` (exact), from its format's fields; NaN codes give a bf16 NaN, e5m2's Inf
-// codes bf16's Inf.
-__device__ uint16_t fp8_to_bf16_bits(moe_dtype dtype, unsigned code)
+// One operand's scale check (launch_fp8_scale_check): one bad scale is reported (whichever thread claims the call's
+// status word first, not necessarily the lowest index); the GEMM kernel then skips the call.  Nothing runs after a
+// routing error (the offsets column_experts reads may be incomplete then).
+__global__ void check_scales_kernel(const void *scales, int64_t count, int64_t per_row, int64_t column_experts,
+                                    int ue8m0, int operand, int op, Workspace ws)
 {
-    const unsigned sign = (code & 0x80u) << 8, mbits = dtype == MOE_E4M3 ? 3u : 2u, bias = dtype == MOE_E4M3 ? 7u : 15u;
-    const unsigned exponent = (code & 0x7fu) >> mbits, mantissa = code & ((1u << mbits) - 1u);
-    const unsigned top = 0x7fu >> mbits;
-    if (dtype == MOE_E4M3 ? (code & 0x7fu) == 0x7fu : exponent == top)
-        return (uint16_t)(sign | 0x7f80u | (dtype == MOE_E4M3 || mantissa ? 0x40u : 0u)); // NaN, or e5m2's Inf
-    if (exponent == 0) { // subnormal: mantissa * 2^(1 - bias - mbits), exact in float and in bf16
-        const float v = (float)mantissa * __int_as_float((int)(127 + 1 - bias - mbits) << 23);
-        return (uint16_t)(sign | (__float_as_uint(v) >> 16));
-    }
-    return (uint16_t)(sign | (exponent + 127u - bias) << 7 | mantissa << (7u - mbits));
-}
-
-// One operand's scale check: one bad scale is reported (whichever thread claims the call's status word first,
-// not necessarily the lowest index); the GEMM kernel then skips the call.
-__global__ void check_scales_kernel(const void *scales, int64_t count, int ue8m0, int operand, int op, int *status)
-{
+    if (*ws.status != 0)
+        return;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t first, end;
+        if (column_experts > 0 && !column_tile_of_scale_row(ws.offsets, column_experts, i / per_row, &first, &end))
+            continue; // a dW scale row no tile uses: never read
         unsigned bits;
         bool bad;
         if (ue8m0) {
@@ -66,45 +56,29 @@ __global__ void check_scales_kernel(const void *scales, int64_t count, int ue8m0
             bits = __float_as_uint(s);
             bad = !(s > 0.0f && s <= 3.4028234663852886e38f);
         }
-        if (bad && atomicCAS(status, 0, FP8_SCALE_BAD) == 0)
+        if (bad && atomicCAS(ws.status, 0, FP8_SCALE_BAD) == 0)
             publish_device_error(&g_fp8_scale_error, FP8_SCALE_BAD, [&](DeviceErrorRecord *record) {
                 record->op = op;
                 record->detail[FP8_OPERAND] = operand;
                 record->detail[FP8_INDEX] = i;
                 record->detail[FP8_BITS] = bits;
+                record->detail[FP8_PER_ROW] = per_row;
             });
     }
 }
 
-__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
+} // namespace
+
+cudaError_t launch_fp8_scale_check(const void *scales, int64_t count, int64_t per_row, int64_t column_experts,
+                                   int ue8m0, int operand, int op, const Workspace &ws, cudaStream_t stream)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    if (count > 0)
+        check_scales_kernel<<<grid_for(count, 256, 1024), 256, 0, stream>>>(scales, count, per_row, column_experts,
+                                                                           ue8m0, operand, op, ws);
+    return cudaGetLastError();
 }
 
-// 16 codes of a row starting at column q of `len` (0 past it, and all 0 for a NULL row) -> 16 bf16 values at
-// dst[0], dst[stride], ...
-__device__ __forceinline__ void load16(const uint8_t *row, int64_t q, int64_t len, bool vec, const uint16_t *decode,
-                                       uint16_t *dst, int stride)
-{
-    uint16_t v[16];
-    if (row != nullptr && vec && q + 16 <= len) {
-        const uint4 word = *reinterpret_cast<const uint4 *>(row + q);
-        const uint32_t w[4] = {word.x, word.y, word.z, word.w};
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            v[u] = decode[(w[u / 4] >> (8 * (u % 4))) & 0xffu];
-    } else {
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            v[u] = row != nullptr && q + u < len ? decode[row[q + u]] : (uint16_t)0;
-    }
-#pragma unroll
-    for (int u = 0; u < 16; u++)
-        dst[u * stride] = v[u];
-}
+namespace {
 
 __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
 {
@@ -123,23 +97,16 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
     }
     const bool dx = g.op == OP_DX;
     const int64_t qlen = dx ? g.N : g.K, tiles_q = (qlen + F8_TILE - 1) / F8_TILE;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+    const int warp = threadIdx.x / 32;
     const int wm = warp % 2 * 64, wn = warp / 2 * 32;
     const int64_t tiles = total_tiles(g, F8_BM, F8_BN);
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const TileCoord t = tile_coord(g, tile, F8_BM, F8_BN);
         if (threadIdx.x < F8_BM)
             a_rows[threadIdx.x] = a_source_row(g, t, t.i0 + threadIdx.x, dx);
-        float acc[4][4][4] = {}, part[4][4][4];
+        float acc[4][4][4] = {}, part[4][4][4] = {};
         for (int64_t tq = 0; tq < tiles_q; tq++) {
             const int64_t q_begin = tq * F8_TILE, q_end = qlen - q_begin < F8_TILE ? qlen : q_begin + F8_TILE;
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++)
-                        part[mt][nt][x] = 0.0f;
             for (int64_t q0 = q_begin; q0 < q_end; q0 += F8_BK) {
                 __syncthreads(); // a_rows written; the previous step's tiles read
                 { // A: tile row i, 16 codes of the K-step
@@ -159,29 +126,7 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
                     load16(row, t.j0 + c16, g.K, f.b_vec, decode_b, &sb[c16][q], F8_LDS);
                 }
                 __syncthreads();
-#pragma unroll
-                for (int k16 = 0; k16 < F8_BK; k16 += 16) {
-                    uint32_t af[4][4], bf[4][2];
-#pragma unroll
-                    for (int mt = 0; mt < 4; mt++) {
-                        const int r0 = wm + 16 * mt + gid, c0 = k16 + 2 * tig;
-                        af[mt][0] = *reinterpret_cast<const uint32_t *>(&sa[r0][c0]);
-                        af[mt][1] = *reinterpret_cast<const uint32_t *>(&sa[r0 + 8][c0]);
-                        af[mt][2] = *reinterpret_cast<const uint32_t *>(&sa[r0][c0 + 8]);
-                        af[mt][3] = *reinterpret_cast<const uint32_t *>(&sa[r0 + 8][c0 + 8]);
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        const int n0 = wn + 8 * nt + gid, c0 = k16 + 2 * tig;
-                        bf[nt][0] = *reinterpret_cast<const uint32_t *>(&sb[n0][c0]);
-                        bf[nt][1] = *reinterpret_cast<const uint32_t *>(&sb[n0][c0 + 8]);
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < 4; nt++)
-                            mma_bf16(part[mt][nt], af[mt], bf[nt]);
-                }
+                fp8_mma_step(sa, sb, wm, wn, part);
             }
             // promotion: acc += part * (s_a(row) * s_w), the reference's two roundings
             if (threadIdx.x < F8_BM)
@@ -189,26 +134,10 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
             if (threadIdx.x == 0)
                 b_scale = fp8_w_scale(f, t.e, tq, t.j0);
             __syncthreads();
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        // _rn: two roundings as in the reference, never contracted into one FMA
-                        const float scale = __fmul_rn(a_scale[wm + 16 * mt + gid + 8 * (x / 2)], b_scale);
-                        acc[mt][nt][x] = __fadd_rn(acc[mt][nt][x], __fmul_rn(part[mt][nt][x], scale));
-                    }
+            fp8_promote(acc, part, a_scale, &b_scale, 0, wm, wn);
             __syncthreads(); // the scales are read before the next tile writes them
         }
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int x = 0; x < 4; x++)
-                    store_output(g, t, t.i0 + wm + 16 * mt + gid + 8 * (x / 2), t.j0 + wn + 8 * nt + 2 * tig + x % 2,
-                                 acc[mt][nt][x]);
+        fp8_store(g, t, acc, wm, wn);
         __syncthreads(); // a_rows is read before the next tile writes it
     }
 }
@@ -256,15 +185,12 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
     moe_status status = MOE_OK;
     do {
         launch_routing_check(p, message_op, col_tiles, F8_BM, false, bitmap_words, g.ws, stream);
-        const int64_t counts[2] = {a_rows * (dx ? f.tiles_n : f.tiles_k), E * f.tiles_n * f.tiles_k};
-        const void *scales[2] = {a->scales, b->scales};
-        for (int operand = 0; operand < 2; operand++)
-            if (counts[operand] > 0)
-                check_scales_kernel<<<(unsigned)((counts[operand] + 255) / 256 < 1024 ? (counts[operand] + 255) / 256
-                                                                                      : 1024),
-                                      256, 0, stream>>>(scales[operand], counts[operand], f.ue8m0, operand, message_op,
-                                                        g.ws.status);
-        cudaError_t err = cudaGetLastError();
+        const int64_t a_tiles = dx ? f.tiles_n : f.tiles_k;
+        cudaError_t err = launch_fp8_scale_check(a->scales, a_rows * a_tiles, a_tiles, 0, f.ue8m0, 0, message_op,
+                                                 g.ws, stream);
+        if (err == cudaSuccess)
+            err = launch_fp8_scale_check(b->scales, E * f.tiles_n * f.tiles_k, f.tiles_k, 0, f.ue8m0, 1, message_op,
+                                         g.ws, stream);
         if (err != cudaSuccess) {
             status = moe_fail(MOE_ERR_DEVICE, "%s: check launch failed: %s", p->op, cudaGetErrorString(err));
             break;
@@ -321,10 +247,14 @@ moe_status moe_cuda_fp8_take_error(void)
     const moe_status taken = take_device_error(g_fp8_scale_error, &record);
     if (taken != MOE_OK || record.kind == FP8_SCALE_OK)
         return taken;
-    const char *op = record.op == ROUTING_OP_FP8_DX ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd";
-    const char *operand = record.detail[FP8_OPERAND] == 1 ? "w.scales"
-                          : record.op == ROUTING_OP_FP8_DX ? "dy.scales" : "x.scales";
-    return moe_fail(MOE_ERR_INVALID_VALUE, "%s %s: %s[%lld] (bits 0x%llx) is not a valid scale (float32: finite and "
-                    "> 0; UE8M0: not 255)", op, DEVICE_ERROR_WHERE, operand, record.detail[FP8_INDEX],
+    static const char *const names[3][3] = {// op, operand 0, operand 1
+                                            {"moe_gemm_fp8_fwd", "x.scales", "w.scales"},
+                                            {"moe_gemm_fp8_dx", "dy.scales", "w.scales"},
+                                            {"moe_gemm_fp8_dw", "x.scales", "dy.scales"}};
+    const int which = record.op == ROUTING_OP_FP8_DW ? 2 : record.op == ROUTING_OP_FP8_DX ? 1 : 0;
+    const long long i = record.detail[FP8_INDEX], per_row = record.detail[FP8_PER_ROW];
+    return moe_fail(MOE_ERR_INVALID_VALUE, "%s %s: %s[%lld][%lld] (bits 0x%llx) is not a valid scale (float32: finite "
+                    "and > 0; UE8M0: not 255)", names[which][0], DEVICE_ERROR_WHERE,
+                    names[which][record.detail[FP8_OPERAND] == 1 ? 2 : 1], i / per_row, i % per_row,
                     record.detail[FP8_BITS]);
 }

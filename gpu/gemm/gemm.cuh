@@ -16,12 +16,15 @@ moe_status moe_cuda_gemm_dw(const moe_gemm_problem *p, const void *x, const void
 moe_status moe_cuda_gemm_topk_weights_grad(const moe_gemm_problem *p, const void *x, const void *w,
                                            const void *dy, void *d_topk_weights);
 
-// The FP8 grouped GEMM (gpu/gemm/fp8.cu; same contract as the reference, ref/fp8_ref.h), and the report of a
-// bad scale its device check found (after the stream is synchronised; MOE_OK when none).
+// The FP8 grouped GEMM (fwd and dX: gpu/gemm/fp8.cu; dW: gpu/gemm/fp8_dw.cu; same contract as the reference,
+// ref/fp8_ref.h), and the report of a bad scale its device check found (after the stream is synchronised; MOE_OK
+// when none).
 moe_status moe_cuda_gemm_fp8_fwd(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *w,
                                  const float *topk_weights, void *y);
 moe_status moe_cuda_gemm_fp8_dx(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w,
                                 const float *topk_weights, void *dx);
+moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                                void *dw);
 moe_status moe_cuda_fp8_take_error(void);
 
 // Internal to gpu/ (the MLP composes its GEMMs from it): a grouped GEMM whose rows are already grouped

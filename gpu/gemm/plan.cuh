@@ -42,8 +42,9 @@ void launch_reduce_topk(const float *slots, int64_t T, int64_t k, int64_t K, voi
                         const int *status, cudaStream_t stream);
 
 // The routing check (gemm/routing_check.cu).  op names the entry point in its messages: a GemmOp, or
-// ROUTING_OP_FP8_FWD / _DX for gemm/fp8.cu's calls.
-constexpr int ROUTING_OP_FP8_FWD = 4, ROUTING_OP_FP8_DX = 5;
+// ROUTING_OP_FP8_FWD / _DX / _DW for the FP8 GEMM's calls (gemm/fp8.cu, gemm/fp8_dw.cu), ROUTING_OP_FP8_COLUMNS
+// for the columns quantizer's (fp8/quantize.cu).
+constexpr int ROUTING_OP_FP8_FWD = 4, ROUTING_OP_FP8_DX = 5, ROUTING_OP_FP8_DW = 6, ROUTING_OP_FP8_COLUMNS = 7;
 void launch_routing_check(const moe_gemm_problem *p, int op, int64_t col_tiles, int rows_per_tile, bool paired,
                           int64_t bitmap_words, const Workspace &w, cudaStream_t stream);
 

@@ -174,11 +174,13 @@ moe_status moe_cuda_synchronize(void *stream)
     const moe_status taken = take_device_error(g_routing_check_error, &record);
     if (taken != MOE_OK || record.kind == ROUTING_OK)
         return taken;
-    static const char *const ops[] = {"moe_gemm_fwd", "moe_gemm_dx", "moe_gemm_dw",
-                                      "moe_gemm_topk_weights_grad", "moe_gemm_fp8_fwd", "moe_gemm_fp8_dx"};
+    static const char *const ops[] = {"moe_gemm_fwd",     "moe_gemm_dx",     "moe_gemm_dw",
+                                      "moe_gemm_topk_weights_grad", "moe_gemm_fp8_fwd", "moe_gemm_fp8_dx",
+                                      "moe_gemm_fp8_dw",  "moe_quantize_fp8_columns"};
+    static_assert(sizeof ops / sizeof ops[0] == ROUTING_OP_FP8_COLUMNS + 1, "a name for every op of plan.cuh");
     char detail[256];
     snprintf(detail, sizeof detail, routing_error_text(record.kind), record.detail[ROUTING_INDEX],
              record.detail[ROUTING_VALUE]);
-    return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: %s", record.op >= 0 && record.op < 6 ? ops[record.op] : "?",
+    return moe_fail(MOE_ERR_INVALID_ROUTING, "%s %s: %s", record.op >= 0 && record.op <= ROUTING_OP_FP8_COLUMNS ? ops[record.op] : "?",
                     DEVICE_ERROR_WHERE, detail);
 }

@@ -11,7 +11,7 @@ libdir, the build tree, pkg-config or the system loader (libmoe._capi.library_ca
     quantize_fp8_rows, quantize_fp8_blocks, dequantize_fp8, grouped_gemm_fp8, grouped_gemm_fp8_dx
                         FP8 (DeepSeek-V3's tile and block scales): the quantizers and the GEMM, no autograd
     quantize_fp8_columns, grouped_gemm_fp8_dw, column_scale_rows
-                        FP8 dW (128 x 1 tiles along each expert's rows): CPU tensors only, no CUDA kernel yet
+                        FP8 dW (128 x 1 tiles along each expert's rows)
     compat              Unsloth's grouped_gemm and torch._grouped_mm call forms
     synchronize         reports an error the CUDA backend found on the device
 """

@@ -215,7 +215,7 @@ def quantize_fp8_columns(x, m_sizes, gather_indices=None, topk=1, *, rows="exper
     Each expert's rows are tiled from its own offset (its last tile partial); per tile of each column the rule
     of quantize_fp8_rows.  Returns q uint8 [M, C] in expert-row order and scales [column_scale_rows(M, E), C]
     (float32, or uint8 with "ue8m0"); rows no tile uses hold an empty tile's scale.  A NaN or Inf value raises
-    MoeError and writes nothing.  CPU tensors only: the CUDA backend has no kernel for it yet (MoeError)."""
+    MoeError and writes nothing (on CUDA tensors: raised by libmoe.synchronize(), as the routing's errors)."""
     fn = "libmoe.quantize_fp8_columns"
     check_devices(fn, x=x, m_sizes=m_sizes, gather_indices=gather_indices, topk_weights=topk_weights)
     check(fn, "x", x, (None, None), WIDE_DTYPES)
@@ -257,8 +257,7 @@ def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp
     out_dtype      torch.float32 or torch.bfloat16
     Per tile of 128 rows of an expert the exact products are summed in float32, times the product of the
     tile's two scales, into a float32 accumulator; one rounding.  Returns dW [E, N, K]; an expert without rows
-    gets zeros.  A bad scale in a tile in use raises MoeError.  CPU tensors only: the CUDA backend has no FP8
-    dW kernel yet (MoeError)."""
+    gets zeros.  A bad scale in a tile in use raises MoeError (on CUDA tensors: raised by libmoe.synchronize())."""
     fn = "libmoe.grouped_gemm_fp8_dw"
     check_devices(fn, x=x, x_scales=x_scales, dy=dy, dy_scales=dy_scales, m_sizes=m_sizes)
     check(fn, "x", x, (None, None), (torch.uint8,))

@@ -286,7 +286,7 @@ class TestGemmFp8(unittest.TestCase):
         wq, ws = libmoe.quantize_fp8_blocks(spread((3, 20, 140), gen))
         ws[1, 0, 1] = -1.0
         libmoe.grouped_gemm_fp8(xq, xs, wq, ws, m, g, 2, permute_x=True)
-        with self.assertRaisesRegex(libmoe.MoeError, r"w.scales\[3\]"):
+        with self.assertRaisesRegex(libmoe.MoeError, r"w.scales\[1\]\[1\]"):
             libmoe.synchronize(DEVICE)
         libmoe.synchronize(DEVICE)
 
@@ -315,7 +315,7 @@ def dw_case(T, k, E, N, K, x_rows, dy_rows, tw, fmt, x_fmt, sfmt, out_dtype, see
     return got, fp8_model.gemm_fp8_dw(xq, xs, dyq, dys, m, fmt, x_fmt, out_dtype)
 
 
-@unittest.skipUnless(DEVICE.type == "cpu", "FP8 dW has no CUDA kernel yet (test_cuda_refuses_dw)")
+@unittest.skipUnless(DEVICE.type == "cpu", "CPU tensors (CUDA: TestDwOnCuda)")
 class TestGemmFp8Dw(unittest.TestCase):
     def test_every_source_against_the_bound(self):
         seed = 100
@@ -380,16 +380,38 @@ class TestGemmFp8Dw(unittest.TestCase):
 
 class TestDwOnCuda(unittest.TestCase):
     @unittest.skipUnless(DEVICE.type == "cuda", "needs a CUDA device")
-    def test_cuda_refuses_dw(self):
-        """No CUDA kernel for FP8 dW or its quantizer yet: both raise MoeError saying so, nothing runs elsewhere."""
-        m = torch.tensor([2], dtype=torch.int64, device=DEVICE)
-        x = torch.ones((2, 3), device=DEVICE)
-        with self.assertRaisesRegex(libmoe.MoeError, "no CUDA kernel yet"):
-            libmoe.quantize_fp8_columns(x, m)
-        q = torch.zeros((2, 3), dtype=torch.uint8, device=DEVICE)
-        s = torch.ones((1, 3), device=DEVICE)
-        with self.assertRaisesRegex(libmoe.MoeError, "FP8 dW has no CUDA kernel yet"):
-            libmoe.grouped_gemm_fp8_dw(q, s, q, s, m)
+    def test_cuda_dw_against_the_reference(self):
+        """The columns quantizer on CUDA tensors bit for bit the CPU's, dW within the model's bound (both scale
+        formats, both output dtypes, partial tiles, an expert without rows); a bad scale raised by synchronize."""
+        libmoe.synchronize(DEVICE)
+        gen = torch.Generator().manual_seed(120)
+        ids = torch.randint(0, 3, (150, 2), generator=gen)   # experts 0 .. 2: expert 3 has no rows
+        m, g, _ = libmoe.routing_from_topk(ids, 4)
+        x, dy = spread((150, 129), gen).cpu(), spread((300, 130), gen).cpu()
+        tw = torch.rand(300, generator=gen) + 0.05
+        on = lambda t: t.to(DEVICE)   # noqa: E731
+        for sfmt in SCALE_FORMATS:
+            xq, xs = libmoe.quantize_fp8_columns(x, m, g, 2, rows="token", scale_format=sfmt)
+            dyq, dys = libmoe.quantize_fp8_columns(dy, m, g, 2, rows="slot", topk_weights=tw, fp8="e5m2",
+                                                   scale_format=sfmt)
+            cxq, cxs = libmoe.quantize_fp8_columns(on(x), on(m), on(g), 2, rows="token", scale_format=sfmt)
+            cdyq, cdys = libmoe.quantize_fp8_columns(on(dy), on(m), on(g), 2, rows="slot", topk_weights=on(tw),
+                                                     fp8="e5m2", scale_format=sfmt)
+            libmoe.synchronize(DEVICE)
+            for got, want, what in zip((cxq, cxs, cdyq, cdys), (xq, xs, dyq, dys), ("x q", "x s", "dy q", "dy s")):
+                self.assertTrue(torch.equal(got.cpu(), want), "cuda vs reference: %s %s" % (what, sfmt))
+            for out_dtype in (torch.float32, torch.bfloat16):
+                got = libmoe.grouped_gemm_fp8_dw(cxq, cxs, cdyq, cdys, on(m), fp8="e5m2", x_fp8="e4m3",
+                                                 out_dtype=out_dtype)
+                libmoe.synchronize(DEVICE)
+                within("cuda fp8 dw", got, fp8_model.gemm_fp8_dw(xq, xs, dyq, dys, m, "e5m2", "e4m3", out_dtype),
+                       " (%s %s)" % (sfmt, out_dtype))
+        bad = cxs.clone()
+        bad[0, 5] = 255
+        libmoe.grouped_gemm_fp8_dw(cxq, bad, cdyq, cdys, on(m), fp8="e5m2", x_fp8="e4m3")
+        with self.assertRaisesRegex(libmoe.MoeError, r"x.scales\[0\]\[5\]"):
+            libmoe.synchronize(DEVICE)
+        libmoe.synchronize(DEVICE)
 
 
 if __name__ == "__main__":
