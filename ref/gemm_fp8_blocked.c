@@ -259,7 +259,7 @@ moe_status moe_ref_gemm_fp8_dx_blocked(const moe_fp8_problem *p, const moe_fp8_t
 
 /* dW: output rows (e, n) in blocks of FP8_ROWS within an expert; line i of the first side is dY column n over
  * the expert's rows (step N), line j of the second X column c (step K); the expert's tiles use scale rows
- * first / 128 + e on (gemm_fp8.c's dw_element). */
+ * moe_fp8_dw_scale_row(first, e) on (gemm_fp8.c's dw_element). */
 moe_status moe_ref_gemm_fp8_dw_blocked(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
                                        void *dw)
 {
@@ -271,7 +271,7 @@ moe_status moe_ref_gemm_fp8_dw_blocked(const moe_fp8_problem *p, const moe_fp8_t
 FP8_OMP(omp parallel for schedule(dynamic))
     for (int64_t q = 0; q < g->num_experts * n_blocks; q++) {
         const int64_t e = q / n_blocks, n0 = q % n_blocks * FP8_ROWS, first = offsets[e];
-        const int64_t m = offsets[e + 1] - first, scale_row = first / MOE_FP8_TILE + e;
+        const int64_t m = offsets[e + 1] - first, scale_row = moe_fp8_dw_scale_row(first, e);
         fp8_block blk;
         fp8_lines dy_cols = {.dtype = dy->dtype, .codes = dy->data, .scales = dy->scales, .step = N,
                              .scale_step = N, .count = (int)(N - n0 < FP8_ROWS ? N - n0 : FP8_ROWS)};
