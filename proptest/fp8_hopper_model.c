@@ -4,6 +4,7 @@
  * reference's order (ISO C: no contraction). */
 #include "fp8_hopper_model.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,16 @@ static double decode(const stream *s, int64_t i)
     return s->dtype == MOE_E5M2 ? (double)moe_e5m2_to_f32(q) : (double)moe_e4m3_to_f32(q);
 }
 
+/* The exponent of code i's value v != 0 as the tensor core sees it: floor(log2 |v|) for a normal value, the
+ * format's least normal exponent for a subnormal (e4m3 -6, e5m2 -14). */
+static int exponent_of(const stream *s, double v)
+{
+    const int least = s->dtype == MOE_E5M2 ? -14 : -6;
+    int e;
+    frexp(v, &e); /* |v| = m 2^e, m in [0.5, 1) */
+    return e - 1 > least ? e - 1 : least;
+}
+
 static float scale_of(moe_fp8_scale_format format, const stream *s, int64_t t)
 {
     const int64_t i = s->scale_first + t * s->scale_step;
@@ -38,29 +49,35 @@ static float scale_of(moe_fp8_scale_format format, const stream *s, int64_t t)
 /* v truncated toward zero to a multiple of unit (a power of two): exact in double. */
 static double truncate_to(double v, double unit) { return trunc(v / unit) * unit; }
 
-/* The unit of the grid 2^(E - 13), E the exponent of the leading bit of big (> 0). */
-static double grid_unit(double big)
+/* One wgmma k32 on one output element: c + the n (<= 32) products p (the rest of the 32 are zero codes), product i
+ * of operands with exponents summing to pe[i] (exponent_of).  The grid is 2^(E - 13), E the largest of c's
+ * exponent (its leading bit) and the products' exponent sums: a product's significand (of 1.xxx times 1.xxx) may
+ * reach [2, 4), one bit above its exponent sum, and keeps that bit (measured: bench/RESULTS.md, "the model of the
+ * kernel fails on dX"). */
+static double wgmma_group(double c, const double *p, const int *pe, int n, int sum_trunc)
 {
-    int e;
-    frexp(big, &e); /* big = m 2^e, m in [0.5, 1): the leading bit is 2^(e-1) */
-    return ldexp(1.0, e - 1 - KEPT_BITS);
-}
-
-/* One wgmma k32 on one output element: c + the n (<= 32) products p (the rest of the 32 are zero codes). */
-static double wgmma_group(double c, const double *p, int n, int sum_trunc)
-{
-    double big = fabs(c), plain = c;
-    for (int i = 0; i < n; i++)
-        big = fmax(big, fabs(p[i])), plain += p[i];
-    if (!isfinite(plain) || big == 0.0)
+    double plain = c;
+    int big = INT_MIN, e;
+    if (c != 0.0) {
+        frexp(c, &e);
+        big = e - 1;
+    }
+    for (int i = 0; i < n; i++) {
+        plain += p[i];
+        if (p[i] != 0.0 && pe[i] > big)
+            big = pe[i];
+    }
+    if (!isfinite(plain) || big == INT_MIN)
         return plain; /* NaN and Inf propagate; all terms zero */
-    const double unit = grid_unit(big);
+    const double unit = ldexp(1.0, big - KEPT_BITS);
     double sum = truncate_to(c, unit);
     for (int i = 0; i < n; i++)
         sum += truncate_to(p[i], unit);
-    if (sum_trunc && sum != 0.0)
-        sum = truncate_to(sum, grid_unit(fabs(sum)));
-    if ((double)(float)sum != sum) { /* 33 terms below 2^(E+1) on the grid 2^(E-13): at most 20 bits */
+    if (sum_trunc && sum != 0.0) {
+        frexp(sum, &e);
+        sum = truncate_to(sum, ldexp(1.0, e - 1 - KEPT_BITS));
+    }
+    if ((double)(float)sum != sum) { /* 33 terms below 2^(E+2) on the grid 2^(E-13): at most 21 bits */
         fprintf(stderr, "fp8_hopper_model: a wgmma sum %.17g is not a float32\n", sum);
         abort();
     }
@@ -80,10 +97,13 @@ static float hopper_dot(const fp8_hopper_model *m, moe_fp8_scale_format format, 
             part = 0.0; /* each k-step's first wgmma starts from scale_d = 0 */
         for (int64_t g = 0; g < TILE / GROUP; g++) {
             double p[GROUP];
-            int n = 0;
-            for (int64_t i = t * TILE + g * GROUP; i < len && n < GROUP; i++)
-                p[n++] = decode(a, i) * decode(b, i); /* exact: at most 8 significant bits */
-            part = wgmma_group(part, p, n, m->sum_trunc);
+            int pe[GROUP], n = 0;
+            for (int64_t i = t * TILE + g * GROUP; i < len && n < GROUP; i++, n++) {
+                const double va = decode(a, i), vb = decode(b, i);
+                p[n] = va * vb; /* exact: at most 8 significant bits */
+                pe[n] = p[n] != 0.0 ? exponent_of(a, va) + exponent_of(b, vb) : 0;
+            }
+            part = wgmma_group(part, p, pe, n, m->sum_trunc);
         }
         scale = scale_of(format, a, t) * scale_of(format, b, t);
         if (m->promote) {

@@ -5,8 +5,9 @@
  *
  * Per output element, per 128-element tile of the reduction, four k32 wgmmas (the kernel's k-step; a partial
  * last tile is padded with zero codes, as TMA fills it): each puts every term, the 32 exact products and the
- * accumulator input C, on the grid 2^(E-13), E the exponent of the largest |term|'s leading bit, each term
- * truncated toward zero, and sums the grid values exactly (they fit float32).  The first wgmma of a tile
+ * accumulator input C, on the grid 2^(E-13), E the largest of C's exponent and the products' exponent sums
+ * (a product's exponent is its operands' summed, though its significand may reach [2, 4)), each term truncated
+ * toward zero, and sums the grid values exactly (they fit float32).  The first wgmma of a tile
  * starts from C = 0 (scale_d = 0).  Then the promotion acc = acc + part * (sa * sb), float32, as the
  * reference promotes (specs/FP8.md section 2), then the topk weight, the accumulate add, reduce_topk's sum and
  * the rounding to the output dtype, as the reference does them.
