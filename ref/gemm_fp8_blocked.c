@@ -75,7 +75,7 @@ static void promoted_block(moe_fp8_scale_format format, const fp8_lines *a, cons
             scale_b[j] = moe_fp8_scale(format, b->scales, b->first_scale[j] + t * b->scale_step);
         for (int i = 0; i < a->count; i++) {
             float *restrict part = blk->part;
-            for (int j0 = 0; j0 < FP8_COLS; j0 += FP8_CHUNK) {
+            for (int j0 = 0; j0 < b->count; j0 += FP8_CHUNK) { /* b is zero past count */
                 float sum[FP8_CHUNK] = {0.0f};
                 for (int l = 0; l < n; l++) {
                     const float value = blk->a[i][l];
