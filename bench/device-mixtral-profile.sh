@@ -5,7 +5,8 @@
 #   2. per op, one moe-bench call under ncu, summarised per kernel name (ncu-OP.txt): each kernel's duration,
 #      grid, cluster, registers, shared memory and SpeedOfLight throughputs; cuBLAS's kernel names carry its
 #      tile and cluster shapes;
-#   3. with FP8=1 first: the FP8 Hopper kernel against its model (moe-fuzz gpu-gemm-fp8-model, 30 s), and last
+#   3. with FP8=1 first: the FP8 Hopper kernel against its model (moe-fuzz gpu-gemm-fp8-model, 30 s), FP8 dW
+#      beside bf16 dW (moe-bench --libmoe-only, Qwen3-30B-A3B and DeepSeek-V3, T = 4096), and last
 #      the FP8 kernel on Qwen3-30B-A3B gate_up fwd under ncu's WarpStateStats and SourceCounters, with the stall
 #      samples per SASS instruction (fp8-source.csv: ncu --page source).
 # usage: bench/device-mixtral-profile.sh TARBALL
@@ -20,6 +21,11 @@ if [ "${FP8:-0}" = 1 ]; then
   MOE_CUDA_KERNEL=sm90 timeout 120 ./proptest/moe-fuzz --backend cuda --ops gpu-gemm-fp8-model --seconds 30 \
     > "$out/fuzz-fp8-model.txt" 2>&1 || status=1
   echo "== moe-fuzz gpu-gemm-fp8-model (sm90)"; tail -6 "$out/fuzz-fp8-model.txt"
+  for dtype in bf16 e4m3; do
+    ./bench/moe-bench --libmoe-only --dtype "$dtype" --tokens 4096 --repeat 10 --ops dw --csv "$out/dw-$dtype.csv" \
+      > "$out/bench-dw-$dtype.txt" 2>&1 || status=1
+    echo "== moe-bench dW $dtype"; tail -7 "$out/bench-dw-$dtype.txt"
+  done
 fi
 ./bench/moe-bench --shapes mixtral --tokens 4096 --repeat 20 > "$out/bench-mixtral.txt" 2>&1 || status=1
 echo "== moe-bench mixtral"; tail -8 "$out/bench-mixtral.txt"
