@@ -220,4 +220,9 @@ bool gate_fusion_required()
     return fuse != NULL && strcmp(fuse, "1") == 0;
 }
 
+// The Hopper FP8 kernel's scales (gemm/fp8_sm90.cu, STAGED): staged in shared memory by the producers, one step
+// ahead, or read by each consumer thread from global memory (three loads, their address arithmetic and the UE8M0
+// decoding per step).  Not yet measured: off unless MOE_FP8_SM90_STAGED_SCALES=1.
+bool fp8_sm90_staged_scales() { return env_switch("MOE_FP8_SM90_STAGED_SCALES") == 1; }
+
 } // namespace moe_gpu
