@@ -17,6 +17,8 @@
 // wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
 // workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
+// A step's scales: for fwd the producers stage them in shared memory one step ahead; for dX each consumer thread
+// reads its three from global memory (gemm/heuristics.cu, fp8_sm90_staged_scales, says why).
 #include <cuda.h>
 
 #include "common/cp_async.cuh"
@@ -420,7 +422,7 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
 {
     const int ta = f.a_dtype == MOE_E5M2, tb = f.b_dtype == MOE_E5M2;
     const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
-    const bool staged = fp8_sm90_staged_scales();
+    const bool staged = fp8_sm90_staged_scales(f.g.op);
     void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather, staged) : kernel_for<OP_FWD>(ta, tb, gather, staged);
     const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
