@@ -162,11 +162,14 @@ __device__ __forceinline__ void fp8_store(const GemmArgs &g, const TileCoord &t,
 cudaError_t launch_fp8_scale_check(const void *scales, int64_t count, int64_t per_row, int64_t column_experts,
                                    int ue8m0, int operand, int op, const Workspace &ws, cudaStream_t stream);
 
-// Scale i of an operand: float32, or UE8M0 byte b as 2^(b - 127) (b = 0 is 2^-127, a float32 subnormal).
+// Scale i of an operand: float32, or UE8M0 byte b as 2^(b - 127): the float32 with exponent field b for b >= 1,
+// 2^-127 (a subnormal, bits 0x00400000) for b = 0, as ref/fp8_ref.h's moe_fp8_scale builds it.
 __device__ __forceinline__ float fp8_scale(const Fp8Args &f, const void *scales, int64_t i)
 {
-    if (f.ue8m0)
-        return ldexpf(1.0f, (int)static_cast<const uint8_t *>(scales)[i] - 127);
+    if (f.ue8m0) {
+        const unsigned b = static_cast<const uint8_t *>(scales)[i];
+        return __uint_as_float(b != 0 ? b << 23 : 0x00400000u);
+    }
     return static_cast<const float *>(scales)[i];
 }
 

@@ -17,6 +17,8 @@
 // wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
 // workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
+// A step's scales: for fwd the producers stage them in shared memory one step ahead; for dX each consumer thread
+// reads its three from global memory (gemm/heuristics.cu, fp8_sm90_staged_scales, says why).
 #include <cuda.h>
 
 #include "common/cp_async.cuh"
@@ -35,13 +37,16 @@ constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = 
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
 // The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
 // boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
-// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity).
+// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity), and with staged scales each
+// stage's scales as the producers decode them (float [S][Q_SCALES]: A's row i at i, W's block at Q_BM).
+constexpr int Q_SCALES = Q_BM + 4; // a stage's scales, padded to 16 bytes
 template <int OP> struct Fp8Smem {
     static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
     static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
     static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
     static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
-    static constexpr size_t BYTES = 1024 /* alignment */ + ROWS_OFFSET + 2 * Q_BM * 8;
+    static constexpr int SCALES_OFFSET = ROWS_OFFSET + 2 * Q_BM * 8;
+    static constexpr size_t BYTES = 1024 /* alignment */ + SCALES_OFFSET + STAGES * Q_SCALES * 4;
     static_assert(BYTES <= 232448, "shared memory of one CTA");
 };
 static_assert(Q_BK == 128, "a k-step is one scale tile of 128 codes, one 128-byte swizzled row");
@@ -192,8 +197,10 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 // OP: OP_FWD or OP_DX; TA, TB: the codes of A (X or dY) and W (0 e4m3, 1 e5m2); GATHER: A's rows by cp.async from
 // the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
 // straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
-// transposed by the producers (transpose_w_box).
-template <int OP, int TA, int TB, bool GATHER>
+// transposed by the producers (transpose_w_box).  STAGED: the producers read each step's scales (producer p A's
+// row p, producer 0 also W's), one step ahead, into the stage's scales in shared memory, and the consumers read
+// their three there; else each consumer thread reads its own from global memory before the stage's wait.
+template <int OP, int TA, int TB, bool GATHER, bool STAGED>
 __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
@@ -205,13 +212,14 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
     const uint32_t full_bar = smem_base + L::BARRIER_OFFSET, empty_bar = full_bar + L::STAGES * 8;
     const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[2]
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + L::ROWS_OFFSET);
+    float *stage_scales = reinterpret_cast<float *>(smem + L::SCALES_OFFSET); // [S][Q_SCALES], STAGED
     if (*g.ws.status != 0) // the routing or a scale was refused: nothing is read or written
         return;
     if (threadIdx.x == 0) {
         for (int s = 0; s < L::STAGES; s++) {
             // thread 0's arrival (expect_tx); with GATHER each producer's cp.async arrival; dX each producer's
             // arrival after its part of the transposition
-            mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0));
+            mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0) + (STAGED ? Q_PRODUCERS : 0));
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
         mbar_init(staged_bar, 1);
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         // ------------------------------------------------------------------ producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Q_PRODUCER_REGS));
         const int p = threadIdx.x;
-        if (!GATHER && !DX && p > 0) // every load is thread 0's TMA
+        if (!GATHER && !DX && !STAGED && p > 0) // every load is thread 0's TMA
             return;
         const uint64_t w_policy = l2_policy(true); // a W block is read again by the expert's other row tiles
         // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into staging buffer `buffer`
@@ -239,6 +247,18 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         cursor_start(g, tiles, &cur);
         next = cur;
         cursor_next(g, tiles, steps, &next);
+        // STAGED: this thread's scales of a cursor's step (A's row p of the tile, and for p = 0 W's block), read
+        // one step ahead of the stage they go into; rows past the expert get 0 (never stored)
+        int64_t scale_row = -1; // A's source row p of the cursor's tile
+        auto step_scales = [&](const Fp8Cursor &c, float *sa, float *sw) {
+            if (c.step == 0)
+                scale_row = a_source_row(g, c.t, c.t.i0 + p, DX);
+            *sa = scale_row >= 0 ? fp8_a_scale(f, scale_row, c.step) : 0.0f;
+            *sw = p == 0 ? fp8_w_scale(f, c.t.e, c.step, c.t.j0) : 0.0f;
+        };
+        float sa_cur = 0.0f, sw_cur = 0.0f;
+        if (STAGED && cur.tile < tiles && steps > 0)
+            step_scales(cur, &sa_cur, &sw_cur);
         if (DX && p == 0 && cur.tile < tiles && steps > 0) {
             mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
             load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
@@ -259,7 +279,18 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 mbar_arrive_expect_tx(nb, Q_B_BYTES);
                 load_w(next, smem_base + L::STAGING_OFFSET + ((it + 1) & 1) * Q_B_BYTES, nb);
             }
+            float sa_next = 0.0f, sw_next = 0.0f;
+            if (STAGED && next.tile < tiles)
+                step_scales(next, &sa_next, &sw_next);
             mbar_wait(empty_bar + 8 * s, ((it / L::STAGES) & 1) ^ 1);
+            if (STAGED) {
+                float *scales = stage_scales + s * Q_SCALES;
+                scales[p] = sa_cur;
+                if (p == 0)
+                    scales[Q_BM] = sw_cur;
+                mbar_arrive(bar); // release: the consumers' wait on the full barrier sees the stores
+                sa_cur = sa_next, sw_cur = sw_next;
+            }
             if (p == 0) {
                 mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
                 if (!GATHER)
@@ -308,11 +339,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 acc[i] = 0.0f;
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % L::STAGES);
-                // this tile's scales, read before the wait so that their latency hides behind it
-                const float sw = fp8_w_scale(f, t.e, step, t.j0);
-                const float sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
-                const float sa1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
+                // this tile's scales: STAGED, the stage's (after the wait); else read before the wait so that
+                // their latency hides behind it
+                float sw = 0.0f, sa0 = 0.0f, sa1 = 0.0f;
+                if (!STAGED) {
+                    sw = fp8_w_scale(f, t.e, step, t.j0);
+                    sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
+                    sa1 = row1 >= 0 ? fp8_a_scale(f, row1, step) : 0.0f;
+                }
                 mbar_wait(full_bar + 8 * s, (it / L::STAGES) & 1);
+                if (STAGED) {
+                    const float *scales = stage_scales + s * Q_SCALES;
+                    sw = scales[Q_BM], sa0 = scales[row_in_tile], sa1 = scales[row_in_tile + 8];
+                }
                 const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES + wg * (Q_A_BYTES / 2);
                 const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
                 if (GATHER)
@@ -339,15 +378,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
 #endif
 }
 
-template <int OP, int TA, int TB> void *kernel_for(bool gather)
+template <int OP, int TA, int TB, bool STAGED> void *kernel_for(bool gather)
 {
-    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true>)
-                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false>);
+    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true, STAGED>)
+                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED>);
 }
-template <int OP> void *kernel_for(int ta, int tb, bool gather)
+template <int OP, bool STAGED> void *kernel_for(int ta, int tb, bool gather)
 {
-    return ta ? (tb ? kernel_for<OP, 1, 1>(gather) : kernel_for<OP, 1, 0>(gather))
-              : (tb ? kernel_for<OP, 0, 1>(gather) : kernel_for<OP, 0, 0>(gather));
+    return ta ? (tb ? kernel_for<OP, 1, 1, STAGED>(gather) : kernel_for<OP, 1, 0, STAGED>(gather))
+              : (tb ? kernel_for<OP, 0, 1, STAGED>(gather) : kernel_for<OP, 0, 0, STAGED>(gather));
+}
+template <int OP> void *kernel_for(int ta, int tb, bool gather, bool staged)
+{
+    return staged ? kernel_for<OP, true>(ta, tb, gather) : kernel_for<OP, false>(ta, tb, gather);
 }
 
 } // namespace
@@ -379,7 +422,8 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
 {
     const int ta = f.a_dtype == MOE_E5M2, tb = f.b_dtype == MOE_E5M2;
     const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
-    void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather) : kernel_for<OP_FWD>(ta, tb, gather);
+    const bool staged = fp8_sm90_staged_scales(f.g.op);
+    void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather, staged) : kernel_for<OP_FWD>(ta, tb, gather, staged);
     const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};

@@ -220,4 +220,15 @@ bool gate_fusion_required()
     return fuse != NULL && strcmp(fuse, "1") == 0;
 }
 
+// The Hopper FP8 kernel's scales (gemm/fp8_sm90.cu, STAGED): staged in shared memory by the producers, one step
+// ahead, for fwd; read by each consumer thread from global memory (three loads, their address arithmetic and the
+// UE8M0 decoding per step) for dX, whose producers also transpose every W box.  Measured on an H200, the two
+// alternated: fwd 5-13% faster staged, dX 5-10% slower (bench/RESULTS.md, "The Hopper FP8 kernel's scales staged
+// in shared memory").  MOE_FP8_SM90_STAGED_SCALES=0|1 forces it off or on.
+bool fp8_sm90_staged_scales(int op)
+{
+    const int forced = env_switch("MOE_FP8_SM90_STAGED_SCALES");
+    return forced >= 0 ? forced == 1 : op == OP_FWD;
+}
+
 } // namespace moe_gpu

@@ -42,6 +42,7 @@ bool sm90_dw_wide(void);
 const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, int64_t I, bool required,
                                 std::initializer_list<const void *> outs);
 bool gate_fusion_required();
+bool fp8_sm90_staged_scales(int op);
 
 } // namespace moe_gpu
 
