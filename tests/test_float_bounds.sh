@@ -1,9 +1,10 @@
 #!/bin/sh
 # make check: the dot product's error bound in specs/float_bounds.mlw.  Gappa proves the per-operation bounds
 # (mul_error, add_error), Z3 the inductive step and its lemma functions (dot_step, mul_step, dot_step_at),
-# CVC4 the real-number facts (module Gamma), cvc5 the induction over n (module FdotBound, fdot_bound), every
-# goal after Why3's split_vc.  Then two planted failures must not be proved: the product's bound one bit too
-# tight (u = 2^-25 for binary32's 2^-24), and fdot_bound with gamma one term short (gamma (n - 1)).  Skipped
+# CVC4 the real-number facts (module Gamma), cvc5 the induction over n (module FdotBound: fdot_bound_ind, and
+# fdot_bound, FdotBoundStatement's axiom that WP imports, as its clone's lemma), every goal after Why3's
+# split_vc.  Then two planted failures must not be proved: the product's bound one bit too tight (u = 2^-25
+# for binary32's 2^-24), and fdot_bound_ind with gamma one term short (gamma (n - 1)).  Skipped
 # (exit 77) without why3 (configure's) or where why3 does not detect Gappa (the Debian package gappa).
 . "$srcdir/tests/verify_lib.sh"
 verify_require test_float_bounds
@@ -45,12 +46,14 @@ timeout=60
     prove "$mlw" gappa F32Bounds mul_error add_error
     prove "$mlw" z3 F32Bounds dot_step "mul_step'vc" "dot_step_at'vc"
     prove "$mlw" cvc4 Gamma
+    prove "$mlw" cvc5 FdotDefs
     prove "$mlw" cvc5 FdotBound
 } > "$work/results.txt"
 cat "$work/results.txt"
 bad=$(awk '$3 != "Valid"' "$work/results.txt")
 [ -z "$bad" ] || fail "not proved: $bad"
-grep -q "^FdotBound fdot_bound'vc" "$work/results.txt" || fail "no goal of fdot_bound was proved"
+grep -q "^FdotBound fdot_bound_ind'vc" "$work/results.txt" || fail "no goal of fdot_bound_ind was proved"
+grep -q "^FdotBound fdot_bound:" "$work/results.txt" || fail "FdotBoundStatement's axiom was not proved in FdotBound"
 # planted: the product's bound one bit too tight (both plants are false, so no timeout proves them)
 timeout=30
 sed 's/constant u : real = 0x1p-24$/constant u : real = 0x1p-25/' "$mlw" > "$work/too_tight.mlw"
@@ -60,10 +63,10 @@ prove "$work/too_tight.mlw" gappa F32Bounds mul_error > "$work/planted.txt"
 sed 's/^\(    ensures { abs (t.real (fdot a b n) -\. dot_exact a b n) <=\. \)gamma n /\1gamma (n - 1) /' "$mlw" > "$work/short.mlw"
 grep -q 'ensures { abs (t.real (fdot a b n) -. dot_exact a b n) <=. gamma (n - 1) ' "$work/short.mlw" ||
     fail "could not plant the shorter gamma"
-prove "$work/short.mlw" cvc5 FdotBound "fdot_bound'vc" >> "$work/planted.txt"
+prove "$work/short.mlw" cvc5 FdotBound "fdot_bound_ind'vc" >> "$work/planted.txt"
 cat "$work/planted.txt"
 # unproved: some sub-goal of MODULE in planted.txt has another answer than Valid
 unproved() { awk -v m="$1" '$1 == m && $3 != "Valid" { found = 1 } END { exit !found }' "$work/planted.txt"; }
 unproved F32Bounds || fail "Gappa proved the product's bound with u = 2^-25"
-unproved FdotBound || fail "cvc5 proved fdot_bound with gamma (n - 1)"
+unproved FdotBound || fail "cvc5 proved fdot_bound_ind with gamma (n - 1)"
 echo "test_float_bounds: ok: the per-operation bounds, the step and the induction are proved; a bound one bit too tight and gamma one term short are not"
