@@ -1,9 +1,9 @@
 #!/bin/bash
 # libmoe's FP8 GEMM beside its peers in one device call (issue 53's targets), from a `make dist` tarball,
 # logging under $OUT (or ./out):
-#   1. bench/moe-bench --libmoe-only at T = 4096, fwd and dX, bf16 and e4m3 (codes of random values, scales of 1,
+#   1. bench/moe-bench --libmoe-only at T = 4096, fwd, dX and dW, bf16 and e4m3 (codes of random values, scales of 1,
 #      bf16 out), on the FP8 shapes of ANCHORS.md: Qwen3-30B-A3B gate_up and down, DeepSeek-V3 gate_up;
-#   2. bench/peers.py --fp8 on the same shapes and ops: torch._grouped_mm (bf16) and torch._scaled_grouped_mm
+#   2. bench/peers.py --fp8 on the same shapes, fwd and dX: torch._grouped_mm (bf16) and torch._scaled_grouped_mm
 #      (e4m3, row-wise scales: a coarser scaling than libmoe's 1 x 128 / 128 x 128; precise and fast_accum),
 #      rows in expert order, L2 flushed, medians of REPEAT runs; absent (not an error) where torch lacks the op
 #      or the GPU is not sm_90;
@@ -35,7 +35,7 @@ for dtype in bf16 e4m3; do
   for shapes in qwen3 deepseek; do
     echo "== moe-bench $shapes $dtype"
     run ./bench/moe-bench --libmoe-only --dtype "$dtype" --shapes "$shapes" --tokens 4096 --repeat "$repeat" \
-      --ops fwd,dx --csv "$out/moe-bench-$shapes-$dtype.csv" > "$out/moe-bench-$shapes-$dtype.log" 2>&1 || status=1
+      --ops fwd,dx,dw --csv "$out/moe-bench-$shapes-$dtype.csv" > "$out/moe-bench-$shapes-$dtype.log" 2>&1 || status=1
     [ "$dry" = 1 ] || tail -6 "$out/moe-bench-$shapes-$dtype.log"
   done
   # one CSV per dtype: the first file's header, every file's rows

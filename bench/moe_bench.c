@@ -24,8 +24,8 @@
  * comparison with cuBLAS is skipped (the finiteness check still runs).
  * --dtype f16 | f32 | tf32 times libmoe on f16 or f32 tensors (tf32: f32 with options.allow_tf32), with
  * --libmoe-only only (so only the finiteness check applies).
- * --dtype e4m3 | e5m2 times libmoe's FP8 GEMM (include/moe_fp8.h: fwd and dX; dW has no FP8 form) on random
- * finite codes with float32 scales of 1, bf16 output, --libmoe-only only.
+ * --dtype e4m3 | e5m2 times libmoe's FP8 GEMM (include/moe_fp8.h: fwd, dX, and dW on operands with 128 x 1
+ * column scales) on random finite codes with float32 scales of 1, bf16 output, --libmoe-only only.
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
@@ -131,6 +131,7 @@ typedef struct problem {
     int allow_tf32;         /* --dtype tf32: f32 tensors with options.allow_tf32 */
     int fp8;                /* --dtype e4m3 | e5m2: x, w, dy hold FP8 codes with the scales below; out is bf16 */
     void *x_scales, *w_scales, *dy_scales; /* device float32 [M][K/128], [E][N/128][K/128], [M][N/128] */
+    void *x_column_scales, *dy_column_scales; /* dW's: float32 [moe_fp8_column_scale_rows(M, E)][K], [..][N] */
     void *out;              /* device, of dtype (bf16 for FP8), max of the three outputs */
     /* grouped cuBLAS */
     const void **A, **B;
@@ -146,8 +147,13 @@ static void run_libmoe_fp8(problem *p)
     o.out_dtype = MOE_BF16;
     const moe_fp8_tensor x = {p->x, p->x_scales, p->dtype}, w = {p->w, p->w_scales, p->dtype};
     const moe_fp8_tensor dy = {p->dy, p->dy_scales, p->dtype};
-    const moe_status st = p->op == FWD ? moe_gemm_fp8_fwd(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, &x, &w, NULL, p->out, &o)
-                                       : moe_gemm_fp8_dx(MOE_BACKEND_CUDA, &p->dev_routing, p->N, p->K, &dy, &w, NULL, p->out, &o);
+    const moe_fp8_tensor x_columns = {p->x, p->x_column_scales, p->dtype};
+    const moe_fp8_tensor dy_columns = {p->dy, p->dy_column_scales, p->dtype};
+    const moe_routing *r = &p->dev_routing;
+    const moe_status st = p->op == FWD ? moe_gemm_fp8_fwd(MOE_BACKEND_CUDA, r, p->N, p->K, &x, &w, NULL, p->out, &o)
+                          : p->op == DX ? moe_gemm_fp8_dx(MOE_BACKEND_CUDA, r, p->N, p->K, &dy, &w, NULL, p->out, &o)
+                                        : moe_gemm_fp8_dw(MOE_BACKEND_CUDA, r, p->N, p->K, &x_columns, &dy_columns,
+                                                          p->out, &o);
     REQUIRE(st == MOE_OK, "libmoe: %s", moe_last_error());
 }
 
@@ -514,13 +520,15 @@ int main(int argc, char **argv)
             fill_codes_device(&rng, p.dy, M * N, dtype);
             p.x_scales = device_ones(M * tiles_k), p.w_scales = device_ones(E * tiles_n * tiles_k);
             p.dy_scales = device_ones(M * tiles_n);
+            const int64_t column_rows = moe_fp8_column_scale_rows(M, E);
+            p.x_column_scales = device_ones(column_rows * K), p.dy_column_scales = device_ones(column_rows * N);
         } else {
             fill_device(&rng, p.x, M * K, dtype);
             fill_device(&rng, p.w, E * N * K, dtype);
             fill_device(&rng, p.dy, M * N, dtype);
         }
         for (int op = FWD; op <= DW; op++) {
-            if (!strstr(ops, op_names[op]) || (fp8 && op == DW))
+            if (!strstr(ops, op_names[op]))
                 continue;
             p.op = op;
             const int64_t count = op == FWD ? M * N : op == DX ? M * K : E * N * K;
@@ -588,6 +596,7 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaFree(check)); CUDA_CHECK(cudaFree(dev_sizes)); CUDA_CHECK(cudaFree(dev_gather));
         CUDA_CHECK(cudaFree(p.topk_w)); /* NULL without --topk-weights */
         CUDA_CHECK(cudaFree(p.x_scales)); CUDA_CHECK(cudaFree(p.w_scales)); CUDA_CHECK(cudaFree(p.dy_scales));
+        CUDA_CHECK(cudaFree(p.x_column_scales)); CUDA_CHECK(cudaFree(p.dy_column_scales));
         free(ids), free(m_sizes), free(gather);
     }
     if (csv)

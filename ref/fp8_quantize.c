@@ -109,15 +109,10 @@ moe_status moe_ref_quantize_fp8(const char *op, moe_dtype src_dtype, int tile_ro
     return MOE_OK;
 }
 
-/* Source row and slot of expert row r of a columns quantization. */
-static int64_t column_slot(const moe_gemm_problem *g, int64_t r)
-{
-    return g->gather_indices != NULL ? g->gather_indices[r] : r;
-}
-
+/* The source row of expert row r of a columns quantization. */
 static int64_t column_source_row(const moe_fp8_columns_problem *p, int64_t r)
 {
-    const int64_t slot = column_slot(&p->g, r);
+    const int64_t slot = moe_ref_fp8_slot_of_row(&p->g, r);
     return p->source == MOE_FP8_ROWS_EXPERT ? r : p->source == MOE_FP8_ROWS_SLOT ? slot : slot / p->g.topk;
 }
 
@@ -126,7 +121,7 @@ static float column_value(const moe_fp8_columns_problem *p, const void *src, con
                           int64_t c)
 {
     const float v = moe_ref_load(p->src_dtype, src, column_source_row(p, r) * p->g.N + c);
-    return topk_weights != NULL ? topk_weights[column_slot(&p->g, r)] * v : v;
+    return topk_weights != NULL ? topk_weights[moe_ref_fp8_slot_of_row(&p->g, r)] * v : v;
 }
 
 moe_status moe_ref_quantize_fp8_columns(const moe_fp8_columns_problem *p, const void *src, const float *topk_weights,
@@ -139,7 +134,7 @@ moe_status moe_ref_quantize_fp8_columns(const moe_fp8_columns_problem *p, const 
             const float v = column_value(p, src, topk_weights, r, c);
             if (isfinite(v))
                 continue;
-            const int64_t row = column_source_row(p, r), slot = column_slot(g, r);
+            const int64_t row = column_source_row(p, r), slot = moe_ref_fp8_slot_of_row(g, r);
             if (topk_weights == NULL)
                 return moe_fail(MOE_ERR_INVALID_VALUE, "%s: src[%" PRId64 "][%" PRId64 "] = %g, expected a finite "
                                 "value", g->op, row, c, (double)v);

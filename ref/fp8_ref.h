@@ -7,6 +7,7 @@
 #define LIBMOE_FP8_REF_H
 
 #include "moe_backend.h"
+#include "moe_ref.h" /* gemm_problem_ok, gemm_slot (Frama-C) */
 
 #include <string.h>
 
@@ -61,6 +62,18 @@ static inline float moe_fp8_scale(moe_fp8_scale_format format, const void *scale
         return value;
     }
     return ((const float *)scales)[i];
+}
+
+/* The slot of expert-order row r of g (r itself when no gather indices are given): the FP8 files' one copy of
+ * gemm_naive_internal.h's and gemm/gemm_internal.h's slot_of_row, whose contracts the proofs of those files use. */
+/*@ requires problem: gemm_problem_ok(g);
+    requires row: 0 <= r < g->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures slot: \result == gemm_slot(g, r); */
+static inline int64_t moe_ref_fp8_slot_of_row(const moe_gemm_problem *g, int64_t r)
+{
+    return g->gather_indices != NULL ? g->gather_indices[r] : r;
 }
 
 /* Checks count scales: float32 finite and > 0, UE8M0 b != 255.  name and the per-row count `per_row`

@@ -69,11 +69,6 @@ static float promoted_dot(moe_fp8_scale_format format, const fp8_stream *a, cons
     return acc;
 }
 
-static int64_t slot_of_row(const moe_gemm_problem *g, int64_t r)
-{
-    return g->gather_indices != NULL ? g->gather_indices[r] : r;
-}
-
 void moe_ref_fp8_store_element(const moe_gemm_problem *g, void *out, int64_t index, float value)
 {
     if (g->accumulate)
@@ -124,7 +119,8 @@ static void gemm_rows(const moe_fp8_problem *p, const int64_t *offsets, int dx, 
     const int64_t M = g->rows, cols = dx ? g->K : g->N;
 FP8_OMP(omp parallel for schedule(static))
     for (int64_t r = 0; r < M; r++) {
-        const int64_t e = moe_ref_expert_of_row(g->num_experts, offsets, r), slot = slot_of_row(g, r);
+        const int64_t e = moe_ref_expert_of_row(g->num_experts, offsets, r);
+        const int64_t slot = moe_ref_fp8_slot_of_row(g, r);
         const int64_t y_row = g->permute_y ? slot : r;
         const int64_t a_row = dx ? y_row : g->permute_x ? slot / g->topk : r;
         const int64_t out_row = dx ? (g->permute_x ? slot : r) : y_row;

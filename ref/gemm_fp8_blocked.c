@@ -47,7 +47,7 @@ typedef struct fp8_block {
 static void decode_table(moe_dtype dtype, float table[256])
 {
     for (int code = 0; code < 256; code++)
-        table[code] = dtype == MOE_E5M2 ? moe_e5m2_to_f32((uint8_t)code) : moe_e4m3_to_f32((uint8_t)code);
+        table[code] = moe_fp8_load(dtype, &(const uint8_t){(uint8_t)code}, 0);
 }
 
 /* blk->acc[i][j] = the promoted sum of line i of a against line j of b over len elements (promoted_dot's value). */
@@ -117,11 +117,6 @@ static row_block *row_blocks(const moe_gemm_problem *g, const int64_t *offsets, 
     return blocks;
 }
 
-static int64_t slot_of_row(const moe_gemm_problem *g, int64_t r)
-{
-    return g->gather_indices != NULL ? g->gather_indices[r] : r;
-}
-
 /* The first operand's lines of a row block: fwd X rows xrow(r), dX dY rows yrow(r), each `len` codes with
  * tiles(len) scales per row. */
 static void operand_rows(const moe_fp8_problem *p, int dx, const moe_fp8_tensor *a, const row_block *rb,
@@ -132,7 +127,7 @@ static void operand_rows(const moe_fp8_problem *p, int dx, const moe_fp8_tensor 
     *lines = (fp8_lines){.dtype = a->dtype, .codes = a->data, .scales = a->scales, .step = 1, .scale_step = 1,
                          .count = (int)rb->count};
     for (int i = 0; i < lines->count; i++) {
-        const int64_t r = rb->start + i, slot = slot_of_row(g, r);
+        const int64_t r = rb->start + i, slot = moe_ref_fp8_slot_of_row(g, r);
         const int64_t row = dx ? (g->permute_y ? slot : r) : (g->permute_x ? slot / g->topk : r);
         lines->first[i] = row * len;
         lines->first_scale[i] = row * tiles;
@@ -178,7 +173,7 @@ FP8_OMP(omp parallel for schedule(dynamic))
             weight_lines(p, dx, w, blocks[q].expert, cb, count, &weights);
             promoted_block(p->scale_format, &rows, &weights, len, &blk);
             for (int i = 0; i < rows.count; i++) {
-                const int64_t r = blocks[q].start + i, slot = slot_of_row(g, r);
+                const int64_t r = blocks[q].start + i, slot = moe_ref_fp8_slot_of_row(g, r);
                 const int64_t out_row = dx ? (g->permute_x ? slot : r) : (g->permute_y ? slot : r);
                 for (int j = 0; j < count; j++) {
                     float v = blk.acc[i][j];

@@ -199,7 +199,7 @@ ref/mlp/tiles.c:lemma_row_fits,lemma_mul_monotone,row_f32,mm_nn_tile,zero_tile,m
 src/dtype.c:moe_dtype_size,moe_dtype_name,spells,moe_dtype_from_name,moe_dtype_unit_roundoff,moe_f32_to_bf16,moe_bf16_to_f32,moe_f32_to_f16,moe_f16_to_f32,encode_fp8,decode_fp8,moe_f32_to_e4m3,moe_e4m3_to_f32,moe_f32_to_e5m2,moe_e5m2_to_f32,moe_ref_load_row
 ref/mlp/activations.c:moe_act_sigmoid,moe_act_silu,moe_act_silu_grad,moe_act_gelu,moe_act_gelu_grad,moe_act_gelu_tanh,moe_act_gelu_tanh_grad,moe_act_swish,moe_act_swish_grad,moe_act_value,moe_act_derivative,clamp_,act_of,act_derivative_of,mlp_round_to,mlp_round_row
 ref/gemm/kernels.c:gemm_kernel_scalar,gemm_pick_kernel
-ref/gemm_fp8.c:moe_fp8_tiles,moe_fp8_dw_scale_row
+ref/gemm_fp8.c:moe_fp8_tiles,moe_fp8_dw_scale_row,moe_ref_fp8_slot_of_row
 ref/mlp/workspace.c:mlp_threads_for,mlp_carve,mlp_max3
 src/routing_api.c:moe_routing_validate
 src/errors.c:moe_mul_ok"

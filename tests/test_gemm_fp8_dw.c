@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "check.h"
 
 #ifdef MOE_TEST_CUDA
@@ -41,13 +42,6 @@ static const moe_backend backend = MOE_BACKEND_CUDA;
 #else
 static const moe_backend backend = MOE_BACKEND_REF;
 #endif
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes + 8);
-    REQUIRE(p != NULL, "no memory for %zu bytes", bytes);
-    return p;
-}
 
 static size_t scale_bytes(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
 
