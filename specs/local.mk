@@ -3,7 +3,7 @@ EXTRA_DIST += specs/SEMANTICS.md specs/DECISIONS.md specs/README.md specs/VERIFY
 	specs/routing.acsl specs/arith.acsl specs/mlp_layout.acsl specs/gemm.acsl specs/gemm_blocked.acsl \
 	specs/gemm_value.acsl specs/gemm_value.driver specs/float_bounds.mlw \
 	specs/mlp.acsl specs/mlp_index.acsl specs/mlp_fwd.acsl specs/mlp_bwd.acsl specs/mlp_problem.acsl \
-	specs/verify.sh specs/PROPTEST.md specs/wp-cache.txt specs/cvc5.drv specs/proof_reports.py specs/verify_cold.py \
+	specs/verify.sh specs/PROPTEST.md specs/wp-cache.txt specs/cvc5.drv specs/why3_cvc5.sh specs/proof_reports.py specs/verify_cold.py \
 	specs/PROOF-TABLE.md specs/TRUSTED.md
 DISTCLEANFILES += specs/verify-config.sh
 

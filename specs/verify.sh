@@ -231,28 +231,10 @@ for prover in Z3 CVC4; do
     grep -q "^Found prover $prover version [^ ]*, OK" "$work/why3-detect.log" || {
         cat "$work/why3-detect.log" >&2; echo "verify: why3 did not detect $prover" >&2; exit 1; }
 done
-# cvc5: Why3 1.5.1 has no detection data or driver for it (see the flags above); registered by hand, with
-# the version it reports and Why3's drivers folder substituted into specs/cvc5.drv.
-cvc5=$(command -v cvc5 || true)
-cvc5_version=$([ -z "$cvc5" ] || "$cvc5" --version 2> /dev/null | sed -n 's/^This is cvc5 version \([^ ]*\).*/\1/p' | head -1)
-if [ -z "$cvc5_version" ]; then
-    echo "verify: cvc5 not found (the Debian package cvc5; ./bootstrap installs it with MOE_BOOTSTRAP_VERIFY=1)" >&2
-    exit 1
-fi
-sed "s|@WHY3_DRIVERS@|$("$WHY3" --print-datadir)/drivers|" "$srcdir/specs/cvc5.drv" > "$work/cvc5.drv"
-cat >> "$WHY3CONFIG" << EOF
-
-[prover]
-command = "$cvc5 --stats --tlimit-per=%t000 --lang=smt2 %f"
-command_steps = "$cvc5 --stats --rlimit=%S --lang=smt2 %f"
-driver = "$(cd "$work" && pwd)/cvc5.drv"
-editor = ""
-in_place = false
-interactive = false
-name = "CVC5"
-shortcut = "cvc5"
-version = "$cvc5_version"
-EOF
+# cvc5: Why3 1.5.1 has no detection data or driver for it (see the flags above); registered by hand
+# (specs/why3_cvc5.sh), which sets cvc5_version.
+. "$srcdir/specs/why3_cvc5.sh"
+why3_add_cvc5 "$srcdir" "$work" || { echo "verify: cannot register cvc5" >&2; exit 1; }
 
 # Seed every file's session cache from the cache file (each file's session then holds what it used).
 if [ "$cache_file" != none ] && [ -f "$cache_file" ]; then

@@ -1,8 +1,11 @@
 #!/bin/sh
-# make check: the float error lemmas of specs/float_bounds.mlw.  Gappa proves the per-operation bounds
-# (mul_error, add_error) and Z3 the dot product's inductive step (dot_step, from them); then a bound planted
-# one bit too tight (2^-25 for binary32's unit roundoff 2^-24) must not be proved.  Skipped (exit 77)
-# without why3 (configure's) or where why3 does not detect Gappa (the Debian package gappa).
+# make check: the dot product's error bound in specs/float_bounds.mlw.  Gappa proves the per-operation bounds
+# (mul_error, add_error), Z3 the inductive step and its lemma functions (dot_step, mul_step, dot_step_at),
+# CVC4 the real-number facts (module Gamma), cvc5 the induction over n (module FdotBound: fdot_bound_ind, and
+# fdot_bound, FdotBoundStatement's axiom that WP imports, as its clone's lemma), every goal after Why3's
+# split_vc.  Then two planted failures must not be proved: the product's bound one bit too tight (u = 2^-25
+# for binary32's 2^-24), and fdot_bound_ind with gamma one term short (gamma (n - 1)).  Skipped
+# (exit 77) without why3 (configure's) or where why3 does not detect Gappa (the Debian package gappa).
 . "$srcdir/tests/verify_lib.sh"
 verify_require test_float_bounds
 set -eu
@@ -17,23 +20,53 @@ if ! grep -q '^Found prover Gappa version [^ ]*, OK' "$work/detect.log"; then
     echo "test_float_bounds: why3 did not detect Gappa; skipping"
     exit 77
 fi
-# prove FILE PROVER GOAL...: why3's answer for each goal, one "GOAL RESULT" line each
+for prover in Z3 CVC4; do
+    grep -q "^Found prover $prover version [^ ]*, OK" "$work/detect.log" || fail "why3 did not detect $prover"
+done
+. "$srcdir/specs/why3_cvc5.sh"
+why3_add_cvc5 "$srcdir" "$work" || fail "cannot register cvc5"
+# prove FILE PROVER MODULE GOAL...: why3's answer (timeout $timeout s) for each goal of MODULE (every goal of it without GOAL),
+# split into its sub-goals, one "MODULE GOAL:LINE RESULT" line per sub-goal; a goal with no answer is
+# reported as "none"
 prove() {
-    file=$1 prover=$2
-    shift 2
-    for goal in "$@"; do
-        "$WHY3" prove -P "$prover" -t 30 "$file" -T F32Bounds -G "$goal" > "$work/$goal.log" 2>&1 || true
-        echo "$goal $(sed -n 's/^Prover result is: \([A-Za-z ]*\).*/\1/p' "$work/$goal.log" | head -1)"
-    done
+    file=$1 prover=$2 module=$3
+    shift 3
+    log=$work/$(basename "$file" .mlw)-$module-$prover.log
+    set -- $(for goal in "$@"; do printf -- '-G %s ' "$goal"; done)
+    "$WHY3" prove -P "$prover" -t "$timeout" -a split_vc "$file" -T "$module" "$@" > "$log" 2>&1 || true
+    awk -v m="$module" '/^Goal |^Sub-goal / { goal = $NF; sub(/\.$/, "", goal) }
+        /^File / { line = ($3 == "line") ? $4 : "-"; sub(/,$/, "", line) }
+        /^Prover result is: / { n++; print m, goal ":" line, $4 }
+        END { if (n == 0) print m, "none", "none" }' "$log"
 }
-prove "$srcdir/specs/float_bounds.mlw" gappa mul_error add_error > "$work/results.txt"
-prove "$srcdir/specs/float_bounds.mlw" z3 dot_step >> "$work/results.txt"
+mlw=$srcdir/specs/float_bounds.mlw
+# 60 s a goal, as specs/verify.sh: the slowest take 20 s on a loaded machine (bench/RESULTS.md, issue 52)
+timeout=60
+{
+    prove "$mlw" gappa F32Bounds mul_error add_error
+    prove "$mlw" z3 F32Bounds dot_step "mul_step'vc" "dot_step_at'vc"
+    prove "$mlw" cvc4 Gamma
+    prove "$mlw" cvc5 FdotDefs
+    prove "$mlw" cvc5 FdotBound
+} > "$work/results.txt"
 cat "$work/results.txt"
-bad=$(awk '$2 != "Valid"' "$work/results.txt")
+bad=$(awk '$3 != "Valid"' "$work/results.txt")
 [ -z "$bad" ] || fail "not proved: $bad"
-sed 's/constant u : real = 0x1p-24$/constant u : real = 0x1p-25/' "$srcdir/specs/float_bounds.mlw" > "$work/too_tight.mlw"
+grep -q "^FdotBound fdot_bound_ind'vc" "$work/results.txt" || fail "no goal of fdot_bound_ind was proved"
+grep -q "^FdotBound fdot_bound:" "$work/results.txt" || fail "FdotBoundStatement's axiom was not proved in FdotBound"
+# planted: the product's bound one bit too tight (both plants are false, so no timeout proves them)
+timeout=30
+sed 's/constant u : real = 0x1p-24$/constant u : real = 0x1p-25/' "$mlw" > "$work/too_tight.mlw"
 grep -q 'constant u : real = 0x1p-25$' "$work/too_tight.mlw" || fail "could not plant the tighter bound"
-prove "$work/too_tight.mlw" gappa mul_error > "$work/planted.txt"
+prove "$work/too_tight.mlw" gappa F32Bounds mul_error > "$work/planted.txt"
+# planted: the induction's bound with gamma one term short
+sed 's/^\(    ensures { abs (t.real (fdot a b n) -\. dot_exact a b n) <=\. \)gamma n /\1gamma (n - 1) /' "$mlw" > "$work/short.mlw"
+grep -q 'ensures { abs (t.real (fdot a b n) -. dot_exact a b n) <=. gamma (n - 1) ' "$work/short.mlw" ||
+    fail "could not plant the shorter gamma"
+prove "$work/short.mlw" cvc5 FdotBound "fdot_bound_ind'vc" >> "$work/planted.txt"
 cat "$work/planted.txt"
-grep -q '^mul_error Valid' "$work/planted.txt" && fail "Gappa proved the product's bound with u = 2^-25"
-echo "test_float_bounds: ok: the per-operation bounds and the step are proved; a bound one bit too tight is not"
+# unproved: some sub-goal of MODULE in planted.txt has another answer than Valid
+unproved() { awk -v m="$1" '$1 == m && $3 != "Valid" { found = 1 } END { exit !found }' "$work/planted.txt"; }
+unproved F32Bounds || fail "Gappa proved the product's bound with u = 2^-25"
+unproved FdotBound || fail "cvc5 proved fdot_bound_ind with gamma (n - 1)"
+echo "test_float_bounds: ok: the per-operation bounds, the step and the induction are proved; a bound one bit too tight and gamma one term short are not"
