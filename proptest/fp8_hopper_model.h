@@ -29,9 +29,10 @@
 
 typedef struct fp8_hopper_model {
     int promote;  /* 1: the kernel (a fresh tensor-core partial per 128-tile, promoted); 0: the mutant */
-    int sum_trunc; /* 0: the measured accumulator (a wgmma's sum of grid values is exact); 1: also that sum
+    int sum_trunc; /* 0: the probe's accumulator (a wgmma's sum of grid values is exact); 1: also that sum
                       truncated toward zero to 13 bits below its leading bit, the spare truncation the oracle's
-                      Hopper bound allows (oracle/oracle_fp8.h) but the probe never saw */
+                      Hopper bound allows (oracle/oracle_fp8.h): the probe never saw it, two sums on an H200
+                      did (specs/FP8.md section 4), so the GPU's model op uses 1 */
 } fp8_hopper_model;
 
 void fp8_hopper_model_fwd(const fp8_hopper_model *model, const moe_routing *routing, int64_t N, int64_t K,
