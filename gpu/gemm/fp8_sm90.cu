@@ -218,8 +218,9 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
     if (threadIdx.x == 0) {
         for (int s = 0; s < L::STAGES; s++) {
             // thread 0's arrival (expect_tx); with GATHER each producer's cp.async arrival; dX each producer's
-            // arrival after its part of the transposition
-            mbar_init(full_bar + 8 * s, 1 + (GATHER ? Q_PRODUCERS : 0) + (DX ? Q_PRODUCERS : 0) + (STAGED ? Q_PRODUCERS : 0));
+            // arrival after its part of the transposition; STAGED each producer's arrival after its scale's store
+            const int producer_arrivals = (GATHER ? 1 : 0) + (DX ? 1 : 0) + (STAGED ? 1 : 0);
+            mbar_init(full_bar + 8 * s, 1 + producer_arrivals * Q_PRODUCERS);
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
         mbar_init(staged_bar, 1);
