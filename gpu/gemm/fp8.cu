@@ -202,7 +202,7 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
             const char *forced = getenv("MOE_CUDA_KERNEL");
             const bool portable = forced != NULL && (strcmp(forced, "sm80") == 0 || strcmp(forced, "simt") == 0);
             Fp8Sm90Maps maps;
-            const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(f, &maps);
+            const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
             if (plan == FP8_SM90_MAPS_REFUSED && forced != NULL && strcmp(forced, "sm90") == 0) {
                 status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
                 break;

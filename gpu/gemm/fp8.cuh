@@ -188,12 +188,14 @@ __device__ __forceinline__ float fp8_w_scale(const Fp8Args &f, int64_t e, int64_
 // The Hopper kernel (gemm/fp8_sm90.cu) and its TMA descriptors (W [E][N][K] codes; A [M][K or N] codes unless
 // permute_x / permute_y gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and
 // present, fwd or dX, K % 16 == 0 and for dX N % 16 == 0, the codes 16-byte aligned) and, if so, whether the
-// driver accepted the maps (*maps).
+// driver accepted the maps (*maps); it sets f->g.tma_out where the kernel writes the output by TMA stores
+// (fp8_sm90_tma_store, gemm/heuristics.cu: the rows in tile order and overwritten, and the driver took maps->out).
 struct Fp8Sm90Maps {
     CUtensorMap w, a;
+    CUtensorMap out; // with f->g.tma_out: the output in gemm/tma_store.cuh's boxes
 };
 enum Fp8Sm90Plan { FP8_SM90_NOT_ITS_SHAPE, FP8_SM90_TAKES, FP8_SM90_MAPS_REFUSED };
-Fp8Sm90Plan fp8_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps);
+Fp8Sm90Plan fp8_sm90_plan(Fp8Args *f, Fp8Sm90Maps *maps);
 moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream);
 
 } // namespace moe_gpu

@@ -16,7 +16,9 @@
 // box [n][c] by TMA into a staging buffer one step ahead, then transposed to [c][n] by the producers, since FP8
 // wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
-// workspace, accumulate, the rounding) two columns at a time.  Persistent CTAs take tiles in tile_coord's order.
+// workspace, accumulate, the rounding) two columns at a time, or, where the output's rows are in tile order and
+// overwritten (g.tma_out), gemm/tma_store.cuh's: the rounded values in swizzled boxes of shared memory, written by
+// TMA stores (gemm/heuristics.cu, fp8_sm90_tma_store).  Persistent CTAs take tiles in tile_coord's order.
 // A step's scales: for fwd the producers stage them in shared memory one step ahead; for dX each consumer thread
 // reads its three from global memory (gemm/heuristics.cu, fp8_sm90_staged_scales, says why).
 #include <cuda.h>
@@ -28,6 +30,7 @@
 #include "gemm/fp8.cuh"
 #include "gemm/heuristics.cuh"
 #include "gemm/sm90.cuh"
+#include "gemm/tma_store.cuh"
 
 namespace moe_gpu {
 namespace {
@@ -37,8 +40,10 @@ constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = 
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
 // The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
 // boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
-// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity), and with staged scales each
-// stage's scales as the producers decode them (float [S][Q_SCALES]: A's row i at i, W's block at Q_BM).
+// empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity), with staged scales each
+// stage's scales as the producers decode them (float [S][Q_SCALES]: A's row i at i, W's block at Q_BM) and the
+// coordinates of the tile each stage belongs to (TileCoord [S]), and the epilogue's boxes (g.tma_out: H_EPI_BOXES
+// swizzled 1 KiB boxes per consumer warp, gemm/tma_store.cuh).
 constexpr int Q_SCALES = Q_BM + 4; // a stage's scales, padded to 16 bytes
 template <int OP> struct Fp8Smem {
     static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
@@ -46,7 +51,10 @@ template <int OP> struct Fp8Smem {
     static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
     static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
     static constexpr int SCALES_OFFSET = ROWS_OFFSET + 2 * Q_BM * 8;
-    static constexpr size_t BYTES = 1024 /* alignment */ + SCALES_OFFSET + STAGES * Q_SCALES * 4;
+    static constexpr int TILES_OFFSET = SCALES_OFFSET + STAGES * Q_SCALES * 4;
+    static constexpr int EPI_OFFSET = (TILES_OFFSET + STAGES * (int)sizeof(TileCoord) + 1023) / 1024 * 1024;
+    static constexpr int EPI_WARP_BYTES = H_EPI_BOXES * H_TMA_BOX_BYTES;
+    static constexpr size_t BYTES = 1024 /* alignment */ + EPI_OFFSET + (Q_CONSUMERS / 32) * EPI_WARP_BYTES;
     static_assert(BYTES <= 232448, "shared memory of one CTA");
 };
 static_assert(Q_BK == 128, "a k-step is one scale tile of 128 codes, one 128-byte swizzled row");
@@ -199,7 +207,9 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 // straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
 // transposed by the producers (transpose_w_box).  STAGED: the producers read each step's scales (producer p A's
 // row p, producer 0 also W's), one step ahead, into the stage's scales in shared memory, and the consumers read
-// their three there; else each consumer thread reads its own from global memory before the stage's wait.
+// their three there, and the tile's coordinates from the stage of its first k-step (producer 0 writes each
+// stage's); else each consumer thread reads its own scales from global memory before the stage's wait, and
+// searches the tile's coordinates itself (tile_coord).
 template <int OP, int TA, int TB, bool GATHER, bool STAGED>
 __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
@@ -213,6 +223,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
     const uint32_t staged_bar = empty_bar + L::STAGES * 8; // dX: staged[2]
     int64_t *row_table = reinterpret_cast<int64_t *>(smem + L::ROWS_OFFSET);
     float *stage_scales = reinterpret_cast<float *>(smem + L::SCALES_OFFSET); // [S][Q_SCALES], STAGED
+    TileCoord *stage_tiles = reinterpret_cast<TileCoord *>(smem + L::TILES_OFFSET); // [S], STAGED
     if (*g.ws.status != 0) // the routing or a scale was refused: nothing is read or written
         return;
     if (threadIdx.x == 0) {
@@ -293,6 +304,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 sa_cur = sa_next, sw_cur = sw_next;
             }
             if (p == 0) {
+                if (STAGED)
+                    stage_tiles[s] = cur.t; // seen by the consumers after their wait, as the scales (the arrive releases)
                 mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
                 if (!GATHER)
                     tma_load_2d(sa_addr, &maps.a, bar, q0, (int)(g.ws.offsets[cur.t.e] + cur.t.i0));
@@ -325,15 +338,27 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Q_CONSUMER_REGS));
         const int wg = threadIdx.x / 128 - 1, warp_in_wg = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
         const int row_in_tile = wg * 64 + warp_in_wg * 16 + lane / 4; // and row_in_tile + 8 (the wgmma layout)
+        // g.tma_out: this warp's boxes, used in turn; a tile's first box waits until the previous tile's stores
+        // have read all of them (gemm/tma_store.cuh)
+        EpiSlots slots;
+        slots.own_addr = smem_base + L::EPI_OFFSET + (threadIdx.x / 32 - Q_PRODUCERS / 32) * L::EPI_WARP_BYTES;
+        slots.spare_addr = 0, slots.count = H_EPI_BOXES, slots.used = 0, slots.next = 0;
+        const uint64_t out_policy = l2_evict_first_policy();
         uint32_t it = 0;
         float part[64];
 #pragma unroll
         for (int i = 0; i < 64; i++)
             part[i] = 0.0f; // overwritten by each k-step's first wgmma (scale_d = 0)
         for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-            const TileCoord t = tile_coord(g, tile, Q_BM, Q_BN);
-            const int64_t row0 = a_source_row(g, t, t.i0 + row_in_tile, DX);
-            const int64_t row1 = a_source_row(g, t, t.i0 + row_in_tile + 8, DX);
+            // the tile's coordinates: STAGED, from the stage of its first k-step (the producers' search, not a
+            // second one here); else searched here, for the rows whose scales are read before the stage's wait
+            TileCoord t = {0, 0, 0, 0};
+            int64_t row0 = -1, row1 = -1;
+            if (!STAGED || steps == 0) {
+                t = tile_coord(g, tile, Q_BM, Q_BN);
+                row0 = a_source_row(g, t, t.i0 + row_in_tile, DX);
+                row1 = a_source_row(g, t, t.i0 + row_in_tile + 8, DX);
+            }
             float acc[64];
 #pragma unroll
             for (int i = 0; i < 64; i++)
@@ -350,6 +375,8 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 }
                 mbar_wait(full_bar + 8 * s, (it / L::STAGES) & 1);
                 if (STAGED) {
+                    if (step == 0)
+                        t = stage_tiles[s];
                     const float *scales = stage_scales + s * Q_SCALES;
                     sw = scales[Q_BM], sa0 = scales[row_in_tile], sa1 = scales[row_in_tile + 8];
                 }
@@ -373,8 +400,27 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 for (int i = 0; i < 64; i++)
                     acc[i] = __fadd_rn(acc[i], __fmul_rn(part[i], i % 4 < 2 ? scale0 : scale1));
             }
-            store_fragment(g, t, row_in_tile, lane, acc);
+            if (g.tma_out) {
+                const int64_t warp_row0 = t.i0 + wg * 64 + warp_in_wg * 16; // the warp's first row in the expert
+                float row_weight[2] = {1.0f, 1.0f};
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    if (g.weights && warp_row0 + lane / 4 + 8 * h < t.rows)
+                        row_weight[h] = topk_weight(g, g.ws.offsets[t.e] + warp_row0 + lane / 4 + 8 * h);
+                slots.used = slots.count;
+                // the output is f32 or bf16 (include/moe_fp8.h)
+                if (g.out_dtype == MOE_F32)
+                    h_store_warp_tma<__nv_bfloat16, OP, Q_BN, 4>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
+                                                                row_weight, g.weights != nullptr, &maps.out, out_policy);
+                else
+                    h_store_warp_tma<__nv_bfloat16, OP, Q_BN, 2>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
+                                                                row_weight, g.weights != nullptr, &maps.out, out_policy);
+            } else {
+                store_fragment(g, t, row_in_tile, lane, acc);
+            }
         }
+        if (g.tma_out && lane == 0)
+            bulk_wait_all(); // the boxes stay in use until TMA has read them
     }
 #endif
 }
@@ -396,10 +442,12 @@ template <int OP> void *kernel_for(int ta, int tb, bool gather, bool staged)
 
 } // namespace
 
-Fp8Sm90Plan fp8_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps)
+Fp8Sm90Plan fp8_sm90_plan(Fp8Args *fp, Fp8Sm90Maps *maps)
 {
+    const Fp8Args &f = *fp;
     const GemmArgs &g = f.g;
     *maps = Fp8Sm90Maps{};
+    fp->g.tma_out = 0;
     const bool dx = g.op == OP_DX;
     const int64_t qlen = dx ? g.N : g.K; // A's rows: [rows][qlen]
     if ((g.op != OP_FWD && !dx) || !sm90_path_available() || g.K % 16 != 0 || (dx && g.N % 16 != 0) ||
@@ -412,11 +460,17 @@ Fp8Sm90Plan fp8_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps)
     const uint32_t box[3] = {Q_BK, Q_BN, 1};
     if (!encode_tensor_map(&maps->w, f.b_dtype, f.b, 3, w_dims, w_strides, box))
         return FP8_SM90_MAPS_REFUSED;
-    if (dx ? g.permute_y : g.permute_x)
-        return FP8_SM90_TAKES; // A's rows are gathered by cp.async
-    const uint64_t a_dims[2] = {(uint64_t)qlen, (uint64_t)g.M}, a_strides[1] = {(uint64_t)qlen};
-    return encode_tensor_map(&maps->a, f.a_dtype, f.a, 2, a_dims, a_strides, box) ? FP8_SM90_TAKES
-                                                                                   : FP8_SM90_MAPS_REFUSED;
+    if (!(dx ? g.permute_y : g.permute_x)) { // else A's rows are gathered by cp.async
+        const uint64_t a_dims[2] = {(uint64_t)qlen, (uint64_t)g.M}, a_strides[1] = {(uint64_t)qlen};
+        if (!encode_tensor_map(&maps->a, f.a_dtype, f.a, 2, a_dims, a_strides, box))
+            return FP8_SM90_MAPS_REFUSED;
+    }
+    // the output by TMA stores: its rows in tile order (fwd without permute_y; dX without permute_x and not into
+    // reduce_topk's workspace) and overwritten; where the driver refuses the map, the register epilogue
+    const bool rows_in_order = dx ? !g.permute_x && !g.out_is_workspace : !g.permute_y;
+    if (rows_in_order && !g.accumulate && g.M > 0 && fp8_sm90_tma_store(g.op))
+        fp->g.tma_out = encode_out_boxes_map(&maps->out, g.out_dtype, g.out, (uint64_t)g.cols_j, (uint64_t)g.M, 1);
+    return FP8_SM90_TAKES;
 }
 
 moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream)
@@ -425,7 +479,10 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
     const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
     const bool staged = fp8_sm90_staged_scales(f.g.op);
     void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather, staged) : kernel_for<OP_FWD>(ta, tb, gather, staged);
-    const size_t smem_bytes = dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES;
+    // the epilogue's boxes only with TMA stores: what a launch leaves of the SM's shared memory is the L1 cache's,
+    // through which dX's consumers read their scales
+    const size_t epi_bytes = f.g.tma_out ? 0 : (Q_CONSUMERS / 32) * Fp8Smem<OP_FWD>::EPI_WARP_BYTES;
+    const size_t smem_bytes = (dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES) - epi_bytes;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
     MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,

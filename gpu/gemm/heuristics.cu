@@ -224,11 +224,23 @@ bool gate_fusion_required()
 // ahead, for fwd; read by each consumer thread from global memory (three loads, their address arithmetic and the
 // UE8M0 decoding per step) for dX, whose producers also transpose every W box.  Measured on an H200, the two
 // alternated: fwd 5-13% faster staged, dX 5-10% slower (bench/RESULTS.md, "The Hopper FP8 kernel's scales staged
-// in shared memory").  MOE_FP8_SM90_STAGED_SCALES=0|1 forces it off or on.
+// in shared memory"); with TMA stores, on an H100, dX staged 7-13% slower (bench/RESULTS.md, "The Hopper FP8
+// kernel's epilogue by TMA stores").  MOE_FP8_SM90_STAGED_SCALES=0|1 forces it off or on.
 bool fp8_sm90_staged_scales(int op)
 {
     const int forced = env_switch("MOE_FP8_SM90_STAGED_SCALES");
     return forced >= 0 ? forced == 1 : op == OP_FWD;
+}
+
+// The Hopper FP8 kernel's epilogue (gemm/fp8_sm90.cu) through gemm/tma_store.cuh's boxes and TMA stores, where the
+// output's rows are in tile order and overwritten (fp8_sm90_plan), instead of each thread's pair stores straight
+// from its registers (27% of the forward's consumer stall samples, 65% of their sectors excessive).  On an H100,
+// fwd 1.09-1.53x and dX 1.06-1.13x (bench/RESULTS.md, "The Hopper FP8 kernel's epilogue by TMA stores").
+// MOE_FP8_SM90_TMA_STORE=0|1 forces it off or on.
+bool fp8_sm90_tma_store(int op)
+{
+    const int forced = env_switch("MOE_FP8_SM90_TMA_STORE");
+    return forced >= 0 ? forced == 1 : op == OP_FWD || op == OP_DX;
 }
 
 } // namespace moe_gpu

@@ -43,6 +43,7 @@ const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, i
                                 std::initializer_list<const void *> outs);
 bool gate_fusion_required();
 bool fp8_sm90_staged_scales(int op);
+bool fp8_sm90_tma_store(int op);
 
 } // namespace moe_gpu
 

@@ -57,6 +57,15 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
     return r == CUDA_SUCCESS;
 }
 
+bool encode_out_boxes_map(CUtensorMap *map, moe_dtype out_dtype, const void *out, uint64_t cols, uint64_t rows,
+                          uint64_t slabs)
+{
+    const uint64_t esize = out_dtype == MOE_F32 ? 4 : 2;
+    const uint64_t dims[3] = {cols, rows, slabs}, strides[2] = {cols * esize, rows * cols * esize};
+    const uint32_t box[3] = {(uint32_t)(128 / esize), 8, 1};
+    return encode_tensor_map(map, out_dtype, out, 3, dims, strides, box);
+}
+
 // The sm90 kernel's tensor maps (Sm90Maps, gemm/tma.cuh) for tiles of bm rows (the paired kernel, cluster 2,
 // loads the forward's W stage in two boxes of half the columns); sets g->tma_rows when the row operands are
 // contiguous and got their maps, g->tma_out when `out` (element type out_dtype) is overwritten with its rows
@@ -95,8 +104,7 @@ bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bo
         const uint64_t esize = out_dtype == MOE_F32 ? 4 : 2, cols = op == OP_FWD ? N : K;
         const uint64_t rows = op == OP_DW ? N : M, slabs = op == OP_DW ? E : 1;
         const uint64_t dims[3] = {cols, rows, slabs}, strides[2] = {cols * esize, rows * cols * esize};
-        const uint32_t box[3] = {(uint32_t)(128 / esize), 8, 1};
-        g->tma_out = encode_tensor_map(&maps->out, out_dtype, out, 3, dims, strides, box);
+        g->tma_out = encode_out_boxes_map(&maps->out, out_dtype, out, cols, rows, slabs);
         if (g->tma_out && op == OP_DW && esize == 2) { // the ping-pong kernel's 8 KiB boxes
             const uint32_t wide_box[3] = {64, 64, 1};
             g->tma_out_wide = encode_tensor_map(&maps->out_wide, out_dtype, out, 3, dims, strides, wide_box);

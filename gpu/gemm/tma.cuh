@@ -26,6 +26,11 @@ struct Sm90Maps {
 bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
                        const uint64_t *strides, const uint32_t *box);
 
+// The map of an output [slabs][rows][cols] (f32, or a 16-bit type) that gemm/tma_store.cuh's epilogue writes in
+// boxes of 128 bytes of columns x 8 rows (fwd [1][M][N], dX [1][M][K], dW [E][N][K]).
+bool encode_out_boxes_map(CUtensorMap *map, moe_dtype out_dtype, const void *out, uint64_t cols, uint64_t rows,
+                          uint64_t slabs);
+
 // The sm90 kernel's tensor maps for op over p (see tma.cu); false: no W map, take the sm80 family.
 bool encode_sm90_maps(const moe_gemm_problem *p, int op, int bm, int cluster, bool tma_store_allowed, const void *a,
                       const void *b, const void *out, moe_dtype out_dtype, GemmArgs *g, Sm90Maps *maps);
