@@ -564,6 +564,32 @@ static void threshold_case_run(oracle_rng *rng, const threshold_case *tc)
     free(ids), free(m), free(gather), free(p.x), free(p.w), free(p.dy);
 }
 
+/* A bf16 forward of one expert's 8 rows of zeros, N = K = dim, into a poisoned y, under the caller's environment:
+ * requires status `want` with `fragment` in the message, and y untouched (a refused call writes nothing). */
+static void fwd_refused(const char *what, int64_t dim, moe_status want, const char *fragment)
+{
+    const int64_t M = 8;
+    int64_t m[1] = {M}, gather[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const moe_routing dev = {M, 1, 1, to_device(m, 8), to_device(gather, (size_t)M * 8)};
+    uint16_t *zeros = calloc((size_t)(dim * dim), 2), *poison = malloc((size_t)(M * dim) * 2);
+    uint16_t *back = malloc((size_t)(M * dim) * 2);
+    REQUIRE(zeros != NULL && poison != NULL && back != NULL, "out of memory");
+    void *x = to_device(zeros, (size_t)(M * dim) * 2), *w = to_device(zeros, (size_t)(dim * dim) * 2);
+    oracle_poison(MOE_BF16, poison, M * dim);
+    void *y = to_device(poison, (size_t)(M * dim) * 2);
+    moe_gemm_options o = {0};
+    o.dtype = MOE_BF16;
+    const moe_status st = moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, dim, dim, x, w, NULL, y, &o);
+    REQUIRE(st == want && strstr(moe_last_error(), fragment) != NULL, "FAIL %s: %s (%s), expected %s with \"%s\"", what,
+            moe_strerror(st), moe_last_error(), moe_strerror(want), fragment);
+    REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
+    to_host(back, y, (size_t)(M * dim) * 2);
+    REQUIRE(memcmp(back, poison, (size_t)(M * dim) * 2) == 0, "FAIL %s: the refused call wrote its output", what);
+    CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
+    CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(y));
+    free(zeros), free(poison), free(back);
+}
+
 static void thresholds(oracle_rng *rng, int automatic)
 {
     if (!automatic || getenv("MOE_SM90_GRID") != NULL) {
@@ -581,30 +607,27 @@ static void thresholds(oracle_rng *rng, int automatic)
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (prop.major == 9) {
-        const int64_t N = 136, K = 136, M = 8;
-        int64_t m[1] = {M}, gather[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-        const moe_routing dev = {M, 1, 1, to_device(m, 8), to_device(gather, (size_t)M * 8)};
-        static const uint16_t zeros[136 * 136];
-        void *x = to_device(zeros, (size_t)(M * K) * 2), *w = to_device(zeros, (size_t)(N * K) * 2);
-        uint16_t poison[8 * 136], back[8 * 136];
-        oracle_poison(MOE_BF16, poison, M * N);
-        void *y = to_device(poison, sizeof poison);
-        moe_gemm_options o = {0};
-        o.dtype = MOE_BF16;
         REQUIRE(setenv("MOE_SM90_TMA_MAX_DIM", "128", 1) == 0 && setenv("MOE_CUDA_KERNEL", "sm90", 1) == 0, "setenv failed");
-        const moe_status st = moe_gemm_fwd(MOE_BACKEND_CUDA, &dev, N, K, x, w, NULL, y, &o);
+        fwd_refused("thresholds: MOE_CUDA_KERNEL=sm90 with W past the TMA limit", 136, MOE_ERR_DEVICE,
+                    "TMA descriptors were refused");
         unsetenv("MOE_SM90_TMA_MAX_DIM");
         unsetenv("MOE_CUDA_KERNEL");
-        REQUIRE(st == MOE_ERR_DEVICE && strstr(moe_last_error(), "TMA descriptors were refused") != NULL,
-                "FAIL thresholds: MOE_CUDA_KERNEL=sm90 with W past the TMA limit gave %s (%s), expected the refusal",
-                moe_strerror(st), moe_last_error());
-        REQUIRE(moe_backend_synchronize(MOE_BACKEND_CUDA, NULL) == MOE_OK, "%s", moe_last_error());
-        to_host(back, y, sizeof back);
-        REQUIRE(memcmp(back, poison, sizeof back) == 0, "FAIL thresholds: the refused call wrote its output");
-        CUDA_CHECK(cudaFree((void *)dev.m_sizes)); CUDA_CHECK(cudaFree((void *)dev.gather_indices));
-        CUDA_CHECK(cudaFree(x)); CUDA_CHECK(cudaFree(w)); CUDA_CHECK(cudaFree(y));
     }
     printf("thresholds: %zu cases on both sides of the GEMM's size thresholds equal the reference bit for bit\n", n);
+}
+
+/* An unknown MOE_CUDA_KERNEL value fails the call with MOE_ERR_INVALID_OPTION naming it, and writes nothing
+ * (gpu/gemm/heuristics.cu, kernel_override), instead of running the automatic choice. */
+static void unknown_kernel_override(int automatic)
+{
+    if (!automatic) {
+        printf("unknown override: skipped (the caller set MOE_CUDA_KERNEL)\n");
+        return;
+    }
+    REQUIRE(setenv("MOE_CUDA_KERNEL", "sm9O", 1) == 0, "setenv failed");
+    fwd_refused("unknown override: MOE_CUDA_KERNEL=sm9O", 16, MOE_ERR_INVALID_OPTION, "MOE_CUDA_KERNEL=\"sm9O\"");
+    unsetenv("MOE_CUDA_KERNEL");
+    printf("unknown override: MOE_CUDA_KERNEL=sm9O refused with MOE_ERR_INVALID_OPTION, nothing written\n");
 }
 
 static int64_t pick_dim(oracle_rng *rng)
@@ -795,5 +818,6 @@ int main(int argc, char **argv)
     dw_isolation(&rng, trials / 4 > 8 ? trials / 4 : 8, cycle_variants, argv[0], seed, trials);
     race_probe(&rng, trials / 6 > 8 ? trials / 6 : 8, cycle_variants, argv[0], seed, trials);
     thresholds(&rng, cycle_variants && cycle_family);
+    unknown_kernel_override(cycle_family);
     return 0;
 }

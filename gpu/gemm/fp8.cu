@@ -22,6 +22,7 @@
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/gemm.cuh"
+#include "gemm/heuristics.cuh"
 #include "gemm/plan.cuh"
 #include "fp8/column_tiles.cuh"
 
@@ -153,6 +154,10 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
     const int64_t E = p->num_experts, M = p->rows, N = p->N, K = p->K;
     const bool dx = op == OP_DX, reduce = dx && p->reduce_topk;
     const int message_op = dx ? ROUTING_OP_FP8_DX : ROUTING_OP_FP8_FWD;
+    KernelOverride forced; // before any work: an unknown value fails the call
+    const moe_status env_status = kernel_override(p->op, &forced);
+    if (env_status != MOE_OK)
+        return env_status;
     Fp8Args f = {};
     GemmArgs &g = f.g;
     g.op = op;
@@ -199,11 +204,10 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
         if (max_tiles > 0) {
             // the Hopper kernel where it takes the call, else the portable one; MOE_CUDA_KERNEL=sm80 or simt
             // forces the portable kernel, =sm90 makes refused tensor maps an error (as for the other dtypes)
-            const char *forced = getenv("MOE_CUDA_KERNEL");
-            const bool portable = forced != NULL && (strcmp(forced, "sm80") == 0 || strcmp(forced, "simt") == 0);
+            const bool portable = forced == KERNEL_SM80 || forced == KERNEL_SIMT;
             Fp8Sm90Maps maps;
             const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
-            if (plan == FP8_SM90_MAPS_REFUSED && forced != NULL && strcmp(forced, "sm90") == 0) {
+            if (plan == FP8_SM90_MAPS_REFUSED && forced == KERNEL_SM90) {
                 status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
                 break;
             }

@@ -24,6 +24,25 @@ int sm90_skip_from_env()
     return skip != NULL ? atoi(skip) : 0;
 }
 
+moe_status kernel_override(const char *op, KernelOverride *kernel)
+{
+    static const struct {
+        const char *name;
+        KernelOverride value;
+    } names[] = {{"auto", KERNEL_AUTO}, {"sm90", KERNEL_SM90}, {"sm80", KERNEL_SM80}, {"simt", KERNEL_SIMT}};
+    const char *value = getenv("MOE_CUDA_KERNEL");
+    *kernel = KERNEL_AUTO;
+    if (value == NULL || value[0] == '\0')
+        return MOE_OK;
+    for (const auto &n : names)
+        if (strcmp(value, n.name) == 0) {
+            *kernel = n.value;
+            return MOE_OK;
+        }
+    return moe_fail(MOE_ERR_INVALID_OPTION, "%s: MOE_CUDA_KERNEL=\"%.40s\" is not one of auto, sm90, sm80, simt", op,
+                    value);
+}
+
 // The sm_90a kernels exist only when the build targets 90a and the device is compute capability 9.0.
 bool sm90_path_available()
 {
@@ -189,10 +208,11 @@ bool sm90_dw_wide(void)
 const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, int64_t I, bool required,
                                 std::initializer_list<const void *> outs)
 {
-    const char *fuse = getenv("MOE_MLP_FUSE_GATE"), *forced = getenv("MOE_CUDA_KERNEL");
+    const char *fuse = getenv("MOE_MLP_FUSE_GATE");
     if (fuse != NULL && strcmp(fuse, "0") == 0)
         return "MOE_MLP_FUSE_GATE=0";
-    if (forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0))
+    KernelOverride forced; // the MLP's entry points refused an unknown value before
+    if (kernel_override("MLP", &forced) != MOE_OK || forced == KERNEL_SM80 || forced == KERNEL_SIMT)
         return "MOE_CUDA_KERNEL forces another kernel family";
     if (!form_ok || r->accumulate)
         return "not the GEMM the kernel fuses"; // a caller's mistake: the MLP never passes one

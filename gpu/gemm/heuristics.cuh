@@ -43,6 +43,12 @@ const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, i
                                 std::initializer_list<const void *> outs);
 bool gate_fusion_required();
 bool fp8_sm90_staged_scales(int op);
+// MOE_CUDA_KERNEL (tests and tuning runs): unset, "" or "auto": the plan's rules; "sm90": the rules, but a refused
+// TMA descriptor is an error instead of the sm80 family; "sm80", "simt": that family where it can take the call.
+enum KernelOverride { KERNEL_AUTO, KERNEL_SM90, KERNEL_SM80, KERNEL_SIMT };
+// Reads MOE_CUDA_KERNEL into *kernel; any other value fails with MOE_ERR_INVALID_OPTION naming op and the value
+// (a misspelt override is not ignored).
+moe_status kernel_override(const char *op, KernelOverride *kernel);
 bool fp8_sm90_tma_store(int op);
 
 } // namespace moe_gpu

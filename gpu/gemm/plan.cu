@@ -17,13 +17,16 @@ namespace moe_gpu {
 // Picks the family for op over problem p (a, b, out: the operands as run_gemm names them) and fills
 // plan (tile shape, cluster, tensor maps, the sm90 dW kernel) and g->tma_rows.  Order of authority: the
 // MOE_CUDA_KERNEL / MOE_SM90_* environment overrides, then the autotune driver's forced candidate, then the
-// autotune table, then the shape heuristic.  Fails only when MOE_CUDA_KERNEL=sm90 forces a refused TMA
-// descriptor.
+// autotune table, then the shape heuristic.  Fails when MOE_CUDA_KERNEL is not a known value, and when
+// MOE_CUDA_KERNEL=sm90 forces a refused TMA descriptor.
 moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const void *b, const void *out,
                      moe_dtype out_dtype, bool weighted, GemmArgs *g, Plan *plan)
 {
-    const char *forced = getenv("MOE_CUDA_KERNEL");
-    const bool forced_family = forced != NULL && (strcmp(forced, "simt") == 0 || strcmp(forced, "sm80") == 0);
+    KernelOverride forced;
+    const moe_status env_status = kernel_override(p->op, &forced);
+    if (env_status != MOE_OK)
+        return env_status;
+    const bool forced_family = forced == KERNEL_SIMT || forced == KERNEL_SM80;
     moe_tune_key key;
     const bool tunable = op != OP_TOPK_GRAD;
     if (tunable)
@@ -43,8 +46,8 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     // candidate is SIMT), which a call of the same key may not share (16-byte alignment is not in the key) and
     // a later libmoe may have changed (f16 weighted dW and f32 weighted dW with allow_tf32 were SIMT before
     // the change of bench/RESULTS.md, "weighted dW on tensor cores for f16 and for f32 with allow_tf32")
-    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && !(forced != NULL && strcmp(forced, "simt") == 0);
-    const bool want_sm80 = (forced != NULL && strcmp(forced, "sm80") == 0) ||
+    const bool use_tc = tensor_core_ok(p, a, b, out) && f32_ok && forced != KERNEL_SIMT;
+    const bool want_sm80 = forced == KERNEL_SM80 ||
                            (!forced_family && tuned != nullptr && tuned->kernel == MOE_TUNE_SM80);
     plan->family = !use_tc ? FAMILY_SIMT
                  : op != OP_TOPK_GRAD && p->dtype != MOE_F32 && !(weighted_dw && p->dtype == MOE_F16) &&
@@ -57,7 +60,7 @@ moe_status plan_gemm(const moe_gemm_problem *p, int op, const void *a, const voi
     const bool tma_store_allowed = tuned == nullptr || tuned->kernel != MOE_TUNE_SM90 || tuned->tma_store != 0;
     if (plan->family == FAMILY_SM90 &&
         !encode_sm90_maps(p, op, sm90_bm, plan->cluster, tma_store_allowed, a, b, out, out_dtype, g, &plan->maps)) {
-        if (forced != NULL && strcmp(forced, "sm90") == 0) // tests: the Hopper path must take every shape it can
+        if (forced == KERNEL_SM90) // tests: the Hopper path must take every shape it can
             return moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
         plan->family = FAMILY_SM80;
         plan->cluster = 1;

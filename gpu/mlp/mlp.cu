@@ -49,6 +49,7 @@
 #include "common/cuda_check.cuh"
 #include "common/launch.cuh"
 #include "gemm/gemm.cuh"
+#include "gemm/heuristics.cuh"
 #include "mlp/gate_sm90.cuh"
 #include "mlp/mlp_cuda.h"
 #include "mlp/steps.cuh"
@@ -240,6 +241,11 @@ moe_status moe_cuda_mlp_fwd(const moe_mlp_problem *p, const void *hidden, const 
                             const void *w_d, const void *b_gu, const void *b_d, void *out, void *gate_up_ckpt_T,
                             void *down_ckpt)
 {
+    // MOE_CUDA_KERNEL steers the fused kernel's rule (gate_fusion_refusal): an unknown value fails here, before any work
+    KernelOverride forced;
+    const moe_status env_status = kernel_override(p->op, &forced);
+    if (env_status != MOE_OK)
+        return env_status;
     MlpArgs g = base_args(p, 0);
     g.hidden = hidden, g.aff = affinities, g.w_gu = w_gu, g.w_d = w_d, g.b_gu = b_gu, g.b_d = b_d;
     g.out = out, g.ckpt_gu = gate_up_ckpt_T, g.ckpt_d = down_ckpt;
@@ -315,6 +321,11 @@ moe_status moe_cuda_mlp_bwd(const moe_mlp_problem *p, const void *hidden, const 
                             const void *out_grad, void *d_hidden, void *d_affinities, void *d_w_gu, void *d_w_d,
                             void *d_b_gu, void *d_b_d)
 {
+    // MOE_CUDA_KERNEL steers the fused kernel's rule (gate_fusion_refusal): an unknown value fails here, before any work
+    KernelOverride forced;
+    const moe_status env_status = kernel_override(p->op, &forced);
+    if (env_status != MOE_OK)
+        return env_status;
     MlpArgs g = base_args(p, 1);
     // the masks compare the checkpointed value with the limit as the checkpoint stores it (specs/MLP.md)
     g.lin_lo = round_to_dtype(p->dtype, p->lin_lo), g.lin_hi = round_to_dtype(p->dtype, p->lin_hi);
