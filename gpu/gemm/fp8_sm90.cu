@@ -59,7 +59,8 @@ template <int OP> struct Fp8Smem {
 };
 static_assert(Q_BK == 128, "a k-step is one scale tile of 128 codes, one 128-byte swizzled row");
 constexpr int Q_PRODUCER_REGS = 56, Q_CONSUMER_REGS = 224;
-static_assert(Q_PRODUCER_REGS * Q_PRODUCERS + Q_CONSUMER_REGS * Q_CONSUMERS <= 65536, "register file");
+static_assert(Q_PRODUCER_REGS * Q_PRODUCERS + Q_CONSUMER_REGS * Q_CONSUMERS <= H_LAUNCH_REGS && Q_THREADS == H_THREADS,
+              "the launch's registers (gemm/sm90.cuh, H_LAUNCH_REGS)");
 
 #ifdef MOE_SM90A_DEVICE
 // d (+)= A(desc_a) * B(desc_b), 64 x 128 x 32 FP8 (scale_d = 0: d = A * B).

@@ -67,8 +67,14 @@ constexpr int H_WIDE_BARRIER_OFFSET = H_EPI_OFFSET + (H_CONSUMERS / 128) * H_WID
 constexpr int H_WIDE_QUEUE_OFFSET = H_WIDE_BARRIER_OFFSET + 2 * H_STAGES * 8;
 constexpr size_t H_WIDE_SMEM_BYTES = 1024 /* alignment */ + H_WIDE_QUEUE_OFFSET + H_TILE_QUEUE_BYTES;
 static_assert(H_WIDE_SMEM_BYTES <= 232448, "shared memory of one CTA (wide dW epilogue)");
+// The registers a launch of H_THREADS threads (one producer and two consumer warpgroups) holds: ptxas gives each
+// thread 168 under __launch_bounds__(384, 1) (65536 / 384, down to a multiple of 8).  setmaxnreg only moves them between the
+// warps: a consumer's setmaxnreg.inc waits until the producers' setmaxnreg.dec has released enough, so a split whose
+// total exceeds this never gets past the .inc (the kernel hangs; bench/RESULTS.md, "Wide FP8 tiles: a split of the
+// registers that hangs").
+constexpr int H_LAUNCH_REGS = 65536 / H_THREADS / 8 * 8 * H_THREADS;
 constexpr int H_PRODUCER_REGS = 56, H_CONSUMER_REGS = 224;
-static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= 65536, "register file");
+static_assert(H_PRODUCER_REGS * H_PRODUCERS + H_CONSUMER_REGS * H_CONSUMERS <= H_LAUNCH_REGS, "the launch's registers");
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_SM90A_DEVICE 1
