@@ -31,7 +31,10 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
 
 /* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
  * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
- *   x [x rows][K], w [E][N][K] */
+ *   x [x rows][K], w [E][N][K]
+ * Its value (value_fwd_dot) is fdot; its error bound (bound_fwd_dot): for K <= 2^23, finite loaded
+ * elements and sum |x_c w_c| <= 2^125 (fdot_bound_premise, specs/gemm_value.acsl), the result is finite and
+ * within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_bound proves it for fdot). */
 /*@ requires problem: gemm_problem_ok(p);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);

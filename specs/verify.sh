@@ -54,7 +54,9 @@
 #   -wp-frama-c-stdlib-terminate  trust that the functions of Frama-C's libc without a terminates clause
 #                               (expf, called by the activations of ref/mlp/activations.h) terminate
 #   -wp-driver specs/gemm_value.driver  binds specs/gemm_value.acsl's f32_add / f32_mul to WP's own model of
-#                               C's float + and * (specs/README.md, "Values and bounds proved"); only for the files
+#                               C's float + and *, and imports specs/float_bounds.mlw's FdotStepStatement (the
+#                               dot product's bound step, proved by tests/test_float_bounds.sh) for its
+#                               f32_dot_bound / f32_dot_step (specs/README.md, "Values and bounds proved"); only for the files
 #                               that define MOE_REF_VALUES (ref/gemm_naive_value.c), whose goals' model it renames
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
