@@ -151,7 +151,9 @@ for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
             next }
         /^\[wp\] / { last = "" }
         END { for (i = 1; i <= n; i++) { g = order[i]
-                  print file, (g in owner ? owner[g] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
+                  # the value driver prefixes the goal names of the log (typed_gemm_value_...), not those of the report
+                  k = g; if (!(k in owner)) sub(/^typed_gemm_value_/, "typed_", k)
+                  print file, (k in owner ? owner[k] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
         "$work/owners-$name.txt" "$log" > "$work/smoke-$name.txt"
     # the digest of each goal sent to a prover (WP's cache key: the MD5 of the goal file, named
     # <goal>_Why3_<prover>.why in a folder named after the memory model)
