@@ -31,7 +31,10 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
 
 /* sum_{c < K} x[xr][c] * w[w_row][c] in ascending c, from +0.0f: the accumulation of the forward's
  * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
- *   x [x rows][K], w [E][N][K] */
+ *   x [x rows][K], w [E][N][K]
+ * Its value (value_fwd_dot) is fdot; its error bound (bound_fwd_dot): for K <= 2^23, finite loaded
+ * elements and sum |x_c w_c| <= 2^125 (fdot_bound_premise, specs/gemm_value.acsl), the result is finite and
+ * within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_bound proves it for fdot). */
 /*@ requires problem: gemm_problem_ok(p);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
@@ -39,7 +42,12 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     requires w_row: 0 <= w_row < p->num_experts * p->N;
     terminates \true;
     assigns \nothing;
-    MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));) */
+    MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));
+      ensures bound_fwd_dot: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) ==>
+        \is_finite(\result) &&
+        \abs((real)\result - dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
+          gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+          4 * p->K * eta_f32;) */
 float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row);
 
 /* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored

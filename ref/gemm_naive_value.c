@@ -27,6 +27,7 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
         acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
+    /*@ ghost lemma_fdot_bound(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, K); */
     return acc;
 }
 

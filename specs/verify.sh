@@ -54,7 +54,9 @@
 #   -wp-frama-c-stdlib-terminate  trust that the functions of Frama-C's libc without a terminates clause
 #                               (expf, called by the activations of ref/mlp/activations.h) terminate
 #   -wp-driver specs/gemm_value.driver  binds specs/gemm_value.acsl's f32_add / f32_mul to WP's own model of
-#                               C's float + and * (specs/README.md, "Values and bounds proved"); only for the files
+#                               C's float + and *, and imports specs/float_bounds.mlw's FdotStepStatement (the
+#                               dot product's bound step, proved by tests/test_float_bounds.sh) for its
+#                               f32_dot_bound / f32_dot_step (specs/README.md, "Values and bounds proved"); only for the files
 #                               that define MOE_REF_VALUES (ref/gemm_naive_value.c), whose goals' model it renames
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
@@ -149,7 +151,9 @@ for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
             next }
         /^\[wp\] / { last = "" }
         END { for (i = 1; i <= n; i++) { g = order[i]
-                  print file, (g in owner ? owner[g] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
+                  # the value driver prefixes the goal names of the log (typed_gemm_value_...), not those of the report
+                  k = g; if (!(k in owner)) sub(/^typed_gemm_value_/, "typed_", k)
+                  print file, (k in owner ? owner[k] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
         "$work/owners-$name.txt" "$log" > "$work/smoke-$name.txt"
     # the digest of each goal sent to a prover (WP's cache key: the MD5 of the goal file, named
     # <goal>_Why3_<prover>.why in a folder named after the memory model)
@@ -190,7 +194,7 @@ ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_sp
 ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
 ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
 ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,dx_dot,dw_dot,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
-ref/gemm_naive_value.c:lemma_row_fits,gemm_naive_finish,gemm_naive_fwd_dot,gemm_naive_fwd_element
+ref/gemm_naive_value.c:lemma_row_fits,lemma_fdot_bound,gemm_naive_finish,gemm_naive_fwd_dot,gemm_naive_fwd_element
 ref/mlp/fwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,is_token,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens
 ref/gemm/fwd_dw.c:gemm_fwd_blocked_in,gemm_dw_blocked_in
 ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in

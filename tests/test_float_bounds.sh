@@ -2,9 +2,11 @@
 # make check: the dot product's error bound in specs/float_bounds.mlw.  Gappa proves the per-operation bounds
 # (mul_error, add_error), Z3 the inductive step and its lemma functions (dot_step, mul_step, dot_step_at),
 # CVC4 the real-number facts (module Gamma), cvc5 the induction over n (module FdotBound: fdot_bound_ind, and
-# fdot_bound, FdotBoundStatement's axiom that WP imports, as its clone's lemma), every goal after Why3's
-# split_vc.  Then two planted failures must not be proved: the product's bound one bit too tight (u = 2^-25
-# for binary32's 2^-24), and fdot_bound_ind with gamma one term short (gamma (n - 1)).  Skipped
+# fdot_bound, FdotBoundStatement's axiom, as its clone's lemma) and the loop's step without sequences (module
+# FdotStep: dot_step_k; module FdotStepProof: fdot_step, FdotStepStatement's axiom that specs/gemm_value.driver
+# imports into WP's goals, as its clone's lemma, the one goal given whole), every goal after Why3's split_vc.
+# Then two planted failures must not be proved: the product's bound one bit too tight (u = 2^-25 for
+# binary32's 2^-24), and fdot_bound_ind with gamma one term short (gamma (n - 1)).  Skipped
 # (exit 77) without why3 (configure's) or where why3 does not detect Gappa (the Debian package gappa).
 . "$srcdir/tests/verify_lib.sh"
 verify_require test_float_bounds
@@ -27,13 +29,16 @@ done
 why3_add_cvc5 "$srcdir" "$work" || fail "cannot register cvc5"
 # prove FILE PROVER MODULE GOAL...: why3's answer (timeout $timeout s) for each goal of MODULE (every goal of it without GOAL),
 # split into its sub-goals, one "MODULE GOAL:LINE RESULT" line per sub-goal; a goal with no answer is
-# reported as "none"
+# reported as "none".  With split=none, the goals are given to the prover whole (no split_vc).
 prove() {
     file=$1 prover=$2 module=$3
     shift 3
     log=$work/$(basename "$file" .mlw)-$module-$prover.log
     set -- $(for goal in "$@"; do printf -- '-G %s ' "$goal"; done)
-    "$WHY3" prove -P "$prover" -t "$timeout" -a split_vc "$file" -T "$module" "$@" > "$log" 2>&1 || true
+    trans="-a split_vc"
+    [ "${split:-}" != none ] || trans=""
+    # shellcheck disable=SC2086
+    "$WHY3" prove -P "$prover" -t "$timeout" $trans "$file" -T "$module" "$@" > "$log" 2>&1 || true
     awk -v m="$module" '/^Goal |^Sub-goal / { goal = $NF; sub(/\.$/, "", goal) }
         /^File / { line = ($3 == "line") ? $4 : "-"; sub(/,$/, "", line) }
         /^Prover result is: / { n++; print m, goal ":" line, $4 }
@@ -48,12 +53,18 @@ timeout=60
     prove "$mlw" cvc4 Gamma
     prove "$mlw" cvc5 FdotDefs
     prove "$mlw" cvc5 FdotBound
+    prove "$mlw" cvc5 FdotStep
+    split=none
+    prove "$mlw" cvc5 FdotStepProof
+    split=
 } > "$work/results.txt"
 cat "$work/results.txt"
 bad=$(awk '$3 != "Valid"' "$work/results.txt")
 [ -z "$bad" ] || fail "not proved: $bad"
 grep -q "^FdotBound fdot_bound_ind'vc" "$work/results.txt" || fail "no goal of fdot_bound_ind was proved"
 grep -q "^FdotBound fdot_bound:" "$work/results.txt" || fail "FdotBoundStatement's axiom was not proved in FdotBound"
+grep -q "^FdotStep dot_step_k'vc" "$work/results.txt" || fail "no goal of dot_step_k was proved"
+grep -q "^FdotStepProof fdot_step:" "$work/results.txt" || fail "FdotStepStatement's axiom was not proved in FdotStepProof"
 # planted: the product's bound one bit too tight (both plants are false, so no timeout proves them; 10 s a goal,
 # about twice the slowest goal that Gappa and cvc5 prove above, keeps the planted runs short)
 timeout=10
