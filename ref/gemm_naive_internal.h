@@ -20,6 +20,33 @@ static inline int64_t slot_of_row(const moe_gemm_problem *p, int64_t r)
     return p->gather_indices != NULL ? p->gather_indices[r] : r;
 }
 
+/* Row of X read by expert-order row r. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures x_row: 0 <= \result < gemm_x_rows(p);
+    ensures x_row_of: \result == gemm_x_row(p, r); */
+static inline int64_t x_row(const moe_gemm_problem *p, int64_t r)
+{
+    if (!p->permute_x)
+        return r;
+    const int64_t slot = slot_of_row(p, r);
+    /*@ ghost lemma_div_below(slot, p->num_tokens, p->topk); */
+    return slot / p->topk;
+}
+
+/* Row of Y written (forward) or of dY read (backward) for expert-order row r. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires row: 0 <= r < p->rows;
+    terminates \true;
+    assigns \nothing;
+    ensures y_row: 0 <= \result < p->rows && \result == gemm_y_row(p, r); */
+static inline int64_t y_row(const moe_gemm_problem *p, int64_t r)
+{
+    return p->permute_y ? slot_of_row(p, r) : r;
+}
+
 /* Applies the topk weight and accumulation of moe_ref.h's order, then stores with one rounding. */
 /*@ requires dtype: dtype_ok(dtype);
     requires element: element_writable((char *)out, index, dtype);
@@ -41,6 +68,58 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));) */
 float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row);
+
+/* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
+ * (both the per-row and the reduce_topk forms), with w's column c read with stride K from w[e][0][c].
+ *   dy [M][N], w [E][N][K] */
+/*@ requires problem: gemm_problem_ok(p);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires expert: 0 <= e < p->num_experts;
+    requires dy_row: 0 <= dyr < p->rows;
+    requires column: 0 <= c < p->K;
+    terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_dx_dot: same_float(\result, fdot_strided(p->dtype, (char *)dy, dyr * p->N, 1,
+      (char *)w, e * p->N * p->K + c, p->K, p->N));) */
+float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
+                        int64_t c);
+
+/* sum over the rows r of expert e, ascending, of (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c], from +0.0f
+ * (without topk weights the factor is dy alone): the accumulation of dw[e][n][c], fdw over the rows
+ * offsets[e] .. offsets[e + 1] - 1 (specs/gemm_value.acsl).
+ *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL */
+/*@ requires problem: gemm_problem_ok(p);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires topk_weights: topk_weights != \null ==> tensor_readable((char *)topk_weights, p->rows, p->dtype);
+    requires expert: 0 <= e < p->num_experts;
+    requires feature: 0 <= n < p->N;
+    requires column: 0 <= c < p->K;
+    terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_dw_dot: same_float(\result, fdw(p, (char *)x, (char *)dy, (char *)topk_weights,
+      offsets[e], offsets[e + 1], n, c));) */
+float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                        const void *topk_weights, int64_t e, int64_t n, int64_t c);
+
+/* sum_{n < N} dy[dyr][n] * (x row xr . w row e * N + n) in ascending n, from +0.0f, each dot product
+ * gemm_naive_fwd_dot's: the accumulation of the topk-weight gradient's element (ftopk_grad).
+ *   x [x rows][K], w [E][N][K], dy [M][N] */
+/*@ requires problem: gemm_problem_ok(p);
+    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires expert: 0 <= e < p->num_experts;
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires dy_row: 0 <= dyr < p->rows;
+    terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_topk_grad_dot: same_float(\result, ftopk_grad(p, (char *)x, (char *)w, (char *)dy,
+      xr, dyr, e * p->N, p->N));) */
+float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                               int64_t e, int64_t xr, int64_t dyr);
 
 /* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
  * by gemm_naive_finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted

@@ -1,5 +1,6 @@
 /* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the dot
- * product of the forward, one forward element, the finishing store.  Their proofs state the values they
+ * product of the forward, one forward element, the finishing store; the dot products of dX, dW and the
+ * topk-weight gradient.  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -47,3 +48,64 @@ void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void
     gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
 }
 
+
+float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
+                        int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant value: same_float(acc, fdot_strided(p->dtype, (char *)dy, dyr * N, 1, (char *)w, e * N * K + c, K, n));
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
+        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
+    }
+    return acc;
+}
+
+float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                        const void *topk_weights, int64_t e, int64_t n, int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
+        loop invariant value: same_float(acc, fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], r, n, c));
+        loop assigns r, acc;
+        loop variant offsets[e + 1] - r; */
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
+        const int64_t yr = y_row(p, r), xr = x_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, N); */
+        /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
+        if (topk_weights != NULL)
+            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
+        /*@ assert factor: same_float(dy_value, dw_factor(p, (char *)dy, (char *)topk_weights, r, n)); */
+        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
+    }
+    return acc;
+}
+
+float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                               int64_t e, int64_t xr, int64_t dyr)
+{
+    const int64_t N = p->N;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant value: same_float(acc, ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * N, n));
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++)
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
+    return acc;
+}
