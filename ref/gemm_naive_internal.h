@@ -1,9 +1,10 @@
 /* The naive GEMM's internals shared by its two files: ref/gemm_naive.c (the kernels' loops, proved for
  * safety) and ref/gemm_naive_value.c (the float functions whose contracts state their values: the dot
- * product of the forward, one forward element, the finishing store).  The value clauses of these
- * contracts (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is defined, in
- * gemm_naive_value.c's proof: a float clause among a goal's hypotheses makes that goal Z3's alone (CVC4
- * 1.8 cannot read binary32), and the index goals of gemm_naive.c's loops need CVC4. */
+ * products of the forward, dX, dW and the topk-weight gradient, one forward element, the finishing store).
+ * The value clauses of these contracts (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES
+ * is defined, in gemm_naive_value.c's proof: a float clause among a goal's hypotheses makes that goal Z3's
+ * and cvc5's (CVC4 1.8 cannot read binary32), and the index goals of gemm_naive.c's loops need CVC4.
+ * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
 #ifndef LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
 #define LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
 
