@@ -125,12 +125,14 @@ if [ "${1:-}" = "--one" ]; then
     # one line per smoke goal: FILE FUNCTION GOAL passed|FAILED LOCATION.  WP prints a failed one (a goal
     # `false` that a prover proved) as `[Failed] Smoke-test GOAL`, then `FILE:LINE: Warning: Failed
     # smoke-test`.  A smoke goal is named after a function, but a dead_call one after the callee: the
-    # function whose proof it belongs to comes from WP's JSON report (wp:functions, goals without typed_).
+    # function whose proof it belongs to comes from WP's JSON report (wp:functions, goals without typed_,
+    # and without the gemm_value_ that the value driver adds to the log's names: both are listed).
     "$PYTHON" -c 'import json, sys
 for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
     for goal in goals:
         if "_wp_smoke_" in goal:
-            print("typed_" + goal, fct)' "$work/report-$name.json" > "$work/owners-$name.txt"
+            print("typed_" + goal, fct)
+            print("typed_gemm_value_" + goal, fct)' "$work/report-$name.json" > "$work/owners-$name.txt"
     # Frama-C names a source file relative to the current folder when it lies below it, else in full
     src_abs=$(cd "$srcdir" && pwd)
     src_rel=${src_abs#"$PWD"/}
