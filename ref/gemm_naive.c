@@ -193,12 +193,8 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
     /*@ loop invariant bounds: 0 <= c <= K;
         loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
         loop variant K - c; */
-    for (int64_t c = 0; c < K; c++) {
-        float acc = gemm_naive_dx_dot(p, dy, w, e, dyr, c);
-        if (topk_weights != NULL)
-            acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        gemm_naive_finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
-    }
+    for (int64_t c = 0; c < K; c++)
+        gemm_naive_dx_element(p, dy, w, topk_weights, dx, r, e, dyr, c, dxr * K + c);
 }
 
 /* The loops of moe_ref_gemm_dx_naive without reduce_topk: dx row dxr(r) = permute_x ? g_r : r.
@@ -350,7 +346,7 @@ static void gemm_dw_row(const moe_gemm_problem *p, const int64_t *offsets, const
         loop assigns c, ((char *)dw)[byte_offset(en * K, p->dw_dtype) .. byte_offset(en * K + K, p->dw_dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
-        gemm_naive_finish(p->dw_dtype, dw, en * K + c, gemm_naive_dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+        gemm_naive_dw_element(p, offsets, x, dy, topk_weights, dw, e, n, c, en * K + c);
 }
 
 /* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
@@ -396,8 +392,7 @@ static void gemm_topk_grad_row(const moe_gemm_problem *p, const int64_t *offsets
     /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, M, p->dw_dtype); */
     const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
     const int64_t xr = x_row(p, r), dyr = y_row(p, r);
-    const float acc = gemm_naive_topk_grad_dot(p, x, w, dy, e, xr, dyr);
-    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+    gemm_naive_topk_grad_element(p, x, w, dy, d_topk_weights, r, e, xr, dyr);
 }
 
 /* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with

@@ -122,6 +122,60 @@ float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const
 float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
                                int64_t e, int64_t xr, int64_t dyr);
 
+/* One element of dX without reduce_topk: dx[dx_index] = weight(r) * gemm_naive_dx_dot(e, dyr, c), accumulated
+ * and stored by gemm_naive_finish (the body of gemm_dx_per_row's loop over c).  Its value (f32, without
+ * accumulate): dx_weighted (specs/gemm_value.acsl). */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires per_row: p->reduce_topk == 0;
+    requires row: 0 <= r < p->rows;
+    requires expert: 0 <= e < p->num_experts;
+    requires dy_row: 0 <= dyr < p->rows;
+    requires column: 0 <= c < p->K;
+    requires dx_index: 0 <= dx_index < p->rows * p->K;
+    terminates \true;
+    assigns ((char *)dx)[byte_offset(dx_index, p->dtype) .. byte_offset(dx_index + 1, p->dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_dx: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dtype, (char *)dx, dx_index), \old(dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)));) */
+void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
+                           void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index);
+
+/* One element of dW: dw[dw_index] = gemm_naive_dw_dot(e, n, c), accumulated and stored by gemm_naive_finish
+ * in dw_dtype (the body of gemm_dw_row's loop over c).  Its value (dw_dtype f32, without accumulate): fdw
+ * over expert e's rows. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires expert: 0 <= e < p->num_experts;
+    requires feature: 0 <= n < p->N;
+    requires column: 0 <= c < p->K;
+    requires dw_index: 0 <= dw_index < p->num_experts * p->N * p->K;
+    terminates \true;
+    assigns ((char *)dw)[byte_offset(dw_index, p->dw_dtype) .. byte_offset(dw_index + 1, p->dw_dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_dw: p->dw_dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dw_dtype, (char *)dw, dw_index),
+      \old(fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], offsets[e + 1], n, c)));) */
+void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                           const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index);
+
+/* One element of the topk-weight gradient: d_topk_weights[gemm_slot(p, r)] = gemm_naive_topk_grad_dot(e, xr,
+ * dyr), accumulated and stored by gemm_naive_finish in dw_dtype (the tail of gemm_topk_grad_row).  Its value
+ * (dw_dtype f32, without accumulate): ftopk_grad. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_topk_grad_tensors_ok(p, (char *)x, (char *)w, (char *)dy, (char *)d_topk_weights);
+    requires row: 0 <= r < p->rows;
+    requires expert: 0 <= e < p->num_experts;
+    requires x_row: 0 <= xr < gemm_x_rows(p);
+    requires dy_row: 0 <= dyr < p->rows;
+    terminates \true;
+    assigns ((char *)d_topk_weights)[byte_offset(gemm_slot(p, r), p->dw_dtype) ..
+                                     byte_offset(gemm_slot(p, r) + 1, p->dw_dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_topk_grad: p->dw_dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dw_dtype, (char *)d_topk_weights, gemm_slot(p, r)),
+      \old(ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * p->N, p->N)));) */
+void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                  void *d_topk_weights, int64_t r, int64_t e, int64_t xr, int64_t dyr);
+
 /* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
  * by gemm_naive_finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
  * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition. */

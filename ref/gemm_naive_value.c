@@ -109,3 +109,36 @@ float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const v
         acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
     return acc;
 }
+
+void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
+                           void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index)
+{
+    /*@ assert dx: tensor_writable((char *)dx, p->rows * p->K, p->dtype); */
+    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_dx_dot(p, dy, w, e, dyr, c);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+    }
+    /*@ assert weighted: same_float(acc, dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)); */
+    gemm_naive_finish(p->dtype, dx, dx_index, acc, p->accumulate);
+}
+
+void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                           const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index)
+{
+    /*@ assert dw: tensor_writable((char *)dw, p->num_experts * p->N * p->K, p->dw_dtype); */
+    /*@ assert element: element_writable((char *)dw, dw_index, p->dw_dtype); */
+    gemm_naive_finish(p->dw_dtype, dw, dw_index, gemm_naive_dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+}
+
+void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                  void *d_topk_weights, int64_t r, int64_t e, int64_t xr, int64_t dyr)
+{
+    /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, p->rows, p->dw_dtype); */
+    /*@ assert element: element_writable((char *)d_topk_weights, gemm_slot(p, r), p->dw_dtype); */
+    const float acc = gemm_naive_topk_grad_dot(p, x, w, dy, e, xr, dyr);
+    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+}
