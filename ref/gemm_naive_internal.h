@@ -172,7 +172,11 @@ void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, co
                                      byte_offset(gemm_slot(p, r) + 1, p->dw_dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_topk_grad: p->dw_dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
       loaded(p->dw_dtype, (char *)d_topk_weights, gemm_slot(p, r)),
-      \old(ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * p->N, p->N)));) */
+      \old(ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * p->N, p->N)));)
+    MOE_REF_VALUE_CLAUSE(ensures value_topk_grad_accumulate: p->dw_dtype == MOE_F32 && p->accumulate != 0 ==> same_float(
+      loaded(p->dw_dtype, (char *)d_topk_weights, gemm_slot(p, r)),
+      f32_add(\old(loaded(p->dw_dtype, (char *)d_topk_weights, gemm_slot(p, r))),
+              \old(ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * p->N, p->N))));) */
 void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
                                   void *d_topk_weights, int64_t r, int64_t e, int64_t xr, int64_t dyr);
 
