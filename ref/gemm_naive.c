@@ -267,29 +267,16 @@ static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
 static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
                                const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t)
 {
-    const int64_t k = p->topk, K = p->K;
+    const int64_t K = p->K;
     /*@ ghost const int64_t T = p->num_tokens; */
     /*@ assert dx: tensor_writable((char *)dx, T * K, p->dtype); */
     /*@ ghost lemma_row_fits(t, T, K); */
-    /*@ ghost lemma_row_fits(t, T, k); */
     /*@ loop invariant bounds: 0 <= c <= K;
         loop assigns c, ((char *)dx)[byte_offset(t * K, p->dtype) .. byte_offset(t * K + K, p->dtype) - 1];
         loop variant K - c; */
-    for (int64_t c = 0; c < K; c++) {
-        float sum = 0.0f;
-        /*@ loop invariant bounds: 0 <= j <= k;
-            loop assigns j, sum;
-            loop variant k - j; */
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t r = row_of_slot[t * k + j];
-            const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-            float acc = gemm_naive_dx_dot(p, dy, w, e, y_row(p, r), c);
-            if (topk_weights != NULL)
-                acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
-            sum += acc;
-        }
-        gemm_naive_finish(p->dtype, dx, t * K + c, sum, p->accumulate);
-    }
+    for (int64_t c = 0; c < K; c++)
+        gemm_naive_finish(p->dtype, dx, t * K + c,
+                          gemm_naive_dx_reduce_sum(p, offsets, row_of_slot, dy, w, topk_weights, t, c), p->accumulate);
 }
 
 /* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in

@@ -122,6 +122,25 @@ float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const
 float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
                                int64_t e, int64_t xr, int64_t dyr);
 
+/* dX with reduce_topk, token t, column c: sum_{j < k} weight(t * k + j) * gemm_naive_dx_dot(row r_j) in
+ * ascending j, from +0.0f, r_j = row_of_slot[t * k + j] and its expert (moe_ref_expert_of_row): the sum
+ * gemm_dx_reduce_row stores (fdx_reduce).  row_of_slot [M]: the inverse of the gather indices. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
+    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
+    requires topk_weights: topk_weights != \null ==> tensor_readable((char *)topk_weights, p->rows, p->dtype);
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires row_of_slot: \valid_read(row_of_slot + (0 .. p->rows - 1)) &&
+      in_range((int64_t *)row_of_slot, p->rows, 0, p->rows);
+    requires token: 0 <= t < p->num_tokens;
+    requires column: 0 <= c < p->K;
+    terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_dx_reduce_sum: same_float(\result, fdx_reduce(p, (int64_t *)offsets,
+      (int64_t *)row_of_slot, (char *)dy, (char *)w, (char *)topk_weights, t, c, p->topk));) */
+float gemm_naive_dx_reduce_sum(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                               const void *dy, const void *w, const void *topk_weights, int64_t t, int64_t c);
+
 /* One element of dX without reduce_topk: dx[dx_index] = weight(r) * gemm_naive_dx_dot(e, dyr, c), accumulated
  * and stored by gemm_naive_finish (the body of gemm_dx_per_row's loop over c).  Its value (f32, without
  * accumulate): dx_weighted (specs/gemm_value.acsl). */

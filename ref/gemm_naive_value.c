@@ -142,3 +142,49 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
     const float acc = gemm_naive_topk_grad_dot(p, x, w, dy, e, xr, dyr);
     gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
 }
+
+/* The expert that owns row r is expert_from(offsets, E, r, 0) (specs/gemm_value.acsl): with sorted offsets
+ * the experts before e end at or before offsets[e] <= r. */
+/*@ ghost
+  /@ requires experts: E >= 1;
+     requires offsets: \valid_read(offsets + (0 .. E)) && sorted_offsets((int64_t *)offsets, E);
+     requires owns: 0 <= e < E && offsets[e] <= r < offsets[e + 1];
+     terminates \true;
+     assigns \nothing;
+     ensures unique: expert_from((int64_t *)offsets, E, r, 0) == e; @/
+  static void lemma_expert_unique(const int64_t *offsets, int64_t E, int64_t r, int64_t e)
+  {
+    /@ loop invariant bounds: 0 <= i <= e;
+       loop invariant same: expert_from((int64_t *)offsets, E, r, 0) == expert_from((int64_t *)offsets, E, r, i);
+       loop assigns i;
+       loop variant e - i; @/
+    for (int64_t i = 0; i < e; i++) {
+      /@ assert past: offsets[i + 1] <= offsets[e] && i < E - 1; @/
+    }
+  }
+*/
+
+float gemm_naive_dx_reduce_sum(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                               const void *dy, const void *w, const void *topk_weights, int64_t t, int64_t c)
+{
+    const int64_t k = p->topk;
+    /*@ ghost lemma_row_fits(t, p->num_tokens, k); */
+    float sum = 0.0f;
+    /*@ loop invariant bounds: 0 <= j <= k;
+        loop invariant value: same_float(sum, fdx_reduce(p, (int64_t *)offsets, (int64_t *)row_of_slot, (char *)dy,
+                                                           (char *)w, (char *)topk_weights, t, c, j));
+        loop assigns j, sum;
+        loop variant k - j; */
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t r = row_of_slot[t * k + j];
+        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+        /*@ ghost lemma_expert_unique(offsets, p->num_experts, r, e); */
+        float acc = gemm_naive_dx_dot(p, dy, w, e, y_row(p, r), c);
+        if (topk_weights != NULL)
+            acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
+        /*@ assert term: same_float(acc, dx_reduce_term(p, (int64_t *)offsets, (int64_t *)row_of_slot, (char *)dy,
+                                                         (char *)w, (char *)topk_weights, t * k + j, c)); */
+        sum += acc;
+    }
+    return sum;
+}
