@@ -275,8 +275,7 @@ static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets
         loop assigns c, ((char *)dx)[byte_offset(t * K, p->dtype) .. byte_offset(t * K + K, p->dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
-        gemm_naive_finish(p->dtype, dx, t * K + c,
-                          gemm_naive_dx_reduce_sum(p, offsets, row_of_slot, dy, w, topk_weights, t, c), p->accumulate);
+        gemm_naive_dx_reduce_element(p, offsets, row_of_slot, dy, w, topk_weights, dx, t, c, t * K + c);
 }
 
 /* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in

@@ -141,6 +141,27 @@ float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const v
 float gemm_naive_dx_reduce_sum(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
                                const void *dy, const void *w, const void *topk_weights, int64_t t, int64_t c);
 
+/* One element of dX with reduce_topk: dx[dx_index], dx_index = t * K + c, = gemm_naive_dx_reduce_sum(t, c),
+ * accumulated and stored by gemm_naive_finish (the body of gemm_dx_reduce_row's loop over c).  Its value
+ * (f32, without accumulate): fdx_reduce over the token's k slots. */
+/*@ requires problem: gemm_problem_ok(p);
+    requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
+    requires reduce: p->reduce_topk != 0;
+    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
+    requires row_of_slot: \valid_read(row_of_slot + (0 .. p->rows - 1)) &&
+      in_range((int64_t *)row_of_slot, p->rows, 0, p->rows);
+    requires token: 0 <= t < p->num_tokens;
+    requires column: 0 <= c < p->K;
+    requires dx_index: dx_index == t * p->K + c;
+    terminates \true;
+    assigns ((char *)dx)[byte_offset(dx_index, p->dtype) .. byte_offset(dx_index + 1, p->dtype) - 1];
+    MOE_REF_VALUE_CLAUSE(ensures value_dx_reduce: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
+      loaded(p->dtype, (char *)dx, dx_index), \old(fdx_reduce(p, (int64_t *)offsets, (int64_t *)row_of_slot, (char *)dy,
+      (char *)w, (char *)topk_weights, t, c, p->topk)));) */
+void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                                  const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t,
+                                  int64_t c, int64_t dx_index);
+
 /* One element of dX without reduce_topk: dx[dx_index] = weight(r) * gemm_naive_dx_dot(e, dyr, c), accumulated
  * and stored by gemm_naive_finish (the body of gemm_dx_per_row's loop over c).  Its value (f32, without
  * accumulate): dx_weighted (specs/gemm_value.acsl). */

@@ -188,3 +188,14 @@ float gemm_naive_dx_reduce_sum(const moe_gemm_problem *p, const int64_t *offsets
     }
     return sum;
 }
+
+void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                                  const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t,
+                                  int64_t c, int64_t dx_index)
+{
+    /*@ assert dx: tensor_writable((char *)dx, p->num_tokens * p->K, p->dtype); */
+    /*@ ghost lemma_row_fits(t, p->num_tokens, p->K); */
+    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
+    gemm_naive_finish(p->dtype, dx, dx_index, gemm_naive_dx_reduce_sum(p, offsets, row_of_slot, dy, w, topk_weights, t, c),
+                      p->accumulate);
+}
