@@ -21,32 +21,6 @@ static moe_status no_offsets(const moe_gemm_problem *p)
                     (long long)p->num_experts + 1);
 }
 
-/* Row of X read by expert-order row r. */
-/*@ requires problem: gemm_problem_ok(p);
-    requires row: 0 <= r < p->rows;
-    terminates \true;
-    assigns \nothing;
-    ensures x_row: 0 <= \result < gemm_x_rows(p); */
-static int64_t x_row(const moe_gemm_problem *p, int64_t r)
-{
-    if (!p->permute_x)
-        return r;
-    const int64_t slot = slot_of_row(p, r);
-    /*@ ghost lemma_div_below(slot, p->num_tokens, p->topk); */
-    return slot / p->topk;
-}
-
-/* Row of Y written (forward) or of dY read (backward) for expert-order row r. */
-/*@ requires problem: gemm_problem_ok(p);
-    requires row: 0 <= r < p->rows;
-    terminates \true;
-    assigns \nothing;
-    ensures y_row: 0 <= \result < p->rows && \result == gemm_y_row(p, r); */
-static int64_t y_row(const moe_gemm_problem *p, int64_t r)
-{
-    return p->permute_y ? slot_of_row(p, r) : r;
-}
-
 /* The partition of the parallel loops below.  Each loop's body is a function (gemm_fwd_row, ...) whose
  * assigns clause names the span of the output that iteration i writes: W(i), a row of the output (one
  * element for the topk-weight gradient).  The lemmas prove that W(i) and W(j) are separated for i != j;
@@ -136,71 +110,6 @@ static int64_t y_row(const moe_gemm_problem *p, int64_t r)
   }
 */
 
-/* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
- * (both the per-row and the reduce_topk forms).  dy [M][N], w [E][N][K] */
-/*@ requires problem: gemm_problem_ok(p);
-    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
-    requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
-    requires expert: 0 <= e < p->num_experts;
-    requires dy_row: 0 <= dyr < p->rows;
-    requires column: 0 <= c < p->K;
-    terminates \true;
-    assigns \nothing; */
-static float dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
-                    int64_t c)
-{
-    const int64_t N = p->N, K = p->K;
-    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= n <= N;
-        loop assigns n, acc;
-        loop variant N - n; */
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
-        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
-        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
-    }
-    return acc;
-}
-
-/* sum over the rows r of expert e, ascending, of (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c], from +0.0f
- * (without topk weights the factor is dy alone): the accumulation of dw[e][n][c].
- *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL */
-/*@ requires problem: gemm_problem_ok(p);
-    requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
-    requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
-    requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
-    requires topk_weights: topk_weights != \null ==> tensor_readable((char *)topk_weights, p->rows, p->dtype);
-    requires expert: 0 <= e < p->num_experts;
-    requires feature: 0 <= n < p->N;
-    requires column: 0 <= c < p->K;
-    terminates \true;
-    assigns \nothing; */
-static float dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
-                    const void *topk_weights, int64_t e, int64_t n, int64_t c)
-{
-    const int64_t N = p->N, K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
-        loop assigns r, acc;
-        loop variant offsets[e + 1] - r; */
-    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
-        const int64_t yr = y_row(p, r), xr = x_row(p, r);
-        /*@ ghost lemma_row_fits(yr, p->rows, N); */
-        /*@ ghost lemma_row_fits(xr, x_rows, K); */
-        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
-        if (topk_weights != NULL)
-            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
-        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
-    }
-    return acc;
-}
-
 /* Row r of the forward, the body of gemm_fwd_rows' parallel loop: y row gemm_y_row(p, r), every n.  It
  * writes that row only (W(r), lemma_out_rows_through_slots_apart). */
 /*@ requires problem: gemm_problem_ok(p);
@@ -284,12 +193,8 @@ static void gemm_dx_per_row(const moe_gemm_problem *p, const int64_t *offsets, c
     /*@ loop invariant bounds: 0 <= c <= K;
         loop assigns c, ((char *)dx)[byte_offset(dxr * K, p->dtype) .. byte_offset(dxr * K + K, p->dtype) - 1];
         loop variant K - c; */
-    for (int64_t c = 0; c < K; c++) {
-        float acc = dx_dot(p, dy, w, e, dyr, c);
-        if (topk_weights != NULL)
-            acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        gemm_naive_finish(p->dtype, dx, dxr * K + c, acc, p->accumulate);
-    }
+    for (int64_t c = 0; c < K; c++)
+        gemm_naive_dx_element(p, dy, w, topk_weights, dx, r, e, dyr, c, dxr * K + c);
 }
 
 /* The loops of moe_ref_gemm_dx_naive without reduce_topk: dx row dxr(r) = permute_x ? g_r : r.
@@ -362,29 +267,15 @@ static void invert_gather(const moe_gemm_problem *p, int64_t *row_of_slot)
 static void gemm_dx_reduce_row(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
                                const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t)
 {
-    const int64_t k = p->topk, K = p->K;
+    const int64_t K = p->K;
     /*@ ghost const int64_t T = p->num_tokens; */
     /*@ assert dx: tensor_writable((char *)dx, T * K, p->dtype); */
     /*@ ghost lemma_row_fits(t, T, K); */
-    /*@ ghost lemma_row_fits(t, T, k); */
     /*@ loop invariant bounds: 0 <= c <= K;
         loop assigns c, ((char *)dx)[byte_offset(t * K, p->dtype) .. byte_offset(t * K + K, p->dtype) - 1];
         loop variant K - c; */
-    for (int64_t c = 0; c < K; c++) {
-        float sum = 0.0f;
-        /*@ loop invariant bounds: 0 <= j <= k;
-            loop assigns j, sum;
-            loop variant k - j; */
-        for (int64_t j = 0; j < k; j++) {
-            const int64_t r = row_of_slot[t * k + j];
-            const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
-            float acc = dx_dot(p, dy, w, e, y_row(p, r), c);
-            if (topk_weights != NULL)
-                acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
-            sum += acc;
-        }
-        gemm_naive_finish(p->dtype, dx, t * K + c, sum, p->accumulate);
-    }
+    for (int64_t c = 0; c < K; c++)
+        gemm_naive_dx_reduce_element(p, offsets, row_of_slot, dy, w, topk_weights, dx, t, c, t * K + c);
 }
 
 /* The loops of moe_ref_gemm_dx_naive with reduce_topk: token t owns dx row t and sums its k slots in
@@ -441,7 +332,7 @@ static void gemm_dw_row(const moe_gemm_problem *p, const int64_t *offsets, const
         loop assigns c, ((char *)dw)[byte_offset(en * K, p->dw_dtype) .. byte_offset(en * K + K, p->dw_dtype) - 1];
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
-        gemm_naive_finish(p->dw_dtype, dw, en * K + c, dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+        gemm_naive_dw_element(p, offsets, x, dy, topk_weights, dw, e, n, c, en * K + c);
 }
 
 /* The loops of moe_ref_gemm_dw_naive: each thread owns whole (expert, n) rows of dW.
@@ -483,20 +374,11 @@ NAIVE_OMP(omp parallel for schedule(static))
 static void gemm_topk_grad_row(const moe_gemm_problem *p, const int64_t *offsets, const void *x,
                                const void *w, const void *dy, void *d_topk_weights, int64_t r)
 {
-    const int64_t N = p->N;
     /*@ ghost const int64_t M = p->rows; */
     /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, M, p->dw_dtype); */
     const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
     const int64_t xr = x_row(p, r), dyr = y_row(p, r);
-    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-    /*@ ghost lemma_row_fits(dyr, M, N); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= n <= N;
-        loop assigns n, acc;
-        loop variant N - n; */
-    for (int64_t n = 0; n < N; n++)
-        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
-    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+    gemm_naive_topk_grad_element(p, x, w, dy, d_topk_weights, r, e, xr, dyr);
 }
 
 /* The loops of moe_ref_gemm_topk_weights_grad: d_topk_weights[g_r] = sum_n dy[yrow(r)][n] * y_n with

@@ -1,5 +1,6 @@
 /* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the dot
- * product of the forward, one forward element, the finishing store.  Their proofs state the values they
+ * product of the forward, one forward element, the finishing store; the dot products of dX, dW and the
+ * topk-weight gradient.  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -48,3 +49,154 @@ void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void
     gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
 }
 
+
+float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
+                        int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant value: same_float(acc, fdot_strided(p->dtype, (char *)dy, dyr * N, 1, (char *)w, e * N * K + c, K, n));
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
+        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
+    }
+    return acc;
+}
+
+float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                        const void *topk_weights, int64_t e, int64_t n, int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
+        loop invariant value: same_float(acc, fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], r, n, c));
+        loop assigns r, acc;
+        loop variant offsets[e + 1] - r; */
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
+        const int64_t yr = y_row(p, r), xr = x_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, N); */
+        /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
+        if (topk_weights != NULL)
+            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
+        /*@ assert factor: same_float(dy_value, dw_factor(p, (char *)dy, (char *)topk_weights, r, n)); */
+        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
+    }
+    return acc;
+}
+
+float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                               int64_t e, int64_t xr, int64_t dyr)
+{
+    const int64_t N = p->N;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant value: same_float(acc, ftopk_grad(p, (char *)x, (char *)w, (char *)dy, xr, dyr, e * N, n));
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++)
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
+    return acc;
+}
+
+void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
+                           void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index)
+{
+    /*@ assert dx: tensor_writable((char *)dx, p->rows * p->K, p->dtype); */
+    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_dx_dot(p, dy, w, e, dyr, c);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+    }
+    /*@ assert weighted: same_float(acc, dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)); */
+    gemm_naive_finish(p->dtype, dx, dx_index, acc, p->accumulate);
+}
+
+void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                           const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index)
+{
+    /*@ assert dw: tensor_writable((char *)dw, p->num_experts * p->N * p->K, p->dw_dtype); */
+    /*@ assert element: element_writable((char *)dw, dw_index, p->dw_dtype); */
+    gemm_naive_finish(p->dw_dtype, dw, dw_index, gemm_naive_dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
+}
+
+void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
+                                  void *d_topk_weights, int64_t r, int64_t e, int64_t xr, int64_t dyr)
+{
+    /*@ assert d_topk_weights: tensor_writable((char *)d_topk_weights, p->rows, p->dw_dtype); */
+    /*@ assert element: element_writable((char *)d_topk_weights, gemm_slot(p, r), p->dw_dtype); */
+    const float acc = gemm_naive_topk_grad_dot(p, x, w, dy, e, xr, dyr);
+    gemm_naive_finish(p->dw_dtype, d_topk_weights, slot_of_row(p, r), acc, p->accumulate);
+}
+
+/* The expert that owns row r is expert_from(offsets, E, r, 0) (specs/gemm_value.acsl): with sorted offsets
+ * the experts before e end at or before offsets[e] <= r. */
+/*@ ghost
+  /@ requires experts: E >= 1;
+     requires offsets: \valid_read(offsets + (0 .. E)) && sorted_offsets((int64_t *)offsets, E);
+     requires owns: 0 <= e < E && offsets[e] <= r < offsets[e + 1];
+     terminates \true;
+     assigns \nothing;
+     ensures unique: expert_from((int64_t *)offsets, E, r, 0) == e; @/
+  static void lemma_expert_unique(const int64_t *offsets, int64_t E, int64_t r, int64_t e)
+  {
+    /@ loop invariant bounds: 0 <= i <= e;
+       loop invariant same: expert_from((int64_t *)offsets, E, r, 0) == expert_from((int64_t *)offsets, E, r, i);
+       loop assigns i;
+       loop variant e - i; @/
+    for (int64_t i = 0; i < e; i++) {
+      /@ assert past: offsets[i + 1] <= offsets[e] && i < E - 1; @/
+    }
+  }
+*/
+
+float gemm_naive_dx_reduce_sum(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                               const void *dy, const void *w, const void *topk_weights, int64_t t, int64_t c)
+{
+    const int64_t k = p->topk;
+    /*@ ghost lemma_row_fits(t, p->num_tokens, k); */
+    float sum = 0.0f;
+    /*@ loop invariant bounds: 0 <= j <= k;
+        loop invariant value: same_float(sum, fdx_reduce(p, (int64_t *)offsets, (int64_t *)row_of_slot, (char *)dy,
+                                                           (char *)w, (char *)topk_weights, t, c, j));
+        loop assigns j, sum;
+        loop variant k - j; */
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t r = row_of_slot[t * k + j];
+        const int64_t e = moe_ref_expert_of_row(p->num_experts, offsets, r);
+        /*@ ghost lemma_expert_unique(offsets, p->num_experts, r, e); */
+        float acc = gemm_naive_dx_dot(p, dy, w, e, y_row(p, r), c);
+        if (topk_weights != NULL)
+            acc = moe_ref_load(p->dtype, topk_weights, t * k + j) * acc;
+        /*@ assert term: same_float(acc, dx_reduce_term(p, (int64_t *)offsets, (int64_t *)row_of_slot, (char *)dy,
+                                                         (char *)w, (char *)topk_weights, t * k + j, c)); */
+        sum += acc;
+    }
+    return sum;
+}
+
+void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offsets, const int64_t *row_of_slot,
+                                  const void *dy, const void *w, const void *topk_weights, void *dx, int64_t t,
+                                  int64_t c, int64_t dx_index)
+{
+    /*@ assert dx: tensor_writable((char *)dx, p->num_tokens * p->K, p->dtype); */
+    /*@ ghost lemma_row_fits(t, p->num_tokens, p->K); */
+    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
+    gemm_naive_finish(p->dtype, dx, dx_index, gemm_naive_dx_reduce_sum(p, offsets, row_of_slot, dy, w, topk_weights, t, c),
+                      p->accumulate);
+}

@@ -127,12 +127,14 @@ if [ "${1:-}" = "--one" ]; then
     # one line per smoke goal: FILE FUNCTION GOAL passed|FAILED LOCATION.  WP prints a failed one (a goal
     # `false` that a prover proved) as `[Failed] Smoke-test GOAL`, then `FILE:LINE: Warning: Failed
     # smoke-test`.  A smoke goal is named after a function, but a dead_call one after the callee: the
-    # function whose proof it belongs to comes from WP's JSON report (wp:functions, goals without typed_).
+    # function whose proof it belongs to comes from WP's JSON report (wp:functions, goals without typed_,
+    # and without the gemm_value_ that the value driver adds to the log's names: both are listed).
     "$PYTHON" -c 'import json, sys
 for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
     for goal in goals:
         if "_wp_smoke_" in goal:
-            print("typed_" + goal, fct)' "$work/report-$name.json" > "$work/owners-$name.txt"
+            print("typed_" + goal, fct)
+            print("typed_gemm_value_" + goal, fct)' "$work/report-$name.json" > "$work/owners-$name.txt"
     # Frama-C names a source file relative to the current folder when it lies below it, else in full
     src_abs=$(cd "$srcdir" && pwd)
     src_rel=${src_abs#"$PWD"/}
@@ -151,9 +153,7 @@ for fct, goals in json.load(open(sys.argv[1])).get("wp:functions", {}).items():
             next }
         /^\[wp\] / { last = "" }
         END { for (i = 1; i <= n; i++) { g = order[i]
-                  # the value driver prefixes the goal names of the log (typed_gemm_value_...), not those of the report
-                  k = g; if (!(k in owner)) sub(/^typed_gemm_value_/, "typed_", k)
-                  print file, (k in owner ? owner[k] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
+                  print file, (g in owner ? owner[g] : "(unknown)"), g, st[g], (g in loc ? loc[g] : "-") } }' \
         "$work/owners-$name.txt" "$log" > "$work/smoke-$name.txt"
     # the digest of each goal sent to a prover (WP's cache key: the MD5 of the goal file, named
     # <goal>_Why3_<prover>.why in a folder named after the memory model)
@@ -193,8 +193,8 @@ ref/gemm/dx.c:lemma_mul_monotone,lemma_row_fits,lemma_reduce_out,reduce_width,re
 ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_split,lemma_permutation_onto,lemma_buckets_sorted,lemma_pairs_once_all,lemma_nblocks_le_msum,lemma_nblocks_monotone,lemma_nblocks_owner,lemma_mul_monotone,lemma_row_fits,lemma_rows_inside,lemma_msum_monotone_all,lemma_count_eq_bounds,lemma_msum_counts,lemma_nblocks_counts,padding_name,moe_ref_mlp_check_layout_shape,check_layout_entries,check_tokens_once,sort_blocks,check_block_pairs,check_pairs,moe_ref_mlp_check_layout_in,check_topk_row,check_topk_ids,moe_ref_mlp_check_topk_shape,moe_ref_mlp_check_topk_in,count_per_expert,dropless_blocks,moe_ref_mlp_count_blocks_in,assign_blocks_dropping,assign_blocks_dropless,place_tokens,zero_affinities,element_size,moe_ref_mlp_build_layout_in
 ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
 ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
-ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,dx_dot,dw_dot,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
-ref/gemm_naive_value.c:lemma_row_fits,lemma_fdot_bound,gemm_naive_finish,gemm_naive_fwd_dot,gemm_naive_fwd_element
+ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
+ref/gemm_naive_value.c:lemma_row_fits,lemma_fdot_bound,gemm_naive_finish,gemm_naive_fwd_dot,gemm_naive_fwd_element,gemm_naive_dx_dot,gemm_naive_dw_dot,gemm_naive_topk_grad_dot,gemm_naive_dx_element,gemm_naive_dw_element,gemm_naive_topk_grad_element,lemma_expert_unique,gemm_naive_dx_reduce_sum,gemm_naive_dx_reduce_element
 ref/mlp/fwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,is_token,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens
 ref/gemm/fwd_dw.c:gemm_fwd_blocked_in,gemm_dw_blocked_in
 ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in
