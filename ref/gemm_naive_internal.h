@@ -70,8 +70,8 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     requires w_row: 0 <= w_row < p->num_experts * p->N;
     terminates \true;
     assigns \nothing;
-    MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));
-      ensures bound_fwd_dot: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) ==>
+    MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_dot: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) ==>
         \is_finite(\result) &&
         \abs((real)\result - dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
           gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +

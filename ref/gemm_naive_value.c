@@ -1,6 +1,6 @@
-/* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the dot
- * product of the forward, one forward element, the finishing store; the dot products of dX, dW and the
- * topk-weight gradient.  Their proofs state the values they
+/* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): one forward
+ * element, the finishing store; the dot products of dX, dW and the topk-weight gradient (the forward's, with
+ * its error bound, is ref/gemm_naive_dot.c's).  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -11,25 +11,6 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     if (accumulate)
         value = moe_ref_load(dtype, out, index) + value;
     moe_ref_store(dtype, out, index, value);
-}
-
-float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)
-{
-    const int64_t K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ ghost lemma_row_fits(xr, x_rows, K); */
-    /*@ ghost lemma_row_fits(w_row, p->num_experts * p->N, K); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= c <= K;
-        loop invariant value: same_float(acc, fdot(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, c));
-        loop assigns c, acc;
-        loop variant K - c; */
-    for (int64_t c = 0; c < K; c++)
-        acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
-    /*@ ghost lemma_fdot_bound(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, K); */
-    return acc;
 }
 
 void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,

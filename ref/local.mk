@@ -1,5 +1,5 @@
 # ref/: the plain-C11 OpenMP CPU reference of every op.
-libmoe_la_SOURCES += ref/routing.c ref/gemm_naive.c ref/gemm_naive_value.c ref/alloc_shells.c ref/ref_backend.c
+libmoe_la_SOURCES += ref/routing.c ref/gemm_naive.c ref/gemm_naive_dot.c ref/gemm_naive_value.c ref/alloc_shells.c ref/ref_backend.c
 noinst_HEADERS += ref/moe_ref.h ref/ref_threads.h ref/ref_bf16.h ref/gemm_naive_internal.h
 
 # ref/gemm/: the grouped GEMM's blocked twin, the one the public API runs (gemm_internal.h has the design).

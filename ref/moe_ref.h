@@ -111,6 +111,13 @@ float moe_e5m2_to_f32(uint8_t bits);
 #else
 #define MOE_REF_VALUE_CLAUSE(...)
 #endif
+/* Bound clauses: MOE_REF_BOUND_CLAUSE(ensures bound...: ...;) is that clause only in the file that proves it
+ * (it defines MOE_REF_BOUNDS too: ref/gemm_naive_dot.c); its callers' goals, elsewhere, go without it. */
+#if defined(__FRAMAC__) && defined(MOE_REF_VALUES) && defined(MOE_REF_BOUNDS)
+#define MOE_REF_BOUND_CLAUSE(...) __VA_ARGS__
+#else
+#define MOE_REF_BOUND_CLAUSE(...)
+#endif
 
 /* Reads element i of a tensor of the given dtype as float (exact).
  * Contract trusted, not proved: WP's typed memory model cannot follow the void * -> float * / uint16_t *
