@@ -117,6 +117,7 @@ typedef struct moe_gemm_problem {
 typedef struct moe_fp8_problem {
     moe_gemm_problem g;
     moe_fp8_scale_format scale_format;
+    int w_transposed; /* dX: w is W^T per expert, codes [E][K][N], scales [E][ceil(K/128)][ceil(N/128)] */
 } moe_fp8_problem;
 
 /* A validated FP8 quantization (moe_quantize_fp8_rows / _blocks) or dequantization (moe_dequantize_fp8):

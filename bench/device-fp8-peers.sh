@@ -2,7 +2,8 @@
 # libmoe's FP8 GEMM beside its peers in one device call (issue 53's targets), from a `make dist` tarball,
 # logging under $OUT (or ./out):
 #   1. bench/moe-bench --libmoe-only at T = 4096, fwd, dX and dW, bf16 and e4m3 (codes of random values, scales of 1,
-#      bf16 out), on the FP8 shapes of ANCHORS.md: Qwen3-30B-A3B gate_up and down, DeepSeek-V3 gate_up;
+#      bf16 out), and e4m3 dX from W^T (--w-transposed; op "dx-wt" in the tables), on the FP8 shapes of
+#      ANCHORS.md: Qwen3-30B-A3B gate_up and down, DeepSeek-V3 gate_up;
 #   2. bench/peers.py --fp8 on the same shapes, fwd and dX: torch._grouped_mm (bf16) and torch._scaled_grouped_mm
 #      (e4m3, row-wise scales: a coarser scaling than libmoe's 1 x 128 / 128 x 128; precise and fast_accum),
 #      rows in expert order, L2 flushed, medians of REPEAT runs; absent (not an error) where torch lacks the op
@@ -41,6 +42,15 @@ for dtype in bf16 e4m3; do
   # one CSV per dtype: the first file's header, every file's rows
   run awk 'FNR > 1 || NR == 1' "$out/moe-bench-qwen3-$dtype.csv" "$out/moe-bench-deepseek-$dtype.csv" \
     > "$out/moe-bench-$dtype.csv" || status=1
+done
+for shapes in qwen3 deepseek; do
+  echo "== moe-bench $shapes e4m3 dX from W^T"
+  run ./bench/moe-bench --libmoe-only --dtype e4m3 --w-transposed --shapes "$shapes" --tokens 4096 --repeat "$repeat" \
+    --ops dx --csv "$out/moe-bench-$shapes-e4m3-wt.csv" > "$out/moe-bench-$shapes-e4m3-wt.log" 2>&1 || status=1
+  [ "$dry" = 1 ] || tail -3 "$out/moe-bench-$shapes-e4m3-wt.log"
+  # its rows into the e4m3 CSV, as op dx-wt (the op column is moe-bench's third)
+  [ "$dry" = 1 ] || awk -F, -v OFS=, 'FNR > 1 { $3 = $3 "-wt"; print }' "$out/moe-bench-$shapes-e4m3-wt.csv" \
+    >> "$out/moe-bench-e4m3.csv" || status=1
 done
 echo "== peers (PyTorch)"
 peers=0

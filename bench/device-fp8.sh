@@ -6,8 +6,8 @@
 #      MOE_CUDA_KERNEL=sm80 (the portable kernel for every call), gpu-fp8-quantize for 20 s, gpu-gemm-fp8-model
 #      (the Hopper kernel bit for bit its CPU model) for MODEL_SECONDS (default 30), and memcheck on
 #      SANITIZE_CASES (default 40) cases of gpu-gemm-fp8 and gpu-fp8-quantize;
-#   3. moe-bench --libmoe-only at T = 4096, fwd and dX, bf16 beside e4m3 (shapes: SHAPES, default qwen3 and
-#      deepseek).
+#   3. moe-bench --libmoe-only at T = 4096, fwd and dX, bf16 beside e4m3, and e4m3 dX from W^T (--w-transposed)
+#      (shapes: SHAPES, default qwen3 and deepseek).
 # usage: bench/device-fp8.sh TARBALL
 set -u
 R=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,5 +40,8 @@ for shapes in ${SHAPES:-qwen3 deepseek}; do
       > "$out/bench-$shapes-$dtype.txt" 2>&1 || status=1
     echo "== moe-bench $shapes $dtype"; tail -8 "$out/bench-$shapes-$dtype.txt"
   done
+  ./bench/moe-bench --libmoe-only --dtype e4m3 --w-transposed --shapes "$shapes" --tokens 4096 --repeat 10 --ops dx \
+    > "$out/bench-$shapes-e4m3-wt.txt" 2>&1 || status=1
+  echo "== moe-bench $shapes e4m3 dX from W^T"; tail -6 "$out/bench-$shapes-e4m3-wt.txt"
 done
 exit $status

@@ -17,7 +17,7 @@
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
- *                  [--topk-weights] [--dtype bf16|f16|f32|tf32]
+ *                  [--topk-weights] [--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
  * --topk-weights passes random topk weights (of --dtype) to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
@@ -26,6 +26,8 @@
  * --libmoe-only only (so only the finiteness check applies).
  * --dtype e4m3 | e5m2 times libmoe's FP8 GEMM (include/moe_fp8.h: fwd, dX, and dW on operands with 128 x 1
  * column scales) on random finite codes with float32 scales of 1, bf16 output, --libmoe-only only.
+ * --w-transposed (FP8 only): dX reads W as W^T [E][K][N] (moe_fp8_options.w_transposed; the same random codes
+ * and unit scales, viewed transposed).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
@@ -130,6 +132,7 @@ typedef struct problem {
     moe_dtype dtype;        /* of x, w, dy, out, topk_w (--dtype; cuBLAS runs only for bf16) */
     int allow_tf32;         /* --dtype tf32: f32 tensors with options.allow_tf32 */
     int fp8;                /* --dtype e4m3 | e5m2: x, w, dy hold FP8 codes with the scales below; out is bf16 */
+    int w_transposed;       /* --w-transposed: FP8 dX reads w as W^T [E][K][N] */
     void *x_scales, *w_scales, *dy_scales; /* device float32 [M][K/128], [E][N/128][K/128], [M][N/128] */
     void *x_column_scales, *dy_column_scales; /* dW's: float32 [moe_fp8_column_scale_rows(M, E)][K], [..][N] */
     void *out;              /* device, of dtype (bf16 for FP8), max of the three outputs */
@@ -145,6 +148,7 @@ static void run_libmoe_fp8(problem *p)
 {
     moe_fp8_options o = {0};
     o.out_dtype = MOE_BF16;
+    o.w_transposed = p->op == DX && p->w_transposed;
     const moe_fp8_tensor x = {p->x, p->x_scales, p->dtype}, w = {p->w, p->w_scales, p->dtype};
     const moe_fp8_tensor dy = {p->dy, p->dy_scales, p->dtype};
     const moe_fp8_tensor x_columns = {p->x, p->x_column_scales, p->dtype};
@@ -407,7 +411,7 @@ int main(int argc, char **argv)
     const char *which = "all", *ops = "fwd,dx,dw", *csv_path = NULL;
     int libmoe_only = 0;
     const char *autotune_path = NULL, *tuned_path = NULL;
-    int sync_each = 0, topk_weights = 0;
+    int sync_each = 0, topk_weights = 0, w_transposed = 0;
     const char *dtype_name = "bf16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
@@ -421,12 +425,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tuned") && i + 1 < argc) tuned_path = argv[++i];
         else if (!strcmp(argv[i], "--sync-each")) sync_each = 1;
         else if (!strcmp(argv[i], "--topk-weights")) topk_weights = 1;
+        else if (!strcmp(argv[i], "--w-transposed")) w_transposed = 1;
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype_name = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
                             "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] "
-                            "[--dtype bf16|f16|f32|tf32|e4m3|e5m2]\n",
+                            "[--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed]\n",
                     argv[0]);
             return 2;
         }
@@ -439,6 +444,10 @@ int main(int argc, char **argv)
         return 2;
     }
     const int fp8 = dtype == MOE_E4M3 || dtype == MOE_E5M2;
+    if (w_transposed && !fp8) {
+        fprintf(stderr, "moe-bench: --w-transposed is FP8 dX's form (--dtype e4m3 or e5m2)\n");
+        return 2;
+    }
     if (fp8 && (topk_weights || autotune_path != NULL)) {
         fprintf(stderr, "moe-bench: --dtype %s runs without --topk-weights and --autotune\n", dtype_name);
         return 2;
@@ -502,7 +511,7 @@ int main(int argc, char **argv)
         CUDA_CHECK(cudaMemcpy(dev_gather, gather, (size_t)M * 8, cudaMemcpyHostToDevice));
         p.dev_routing = (moe_routing){T, k, E, dev_sizes, dev_gather};
         const int64_t out_elems = E * N * K > M * (N > K ? N : K) ? E * N * K : M * (N > K ? N : K);
-        p.dtype = dtype, p.allow_tf32 = allow_tf32, p.fp8 = fp8;
+        p.dtype = dtype, p.allow_tf32 = allow_tf32, p.fp8 = fp8, p.w_transposed = w_transposed;
         CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * es));
         CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * es));
         CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * es));

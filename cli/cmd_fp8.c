@@ -76,8 +76,11 @@ static const opt gemm_fp8_fwd_opts[] = {
 static const opt gemm_fp8_dx_opts[] = {
     {"--dy", "DYQ.npy", "dY's codes, uint8, (M, N), slot order with --permute-y."},
     {"--dy-scales", "DYS.npy", "dY's scales, (M, ceil(N/128)), float32 or uint8 (UE8M0)."},
-    {"--w", "WQ.npy", "W's codes, uint8, (E, N, K): the forward's, with its scales."},
-    {"--w-scales", "WS.npy", "W's scales, (E, ceil(N/128), ceil(K/128)), of the same format as --dy-scales."},
+    {"--w", "WQ.npy", "W's codes, uint8, (E, N, K): the forward's, with its scales; with --w-transposed W^T's, (E, K, N)."},
+    {"--w-scales", "WS.npy", "W's scales, (E, ceil(N/128), ceil(K/128)) (W^T's: (E, ceil(K/128), ceil(N/128))), of the "
+     "same format as --dy-scales."},
+    {"--w-transposed", NULL, "--w and --w-scales are W^T's (fp8-quantize --blocks of W^T): the same result, and on "
+     "sm_90a a faster kernel."},
     OPT_FP8_FORMAT,
     {"--w-fp8", "e4m3|e5m2", "W's format when it differs from --fp8."},
     OPT_FP8_ROUTING,
@@ -125,8 +128,8 @@ const command gemm_fp8_fwd_command = {
 
 const command gemm_fp8_dx_command = {
     "gemm-fp8-dx",
-    "--dy DYQ.npy --dy-scales DYS.npy --w WQ.npy --w-scales WS.npy [--fp8 e4m3|e5m2] [--w-fp8 ...] --m-sizes M.npy "
-    "[--gather G.npy --topk K] [--permute-x] [--permute-y] [--topk-weights TW.npy] [--reduce-topk] "
+    "--dy DYQ.npy --dy-scales DYS.npy --w WQ.npy --w-scales WS.npy [--w-transposed] [--fp8 e4m3|e5m2] [--w-fp8 ...] "
+    "--m-sizes M.npy [--gather G.npy --topk K] [--permute-x] [--permute-y] [--topk-weights TW.npy] [--reduce-topk] "
     "[--out-dtype f32|bf16] [--backend ref|cuda] --out DX.npy [--raw] [--bound-out B.npy]",
     "FP8 grouped GEMM input gradient dX = dY . W[e] with tile and block scales (moe_gemm_fp8_dx)",
     "The reduction runs over N in tiles of 128: dY's 1 x 128 tiles and W's 128 x 128 blocks (the forward's: "
@@ -270,21 +273,25 @@ static int run_gemm_fp8(const args *a, int dx)
     moe_fp8_options o;
     memset(&o, 0, sizeof o);
     routing_flags(a, &ri, &o.permute_x, &o.permute_y, dx ? &o.reduce_topk : NULL);
+    o.w_transposed = dx && get(a, "--w-transposed") != NULL;
     o.out_dtype = f32_or_bf16(a, "--out-dtype");
     const moe_dtype a_fp8 = fp8_format(a, "--fp8", MOE_E4M3), w_fp8 = fp8_format(a, "--w-fp8", a_fp8);
 
-    /* W's shape gives N and K */
+    /* W's shape (or W^T's) gives N and K */
     npy_array wh;
     load(w_path, &wh);
     if (wh.h.ndim != 3 || wh.h.shape[0] != ri.E)
-        die("%s: expected FP8 codes of shape (E, N, K) with E = %lld (the length of %s), found %s %s", w_path,
-            (long long)ri.E, ri.m_path, shape_text(&wh.h), npy_type_name(wh.h.type));
-    const int64_t N = wh.h.shape[1], K = wh.h.shape[2], tn = (N + 127) / 128, tk = (K + 127) / 128;
+        die("%s: expected FP8 codes of shape %s with E = %lld (the length of %s), found %s %s", w_path,
+            o.w_transposed ? "(E, K, N)" : "(E, N, K)", (long long)ri.E, ri.m_path, shape_text(&wh.h),
+            npy_type_name(wh.h.type));
+    const int64_t N = wh.h.shape[o.w_transposed ? 2 : 1], K = wh.h.shape[o.w_transposed ? 1 : 2];
+    const int64_t tn = (N + 127) / 128, tk = (K + 127) / 128;
     release(&wh);
     int format = -1;
     const int64_t a_rows = dx ? ri.M : (o.permute_x ? ri.T : ri.M), a_cols = dx ? N : K;
     const int64_t a_shape[2] = {a_rows, a_cols}, as_shape[2] = {a_rows, dx ? tn : tk};
-    const int64_t w_shape[3] = {ri.E, N, K}, ws_shape[3] = {ri.E, tn, tk};
+    const int64_t w_shape[3] = {ri.E, o.w_transposed ? K : N, o.w_transposed ? N : K};
+    const int64_t ws_shape[3] = {ri.E, o.w_transposed ? tk : tn, o.w_transposed ? tn : tk};
     const moe_fp8_tensor at = load_fp8_operand(a_path, as_path, a_fp8, 2, a_shape, as_shape, &format);
     const moe_fp8_tensor wt = load_fp8_operand(w_path, ws_path, w_fp8, 3, w_shape, ws_shape, &format);
     o.scale_format = (moe_fp8_scale_format)format;

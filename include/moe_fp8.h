@@ -52,6 +52,7 @@ typedef struct moe_fp8_options {
     int reduce_topk;                   /* dX: [T][K], the k slot rows of a token summed in float32 */
     int accumulate;                    /* add into the output (float32, one rounding) */
     void *stream;                      /* CUDA backend: the cudaStream_t */
+    int w_transposed;                  /* dX only: w holds each expert's W^T (moe_gemm_fp8_dx below) */
 } moe_fp8_options;
 
 /* Y = fwd(X, W) on FP8 operands.
@@ -69,7 +70,14 @@ moe_status moe_gemm_fp8_fwd(moe_backend backend, const moe_routing *routing, int
 
 /* dX = dY . W per expert on FP8 operands (the reduction over N).
  *   dy            codes [M][N] (slot order with permute_y), scales [M][ceil(N/128)]
- *   w             as for the forward (the same codes and scales)
+ *   w             as for the forward (the same codes and scales); with options.w_transposed, W^T per expert:
+ *                 codes [E][K][N] (element (e, c, n) is W's (e, n, c)), scales [E][ceil(K/128)][ceil(N/128)]
+ *                 (block (e, c / 128, n / 128) is W's block (e, n / 128, c / 128)).  moe_quantize_fp8_blocks
+ *                 of W^T gives exactly these: a block's amax, so its scale, does not depend on the transposition.
+ *                 The result is the same bit for bit (the same products, sums and scales, in the same order);
+ *                 on sm_90a the kernel then reads W^T's boxes as they are instead of transposing W's boxes in
+ *                 shared memory (FP8 wgmma reads no transposed operand), so this form is faster where the
+ *                 caller keeps W^T's codes from step to step (bench/RESULTS.md, "dX from W^T").
  *   topk_weights  float32 [M] or NULL: the forward's fused routing weights
  *   dx            [M][K] of out_dtype (slot order with permute_x), or [T][K] with reduce_topk */
 moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
@@ -85,7 +93,7 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
  * The tile of expert e beginning at expert row r0 has scale row r0 / 128 + e in both.  The forward's
  * permute_x, permute_y and topk weights are the quantizer's (it gathers the rows and multiplies dY by the
  * weights before it picks the scales: a per-row factor or a row shared by k tiles has no tile scale), so
- * options.permute_x, permute_y and reduce_topk are refused here; out_dtype, scale_format, accumulate and
+ * options.permute_x, permute_y, reduce_topk and w_transposed are refused here; out_dtype, scale_format, accumulate and
  * stream apply.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
  * operand and the index); MOE_BACKEND_CUDA (sm_80 and later) checks them on the device: a bad one is reported by
  * moe_backend_synchronize (MOE_ERR_INVALID_VALUE) and the call writes nothing. */

@@ -147,8 +147,12 @@ void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const 
         const int64_t out = o->reduce_topk ? slot[r] / k : o->permute_x ? slot[r] : r;
         const double wt = topk_weights ? (double)topk_weights[slot[r]] : 1.0;
         for (int64_t c = 0; c < K; c++) {
-            dot d = promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales, dyr * N, 1, dyr * tn, 1,
-                                 w->dtype, w->data, w->scales, e * N * K + c, K, e * tn * tk + c / 128, tk, N);
+            /* W's column (e, ., c), or with w_transposed W^T's row (e, c) */
+            dot d = o->w_transposed
+                        ? promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales, dyr * N, 1, dyr * tn, 1,
+                                       w->dtype, w->data, w->scales, (e * K + c) * N, 1, (e * tk + c / 128) * tn, 1, N)
+                        : promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales, dyr * N, 1, dyr * tn, 1,
+                                       w->dtype, w->data, w->scales, e * N * K + c, K, e * tn * tk + c / 128, tk, N);
             value[out * K + c] += wt * d.value;
             magnitude[out * K + c] += fabs(wt) * d.magnitude;
             underflow[out * K + c] += fmax(1.0, fabs(wt)) * d.underflow + (topk_weights ? 0x1p-150 : 0.0);

@@ -4,6 +4,7 @@
 #include "oracle_fp8.h"
 #include "pt_fp8.h"
 #include "pt_gen.h"
+#include "transpose.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -115,6 +116,17 @@ void fp8_case_generate_aligned(pt_case *c, fp8_case *f, int64_t cap_macs, int64_
     pt_fill(state, 0, PT_DIST_UNIFORM, opt->out_dtype, f->old, f->out_count);
     const int64_t w_scale_count = E * tiles_n * tiles_k;
     f->bad_scale = w_scale_count > 0 ? (int64_t)(pt_mix(state++) % (uint64_t)w_scale_count) : -1;
+    /* dX from W^T (options.w_transposed): W's codes and block scales transposed per expert (drawn last, so that
+     * the draws before keep their meaning for the regression file's cases) */
+    opt->w_transposed = dx && pt_bool(s);
+    if (opt->w_transposed) {
+        uint8_t *codes = transpose_batches(f->w_codes, E, N, K, 1);
+        void *scales = transpose_batches(f->w_scales, E, tiles_n, tiles_k, scale_size);
+        free(f->w_codes), free(f->w_scales);
+        f->w_codes = codes, f->w_scales = scales;
+        f->w = (moe_fp8_tensor){f->w_codes, f->w_scales, w_dtype};
+        pt_describe(c, " w=W^T");
+    }
 }
 
 void fp8_case_corrupt(fp8_case *f, int bad)

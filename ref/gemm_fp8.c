@@ -87,14 +87,17 @@ static float fwd_element(const moe_fp8_problem *p, const moe_fp8_tensor *x, cons
     return promoted_dot(p->scale_format, &a, &b, K);
 }
 
-/* dX's element (r, c) of expert e: dY row dyr against W column (e, ., c), over N. */
+/* dX's element (r, c) of expert e: dY row dyr against W column (e, ., c), over N; with w_transposed, the same
+ * elements and scales as W^T's row (e, c). */
 static float dx_element(const moe_fp8_problem *p, const moe_fp8_tensor *dy, const moe_fp8_tensor *w, int64_t e,
                         int64_t dyr, int64_t c)
 {
     const int64_t N = p->g.N, K = p->g.K, tiles_k = moe_fp8_tiles(K), tiles_n = moe_fp8_tiles(N);
     const fp8_stream a = {dy->dtype, dy->data, dyr * N, 1, dy->scales, dyr * tiles_n, 1};
-    const fp8_stream b = {w->dtype, w->data, e * N * K + c, K, w->scales,
-                          e * tiles_n * tiles_k + c / MOE_FP8_TILE, tiles_k};
+    const fp8_stream b = p->w_transposed
+        ? (fp8_stream){w->dtype, w->data, (e * K + c) * N, 1, w->scales, (e * tiles_k + c / MOE_FP8_TILE) * tiles_n, 1}
+        : (fp8_stream){w->dtype, w->data, e * N * K + c, K, w->scales, e * tiles_n * tiles_k + c / MOE_FP8_TILE,
+                       tiles_k};
     return promoted_dot(p->scale_format, &a, &b, N);
 }
 

@@ -135,18 +135,26 @@ static void operand_rows(const moe_fp8_problem *p, int dx, const moe_fp8_tensor 
 }
 
 /* The second operand's lines for output columns [c0, c0 + count) of expert e: fwd W rows (e, n) over K, dX W
- * columns (e, ., c) over N. */
+ * columns (e, ., c) over N, or with w_transposed W^T rows (e, c) over N. */
 static void weight_lines(const moe_fp8_problem *p, int dx, const moe_fp8_tensor *w, int64_t e, int64_t c0, int count,
                          fp8_lines *lines)
 {
     const int64_t N = p->g.N, K = p->g.K, tiles_n = moe_fp8_tiles(N), tiles_k = moe_fp8_tiles(K);
-    *lines = (fp8_lines){.dtype = w->dtype, .codes = w->data, .scales = w->scales, .step = dx ? K : 1,
-                         .scale_step = dx ? tiles_k : 1, .count = count};
+    const int columns = dx && !p->w_transposed; /* W's column (e, ., c): strided */
+    *lines = (fp8_lines){.dtype = w->dtype, .codes = w->data, .scales = w->scales, .step = columns ? K : 1,
+                         .scale_step = columns ? tiles_k : 1, .count = count};
     for (int j = 0; j < count; j++) {
         const int64_t c = c0 + j;
-        lines->first[j] = dx ? e * N * K + c : (e * N + c) * K;
-        lines->first_scale[j] = dx ? e * tiles_n * tiles_k + c / MOE_FP8_TILE
-                                   : (e * tiles_n + c / MOE_FP8_TILE) * tiles_k;
+        if (columns) {
+            lines->first[j] = e * N * K + c;
+            lines->first_scale[j] = e * tiles_n * tiles_k + c / MOE_FP8_TILE;
+        } else if (dx) { /* W^T row (e, c) over N */
+            lines->first[j] = (e * K + c) * N;
+            lines->first_scale[j] = (e * tiles_k + c / MOE_FP8_TILE) * tiles_n;
+        } else { /* W row (e, c) over K */
+            lines->first[j] = (e * N + c) * K;
+            lines->first_scale[j] = (e * tiles_n + c / MOE_FP8_TILE) * tiles_k;
+        }
     }
 }
 

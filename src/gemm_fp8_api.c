@@ -55,6 +55,9 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
         status = check_operand(op, "w", w);
     if (status != MOE_OK)
         return status;
+    if (!is_dx && options->w_transposed)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.w_transposed applies to moe_gemm_fp8_dx only (the "
+                        "forward reads W [E][N][K] as it is)", op);
     const moe_gemm_options gemm_options = {
         .dtype = options->out_dtype,
         .permute_x = options->permute_x,
@@ -69,8 +72,12 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
     if (status != MOE_OK)
         return status;
     p.scale_format = options->scale_format;
+    p.w_transposed = options->w_transposed != 0;
     const moe_gemm_problem *g = &p.g;
     const int64_t E = g->num_experts, tiles_n = moe_fp8_tiles(N), tiles_k = moe_fp8_tiles(K);
+    /* W [E][N][K], or its transpose [E][K][N] (dX with w_transposed), and the block scales alike */
+    const int64_t w_rows = p.w_transposed ? K : N, w_cols = p.w_transposed ? N : K;
+    const int64_t w_tile_rows = moe_fp8_tiles(w_rows), w_tile_cols = moe_fp8_tiles(w_cols);
     const int64_t a_rows = is_dx ? g->rows : (g->permute_x ? g->num_tokens : g->rows);
     const int64_t a_cols = is_dx ? N : K, a_tiles = is_dx ? tiles_n : tiles_k;
     const int64_t out_rows = !is_dx ? g->rows : (g->reduce_topk ? g->num_tokens : g->rows);
@@ -79,8 +86,8 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
     const moe_array_arg args[] = {
         {is_dx ? "dy.data" : "x.data", a->data, a_rows, a_cols, a->dtype, 0, 0},
         {is_dx ? "dy.scales" : "x.scales", a->scales, a_rows, a_tiles, scale_type, 0, 0},
-        {"w.data", w->data, E * N, K, w->dtype, 0, 0},
-        {"w.scales", w->scales, E * tiles_n, tiles_k, scale_type, 0, 0},
+        {"w.data", w->data, E * w_rows, w_cols, w->dtype, 0, 0},
+        {"w.scales", w->scales, E * w_tile_rows, w_tile_cols, scale_type, 0, 0},
         {"topk_weights", topk_weights, topk_weights ? g->rows : 0, 1, MOE_F32, 0, 0},
         {is_dx ? "dx" : "y", out, out_rows, out_cols, g->dtype, 1, 0},
     };
@@ -90,7 +97,7 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
         status = moe_ref_fp8_check_scales(op, args[1].name, p.scale_format, a->scales, a_rows * a_tiles, a_tiles);
         if (status == MOE_OK)
             status = moe_ref_fp8_check_scales(op, "w.scales", p.scale_format, w->scales, E * tiles_n * tiles_k,
-                                              tiles_k);
+                                              w_tile_cols);
         if (status != MOE_OK)
             return status;
     }
@@ -127,6 +134,9 @@ moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int6
     if (gathering != NULL)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.%s does not apply: dW's operands are in expert-row "
                         "order (moe_quantize_fp8_columns gathers their rows)", op, gathering);
+    if (options->w_transposed)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.w_transposed applies to moe_gemm_fp8_dx only (dW "
+                        "writes W [E][N][K])", op);
     if ((status = check_operand(op, "x", x)) != MOE_OK || (status = check_operand(op, "dy", dy)) != MOE_OK)
         return status;
     const moe_gemm_options gemm_options = {
@@ -139,6 +149,7 @@ moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int6
     if ((status = moe_gemm_prepare(op, 0, backend, routing, N, K, NULL, &gemm_options, &table, &p.g)) != MOE_OK)
         return status;
     p.scale_format = options->scale_format;
+    p.w_transposed = 0;
     const moe_gemm_problem *g = &p.g;
     const int64_t M = g->rows, E = g->num_experts, scale_rows = moe_fp8_column_scale_rows(M, E);
     const moe_dtype scale_type = scale_element(options->scale_format);

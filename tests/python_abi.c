@@ -74,6 +74,7 @@ int main(void)
     FIELD(moe_fp8_options, reduce_topk);
     FIELD(moe_fp8_options, accumulate);
     FIELD(moe_fp8_options, stream);
+    FIELD(moe_fp8_options, w_transposed);
 
     return 0;
 }

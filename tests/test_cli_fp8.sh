@@ -52,6 +52,19 @@ run_ok "gemm-fp8-dx --raw" "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/sca
     --w-scales wb8/scales.npy $R --permute-x --reduce-topk --out-dtype bf16 --raw --out dx8_raw.npy
 run_ok "info raw" "$NPY" info dx8_raw.npy
 has "--raw bf16 writes uint16 patterns" out "<u2 (6, 200)"
+# dX from W^T (--w-transposed): W^T quantized by blocks is W's codes and scales transposed, and dX from it is dX
+# from W bit for bit
+"$NPY" relayout wb.npy wbT.npy 0,2,1 4,200,130
+run_ok "quantize w^T" "$MOE" fp8-quantize --in wbT.npy --blocks --out wbT8
+has "W^T's block scales" out "wrote wbT8/scales.npy: shape (4, 2, 2) float32" "wrote wbT8/q.npy: shape (4, 200, 130) uint8"
+# shellcheck disable=SC2086
+run_ok "gemm-fp8-dx --w-transposed" "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy --w wbT8/q.npy \
+    --w-scales wbT8/scales.npy --w-transposed $R --permute-x --reduce-topk --out-dtype bf16 --out dx8t.npy
+run_ok "dX from W^T is dX from W" "$MOE" compare --exact dx8.npy dx8t.npy
+# shellcheck disable=SC2086
+refused "--w-transposed with W's codes" "expected FP8 codes, uint8 of shape (12, 200)" -- \
+    "$MOE" gemm-fp8-dx --dy dy8/q.npy --dy-scales dy8/scales.npy --w wb8/q.npy --w-scales wb8/scales.npy \
+    --w-transposed $R --out bad.npy
 # UE8M0 scales and e5m2 weights
 run_ok "quantize x ue8m0" "$MOE" fp8-quantize --in x.npy --scales ue8m0 --out xu
 has "UE8M0 scales are uint8" out "wrote xu/scales.npy: shape (6, 2) uint8"

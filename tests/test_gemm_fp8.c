@@ -7,6 +7,7 @@
  *     index or a dropped promotion is far outside the bound: specs/FP8.md records the planted mutants);
  *   - the blocked twin that the reference backend runs (ref/gemm_fp8_blocked.c) bit for bit the readable
  *     definition (ref/gemm_fp8.c), on those cases and on larger ones (experts of more than one row block);
+ *   - dX with options.w_transposed (w given as W^T, codes and scales transposed) bit for bit dX with W;
  *   - a case whose exact result is known: powers of two, every tile's sum exact;
  *   - NaN codes propagate to NaN outputs;
  *   - bad arguments: each rejected with its status and a message naming it, the output unchanged.
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "transpose.h"
 
 static int64_t tiles(int64_t n) { return (n + 127) / 128; }
 
@@ -34,8 +36,10 @@ typedef struct fp8_case {
     moe_fp8_options opt;
     int dx;              /* 0: fwd, 1: dX */
     moe_fp8_tensor a, w; /* a: x (fwd) or dy (dX) */
-    uint8_t *a_codes, *w_codes;
+    uint8_t *a_codes, *w_codes;  /* w_codes W [E][N][K] */
     void *a_scales, *w_scales;
+    uint8_t *wt_codes;           /* dX with opt.w_transposed: W^T [E][K][N], which c->w points to; else NULL */
+    void *wt_scales;
     float *topk;         /* or NULL */
     int64_t a_rows, out_count;
     void *out;
@@ -106,6 +110,14 @@ static void make_case(fp8_case *c, oracle_rng *rng, int max_tokens)
     c->w_scales = random_scales(rng, c->opt.scale_format, c->E * tiles(c->N) * tiles(c->K));
     c->a.data = c->a_codes, c->a.scales = c->a_scales;
     c->w.data = c->w_codes, c->w.scales = c->w_scales;
+    c->wt_codes = NULL, c->wt_scales = NULL;
+    c->opt.w_transposed = c->dx && oracle_rng_below(rng, 2);
+    if (c->opt.w_transposed) { /* W^T's codes and its blocks' scales */
+        const size_t scale_size = c->opt.scale_format == MOE_FP8_SCALE_UE8M0 ? 1 : sizeof(float);
+        c->wt_codes = transpose_batches(c->w_codes, c->E, c->N, c->K, 1);
+        c->wt_scales = transpose_batches(c->w_scales, c->E, tiles(c->N), tiles(c->K), scale_size);
+        c->w.data = c->wt_codes, c->w.scales = c->wt_scales;
+    }
     c->topk = NULL;
     if (oracle_rng_below(rng, 2)) {
         c->topk = malloc((size_t)M * sizeof(float));
@@ -120,7 +132,7 @@ static void make_case(fp8_case *c, oracle_rng *rng, int max_tokens)
 static void free_case(fp8_case *c)
 {
     free(c->ids), free(c->m_sizes), free(c->gather), free(c->a_codes), free(c->w_codes);
-    free(c->a_scales), free(c->w_scales), free(c->topk), free(c->out);
+    free(c->a_scales), free(c->w_scales), free(c->topk), free(c->out), free(c->wt_codes), free(c->wt_scales);
 }
 
 static moe_status run_case(const fp8_case *c, moe_backend backend, void *out)
@@ -132,7 +144,7 @@ static moe_status run_case(const fp8_case *c, moe_backend backend, void *out)
 static void describe(const fp8_case *c, char *buf, size_t len)
 {
     snprintf(buf, len, "%s T=%lld k=%lld E=%lld N=%lld K=%lld %sx%s out=%s scales=%s px=%d py=%d topk=%d acc=%d "
-             "reduce=%d", c->dx ? "dx" : "fwd", (long long)c->T, (long long)c->k, (long long)c->E, (long long)c->N,
+             "reduce=%d", c->dx ? (c->opt.w_transposed ? "dx(W^T)" : "dx") : "fwd", (long long)c->T, (long long)c->k, (long long)c->E, (long long)c->N,
              (long long)c->K, moe_dtype_name(c->a.dtype), moe_dtype_name(c->w.dtype), moe_dtype_name(c->opt.out_dtype),
              c->opt.scale_format ? "ue8m0" : "f32", c->opt.permute_x, c->opt.permute_y, c->topk != NULL,
              c->opt.accumulate, c->opt.reduce_topk);
@@ -147,7 +159,8 @@ static void check_twin(const fp8_case *c, const void *old, const void *blocked, 
               .N = c->N, .K = c->K, .m_sizes = c->m_sizes, .gather_indices = c->gather, .dtype = c->opt.out_dtype,
               .dw_dtype = c->opt.out_dtype, .permute_x = c->opt.permute_x, .permute_y = c->opt.permute_y,
               .reduce_topk = c->opt.reduce_topk, .accumulate = c->opt.accumulate},
-        .scale_format = c->opt.scale_format};
+        .scale_format = c->opt.scale_format,
+        .w_transposed = c->opt.w_transposed};
     const size_t size = moe_dtype_size(c->opt.out_dtype), bytes = (size_t)c->out_count * size;
     void *naive = malloc(bytes + 4);
     REQUIRE(naive != NULL, "no memory for %zu bytes", bytes);
@@ -171,6 +184,16 @@ static moe_status run_reference(fp8_case *c, const char *what)
     const moe_status st = run_case(c, MOE_BACKEND_REF, c->out);
     if (st == MOE_OK)
         check_twin(c, old, c->out, what);
+    if (st == MOE_OK && c->opt.w_transposed) { /* the same call on W itself: bit for bit */
+        fp8_case on_w = *c;
+        on_w.opt.w_transposed = 0;
+        on_w.w.data = c->w_codes, on_w.w.scales = c->w_scales;
+        const moe_status st_w = run_case(&on_w, MOE_BACKEND_REF, old);
+        const int64_t differs = st_w == MOE_OK ? first_difference(old, c->out, c->out_count,
+                                                                  moe_dtype_size(c->opt.out_dtype)) : -1;
+        CHECK(st_w == MOE_OK && differs < 0, "%s: dX from W^T and from W differ at element %lld (status %d)", what,
+              (long long)differs, (int)st_w);
+    }
     free(old);
     return st;
 }
@@ -326,6 +349,11 @@ static void bad_arguments(void)
     BAD("permute_x without gather", (a.routing.gather_indices = NULL, a.opt.permute_x = 1, a.topk = NULL),
         MOE_ERR_NULL_POINTER, "permute_x");
     BAD("reduce_topk on fwd", a.opt.reduce_topk = 1, MOE_ERR_INVALID_OPTION, "reduce_topk applies to dX only");
+    BAD("w_transposed on fwd", a.opt.w_transposed = 1, MOE_ERR_INVALID_OPTION,
+        "options.w_transposed applies to moe_gemm_fp8_dx only");
+    BAD("W^T scale NaN", (a.dx = 1, a.opt.w_transposed = 1, ws[3] = NAN), MOE_ERR_INVALID_VALUE,
+        "w.scales[1][1] = nan");
+    ws[3] = 0.5f;
     BAD("bad routing", m_sizes[0] = 2, MOE_ERR_INVALID_ROUTING, "m_sizes");
     m_sizes[0] = 1;
 #undef BAD

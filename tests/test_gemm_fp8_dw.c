@@ -537,6 +537,8 @@ static void bad_dw_arguments(void)
         "options.scale_format = 3");
     BAD("permute_x", a.opt.permute_x = 1, MOE_ERR_INVALID_OPTION, "options.permute_x does not apply");
     BAD("permute_y", a.opt.permute_y = 1, MOE_ERR_INVALID_OPTION, "options.permute_y does not apply");
+    BAD("w_transposed", a.opt.w_transposed = 1, MOE_ERR_INVALID_OPTION,
+        "options.w_transposed applies to moe_gemm_fp8_dx only");
     BAD("reduce_topk", a.opt.reduce_topk = 1, MOE_ERR_INVALID_OPTION, "options.reduce_topk does not apply");
     BAD("x dtype bf16", a.x.dtype = MOE_BF16, MOE_ERR_INVALID_DTYPE, "x.dtype = bf16");
     BAD("dy dtype f32", a.dy.dtype = MOE_F32, MOE_ERR_INVALID_DTYPE, "dy.dtype = f32");

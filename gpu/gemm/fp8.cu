@@ -7,6 +7,7 @@
 //
 //   fwd: out[r][n] = sum over K-tiles t of part_t(X[xrow(r)], W[e][n]) * (sx[xrow(r)][t] * sw[e][n/128][t])
 //   dX:  out[r][c] = sum over N-tiles t of part_t(dY[yrow(r)], W[e][.][c]) * (sdy[yrow(r)][t] * sw[e][t][c/128])
+//        (from W^T, w_transposed: W^T[e][c][.] and its block (e, c/128, t), the same values)
 // 128 x 128 output tiles, 256 threads (8 warps of 64 x 32), K-steps of 32; a tile's 128 columns lie in one W
 // block, so the W scale of a K-tile is one number per CTA.  The scales are checked on the device first
 // (finite and > 0; UE8M0 not 255): a bad one is reported by moe_backend_synchronize and the call writes
@@ -115,10 +116,10 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_gemm_kernel(Fp8Args f)
                     const uint8_t *row = a_rows[i] >= 0 ? f.a + a_rows[i] * qlen : nullptr;
                     load16(row, q0 + 16 * h, q_end, f.a_vec, decode_a, &sa[i][16 * h], 1);
                 }
-                if (!dx) { // B = W[e][n][q]: tile column j, 16 codes of the K-step
+                if (!dx || f.w_kn) { // B = W[e][n][q] (fwd) or W^T[e][c][q] (dX): tile column j, 16 codes
                     const int j = threadIdx.x / 2, h = threadIdx.x % 2;
-                    const int64_t n = t.j0 + j;
-                    const uint8_t *row = n < g.N ? f.b + (t.e * g.N + n) * g.K : nullptr;
+                    const int64_t n = t.j0 + j, cols = dx ? g.K : g.N; // n: the output column
+                    const uint8_t *row = n < cols ? f.b + (t.e * cols + n) * qlen : nullptr;
                     load16(row, q0 + 16 * h, q_end, f.b_vec, decode_b, &sb[j][16 * h], 1);
                 } else { // B = W[e][q][c]: K-step row q, 16 consecutive columns, stored transposed
                     const int q = threadIdx.x / 8, c16 = threadIdx.x % 8 * 16;
@@ -173,10 +174,11 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
     f.a_scales = a->scales, f.b_scales = b->scales;
     f.a_dtype = a->dtype, f.b_dtype = b->dtype;
     f.ue8m0 = fp->scale_format == MOE_FP8_SCALE_UE8M0;
+    f.w_kn = dx && fp->w_transposed;
     f.tiles_n = (N + F8_TILE - 1) / F8_TILE, f.tiles_k = (K + F8_TILE - 1) / F8_TILE;
     const int64_t a_len = dx ? N : K;
     f.a_vec = aligned16(a->data) && a_len % 16 == 0;
-    f.b_vec = aligned16(b->data) && K % 16 == 0;
+    f.b_vec = aligned16(b->data) && (f.w_kn ? N : K) % 16 == 0; // W's rows: K codes, W^T's N
     const int64_t col_tiles = (g.cols_j + F8_BN - 1) / F8_BN, bitmap_words = M / 32 + 1;
     const int64_t a_rows = dx ? M : (p->permute_x ? p->num_tokens : M);
 
@@ -194,8 +196,8 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
         cudaError_t err = launch_fp8_scale_check(a->scales, a_rows * a_tiles, a_tiles, 0, f.ue8m0, 0, message_op,
                                                  g.ws, stream);
         if (err == cudaSuccess)
-            err = launch_fp8_scale_check(b->scales, E * f.tiles_n * f.tiles_k, f.tiles_k, 0, f.ue8m0, 1, message_op,
-                                         g.ws, stream);
+            err = launch_fp8_scale_check(b->scales, E * f.tiles_n * f.tiles_k, f.w_kn ? f.tiles_n : f.tiles_k, 0,
+                                         f.ue8m0, 1, message_op, g.ws, stream);
         if (err != cudaSuccess) {
             status = moe_fail(MOE_ERR_DEVICE, "%s: check launch failed: %s", p->op, cudaGetErrorString(err));
             break;

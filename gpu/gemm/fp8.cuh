@@ -26,6 +26,7 @@ struct Fp8Args {
     const void *a_scales, *b_scales;
     moe_dtype a_dtype, b_dtype;
     int ue8m0;               // scales are UE8M0 bytes (else float32)
+    int w_kn;                // dX with w_transposed: b is W^T [E][K][N], its scales [E][tiles_k][tiles_n]
     int64_t tiles_n, tiles_k;
     int a_vec, b_vec;        // the operand's rows may be read 16 codes at a time (aligned, row length % 16 == 0)
 };
@@ -174,19 +175,22 @@ __device__ __forceinline__ float fp8_scale(const Fp8Args &f, const void *scales,
 }
 
 // The scale of A's row `row` (a source row, >= 0) for reduction tile tq, and W's for (expert e, reduction tile
-// tq, output column j of the tile's 128-column block); fwd: W block (n / 128, k tile), dX: (n tile, c / 128).
+// tq, output column j of the tile's 128-column block); fwd: W block (n / 128, k tile), dX: (n tile, c / 128), dX
+// from W^T: W^T's block (c / 128, n tile).
 __device__ __forceinline__ float fp8_a_scale(const Fp8Args &f, int64_t row, int64_t tq)
 {
     return fp8_scale(f, f.a_scales, row * (f.g.op == OP_DX ? f.tiles_n : f.tiles_k) + tq);
 }
 __device__ __forceinline__ float fp8_w_scale(const Fp8Args &f, int64_t e, int64_t tq, int64_t j)
 {
+    if (f.w_kn)
+        return fp8_scale(f, f.b_scales, (e * f.tiles_k + j / F8_TILE) * f.tiles_n + tq);
     return fp8_scale(f, f.b_scales, f.g.op == OP_DX ? (e * f.tiles_n + tq) * f.tiles_k + j / F8_TILE
                                                     : (e * f.tiles_n + j / F8_TILE) * f.tiles_k + tq);
 }
 
-// The Hopper kernel (gemm/fp8_sm90.cu) and its TMA descriptors (W [E][N][K] codes; A [M][K or N] codes unless
-// permute_x / permute_y gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and
+// The Hopper kernel (gemm/fp8_sm90.cu) and its TMA descriptors (W [E][N][K] codes, or W^T [E][K][N] for dX with
+// w_kn; A [M][K or N] codes unless permute_x / permute_y gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and
 // present, fwd or dX, K % 16 == 0 and for dX N % 16 == 0, the codes 16-byte aligned) and, if so, whether the
 // driver accepted the maps (*maps); it sets f->g.tma_out where the kernel writes the output by TMA stores
 // (fp8_sm90_tma_store, gemm/heuristics.cu: the rows in tile order and overwritten, and the driver took maps->out).

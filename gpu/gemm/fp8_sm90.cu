@@ -4,7 +4,7 @@
 //
 //   fwd: X codes [M or T][K] (1 x 128 scales), W codes [E][N][K] (128 x 128 blocks) -> Y [M][N]
 //   dX:  dY codes [M][N] (1 x 128 scales), W codes [E][N][K]                       -> dX [M or T][K] (or fp32
-//        slot rows for reduce_topk)
+//        slot rows for reduce_topk); or from W^T codes [E][K][N] (w_transposed: f.w_kn)
 // Tiles of 128 rows x 128 columns; a k-step is one 128-element tile of the reduction (128 bytes of codes per
 // row: exactly the 128-byte swizzle's row), so each k-step's four wgmma k32 give that tile's partial sums in
 // fresh registers, promoted as the reference promotes them: acc = acc + part * (s_a(row) * s_w), two roundings
@@ -14,7 +14,8 @@
 // rows (rows past the expert belong to the next one and are never stored), or by cp.async from the gathered
 // rows (fwd permute_x, dX permute_y; zeros past the expert); W's fwd box straight into the stage by TMA; dX's W
 // box [n][c] by TMA into a staging buffer one step ahead, then transposed to [c][n] by the producers, since FP8
-// wgmma reads no transposed operand (transpose_w_box).  Two consumer warpgroups each multiply 64 rows; the
+// wgmma reads no transposed operand (transpose_w_box); dX from W^T: W^T's box [c][n] straight into the stage, as
+// the forward's.  Two consumer warpgroups each multiply 64 rows; the
 // epilogue is store_output's (gemm/epilogue.cuh: topk weights, permute_y / permute_x, reduce_topk's
 // workspace, accumulate, the rounding) two columns at a time, or, where the output's rows are in tile order and
 // overwritten (g.tma_out), gemm/tma_store.cuh's: the rounded values in swizzled boxes of shared memory, written by
@@ -38,17 +39,17 @@ namespace {
 constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE;
 constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = Q_A_BYTES + Q_B_BYTES;
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
-// The shared memory of the kernel for op OP: the ring of stages (fwd 6, dX 5), for dX two staging buffers of W
-// boxes as TMA writes them ([n][c], before the producers' transposition into the stage), the barriers (full[S],
+// The shared memory of the kernel: the ring of stages (6; 5 where the producers transpose W's boxes), for the
+// transposition (TRANSPOSE_W: dX from W) two staging buffers of W boxes as TMA writes them ([n][c], before it), the barriers (full[S],
 // empty[S], dX: staged[2]), the gathered rows of A (int64 [2][Q_BM], by tile parity), with staged scales each
 // stage's scales as the producers decode them (float [S][Q_SCALES]: A's row i at i, W's block at Q_BM) and the
 // coordinates of the tile each stage belongs to (TileCoord [S]), and the epilogue's boxes (g.tma_out: H_EPI_BOXES
 // swizzled 1 KiB boxes per consumer warp, gemm/tma_store.cuh).
 constexpr int Q_SCALES = Q_BM + 4; // a stage's scales, padded to 16 bytes
-template <int OP> struct Fp8Smem {
-    static constexpr int STAGES = OP == OP_FWD ? 6 : 5;
+template <bool TRANSPOSE_W> struct Fp8Smem {
+    static constexpr int STAGES = TRANSPOSE_W ? 5 : 6;
     static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
-    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (OP == OP_DX ? 2 * Q_B_BYTES : 0);
+    static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (TRANSPOSE_W ? 2 * Q_B_BYTES : 0);
     static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
     static constexpr int SCALES_OFFSET = ROWS_OFFSET + 2 * Q_BM * 8;
     static constexpr int TILES_OFFSET = SCALES_OFFSET + STAGES * Q_SCALES * 4;
@@ -204,19 +205,21 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 #endif
 
 // OP: OP_FWD or OP_DX; TA, TB: the codes of A (X or dY) and W (0 e4m3, 1 e5m2); GATHER: A's rows by cp.async from
-// the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  A step's W box: fwd by TMA
-// straight into the stage (K-major: rows n, 128 k), dX by TMA into a staging buffer, one step ahead, then
-// transposed by the producers (transpose_w_box).  STAGED: the producers read each step's scales (producer p A's
+// the gathered rows (fwd with permute_x, dX with permute_y), else by TMA (maps.a).  WT (dX only): W is given as
+// W^T (f.w_kn).  A step's W box: fwd, and dX from W^T, by TMA straight into the stage (K-major: rows n or c, 128
+// codes of the reduction), dX from W by TMA into a staging buffer, one step ahead, then transposed by the producers
+// (transpose_w_box).  STAGED: the producers read each step's scales (producer p A's
 // row p, producer 0 also W's), one step ahead, into the stage's scales in shared memory, and the consumers read
 // their three there, and the tile's coordinates from the stage of its first k-step (producer 0 writes each
 // stage's); else each consumer thread reads its own scales from global memory before the stage's wait, and
 // searches the tile's coordinates itself (tile_coord).
-template <int OP, int TA, int TB, bool GATHER, bool STAGED>
+template <int OP, int TA, int TB, bool GATHER, bool STAGED, bool WT>
 __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
-    using L = Fp8Smem<OP>;
-    constexpr bool DX = OP == OP_DX;
+    constexpr bool DX = OP == OP_DX, TRANSPOSE_W = DX && !WT;
+    static_assert(DX || !WT, "W^T is dX's form only");
+    using L = Fp8Smem<TRANSPOSE_W>;
     const GemmArgs &g = f.g;
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
@@ -229,9 +232,9 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         return;
     if (threadIdx.x == 0) {
         for (int s = 0; s < L::STAGES; s++) {
-            // thread 0's arrival (expect_tx); with GATHER each producer's cp.async arrival; dX each producer's
-            // arrival after its part of the transposition; STAGED each producer's arrival after its scale's store
-            const int producer_arrivals = (GATHER ? 1 : 0) + (DX ? 1 : 0) + (STAGED ? 1 : 0);
+            // thread 0's arrival (expect_tx); with GATHER each producer's cp.async arrival; TRANSPOSE_W each
+            // producer's arrival after its part of the transposition; STAGED each producer's after its scale's store
+            const int producer_arrivals = (GATHER ? 1 : 0) + (TRANSPOSE_W ? 1 : 0) + (STAGED ? 1 : 0);
             mbar_init(full_bar + 8 * s, 1 + producer_arrivals * Q_PRODUCERS);
             mbar_init(empty_bar + 8 * s, Q_CONSUMERS / 32);
         }
@@ -248,13 +251,15 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         // ------------------------------------------------------------------ producer warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Q_PRODUCER_REGS));
         const int p = threadIdx.x;
-        if (!GATHER && !DX && !STAGED && p > 0) // every load is thread 0's TMA
+        if (!GATHER && !TRANSPOSE_W && !STAGED && p > 0) // every load is thread 0's TMA
             return;
         const uint64_t w_policy = l2_policy(true); // a W block is read again by the expert's other row tiles
-        // a step's W box: fwd (k q0, n j0) into the stage; dX (c j0, n q0) into staging buffer `buffer`
+        // a step's W box: fwd (k q0, n j0) and dX from W^T (n q0, c j0) into the stage; dX from W (c j0, n q0) into
+        // a staging buffer
         auto load_w = [&](const Fp8Cursor &c, uint32_t dst, uint32_t bar) {
             const int q0 = (int)(c.step * Q_BK);
-            tma_load_3d(dst, &maps.w, bar, DX ? (int)c.t.j0 : q0, DX ? q0 : (int)c.t.j0, (int)c.t.e, w_policy);
+            tma_load_3d(dst, &maps.w, bar, TRANSPOSE_W ? (int)c.t.j0 : q0, TRANSPOSE_W ? q0 : (int)c.t.j0, (int)c.t.e,
+                        w_policy);
         };
         Fp8Cursor cur, next;
         cursor_start(g, tiles, &cur);
@@ -272,7 +277,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         float sa_cur = 0.0f, sw_cur = 0.0f;
         if (STAGED && cur.tile < tiles && steps > 0)
             step_scales(cur, &sa_cur, &sw_cur);
-        if (DX && p == 0 && cur.tile < tiles && steps > 0) {
+        if (TRANSPOSE_W && p == 0 && cur.tile < tiles && steps > 0) {
             mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
             load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
         }
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                     tile_rows[i] = a_source_row(g, cur.t, cur.t.i0 + i, DX);
                 producer_sync();
             }
-            if (DX && p == 0 && next.tile < tiles) { // the next step's W box, into the other staging buffer
+            if (TRANSPOSE_W && p == 0 && next.tile < tiles) { // the next step's W box, into the other staging buffer
                 const uint32_t nb = staged_bar + 8 * ((it + 1) & 1);
                 mbar_arrive_expect_tx(nb, Q_B_BYTES);
                 load_w(next, smem_base + L::STAGING_OFFSET + ((it + 1) & 1) * Q_B_BYTES, nb);
@@ -307,10 +312,10 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             if (p == 0) {
                 if (STAGED)
                     stage_tiles[s] = cur.t; // seen by the consumers after their wait, as the scales (the arrive releases)
-                mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (DX ? 0 : Q_B_BYTES));
+                mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (TRANSPOSE_W ? 0 : Q_B_BYTES));
                 if (!GATHER)
                     tma_load_2d(sa_addr, &maps.a, bar, q0, (int)(g.ws.offsets[cur.t.e] + cur.t.i0));
-                if (!DX)
+                if (!TRANSPOSE_W)
                     load_w(cur, sb_addr, bar);
             }
             if (GATHER) { // thread p copies 16-code chunk p % 8 of rows p / 8 + 16 u
@@ -326,7 +331,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 }
                 cp_async_arrive_noinc(bar);
             }
-            if (DX) {
+            if (TRANSPOSE_W) {
                 mbar_wait(staged_bar + 8 * (it & 1), (it / 2) & 1);
                 transpose_w_box(smem_base + L::STAGING_OFFSET + (it & 1) * Q_B_BYTES, sb_addr, p);
                 fence_proxy_async(); // the transposed box is read by wgmma (the async proxy)
@@ -426,19 +431,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
 #endif
 }
 
-template <int OP, int TA, int TB, bool STAGED> void *kernel_for(bool gather)
+template <int OP, int TA, int TB, bool STAGED, bool WT> void *kernel_for(bool gather)
 {
-    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true, STAGED>)
-                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED>);
+    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true, STAGED, WT>)
+                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED, WT>);
 }
-template <int OP, bool STAGED> void *kernel_for(int ta, int tb, bool gather)
+template <int OP, bool STAGED, bool WT> void *kernel_for(int ta, int tb, bool gather)
 {
-    return ta ? (tb ? kernel_for<OP, 1, 1, STAGED>(gather) : kernel_for<OP, 1, 0, STAGED>(gather))
-              : (tb ? kernel_for<OP, 0, 1, STAGED>(gather) : kernel_for<OP, 0, 0, STAGED>(gather));
+    return ta ? (tb ? kernel_for<OP, 1, 1, STAGED, WT>(gather) : kernel_for<OP, 1, 0, STAGED, WT>(gather))
+              : (tb ? kernel_for<OP, 0, 1, STAGED, WT>(gather) : kernel_for<OP, 0, 0, STAGED, WT>(gather));
 }
-template <int OP> void *kernel_for(int ta, int tb, bool gather, bool staged)
+template <int OP, bool WT> void *kernel_for(int ta, int tb, bool gather, bool staged)
 {
-    return staged ? kernel_for<OP, true>(ta, tb, gather) : kernel_for<OP, false>(ta, tb, gather);
+    return staged ? kernel_for<OP, true, WT>(ta, tb, gather) : kernel_for<OP, false, WT>(ta, tb, gather);
 }
 
 } // namespace
@@ -455,9 +460,10 @@ Fp8Sm90Plan fp8_sm90_plan(Fp8Args *fp, Fp8Sm90Maps *maps)
         !aligned16(f.a) || !aligned16(f.b))
         return FP8_SM90_NOT_ITS_SHAPE;
     // W [E][N][K]: fwd boxes {128 k, 128 n} (K-major as the stage wants them), dX {128 c, 128 n} (transposed
-    // by the producers)
-    const uint64_t w_dims[3] = {(uint64_t)g.K, (uint64_t)g.N, (uint64_t)g.E};
-    const uint64_t w_strides[2] = {(uint64_t)g.K, (uint64_t)(g.N * g.K)};
+    // by the producers); W^T [E][K][N] (dX, w_kn): boxes {128 n, 128 c}, as the stage wants them
+    const uint64_t w_rows = f.w_kn ? g.K : g.N, w_cols = f.w_kn ? g.N : g.K;
+    const uint64_t w_dims[3] = {w_cols, w_rows, (uint64_t)g.E};
+    const uint64_t w_strides[2] = {w_cols, w_rows * w_cols};
     const uint32_t box[3] = {Q_BK, Q_BN, 1};
     if (!encode_tensor_map(&maps->w, f.b_dtype, f.b, 3, w_dims, w_strides, box))
         return FP8_SM90_MAPS_REFUSED;
@@ -479,11 +485,13 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
     const int ta = f.a_dtype == MOE_E5M2, tb = f.b_dtype == MOE_E5M2;
     const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
     const bool staged = fp8_sm90_staged_scales(f.g.op);
-    void *kernel = dx ? kernel_for<OP_DX>(ta, tb, gather, staged) : kernel_for<OP_FWD>(ta, tb, gather, staged);
+    void *kernel = !dx ? kernel_for<OP_FWD, false>(ta, tb, gather, staged)
+                 : f.w_kn ? kernel_for<OP_DX, true>(ta, tb, gather, staged)
+                          : kernel_for<OP_DX, false>(ta, tb, gather, staged);
     // the epilogue's boxes only with TMA stores: what a launch leaves of the SM's shared memory is the L1 cache's,
     // through which dX's consumers read their scales
-    const size_t epi_bytes = f.g.tma_out ? 0 : (Q_CONSUMERS / 32) * Fp8Smem<OP_FWD>::EPI_WARP_BYTES;
-    const size_t smem_bytes = (dx ? Fp8Smem<OP_DX>::BYTES : Fp8Smem<OP_FWD>::BYTES) - epi_bytes;
+    const size_t epi_bytes = f.g.tma_out ? 0 : (Q_CONSUMERS / 32) * Fp8Smem<false>::EPI_WARP_BYTES;
+    const size_t smem_bytes = (dx && !f.w_kn ? Fp8Smem<true>::BYTES : Fp8Smem<false>::BYTES) - epi_bytes;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
     MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,

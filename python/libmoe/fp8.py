@@ -122,14 +122,19 @@ def dequantize_fp8(q, scales, fp8="e4m3", *, blocks=False, dtype=torch.float32):
 
 
 def _gemm_fp8(fn, dx, a_name, a, a_scales, w, w_scales, m_sizes, gather_indices, topk, permute_x, permute_y,
-              topk_weights, reduce_topk, fp8, w_fp8, out_dtype):
-    """Checks an FP8 GEMM call (a = x or dy), allocates the output and calls the library."""
+              topk_weights, reduce_topk, fp8, w_fp8, out_dtype, w_transposed=False):
+    """Checks an FP8 GEMM call (a = x or dy; w is W^T [E, K, N] with w_transposed), allocates the output and
+    calls the library."""
     check_devices(fn, **{a_name: a, a_name + "_scales": a_scales, "w": w, "w_scales": w_scales, "m_sizes": m_sizes,
                          "gather_indices": gather_indices, "topk_weights": topk_weights})
     check(fn, "w", w, (None, None, None), (torch.uint8,))
     device = w.device
-    E, N, K = w.shape
-    check(fn, "w_scales", w_scales, (E, tiles(N), tiles(K)), SCALE_TENSOR_DTYPES, device)
+    if w_transposed:
+        E, K, N = w.shape
+        check(fn, "w_scales", w_scales, (E, tiles(K), tiles(N)), SCALE_TENSOR_DTYPES, device)
+    else:
+        E, N, K = w.shape
+        check(fn, "w_scales", w_scales, (E, tiles(N), tiles(K)), SCALE_TENSOR_DTYPES, device)
     length = N if dx else K   # the reduction
     check(fn, a_name, a, (None, length), (torch.uint8,), device)
     check(fn, a_name + "_scales", a_scales, (a.shape[0], tiles(length)), (w_scales.dtype,), device)
@@ -154,7 +159,7 @@ def _gemm_fp8(fn, dx, a_name, a, a_scales, w, w_scales, m_sizes, gather_indices,
     w_t = _capi.Fp8Tensor(ptr(w), ptr(w_scales), w_fmt)
     options = _capi.Fp8Options(out_dtype=moe_dtype(out_dtype), scale_format=_scale_format(w_scales),
                                permute_x=int(permute_x), permute_y=int(permute_y), reduce_topk=int(reduce_topk),
-                               stream=stream_of(device))
+                               stream=stream_of(device), w_transposed=int(w_transposed))
     with device_scope(device):
         _capi.call("moe_gemm_fp8_dx" if dx else "moe_gemm_fp8_fwd", backend_of(device), ctypes.byref(routing), N, K,
                    ctypes.byref(a_t), ctypes.byref(w_t), ptr(topk_weights), ptr(out), ctypes.byref(options))
@@ -182,16 +187,19 @@ def grouped_gemm_fp8(x, x_scales, w, w_scales, m_sizes, gather_indices=None, top
 
 def grouped_gemm_fp8_dx(dy, dy_scales, w, w_scales, m_sizes, gather_indices=None, topk=1, *, permute_x=False,
                         permute_y=False, topk_weights=None, reduce_topk=False, fp8="e4m3", w_fp8=None,
-                        out_dtype=torch.float32):
+                        out_dtype=torch.float32, w_transposed=False):
     """dX = dY . W[e] per expert on FP8 operands (moe_gemm_fp8_dx), the reduction over N in tiles of 128.
 
     dy, dy_scales  codes uint8 [M, N] (slot order with permute_y); scales [M, ceil(N/128)]
-    w, w_scales    the forward's (one quantization of W serves both products)
+    w, w_scales    the forward's (one quantization of W serves both products); with w_transposed, W^T: codes
+                   [E, K, N] and scales [E, ceil(K/128), ceil(N/128)], as quantize_fp8_blocks(W.transpose(1, 2))
+                   gives them (the same codes and scales transposed; the result is the same bit for bit, and
+                   on sm_90a faster: the kernel transposes no W tile)
     permute_x      dX rows in slot order; reduce_topk: dX [T, K], each token's k rows summed in float32
     The other arguments as for grouped_gemm_fp8.  Returns dX [M, K], or [T, K] with reduce_topk."""
     return _gemm_fp8("libmoe.grouped_gemm_fp8_dx", True, "dy", dy, dy_scales, w, w_scales, m_sizes,
                      gather_indices, topk, bool(permute_x), bool(permute_y), topk_weights, bool(reduce_topk), fp8,
-                     w_fp8, out_dtype)
+                     w_fp8, out_dtype, bool(w_transposed))
 
 
 def column_scale_rows(rows, num_experts):

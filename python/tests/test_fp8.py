@@ -201,6 +201,28 @@ class TestGemmFp8(unittest.TestCase):
                                       torch.float32, seed)
                 within("fp8 gemm N=%d K=%d dx=%d" % (N, K, dx), got, want)
 
+    def test_dx_from_w_transposed_is_dx_from_w(self):
+        """quantize_fp8_blocks of W^T gives W's codes and scales transposed, and dX from them (w_transposed) is
+        dX from W bit for bit, in every mode."""
+        gen = torch.Generator().manual_seed(95)
+        T, k, E, N, K = 6, 2, 3, 200, 300
+        ids = torch.randint(0, E, (T, k), generator=gen).to(DEVICE)
+        m, g, _ = libmoe.routing_from_topk(ids, E)
+        w = spread((E, N, K), gen)
+        wq, ws = libmoe.quantize_fp8_blocks(w)
+        wtq, wts = libmoe.quantize_fp8_blocks(w.transpose(1, 2).contiguous())
+        self.assertTrue(torch.equal(wtq, wq.transpose(1, 2)))
+        self.assertTrue(torch.equal(wts, ws.transpose(1, 2)))
+        dyq, dys = libmoe.quantize_fp8_rows(spread((T * k, N), gen))
+        tw = torch.rand(T * k, generator=gen).to(DEVICE)
+        for px, py, reduce in ((False, False, False), (True, True, False), (True, False, True)):
+            args = dict(permute_x=px, permute_y=py, topk_weights=tw, reduce_topk=reduce, out_dtype=torch.bfloat16)
+            want = libmoe.grouped_gemm_fp8_dx(dyq, dys, wq, ws, m, g, k, **args)
+            got = libmoe.grouped_gemm_fp8_dx(dyq, dys, wtq, wts, m, g, k, w_transposed=True, **args)
+            self.assertTrue(torch.equal(got, want), "px=%d py=%d reduce=%d" % (px, py, reduce))
+        with self.assertRaises(ValueError):   # W^T's scales must be [E, ceil(K/128), ceil(N/128)]
+            libmoe.grouped_gemm_fp8_dx(dyq, dys, wtq, ws, m, g, k, w_transposed=True)
+
     @unittest.skipUnless(DEVICE.type == "cuda", "needs a CUDA device")
     def test_cuda_equals_the_reference_on_exact_codes(self):
         """Codes of small integers and power-of-two scales: every tile sum is exact in any order, so the GPU's
