@@ -24,3 +24,20 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
     /*@ ghost lemma_fdot_bound(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, K); */
     return acc;
 }
+
+void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
+{
+    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
+    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_fwd_dot(p, x, w, xr, w_row);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
+        acc = weight * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+    }
+    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
+    gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
+}

@@ -240,7 +240,14 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
     terminates \true;
     assigns ((char *)y)[byte_offset(y_index, p->dtype) .. byte_offset(y_index + 1, p->dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
-      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));) */
+      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
+        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) ==>
+        \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
+        \abs((real)loaded(p->dtype, (char *)y, y_index) -
+              \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) <=
+          gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+          4 * p->K * eta_f32;) */
 void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
                             void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index);
 

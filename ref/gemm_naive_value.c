@@ -13,24 +13,6 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     moe_ref_store(dtype, out, index, value);
 }
 
-void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
-                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
-{
-    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
-    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
-    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
-    float acc = gemm_naive_fwd_dot(p, x, w, xr, w_row);
-    /*@ ghost float dot = acc; */
-    if (topk_weights != NULL) {
-        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
-        acc = weight * acc;
-        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
-    }
-    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
-    gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
-}
-
-
 float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
                         int64_t c)
 {
