@@ -37,6 +37,25 @@ void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void
         const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
         acc = weight * acc;
         /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+        /*@ assert weight_step: f32_weight_step(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot,
+              dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K),
+              gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+              4 * p->K * eta_f32); */
+        /*@ assert weighted_bound: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) &&
+              \is_finite(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) &&
+              \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                (\abs(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+                 gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+                 4 * p->K * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+              \is_finite(acc) &&
+              \abs((real)acc - (real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                               dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
+                (1 + unit_f32) * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                  (gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+                   4 * p->K * eta_f32) +
+                unit_f32 * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                                 dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+                eta_f32; */
     }
     /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
     gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);

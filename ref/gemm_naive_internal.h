@@ -230,7 +230,13 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
 
 /* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
  * by gemm_naive_finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
- * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition. */
+ * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition.
+ * Its error bound (f32, without accumulate; proved in ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): without
+ * topk weights (bound_fwd), the dot product's (bound_fwd_dot); with a finite weight wt (bound_fwd_weighted),
+ * for |wt| (|dot_exact| + gamma_k(K) dot_abs + 4 K eta_f32) <= the largest finite binary32, the stored
+ * value is finite and within_dot_bound (specs/gemm.acsl, SEMANTICS section 4's form) of y = wt dot_exact,
+ * sabs = |wt| dot_abs, u_out = unit_f32 and eta_out = eta_f32 + (1 + unit_f32) |wt| 4 K eta_f32 (the
+ * dot's underflow terms, weighted): f32_weight_step (specs/float_bounds.mlw's WeightStepStatement). */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
     requires row: 0 <= r < p->rows;
@@ -247,7 +253,23 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
         \abs((real)loaded(p->dtype, (char *)y, y_index) -
               \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) <=
           gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
-          4 * p->K * eta_f32;) */
+          4 * p->K * eta_f32;)
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
+        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) &&
+        \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
+        \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+          (\abs(\old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) +
+           gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+           4 * p->K * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+        \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
+        within_dot_bound((real)loaded(p->dtype, (char *)y, y_index),
+          (real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+            \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)),
+          \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)),
+          p->K, unit_f32,
+          eta_f32 + (1 + unit_f32) * \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            (4 * p->K * eta_f32));) */
 void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
                             void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index);
 
