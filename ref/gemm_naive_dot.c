@@ -1,7 +1,10 @@
-/* The forward's dot product (declared, with its contract, in gemm_naive_internal.h), in a file of its own
- * because its proof states its error bound (bound_fwd_dot, MOE_REF_BOUNDS): a caller's goals would carry that
- * clause's real-valued sums over the loaded elements among their hypotheses, where Z3 ran out of memory on the
- * topk-weight gradient's value invariant.  Proved with the value clauses (MOE_REF_VALUES) and the bound's. */
+/* The forward's dot product and element (declared, with their contracts, in gemm_naive_internal.h), in a file
+ * of their own because their proofs state error bounds (bound_fwd_dot; the element's bound_fwd and
+ * bound_fwd_weighted: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over the
+ * loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
+ * invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot).  The element moved here from
+ * gemm_naive_value.c with the same operations, so that its goals see the dot's bound clause.  Proved with
+ * the value clauses (MOE_REF_VALUES) and the bounds'. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
 #define MOE_REF_BOUNDS /* gemm_naive_fwd_dot's bound clause, for this file's proof */
 #include "gemm_naive_internal.h"

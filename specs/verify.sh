@@ -57,7 +57,9 @@
 #                               C's float + and *, and imports specs/float_bounds.mlw's FdotStepStatement (the
 #                               dot product's bound step, proved by tests/test_float_bounds.sh) for its
 #                               f32_dot_bound / f32_dot_step (specs/README.md, "Values and bounds proved"); only for the files
-#                               that define MOE_REF_VALUES (ref/gemm_naive_value.c), whose goals' model it renames
+#                               that define MOE_REF_VALUES (ref/gemm_naive_value.c, ref/gemm_naive_dot.c), whose goals'
+#                               model it renames; and WeightStepStatement (the forward element's weighted bound,
+#                               f32_weight_step), proved by the same test
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
 #                               instead, whose goal proves the pointer equal to a listed function
