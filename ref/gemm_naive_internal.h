@@ -1,11 +1,9 @@
-/* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the kernels' loops, proved for
- * safety), ref/gemm_naive_value.c (the float functions whose contracts state their values: the dot
- * products of dX, dW and the topk-weight gradient, their elements, the finishing store) and
- * ref/gemm_naive_dot.c (the forward's dot product and element, whose contracts state their error bounds too).
- * The value clauses of these contracts (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES
- * is defined, in gemm_naive_value.c's and gemm_naive_dot.c's proofs (the bound clauses, MOE_REF_BOUND_CLAUSE,
- * in gemm_naive_dot.c's only): a float clause among a goal's hypotheses makes that goal Z3's
- * and cvc5's (CVC4 1.8 cannot read binary32), and the index goals of gemm_naive.c's loops need CVC4.
+/* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the loops, proved for safety),
+ * ref/gemm_naive_value.c (float functions whose contracts state their values: dX's, dW's and the topk-weight
+ * gradient's dot products and elements, the finishing store), ref/gemm_naive_dot.c (the forward's dot product and
+ * element, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
+ * defined, in those two files' proofs (bounds, MOE_REF_BOUND_CLAUSE: gemm_naive_dot.c's): a float clause among a
+ * goal's hypotheses makes it Z3's and cvc5's (CVC4 1.8 cannot read binary32); gemm_naive.c's index goals need CVC4.
  * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
 #ifndef LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
 #define LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
