@@ -1,7 +1,10 @@
-/* The forward's dot product (declared, with its contract, in gemm_naive_internal.h), in a file of its own
- * because its proof states its error bound (bound_fwd_dot, MOE_REF_BOUNDS): a caller's goals would carry that
- * clause's real-valued sums over the loaded elements among their hypotheses, where Z3 ran out of memory on the
- * topk-weight gradient's value invariant.  Proved with the value clauses (MOE_REF_VALUES) and the bound's. */
+/* The forward's dot product and element (declared, with their contracts, in gemm_naive_internal.h), in a file
+ * of their own because their proofs state error bounds (bound_fwd_dot; the element's bound_fwd and
+ * bound_fwd_weighted: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over the
+ * loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
+ * invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot).  The element moved here from
+ * gemm_naive_value.c with the same operations, so that its goals see the dot's bound clause.  Proved with
+ * the value clauses (MOE_REF_VALUES) and the bounds'. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
 #define MOE_REF_BOUNDS /* gemm_naive_fwd_dot's bound clause, for this file's proof */
 #include "gemm_naive_internal.h"
@@ -23,4 +26,40 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
         acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
     /*@ ghost lemma_fdot_bound(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, K); */
     return acc;
+}
+
+void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
+                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
+{
+    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
+    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_fwd_dot(p, x, w, xr, w_row);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
+        acc = weight * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+        /*@ assert weight_step: f32_weight_step(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot,
+              dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K),
+              gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+              4 * p->K * eta_f32); */
+        /*@ assert weighted_bound: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) &&
+              \is_finite(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) &&
+              \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                (\abs(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+                 gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+                 4 * p->K * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+              \is_finite(acc) &&
+              \abs((real)acc - (real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                               dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
+                (1 + unit_f32) * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                  (gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
+                   4 * p->K * eta_f32) +
+                unit_f32 * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                                 dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+                eta_f32; */
+    }
+    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
+    gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
 }

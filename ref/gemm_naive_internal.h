@@ -1,9 +1,9 @@
-/* The naive GEMM's internals shared by its two files: ref/gemm_naive.c (the kernels' loops, proved for
- * safety) and ref/gemm_naive_value.c (the float functions whose contracts state their values: the dot
- * products of the forward, dX, dW and the topk-weight gradient, one forward element, the finishing store).
- * The value clauses of these contracts (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES
- * is defined, in gemm_naive_value.c's proof: a float clause among a goal's hypotheses makes that goal Z3's
- * and cvc5's (CVC4 1.8 cannot read binary32), and the index goals of gemm_naive.c's loops need CVC4.
+/* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the loops, proved for safety),
+ * ref/gemm_naive_value.c (float functions whose contracts state their values: dX's, dW's and the topk-weight
+ * gradient's dot products and elements, the finishing store), ref/gemm_naive_dot.c (the forward's dot product and
+ * element, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
+ * defined, in those two files' proofs (bounds, MOE_REF_BOUND_CLAUSE: gemm_naive_dot.c's): a float clause among a
+ * goal's hypotheses makes it Z3's and cvc5's (CVC4 1.8 cannot read binary32); gemm_naive.c's index goals need CVC4.
  * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
 #ifndef LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
 #define LIBMOE_REF_GEMM_NAIVE_INTERNAL_H
@@ -230,7 +230,13 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
 
 /* One element of the forward: y[y_index] = weight(r) * (x row xr . w row w_row), accumulated and stored
  * by gemm_naive_finish.  Its value (f32, without accumulate): the rounded operation sequence fwd_weighted
- * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition. */
+ * (specs/gemm_value.acsl); gemm_naive_finish's own contract states the accumulate case's one more binary32 addition.
+ * Its error bound (f32, without accumulate; proved in ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): without
+ * topk weights (bound_fwd), the dot product's (bound_fwd_dot); with a finite weight wt (bound_fwd_weighted),
+ * for |wt| (|dot_exact| + gamma_k(K) dot_abs + 4 K eta_f32) <= the largest finite binary32, the stored
+ * value is finite and within_dot_bound (specs/gemm.acsl, SEMANTICS section 4's form) of y = wt dot_exact,
+ * sabs = |wt| dot_abs, u_out = unit_f32 and eta_out = eta_f32 + (1 + unit_f32) |wt| 4 K eta_f32 (the
+ * dot's underflow terms, weighted): f32_weight_step (specs/float_bounds.mlw's WeightStepStatement). */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_fwd_tensors_ok(p, (char *)x, (char *)w, (char *)topk_weights, (char *)y);
     requires row: 0 <= r < p->rows;
@@ -240,7 +246,30 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
     terminates \true;
     assigns ((char *)y)[byte_offset(y_index, p->dtype) .. byte_offset(y_index + 1, p->dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
-      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));) */
+      loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
+        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) ==>
+        \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
+        \abs((real)loaded(p->dtype, (char *)y, y_index) -
+              \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) <=
+          gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+          4 * p->K * eta_f32;)
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
+        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) &&
+        \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
+        \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+          (\abs(\old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) +
+           gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
+           4 * p->K * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+        \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
+        within_dot_bound((real)loaded(p->dtype, (char *)y, y_index),
+          (real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+            \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)),
+          \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)),
+          p->K, unit_f32,
+          eta_f32 + (1 + unit_f32) * \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            (4 * p->K * eta_f32));) */
 void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
                             void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index);
 

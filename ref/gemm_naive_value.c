@@ -1,6 +1,6 @@
-/* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): one forward
- * element, the finishing store; the dot products of dX, dW and the topk-weight gradient (the forward's, with
- * its error bound, is ref/gemm_naive_dot.c's).  Their proofs state the values they
+/* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the finishing
+ * store; the dot products and elements of dX, dW and the topk-weight gradient (the forward's dot product and
+ * element, with their error bounds, are ref/gemm_naive_dot.c's).  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -12,24 +12,6 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
         value = moe_ref_load(dtype, out, index) + value;
     moe_ref_store(dtype, out, index, value);
 }
-
-void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void *w, const void *topk_weights,
-                            void *y, int64_t r, int64_t xr, int64_t w_row, int64_t y_index)
-{
-    /*@ assert y: tensor_writable((char *)y, p->rows * p->N, p->dtype); */
-    /*@ assert element: element_writable((char *)y, y_index, p->dtype); */
-    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
-    float acc = gemm_naive_fwd_dot(p, x, w, xr, w_row);
-    /*@ ghost float dot = acc; */
-    if (topk_weights != NULL) {
-        const float weight = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r));
-        acc = weight * acc;
-        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
-    }
-    /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
-    gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
-}
-
 
 float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
                         int64_t c)

@@ -102,7 +102,7 @@ float moe_e5m2_to_f32(uint8_t bits);
 
 /* Value clauses: MOE_REF_VALUE_CLAUSE(ensures value...: ...;) in a contract is that clause in the files
  * that prove float values (they define MOE_REF_VALUES before including this header:
- * ref/gemm_naive_value.c), and nothing elsewhere: a float clause among a goal's hypotheses brings binary32
+ * ref/gemm_naive_value.c, ref/gemm_naive_dot.c), and nothing elsewhere: a float clause among a goal's hypotheses brings binary32
  * into it, which CVC4 1.8 cannot read, and the other files' index goals need CVC4.  moe_ref_load's and
  * moe_ref_store's below are trusted as the rest of their contracts (specs/gemm_value.acsl: the load
  * returns loaded(dtype, base, i); the element then loads as stored(dtype, value)). */
@@ -112,7 +112,7 @@ float moe_e5m2_to_f32(uint8_t bits);
 #define MOE_REF_VALUE_CLAUSE(...)
 #endif
 /* Bound clauses: MOE_REF_BOUND_CLAUSE(ensures bound...: ...;) is that clause only in the file that proves it
- * (it defines MOE_REF_BOUNDS too: ref/gemm_naive_dot.c); its callers' goals, elsewhere, go without it. */
+ * (it defines MOE_REF_BOUNDS too: ref/gemm_naive_dot.c, the forward's dot and element); its callers' goals go without it. */
 #if defined(__FRAMAC__) && defined(MOE_REF_VALUES) && defined(MOE_REF_BOUNDS)
 #define MOE_REF_BOUND_CLAUSE(...) __VA_ARGS__
 #else

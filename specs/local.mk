@@ -58,13 +58,13 @@ endif
 
 clean-local: clean-verify
 clean-verify:
-	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-value-broken tests/verify-bound-broken tests/verify-smoke tests/verify-cold tests/proof-reports tests/float-bounds
+	-rm -rf specs/wp specs/wp-cold tests/verify-wp tests/verify-broken tests/verify-value-broken tests/verify-bound-broken tests/verify-element-bound-broken tests/verify-smoke tests/verify-cold tests/proof-reports tests/float-bounds
 .PHONY: clean-verify
 
-# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound, changed-rounding-order,
+# make check runs the proofs (skipped, exit 77, without Frama-C), the broken-bound (the dot's and the element's), changed-rounding-order,
 # too-tight float bound and dead-code demonstrations, verify-cold's comparison on one function, the float
 # error lemmas (with Gappa); and, with Python only, the reports' generator and staleness.
 VERIFY_TESTS = tests/test_verify.sh tests/test_verify_broken.sh tests/test_verify_value_broken.sh \
-	tests/test_verify_bound_broken.sh tests/test_verify_smoke.sh tests/test_verify_cold.sh tests/test_float_bounds.sh
+	tests/test_verify_bound_broken.sh tests/test_verify_element_bound_broken.sh tests/test_verify_smoke.sh tests/test_verify_cold.sh tests/test_float_bounds.sh
 TESTS += $(VERIFY_TESTS) tests/test_proof_reports.sh
 EXTRA_DIST += $(VERIFY_TESTS) tests/test_proof_reports.sh tests/verify_lib.sh

@@ -113,11 +113,31 @@ def unparsed_macro(text, pos):
     return next((m for m, true_branch in stack if m is not None and true_branch), None)
 
 
+# Clause macros of ref/moe_ref.h: a clause inside one is in a file's proof only where the file defines the
+# macros it needs (MOE_REF_VALUE_CLAUSE: MOE_REF_VALUES; MOE_REF_BOUND_CLAUSE: MOE_REF_VALUES and MOE_REF_BOUNDS).
+CLAUSE_MACROS = {"MOE_REF_VALUE_CLAUSE": ("MOE_REF_VALUES",),
+                 "MOE_REF_BOUND_CLAUSE": ("MOE_REF_VALUES", "MOE_REF_BOUNDS")}
+CLAUSE_MACRO = re.compile(r"\b(%s)\s*\(" % "|".join(CLAUSE_MACROS))
+
+
+def enclosing_macro(text, pos):
+    """The clause macro of CLAUSE_MACROS whose argument list holds pos, or None."""
+    found = None
+    for m in CLAUSE_MACRO.finditer(text, 0, pos):
+        if text.count("(", m.end(), pos) - text.count(")", m.end(), pos) >= 0:
+            found = m.group(1)
+    return found
+
+
 class Contract:
     def __init__(self, path, line, name, text, reason, unparsed=None):
         self.path, self.line, self.name, self.text, self.reason = path, line, name, text, reason
         self.unparsed = unparsed
-        self.ensures = [n for group in ENSURES_NAMES.findall(text) for n in re.findall(r"[A-Za-z_]\w*", group)]
+        # (ensures clause name, the clause macro it sits in or None)
+        self.named_ensures = [(n.group(0), enclosing_macro(text, g.start()))
+                              for g in ENSURES_NAMES.finditer(text)
+                              for n in re.finditer(r"[A-Za-z_]\w*", g.group(1))]
+        self.ensures = [n for n, _ in self.named_ensures]
 
 
 def declarator_after(text, pos):
@@ -215,8 +235,20 @@ def read_summary(path):
     return rows
 
 
-def classify(contracts):
-    names = [n for c in contracts for n in c.ensures]
+def file_defines(root, path):
+    """The macros path defines at a line's start (#define NAME), as specs/verify.sh tests MOE_REF_VALUES."""
+    try:
+        with open(os.path.join(root, path), encoding="utf-8", errors="replace") as f:
+            return set(re.findall(r"(?m)^#define\s+([A-Za-z_]\w*)", f.read()))
+    except OSError:
+        return set()
+
+
+def classify(contracts, defines=None):
+    """The class of a target from its contracts' ensures names; with defines (the macros its file defines), a
+    clause inside a clause macro counts only where the file enables it (it is absent from that file's proof)."""
+    names = [n for c in contracts for n, macro in c.named_ensures
+             if macro is None or defines is None or all(d in defines for d in CLAUSE_MACROS[macro])]
     kinds = [k for k, prefix in (("value proved", "value_"), ("bound proved", "bound_"))
              if any(n.startswith(prefix) for n in names)]
     return ", ".join(kinds) if kinds else "safety proved"
@@ -243,7 +275,7 @@ def build(root, summary_path):
     for path, fct in sorted(set(targets)):
         own = by_file.get((path, fct)) or headers.get(fct, [])
         goals, smoke = summary.get((path, fct), ("no result in the summary", None))
-        cls = classify(own) if own else "safety proved (no contract: run-time errors only)"
+        cls = classify(own, file_defines(root, path)) if own else "safety proved (no contract: run-time errors only)"
         rows.append((path, fct, cls, goals, smoke or "-"))
     stated = []
     for c in contracts:

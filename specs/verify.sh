@@ -57,7 +57,9 @@
 #                               C's float + and *, and imports specs/float_bounds.mlw's FdotStepStatement (the
 #                               dot product's bound step, proved by tests/test_float_bounds.sh) for its
 #                               f32_dot_bound / f32_dot_step (specs/README.md, "Values and bounds proved"); only for the files
-#                               that define MOE_REF_VALUES (ref/gemm_naive_value.c), whose goals' model it renames
+#                               that define MOE_REF_VALUES (ref/gemm_naive_value.c, ref/gemm_naive_dot.c), whose goals'
+#                               model it renames; and WeightStepStatement (the forward element's weighted bound,
+#                               f32_weight_step), proved by the same test
 #   -rte-no-pointer-call        no RTE assertion \valid_function(f) at a call through a pointer: WP 25 does not
 #                               implement \valid_function; such a call carries an ACSL `calls` annotation
 #                               instead, whose goal proves the pointer equal to a listed function
@@ -194,8 +196,8 @@ ref/mlp_layout.c:lemma_count_eq_injective,lemma_count_lt_range,lemma_count_lt_sp
 ref/gemm/setup.c:lemma_mul_monotone,lemma_blocks_monotone,lemma_ceil_blocks,team_size,team_member,gemm_team_scratch,count_blocks,gemm_setup_in,gemm_out_of_scratch,plain_items,run_plain_in
 ref/mlp/slot_index.c:lemma_div_below,lemma_count_lt_grows,lemma_count_key_bounds,lemma_count_key_lt,lemma_count_key_all,lemma_buckets_cover,lemma_count_lt_all,lemma_map_keys,lemma_steps_sorted,count_tokens,number_slots,bucket_positions,bucket_sort,largest_bucket,index_by_expert,index_by_token,fill_index,build_index_in
 ref/gemm_naive.c:lemma_row_fits,lemma_div_below,lemma_count_lt_split,lemma_count_eq_injective,lemma_count_lt_range,lemma_permutation_onto,lemma_inverse_converse,lemma_rows_apart,lemma_slots_apart,lemma_out_rows_through_slots_apart,lemma_out_rows_apart,lemma_topk_grad_apart,slot_of_row,x_row,y_row,gemm_fwd_row,gemm_fwd_rows,gemm_dx_per_row,gemm_dx_rows,invert_gather,gemm_dx_reduce_row,gemm_dx_reduce_rows,gemm_dw_row,gemm_dw_rows,gemm_topk_grad_row,gemm_topk_grad_rows,no_offsets,moe_ref_gemm_fwd_naive_in,moe_ref_gemm_dx_naive_in,moe_ref_gemm_dw_naive_in,moe_ref_gemm_topk_weights_grad_in
-ref/gemm_naive_dot.c:lemma_row_fits,lemma_fdot_bound,gemm_naive_fwd_dot
-ref/gemm_naive_value.c:lemma_row_fits,gemm_naive_finish,gemm_naive_fwd_element,gemm_naive_dx_dot,gemm_naive_dw_dot,gemm_naive_topk_grad_dot,gemm_naive_dx_element,gemm_naive_dw_element,gemm_naive_topk_grad_element,lemma_expert_unique,gemm_naive_dx_reduce_sum,gemm_naive_dx_reduce_element
+ref/gemm_naive_dot.c:lemma_row_fits,lemma_fdot_bound,gemm_naive_fwd_dot,gemm_naive_fwd_element
+ref/gemm_naive_value.c:lemma_row_fits,gemm_naive_finish,gemm_naive_dx_dot,gemm_naive_dw_dot,gemm_naive_topk_grad_dot,gemm_naive_dx_element,gemm_naive_dw_element,gemm_naive_topk_grad_element,lemma_expert_unique,gemm_naive_dx_reduce_sum,gemm_naive_dx_reduce_element
 ref/mlp/fwd.c:lemma_row_fits,lemma_mul_monotone,lemma_div_below,is_token,fwd_pad_position,fwd_pad,fwd_gate_up_row,fwd_act_row,fwd_down_row,fwd_gather,fwd_gate_up,fwd_down,fwd_expert,fwd_token_row,fwd_experts,fwd_tokens
 ref/gemm/fwd_dw.c:gemm_fwd_blocked_in,gemm_dw_blocked_in
 ref/gemm/topk.c:lemma_row_fits,run_topk_item,topk_items,run_topk_in,gemm_topk_blocked_in

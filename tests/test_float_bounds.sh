@@ -4,7 +4,10 @@
 # CVC4 the real-number facts (module Gamma), cvc5 the induction over n (module FdotBound: fdot_bound_ind, and
 # fdot_bound, FdotBoundStatement's axiom, as its clone's lemma) and the loop's step without sequences (module
 # FdotStep: dot_step_k; module FdotStepProof: fdot_step, FdotStepStatement's axiom that specs/gemm_value.driver
-# imports into WP's goals, as its clone's lemma, the one goal given whole), every goal after Why3's split_vc.
+# imports into WP's goals, as its clone's lemma, the one goal given whole), and the forward's weighted element:
+# CVC4 its real-number facts (module WeightReal), Z3 its step (WeightStep: weight_step_at), cvc5 weight_step
+# (WeightStepStatement's axiom, imported by specs/gemm_value.driver, in WeightStepProof, given whole); every
+# other goal after Why3's split_vc.
 # Then two planted failures must not be proved: the product's bound one bit too tight (u = 2^-25 for
 # binary32's 2^-24), and fdot_bound_ind with gamma one term short (gamma (n - 1)).  Skipped
 # (exit 77) without why3 (configure's) or where why3 does not detect Gappa (the Debian package gappa).
@@ -54,8 +57,11 @@ timeout=60
     prove "$mlw" cvc5 FdotDefs
     prove "$mlw" cvc5 FdotBound
     prove "$mlw" cvc5 FdotStep
+    prove "$mlw" cvc4 WeightReal
+    prove "$mlw" z3 WeightStep
     split=none
     prove "$mlw" cvc5 FdotStepProof
+    prove "$mlw" cvc5 WeightStepProof
     split=
 } > "$work/results.txt"
 cat "$work/results.txt"
@@ -65,6 +71,8 @@ grep -q "^FdotBound fdot_bound_ind'vc" "$work/results.txt" || fail "no goal of f
 grep -q "^FdotBound fdot_bound:" "$work/results.txt" || fail "FdotBoundStatement's axiom was not proved in FdotBound"
 grep -q "^FdotStep dot_step_k'vc" "$work/results.txt" || fail "no goal of dot_step_k was proved"
 grep -q "^FdotStepProof fdot_step:" "$work/results.txt" || fail "FdotStepStatement's axiom was not proved in FdotStepProof"
+grep -q "^WeightStep weight_step_at'vc" "$work/results.txt" || fail "no goal of weight_step_at was proved"
+grep -q "^WeightStepProof weight_step:" "$work/results.txt" || fail "WeightStepStatement's axiom was not proved in WeightStepProof"
 # planted: the product's bound one bit too tight (both plants are false, so no timeout proves them; 10 s a goal,
 # about twice the slowest goal that Gappa and cvc5 prove above, keeps the planted runs short)
 timeout=10
@@ -81,4 +89,4 @@ cat "$work/planted.txt"
 unproved() { awk -v m="$1" '$1 == m && $3 != "Valid" { found = 1 } END { exit !found }' "$work/planted.txt"; }
 unproved F32Bounds || fail "Gappa proved the product's bound with u = 2^-25"
 unproved FdotBound || fail "cvc5 proved fdot_bound_ind with gamma (n - 1)"
-echo "test_float_bounds: ok: the per-operation bounds, the step and the induction are proved; a bound one bit too tight and gamma one term short are not"
+echo "test_float_bounds: ok: the per-operation bounds, the step, the induction and the weighted element's step are proved; a bound one bit too tight and gamma one term short are not"

@@ -69,6 +69,33 @@ if grep -q "planted_contract" "$work/listed/TRUSTED.md"; then fail "TRUSTED.md s
 gen "$work/tree" "$work/summary.md" "$work/counted"
 grep -qF "| src/errors.c | planted_contract | value proved, bound proved | 4 / 4 | 3 / 3 |" "$work/counted/PROOF-TABLE.md" ||
     fail "PROOF-TABLE.md does not show the summary's counts"
+# 3b. Clauses inside ref/moe_ref.h's clause macros count only where the target's file enables them (as in its
+# proof): planted in src/errors.c (no MOE_REF_VALUES, no MOE_REF_BOUNDS), a contract whose value and bound
+# clauses are MOE_REF_VALUE_CLAUSE / MOE_REF_BOUND_CLAUSE is "safety proved"; with the file defining
+# MOE_REF_VALUES, "value proved"; with MOE_REF_BOUNDS too, "value proved, bound proved".
+cat >> "$work/tree/src/errors.c" << 'PLANT'
+
+/*@ terminates \true;
+    assigns \nothing;
+    MOE_REF_VALUE_CLAUSE(ensures value_two: \result == 2;)
+    MOE_REF_BOUND_CLAUSE(ensures bound_three: \result <= 3;) */
+int planted_macro(void);
+PLANT
+sed 's/^src\/errors\.c:moe_mul_ok"$/src\/errors.c:moe_mul_ok,planted_contract,planted_macro"/' "$srcdir/specs/verify.sh" \
+    > "$work/tree/specs/verify.sh"
+cp "$work/tree/src/errors.c" "$work/errors.c.planted"
+for defines in "" "MOE_REF_VALUES" "MOE_REF_VALUES MOE_REF_BOUNDS"; do
+    { for d in $defines; do echo "#define $d"; done; cat "$work/errors.c.planted"; } > "$work/tree/src/errors.c"
+    case $defines in
+        "") want="safety proved" ;;
+        MOE_REF_VALUES) want="value proved" ;;
+        *) want="value proved, bound proved" ;;
+    esac
+    gen "$work/tree" "$srcdir/specs/VERIFY-SUMMARY.md" "$work/macro"
+    grep -qF "| src/errors.c | planted_macro | $want | no result in the summary | - |" "$work/macro/PROOF-TABLE.md" ||
+        fail "PROOF-TABLE.md does not class the clause-macro contract as $want where src/errors.c defines: ${defines:-nothing}"
+done
+cp "$work/errors.c.planted" "$work/tree/src/errors.c"
 # 4. A contract in an #ifdef branch of a macro Frama-C's preprocessing leaves undefined (the vector kernels'):
 # "outside Frama-C's parse"; the #else branch's contract (what Frama-C reads) stays plain stated only.
 cat >> "$work/tree/src/errors.c" << 'PLANT'
@@ -87,4 +114,4 @@ grep -qE "\| src/errors.c:[0-9]+ \| planted_scalar \| stated only \|" "$work/unp
     fail "PROOF-TABLE.md does not class the #else branch's contract as plain stated only"
 grep -qE "planted_vector\` \(src/errors.c:[0-9]+, outside Frama-C's parse: MOE_HAVE_VECTOR_EXT\)" "$work/unparsed/TRUSTED.md" ||
     fail "TRUSTED.md does not mark the #ifdef contract as outside Frama-C's parse"
-echo "test_proof_reports: ok: the committed reports are current; a planted contract, its target and its clauses change them; a contract Frama-C does not parse is marked"
+echo "test_proof_reports: ok: the committed reports are current; a planted contract, its target and its clauses change them; clause macros count where their file enables them; a contract Frama-C does not parse is marked"
