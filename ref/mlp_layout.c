@@ -683,74 +683,81 @@ static void copy_weight(void *affinities, const void *weights, int64_t to, int64
  * MOE_MLP_DROPPING and expert e's block is full (the pair is dropped).  With affinities, the pair's weight
  * (es bytes) is copied to affinities[t][e].  Returns the pairs dropped.
  *   row [k]  topk_ids + t * k: the token's experts (distinct);  next [E]  the cursors;  ids [NB] the positions
- *   T, NB, pad, start, topk_ids  ghost: the tokens, the positions, the padding mark, the runs' first
- *   positions, the whole topk ids (row[i] == topk_ids[t * k + i], for the counts)
- * The runs of token t's experts hold tokens below t before, below t + 1 after; the others are unchanged. */
+ *   T, NB, pad, start  ghost: the tokens, the positions, the padding mark, the runs' first positions
+ * The runs of token t's experts hold tokens below t before, below t + 1 after; the others are unchanged.  The
+ * row is read in the pre-state (\at(..., Pre)): its memory is apart from what the stores write. */
 /*@ requires dims: 0 <= t < T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX && T * E <= INT64_MAX &&
       0 <= NB;
     requires row_fits: 0 <= t * k && t * k + k <= T * k && 0 <= t * E && t * E + E <= T * E;
     requires pad: pad < 0 || pad >= T;
     requires es: es == 2 || es == 4;
     requires bytes: T * E * 4 <= SIZE_MAX && T * k * 4 <= SIZE_MAX;
-    requires ids: \valid_read(topk_ids + (0 .. T * k - 1));
     requires row: \valid_read(row + (0 .. k - 1)) && topk_row_ok(row, k, E);
-    requires row_ids: \forall integer i; 0 <= i < k ==> row[i] == topk_ids[t * k + i];
     requires start: \valid_read(start + (0 .. E - 1)) && regions_ok(start, E, NB);
     requires next: \valid(next + (0 .. E - 1));
     requires positions: \valid(ids + (0 .. NB - 1)) && ids_ok(ids, NB, T, pad);
     requires runs: runs_placed(ids, start, next, E, NB, t, pad);
     requires dropping: kind == MOE_MLP_DROPPING ==> NB == E * B &&
       \forall integer x; 0 <= x < E ==> start[x] == x * B;
-    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
-      next[x] == start[x] + count_eq(topk_ids, t * k, x) &&
-      start[x] + count_eq(topk_ids, T * k, x) <= region_end(start, E, NB, x);
+    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E && !row_unmet(row, k, x) ==>
+      next[x] < region_end(start, E, NB, x);
     requires affinities: affinities != \null ==> \valid((char *)affinities + (0 .. T * E * es - 1)) &&
       \valid_read((char *)topk_weights + (0 .. T * k * es - 1)) &&
       \separated((char *)affinities + (0 .. T * E * es - 1), (char *)topk_weights + (0 .. T * k * es - 1));
     requires separated: \separated(next + (0 .. E - 1), ids + (0 .. NB - 1), start + (0 .. E - 1),
-      topk_ids + (0 .. T * k - 1));
-    requires separated_row: \separated(row + (0 .. k - 1), next + (0 .. E - 1), ids + (0 .. NB - 1));
+      row + (0 .. k - 1));
     terminates \true;
     assigns next[0 .. E - 1], ids[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
     ensures dropped: 0 <= \result <= k;
     ensures entries: ids_ok(ids, NB, T, pad);
     ensures runs: runs_placed(ids, start, next, E, NB, t + 1, pad);
     ensures dropless: kind != MOE_MLP_DROPPING ==> \result == 0 && \forall integer x; 0 <= x < E ==>
-      next[x] == start[x] + \old(count_eq(topk_ids, t * k + k, x)); */
+      (\old(row_unmet(row, k, x)) ==> next[x] == \old(next[x])) &&
+      (!\old(row_unmet(row, k, x)) ==> next[x] == \old(next[x]) + 1); */
 static int64_t place_row(moe_mlp_layout_kind kind, int64_t t, int64_t k, int64_t E, int64_t B,
                          const int64_t *row, const void *topk_weights, size_t es, int64_t *next, int64_t *ids,
                          void *affinities)
-    /*@ ghost (int64_t T, int64_t NB, int64_t pad, int64_t *start, int64_t *topk_ids) */
+    /*@ ghost (int64_t T, int64_t NB, int64_t pad, int64_t *start) */
 {
-    /*@ ghost lemma_count_eq_bounds(topk_ids, T * k); */
     int64_t dropped = 0;
     /*@ loop invariant bounds: 0 <= j <= k;
         loop invariant dropped: 0 <= dropped <= j;
         loop invariant entries: ids_ok(ids, NB, T, pad);
         loop invariant runs: runs_placed(ids, start, next, E, NB, t + 1, pad);
-        loop invariant fresh: \forall integer x; 0 <= x < E && row_unmet(row, j, x) ==>
+        loop invariant fresh: \forall integer x; 0 <= x < E && (\let i = j; \at(row_unmet(row, i, x), Pre)) ==>
           run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad);
         loop invariant dropless: kind != MOE_MLP_DROPPING ==> dropped == 0 && \forall integer x; 0 <= x < E ==>
-          next[x] == start[x] + (\let y = t * k + j; \at(count_eq(topk_ids, y, x), Pre));
+          ((\let i = j; \at(row_unmet(row, i, x), Pre)) ==> next[x] == \at(next[x], Pre)) &&
+          (!(\let i = j; \at(row_unmet(row, i, x), Pre)) ==> next[x] == \at(next[x], Pre) + 1);
         loop assigns j, dropped, next[0 .. E - 1], ids[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
         loop variant k - j; */
     for (int64_t j = 0; j < k; j++) {
         const int64_t e = row[j];
+        /*@ assert row_e: \let i = j; e == \at(row[i], Pre); */
         /*@ ghost lemma_runs_apart(start, E, NB, e); */
-        /*@ assert new_expert: row_unmet(row, j, e); */
+        /*@ assert new_expert: \let i = j; \let x = e; \at(row_unmet(row, i, x), Pre) && !\at(row_unmet(row, k, x), Pre); */
         /*@ assert run_e: run_placed(ids, start[e], next[e], region_end(start, E, NB, e), t, pad); */
         /*@ ghost lemma_mul_monotone(e + 1, E, B); */
         if (kind == MOE_MLP_DROPPING && next[e] >= block_end(e, B)) {
             dropped++;
             continue;
         }
-        /*@ assert count_step: kind != MOE_MLP_DROPPING ==> (\let y = t * k + j; \forall integer v;
-              \at(count_eq(topk_ids, y + 1, v), Pre) == \at(count_eq(topk_ids, y, v), Pre) +
-              (\at(topk_ids[y], Pre) == v ? 1 : 0)); */
+        /*@ assert room_dropping: kind == MOE_MLP_DROPPING ==> next[e] < (e + 1) * B &&
+              (e + 1) * B == region_end(start, E, NB, e); */
+        /*@ assert room_dropless: kind != MOE_MLP_DROPPING ==> \let x = e; next[x] == \at(next[x], Pre) &&
+              \at(next[x], Pre) < region_end(start, E, NB, x); */
         /*@ assert room: next[e] < region_end(start, E, NB, e); */
+        /*@ ghost stored: ; */
         place_token(ids, next, e, t) /*@ ghost (E, T, NB, pad) */;
+        /*@ assert grown_e: run_placed(ids, start[e], next[e], region_end(start, E, NB, e), t + 1, pad); */
+        /*@ assert kept_runs: \forall integer x; 0 <= x < E && x != e ==>
+              run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t + 1, pad); */
+        /*@ assert kept_fresh: \forall integer x; 0 <= x < E && x != e && (\let i = j; \at(row_unmet(row, i, x), Pre)) ==>
+              run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad); */
+        /*@ assert unmet_step: \forall integer x; (\let i = j + 1; \at(row_unmet(row, i, x), Pre)) ==>
+              x != e && (\let i = j; \at(row_unmet(row, i, x), Pre)); */
         /*@ assert runs_after: runs_placed(ids, start, next, E, NB, t + 1, pad); */
-        /*@ assert fresh_after: \forall integer x; 0 <= x < E && row_unmet(row, j + 1, x) ==>
+        /*@ assert fresh_after: \forall integer x; 0 <= x < E && (\let i = j + 1; \at(row_unmet(row, i, x), Pre)) ==>
               run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad); */
         if (affinities != NULL) {
             /*@ ghost lemma_row_fits(t * E + e, T * E, (int64_t)es); */
@@ -798,6 +805,7 @@ static int64_t place_tokens(moe_mlp_layout_kind kind, int64_t T, int64_t k, int6
                             int64_t pad, const int64_t *topk_ids, const void *topk_weights, size_t es,
                             const int64_t *start, int64_t *next, int64_t *token_position_to_id, void *affinities)
 {
+    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, T * k); */
     /*@ loop invariant bounds: 0 <= e <= E;
         loop invariant copied: \forall integer x; 0 <= x < e ==> next[x] == start[x];
         loop assigns e, next[0 .. E - 1];
@@ -839,8 +847,22 @@ static int64_t place_tokens(moe_mlp_layout_kind kind, int64_t T, int64_t k, int6
                loop variant T * k - y; @/
             for (int64_t y = 0; y < T * k; y++) ;
         */
+        /*@ ghost lemma_count_row((int64_t *)topk_ids, t * k, k, (int64_t *)topk_ids + t * k); */
+        /*@ assert counts_row: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              (row_unmet(topk_ids + t * k, k, x) ==> (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) ==
+               \at(count_eq((int64_t *)topk_ids, y, x), Pre))) &&
+              (!row_unmet(topk_ids + t * k, k, x) ==> (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) ==
+               \at(count_eq((int64_t *)topk_ids, y, x), Pre) + 1)); */
+        /*@ assert counts_room: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) <=
+               \at(count_eq((int64_t *)topk_ids, T * k, x), Pre)); */
+        /*@ assert row_room: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E &&
+              !row_unmet(topk_ids + t * k, k, x) ==> next[x] < region_end(start, E, NB, x); */
+        /*@ ghost called: ; */
         dropped += place_row(kind, t, k, E, B, topk_ids + t * k, topk_weights, es, next, token_position_to_id,
-                             affinities) /*@ ghost (T, NB, pad, (int64_t *)start, (int64_t *)topk_ids) */;
+                             affinities) /*@ ghost (T, NB, pad, (int64_t *)start) */;
+        /*@ assert counts_after: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              next[x] == start[x] + (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre)); */
         /*@ assert next_row: (t + 1) * k == t * k + k; */
     }
     return dropped;
