@@ -178,7 +178,8 @@ static moe_status check_block_pairs(const char *op, int64_t T, int64_t E, int64_
                   \at(order[a], Pre) != n || c != b; */
             /*@ assert broken: !pairs_once{Pre}(b2e, ids, N, B, pad); */
             /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
-            /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+            /*@ ghost lemma_rows_inside(0, N, B); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
                   token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
             /*@ assert broken_here: !pairs_once(b2e, ids, N, B, pad); */
             return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
@@ -196,6 +197,7 @@ static moe_status check_block_pairs(const char *op, int64_t T, int64_t E, int64_
     /*@ assert last_pre: last_expert{Here, Pre}(seen_expert, order, b2e, ids, T, B, q + 1, 0); */
     /*@ assert frame_order: \forall integer a; 0 <= a < N ==> order[a] == \at(order[a], Pre); */
     /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
     /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
           token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
     return MOE_OK;
@@ -294,6 +296,7 @@ moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *lay
     status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
     /* check_tokens_once wrote seen_pos only, an allocation of its own (layout_scratch_ok): the pairs stand */
     /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], paired); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
     /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
           token_at(ids, B, x, c) == token_at{paired}(ids, B, x, c); */
     /*@ assert pairs_kept: pairs_once(b2e, ids, N, B, pad); */
@@ -916,12 +919,18 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
     /*@ ghost lemma_mul_monotone(0, T, E); */
     /*@ ghost lemma_mul_monotone(0, T, k); */
     /*@ assert block: block == N && block * B == N * B; */
+    /*@ assert regions: regions_ok(cursor, E, N * B) && blocks_in_regions(block_to_expert, cursor, E, N, B); */
+    /*@ assert dropping: kind == MOE_MLP_DROPPING ==> N * B == E * B &&
+          \forall integer e; 0 <= e < E ==> cursor[e] == e * B; */
+    /*@ assert dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+          cursor[e] + \at(count_eq((int64_t *)topk_ids, T * k, e), Pre) <= region_end(cursor, E, N * B, e); */
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1, NB = block * B;
     /*@ assert ids_kept: in_range(topk_ids, T * k, 0, E); */
     const size_t es = element_size(dtype) /*@ ghost (T * E, T * k) */;
     if (affinities != NULL)
         zero_affinities(dtype, affinities, T * E);
-    /* count_eq of the ids is read in the pre-state (the stores above wrote int64 memory): carried over here */
+    /* count_eq and topk_ok of the ids are read in the pre-state (the stores above wrote int64 memory): carried
+     * over here, the rows token by token */
     /*@ ghost
         /@ loop invariant bounds: 0 <= y <= T * k;
            loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
@@ -929,12 +938,44 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
            loop assigns y;
            loop variant T * k - y; @/
         for (int64_t y = 0; y < T * k; y++) ;
+        /@ loop invariant bounds: 0 <= y <= T;
+           loop invariant rows: topk_ok(topk_ids, y, k, E);
+           loop assigns y;
+           loop variant T - y; @/
+        for (int64_t y = 0; y < T; y++) {
+          lemma_row_fits(y, T, k);
+          /@ assert row_pre: topk_token_ok{Pre}(topk_ids, y, k, E); @/
+          /@ assert row_frame: \forall integer i; 0 <= i < k ==> (\let s = y * k + i; topk_ids[s] == \at(topk_ids[s], Pre)); @/
+          /@ assert row_frame_shift: \forall integer i; 0 <= i < k ==>
+               (\let r = topk_ids + y * k; r[i] == \at(r[i], Pre)); @/
+          /@ assert row_range: in_range(topk_ids + y * k, k, 0, E); @/
+          /@ assert row_distinct: injective(topk_ids + y * k, k); @/
+          /@ assert row_here: topk_token_ok(topk_ids, y, k, E); @/
+        }
     */
     /* the padding marks, then the pairs; m (the counts, read by assign_blocks_dropless only) becomes the
      * cursors, cursor keeps the runs' first positions */
+    /*@ ghost placing: ; */
     const int64_t dropped = place_tokens(kind, T, k, E, B, NB, pad, topk_ids, topk_weights, es, cursor, m,
                                          token_position_to_id, affinities);
+    /* place_tokens wrote the positions and m only: the blocks and their runs stand */
+    /*@ assert b2e_kept: \forall integer n; 0 <= n < N ==> block_to_expert[n] == \at(block_to_expert[n], placing); */
+    /*@ assert cursor_kept: \forall integer x; 0 <= x < E ==> cursor[x] == \at(cursor[x], placing); */
+    /*@ assert ends_kept: \forall integer x; 0 <= x < E ==>
+          region_end(cursor, E, N * B, x) == \at(region_end(cursor, E, N * B, x), placing); */
+    /*@ assert blocks_kept: blocks_in_regions(block_to_expert, cursor, E, N, B); */
+    /*@ ghost lemma_runs_pairs(block_to_expert, cursor, m, token_position_to_id, E, N, B, T, pad); */
+    /*@ assert value_layout: layout_ok(block_to_expert, token_position_to_id, T, E, N, B, pad, 0); */
+    /*@ ghost laid_out: ; */
     if (num_dropped != NULL)
         *num_dropped = dropped;
+    /* *num_dropped lies apart from the layout (build_layout_args_ok): the layout stands */
+    /*@ assert frame_b2e: \forall integer n; 0 <= n < N ==> block_to_expert[n] == \at(block_to_expert[n], laid_out); */
+    /*@ assert frame_positions: \forall integer p; 0 <= p < N * B ==>
+          token_position_to_id[p] == \at(token_position_to_id[p], laid_out); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+          token_at(token_position_to_id, B, x, c) == token_at{laid_out}(token_position_to_id, B, x, c); */
+    /*@ assert value_layout_end: layout_ok(block_to_expert, token_position_to_id, T, E, N, B, pad, 0); */
     return MOE_OK;
 }
