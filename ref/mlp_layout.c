@@ -932,12 +932,6 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
     /* count_eq and topk_ok of the ids are read in the pre-state (the stores above wrote int64 memory): carried
      * over here, the rows token by token */
     /*@ ghost
-        /@ loop invariant bounds: 0 <= y <= T * k;
-           loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
-             count_eq((int64_t *)topk_ids, z, x) == \at(count_eq((int64_t *)topk_ids, z, x), Pre);
-           loop assigns y;
-           loop variant T * k - y; @/
-        for (int64_t y = 0; y < T * k; y++) ;
         /@ loop invariant bounds: 0 <= y <= T;
            loop invariant rows: topk_ok(topk_ids, y, k, E);
            loop assigns y;
@@ -949,12 +943,20 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
           /@ assert row_frame_shift: \forall integer i; 0 <= i < k ==>
                (\let r = topk_ids + y * k; r[i] == \at(r[i], Pre)); @/
           /@ assert row_range: in_range(topk_ids + y * k, k, 0, E); @/
+          /@ assert row_distinct_pre: injective{Pre}(topk_ids + y * k, k); @/
           /@ assert row_distinct: injective(topk_ids + y * k, k); @/
           /@ assert row_here: topk_token_ok(topk_ids, y, k, E); @/
         }
+        /@ loop invariant bounds: 0 <= y <= T * k;
+           loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
+             count_eq((int64_t *)topk_ids, z, x) == \at(count_eq((int64_t *)topk_ids, z, x), Pre);
+           loop assigns y;
+           loop variant T * k - y; @/
+        for (int64_t y = 0; y < T * k; y++) ;
     */
     /* the padding marks, then the pairs; m (the counts, read by assign_blocks_dropless only) becomes the
      * cursors, cursor keeps the runs' first positions */
+    /*@ assert blocks_before: blocks_in_regions(block_to_expert, cursor, E, N, B); */
     /*@ ghost placing: ; */
     const int64_t dropped = place_tokens(kind, T, k, E, B, NB, pad, topk_ids, topk_weights, es, cursor, m,
                                          token_position_to_id, affinities);
@@ -963,6 +965,11 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
     /*@ assert cursor_kept: \forall integer x; 0 <= x < E ==> cursor[x] == \at(cursor[x], placing); */
     /*@ assert ends_kept: \forall integer x; 0 <= x < E ==>
           region_end(cursor, E, N * B, x) == \at(region_end(cursor, E, N * B, x), placing); */
+    /*@ assert blocks_kept_each: \forall integer n; 0 <= n < N ==>
+          \at(block_in_region(block_to_expert, cursor, E, N * B, B, n), placing) &&
+          block_to_expert[n] == \at(block_to_expert[n], placing) &&
+          cursor[block_to_expert[n]] == \at(cursor[block_to_expert[n]], placing) &&
+          region_end(cursor, E, N * B, block_to_expert[n]) == \at(region_end(cursor, E, N * B, block_to_expert[n]), placing); */
     /*@ assert blocks_kept: blocks_in_regions(block_to_expert, cursor, E, N, B); */
     /*@ ghost lemma_runs_pairs(block_to_expert, cursor, m, token_position_to_id, E, N, B, T, pad); */
     /*@ assert value_layout: layout_ok(block_to_expert, token_position_to_id, T, E, N, B, pad, 0); */
