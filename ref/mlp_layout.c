@@ -178,7 +178,8 @@ static moe_status check_block_pairs(const char *op, int64_t T, int64_t E, int64_
                   \at(order[a], Pre) != n || c != b; */
             /*@ assert broken: !pairs_once{Pre}(b2e, ids, N, B, pad); */
             /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
-            /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+            /*@ ghost lemma_rows_inside(0, N, B); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
                   token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
             /*@ assert broken_here: !pairs_once(b2e, ids, N, B, pad); */
             return moe_fail(MOE_ERR_INVALID_ROUTING, "%s: layout.token_position_to_id[%" PRId64
@@ -196,6 +197,7 @@ static moe_status check_block_pairs(const char *op, int64_t T, int64_t E, int64_
     /*@ assert last_pre: last_expert{Here, Pre}(seen_expert, order, b2e, ids, T, B, q + 1, 0); */
     /*@ assert frame_order: \forall integer a; 0 <= a < N ==> order[a] == \at(order[a], Pre); */
     /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], Pre); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
     /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
           token_at(ids, B, x, c) == token_at{Pre}(ids, B, x, c); */
     return MOE_OK;
@@ -294,6 +296,7 @@ moe_status moe_ref_mlp_check_layout_in(const char *op, const moe_mlp_layout *lay
     status = check_tokens_once(op, T, NB, pad, ids, seen_pos);
     /* check_tokens_once wrote seen_pos only, an allocation of its own (layout_scratch_ok): the pairs stand */
     /*@ assert frame_b2e: \forall integer x; 0 <= x < N ==> b2e[x] == \at(b2e[x], paired); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
     /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
           token_at(ids, B, x, c) == token_at{paired}(ids, B, x, c); */
     /*@ assert pairs_kept: pairs_once(b2e, ids, N, B, pad); */
@@ -626,91 +629,247 @@ static int64_t assign_blocks_dropless(int64_t E, int64_t B, const int64_t *m, in
     return block;
 }
 
-/* Places the routing's (token, expert) pairs in token order: pair s = t * k + j with expert e = topk_ids[s]
- * goes to position cursor[e], which then moves on, unless MOE_MLP_DROPPING and expert e's block is full
- * (the pair is dropped).  With affinities, the pair's weight (es bytes) is copied to affinities[t][e].
- * Returns the dropped pairs.
- *   topk_ids [T * k], topk_weights [T * k] (es bytes each), cursor [E] (the first position of each
- *   expert's blocks), token_position_to_id [NB] out, affinities [T * E] (es bytes each) out or NULL
- *   NB     ghost: the layout's positions
- *   MOE_MLP_DROPPING: cursor[e] == e * B and NB >= E * B; otherwise cursor[e] plus expert e's pairs fits
- *   in NB (moe_ref_mlp_build_layout_in: the first position of e plus count_e <= nblocks(m, e + 1) * B). */
-/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX && T * E <= INT64_MAX && 0 <= NB;
+/* The end of expert e's one block, (e + 1) * B (MOE_MLP_DROPPING's drop test): a function of its own, so
+ * that the overflow goal of the product is stated over e and B, not over the wrapped e + 1 of a goal that
+ * carries place_row's invariants. */
+/*@ requires dims: 0 <= e < INT64_MAX && 1 <= B && (e + 1) * B <= INT64_MAX;
+    terminates \true;
+    assigns \nothing;
+    ensures end: \result == (e + 1) * B; */
+static int64_t block_end(int64_t e, int64_t B)
+{
+    return (e + 1) * B;
+}
+
+/* Stores token t at expert e's cursor next[e], which moves on.  kept / grown: what the store does to a run
+ * (run_placed, specs/mlp_layout.acsl) inside 0 .. NB: one that does not hold the position is unchanged; the
+ * run whose cursor it is grows by t.
+ *   ids [NB]  the positions;  next [E]  the cursors
+ *   E, T, NB, pad  ghost: the experts, the tokens, the positions, the padding mark */
+/*@ requires dims: 0 <= e < E && 0 <= t < T && 0 <= NB;
+    requires pad: pad < 0 || pad >= T;
+    requires next: \valid(next + (0 .. E - 1)) && 0 <= next[e] < NB;
+    requires positions: \valid(ids + (0 .. NB - 1));
+    requires separated: \separated(next + (0 .. E - 1), ids + (0 .. NB - 1));
+    terminates \true;
+    assigns next[e], ids[next[e]];
+    ensures next: next[e] == \old(next[e]) + 1;
+    ensures entries: ids_ok{Pre}(ids, NB, T, pad) ==> ids_ok(ids, NB, T, pad);
+    ensures kept: \forall integer a, c, b, u; 0 <= a && b <= NB && (\old(next[e]) < a || b <= \old(next[e])) &&
+      run_placed{Pre}(ids, a, c, b, u, pad) ==> run_placed(ids, a, c, b, u, pad);
+    ensures grown: \forall integer a, b; 0 <= a && b <= NB && a <= \old(next[e]) < b &&
+      run_placed{Pre}(ids, a, \old(next[e]), b, t, pad) ==> run_placed(ids, a, \old(next[e]) + 1, b, t + 1, pad); */
+static void place_token(int64_t *ids, int64_t *next, int64_t e, int64_t t)
+    /*@ ghost (int64_t E, int64_t T, int64_t NB, int64_t pad) */
+{
+    ids[next[e]++] = t;
+}
+
+/* The affinity of one pair: es bytes of weights[from] to affinities[to] (the byte copy apart from the int64
+ * memory of the layout).  TE, Tk ghost: the elements of affinities and weights. */
+/*@ requires es: es == 2 || es == 4;
+    requires dims: 0 <= to < TE && 0 <= from < Tk && TE * 4 <= SIZE_MAX && Tk * 4 <= SIZE_MAX;
+    requires bytes: \valid((char *)affinities + (0 .. TE * es - 1)) &&
+      \valid_read((char *)weights + (0 .. Tk * es - 1)) &&
+      \separated((char *)affinities + (0 .. TE * es - 1), (char *)weights + (0 .. Tk * es - 1));
+    terminates \true;
+    assigns ((char *)affinities)[to * es .. to * es + es - 1]; */
+static void copy_weight(void *affinities, const void *weights, int64_t to, int64_t from, size_t es)
+    /*@ ghost (int64_t TE, int64_t Tk) */
+{
+    /*@ ghost lemma_row_fits(to, TE, (int64_t)es); */
+    /*@ ghost lemma_row_fits(from, Tk, (int64_t)es); */
+    memcpy((char *)affinities + (size_t)to * es, (const char *)weights + (size_t)from * es, es);
+}
+
+/* Token t's pairs in order: pair j, expert e = row[j], goes to position next[e], which then moves on, unless
+ * MOE_MLP_DROPPING and expert e's block is full (the pair is dropped).  With affinities, the pair's weight
+ * (es bytes) is copied to affinities[t][e].  Returns the pairs dropped.
+ *   row [k]  topk_ids + t * k: the token's experts (distinct);  next [E]  the cursors;  ids [NB] the positions
+ *   T, NB, pad, start  ghost: the tokens, the positions, the padding mark, the runs' first positions
+ * The runs of token t's experts hold tokens below t before, below t + 1 after; the others are unchanged.  The
+ * row is read in the pre-state (\at(..., Pre)): its memory is apart from what the stores write. */
+/*@ requires dims: 0 <= t < T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX && T * E <= INT64_MAX &&
+      0 <= NB;
+    requires row_fits: 0 <= t * k && t * k + k <= T * k && 0 <= t * E && t * E + E <= T * E;
+    requires pad: pad < 0 || pad >= T;
     requires es: es == 2 || es == 4;
     requires bytes: T * E * 4 <= SIZE_MAX && T * k * 4 <= SIZE_MAX;
-    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && in_range(topk_ids, T * k, 0, E);
-    requires cursor: \valid(cursor + (0 .. E - 1));
-    requires positions: \valid(token_position_to_id + (0 .. NB - 1));
-    requires dropping: kind == MOE_MLP_DROPPING ==> E * B <= NB &&
-      (\forall integer e; 0 <= e < E ==> cursor[e] == e * B);
-    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-      0 <= cursor[e] && cursor[e] + count_eq(topk_ids, T * k, e) <= NB;
+    requires row: \valid_read(row + (0 .. k - 1)) && topk_row_ok(row, k, E);
+    requires start: \valid_read(start + (0 .. E - 1)) && regions_ok(start, E, NB);
+    requires next: \valid(next + (0 .. E - 1));
+    requires positions: \valid(ids + (0 .. NB - 1)) && ids_ok(ids, NB, T, pad);
+    requires runs: runs_placed(ids, start, next, E, NB, t, pad);
+    requires dropping: kind == MOE_MLP_DROPPING ==> NB == E * B &&
+      \forall integer x; 0 <= x < E ==> start[x] == x * B;
+    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E && !row_unmet(row, k, x) ==>
+      next[x] < region_end(start, E, NB, x);
     requires affinities: affinities != \null ==> \valid((char *)affinities + (0 .. T * E * es - 1)) &&
       \valid_read((char *)topk_weights + (0 .. T * k * es - 1)) &&
       \separated((char *)affinities + (0 .. T * E * es - 1), (char *)topk_weights + (0 .. T * k * es - 1));
-    requires separated: \separated(cursor + (0 .. E - 1), token_position_to_id + (0 .. NB - 1),
-      topk_ids + (0 .. T * k - 1));
+    requires separated: \separated(next + (0 .. E - 1), ids + (0 .. NB - 1), start + (0 .. E - 1),
+      row + (0 .. k - 1));
     terminates \true;
-    assigns cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
-    ensures dropped: 0 <= \result <= T * k; */
-static int64_t place_tokens(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B,
-                            const int64_t *topk_ids, const void *topk_weights, size_t es, int64_t *cursor,
-                            int64_t *token_position_to_id, void *affinities) /*@ ghost (int64_t NB) */
+    assigns next[0 .. E - 1], ids[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
+    ensures dropped: 0 <= \result <= k;
+    ensures entries: ids_ok(ids, NB, T, pad);
+    ensures runs: runs_placed(ids, start, next, E, NB, t + 1, pad);
+    ensures dropless: kind != MOE_MLP_DROPPING ==> \result == 0 && \forall integer x; 0 <= x < E ==>
+      (\old(row_unmet(row, k, x)) ==> next[x] == \old(next[x])) &&
+      (!\old(row_unmet(row, k, x)) ==> next[x] == \old(next[x]) + 1); */
+static int64_t place_row(moe_mlp_layout_kind kind, int64_t t, int64_t k, int64_t E, int64_t B,
+                         const int64_t *row, const void *topk_weights, size_t es, int64_t *next, int64_t *ids,
+                         void *affinities)
+    /*@ ghost (int64_t T, int64_t NB, int64_t pad, int64_t *start) */
 {
-    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, T * k); */
     int64_t dropped = 0;
-    /*@ loop invariant bounds: 0 <= t <= T;
-        loop invariant dropped: 0 <= dropped <= t * k;
-        loop invariant dropping: kind == MOE_MLP_DROPPING ==>
-          \forall integer e; 0 <= e < E ==> drop_cursor(cursor[e], e, B);
-        loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-          cursor[e] == \at(cursor[e], Pre) + (\let x = t * k; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
-        loop invariant ids: \forall integer x; 0 <= x < T * k ==> topk_ids[x] == \at(topk_ids[x], Pre);
-        loop assigns t, dropped, cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1],
-          ((char *)affinities)[0 .. T * E * es - 1];
-        loop variant T - t; */
-    for (int64_t t = 0; t < T; t++) {
-        /*@ ghost lemma_row_fits(t, T, k); */
-        /*@ ghost lemma_row_fits(t, T, E); */
-        /*@ loop invariant bounds: 0 <= j <= k;
-            loop invariant dropped: 0 <= dropped <= t * k + j;
-            loop invariant dropping: kind == MOE_MLP_DROPPING ==>
-              \forall integer e; 0 <= e < E ==> drop_cursor(cursor[e], e, B);
-            loop invariant dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
-              cursor[e] == \at(cursor[e], Pre) + (\let x = t * k + j; \at(count_eq((int64_t *)topk_ids, x, e), Pre));
-            loop invariant ids: \forall integer x; 0 <= x < T * k ==> topk_ids[x] == \at(topk_ids[x], Pre);
-            loop assigns j, dropped, cursor[0 .. E - 1], token_position_to_id[0 .. NB - 1],
-              ((char *)affinities)[0 .. T * E * es - 1];
-            loop variant k - j; */
-        for (int64_t j = 0; j < k; j++) {
-            /*@ assert count_step: \let x = t * k + j; \forall integer v;
-                  \at(count_eq((int64_t *)topk_ids, x + 1, v), Pre) ==
-                  \at(count_eq((int64_t *)topk_ids, x, v), Pre) + (topk_ids[x] == v ? 1 : 0); */
-            const int64_t e = topk_ids[t * k + j];
-            /*@ ghost lemma_mul_monotone(e + 1, E, B); */
-            if (kind == MOE_MLP_DROPPING && cursor[e] >= (e + 1) * B) {
-                dropped++;
-                continue;
-            }
-            /*@ assert count_room: kind != MOE_MLP_DROPPING ==> (\let x = t * k + j; \let v = e;
-                  \at(count_eq((int64_t *)topk_ids, x, v), Pre) + 1 <=
-                  \at(count_eq((int64_t *)topk_ids, T * k, v), Pre)); */
-            /*@ assert cursor_dropless: kind != MOE_MLP_DROPPING ==> 0 <= cursor[e] < NB; */
-            /*@ assert cursor_dropping: kind == MOE_MLP_DROPPING ==> 0 <= cursor[e] < NB; */
-            token_position_to_id[cursor[e]++] = t;
-            /*@ assert cursor_step: \forall integer v; 0 <= v < E ==>
-                  cursor[v] == \at(cursor[v], LoopCurrent) + (v == e ? 1 : 0); */
-            if (affinities != NULL) {
-                /*@ ghost lemma_row_fits(t * E + e, T * E, (int64_t)es); */
-                /*@ ghost lemma_row_fits(t * k + j, T * k, (int64_t)es); */
-                memcpy((char *)affinities + (size_t)(t * E + e) * es,
-                       (const char *)topk_weights + (size_t)(t * k + j) * es, es);
-            }
+    /*@ loop invariant bounds: 0 <= j <= k;
+        loop invariant dropped: 0 <= dropped <= j;
+        loop invariant entries: ids_ok(ids, NB, T, pad);
+        loop invariant runs: runs_placed(ids, start, next, E, NB, t + 1, pad);
+        loop invariant fresh: \forall integer x; 0 <= x < E && (\let i = j; \at(row_unmet(row, i, x), Pre)) ==>
+          run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad);
+        loop invariant dropless: kind != MOE_MLP_DROPPING ==> dropped == 0 && \forall integer x; 0 <= x < E ==>
+          ((\let i = j; \at(row_unmet(row, i, x), Pre)) ==> next[x] == \at(next[x], Pre)) &&
+          (!(\let i = j; \at(row_unmet(row, i, x), Pre)) ==> next[x] == \at(next[x], Pre) + 1);
+        loop assigns j, dropped, next[0 .. E - 1], ids[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
+        loop variant k - j; */
+    for (int64_t j = 0; j < k; j++) {
+        const int64_t e = row[j];
+        /*@ assert row_e: \let i = j; e == \at(row[i], Pre); */
+        /*@ ghost lemma_runs_apart(start, E, NB, e); */
+        /*@ assert new_expert: \let i = j; \let x = e; \at(row_unmet(row, i, x), Pre) && !\at(row_unmet(row, k, x), Pre); */
+        /*@ assert run_e: run_placed(ids, start[e], next[e], region_end(start, E, NB, e), t, pad); */
+        /*@ ghost lemma_mul_monotone(e + 1, E, B); */
+        if (kind == MOE_MLP_DROPPING && next[e] >= block_end(e, B)) {
+            dropped++;
+            continue;
+        }
+        /*@ assert room_dropping: kind == MOE_MLP_DROPPING ==> next[e] < (e + 1) * B &&
+              (e + 1) * B == region_end(start, E, NB, e); */
+        /*@ assert room_dropless: kind != MOE_MLP_DROPPING ==> \let x = e; next[x] == \at(next[x], Pre) &&
+              \at(next[x], Pre) < region_end(start, E, NB, x); */
+        /*@ assert room: next[e] < region_end(start, E, NB, e); */
+        /*@ ghost stored: ; */
+        place_token(ids, next, e, t) /*@ ghost (E, T, NB, pad) */;
+        /*@ assert grown_e: run_placed(ids, start[e], next[e], region_end(start, E, NB, e), t + 1, pad); */
+        /*@ assert kept_runs: \forall integer x; 0 <= x < E && x != e ==>
+              run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t + 1, pad); */
+        /*@ assert kept_fresh: \forall integer x; 0 <= x < E && x != e && (\let i = j; \at(row_unmet(row, i, x), Pre)) ==>
+              run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad); */
+        /*@ assert unmet_step: \forall integer x; (\let i = j + 1; \at(row_unmet(row, i, x), Pre)) ==>
+              x != e && (\let i = j; \at(row_unmet(row, i, x), Pre)); */
+        /*@ assert runs_after: runs_placed(ids, start, next, E, NB, t + 1, pad); */
+        /*@ assert fresh_after: \forall integer x; 0 <= x < E && (\let i = j + 1; \at(row_unmet(row, i, x), Pre)) ==>
+              run_placed(ids, start[x], next[x], region_end(start, E, NB, x), t, pad); */
+        if (affinities != NULL) {
+            /*@ ghost lemma_row_fits(t * E + e, T * E, (int64_t)es); */
+            copy_weight(affinities, topk_weights, t * E + e, t * k + j, es) /*@ ghost (T * E, T * k) */;
         }
     }
     return dropped;
 }
 
+/* Places the routing's (token, expert) pairs in token order (place_row, token by token) into the layout's
+ * positions, first all padding marks: pair s = t * k + j with expert e = topk_ids[s] goes to position next[e],
+ * which then moves on, unless MOE_MLP_DROPPING and expert e's block is full (the pair is dropped).  next starts
+ * as start (a copy: start stays the runs' first positions for the proof).  With affinities, the pair's weight
+ * (es bytes) is copied to affinities[t][e].  Returns the dropped pairs.
+ *   topk_ids [T * k] (distinct experts per token: topk_ok), topk_weights [T * k] (es bytes each), start [E]
+ *   (the first position of each expert's run), next [E] out (the cursors), token_position_to_id [NB] out,
+ *   affinities [T * E] (es bytes each) out or NULL;  pad  the padding mark
+ *   MOE_MLP_DROPPING: start[e] == e * B and NB == E * B; otherwise expert e's pairs fit in its run
+ *   (moe_ref_mlp_build_layout_in: assign_blocks_dropless' value_fits). */
+/*@ requires dims: 0 <= T && 0 <= k && 1 <= E && 1 <= B && T * k <= INT64_MAX && T * E <= INT64_MAX && 0 <= NB;
+    requires pad: pad < 0 || pad >= T;
+    requires es: es == 2 || es == 4;
+    requires bytes: T * E * 4 <= SIZE_MAX && T * k * 4 <= SIZE_MAX;
+    requires ids: \valid_read(topk_ids + (0 .. T * k - 1)) && topk_ok(topk_ids, T, k, E);
+    requires start: \valid_read(start + (0 .. E - 1)) && regions_ok(start, E, NB);
+    requires next: \valid(next + (0 .. E - 1));
+    requires positions: \valid(token_position_to_id + (0 .. NB - 1));
+    requires dropping: kind == MOE_MLP_DROPPING ==> NB == E * B &&
+      \forall integer e; 0 <= e < E ==> start[e] == e * B;
+    requires dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+      start[e] + count_eq(topk_ids, T * k, e) <= region_end(start, E, NB, e);
+    requires affinities: affinities != \null ==> \valid((char *)affinities + (0 .. T * E * es - 1)) &&
+      \valid_read((char *)topk_weights + (0 .. T * k * es - 1)) &&
+      \separated((char *)affinities + (0 .. T * E * es - 1), (char *)topk_weights + (0 .. T * k * es - 1));
+    requires separated: \separated(next + (0 .. E - 1), token_position_to_id + (0 .. NB - 1), start + (0 .. E - 1),
+      topk_ids + (0 .. T * k - 1));
+    terminates \true;
+    assigns next[0 .. E - 1], token_position_to_id[0 .. NB - 1], ((char *)affinities)[0 .. T * E * es - 1];
+    ensures dropped: 0 <= \result <= T * k;
+    ensures value_entries: ids_ok(token_position_to_id, NB, T, pad);
+    ensures value_runs: runs_placed(token_position_to_id, start, next, E, NB, T, pad);
+    ensures value_dropless: kind != MOE_MLP_DROPPING ==> \result == 0 && \forall integer e; 0 <= e < E ==>
+      next[e] == start[e] + \old(count_eq(topk_ids, T * k, e)); */
+static int64_t place_tokens(moe_mlp_layout_kind kind, int64_t T, int64_t k, int64_t E, int64_t B, int64_t NB,
+                            int64_t pad, const int64_t *topk_ids, const void *topk_weights, size_t es,
+                            const int64_t *start, int64_t *next, int64_t *token_position_to_id, void *affinities)
+{
+    /*@ ghost lemma_count_eq_bounds((int64_t *)topk_ids, T * k); */
+    /*@ loop invariant bounds: 0 <= e <= E;
+        loop invariant copied: \forall integer x; 0 <= x < e ==> next[x] == start[x];
+        loop assigns e, next[0 .. E - 1];
+        loop variant E - e; */
+    for (int64_t e = 0; e < E; e++)
+        next[e] = start[e];
+    /*@ loop invariant bounds: 0 <= p <= NB;
+        loop invariant padded: \forall integer q; 0 <= q < p ==> token_position_to_id[q] == pad;
+        loop invariant copied: \forall integer x; 0 <= x < E ==> next[x] == start[x];
+        loop assigns p, token_position_to_id[0 .. NB - 1];
+        loop variant NB - p; */
+    for (int64_t p = 0; p < NB; p++)
+        token_position_to_id[p] = pad;
+    /*@ ghost lemma_runs_bounded((int64_t *)start, E, NB); */
+    /*@ assert runs_empty: runs_placed(token_position_to_id, start, next, E, NB, 0, pad); */
+    int64_t dropped = 0;
+    /*@ loop invariant bounds: 0 <= t <= T;
+        loop invariant dropped: 0 <= dropped <= t * k;
+        loop invariant entries: ids_ok(token_position_to_id, NB, T, pad);
+        loop invariant runs: runs_placed(token_position_to_id, start, next, E, NB, t, pad);
+        loop invariant dropless: kind != MOE_MLP_DROPPING ==> dropped == 0 && \forall integer x; 0 <= x < E ==>
+          next[x] == start[x] + (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y, x), Pre));
+        loop assigns t, dropped, next[0 .. E - 1], token_position_to_id[0 .. NB - 1],
+          ((char *)affinities)[0 .. T * E * es - 1];
+        loop variant T - t; */
+    for (int64_t t = 0; t < T; t++) {
+        /*@ ghost lemma_row_fits(t, T, k); */
+        /*@ ghost lemma_row_fits(t, T, E); */
+        /*@ assert row_pre: topk_token_ok{Pre}(topk_ids, t, k, E); */
+        /*@ assert row_frame: \forall integer i; 0 <= i < k ==>
+              (\let s = t * k + i; topk_ids[s] == \at(topk_ids[s], Pre)); */
+        /*@ assert row_ok: topk_row_ok(topk_ids + t * k, k, E); */
+        /* count_eq of the ids is read in the pre-state (the rows wrote int64 memory): carried over here */
+        /*@ ghost
+            /@ loop invariant bounds: 0 <= y <= T * k;
+               loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
+                 count_eq((int64_t *)topk_ids, z, x) == \at(count_eq((int64_t *)topk_ids, z, x), Pre);
+               loop assigns y;
+               loop variant T * k - y; @/
+            for (int64_t y = 0; y < T * k; y++) ;
+        */
+        /*@ ghost lemma_count_row((int64_t *)topk_ids, t * k, k, (int64_t *)topk_ids + t * k); */
+        /*@ assert counts_row: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              (row_unmet(topk_ids + t * k, k, x) ==> (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) ==
+               \at(count_eq((int64_t *)topk_ids, y, x), Pre))) &&
+              (!row_unmet(topk_ids + t * k, k, x) ==> (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) ==
+               \at(count_eq((int64_t *)topk_ids, y, x), Pre) + 1)); */
+        /*@ assert counts_room: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre) <=
+               \at(count_eq((int64_t *)topk_ids, T * k, x), Pre)); */
+        /*@ assert row_room: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E &&
+              !row_unmet(topk_ids + t * k, k, x) ==> next[x] < region_end(start, E, NB, x); */
+        /*@ ghost called: ; */
+        dropped += place_row(kind, t, k, E, B, topk_ids + t * k, topk_weights, es, next, token_position_to_id,
+                             affinities) /*@ ghost (T, NB, pad, (int64_t *)start) */;
+        /*@ assert counts_after: kind != MOE_MLP_DROPPING ==> \forall integer x; 0 <= x < E ==>
+              next[x] == start[x] + (\let y = t * k; \at(count_eq((int64_t *)topk_ids, y + k, x), Pre)); */
+        /*@ assert next_row: (t + 1) * k == t * k + k; */
+    }
+    return dropped;
+}
 /* affinities[0 .. count - 1] = +0 (all bits zero in every dtype). */
 /*@ requires dtype: dtype_ok(dtype);
     requires count: 0 <= count <= SIZE_MAX / 16;
@@ -760,19 +919,34 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
     /*@ ghost lemma_mul_monotone(0, T, E); */
     /*@ ghost lemma_mul_monotone(0, T, k); */
     /*@ assert block: block == N && block * B == N * B; */
+    /*@ assert regions: regions_ok(cursor, E, N * B) && blocks_in_regions(block_to_expert, cursor, E, N, B); */
+    /*@ assert dropping: kind == MOE_MLP_DROPPING ==> N * B == E * B &&
+          \forall integer e; 0 <= e < E ==> cursor[e] == e * B; */
+    /*@ assert dropless: kind != MOE_MLP_DROPPING ==> \forall integer e; 0 <= e < E ==>
+          cursor[e] + \at(count_eq((int64_t *)topk_ids, T * k, e), Pre) <= region_end(cursor, E, N * B, e); */
     const int64_t pad = padding == MOE_MLP_PAD_ROW ? T : -1, NB = block * B;
     /*@ assert ids_kept: in_range(topk_ids, T * k, 0, E); */
-    /*@ loop invariant bounds: 0 <= p <= NB;
-        loop invariant ids: in_range(topk_ids, T * k, 0, E);
-        loop assigns p, token_position_to_id[0 .. N * B - 1];
-        loop variant NB - p; */
-    for (int64_t p = 0; p < NB; p++)
-        token_position_to_id[p] = pad;
     const size_t es = element_size(dtype) /*@ ghost (T * E, T * k) */;
     if (affinities != NULL)
         zero_affinities(dtype, affinities, T * E);
-    /* count_eq of the ids is read in the pre-state (the stores above wrote int64 memory): carried over here */
+    /* count_eq and topk_ok of the ids are read in the pre-state (the stores above wrote int64 memory): carried
+     * over here, the rows token by token */
     /*@ ghost
+        /@ loop invariant bounds: 0 <= y <= T;
+           loop invariant rows: topk_ok(topk_ids, y, k, E);
+           loop assigns y;
+           loop variant T - y; @/
+        for (int64_t y = 0; y < T; y++) {
+          lemma_row_fits(y, T, k);
+          /@ assert row_pre: topk_token_ok{Pre}(topk_ids, y, k, E); @/
+          /@ assert row_frame: \forall integer i; 0 <= i < k ==> (\let s = y * k + i; topk_ids[s] == \at(topk_ids[s], Pre)); @/
+          /@ assert row_frame_shift: \forall integer i; 0 <= i < k ==>
+               (\let r = topk_ids + y * k; r[i] == \at(r[i], Pre)); @/
+          /@ assert row_range: in_range(topk_ids + y * k, k, 0, E); @/
+          /@ assert row_distinct_pre: injective{Pre}(topk_ids + y * k, k); @/
+          /@ assert row_distinct: injective(topk_ids + y * k, k); @/
+          /@ assert row_here: topk_token_ok(topk_ids, y, k, E); @/
+        }
         /@ loop invariant bounds: 0 <= y <= T * k;
            loop invariant framed: \forall integer z, x; 0 <= z <= y ==>
              count_eq((int64_t *)topk_ids, z, x) == \at(count_eq((int64_t *)topk_ids, z, x), Pre);
@@ -780,9 +954,35 @@ moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind,
            loop variant T * k - y; @/
         for (int64_t y = 0; y < T * k; y++) ;
     */
-    const int64_t dropped = place_tokens(kind, T, k, E, B, topk_ids, topk_weights, es, cursor,
-                                         token_position_to_id, affinities) /*@ ghost (N * B) */;
+    /* the padding marks, then the pairs; m (the counts, read by assign_blocks_dropless only) becomes the
+     * cursors, cursor keeps the runs' first positions */
+    /*@ assert blocks_before: blocks_in_regions(block_to_expert, cursor, E, N, B); */
+    /*@ ghost placing: ; */
+    const int64_t dropped = place_tokens(kind, T, k, E, B, NB, pad, topk_ids, topk_weights, es, cursor, m,
+                                         token_position_to_id, affinities);
+    /* place_tokens wrote the positions and m only: the blocks and their runs stand */
+    /*@ assert b2e_kept: \forall integer n; 0 <= n < N ==> block_to_expert[n] == \at(block_to_expert[n], placing); */
+    /*@ assert cursor_kept: \forall integer x; 0 <= x < E ==> cursor[x] == \at(cursor[x], placing); */
+    /*@ assert ends_kept: \forall integer x; 0 <= x < E ==>
+          region_end(cursor, E, N * B, x) == \at(region_end(cursor, E, N * B, x), placing); */
+    /*@ assert blocks_kept_each: \forall integer n; 0 <= n < N ==>
+          \at(block_in_region(block_to_expert, cursor, E, N * B, B, n), placing) &&
+          block_to_expert[n] == \at(block_to_expert[n], placing) &&
+          cursor[block_to_expert[n]] == \at(cursor[block_to_expert[n]], placing) &&
+          region_end(cursor, E, N * B, block_to_expert[n]) == \at(region_end(cursor, E, N * B, block_to_expert[n]), placing); */
+    /*@ assert blocks_kept: blocks_in_regions(block_to_expert, cursor, E, N, B); */
+    /*@ ghost lemma_runs_pairs(block_to_expert, cursor, m, token_position_to_id, E, N, B, T, pad); */
+    /*@ assert value_layout: layout_ok(block_to_expert, token_position_to_id, T, E, N, B, pad, 0); */
+    /*@ ghost laid_out: ; */
     if (num_dropped != NULL)
         *num_dropped = dropped;
+    /* *num_dropped lies apart from the layout (build_layout_args_ok): the layout stands */
+    /*@ assert frame_b2e: \forall integer n; 0 <= n < N ==> block_to_expert[n] == \at(block_to_expert[n], laid_out); */
+    /*@ assert frame_positions: \forall integer p; 0 <= p < N * B ==>
+          token_position_to_id[p] == \at(token_position_to_id[p], laid_out); */
+    /*@ ghost lemma_rows_inside(0, N, B); */
+    /*@ assert frame_ids: \forall integer x, c; 0 <= x < N && 0 <= c < B ==>
+          token_at(token_position_to_id, B, x, c) == token_at{laid_out}(token_position_to_id, B, x, c); */
+    /*@ assert value_layout_end: layout_ok(block_to_expert, token_position_to_id, T, E, N, B, pad, 0); */
     return MOE_OK;
 }

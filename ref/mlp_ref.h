@@ -141,10 +141,13 @@ int64_t moe_ref_mlp_count_blocks(moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                  const int64_t *topk_ids);
 /*@ requires args: build_layout_args_ok(kind, T, k, E, B, dtype, topk_ids, (char *)topk_weights, N, block_to_expert,
       token_position_to_id, (char *)affinities, num_dropped);
+    requires topk: topk_ok(topk_ids, T, k, E);
     terminates \true;
     assigns block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
       ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
-    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY; */
+    ensures status: \result == MOE_OK || \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures value_layout_ok: \result == MOE_OK ==> layout_ok(block_to_expert, token_position_to_id, T, E, N, B,
+      padding == MOE_MLP_PAD_ROW ? T : -1, 0); */
 moe_status moe_ref_mlp_build_layout(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                     int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                     const int64_t *topk_ids, const void *topk_weights, int64_t N,
@@ -182,8 +185,10 @@ int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t
                                     const int64_t *topk_ids, int64_t *m);
 
 /* moe_ref_mlp_build_layout on caller-provided scratch (ref/mlp_layout.c, proved: RTE, every store inside the
- * layout's arrays and the affinities, assigns, termination): the counts, the blocks (assign_blocks_*),
- * padding marks everywhere, then the pairs placed in token order (place_tokens).
+ * layout's arrays and the affinities, assigns, termination, and value_layout_ok: the layout passes the layout
+ * rules, layout_ok without overwrite, what moe_ref_mlp_check_layout_in accepts): the counts, the blocks
+ * (assign_blocks_*), then padding marks everywhere and the pairs placed in token order (place_tokens).
+ * topk_ok: distinct experts per token (the front end checks it before the build: moe_ref_mlp_check_topk).
  *   m [E], cursor [E]  scratch (any contents), or NULL: not allocated, MOE_ERR_OUT_OF_MEMORY, nothing written
  *   N                  the block count: E for MOE_MLP_DROPPING, else topk_blocks (moe_ref_mlp_count_blocks) */
 /*@ requires args: build_layout_args_ok(kind, T, k, E, B, dtype, topk_ids, (char *)topk_weights, N, block_to_expert,
@@ -191,10 +196,13 @@ int64_t moe_ref_mlp_count_blocks_in(moe_mlp_layout_kind kind, int64_t T, int64_t
     requires scratch: m != \null && cursor != \null ==> \valid(m + (0 .. E - 1)) && \valid(cursor + (0 .. E - 1)) &&
       \separated(m + (0 .. E - 1), cursor + (0 .. E - 1), topk_ids + (0 .. T * k - 1),
                  block_to_expert + (0 .. N - 1), token_position_to_id + (0 .. N * B - 1), num_dropped);
+    requires topk: topk_ok(topk_ids, T, k, E);
     terminates \true;
     assigns m[0 .. E - 1], cursor[0 .. E - 1], block_to_expert[0 .. N - 1], token_position_to_id[0 .. N * B - 1],
       ((char *)affinities)[0 .. byte_offset(T * E, dtype) - 1], *num_dropped, moe_error_model;
-    ensures status: m != \null && cursor != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY; */
+    ensures status: m != \null && cursor != \null ? \result == MOE_OK : \result == MOE_ERR_OUT_OF_MEMORY;
+    ensures value_layout_ok: \result == MOE_OK ==> layout_ok(block_to_expert, token_position_to_id, T, E, N, B,
+      padding == MOE_MLP_PAD_ROW ? T : -1, 0); */
 moe_status moe_ref_mlp_build_layout_in(const char *op, moe_mlp_layout_kind kind, int64_t T, int64_t k,
                                        int64_t E, int64_t B, moe_mlp_padding padding, moe_dtype dtype,
                                        const int64_t *topk_ids, const void *topk_weights, int64_t N,
