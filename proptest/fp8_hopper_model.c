@@ -184,7 +184,10 @@ void fp8_hopper_model_dx(const fp8_hopper_model *m, const moe_routing *routing, 
         const int64_t e = expert[r], dyr = o->permute_y ? slot[r] : r;
         for (int64_t c = 0; c < K; c++) {
             const stream a = {dy->dtype, dy->data, dyr * N, 1, dy->scales, dyr * tn, 1};
-            const stream b = {w->dtype, w->data, e * N * K + c, K, w->scales, e * tn * tk + c / TILE, tk};
+            /* W's column (e, ., c), or with w_transposed W^T's row (e, c) */
+            const stream b = o->w_transposed
+                                 ? (stream){w->dtype, w->data, (e * K + c) * N, 1, w->scales, (e * tk + c / TILE) * tn, 1}
+                                 : (stream){w->dtype, w->data, e * N * K + c, K, w->scales, e * tn * tk + c / TILE, tk};
             float v = hopper_dot(m, o->scale_format, &a, &b, N);
             if (topk_weights != NULL)
                 v = topk_weights[slot[r]] * v;

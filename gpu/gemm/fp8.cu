@@ -179,7 +179,7 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
     const int64_t a_len = dx ? N : K;
     f.a_vec = aligned16(a->data) && a_len % 16 == 0;
     f.b_vec = aligned16(b->data) && (f.w_kn ? N : K) % 16 == 0; // W's rows: K codes, W^T's N
-    const int64_t col_tiles = (g.cols_j + F8_BN - 1) / F8_BN, bitmap_words = M / 32 + 1;
+    const int64_t bitmap_words = M / 32 + 1;
     const int64_t a_rows = dx ? M : (p->permute_x ? p->num_tokens : M);
 
     unsigned char *ws = nullptr;
@@ -191,6 +191,18 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
         g.out = out;
     moe_status status = MOE_OK;
     do {
+        // the Hopper kernel where it takes the call, else the portable one; MOE_CUDA_KERNEL=sm80 or simt forces the
+        // portable kernel, =sm90 makes refused tensor maps an error (as for the other dtypes).  Planned first: the
+        // routing check counts the tiles of the kernel that runs (the Hopper kernel's wide tiles have 256 columns).
+        const bool portable = forced == KERNEL_SM80 || forced == KERNEL_SIMT;
+        Fp8Sm90Maps maps;
+        const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
+        if (plan == FP8_SM90_MAPS_REFUSED && forced == KERNEL_SM90) {
+            status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
+            break;
+        }
+        const int tile_cols = plan == FP8_SM90_TAKES && f.sm90_wide ? 2 * F8_BN : F8_BN;
+        const int64_t col_tiles = (g.cols_j + tile_cols - 1) / tile_cols;
         launch_routing_check(p, message_op, col_tiles, F8_BM, false, bitmap_words, g.ws, stream);
         const int64_t a_tiles = dx ? f.tiles_n : f.tiles_k;
         cudaError_t err = launch_fp8_scale_check(a->scales, a_rows * a_tiles, a_tiles, 0, f.ue8m0, 0, message_op,
@@ -204,15 +216,6 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
         }
         const int64_t max_tiles = max_tiles_of(op, E, M, N, F8_BM, col_tiles);
         if (max_tiles > 0) {
-            // the Hopper kernel where it takes the call, else the portable one; MOE_CUDA_KERNEL=sm80 or simt
-            // forces the portable kernel, =sm90 makes refused tensor maps an error (as for the other dtypes)
-            const bool portable = forced == KERNEL_SM80 || forced == KERNEL_SIMT;
-            Fp8Sm90Maps maps;
-            const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
-            if (plan == FP8_SM90_MAPS_REFUSED && forced == KERNEL_SM90) {
-                status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
-                break;
-            }
             if (plan == FP8_SM90_TAKES) {
                 status = launch_fp8_sm90(f, maps, max_tiles, stream);
                 if (status != MOE_OK)

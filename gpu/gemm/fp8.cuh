@@ -29,6 +29,7 @@ struct Fp8Args {
     int w_kn;                // dX with w_transposed: b is W^T [E][K][N], its scales [E][tiles_k][tiles_n]
     int64_t tiles_n, tiles_k;
     int a_vec, b_vec;        // the operand's rows may be read 16 codes at a time (aligned, row length % 16 == 0)
+    int sm90_wide;           // the Hopper kernel with tiles of 256 columns (fp8_sm90_plan sets it)
 };
 
 // The portable kernels' tile (gemm/fp8.cu, gemm/fp8_dw.cu): 128 x 128 outputs, 256 threads (8 warps of 64 x 32),
@@ -193,7 +194,9 @@ __device__ __forceinline__ float fp8_w_scale(const Fp8Args &f, int64_t e, int64_
 // w_kn; A [M][K or N] codes unless permute_x / permute_y gathers its rows).  fp8_sm90_plan: whether the call is its shape (sm_90a built and
 // present, fwd or dX, K % 16 == 0 and for dX N % 16 == 0, the codes 16-byte aligned) and, if so, whether the
 // driver accepted the maps (*maps); it sets f->g.tma_out where the kernel writes the output by TMA stores
-// (fp8_sm90_tma_store, gemm/heuristics.cu: the rows in tile order and overwritten, and the driver took maps->out).
+// (fp8_sm90_tma_store, gemm/heuristics.cu: the rows in tile order and overwritten, and the driver took maps->out),
+// and f->sm90_wide where it takes tiles of 256 columns (fp8_sm90_wide_tiles; the routing check then counts tiles
+// of 256 columns).
 struct Fp8Sm90Maps {
     CUtensorMap w, a;
     CUtensorMap out; // with f->g.tma_out: the output in gemm/tma_store.cuh's boxes

@@ -20,8 +20,10 @@
 // workspace, accumulate, the rounding) two columns at a time, or, where the output's rows are in tile order and
 // overwritten (g.tma_out), gemm/tma_store.cuh's: the rounded values in swizzled boxes of shared memory, written by
 // TMA stores (gemm/heuristics.cu, fp8_sm90_tma_store).  Persistent CTAs take tiles in tile_coord's order.
-// A step's scales: for fwd the producers stage them in shared memory one step ahead; for dX each consumer thread
-// reads its three from global memory (gemm/heuristics.cu, fp8_sm90_staged_scales, says why).
+// A step's scales: for fwd and dX from W^T the producers stage them in shared memory one step ahead; for dX from W
+// each consumer thread reads its three from global memory (gemm/heuristics.cu, fp8_sm90_staged_scales, says why).
+// Tiles of 128 x 256 where W's boxes go straight into the stage and the experts have rows for two row tiles on
+// average (gemm/heuristics.cu, fp8_sm90_wide_tiles).
 #include <cuda.h>
 
 #include "common/cp_async.cuh"
@@ -36,8 +38,10 @@
 namespace moe_gpu {
 namespace {
 
+// Q_BN: the columns of one wgmma (m64n128k32) and of a W block; a tile has Q_BN columns, or 2 Q_BN with WIDE (two
+// W blocks per k-step, each consumer warpgroup's two column halves multiplied and promoted in turn)
 constexpr int Q_BM = 128, Q_BN = 128, Q_BK = F8_TILE;
-constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK, Q_STAGE_BYTES = Q_A_BYTES + Q_B_BYTES;
+constexpr int Q_A_BYTES = Q_BM * Q_BK, Q_B_BYTES = Q_BN * Q_BK;
 constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_CONSUMERS;
 // The shared memory of the kernel: the ring of stages (6; 5 where the producers transpose W's boxes), for the
 // transposition (TRANSPOSE_W: dX from W) two staging buffers of W boxes as TMA writes them ([n][c], before it), the barriers (full[S],
@@ -46,9 +50,10 @@ constexpr int Q_PRODUCERS = 128, Q_CONSUMERS = 256, Q_THREADS = Q_PRODUCERS + Q_
 // coordinates of the tile each stage belongs to (TileCoord [S]), and the epilogue's boxes (g.tma_out: H_EPI_BOXES
 // swizzled 1 KiB boxes per consumer warp, gemm/tma_store.cuh).
 constexpr int Q_SCALES = Q_BM + 4; // a stage's scales, padded to 16 bytes
-template <bool TRANSPOSE_W> struct Fp8Smem {
-    static constexpr int STAGES = TRANSPOSE_W ? 5 : 6;
-    static constexpr int STAGING_OFFSET = STAGES * Q_STAGE_BYTES;
+template <bool TRANSPOSE_W, bool WIDE> struct Fp8Smem {
+    static constexpr int BN = WIDE ? 2 * Q_BN : Q_BN, B_BYTES = BN * Q_BK, STAGE_BYTES = Q_A_BYTES + B_BYTES;
+    static constexpr int STAGES = TRANSPOSE_W ? 5 : WIDE ? 4 : 6;
+    static constexpr int STAGING_OFFSET = STAGES * STAGE_BYTES;
     static constexpr int BARRIER_OFFSET = STAGING_OFFSET + (TRANSPOSE_W ? 2 * Q_B_BYTES : 0);
     static constexpr int ROWS_OFFSET = BARRIER_OFFSET + (2 * STAGES + 2) * 8;
     static constexpr int SCALES_OFFSET = ROWS_OFFSET + 2 * Q_BM * 8;
@@ -59,9 +64,13 @@ template <bool TRANSPOSE_W> struct Fp8Smem {
     static_assert(BYTES <= 232448, "shared memory of one CTA");
 };
 static_assert(Q_BK == 128, "a k-step is one scale tile of 128 codes, one 128-byte swizzled row");
-constexpr int Q_PRODUCER_REGS = 56, Q_CONSUMER_REGS = 224;
-static_assert(Q_PRODUCER_REGS * Q_PRODUCERS + Q_CONSUMER_REGS * Q_CONSUMERS <= H_LAUNCH_REGS && Q_THREADS == H_THREADS,
-              "the launch's registers (gemm/sm90.cuh, H_LAUNCH_REGS)");
+// Registers per thread (setmaxnreg); WIDE: the consumers hold 128 accumulators and 64 partial sums.  The split must
+// fit the launch's registers (gemm/sm90.cuh, H_LAUNCH_REGS), or the consumers' setmaxnreg.inc waits forever.
+template <bool WIDE> struct Fp8Regs {
+    static constexpr int PRODUCER = WIDE ? 40 : 56, CONSUMER = WIDE ? 232 : 224;
+    static_assert(PRODUCER * Q_PRODUCERS + CONSUMER * Q_CONSUMERS <= H_LAUNCH_REGS && Q_THREADS == H_THREADS,
+                  "the launch's registers (gemm/sm90.cuh, H_LAUNCH_REGS)");
+};
 
 #ifdef MOE_SM90A_DEVICE
 // d (+)= A(desc_a) * B(desc_b), 64 x 128 x 32 FP8 (scale_d = 0: d = A * B).
@@ -93,6 +102,7 @@ __device__ __forceinline__ void wgmma_fp8_m64n128k32(float *d, uint64_t desc_a, 
 // (topk weights), then into reduce_topk's fp32 workspace as it is, or v = old + v (accumulate) and one rounding;
 // a pair of columns is one 32-bit (16-bit outputs) or 64-bit (f32) store where the row length is even and the
 // output aligned, else element by element.
+template <int BN>
 __device__ __forceinline__ void store_fragment(const GemmArgs &g, const TileCoord &t, int row_in_tile, int lane,
                                                const float *acc)
 {
@@ -111,7 +121,7 @@ __device__ __forceinline__ void store_fragment(const GemmArgs &g, const TileCoor
     const bool accumulate = g.accumulate && !g.out_is_workspace;
     const bool pairs = ld % 2 == 0 && (reinterpret_cast<uintptr_t>(g.out) & (out_dtype == MOE_F32 ? 7u : 3u)) == 0;
 #pragma unroll
-    for (int j = 0; j < Q_BN / 8; j++) {
+    for (int j = 0; j < BN / 8; j++) {
         const int64_t col = t.j0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -188,19 +198,20 @@ struct Fp8Cursor {
     int64_t tile, step, count; // count: tiles of this CTA before this one
     TileCoord t;
 };
-__device__ __forceinline__ void cursor_start(const GemmArgs &g, int64_t tiles, Fp8Cursor *c)
+template <int BN> __device__ __forceinline__ void cursor_start(const GemmArgs &g, int64_t tiles, Fp8Cursor *c)
 {
     c->tile = blockIdx.x, c->step = 0, c->count = 0;
     if (c->tile < tiles)
-        c->t = tile_coord(g, c->tile, Q_BM, Q_BN);
+        c->t = tile_coord(g, c->tile, Q_BM, BN);
 }
+template <int BN>
 __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, int64_t steps, Fp8Cursor *c)
 {
     if (++c->step < steps)
         return;
     c->step = 0, c->count++, c->tile += gridDim.x;
     if (c->tile < tiles)
-        c->t = tile_coord(g, c->tile, Q_BM, Q_BN);
+        c->t = tile_coord(g, c->tile, Q_BM, BN);
 }
 #endif
 
@@ -212,14 +223,19 @@ __device__ __forceinline__ void cursor_next(const GemmArgs &g, int64_t tiles, in
 // row p, producer 0 also W's), one step ahead, into the stage's scales in shared memory, and the consumers read
 // their three there, and the tile's coordinates from the stage of its first k-step (producer 0 writes each
 // stage's); else each consumer thread reads its own scales from global memory before the stage's wait, and
-// searches the tile's coordinates itself (tile_coord).
-template <int OP, int TA, int TB, bool GATHER, bool STAGED, bool WT>
+// searches the tile's coordinates itself (tile_coord).  WIDE (STAGED, A by TMA, W's boxes straight into the stage):
+// tiles of 2 Q_BN columns, a k-step's W box two blocks (two W scales, staged by producers 0 and 1), each consumer
+// warpgroup's two halves of 64 x 128 multiplied and promoted in turn (one set of partial sums): half the bytes from
+// the L2 per multiply-add of the 128-column tiles.
+template <int OP, int TA, int TB, bool GATHER, bool STAGED, bool WT, bool WIDE>
 __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f, const __grid_constant__ Fp8Sm90Maps maps)
 {
 #ifdef MOE_SM90A_DEVICE
     constexpr bool DX = OP == OP_DX, TRANSPOSE_W = DX && !WT;
     static_assert(DX || !WT, "W^T is dX's form only");
-    using L = Fp8Smem<TRANSPOSE_W>;
+    static_assert(!WIDE || (!TRANSPOSE_W && STAGED && !GATHER), "wide tiles: staged scales, A by TMA, W untransposed");
+    using L = Fp8Smem<TRANSPOSE_W, WIDE>;
+    constexpr int BN = L::BN, HALVES = WIDE ? 2 : 1;
     const GemmArgs &g = f.g;
     unsigned char *smem = dynamic_smem_1k();
     const uint32_t smem_base = (uint32_t)__cvta_generic_to_shared(smem);
@@ -245,11 +261,11 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
     }
     __syncthreads();
     const int64_t qlen = DX ? g.N : g.K; // the reduction
-    const int64_t tiles = total_tiles(g, Q_BM, Q_BN), steps = (qlen + Q_BK - 1) / Q_BK;
+    const int64_t tiles = total_tiles(g, Q_BM, BN), steps = (qlen + Q_BK - 1) / Q_BK;
 
     if (threadIdx.x < Q_PRODUCERS) {
         // ------------------------------------------------------------------ producer warpgroup
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Q_PRODUCER_REGS));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Fp8Regs<WIDE>::PRODUCER));
         const int p = threadIdx.x;
         if (!GATHER && !TRANSPOSE_W && !STAGED && p > 0) // every load is thread 0's TMA
             return;
@@ -262,17 +278,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                         w_policy);
         };
         Fp8Cursor cur, next;
-        cursor_start(g, tiles, &cur);
+        cursor_start<BN>(g, tiles, &cur);
         next = cur;
-        cursor_next(g, tiles, steps, &next);
-        // STAGED: this thread's scales of a cursor's step (A's row p of the tile, and for p = 0 W's block), read
-        // one step ahead of the stage they go into; rows past the expert get 0 (never stored)
+        cursor_next<BN>(g, tiles, steps, &next);
+        // STAGED: this thread's scales of a cursor's step (A's row p of the tile, and for p = 0 W's block, WIDE p = 1
+        // W's second block), read one step ahead of the stage they go into; rows past the expert and a second block
+        // past the output's columns get 0 (never stored)
         int64_t scale_row = -1; // A's source row p of the cursor's tile
         auto step_scales = [&](const Fp8Cursor &c, float *sa, float *sw) {
             if (c.step == 0)
                 scale_row = a_source_row(g, c.t, c.t.i0 + p, DX);
             *sa = scale_row >= 0 ? fp8_a_scale(f, scale_row, c.step) : 0.0f;
-            *sw = p == 0 ? fp8_w_scale(f, c.t.e, c.step, c.t.j0) : 0.0f;
+            const int64_t w_col = c.t.j0 + (WIDE && p == 1 ? Q_BN : 0);
+            *sw = p < HALVES && w_col < g.cols_j ? fp8_w_scale(f, c.t.e, c.step, w_col) : 0.0f;
         };
         float sa_cur = 0.0f, sw_cur = 0.0f;
         if (STAGED && cur.tile < tiles && steps > 0)
@@ -281,10 +299,10 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             mbar_arrive_expect_tx(staged_bar, Q_B_BYTES);
             load_w(cur, smem_base + L::STAGING_OFFSET, staged_bar);
         }
-        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cur = next, cursor_next(g, tiles, steps, &next)) {
+        for (uint32_t it = 0; cur.tile < tiles && steps > 0; it++, cur = next, cursor_next<BN>(g, tiles, steps, &next)) {
             const int s = (int)(it % L::STAGES);
             const uint32_t bar = full_bar + 8 * s;
-            const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
+            const uint32_t sa_addr = smem_base + s * L::STAGE_BYTES, sb_addr = sa_addr + Q_A_BYTES;
             const int q0 = (int)(cur.step * Q_BK);
             int64_t *tile_rows = row_table + (cur.count & 1) * Q_BM; // by tile parity: the last tile's may be in use
             if (GATHER && cur.step == 0) {
@@ -304,15 +322,15 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             if (STAGED) {
                 float *scales = stage_scales + s * Q_SCALES;
                 scales[p] = sa_cur;
-                if (p == 0)
-                    scales[Q_BM] = sw_cur;
+                if (p < HALVES)
+                    scales[Q_BM + p] = sw_cur;
                 mbar_arrive(bar); // release: the consumers' wait on the full barrier sees the stores
                 sa_cur = sa_next, sw_cur = sw_next;
             }
             if (p == 0) {
                 if (STAGED)
                     stage_tiles[s] = cur.t; // seen by the consumers after their wait, as the scales (the arrive releases)
-                mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (TRANSPOSE_W ? 0 : Q_B_BYTES));
+                mbar_arrive_expect_tx(bar, (GATHER ? 0 : Q_A_BYTES) + (TRANSPOSE_W ? 0 : L::B_BYTES));
                 if (!GATHER)
                     tma_load_2d(sa_addr, &maps.a, bar, q0, (int)(g.ws.offsets[cur.t.e] + cur.t.i0));
                 if (!TRANSPOSE_W)
@@ -321,7 +339,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             if (GATHER) { // thread p copies 16-code chunk p % 8 of rows p / 8 + 16 u
                 const int kc = p & 7;
                 const bool k_ok = q0 + kc * 16 < qlen;
-                unsigned char *sa = smem + s * Q_STAGE_BYTES;
+                unsigned char *sa = smem + s * L::STAGE_BYTES;
 #pragma unroll
                 for (int u = 0; u < Q_BM / 16; u++) {
                     const int i = (p >> 3) + 16 * u;
@@ -341,7 +359,7 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
         }
     } else {
         // ------------------------------------------------------------------ consumer warpgroups
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Q_CONSUMER_REGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Fp8Regs<WIDE>::CONSUMER));
         const int wg = threadIdx.x / 128 - 1, warp_in_wg = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
         const int row_in_tile = wg * 64 + warp_in_wg * 16 + lane / 4; // and row_in_tile + 8 (the wgmma layout)
         // g.tma_out: this warp's boxes, used in turn; a tile's first box waits until the previous tile's stores
@@ -361,19 +379,19 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
             TileCoord t = {0, 0, 0, 0};
             int64_t row0 = -1, row1 = -1;
             if (!STAGED || steps == 0) {
-                t = tile_coord(g, tile, Q_BM, Q_BN);
+                t = tile_coord(g, tile, Q_BM, BN);
                 row0 = a_source_row(g, t, t.i0 + row_in_tile, DX);
                 row1 = a_source_row(g, t, t.i0 + row_in_tile + 8, DX);
             }
-            float acc[64];
+            float acc[64 * HALVES]; // half h's columns at 64 h
 #pragma unroll
-            for (int i = 0; i < 64; i++)
+            for (int i = 0; i < 64 * HALVES; i++)
                 acc[i] = 0.0f;
             for (int64_t step = 0; step < steps; step++, it++) {
                 const int s = (int)(it % L::STAGES);
                 // this tile's scales: STAGED, the stage's (after the wait); else read before the wait so that
                 // their latency hides behind it
-                float sw = 0.0f, sa0 = 0.0f, sa1 = 0.0f;
+                float sw = 0.0f, sw1 = 0.0f, sa0 = 0.0f, sa1 = 0.0f; // sw1: WIDE's second W block
                 if (!STAGED) {
                     sw = fp8_w_scale(f, t.e, step, t.j0);
                     sa0 = row0 >= 0 ? fp8_a_scale(f, row0, step) : 0.0f;
@@ -385,26 +403,35 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                         t = stage_tiles[s];
                     const float *scales = stage_scales + s * Q_SCALES;
                     sw = scales[Q_BM], sa0 = scales[row_in_tile], sa1 = scales[row_in_tile + 8];
+                    if (WIDE)
+                        sw1 = scales[Q_BM + 1];
                 }
-                const uint32_t sa_addr = smem_base + s * Q_STAGE_BYTES + wg * (Q_A_BYTES / 2);
-                const uint32_t sb_addr = smem_base + s * Q_STAGE_BYTES + Q_A_BYTES;
+                const uint32_t sa_addr = smem_base + s * L::STAGE_BYTES + wg * (Q_A_BYTES / 2);
+                const uint32_t sb_addr = smem_base + s * L::STAGE_BYTES + Q_A_BYTES;
                 if (GATHER)
                     fence_proxy_async(); // the rows came through cp.async (generic proxy); wgmma reads via the async proxy
-                wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < Q_BK / 32; kk++)
-                    wgmma_fp8_m64n128k32<TA, TB>(part, smem_descriptor(sa_addr + kk * 32, 16, 1024),
-                                                 smem_descriptor(sb_addr + kk * 32, 16, 1024), kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();
-                __syncwarp();
-                if (lane == 0)
-                    mbar_arrive(empty_bar + 8 * s); // the stage is read: the producer may refill it
-                // promotion, the reference's two roundings per element
-                const float scale0 = __fmul_rn(sa0, sw), scale1 = __fmul_rn(sa1, sw);
+                for (int h = 0; h < HALVES; h++) { // half h: the stage's W rows Q_BN h .. Q_BN h + 127
+                    wgmma_fence(); // after the previous half's promotion read `part`
 #pragma unroll
-                for (int i = 0; i < 64; i++)
-                    acc[i] = __fadd_rn(acc[i], __fmul_rn(part[i], i % 4 < 2 ? scale0 : scale1));
+                    for (int kk = 0; kk < Q_BK / 32; kk++)
+                        wgmma_fp8_m64n128k32<TA, TB>(part, smem_descriptor(sa_addr + kk * 32, 16, 1024),
+                                                     smem_descriptor(sb_addr + h * Q_B_BYTES + kk * 32, 16, 1024),
+                                                     kk > 0);
+                    wgmma_commit();
+                    wgmma_wait<0>();
+                    if (h == HALVES - 1) {
+                        __syncwarp();
+                        if (lane == 0)
+                            mbar_arrive(empty_bar + 8 * s); // the stage is read: the producer may refill it
+                    }
+                    // promotion, the reference's two roundings per element
+                    const float w_scale = h == 0 ? sw : sw1;
+                    const float scale0 = __fmul_rn(sa0, w_scale), scale1 = __fmul_rn(sa1, w_scale);
+#pragma unroll
+                    for (int i = 0; i < 64; i++)
+                        acc[64 * h + i] = __fadd_rn(acc[64 * h + i], __fmul_rn(part[i], i % 4 < 2 ? scale0 : scale1));
+                }
             }
             if (g.tma_out) {
                 const int64_t warp_row0 = t.i0 + wg * 64 + warp_in_wg * 16; // the warp's first row in the expert
@@ -416,13 +443,13 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
                 slots.used = slots.count;
                 // the output is f32 or bf16 (include/moe_fp8.h)
                 if (g.out_dtype == MOE_F32)
-                    h_store_warp_tma<__nv_bfloat16, OP, Q_BN, 4>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
+                    h_store_warp_tma<__nv_bfloat16, OP, BN, 4>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
                                                                 row_weight, g.weights != nullptr, &maps.out, out_policy);
                 else
-                    h_store_warp_tma<__nv_bfloat16, OP, Q_BN, 2>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
+                    h_store_warp_tma<__nv_bfloat16, OP, BN, 2>(g, t, acc, slots, warp_row0, g.ws.offsets[t.e] + warp_row0, 0,
                                                                 row_weight, g.weights != nullptr, &maps.out, out_policy);
             } else {
-                store_fragment(g, t, row_in_tile, lane, acc);
+                store_fragment<BN>(g, t, row_in_tile, lane, acc);
             }
         }
         if (g.tma_out && lane == 0)
@@ -431,19 +458,27 @@ __global__ void __launch_bounds__(Q_THREADS, 1) fp8_sm90_kernel(const Fp8Args f,
 #endif
 }
 
-template <int OP, int TA, int TB, bool STAGED, bool WT> void *kernel_for(bool gather)
+template <int OP, int TA, int TB, bool STAGED, bool WT, bool WIDE> void *kernel_for(bool gather)
 {
-    return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true, STAGED, WT>)
-                  : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED, WT>);
+    if constexpr (WIDE) // A by TMA only (fp8_sm90_plan)
+        return reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED, WT, true>);
+    else
+        return gather ? reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, true, STAGED, WT, false>)
+                      : reinterpret_cast<void *>(fp8_sm90_kernel<OP, TA, TB, false, STAGED, WT, false>);
 }
-template <int OP, bool STAGED, bool WT> void *kernel_for(int ta, int tb, bool gather)
+template <int OP, bool STAGED, bool WT, bool WIDE> void *kernel_for(int ta, int tb, bool gather)
 {
-    return ta ? (tb ? kernel_for<OP, 1, 1, STAGED, WT>(gather) : kernel_for<OP, 1, 0, STAGED, WT>(gather))
-              : (tb ? kernel_for<OP, 0, 1, STAGED, WT>(gather) : kernel_for<OP, 0, 0, STAGED, WT>(gather));
+    return ta ? (tb ? kernel_for<OP, 1, 1, STAGED, WT, WIDE>(gather) : kernel_for<OP, 1, 0, STAGED, WT, WIDE>(gather))
+              : (tb ? kernel_for<OP, 0, 1, STAGED, WT, WIDE>(gather) : kernel_for<OP, 0, 0, STAGED, WT, WIDE>(gather));
 }
-template <int OP, bool WT> void *kernel_for(int ta, int tb, bool gather, bool staged)
+// The instantiations launched: per op (fwd, dX from W, dX from W^T), staged scales or not, and with staged scales
+// on W's boxes as they are (fwd, dX from W^T) wide tiles or not
+template <int OP, bool WT> void *kernel_for(int ta, int tb, bool gather, bool staged, bool wide)
 {
-    return staged ? kernel_for<OP, true, WT>(ta, tb, gather) : kernel_for<OP, false, WT>(ta, tb, gather);
+    if constexpr (OP == OP_FWD || WT)
+        if (wide)
+            return kernel_for<OP, true, WT, true>(ta, tb, gather);
+    return staged ? kernel_for<OP, true, WT, false>(ta, tb, gather) : kernel_for<OP, false, WT, false>(ta, tb, gather);
 }
 
 } // namespace
@@ -455,6 +490,10 @@ Fp8Sm90Plan fp8_sm90_plan(Fp8Args *fp, Fp8Sm90Maps *maps)
     *maps = Fp8Sm90Maps{};
     fp->g.tma_out = 0;
     const bool dx = g.op == OP_DX;
+    // wide tiles (gemm/heuristics.cu, fp8_sm90_wide_tiles): W's boxes as they are (fwd, dX from W^T), staged
+    // scales, A by TMA; W boxes of 2 Q_BN rows
+    fp->sm90_wide = (!dx || f.w_kn) && !(dx ? g.permute_y : g.permute_x) && fp8_sm90_staged_scales(g.op, f.w_kn) &&
+                    fp8_sm90_wide_tiles(g.op, g.M, g.E);
     const int64_t qlen = dx ? g.N : g.K; // A's rows: [rows][qlen]
     if ((g.op != OP_FWD && !dx) || !sm90_path_available() || g.K % 16 != 0 || (dx && g.N % 16 != 0) ||
         !aligned16(f.a) || !aligned16(f.b))
@@ -464,8 +503,8 @@ Fp8Sm90Plan fp8_sm90_plan(Fp8Args *fp, Fp8Sm90Maps *maps)
     const uint64_t w_rows = f.w_kn ? g.K : g.N, w_cols = f.w_kn ? g.N : g.K;
     const uint64_t w_dims[3] = {w_cols, w_rows, (uint64_t)g.E};
     const uint64_t w_strides[2] = {w_cols, w_rows * w_cols};
-    const uint32_t box[3] = {Q_BK, Q_BN, 1};
-    if (!encode_tensor_map(&maps->w, f.b_dtype, f.b, 3, w_dims, w_strides, box))
+    const uint32_t box[3] = {Q_BK, Q_BN, 1}, w_box[3] = {Q_BK, fp->sm90_wide ? 2u * Q_BN : Q_BN, 1};
+    if (!encode_tensor_map(&maps->w, f.b_dtype, f.b, 3, w_dims, w_strides, w_box))
         return FP8_SM90_MAPS_REFUSED;
     if (!(dx ? g.permute_y : g.permute_x)) { // else A's rows are gathered by cp.async
         const uint64_t a_dims[2] = {(uint64_t)qlen, (uint64_t)g.M}, a_strides[1] = {(uint64_t)qlen};
@@ -484,14 +523,16 @@ moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t ma
 {
     const int ta = f.a_dtype == MOE_E5M2, tb = f.b_dtype == MOE_E5M2;
     const bool dx = f.g.op == OP_DX, gather = dx ? f.g.permute_y != 0 : f.g.permute_x != 0;
-    const bool staged = fp8_sm90_staged_scales(f.g.op);
-    void *kernel = !dx ? kernel_for<OP_FWD, false>(ta, tb, gather, staged)
-                 : f.w_kn ? kernel_for<OP_DX, true>(ta, tb, gather, staged)
-                          : kernel_for<OP_DX, false>(ta, tb, gather, staged);
+    const bool staged = fp8_sm90_staged_scales(f.g.op, f.w_kn), wide = f.sm90_wide != 0;
+    void *kernel = !dx ? kernel_for<OP_FWD, false>(ta, tb, gather, staged, wide)
+                 : f.w_kn ? kernel_for<OP_DX, true>(ta, tb, gather, staged, wide)
+                          : kernel_for<OP_DX, false>(ta, tb, gather, staged, false);
     // the epilogue's boxes only with TMA stores: what a launch leaves of the SM's shared memory is the L1 cache's,
     // through which dX's consumers read their scales
-    const size_t epi_bytes = f.g.tma_out ? 0 : (Q_CONSUMERS / 32) * Fp8Smem<false>::EPI_WARP_BYTES;
-    const size_t smem_bytes = (dx && !f.w_kn ? Fp8Smem<true>::BYTES : Fp8Smem<false>::BYTES) - epi_bytes;
+    const size_t epi_bytes = f.g.tma_out ? 0 : (Q_CONSUMERS / 32) * Fp8Smem<false, false>::EPI_WARP_BYTES;
+    const size_t smem_bytes = (dx && !f.w_kn ? Fp8Smem<true, false>::BYTES
+                               : wide        ? Fp8Smem<false, true>::BYTES
+                                             : Fp8Smem<false, false>::BYTES) - epi_bytes;
     MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
     void *args[2] = {const_cast<Fp8Args *>(&f), const_cast<Fp8Sm90Maps *>(&maps)};
     MOE_CUDA_CHECK(cudaLaunchKernel(kernel, dim3(persistent_grid(max_tiles, 1)), dim3(Q_THREADS), args, smem_bytes,

@@ -245,11 +245,12 @@ bool gate_fusion_required()
 // UE8M0 decoding per step) for dX, whose producers also transpose every W box.  Measured on an H200, the two
 // alternated: fwd 5-13% faster staged, dX 5-10% slower (bench/RESULTS.md, "The Hopper FP8 kernel's scales staged
 // in shared memory"); with TMA stores, on an H100, dX staged 7-13% slower (bench/RESULTS.md, "The Hopper FP8
-// kernel's epilogue by TMA stores").  MOE_FP8_SM90_STAGED_SCALES=0|1 forces it off or on.
-bool fp8_sm90_staged_scales(int op)
+// kernel's epilogue by TMA stores").  dX from W^T (w_kn: no transposition) staged, on an H100: 1.07-1.17x unstaged
+// (bench/RESULTS.md, "dX from W^T").  MOE_FP8_SM90_STAGED_SCALES=0|1 forces it off or on.
+bool fp8_sm90_staged_scales(int op, bool w_kn)
 {
     const int forced = env_switch("MOE_FP8_SM90_STAGED_SCALES");
-    return forced >= 0 ? forced == 1 : op == OP_FWD;
+    return forced >= 0 ? forced == 1 : op == OP_FWD || (op == OP_DX && w_kn);
 }
 
 // The Hopper FP8 kernel's epilogue (gemm/fp8_sm90.cu) through gemm/tma_store.cuh's boxes and TMA stores, where the
@@ -261,6 +262,20 @@ bool fp8_sm90_tma_store(int op)
 {
     const int forced = env_switch("MOE_FP8_SM90_TMA_STORE");
     return forced >= 0 ? forced == 1 : op == OP_FWD || op == OP_DX;
+}
+
+// The Hopper FP8 kernel with tiles of 128 x 256 (gemm/fp8_sm90.cu, WIDE) instead of 128 x 128, where it reads W's
+// boxes as they are (fwd, dX from W^T) with staged scales and A by TMA: each k-step's 48 KiB of codes feed twice the
+// multiply-adds of the 32 KiB of a 128 x 128 tile, with 4 stages instead of 6.  Taken where the experts average
+// at least two row tiles (M >= 256 E).  On an H100: Qwen3-30B-A3B (256 rows an expert) fwd 1.15-1.20x, dX from W^T
+// 1.08-1.13x; DeepSeek-V3 (128 rows an expert, K = 7168) fwd 0.87x, dX from W^T 0.96-0.98x (bench/RESULTS.md, "Wide
+// FP8 tiles, measured").  MOE_FP8_SM90_WIDE_TILES=0|1 forces it off or on.
+bool fp8_sm90_wide_tiles(int op, int64_t M, int64_t E)
+{
+    const int forced = env_switch("MOE_FP8_SM90_WIDE_TILES");
+    if (op != OP_FWD && op != OP_DX)
+        return false;
+    return forced >= 0 ? forced == 1 : M >= 2 * 128 * E;
 }
 
 } // namespace moe_gpu

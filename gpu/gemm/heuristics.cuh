@@ -42,7 +42,7 @@ bool sm90_dw_wide(void);
 const char *gate_fusion_refusal(const MoeRowsGemm *r, bool form_ok, int64_t H, int64_t I, bool required,
                                 std::initializer_list<const void *> outs);
 bool gate_fusion_required();
-bool fp8_sm90_staged_scales(int op);
+bool fp8_sm90_staged_scales(int op, bool w_kn);
 // MOE_CUDA_KERNEL (tests and tuning runs): unset, "" or "auto": the plan's rules; "sm90": the rules, but a refused
 // TMA descriptor is an error instead of the sm80 family; "sm80", "simt": that family where it can take the call.
 enum KernelOverride { KERNEL_AUTO, KERNEL_SM90, KERNEL_SM80, KERNEL_SIMT };
@@ -50,6 +50,7 @@ enum KernelOverride { KERNEL_AUTO, KERNEL_SM90, KERNEL_SM80, KERNEL_SIMT };
 // (a misspelt override is not ignored).
 moe_status kernel_override(const char *op, KernelOverride *kernel);
 bool fp8_sm90_tma_store(int op);
+bool fp8_sm90_wide_tiles(int op, int64_t M, int64_t E);
 
 } // namespace moe_gpu
 
