@@ -194,9 +194,10 @@ moe_status run_fp8(const moe_fp8_problem *fp, int op, const moe_fp8_tensor *a, c
         // the Hopper kernel where it takes the call, else the portable one; MOE_CUDA_KERNEL=sm80 or simt forces the
         // portable kernel, =sm90 makes refused tensor maps an error (as for the other dtypes).  Planned first: the
         // routing check counts the tiles of the kernel that runs (the Hopper kernel's wide tiles have 256 columns).
+        // An output without columns has no tiles and runs no kernel: nothing to plan.
         const bool portable = forced == KERNEL_SM80 || forced == KERNEL_SIMT;
         Fp8Sm90Maps maps;
-        const Fp8Sm90Plan plan = portable ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
+        const Fp8Sm90Plan plan = portable || g.cols_j == 0 ? FP8_SM90_NOT_ITS_SHAPE : fp8_sm90_plan(&f, &maps);
         if (plan == FP8_SM90_MAPS_REFUSED && forced == KERNEL_SM90) {
             status = moe_fail(MOE_ERR_DEVICE, "%s: MOE_CUDA_KERNEL=sm90 but the TMA descriptors were refused", p->op);
             break;
