@@ -149,7 +149,7 @@ void gemm_setup_free(int64_t *offsets, a_block *blocks)
 moe_status gemm_out_of_scratch(const moe_gemm_problem *p)
 {
     return moe_fail(MOE_ERR_OUT_OF_MEMORY, "%s: no memory for the per-thread tile buffers (%zu bytes each)",
-                    p->op, (size_t)(MB * KB + NB * KB + MB * NB + (MB > NB ? MB : NB)) * sizeof(float));
+                    p->op, (size_t)SCRATCH_FLOATS * sizeof(float));
 }
 
 /* One thread's part of gemm_run_plain (proved): every item of the op, on the thread's scratch s.  It states the
