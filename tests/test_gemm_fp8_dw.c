@@ -20,7 +20,8 @@
  * cases on codes and on quantized operands within the same bound (the portable kernel sums a tile in float32, in
  * another order), the columns quantizer bit for bit the reference's, and bad inputs found on the device (a bad
  * scale in a tile in use, a non-finite source value, a bad routing) reported by moe_backend_synchronize with
- * nothing written, a bad scale in a row no tile uses ignored.
+ * nothing written, a bad scale in a row no tile uses ignored; and two cases of more output tiles than the GPU has
+ * SMs (the persistent kernel's walk over several tiles per CTA).
  *
  * Usage: test_gemm_fp8_dw [seed] */
 #include "fp8_ref.h"
@@ -301,6 +302,52 @@ static double gemm_case(dw_case *cp, oracle_rng *rng)
     free(xq), free(dyq), free(xs), free(dys);
     return ratio;
 }
+
+#ifdef MOE_TEST_CUDA
+/* dW with more output tiles than any GPU has SMs (16 experts x 3 x 5 or 4 of 128 x 128), so that each persistent
+ * CTA of the kernel walks several output tiles and loads the next one's first step while it finishes the last
+ * one's: experts 3 and 9 without rows (their tiles are stored +0 in passing), the others of 1 .. ~200 rows; K = 520
+ * (X read code by code) and K = 512 (16 codes at a time).  Device-only: on the reference it adds nothing to the
+ * random cases but time. */
+static double many_tiles_cases(oracle_rng *rng)
+{
+    double worst = 0.0;
+    static const int64_t lengths_k[] = {520, 512};
+    for (int i = 0; i < 2; i++) {
+        dw_case c;
+        c.r.T = 700, c.r.k = 2, c.r.E = 16;
+        const int64_t M = c.r.T * c.r.k;
+        c.r.ids = xmalloc((size_t)M * sizeof(int64_t));
+        c.r.m_sizes = xmalloc((size_t)c.r.E * sizeof(int64_t));
+        c.r.gather = xmalloc((size_t)M * sizeof(int64_t));
+        for (int64_t t = 0; t < c.r.T; t++) { /* two distinct experts of 16, never 3 or 9, skewed towards the low ones */
+            int64_t a, b;
+            do
+                a = (int64_t)oracle_rng_below(rng, 1 + oracle_rng_below(rng, 16));
+            while (a == 3 || a == 9);
+            do
+                b = (int64_t)oracle_rng_below(rng, 16);
+            while (b == 3 || b == 9 || b == a);
+            c.r.ids[2 * t] = a, c.r.ids[2 * t + 1] = b;
+        }
+        REQUIRE(moe_routing_from_topk(c.r.T, c.r.k, c.r.E, c.r.ids, c.r.m_sizes, c.r.gather, NULL) == MOE_OK,
+                "routing: %s", moe_last_error());
+        c.r.routing = (moe_routing){c.r.T, c.r.k, c.r.E, c.r.m_sizes, c.r.gather};
+        c.M = M, c.N = 384, c.K = lengths_k[i];
+        memset(&c.opt, 0, sizeof c.opt);
+        c.opt.out_dtype = i ? MOE_BF16 : MOE_F32;
+        c.opt.accumulate = i;
+        c.x = (moe_fp8_tensor){NULL, NULL, MOE_E4M3};
+        c.dy = (moe_fp8_tensor){NULL, NULL, i ? MOE_E5M2 : MOE_E4M3};
+        snprintf(c.what, sizeof c.what, "dw many tiles T=700 k=2 E=16 (3, 9 empty) N=384 K=%lld acc=%d",
+                 (long long)c.K, i);
+        const double ratio = gemm_case(&c, rng);
+        worst = ratio > worst ? ratio : worst;
+        free_routing(&c.r);
+    }
+    return worst;
+}
+#endif
 
 /* Quantizes src with moe_quantize_fp8_columns and checks every tile against moe_quantize_fp8_rows on the tile's
  * values laid out as one row; the unused scale rows against an empty tile's scale. */
@@ -743,6 +790,9 @@ int main(int argc, char **argv)
     printf("80 random dW cases: worst |err| / bound %.3g\n", worst_codes);
     const double worst_quantized = random_cases(&rng, 40, quantized_case);
     printf("40 quantized dW cases: worst |err| / bound %.3g\n", worst_quantized);
+#ifdef MOE_TEST_CUDA
+    printf("2 dW cases of 240 and 192 output tiles: worst |err| / bound %.3g\n", many_tiles_cases(&rng));
+#endif
     bad_dw_arguments();
     bad_columns_arguments();
     bad_dw_values();

@@ -1,7 +1,7 @@
 // The FP8 grouped GEMM's arguments as its kernels see them (gemm/fp8.cu: the fwd / dX call, the scale check and
 // the portable kernel; gemm/fp8_dw.cu: the portable dW kernel; gemm/fp8_sm90.cu: the Hopper kernel), the scale
 // lookup they share, and the portable kernels' pieces: their tile, the exact FP8 -> bf16 decoding, the 16-code
-// loads into shared memory and the bf16 mma.sync.
+// loads into shared memory and the step of bf16 mma.sync (gemm/mma_sm80.cuh's).
 #ifndef LIBMOE_GPU_GEMM_FP8_CUH
 #define LIBMOE_GPU_GEMM_FP8_CUH
 
@@ -11,6 +11,7 @@
 
 #include "gemm/args.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/mma_sm80.cuh"
 
 extern "C" {
 #include "moe_fp8.h"
@@ -51,15 +52,6 @@ __device__ __forceinline__ uint16_t fp8_to_bf16_bits(moe_dtype dtype, unsigned c
         return (uint16_t)(sign | (__float_as_uint(v) >> 16));
     }
     return (uint16_t)(sign | (exponent + 127u - bias) << 7 | mantissa << (7u - mbits));
-}
-
-// c += a . b, one m16n8k16 bf16 MMA with fp32 accumulation (the fragments of the PTX ISA's layout).
-__device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, const uint32_t *b)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // 16 codes of a row starting at column q of `len` (0 past it, and all 0 for a NULL row) -> 16 bf16 values at
@@ -112,7 +104,7 @@ __device__ __forceinline__ void fp8_mma_step(const uint16_t (*sa)[F8_LDS], const
         for (int mt = 0; mt < 4; mt++)
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
-                mma_bf16(part[mt][nt], af[mt], bf[nt]);
+                mma_m16n8k16<__nv_bfloat16>(part[mt][nt], af[mt], bf[nt]);
     }
 }
 
