@@ -24,7 +24,7 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
         loop variant K - c; */
     for (int64_t c = 0; c < K; c++)
         acc += moe_ref_load(p->dtype, x, xr * K + c) * moe_ref_load(p->dtype, w, w_row * K + c);
-    /*@ ghost lemma_fdot_bound(p->dtype, (char *)x, xr * K, (char *)w, w_row * K, K); */
+    /*@ ghost lemma_fdot_strided_bound(p->dtype, (char *)x, xr * K, 1, (char *)w, w_row * K, 1, K); */
     return acc;
 }
 
@@ -44,7 +44,7 @@ void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void
               dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K),
               gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
               4 * p->K * eta_f32); */
-        /*@ assert weighted_bound: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) &&
+        /*@ assert weighted_bound: fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) &&
               \is_finite(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) &&
               \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
                 (\abs(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +

@@ -71,7 +71,7 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));)
-    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_dot: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) ==>
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_dot: fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) ==>
         \is_finite(\result) &&
         \abs((real)\result - dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
           gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
@@ -248,14 +248,14 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
     MOE_REF_VALUE_CLAUSE(ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
       loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));)
     MOE_REF_BOUND_CLAUSE(ensures bound_fwd: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
-        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) ==>
+        \old(fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) ==>
         \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
         \abs((real)loaded(p->dtype, (char *)y, y_index) -
               \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) <=
           gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
           4 * p->K * eta_f32;)
     MOE_REF_BOUND_CLAUSE(ensures bound_fwd_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
-        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) &&
         \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
         \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
           (\abs(\old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) +
