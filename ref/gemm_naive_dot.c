@@ -63,3 +63,63 @@ void gemm_naive_fwd_element(const moe_gemm_problem *p, const void *x, const void
     /*@ assert weighted: same_float(acc, fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)); */
     gemm_naive_finish(p->dtype, y, y_index, acc, p->accumulate);
 }
+
+float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
+                        int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
+    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: 0 <= n <= N;
+        loop invariant value: same_float(acc, fdot_strided(p->dtype, (char *)dy, dyr * N, 1, (char *)w, e * N * K + c, K, n));
+        loop assigns n, acc;
+        loop variant N - n; */
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
+        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
+        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
+    }
+    /*@ ghost
+      if (N > 0) {
+        const int64_t w_row0 = e * N; // w's row of (e, 0), viewed as [E * N][K]
+        lemma_row_fits(w_row0, p->num_experts * N, K);
+        lemma_fdot_strided_bound(p->dtype, (char *)dy, dyr * N, 1, (char *)w, w_row0 * K + c, K, N);
+      }
+    */
+    return acc;
+}
+
+void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
+                           void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index)
+{
+    /*@ assert dx: tensor_writable((char *)dx, p->rows * p->K, p->dtype); */
+    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
+    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
+    float acc = gemm_naive_dx_dot(p, dy, w, e, dyr, c);
+    /*@ ghost float dot = acc; */
+    if (topk_weights != NULL) {
+        acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
+        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
+        /*@ assert weight_step: f32_weight_step(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot,
+              dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N),
+              gamma_k(p->N) * dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) + 4 * p->N * eta_f32); */
+        /*@ assert weighted_bound: fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) &&
+              \is_finite(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) &&
+              \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                (\abs(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+                 gamma_k(p->N) * dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) +
+                 4 * p->N * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+              \is_finite(acc) &&
+              \abs((real)acc - (real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                               dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) <=
+                (1 + unit_f32) * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+                  (gamma_k(p->N) * dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) +
+                   4 * p->N * eta_f32) +
+                unit_f32 * \abs((real)loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)) *
+                                 dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+                eta_f32; */
+    }
+    /*@ assert weighted: same_float(acc, dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)); */
+    gemm_naive_finish(p->dtype, dx, dx_index, acc, p->accumulate);
+}

@@ -90,7 +90,12 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_dx_dot: same_float(\result, fdot_strided(p->dtype, (char *)dy, dyr * p->N, 1,
-      (char *)w, e * p->N * p->K + c, p->K, p->N));) */
+      (char *)w, e * p->N * p->K + c, p->K, p->N));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx_dot: fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) ==>
+        \is_finite(\result) &&
+        \abs((real)\result - dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) <=
+          gamma_k(p->N) * dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) +
+          4 * p->N * eta_f32;) */
 float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
                         int64_t c);
 
@@ -184,7 +189,30 @@ void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offs
     terminates \true;
     assigns ((char *)dx)[byte_offset(dx_index, p->dtype) .. byte_offset(dx_index + 1, p->dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_dx: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
-      loaded(p->dtype, (char *)dx, dx_index), \old(dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)));) */
+      loaded(p->dtype, (char *)dx, dx_index), \old(dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) ==>
+        \is_finite(loaded(p->dtype, (char *)dx, dx_index)) &&
+        \abs((real)loaded(p->dtype, (char *)dx, dx_index) -
+              \old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N))) <=
+          gamma_k(p->N) * \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+          4 * p->N * eta_f32;)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) &&
+        \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
+        \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+          (\abs(\old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N))) +
+           gamma_k(p->N) * \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+           4 * p->N * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+        \is_finite(loaded(p->dtype, (char *)dx, dx_index)) &&
+        within_dot_bound((real)loaded(p->dtype, (char *)dx, dx_index),
+          (real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+            \old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)),
+          \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)),
+          p->N, unit_f32,
+          eta_f32 + (1 + unit_f32) * \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            (4 * p->N * eta_f32));) */
 void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
                            void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index);
 

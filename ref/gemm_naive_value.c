@@ -13,25 +13,6 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     moe_ref_store(dtype, out, index, value);
 }
 
-float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
-                        int64_t c)
-{
-    const int64_t N = p->N, K = p->K;
-    /*@ ghost lemma_row_fits(e, p->num_experts, N); */
-    /*@ ghost lemma_row_fits(dyr, p->rows, N); */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: 0 <= n <= N;
-        loop invariant value: same_float(acc, fdot_strided(p->dtype, (char *)dy, dyr * N, 1, (char *)w, e * N * K + c, K, n));
-        loop assigns n, acc;
-        loop variant N - n; */
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t w_row = e * N + n; /* row of w viewed as [E * N][K] */
-        /*@ ghost lemma_row_fits(w_row, p->num_experts * N, K); */
-        acc += moe_ref_load(p->dtype, dy, dyr * N + n) * moe_ref_load(p->dtype, w, w_row * K + c);
-    }
-    return acc;
-}
-
 float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
                         const void *topk_weights, int64_t e, int64_t n, int64_t c)
 {
@@ -72,22 +53,6 @@ float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const v
     for (int64_t n = 0; n < N; n++)
         acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
     return acc;
-}
-
-void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
-                           void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index)
-{
-    /*@ assert dx: tensor_writable((char *)dx, p->rows * p->K, p->dtype); */
-    /*@ assert element: element_writable((char *)dx, dx_index, p->dtype); */
-    /*@ assert weight: topk_weights != \null ==> element_readable((char *)topk_weights, gemm_slot(p, r), p->dtype); */
-    float acc = gemm_naive_dx_dot(p, dy, w, e, dyr, c);
-    /*@ ghost float dot = acc; */
-    if (topk_weights != NULL) {
-        acc = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * acc;
-        /*@ assert product: same_float(acc, f32_mul(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)), dot)); */
-    }
-    /*@ assert weighted: same_float(acc, dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)); */
-    gemm_naive_finish(p->dtype, dx, dx_index, acc, p->accumulate);
 }
 
 void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
