@@ -1,12 +1,14 @@
-/* The forward's dot product and element (declared, with their contracts, in gemm_naive_internal.h), in a file
- * of their own because their proofs state error bounds (bound_fwd_dot; the element's bound_fwd and
- * bound_fwd_weighted: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over the
- * loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
- * invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot).  The element moved here from
- * gemm_naive_value.c with the same operations, so that its goals see the dot's bound clause.  Proved with
- * the value clauses (MOE_REF_VALUES) and the bounds'. */
+/* The forward's and dX's dot products and elements (declared, with their contracts, in gemm_naive_internal.h),
+ * in a file of their own because their proofs state error bounds (bound_fwd_dot, bound_dx_dot; the elements'
+ * bound_fwd, bound_fwd_weighted, bound_dx, bound_dx_weighted: MOE_REF_BOUNDS): a caller's goals would carry
+ * those clauses' real-valued sums over the loaded elements among their hypotheses, where Z3 ran out of memory
+ * on the topk-weight gradient's value invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot, and
+ * whose gemm_naive_dx_reduce_sum calls gemm_naive_dx_dot).  The elements and dX's dot product moved here from
+ * gemm_naive_value.c with the same operations, so that the elements' goals see the dot's bound clause.  Both
+ * dot products' bounds are lemma_fdot_strided_bound's (specs/gemm_value.acsl), at strides 1, 1 (forward) and
+ * 1, K (dX).  Proved with the value clauses (MOE_REF_VALUES) and the bounds'. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
-#define MOE_REF_BOUNDS /* gemm_naive_fwd_dot's bound clause, for this file's proof */
+#define MOE_REF_BOUNDS /* the bound clauses of the dot products and elements, for this file's proof */
 #include "gemm_naive_internal.h"
 
 float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w, int64_t xr, int64_t w_row)

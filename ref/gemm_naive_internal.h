@@ -1,7 +1,7 @@
 /* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the loops, proved for safety),
- * ref/gemm_naive_value.c (float functions whose contracts state their values: dX's, dW's and the topk-weight
- * gradient's dot products and elements, the finishing store), ref/gemm_naive_dot.c (the forward's dot product and
- * element, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
+ * ref/gemm_naive_value.c (float functions whose contracts state their values: dW's and the topk-weight
+ * gradient's dot products and elements, dX's reduce_topk sum and element, the finishing store),
+ * ref/gemm_naive_dot.c (the forward's and dX's dot products and per-row elements, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
  * defined, in those two files' proofs (bounds, MOE_REF_BOUND_CLAUSE: gemm_naive_dot.c's): a float clause among a
  * goal's hypotheses makes it Z3's and cvc5's (CVC4 1.8 cannot read binary32); gemm_naive.c's index goals need CVC4.
  * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
@@ -61,8 +61,9 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
  * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
  *   x [x rows][K], w [E][N][K]
  * Its value (value_fwd_dot) is fdot; its error bound (bound_fwd_dot): for K <= 2^23, finite loaded
- * elements and sum |x_c w_c| <= 2^125 (fdot_bound_premise, specs/gemm_value.acsl), the result is finite and
- * within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_bound proves it for fdot). */
+ * elements and sum |x_c w_c| <= 2^125 (fdot_strided_bound_premise at strides 1, 1, specs/gemm_value.acsl), the
+ * result is finite and within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_strided_bound
+ * proves it for fdot_strided). */
 /*@ requires problem: gemm_problem_ok(p);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
@@ -80,7 +81,11 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
 
 /* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
  * (both the per-row and the reduce_topk forms), with w's column c read with stride K from w[e][0][c].
- *   dy [M][N], w [E][N][K] */
+ *   dy [M][N], w [E][N][K]
+ * Its value (value_dx_dot) is fdot_strided (strides 1 and K); its error bound (bound_dx_dot, proved in
+ * ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): for N <= 2^23, finite loaded elements and sum |dy_n w_nc| <= 2^125
+ * (fdot_strided_bound_premise), the result is finite and within gamma_k(N) sum |dy_n w_nc| + 4 N eta_f32 of the
+ * exact sum (lemma_fdot_strided_bound). */
 /*@ requires problem: gemm_problem_ok(p);
     requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
@@ -177,7 +182,11 @@ void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offs
 
 /* One element of dX without reduce_topk: dx[dx_index] = weight(r) * gemm_naive_dx_dot(e, dyr, c), accumulated
  * and stored by gemm_naive_finish (the body of gemm_dx_per_row's loop over c).  Its value (f32, without
- * accumulate): dx_weighted (specs/gemm_value.acsl). */
+ * accumulate): dx_weighted (specs/gemm_value.acsl).  Its error bounds (f32, without accumulate; proved in
+ * ref/gemm_naive_dot.c's run), the forward element's with N for K: without topk weights (bound_dx) the dot
+ * product's (bound_dx_dot); with a finite weight wt (bound_dx_weighted), for |wt| (|dot_exact| + gamma_k(N)
+ * dot_abs + 4 N eta_f32) <= the largest finite binary32, within_dot_bound of y = wt dot_exact, sabs = |wt|
+ * dot_abs, u_out = unit_f32, eta_out = eta_f32 + (1 + unit_f32) |wt| 4 N eta_f32 (f32_weight_step). */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
     requires per_row: p->reduce_topk == 0;

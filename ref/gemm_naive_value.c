@@ -1,6 +1,7 @@
 /* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the finishing
- * store; the dot products and elements of dX, dW and the topk-weight gradient (the forward's dot product and
- * element, with their error bounds, are ref/gemm_naive_dot.c's).  Their proofs state the values they
+ * store; the dot products and elements of dW and the topk-weight gradient, and dX's reduce_topk sum and
+ * element (the forward's and dX's dot products and per-row elements, with their error bounds, are
+ * ref/gemm_naive_dot.c's).  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
