@@ -1,12 +1,14 @@
-/* The forward's and dX's dot products and elements (declared, with their contracts, in gemm_naive_internal.h),
- * in a file of their own because their proofs state error bounds (bound_fwd_dot, bound_dx_dot; the elements'
- * bound_fwd, bound_fwd_weighted, bound_dx, bound_dx_weighted: MOE_REF_BOUNDS): a caller's goals would carry
- * those clauses' real-valued sums over the loaded elements among their hypotheses, where Z3 ran out of memory
- * on the topk-weight gradient's value invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot, and
- * whose gemm_naive_dx_reduce_sum calls gemm_naive_dx_dot).  The elements and dX's dot product moved here from
- * gemm_naive_value.c with the same operations, so that the elements' goals see the dot's bound clause.  Both
- * dot products' bounds are lemma_fdot_strided_bound's (specs/gemm_value.acsl), at strides 1, 1 (forward) and
- * 1, K (dX).  Proved with the value clauses (MOE_REF_VALUES) and the bounds'. */
+/* The forward's and dX's dot products and elements, and dW's dot product (declared, with their contracts, in
+ * gemm_naive_internal.h), in a file of their own because their proofs state error bounds (bound_fwd_dot,
+ * bound_dx_dot, bound_dw_dot without topk weights; the elements' bound_fwd, bound_fwd_weighted, bound_dx,
+ * bound_dx_weighted: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over the
+ * loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
+ * invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot; there gemm_naive_dx_reduce_sum calls
+ * gemm_naive_dx_dot and gemm_naive_dw_element gemm_naive_dw_dot).  The elements and the dX and dW dot products
+ * moved here from gemm_naive_value.c with the same operations, so that the elements' goals see the dot's
+ * bound clause.  The forward's and dX's dot products' bounds are lemma_fdot_strided_bound's
+ * (specs/gemm_value.acsl), at strides 1, 1 (forward) and 1, K (dX); dW's is lemma_fdw_bound's (its rows go
+ * through the row maps).  Proved with the value clauses (MOE_REF_VALUES) and the bounds'. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
 #define MOE_REF_BOUNDS /* the bound clauses of the dot products and elements, for this file's proof */
 #include "gemm_naive_internal.h"
@@ -124,4 +126,32 @@ void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void
     }
     /*@ assert weighted: same_float(acc, dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)); */
     gemm_naive_finish(p->dtype, dx, dx_index, acc, p->accumulate);
+}
+
+float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                        const void *topk_weights, int64_t e, int64_t n, int64_t c)
+{
+    const int64_t N = p->N, K = p->K;
+    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
+    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
+    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
+    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
+    float acc = 0.0f;
+    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
+        loop invariant value: same_float(acc, fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], r, n, c));
+        loop invariant plain: topk_weights == \null ==> same_float(acc, fdw_plain(p, (char *)x, (char *)dy, offsets[e], r, n, c));
+        loop assigns r, acc;
+        loop variant offsets[e + 1] - r; */
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
+        const int64_t yr = y_row(p, r), xr = x_row(p, r);
+        /*@ ghost lemma_row_fits(yr, p->rows, N); */
+        /*@ ghost lemma_row_fits(xr, x_rows, K); */
+        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
+        if (topk_weights != NULL)
+            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
+        /*@ assert factor: same_float(dy_value, dw_factor(p, (char *)dy, (char *)topk_weights, r, n)); */
+        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
+    }
+    /*@ ghost lemma_fdw_bound(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c); */
+    return acc;
 }

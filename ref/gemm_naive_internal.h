@@ -1,7 +1,8 @@
 /* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the loops, proved for safety),
- * ref/gemm_naive_value.c (float functions whose contracts state their values: dW's and the topk-weight
- * gradient's dot products and elements, dX's reduce_topk sum and element, the finishing store),
- * ref/gemm_naive_dot.c (the forward's and dX's dot products and per-row elements, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
+ * ref/gemm_naive_value.c (float functions whose contracts state their values: dW's element, the topk-weight
+ * gradient's dot product and element, dX's reduce_topk sum and element, the finishing store),
+ * ref/gemm_naive_dot.c (the dot products of the forward, dX and dW, the forward's and dX's per-row elements,
+ * with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
  * defined, in those two files' proofs (bounds, MOE_REF_BOUND_CLAUSE: gemm_naive_dot.c's): a float clause among a
  * goal's hypotheses makes it Z3's and cvc5's (CVC4 1.8 cannot read binary32); gemm_naive.c's index goals need CVC4.
  * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
@@ -107,7 +108,11 @@ float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w
 /* sum over the rows r of expert e, ascending, of (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c], from +0.0f
  * (without topk weights the factor is dy alone): the accumulation of dw[e][n][c], fdw over the rows
  * offsets[e] .. offsets[e + 1] - 1 (specs/gemm_value.acsl).
- *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL */
+ *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL
+ * Its error bound without topk weights (bound_dw_dot, proved in ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): for
+ * m_e = offsets[e + 1] - offsets[e] <= 2^23 rows, finite loaded elements and sum |dy x| <= 2^125
+ * (fdw_bound_premise), the result is finite and within gamma_k(m_e) sum |dy x| + 4 m_e eta_f32 of the exact
+ * sum dw_exact (lemma_fdw_bound). */
 /*@ requires problem: gemm_problem_ok(p);
     requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
@@ -119,7 +124,13 @@ float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_dw_dot: same_float(\result, fdw(p, (char *)x, (char *)dy, (char *)topk_weights,
-      offsets[e], offsets[e + 1], n, c));) */
+      offsets[e], offsets[e + 1], n, c));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dw_dot: topk_weights == \null &&
+        fdw_bound_premise(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c) ==>
+        \is_finite(\result) &&
+        \abs((real)\result - dw_exact(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c)) <=
+          gamma_k(offsets[e + 1] - offsets[e]) * dw_abs(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c) +
+          4 * (offsets[e + 1] - offsets[e]) * eta_f32;) */
 float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
                         const void *topk_weights, int64_t e, int64_t n, int64_t c);
 

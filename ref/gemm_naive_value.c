@@ -1,7 +1,7 @@
 /* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the finishing
- * store; the dot products and elements of dW and the topk-weight gradient, and dX's reduce_topk sum and
- * element (the forward's and dX's dot products and per-row elements, with their error bounds, are
- * ref/gemm_naive_dot.c's).  Their proofs state the values they
+ * store; dW's element, the topk-weight gradient's dot product and element, and dX's reduce_topk sum and
+ * element (the dot products of the forward, dX and dW and the forward's and dX's per-row elements, with
+ * their error bounds, are ref/gemm_naive_dot.c's).  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -12,32 +12,6 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     if (accumulate)
         value = moe_ref_load(dtype, out, index) + value;
     moe_ref_store(dtype, out, index, value);
-}
-
-float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
-                        const void *topk_weights, int64_t e, int64_t n, int64_t c)
-{
-    const int64_t N = p->N, K = p->K;
-    /*@ ghost const int64_t x_rows = p->permute_x ? p->num_tokens : p->rows; */
-    /*@ assert x_rows: x_rows == gemm_x_rows(p) && (x_rows == p->rows || x_rows == p->num_tokens); */
-    /*@ assert x_fits: x_rows * K <= INT64_MAX; */
-    /*@ assert rows_of_e: 0 <= offsets[e] <= offsets[e + 1] <= p->rows; */
-    float acc = 0.0f;
-    /*@ loop invariant bounds: offsets[e] <= r <= offsets[e + 1];
-        loop invariant value: same_float(acc, fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], r, n, c));
-        loop assigns r, acc;
-        loop variant offsets[e + 1] - r; */
-    for (int64_t r = offsets[e]; r < offsets[e + 1]; r++) {
-        const int64_t yr = y_row(p, r), xr = x_row(p, r);
-        /*@ ghost lemma_row_fits(yr, p->rows, N); */
-        /*@ ghost lemma_row_fits(xr, x_rows, K); */
-        float dy_value = moe_ref_load(p->dtype, dy, yr * N + n);
-        if (topk_weights != NULL)
-            dy_value = moe_ref_load(p->dtype, topk_weights, slot_of_row(p, r)) * dy_value;
-        /*@ assert factor: same_float(dy_value, dw_factor(p, (char *)dy, (char *)topk_weights, r, n)); */
-        acc += dy_value * moe_ref_load(p->dtype, x, xr * K + c);
-    }
-    return acc;
 }
 
 float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
