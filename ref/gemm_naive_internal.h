@@ -1,7 +1,8 @@
 /* The naive GEMM's internals shared by its files: ref/gemm_naive.c (the loops, proved for safety),
- * ref/gemm_naive_value.c (float functions whose contracts state their values: dX's, dW's and the topk-weight
- * gradient's dot products and elements, the finishing store), ref/gemm_naive_dot.c (the forward's dot product and
- * element, with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
+ * ref/gemm_naive_value.c (float functions whose contracts state their values: dW's element, the topk-weight
+ * gradient's dot product and element, dX's reduce_topk sum and element, the finishing store),
+ * ref/gemm_naive_dot.c (the dot products of the forward, dX and dW, the forward's and dX's per-row elements,
+ * with error bounds too).  Value clauses (MOE_REF_VALUE_CLAUSE, moe_ref.h) exist only where MOE_REF_VALUES is
  * defined, in those two files' proofs (bounds, MOE_REF_BOUND_CLAUSE: gemm_naive_dot.c's): a float clause among a
  * goal's hypotheses makes it Z3's and cvc5's (CVC4 1.8 cannot read binary32); gemm_naive.c's index goals need CVC4.
  * x_row and y_row are here for gemm_naive_dw_dot; they are proved in gemm_naive.c's run. */
@@ -61,8 +62,9 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
  * y[.][n] and of the topk-weight gradient's y_n, with w viewed as [E * N][K] and w_row = e * N + n.
  *   x [x rows][K], w [E][N][K]
  * Its value (value_fwd_dot) is fdot; its error bound (bound_fwd_dot): for K <= 2^23, finite loaded
- * elements and sum |x_c w_c| <= 2^125 (fdot_bound_premise, specs/gemm_value.acsl), the result is finite and
- * within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_bound proves it for fdot). */
+ * elements and sum |x_c w_c| <= 2^125 (fdot_strided_bound_premise at strides 1, 1, specs/gemm_value.acsl), the
+ * result is finite and within gamma_k(K) sum |x_c w_c| + 4 K eta_f32 of the exact sum (lemma_fdot_strided_bound
+ * proves it for fdot_strided). */
 /*@ requires problem: gemm_problem_ok(p);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
@@ -71,7 +73,7 @@ void gemm_naive_finish(moe_dtype dtype, void *out, int64_t index, float value, i
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_fwd_dot: same_float(\result, fdot(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K));)
-    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_dot: fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K) ==>
+    MOE_REF_BOUND_CLAUSE(ensures bound_fwd_dot: fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) ==>
         \is_finite(\result) &&
         \abs((real)\result - dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) <=
           gamma_k(p->K) * dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K) +
@@ -80,7 +82,11 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
 
 /* sum_{n < N} dy[dyr][n] * w[e][n][c] in ascending n, from +0.0f: the accumulation of one dX element
  * (both the per-row and the reduce_topk forms), with w's column c read with stride K from w[e][0][c].
- *   dy [M][N], w [E][N][K] */
+ *   dy [M][N], w [E][N][K]
+ * Its value (value_dx_dot) is fdot_strided (strides 1 and K); its error bound (bound_dx_dot, proved in
+ * ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): for N <= 2^23, finite loaded elements and sum |dy_n w_nc| <= 2^125
+ * (fdot_strided_bound_premise), the result is finite and within gamma_k(N) sum |dy_n w_nc| + 4 N eta_f32 of the
+ * exact sum (lemma_fdot_strided_bound). */
 /*@ requires problem: gemm_problem_ok(p);
     requires dy: tensor_readable((char *)dy, p->rows * p->N, p->dtype);
     requires w: tensor_readable((char *)w, p->num_experts * p->N * p->K, p->dtype);
@@ -90,14 +96,23 @@ float gemm_naive_fwd_dot(const moe_gemm_problem *p, const void *x, const void *w
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_dx_dot: same_float(\result, fdot_strided(p->dtype, (char *)dy, dyr * p->N, 1,
-      (char *)w, e * p->N * p->K + c, p->K, p->N));) */
+      (char *)w, e * p->N * p->K + c, p->K, p->N));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx_dot: fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) ==>
+        \is_finite(\result) &&
+        \abs((real)\result - dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) <=
+          gamma_k(p->N) * dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N) +
+          4 * p->N * eta_f32;) */
 float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w, int64_t e, int64_t dyr,
                         int64_t c);
 
 /* sum over the rows r of expert e, ascending, of (wt(r) * dy[yrow(r)][n]) * x[xrow(r)][c], from +0.0f
  * (without topk weights the factor is dy alone): the accumulation of dw[e][n][c], fdw over the rows
  * offsets[e] .. offsets[e + 1] - 1 (specs/gemm_value.acsl).
- *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL */
+ *   offsets [E + 1], x [x rows][K], dy [M][N], topk_weights [M] or NULL
+ * Its error bound without topk weights (bound_dw_dot, proved in ref/gemm_naive_dot.c's run, MOE_REF_BOUNDS): for
+ * m_e = offsets[e + 1] - offsets[e] <= 2^23 rows, finite loaded elements and sum |dy x| <= 2^125
+ * (fdw_bound_premise), the result is finite and within gamma_k(m_e) sum |dy x| + 4 m_e eta_f32 of the exact
+ * sum dw_exact (lemma_fdw_bound). */
 /*@ requires problem: gemm_problem_ok(p);
     requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
     requires x: tensor_readable((char *)x, gemm_x_rows(p) * p->K, p->dtype);
@@ -109,7 +124,13 @@ float gemm_naive_dx_dot(const moe_gemm_problem *p, const void *dy, const void *w
     terminates \true;
     assigns \nothing;
     MOE_REF_VALUE_CLAUSE(ensures value_dw_dot: same_float(\result, fdw(p, (char *)x, (char *)dy, (char *)topk_weights,
-      offsets[e], offsets[e + 1], n, c));) */
+      offsets[e], offsets[e + 1], n, c));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dw_dot: topk_weights == \null &&
+        fdw_bound_premise(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c) ==>
+        \is_finite(\result) &&
+        \abs((real)\result - dw_exact(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c)) <=
+          gamma_k(offsets[e + 1] - offsets[e]) * dw_abs(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c) +
+          4 * (offsets[e + 1] - offsets[e]) * eta_f32;) */
 float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
                         const void *topk_weights, int64_t e, int64_t n, int64_t c);
 
@@ -172,7 +193,11 @@ void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offs
 
 /* One element of dX without reduce_topk: dx[dx_index] = weight(r) * gemm_naive_dx_dot(e, dyr, c), accumulated
  * and stored by gemm_naive_finish (the body of gemm_dx_per_row's loop over c).  Its value (f32, without
- * accumulate): dx_weighted (specs/gemm_value.acsl). */
+ * accumulate): dx_weighted (specs/gemm_value.acsl).  Its error bounds (f32, without accumulate; proved in
+ * ref/gemm_naive_dot.c's run), the forward element's with N for K: without topk weights (bound_dx) the dot
+ * product's (bound_dx_dot); with a finite weight wt (bound_dx_weighted), for |wt| (|dot_exact| + gamma_k(N)
+ * dot_abs + 4 N eta_f32) <= the largest finite binary32, within_dot_bound of y = wt dot_exact, sabs = |wt|
+ * dot_abs, u_out = unit_f32, eta_out = eta_f32 + (1 + unit_f32) |wt| 4 N eta_f32 (f32_weight_step). */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_dx_tensors_ok(p, (char *)dy, (char *)w, (char *)topk_weights, (char *)dx);
     requires per_row: p->reduce_topk == 0;
@@ -184,7 +209,30 @@ void gemm_naive_dx_reduce_element(const moe_gemm_problem *p, const int64_t *offs
     terminates \true;
     assigns ((char *)dx)[byte_offset(dx_index, p->dtype) .. byte_offset(dx_index + 1, p->dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_dx: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
-      loaded(p->dtype, (char *)dx, dx_index), \old(dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)));) */
+      loaded(p->dtype, (char *)dx, dx_index), \old(dx_weighted(p, (char *)dy, (char *)w, (char *)topk_weights, r, e, dyr, c)));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) ==>
+        \is_finite(loaded(p->dtype, (char *)dx, dx_index)) &&
+        \abs((real)loaded(p->dtype, (char *)dx, dx_index) -
+              \old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N))) <=
+          gamma_k(p->N) * \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+          4 * p->N * eta_f32;)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dx_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) &&
+        \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
+        \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+          (\abs(\old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N))) +
+           gamma_k(p->N) * \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)) +
+           4 * p->N * eta_f32) <= 340282346638528859811704183484516925440.0 ==>
+        \is_finite(loaded(p->dtype, (char *)dx, dx_index)) &&
+        within_dot_bound((real)loaded(p->dtype, (char *)dx, dx_index),
+          (real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r))) *
+            \old(dot_exact_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)),
+          \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            \old(dot_abs_strided(p->dtype, (char *)dy, dyr * p->N, 1, (char *)w, e * p->N * p->K + c, p->K, p->N)),
+          p->N, unit_f32,
+          eta_f32 + (1 + unit_f32) * \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
+            (4 * p->N * eta_f32));) */
 void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void *w, const void *topk_weights,
                            void *dx, int64_t r, int64_t e, int64_t dyr, int64_t c, int64_t dx_index);
 
@@ -248,14 +296,14 @@ void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, cons
     MOE_REF_VALUE_CLAUSE(ensures value_fwd: p->dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
       loaded(p->dtype, (char *)y, y_index), \old(fwd_weighted(p, (char *)x, (char *)w, (char *)topk_weights, r, xr, w_row)));)
     MOE_REF_BOUND_CLAUSE(ensures bound_fwd: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
-        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) ==>
+        \old(fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) ==>
         \is_finite(loaded(p->dtype, (char *)y, y_index)) &&
         \abs((real)loaded(p->dtype, (char *)y, y_index) -
               \old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) <=
           gamma_k(p->K) * \old(dot_abs_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) +
           4 * p->K * eta_f32;)
     MOE_REF_BOUND_CLAUSE(ensures bound_fwd_weighted: p->dtype == MOE_F32 && p->accumulate == 0 && topk_weights != \null &&
-        \old(fdot_bound_premise(p->dtype, (char *)x, xr * p->K, (char *)w, w_row * p->K, p->K)) &&
+        \old(fdot_strided_bound_premise(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K)) &&
         \is_finite(\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) &&
         \abs((real)\old(loaded(p->dtype, (char *)topk_weights, gemm_slot(p, r)))) *
           (\abs(\old(dot_exact_strided(p->dtype, (char *)x, xr * p->K, 1, (char *)w, w_row * p->K, 1, p->K))) +

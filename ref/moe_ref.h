@@ -112,7 +112,7 @@ float moe_e5m2_to_f32(uint8_t bits);
 #define MOE_REF_VALUE_CLAUSE(...)
 #endif
 /* Bound clauses: MOE_REF_BOUND_CLAUSE(ensures bound...: ...;) is that clause only in the file that proves it
- * (it defines MOE_REF_BOUNDS too: ref/gemm_naive_dot.c, the forward's dot and element); its callers' goals go without it. */
+ * (it defines MOE_REF_BOUNDS too: ref/gemm_naive_dot.c, the forward's, dX's and dW's dots, the elements); its callers' goals go without it. */
 #if defined(__FRAMAC__) && defined(MOE_REF_VALUES) && defined(MOE_REF_BOUNDS)
 #define MOE_REF_BOUND_CLAUSE(...) __VA_ARGS__
 #else
