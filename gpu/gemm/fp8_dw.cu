@@ -44,8 +44,8 @@ struct DwShared {
 };
 
 // The CTA's walk over its reduction steps: output tile `tile` (every gridDim.x-th), its expert's rows
-// [first, end) in steps of F8_BK from q0.  Output tiles of experts without rows have no step; next() stores
-// their +0 as it passes them.
+// [first, end) in steps of F8_BK from q0.  Output tiles of experts without rows have no step; enter() (from next()
+// too) stores their +0 as it passes them.
 struct DwCursor {
     int64_t tile, tiles, first, end, q0, scale_row0;
     TileCoord t;
@@ -79,8 +79,8 @@ struct DwCursor {
     __device__ bool last_of_output() const { return q0 + F8_BK >= end; }
 };
 
-// This thread's 16 codes of each operand at step `cur`: row q0 + threadIdx.x / 8, columns 16 (threadIdx.x % 8) on
-// of the output tile's n (dY) and c (X); code 0 (+0) past the expert's rows or the row's end.
+// 16 codes of one operand's row `row` (of `len` codes) from column col: code 0 (+0) at or past the expert's end
+// row `end` or past the row's end; 16 at a time where vec allows it.
 __device__ __forceinline__ uint4 load_codes(const uint8_t *base, int64_t row, int64_t end, int64_t col, int64_t len,
                                            bool vec)
 {
@@ -205,6 +205,7 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_dw_kernel(Fp8Args f)
 
 } // namespace
 } // namespace moe_gpu
+
 using namespace moe_gpu;
 
 // The call on the stream: workspace, the routing check (the expert offsets), the scale checks of the tiles in use,
