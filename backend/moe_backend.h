@@ -118,6 +118,7 @@ typedef struct moe_fp8_problem {
     moe_gemm_problem g;
     moe_fp8_scale_format scale_format;
     int w_transposed; /* dX: w is W^T per expert, codes [E][K][N], scales [E][ceil(K/128)][ceil(N/128)] */
+    int codes_transposed; /* dW: x's codes [K][M], dy's [N][M] (moe_quantize_fp8_columns_transposed's) */
 } moe_fp8_problem;
 
 /* A validated FP8 quantization (moe_quantize_fp8_rows / _blocks) or dequantization (moe_dequantize_fp8):
@@ -136,7 +137,7 @@ typedef struct moe_fp8_quantize_problem {
 
 /* A validated moe_quantize_fp8_columns call: g holds the routing (rows, experts, topk, m_sizes,
  * gather_indices, host or device pointers as the backend takes them) with g.N = cols and g.K = 0; the source
- * rows are where `source` says, the codes [g.rows][cols] and the scales
+ * rows are where `source` says, the codes [g.rows][cols] ([cols][g.rows] with transposed) and the scales
  * [moe_fp8_column_scale_rows(g.rows, g.num_experts)][cols]. */
 typedef struct moe_fp8_columns_problem {
     moe_gemm_problem g;
@@ -144,6 +145,7 @@ typedef struct moe_fp8_columns_problem {
     moe_dtype fp8_dtype;               /* MOE_E4M3 or MOE_E5M2 */
     moe_fp8_scale_format scale_format;
     moe_fp8_row_source source;
+    int transposed;                    /* moe_quantize_fp8_columns_transposed: codes [cols][g.rows] */
 } moe_fp8_columns_problem;
 
 /* A validated MLP call. */

@@ -53,6 +53,7 @@ typedef struct moe_fp8_options {
     int accumulate;                    /* add into the output (float32, one rounding) */
     void *stream;                      /* CUDA backend: the cudaStream_t */
     int w_transposed;                  /* dX only: w holds each expert's W^T (moe_gemm_fp8_dx below) */
+    int codes_transposed;              /* dW only: x's and dy's codes transposed, [K][M] and [N][M] (below) */
 } moe_fp8_options;
 
 /* Y = fwd(X, W) on FP8 operands.
@@ -93,8 +94,15 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
  * The tile of expert e beginning at expert row r0 has scale row r0 / 128 + e in both.  The forward's
  * permute_x, permute_y and topk weights are the quantizer's (it gathers the rows and multiplies dY by the
  * weights before it picks the scales: a per-row factor or a row shared by k tiles has no tile scale), so
- * options.permute_x, permute_y, reduce_topk and w_transposed are refused here; out_dtype, scale_format, accumulate and
- * stream apply.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
+ * options.permute_x, permute_y, reduce_topk and w_transposed are refused here; out_dtype, scale_format, accumulate,
+ * codes_transposed and stream apply.
+ * With options.codes_transposed, x's and dy's codes are those of moe_quantize_fp8_columns_transposed: [K][M] and
+ * [N][M] (element (c, r) is expert row r's code of column c), the scales as above.  The math and the scales are the
+ * same; MOE_BACKEND_REF gives the same bits as from the untransposed codes.  This is the form Hopper's FP8 tensor
+ * cores read (they take no operand whose reduction dimension is not contiguous): on sm_90a, with M % 16 == 0 and
+ * the codes 16-byte aligned, the CUDA backend runs its wgmma kernel on them; otherwise it transposes them back
+ * into a workspace and runs the portable kernel (bench/RESULTS.md, "FP8 dW on Hopper's tensor cores").  The
+ * forward and dX refuse the option.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
  * operand and the index); MOE_BACKEND_CUDA (sm_80 and later) checks them on the device: a bad one is reported by
  * moe_backend_synchronize (MOE_ERR_INVALID_VALUE) and the call writes nothing. */
 moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,
@@ -157,6 +165,16 @@ moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *rout
                                     int64_t cols, const void *src, moe_fp8_row_source source,
                                     const float *topk_weights, moe_dtype fp8_dtype,
                                     moe_fp8_scale_format scale_format, void *q, void *scales, void *stream);
+
+/* moe_quantize_fp8_columns with the codes transposed (moe_gemm_fp8_dw's options.codes_transposed): the same tiles,
+ * scales and codes, the codes stored qt [cols][M], qt[c][r] = expert row r's code of column c; the scales
+ * [moe_fp8_column_scale_rows(M, E)][cols] as moe_quantize_fp8_columns writes them.  Arguments, checks and failure as
+ * moe_quantize_fp8_columns (nothing written on failure). */
+moe_status moe_quantize_fp8_columns_transposed(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
+                                               int64_t cols, const void *src, moe_fp8_row_source source,
+                                               const float *topk_weights, moe_dtype fp8_dtype,
+                                               moe_fp8_scale_format scale_format, void *qt, void *scales,
+                                               void *stream);
 
 /* The inverse: out = decode(q) * scale in float32 (exact for UE8M0 scales; one rounding otherwise), then
  * rounded to out_dtype (MOE_F32 or MOE_BF16).  tile_rows 1 reads the rows layout (batches must be 1), 128

@@ -138,7 +138,8 @@ class Fp8Tensor(ctypes.Structure):  # moe_fp8_tensor
 class Fp8Options(ctypes.Structure):  # moe_fp8_options
     _fields_ = [("out_dtype", _enum), ("scale_format", _enum), ("permute_x", ctypes.c_int),
                 ("permute_y", ctypes.c_int), ("reduce_topk", ctypes.c_int), ("accumulate", ctypes.c_int),
-                ("stream", ctypes.c_void_p), ("w_transposed", ctypes.c_int)]
+                ("stream", ctypes.c_void_p), ("w_transposed", ctypes.c_int),
+                ("codes_transposed", ctypes.c_int)]
 
 
 # The mirrored structs by their C names (tests/python_abi prints the C side's sizeof and offsetof).
