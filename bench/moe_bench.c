@@ -17,7 +17,7 @@
  *
  * usage: moe-bench [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] [--ops fwd,dx,dw]
  *                  [--csv FILE] [--seed S] [--libmoe-only] [--autotune FILE | --tuned FILE] [--sync-each]
- *                  [--topk-weights] [--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed]
+ *                  [--topk-weights] [--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed] [--codes-transposed]
  * --libmoe-only times libmoe alone (the cuBLAS columns print 0): for quick iterations on a kernel.
  * --topk-weights passes random topk weights (of --dtype) to libmoe's calls (fused into fwd's and dX's epilogues and
  * into dW's dY operand); cuBLAS, which has no such fusion, still runs without them, and the sample
@@ -28,6 +28,8 @@
  * column scales) on random finite codes with float32 scales of 1, bf16 output, --libmoe-only only.
  * --w-transposed (FP8 only): dX reads W as W^T [E][K][N] (moe_fp8_options.w_transposed; the same random codes
  * and unit scales, viewed transposed).
+ * --codes-transposed (FP8 only): dW reads X's and dY's codes transposed, [K][M] and [N][M]
+ * (moe_fp8_options.codes_transposed: the form Hopper's FP8 kernel takes; the same random codes, viewed transposed).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
@@ -133,6 +135,7 @@ typedef struct problem {
     int allow_tf32;         /* --dtype tf32: f32 tensors with options.allow_tf32 */
     int fp8;                /* --dtype e4m3 | e5m2: x, w, dy hold FP8 codes with the scales below; out is bf16 */
     int w_transposed;       /* --w-transposed: FP8 dX reads w as W^T [E][K][N] */
+    int codes_transposed;   /* --codes-transposed: FP8 dW reads x and dy as [K][M] and [N][M] */
     void *x_scales, *w_scales, *dy_scales; /* device float32 [M][K/128], [E][N/128][K/128], [M][N/128] */
     void *x_column_scales, *dy_column_scales; /* dW's: float32 [moe_fp8_column_scale_rows(M, E)][K], [..][N] */
     void *out;              /* device, of dtype (bf16 for FP8), max of the three outputs */
@@ -149,6 +152,7 @@ static void run_libmoe_fp8(problem *p)
     moe_fp8_options o = {0};
     o.out_dtype = MOE_BF16;
     o.w_transposed = p->op == DX && p->w_transposed;
+    o.codes_transposed = p->op == DW && p->codes_transposed;
     const moe_fp8_tensor x = {p->x, p->x_scales, p->dtype}, w = {p->w, p->w_scales, p->dtype};
     const moe_fp8_tensor dy = {p->dy, p->dy_scales, p->dtype};
     const moe_fp8_tensor x_columns = {p->x, p->x_column_scales, p->dtype};
@@ -411,7 +415,7 @@ int main(int argc, char **argv)
     const char *which = "all", *ops = "fwd,dx,dw", *csv_path = NULL;
     int libmoe_only = 0;
     const char *autotune_path = NULL, *tuned_path = NULL;
-    int sync_each = 0, topk_weights = 0, w_transposed = 0;
+    int sync_each = 0, topk_weights = 0, w_transposed = 0, codes_transposed = 0;
     const char *dtype_name = "bf16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoll(argv[++i]);
@@ -426,12 +430,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--sync-each")) sync_each = 1;
         else if (!strcmp(argv[i], "--topk-weights")) topk_weights = 1;
         else if (!strcmp(argv[i], "--w-transposed")) w_transposed = 1;
+        else if (!strcmp(argv[i], "--codes-transposed")) codes_transposed = 1;
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype_name = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--tokens T] [--repeat R] [--shapes all|qwen3|mixtral|deepseek] "
                             "[--ops fwd,dx,dw] [--csv FILE] [--seed S] [--libmoe-only] "
                             "[--autotune FILE | --tuned FILE] [--sync-each] [--topk-weights] "
-                            "[--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed]\n",
+                            "[--dtype bf16|f16|f32|tf32|e4m3|e5m2] [--w-transposed] [--codes-transposed]\n",
                     argv[0]);
             return 2;
         }
@@ -444,8 +449,9 @@ int main(int argc, char **argv)
         return 2;
     }
     const int fp8 = dtype == MOE_E4M3 || dtype == MOE_E5M2;
-    if (w_transposed && !fp8) {
-        fprintf(stderr, "moe-bench: --w-transposed is FP8 dX's form (--dtype e4m3 or e5m2)\n");
+    if ((w_transposed || codes_transposed) && !fp8) {
+        fprintf(stderr, "moe-bench: --%s is an FP8 form (--dtype e4m3 or e5m2)\n",
+                w_transposed ? "w-transposed" : "codes-transposed");
         return 2;
     }
     if (fp8 && (topk_weights || autotune_path != NULL)) {
@@ -512,6 +518,7 @@ int main(int argc, char **argv)
         p.dev_routing = (moe_routing){T, k, E, dev_sizes, dev_gather};
         const int64_t out_elems = E * N * K > M * (N > K ? N : K) ? E * N * K : M * (N > K ? N : K);
         p.dtype = dtype, p.allow_tf32 = allow_tf32, p.fp8 = fp8, p.w_transposed = w_transposed;
+        p.codes_transposed = codes_transposed;
         CUDA_CHECK(cudaMalloc(&p.x, (size_t)(M * K) * es));
         CUDA_CHECK(cudaMalloc(&p.w, (size_t)(E * N * K) * es));
         CUDA_CHECK(cudaMalloc(&p.dy, (size_t)(M * N) * es));

@@ -158,6 +158,7 @@ moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *rout
     p.fp8_dtype = fp8_dtype;
     p.scale_format = scale_format;
     p.source = source;
+    p.transposed = 0;
     const int64_t M = p.g.rows;
     const moe_array_arg args[] = {
         {"src", src, source == MOE_FP8_ROWS_TOKEN ? p.g.num_tokens : M, cols, src_dtype, 0, 0},

@@ -73,6 +73,7 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
         return status;
     p.scale_format = options->scale_format;
     p.w_transposed = options->w_transposed != 0;
+    p.codes_transposed = 0;
     const moe_gemm_problem *g = &p.g;
     const int64_t E = g->num_experts, tiles_n = moe_fp8_tiles(N), tiles_k = moe_fp8_tiles(K);
     /* W [E][N][K], or its transpose [E][K][N] (dX with w_transposed), and the block scales alike */
@@ -150,6 +151,7 @@ moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int6
         return status;
     p.scale_format = options->scale_format;
     p.w_transposed = 0;
+    p.codes_transposed = options->codes_transposed != 0;
     const moe_gemm_problem *g = &p.g;
     const int64_t M = g->rows, E = g->num_experts, scale_rows = moe_fp8_column_scale_rows(M, E);
     const moe_dtype scale_type = scale_element(options->scale_format);

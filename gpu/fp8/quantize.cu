@@ -19,7 +19,8 @@
 // them, reported by moe_backend_synchronize), then the scan of the values in expert-row order (each read from its
 // source row and times its topk weight, __fmul_rn, as the reference's column_value), then one thread per scale
 // (scale row, column): the tile that scale row holds (gpu/fp8/column_tiles.cuh), or an empty tile's scale for a
-// row no tile uses.
+// row no tile uses.  The codes go to [M][cols], or transposed to [cols][M] (moe_quantize_fp8_columns_transposed:
+// each thread's tile then lies in consecutive bytes).
 #include <cuda_fp8.h>
 #include <string.h>
 
@@ -221,6 +222,7 @@ __global__ void dequantize_kernel(QuantizeArgs a, const uint8_t *q, const void *
 struct ColumnsArgs {
     moe_dtype src_dtype, fp8_dtype;
     int ue8m0, source;
+    int transposed; // moe_quantize_fp8_columns_transposed: codes [cols][M]
     int64_t M, E, k, cols, scale_rows;
     const int64_t *gather; // NULL for expert-order rows without weights
     const float *weights;
@@ -286,7 +288,8 @@ __global__ void columns_quantize_kernel(ColumnsArgs a, const void *src, uint8_t 
             amax = fmaxf(amax, fabsf(column_value(a, src, r, c)));
         const float factor = tile_scale_rule(a.fp8_dtype, a.ue8m0, amax, scales, i, true);
         for (int64_t r = first; r < end; r++)
-            q[r * a.cols + c] = encode(a.fp8_dtype, __fmul_rn(column_value(a, src, r, c), factor));
+            q[a.transposed ? c * a.M + r : r * a.cols + c] =
+                encode(a.fp8_dtype, __fmul_rn(column_value(a, src, r, c), factor));
     }
 }
 
@@ -367,7 +370,7 @@ moe_status moe_cuda_fp8_quantize_columns(const moe_fp8_columns_problem *p, const
     cudaStream_t stream = static_cast<cudaStream_t>(g->stream);
     ColumnsArgs a = {};
     a.src_dtype = p->src_dtype, a.fp8_dtype = p->fp8_dtype;
-    a.ue8m0 = p->scale_format == MOE_FP8_SCALE_UE8M0, a.source = p->source;
+    a.ue8m0 = p->scale_format == MOE_FP8_SCALE_UE8M0, a.source = p->source, a.transposed = p->transposed;
     a.M = g->rows, a.E = g->num_experts, a.k = g->topk, a.cols = g->N;
     a.scale_rows = cdiv(a.M, MOE_FP8_TILE) + a.E - 1;
     a.gather = g->gather_indices, a.weights = topk_weights;

@@ -203,13 +203,42 @@ __global__ void __launch_bounds__(F8_THREADS) fp8_dw_kernel(Fp8Args f)
     }
 }
 
+// The transposed codes back into the portable kernel's layout: src [cols][M] -> dst [M][cols], 32 x 32 codes a block
+// through shared memory (coalesced reads along M, writes along cols).
+__global__ void untranspose_codes_kernel(const uint8_t *src, int64_t cols, int64_t M, uint8_t *dst, const int *status)
+{
+    __shared__ uint8_t tile[32][33];
+    if (*status != 0)
+        return;
+    for (int64_t r0 = (int64_t)blockIdx.x * 32; r0 < M; r0 += (int64_t)gridDim.x * 32)
+        for (int64_t c0 = (int64_t)blockIdx.y * 32; c0 < cols; c0 += (int64_t)gridDim.y * 32) {
+            for (int i = threadIdx.y; i < 32; i += blockDim.y)
+                if (c0 + i < cols && r0 + threadIdx.x < M)
+                    tile[i][threadIdx.x] = src[(c0 + i) * M + r0 + threadIdx.x];
+            __syncthreads();
+            for (int i = threadIdx.y; i < 32; i += blockDim.y)
+                if (r0 + i < M && c0 + threadIdx.x < cols)
+                    dst[(r0 + i) * cols + c0 + threadIdx.x] = tile[threadIdx.x][i];
+            __syncthreads();
+        }
+}
+
+cudaError_t launch_untranspose_codes(const void *src, int64_t cols, int64_t M, uint8_t *dst, const int *status,
+                                     cudaStream_t stream)
+{
+    const dim3 grid(grid_for(M, 32, 4096), grid_for(cols, 32, 64));
+    untranspose_codes_kernel<<<grid, dim3(32, 8), 0, stream>>>(static_cast<const uint8_t *>(src), cols, M, dst, status);
+    return cudaGetLastError();
+}
+
 } // namespace
 } // namespace moe_gpu
 
 using namespace moe_gpu;
 
 // The call on the stream: workspace, the routing check (the expert offsets), the scale checks of the tiles in use,
-// the kernel.
+// the kernel.  Transposed codes (options.codes_transposed) go to the Hopper kernel (gemm/fp8_dw_sm90.cu) where
+// fp8_dw_sm90_plan takes them, else back into expert-row order in the workspace for the portable kernel.
 moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *fp, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
                                 void *dw)
 {
@@ -234,19 +263,37 @@ moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *fp, const moe_fp8_tensor 
     f.b_vec = aligned16(x->data) && K % 16 == 0;
     const int64_t col_tiles = cdiv(K, F8_BN), scale_rows = cdiv(M, F8_TILE) + E - 1;
 
+    // transposed codes: the Hopper kernel where it takes the call, else the portable kernel on the codes transposed
+    // back into the workspace ([M][K] for X, then [M][N] for dY, 16-byte aligned)
+    Fp8Sm90Maps maps;
+    const bool hopper = fp->codes_transposed && fp8_dw_sm90_plan(f, &maps);
+    const bool untranspose = fp->codes_transposed && !hopper;
+    const int64_t x_bytes = (M * K + 15) / 16 * 16, untransposed_floats = untranspose ? (x_bytes + M * N + 3) / 4 : 0;
     unsigned char *ws = nullptr;
-    float *unused = nullptr;
-    MOE_CUDA_CHECK(alloc_call_workspace(E, M, 0, stream, &ws, &g.ws, &unused));
+    float *untransposed = nullptr;
+    MOE_CUDA_CHECK(alloc_call_workspace(E, M, untransposed_floats, stream, &ws, &g.ws, &untransposed));
     moe_status status = MOE_OK;
     launch_routing_check(p, ROUTING_OP_FP8_DW, col_tiles, F8_BM, false, M / 32 + 1, g.ws, stream);
     cudaError_t err = launch_fp8_scale_check(x->scales, scale_rows * K, K, E, f.ue8m0, 0, ROUTING_OP_FP8_DW, g.ws,
                                              stream);
     if (err == cudaSuccess)
         err = launch_fp8_scale_check(dy->scales, scale_rows * N, N, E, f.ue8m0, 1, ROUTING_OP_FP8_DW, g.ws, stream);
+    if (err == cudaSuccess && untranspose && M > 0) {
+        uint8_t *x_rows = reinterpret_cast<uint8_t *>(untransposed), *dy_rows = x_rows + x_bytes;
+        err = launch_untranspose_codes(x->data, K, M, x_rows, g.ws.status, stream);
+        if (err == cudaSuccess)
+            err = launch_untranspose_codes(dy->data, N, M, dy_rows, g.ws.status, stream);
+        f.a = dy_rows, f.b = x_rows;
+        f.a_vec = N % 16 == 0, f.b_vec = K % 16 == 0; // the workspace is 256-byte aligned, X's part padded to 16
+    }
     const int64_t max_tiles = max_tiles_of(OP_DW, E, M, N, F8_BM, col_tiles);
     if (err == cudaSuccess && max_tiles > 0) {
-        fp8_dw_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
-        err = cudaGetLastError();
+        if (hopper) {
+            status = launch_fp8_dw_sm90(f, maps, max_tiles, stream);
+        } else {
+            fp8_dw_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
+            err = cudaGetLastError();
+        }
     }
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", p->op, cudaGetErrorString(err));
