@@ -59,8 +59,8 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.w_transposed applies to moe_gemm_fp8_dx only (the "
                         "forward reads W [E][N][K] as it is)", op);
     if (options->codes_transposed)
-        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.codes_transposed applies to moe_gemm_fp8_dw only (this call "
-                        "reads %s's codes [rows][cols] as they are)", op, a_name);
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.codes_transposed applies to moe_gemm_fp8_dw only (this "
+                        "call reads %s's codes [rows][cols] as they are)", op, a_name);
     const moe_gemm_options gemm_options = {
         .dtype = options->out_dtype,
         .permute_x = options->permute_x,

@@ -309,7 +309,8 @@ static void check_dw_transposed(const char *what, const moe_routing *routing, in
           "%lld (status %d)", what, (long long)differs, (int)st);
 #endif
     if (oracle) {
-        double *value = xmalloc((size_t)count * sizeof(double) + 8), *bound = xmalloc((size_t)count * sizeof(double) + 8);
+        double *value = xmalloc((size_t)count * sizeof(double) + 8);
+        double *bound = xmalloc((size_t)count * sizeof(double) + 8);
         oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, TRANSPOSED_TILE_BITS, value, bound);
         char label[300];
         snprintf(label, sizeof label, "%s, codes transposed", what);
