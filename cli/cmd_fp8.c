@@ -35,6 +35,9 @@ static const opt fp8_quantize_opts[] = {
     {"--m-sizes", "M.npy", "with --columns: rows per expert, shape (E,), int32 or int64 (moe route writes it)."},
     {"--gather", "G.npy", "with --columns: gather_indices (M,), needed by --rows slot|token and --topk-weights."},
     {"--topk", "K", "with --columns: experts per token k (required with --gather; default 1)."},
+    {"--codes-transposed", NULL,
+     "with --columns: write the codes transposed, q.npy (C, M), q[c][r] expert row r's code of column c "
+     "(moe_quantize_fp8_columns_transposed; gemm-fp8-dw --codes-transposed reads them); the scales as without."},
     OPT_FP8_FORMAT,
     {"--scales", "f32|ue8m0",
      "the scale format: f32 (default), scale = amax / max; ue8m0, 2^ceil(log2(amax / max)) stored as the "
@@ -98,7 +101,7 @@ static int run_gemm_fp8_dx(const args *a);
 const command fp8_quantize_command = {
     "fp8-quantize",
     "--in A.npy [--blocks | --columns --m-sizes M.npy [--gather G.npy --topk K] [--rows expert|slot|token] "
-    "[--topk-weights TW.npy]] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] [--backend ref|cuda] "
+    "[--topk-weights TW.npy] [--codes-transposed]] [--fp8 e4m3|e5m2] [--scales f32|ue8m0] [--dtype f32|bf16] [--backend ref|cuda] "
     "--out DIR",
     "FP8 codes and scales per 1 x 128 tile, 128 x 128 block or 128 x 1 expert tile (moe_quantize_fp8_*)",
     "DeepSeek-V3's recipe (specs/FP8.md section 3): per tile amax = max |v| (at least 1e-4), scale = amax / "
@@ -186,7 +189,8 @@ static int run_fp8_quantize(const args *a)
         die("--columns and --blocks: pick one tiling");
     if (columns)
         return run_fp8_quantize_columns(a);
-    static const char *const columns_only[] = {"--rows", "--topk-weights", "--m-sizes", "--gather", "--topk"};
+    static const char *const columns_only[] = {"--rows", "--topk-weights", "--m-sizes", "--gather", "--topk",
+                                               "--codes-transposed"};
     for (size_t i = 0; i < sizeof columns_only / sizeof columns_only[0]; i++)
         if (get(a, columns_only[i]) != NULL)
             die("%s applies to --columns only", columns_only[i]);

@@ -1,6 +1,7 @@
 /*
  * cli/cmd_fp8_dw.c: FP8 dW (specs/FP8.md, "dW"): fp8-quantize --columns (moe_quantize_fp8_columns, 128 x 1 tiles
- * along each expert's rows) and the command gemm-fp8-dw (moe_gemm_fp8_dw), with the oracle's bound.
+ * along each expert's rows; with --codes-transposed moe_quantize_fp8_columns_transposed) and the command
+ * gemm-fp8-dw (moe_gemm_fp8_dw, --codes-transposed: options.codes_transposed), with the oracle's bound.
  */
 #include "cli.h"
 #include "moe_fp8.h"
@@ -11,10 +12,14 @@
 #include <string.h>
 
 static const opt gemm_fp8_dw_opts[] = {
-    {"--x", "XQ.npy", "X's codes, uint8, (M, K) in expert-row order (fp8-quantize --columns' q.npy)."},
+    {"--x", "XQ.npy", "X's codes, uint8, (M, K) in expert-row order (fp8-quantize --columns' q.npy); (K, M) with "
+     "--codes-transposed."},
     {"--x-scales", "XS.npy", "X's scales, (ceil(M/128) + E - 1, K), float32 or uint8 (UE8M0)."},
-    {"--dy", "DYQ.npy", "dY's codes, uint8, (M, N) in expert-row order."},
+    {"--dy", "DYQ.npy", "dY's codes, uint8, (M, N) in expert-row order; (N, M) with --codes-transposed."},
     {"--dy-scales", "DYS.npy", "dY's scales, (ceil(M/128) + E - 1, N), of the same format as --x-scales."},
+    {"--codes-transposed", NULL, "--x and --dy hold the codes transposed, (K, M) and (N, M) (fp8-quantize --columns "
+     "--codes-transposed): the same result (the reference's bit for bit), and the form Hopper's FP8 tensor cores "
+     "read (options.codes_transposed)."},
     {"--fp8", "e4m3|e5m2", "the FP8 format of dY's codes (default e4m3)."},
     {"--x-fp8", "e4m3|e5m2", "X's format when it differs from --fp8."},
     OPT_FP8_M_SIZES,
@@ -32,7 +37,8 @@ static int run_gemm_fp8_dw(const args *a);
 
 const command gemm_fp8_dw_command = {
     "gemm-fp8-dw",
-    "--x XQ.npy --x-scales XS.npy --dy DYQ.npy --dy-scales DYS.npy [--fp8 e4m3|e5m2] [--x-fp8 ...] --m-sizes M.npy "
+    "--x XQ.npy --x-scales XS.npy --dy DYQ.npy --dy-scales DYS.npy [--codes-transposed] [--fp8 e4m3|e5m2] "
+    "[--x-fp8 ...] --m-sizes M.npy "
     "[--gather G.npy --topk K] [--out-dtype f32|bf16] [--backend ref|cuda] --out DW.npy [--raw] [--bound-out B.npy]",
     "FP8 grouped GEMM weight gradient dW[e] = sum over expert e's rows of dY_r^T X_r (moe_gemm_fp8_dw)",
     "The reduction runs over each expert's rows in tiles of 128 (fp8-quantize --columns' tiles): the exact "
@@ -77,6 +83,9 @@ int run_fp8_quantize_columns(const args *a)
     const moe_fp8_row_source source = row_source(a, &ri);
     if (tw_path != NULL)
         require_gather(&ri, "--topk-weights");
+    const int transposed = get(a, "--codes-transposed") != NULL;
+    if (transposed)
+        c.name = "moe_quantize_fp8_columns_transposed";
 
     npy_array arr;
     load_fp8_source(in, &arr, src_dtype);
@@ -104,25 +113,27 @@ int run_fp8_quantize_columns(const args *a)
     const void *src_on = call_in(&c, "src", src, elements(rows, C, moe_dtype_size(src_dtype)));
     const float *tw_on = call_in(&c, "topk_weights", tw, elements(ri.M, sizeof(float), 1));
     void *q_on = call_out(&c, "q", q, count), *scales_on = call_out(&c, "scales", scales, scale_bytes);
-    call_end(&c, moe_quantize_fp8_columns(c.backend, &r, src_dtype, C, src_on, source, tw_on, fp8, format, q_on,
-                                          scales_on, NULL));
+    call_end(&c, (transposed ? moe_quantize_fp8_columns_transposed : moe_quantize_fp8_columns)(
+                     c.backend, &r, src_dtype, C, src_on, source, tw_on, fp8, format, q_on, scales_on, NULL));
     make_dirs(dir);
-    const int64_t q_shape[2] = {ri.M, C}, s_shape[2] = {scale_rows, C};
+    const int64_t q_shape[2] = {transposed ? C : ri.M, transposed ? ri.M : C}, s_shape[2] = {scale_rows, C};
     write_array(p[0], NPY_T_U8, 2, q_shape, q);
     write_array(p[1], format == MOE_FP8_SCALE_UE8M0 ? NPY_T_U8 : NPY_T_F32, 2, s_shape, scales);
     commit_outputs();
     return 0;
 }
 
-/* The width of an operand: its codes file's second dimension (N of dy, K of x). */
-static int64_t operand_cols(const char *path, const routing_in *ri)
+/* The width of an operand: its codes file's second dimension (N of dy, K of x), or its first with transposed
+ * codes (C, M). */
+static int64_t operand_cols(const char *path, const routing_in *ri, int transposed)
 {
     npy_array h;
     load(path, &h);
-    if (h.h.ndim != 2 || h.h.shape[0] != ri->M)
-        die("%s: expected FP8 codes of shape (M, C) with M = %lld (the sum of %s), found %s %s", path,
-            (long long)ri->M, ri->m_path, shape_text(&h.h), npy_type_name(h.h.type));
-    const int64_t cols = h.h.shape[1];
+    if (h.h.ndim != 2 || h.h.shape[transposed ? 1 : 0] != ri->M)
+        die("%s: expected FP8 codes of shape %s with M = %lld (the sum of %s), found %s %s", path,
+            transposed ? "(C, M) (--codes-transposed)" : "(M, C)", (long long)ri->M, ri->m_path, shape_text(&h.h),
+            npy_type_name(h.h.type));
+    const int64_t cols = h.h.shape[transposed ? 0 : 1];
     release(&h);
     return cols;
 }
@@ -140,12 +151,14 @@ static int run_gemm_fp8_dw(const args *a)
     moe_fp8_options o;
     memset(&o, 0, sizeof o);
     o.out_dtype = f32_or_bf16(a, "--out-dtype");
+    o.codes_transposed = get(a, "--codes-transposed") != NULL;
+    const int t = o.codes_transposed;
     const moe_dtype dy_fp8 = fp8_format(a, "--fp8", MOE_E4M3), x_fp8 = fp8_format(a, "--x-fp8", dy_fp8);
-    const int64_t N = operand_cols(dy_path, &ri), K = operand_cols(x_path, &ri);
+    const int64_t N = operand_cols(dy_path, &ri, t), K = operand_cols(x_path, &ri, t);
     const int64_t scale_rows = moe_fp8_column_scale_rows(ri.M, ri.E);
     int format = -1;
-    const int64_t x_shape[2] = {ri.M, K}, xs_shape[2] = {scale_rows, K};
-    const int64_t dy_shape[2] = {ri.M, N}, dys_shape[2] = {scale_rows, N};
+    const int64_t x_shape[2] = {t ? K : ri.M, t ? ri.M : K}, xs_shape[2] = {scale_rows, K};
+    const int64_t dy_shape[2] = {t ? N : ri.M, t ? ri.M : N}, dys_shape[2] = {scale_rows, N};
     const moe_fp8_tensor dyt = load_fp8_operand(dy_path, dys_path, dy_fp8, 2, dy_shape, dys_shape, &format);
     const moe_fp8_tensor xt = load_fp8_operand(x_path, xs_path, x_fp8, 2, x_shape, xs_shape, &format);
     o.scale_format = (moe_fp8_scale_format)format;
@@ -165,7 +178,9 @@ static int run_gemm_fp8_dw(const args *a)
     const char *bound_path = get(a, "--bound-out");
     if (bound_path != NULL) {
         double *value = xmalloc(count, sizeof(double)), *bound = xmalloc(count, sizeof(double));
-        oracle_gemm_fp8_dw(&ri.r, N, K, &xt, &dyt, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
+        // on CUDA, transposed codes may run the Hopper kernel: the bound of its wgmma in-tile sums
+        const int tile_bits = c.backend == MOE_BACKEND_CUDA && t ? ORACLE_FP8_TILE_HOPPER_BITS : ORACLE_FP8_TILE_F32;
+        oracle_gemm_fp8_dw(&ri.r, N, K, &xt, &dyt, NULL, &o, tile_bits, value, bound);
         write_array(bound_path, NPY_T_F64, 3, out_shape, bound);
     }
     commit_outputs();

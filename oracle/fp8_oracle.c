@@ -180,13 +180,16 @@ void oracle_gemm_fp8_dw(const moe_routing *routing, int64_t N, int64_t K, const 
                         const moe_fp8_tensor *dy, const void *old_dw, const moe_fp8_options *o, int tile_acc_bits,
                         double *value, double *bound)
 {
+    const int64_t M = routing->num_tokens * routing->topk;
+    const int t = o->codes_transposed != 0; /* x's codes [K][M], dy's [N][M] */
     int64_t first = 0; /* expert e's first row */
     for (int64_t e = 0; e < routing->num_experts; e++) {
         const int64_t m = routing->m_sizes[e], scale_row = first / 128 + e;
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = 0; c < K; c++) {
-                dot d = promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales, first * N + n, N,
-                                     scale_row * N + n, N, x->dtype, x->data, x->scales, first * K + c, K,
+                dot d = promoted_dot(o->scale_format, dy->dtype, dy->data, dy->scales,
+                                     t ? n * M + first : first * N + n, t ? 1 : N, scale_row * N + n, N, x->dtype,
+                                     x->data, x->scales, t ? c * M + first : first * K + c, t ? 1 : K,
                                      scale_row * K + c, K, m);
                 const int64_t i = (e * N + n) * K + c;
                 double v = d.value, magnitude = d.magnitude;

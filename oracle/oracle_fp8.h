@@ -39,9 +39,10 @@ void oracle_gemm_fp8_dx(const moe_routing *routing, int64_t N, int64_t K, const 
                         const moe_fp8_tensor *w, const float *topk_weights, const void *old_dx,
                         const moe_fp8_options *options, int tile_acc_bits, double *value, double *bound);
 
-/* dW (specs/FP8.md, "dW"): x [M][K] and dy [M][N] in expert-row order with moe_quantize_fp8_columns' scales
- * (the tile of expert e beginning at expert row r0 in scale row r0 / 128 + e); value and bound [E][N][K], len the
- * expert's rows m_e (an expert with no rows: value 0, or old with accumulate). */
+/* dW (specs/FP8.md, "dW"): x [M][K] and dy [M][N] in expert-row order (with options->codes_transposed, x [K][M]
+ * and dy [N][M]) with moe_quantize_fp8_columns' scales (the tile of expert e beginning at expert row r0 in scale
+ * row r0 / 128 + e); value and bound [E][N][K], len the expert's rows m_e (an expert with no rows: value 0, or old
+ * with accumulate). */
 void oracle_gemm_fp8_dw(const moe_routing *routing, int64_t N, int64_t K, const moe_fp8_tensor *x,
                         const moe_fp8_tensor *dy, const void *old_dw, const moe_fp8_options *options,
                         int tile_acc_bits, double *value, double *bound);

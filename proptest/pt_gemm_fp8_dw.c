@@ -7,9 +7,14 @@
  * gpu-gemm-fp8-dw (--backend cuda): the same case on the CUDA backend through device copies of every array, routing
  * included: the columns quantizer's codes and scales bit for bit the reference's, dW within the same bound (the
  * portable kernel's tile sums are float32), a bad scale reported by moe_backend_synchronize with dW untouched, and
- * a second run bitwise the first. */
+ * a second run bitwise the first.
+ *
+ * Each case draws, last, options.codes_transposed: then both operands come from moe_quantize_fp8_columns_transposed
+ * (codes [cols][M], the round trip read there), dW reads them so, the reference's result is bit for bit its dW on
+ * the codes transposed back, and on CUDA the bound is that of the Hopper kernel's in-tile sums. */
 #include "oracle_fp8.h"
 #include "pt_gen.h"
+#include "transpose.h"
 #ifdef MOE_FUZZ_CUDA
 #include "pt_cuda.h"
 #endif
@@ -25,15 +30,18 @@
 static size_t scale_size(moe_fp8_scale_format format) { return format == MOE_FP8_SCALE_UE8M0 ? 1 : 4; }
 #endif
 
-/* moe_quantize_fp8_columns on the case's backend from host arrays into host codes and scales; on CUDA through
- * device copies, then compared bit for bit with the reference's ("columns-vs-ref"). */
+/* moe_quantize_fp8_columns (or, with transposed, moe_quantize_fp8_columns_transposed: codes [cols][M]) on the
+ * case's backend from host arrays into host codes and scales; on CUDA through device copies, then compared bit for
+ * bit with the reference's ("columns-vs-ref"). */
 static moe_status quantize_columns(pt_case *c, const moe_routing *routing, moe_dtype src_dtype, int64_t cols,
                                    const void *src, moe_fp8_row_source source, const float *topk, moe_dtype fp8,
-                                   moe_fp8_scale_format format, uint8_t *codes, void *scales)
+                                   moe_fp8_scale_format format, int transposed, uint8_t *codes, void *scales)
 {
+    moe_status (*quantize)(moe_backend, const moe_routing *, moe_dtype, int64_t, const void *, moe_fp8_row_source,
+                           const float *, moe_dtype, moe_fp8_scale_format, void *, void *, void *) =
+        transposed ? moe_quantize_fp8_columns_transposed : moe_quantize_fp8_columns;
     if (c->backend != MOE_BACKEND_CUDA)
-        return moe_quantize_fp8_columns(c->backend, routing, src_dtype, cols, src, source, topk, fp8, format, codes,
-                                        scales, NULL);
+        return quantize(c->backend, routing, src_dtype, cols, src, source, topk, fp8, format, codes, scales, NULL);
 #ifdef MOE_FUZZ_CUDA
     const int64_t T = routing->num_tokens, M = T * routing->topk, E = routing->num_experts;
     const size_t src_bytes = (size_t)((source == MOE_FP8_ROWS_TOKEN ? T : M) * cols) * moe_dtype_size(src_dtype);
@@ -46,20 +54,21 @@ static moe_status quantize_columns(pt_case *c, const moe_routing *routing, moe_d
     moe_status st = MOE_ERR_DEVICE;
     if (c->outcome != PT_FAIL) {
         const moe_routing d_routing = {T, routing->topk, E, d_sizes, d_gather};
-        st = moe_quantize_fp8_columns(MOE_BACKEND_CUDA, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format,
-                                      d_codes, d_scales, NULL);
+        st = quantize(MOE_BACKEND_CUDA, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format, d_codes,
+                      d_scales, NULL);
         if (st == MOE_OK)
             st = moe_backend_synchronize(MOE_BACKEND_CUDA, NULL);
         if (st == MOE_OK && pt_device_download(c, codes, d_codes, code_bytes) &&
             pt_device_download(c, scales, d_scales, scale_bytes)) {
             uint8_t *ref_codes = xmalloc(code_bytes + 1);
             void *ref_scales = xmalloc(scale_bytes + 4);
-            const moe_status ref = moe_quantize_fp8_columns(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk,
-                                                            fp8, format, ref_codes, ref_scales, NULL);
+            const moe_status ref = quantize(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk, fp8, format,
+                                            ref_codes, ref_scales, NULL);
             if (ref != MOE_OK || memcmp(codes, ref_codes, code_bytes) != 0 ||
                 memcmp(scales, ref_scales, scale_bytes) != 0)
-                pt_fail(c, "columns-vs-ref", "the CUDA columns quantizer (%lld columns) differs from the reference's "
-                        "(reference status %s)", (long long)cols, moe_strerror(ref));
+                pt_fail(c, "columns-vs-ref", "the CUDA columns quantizer%s (%lld columns) differs from the "
+                        "reference's (reference status %s)", transposed ? " (transposed)" : "", (long long)cols,
+                        moe_strerror(ref));
             free(ref_codes), free(ref_scales);
         }
     }
@@ -67,6 +76,7 @@ static moe_status quantize_columns(pt_case *c, const moe_routing *routing, moe_d
     pt_device_free_all(ps, sizeof ps / sizeof ps[0]);
     return st;
 #else
+    (void)transposed;
     pt_fail(c, "backend", "moe-fuzz was built without CUDA");
     return MOE_ERR_NO_BACKEND;
 #endif
@@ -114,9 +124,11 @@ static const char *source_name(moe_fp8_row_source source)
     return source == MOE_FP8_ROWS_TOKEN ? "token" : source == MOE_FP8_ROWS_SLOT ? "slot" : "expert";
 }
 
-/* One operand: its source drawn, quantized with the columns quantizer into codes [M][cols] and scales. */
+/* One operand: its source drawn, quantized with the columns quantizer into codes [M][cols] (with transposed,
+ * the transposed quantizer's [cols][M]) and scales. */
 typedef struct dw_operand {
     moe_fp8_row_source source;
+    int transposed;
     void *src;
     uint8_t *codes;
     void *scales;
@@ -144,7 +156,8 @@ static void check_round_trip(pt_case *c, const dw_operand *o, const moe_routing 
                 float v = (float)oracle_load(src_dtype, o->src, row * cols + col);
                 if (topk != NULL)
                     v = topk[slot] * v;
-                const uint8_t q = o->codes[r * cols + col];
+                const uint8_t q = o->codes[o->transposed ? col * routing->num_tokens * routing->topk + r
+                                                         : r * cols + col];
                 const double decoded = fp8 == MOE_E5M2 ? moe_e5m2_to_f32(q) : moe_e4m3_to_f32(q);
                 const int64_t si = scale_row * cols + col;
                 const double scale = format == MOE_FP8_SCALE_UE8M0 ? ldexp(1.0, ((const uint8_t *)o->scales)[si] - 127)
@@ -175,10 +188,11 @@ static void make_operand(pt_case *c, dw_operand *o, const moe_routing *routing, 
     o->codes = xmalloc((size_t)(M * cols) + 1);
     o->scales = xmalloc((size_t)(scale_rows * cols) * (format == MOE_FP8_SCALE_UE8M0 ? 1 : 4) + 4);
     const moe_status st = quantize_columns(c, routing, src_dtype, cols, o->src, source, topk, o->t.dtype, format,
-                                           o->codes, o->scales);
+                                           o->transposed, o->codes, o->scales);
     if (st != MOE_OK)
-        pt_fail(c, "quantize", "moe_quantize_fp8_columns (%s rows, %lld columns) returned %s: %s", source_name(source),
-                (long long)cols, moe_strerror(st), moe_last_error());
+        pt_fail(c, "quantize", "moe_quantize_fp8_columns%s (%s rows, %lld columns) returned %s: %s",
+                o->transposed ? "_transposed" : "", source_name(source), (long long)cols, moe_strerror(st),
+                moe_last_error());
     o->t.data = o->codes, o->t.scales = o->scales;
     if (st == MOE_OK)
         check_round_trip(c, o, routing, cols, src_dtype, topk, format);
@@ -207,6 +221,26 @@ static void corrupt(const moe_routing *routing, const moe_fp8_options *opt, dw_o
         else
             s[i] = *kept;
     }
+}
+
+/* The reference's dW on transposed codes (got, from old) bit for bit its dW on the codes transposed back
+ * ("transposed-vs-plain"). */
+static void check_untransposed(pt_case *c, const moe_routing *routing, int64_t N, int64_t K, const dw_operand *x,
+                               const dw_operand *dy, const void *old, const void *got, size_t bytes,
+                               const moe_fp8_options *opt)
+{
+    const int64_t M = routing->num_tokens * routing->topk;
+    uint8_t *x_codes = transpose_batches(x->codes, 1, K, M, 1), *dy_codes = transpose_batches(dy->codes, 1, N, M, 1);
+    const moe_fp8_tensor x_plain = {x_codes, x->scales, x->t.dtype}, dy_plain = {dy_codes, dy->scales, dy->t.dtype};
+    moe_fp8_options plain = *opt;
+    plain.codes_transposed = 0;
+    void *want = xmalloc(bytes + 4);
+    memcpy(want, old, bytes);
+    const moe_status st = moe_gemm_fp8_dw(c->backend, routing, N, K, &x_plain, &dy_plain, want, &plain);
+    if (st != MOE_OK || memcmp(want, got, bytes) != 0)
+        pt_fail(c, "transposed-vs-plain", "dW on transposed codes differs from dW on the same codes untransposed "
+                "(status %s)", moe_strerror(st));
+    free(x_codes), free(dy_codes), free(want);
 }
 
 /* The property on c->backend (the reference, or CUDA for gpu-gemm-fp8-dw), cases of at most cap_macs. */
@@ -243,6 +277,12 @@ static void fp8_dw_property(pt_case *c, int64_t cap_macs)
     pt_stable_routing(M, E, ids, m_sizes, gather);
     free(ids);
     const moe_routing routing = {T, k, E, m_sizes, gather};
+    /* dW on transposed codes (options.codes_transposed, the transposed quantizer's): drawn last, so that the draws
+     * before keep their meaning for the regression file's cases */
+    opt.codes_transposed = pt_bool(s);
+    x.transposed = dy.transposed = opt.codes_transposed;
+    if (opt.codes_transposed)
+        pt_describe(c, " codes=transposed");
     float *topk = NULL;
     if (weighted) {
         topk = xmalloc(((size_t)M + 1) * sizeof *topk);
@@ -278,7 +318,11 @@ static void fp8_dw_property(pt_case *c, int64_t cap_macs)
     } else {
         double *value = xmalloc(((size_t)count + 1) * sizeof(double));
         double *bound = xmalloc(((size_t)count + 1) * sizeof(double));
-        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, ORACLE_FP8_TILE_F32, value, bound);
+        /* on CUDA, transposed codes may run the Hopper kernel: the bound of its wgmma in-tile sums (which covers
+         * the portable kernel's float32 ones) */
+        const int tile_bits = c->backend == MOE_BACKEND_CUDA && opt.codes_transposed ? ORACLE_FP8_TILE_HOPPER_BITS
+                                                                                     : ORACLE_FP8_TILE_F32;
+        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, tile_bits, value, bound);
         for (int64_t i = 0; i < count; i++) {
             const double got = oracle_load(opt.out_dtype, dw, i), err = fabs(got - value[i]);
             if (!(err <= bound[i])) {
@@ -290,6 +334,8 @@ static void fp8_dw_property(pt_case *c, int64_t cap_macs)
                 pt_ratio(c, err / bound[i]);
         }
         free(value), free(bound);
+        if (c->backend != MOE_BACKEND_CUDA && opt.codes_transposed && c->outcome != PT_FAIL)
+            check_untransposed(c, &routing, N, K, &x, &dy, old, dw, bytes, &opt);
         if (c->backend == MOE_BACKEND_CUDA && c->outcome != PT_FAIL) { /* a second run, bitwise the first */
             void *again = xmalloc(bytes + 4);
             memcpy(again, old, bytes);

@@ -137,4 +137,13 @@ void moe_ref_dequantize_fp8(moe_dtype fp8_dtype, moe_fp8_scale_format format, in
                             int64_t rows, int64_t cols, const void *q, const void *scales, moe_dtype out_dtype,
                             void *out);
 
+/* The reference backend's table entries for dW and the columns quantizer (ref/fp8_transposed.c): the functions
+ * above on untransposed codes; with p->codes_transposed (x [K][M], dy [N][M]) or p->transposed (codes [cols][M])
+ * through a host scratch of the codes in rows, so the same bits.  MOE_ERR_OUT_OF_MEMORY, nothing written, when the
+ * scratch cannot be had. */
+moe_status moe_ref_gemm_fp8_dw_entry(const moe_fp8_problem *p, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
+                                     void *dw);
+moe_status moe_ref_quantize_fp8_columns_entry(const moe_fp8_columns_problem *p, const void *src,
+                                              const float *topk_weights, void *q, void *scales);
+
 #endif

@@ -17,9 +17,10 @@ EXTRA_DIST += specs/MLP.md
 
 # FP8 grouped GEMM and quantization (specs/FP8.md): the scale and code access (fp8_ref.h), the readable
 # reference of fwd, dX and dW (gemm_fp8.c), its blocked twin that the reference backend runs
-# (gemm_fp8_blocked.c), the row, block and column quantizers (fp8_quantize.c).
+# (gemm_fp8_blocked.c), the row, block and column quantizers (fp8_quantize.c), dW's and the column quantizer's
+# transposed codes around them (fp8_transposed.c).
 include_HEADERS += include/moe_fp8.h
 libmoe_la_SOURCES += src/gemm_fp8_api.c src/fp8_quantize_api.c ref/gemm_fp8.c ref/gemm_fp8_blocked.c \
-    ref/fp8_quantize.c
+    ref/fp8_quantize.c ref/fp8_transposed.c
 noinst_HEADERS += ref/fp8_ref.h
 EXTRA_DIST += specs/FP8.md

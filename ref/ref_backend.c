@@ -1,6 +1,7 @@
 /* The reference backend's table (host pointers, routing and layouts checked on the host first): every row
  * of moe_dispatch.  Every grouped GEMM op runs the blocked twin (ref/gemm/; FP8: ref/gemm_fp8_blocked.c), which
- * agrees bit for bit with the naive twin (ref/gemm_naive.c; FP8: ref/gemm_fp8.c), the readable definition. */
+ * agrees bit for bit with the naive twin (ref/gemm_naive.c; FP8: ref/gemm_fp8.c), the readable definition.  FP8
+ * dW and the columns quantizer go through ref/fp8_transposed.c's entries (transposed codes). */
 #include "mlp_ref.h"
 #include "fp8_ref.h"
 #include "moe_ref.h"
@@ -72,8 +73,8 @@ const moe_dispatch moe_ref_dispatch = {
     .mlp_layout_build = ref_mlp_layout_build,
     .gemm_fp8_fwd = moe_ref_gemm_fp8_fwd_blocked,
     .gemm_fp8_dx = moe_ref_gemm_fp8_dx_blocked,
-    .gemm_fp8_dw = moe_ref_gemm_fp8_dw_blocked,
-    .fp8_quantize_columns = moe_ref_quantize_fp8_columns,
+    .gemm_fp8_dw = moe_ref_gemm_fp8_dw_entry,
+    .fp8_quantize_columns = moe_ref_quantize_fp8_columns_entry,
     .fp8_quantize = ref_fp8_quantize,
     .fp8_dequantize = ref_fp8_dequantize,
     .validates_routing_on_host = 1,

@@ -120,12 +120,13 @@ int64_t moe_fp8_column_scale_rows(int64_t rows, int64_t num_experts)
     return num_experts - 1 <= INT64_MAX - tiles ? tiles + num_experts - 1 : -1;
 }
 
-moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
-                                    int64_t cols, const void *src, moe_fp8_row_source source,
-                                    const float *topk_weights, moe_dtype fp8_dtype,
-                                    moe_fp8_scale_format scale_format, void *q, void *scales, void *stream)
+/* moe_quantize_fp8_columns (transposed 0: codes q [M][cols]) and moe_quantize_fp8_columns_transposed (1: codes
+ * [cols][M]), named `op`: the same checks, the same table entry (the problem's `transposed` says which). */
+static moe_status quantize_columns(const char *op, int transposed, moe_backend backend, const moe_routing *routing,
+                                   moe_dtype src_dtype, int64_t cols, const void *src, moe_fp8_row_source source,
+                                   const float *topk_weights, moe_dtype fp8_dtype, moe_fp8_scale_format scale_format,
+                                   void *q, void *scales, void *stream)
 {
-    static const char op[] = "moe_quantize_fp8_columns";
     moe_clear_error();
     moe_status status = check_formats(op, "src", src_dtype, fp8_dtype, scale_format);
     if (status != MOE_OK)
@@ -158,16 +159,35 @@ moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *rout
     p.fp8_dtype = fp8_dtype;
     p.scale_format = scale_format;
     p.source = source;
-    p.transposed = 0;
+    p.transposed = transposed;
     const int64_t M = p.g.rows;
     const moe_array_arg args[] = {
         {"src", src, source == MOE_FP8_ROWS_TOKEN ? p.g.num_tokens : M, cols, src_dtype, 0, 0},
         {"topk_weights", topk_weights, topk_weights != NULL ? M : 0, 1, MOE_F32, 0, 0},
-        {"q", q, M, cols, fp8_dtype, 1, 0},
+        {transposed ? "qt" : "q", q, transposed ? cols : M, transposed ? M : cols, fp8_dtype, 1, 0},
         {"scales", scales, moe_fp8_column_scale_rows(M, p.g.num_experts), cols,
          scale_format == MOE_FP8_SCALE_UE8M0 ? MOE_E4M3 : MOE_F32, 1, 0},
     };
     if ((status = moe_gemm_check_tensors(op, &p.g, args, 4)) != MOE_OK)
         return status;
     return table->fp8_quantize_columns(&p, src, topk_weights, q, scales);
+}
+
+moe_status moe_quantize_fp8_columns(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
+                                    int64_t cols, const void *src, moe_fp8_row_source source,
+                                    const float *topk_weights, moe_dtype fp8_dtype,
+                                    moe_fp8_scale_format scale_format, void *q, void *scales, void *stream)
+{
+    return quantize_columns("moe_quantize_fp8_columns", 0, backend, routing, src_dtype, cols, src, source,
+                            topk_weights, fp8_dtype, scale_format, q, scales, stream);
+}
+
+moe_status moe_quantize_fp8_columns_transposed(moe_backend backend, const moe_routing *routing, moe_dtype src_dtype,
+                                               int64_t cols, const void *src, moe_fp8_row_source source,
+                                               const float *topk_weights, moe_dtype fp8_dtype,
+                                               moe_fp8_scale_format scale_format, void *qt, void *scales,
+                                               void *stream)
+{
+    return quantize_columns("moe_quantize_fp8_columns_transposed", 1, backend, routing, src_dtype, cols, src, source,
+                            topk_weights, fp8_dtype, scale_format, qt, scales, stream);
 }

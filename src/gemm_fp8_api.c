@@ -58,6 +58,9 @@ static moe_status fp8_call(const char *op, int is_dx, moe_backend backend, const
     if (!is_dx && options->w_transposed)
         return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.w_transposed applies to moe_gemm_fp8_dx only (the "
                         "forward reads W [E][N][K] as it is)", op);
+    if (options->codes_transposed)
+        return moe_fail(MOE_ERR_INVALID_OPTION, "%s: options.codes_transposed applies to moe_gemm_fp8_dw only (this "
+                        "call reads %s's codes [rows][cols] as they are)", op, a_name);
     const moe_gemm_options gemm_options = {
         .dtype = options->out_dtype,
         .permute_x = options->permute_x,
@@ -155,10 +158,11 @@ moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int6
     const moe_gemm_problem *g = &p.g;
     const int64_t M = g->rows, E = g->num_experts, scale_rows = moe_fp8_column_scale_rows(M, E);
     const moe_dtype scale_type = scale_element(options->scale_format);
+    const int t = p.codes_transposed; /* the codes [K][M] and [N][M] */
     const moe_array_arg args[] = {
-        {"x.data", x->data, M, K, x->dtype, 0, 0},
+        {"x.data", x->data, t ? K : M, t ? M : K, x->dtype, 0, 0},
         {"x.scales", x->scales, scale_rows, K, scale_type, 0, 0},
-        {"dy.data", dy->data, M, N, dy->dtype, 0, 0},
+        {"dy.data", dy->data, t ? N : M, t ? M : N, dy->dtype, 0, 0},
         {"dy.scales", dy->scales, scale_rows, N, scale_type, 0, 0},
         {"dw", dw, E * N, K, g->dtype, 1, 0},
     };

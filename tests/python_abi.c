@@ -75,6 +75,7 @@ int main(void)
     FIELD(moe_fp8_options, accumulate);
     FIELD(moe_fp8_options, stream);
     FIELD(moe_fp8_options, w_transposed);
+    FIELD(moe_fp8_options, codes_transposed);
 
     return 0;
 }

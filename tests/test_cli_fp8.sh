@@ -1,7 +1,8 @@
 #!/bin/sh
 # The FP8 commands (specs/FP8.md): fp8-quantize's files (codes, scales, their shapes and types, known codes),
 # gemm-fp8-fwd and gemm-fp8-dx on a known answer and against their own --bound-out, UE8M0 scales, e5m2 weights,
-# fp8-quantize --columns and gemm-fp8-dw (a known answer, every row source, topk weights, the scales' shape),
+# fp8-quantize --columns and gemm-fp8-dw (a known answer, every row source, topk weights, the scales' shape, the
+# codes transposed: --codes-transposed),
 # and the refusals (non-finite input, codes that are not uint8, mixed scale formats, a bad scale value, a bad
 # --fp8, --backend cuda where it cannot run), none of which writes a file.  Where --backend cuda runs,
 # tests/test_cli_cuda.sh checks these commands on the GPU against the reference.
@@ -132,6 +133,29 @@ run_ok "gemm-fp8-dw routed" "$MOE" gemm-fp8-dw --x xcols/q.npy --x-scales xcols/
     --out dw8.npy --bound-out dw8_bound.npy
 has "gemm-fp8-dw routed output" out "wrote dw8.npy: shape (4, 130, 200) float32" \
     "wrote dw8_bound.npy: shape (4, 130, 200) float64"
+# dW on transposed codes (--codes-transposed): the transposed quantizer's codes are the columns quantizer's
+# transposed, its scales the same, and dW from them is dW from the untransposed codes bit for bit
+# shellcheck disable=SC2086
+run_ok "columns of x transposed" "$MOE" fp8-quantize --in x.npy --columns $R --rows token --codes-transposed \
+    --out xcolsT
+has "transposed codes (K, M)" out "wrote xcolsT/q.npy: shape (200, 12) uint8" \
+    "wrote xcolsT/scales.npy: shape (4, 200) float32"
+"$NPY" relayout xcols/q.npy xcols_qT.npy 1,0 200,12
+run_ok "transposed codes are the transpose" "$MOE" compare --exact xcols_qT.npy xcolsT/q.npy
+run_ok "transposed quantizer's scales" "$MOE" compare --exact xcols/scales.npy xcolsT/scales.npy
+# shellcheck disable=SC2086
+run_ok "columns of dy transposed" "$MOE" fp8-quantize --in dy.npy --columns $R --rows slot --topk-weights tw.npy \
+    --fp8 e5m2 --codes-transposed --out dycolsT
+run_ok "gemm-fp8-dw --codes-transposed" "$MOE" gemm-fp8-dw --x xcolsT/q.npy --x-scales xcolsT/scales.npy \
+    --dy dycolsT/q.npy --dy-scales dycolsT/scales.npy --codes-transposed --fp8 e5m2 --x-fp8 e4m3 \
+    --m-sizes routing/m_sizes.npy --out-dtype bf16 --out dw8t.npy --bound-out dw8t_bound.npy
+run_ok "dW from transposed codes is dW" "$MOE" compare --exact dw8.npy dw8t.npy
+run_ok "transposed codes' bound" "$MOE" compare --exact dw8_bound.npy dw8t_bound.npy
+refused "--codes-transposed with untransposed codes" "xcols/q.npy: expected FP8 codes of shape (C, M) (--codes-transposed) with M = 12" -- \
+    "$MOE" gemm-fp8-dw --x xcols/q.npy --x-scales xcols/scales.npy --dy dycolsT/q.npy --dy-scales dycolsT/scales.npy \
+    --codes-transposed --m-sizes routing/m_sizes.npy --out bad.npy
+refused "--codes-transposed without --columns" "--codes-transposed applies to --columns only" -- \
+    "$MOE" fp8-quantize --in x.npy --codes-transposed --out bad8
 # shellcheck disable=SC2086
 run_ok "columns ue8m0" "$MOE" fp8-quantize --in x.npy --columns $R --rows token --scales ue8m0 --out xcolu
 has "UE8M0 column scales are uint8" out "wrote xcolu/scales.npy: shape (4, 200) uint8"

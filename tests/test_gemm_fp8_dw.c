@@ -13,7 +13,17 @@
  *   - an exact case: powers of two, two experts whose tiles restart at their own offsets;
  *   - planted mutants the check must reject: one tile's scale dropped (replaced by 1), the tiles numbered
  *     without the per-expert restart;
- *   - bad arguments of both calls: each status, a message naming the argument, nothing written.
+ *   - bad arguments of both calls: each status, a message naming the argument, nothing written;
+ *   - transposed codes (options.codes_transposed, moe_quantize_fp8_columns_transposed): the transposed quantizer's
+ *     codes exactly the transpose of moe_quantize_fp8_columns' and its scales the same bytes, for every source
+ *     mode, with and without topk weights, both FP8 dtypes and both scale formats (24 cases), and in each quantized
+ *     case; dW with codes_transposed on the transposed codes bit for bit dW on the plain codes in every random case,
+ *     every quantized case (on the transposed quantizer's codes) and seven chosen shapes (M % 16 == 0 and not, empty
+ *     experts, partial last tiles, N and K multiples of 128 and not, M = 0, accumulate, both output dtypes and scale
+ *     formats, the four operand dtype pairs), the chosen ones also against the oracle reading the transposed codes;
+ *     codes_transposed refused by fwd and dX (MOE_ERR_INVALID_OPTION, the message, nothing written), any non-zero
+ *     value taken as 1 by dW; the transposed quantizer's bad arguments (each of the columns quantizer's, and qt
+ *     NULL) named as its own; every bad-value case below again with codes_transposed.
  *
  * The same file built with -DMOE_TEST_CUDA (proptest/test_gpu_gemm_fp8_dw) runs both calls on MOE_BACKEND_CUDA with
  * device copies of every array, routing included (exits 77 where no device is visible): the exact case, the random
@@ -21,7 +31,11 @@
  * another order), the columns quantizer bit for bit the reference's, and bad inputs found on the device (a bad
  * scale in a tile in use, a non-finite source value, a bad routing) reported by moe_backend_synchronize with
  * nothing written, a bad scale in a row no tile uses ignored; and two cases of more output tiles than the GPU has
- * SMs (the persistent kernel's walk over several tiles per CTA).
+ * SMs (the persistent kernel's walk over several tiles per CTA).  There, dW with codes_transposed (every random,
+ * quantized and chosen case, the two many-tile cases, and one of the Hopper kernel's shape, E = 4, M = 1024,
+ * N = 384, K = 512) is checked within the oracle's bound of the Hopper kernel's in-tile sums
+ * (ORACLE_FP8_TILE_HOPPER_BITS, which covers the portable kernel's float32 ones) and a second call bitwise the
+ * first; the transposed quantizer bit for bit the reference's.
  *
  * Usage: test_gemm_fp8_dw [seed] */
 #include "fp8_ref.h"
@@ -36,6 +50,7 @@
 
 #include "alloc.h"
 #include "check.h"
+#include "transpose.h"
 
 #ifdef MOE_TEST_CUDA
 #include "gpu_check.h"
@@ -78,12 +93,18 @@ static moe_status dw_on(const moe_routing *routing, int64_t N, int64_t K, const 
 #endif
 }
 
-/* moe_quantize_fp8_columns on the test's backend from host arrays (q [M][cols] and scales receive the result; on
- * CUDA through device copies, and then also checked bit for bit against the reference's codes and scales). */
+/* moe_quantize_fp8_columns and moe_quantize_fp8_columns_transposed: the same arguments. */
+typedef moe_status columns_fn(moe_backend, const moe_routing *, moe_dtype, int64_t, const void *, moe_fp8_row_source,
+                              const float *, moe_dtype, moe_fp8_scale_format, void *, void *, void *);
+
+/* moe_quantize_fp8_columns (or, with transposed, moe_quantize_fp8_columns_transposed) on the test's backend from
+ * host arrays (q [M][cols], or [cols][M], and scales receive the result; on CUDA through device copies, and then
+ * also checked bit for bit against the reference's codes and scales). */
 static moe_status columns_on(const moe_routing *routing, moe_dtype src_dtype, int64_t cols, const void *src,
                              moe_fp8_row_source source, const float *topk, moe_dtype fp8, moe_fp8_scale_format format,
-                             uint8_t *q, void *scales)
+                             int transposed, uint8_t *q, void *scales)
 {
+    columns_fn *quantize = transposed ? moe_quantize_fp8_columns_transposed : moe_quantize_fp8_columns;
 #ifdef MOE_TEST_CUDA
     const int64_t E = routing->num_experts, T = routing->num_tokens, M = T * routing->topk;
     const int64_t srows = moe_fp8_column_scale_rows(M, E);
@@ -95,8 +116,8 @@ static moe_status columns_on(const moe_routing *routing, moe_dtype src_dtype, in
     const moe_routing d_routing = {T, routing->topk, E, d_sizes, d_gather};
     void *d_src = to_device(src, src_bytes), *d_topk = topk ? to_device(topk, (size_t)M * sizeof(float)) : NULL;
     void *d_q = to_device(q, (size_t)(M * cols)), *d_scales = to_device(scales, scale_size);
-    moe_status st = moe_quantize_fp8_columns(backend, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format,
-                                             d_q, d_scales, NULL);
+    moe_status st = quantize(backend, &d_routing, src_dtype, cols, d_src, source, d_topk, fp8, format, d_q, d_scales,
+                             NULL);
     if (st == MOE_OK)
         st = moe_backend_synchronize(backend, NULL);
     to_host(q, d_q, (size_t)(M * cols));
@@ -105,19 +126,17 @@ static moe_status columns_on(const moe_routing *routing, moe_dtype src_dtype, in
     if (st == MOE_OK) {
         uint8_t *ref_q = xmalloc((size_t)(M * cols));
         void *ref_scales = xmalloc(scale_size);
-        REQUIRE(moe_quantize_fp8_columns(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk, fp8, format,
-                                         ref_q, ref_scales, NULL) == MOE_OK, "reference columns: %s",
-                moe_last_error());
+        REQUIRE(quantize(MOE_BACKEND_REF, routing, src_dtype, cols, src, source, topk, fp8, format, ref_q, ref_scales,
+                         NULL) == MOE_OK, "reference columns: %s", moe_last_error());
         CHECK(memcmp(q, ref_q, (size_t)(M * cols)) == 0 && memcmp(scales, ref_scales, scale_size) == 0,
-              "columns quantizer (M %lld E %lld cols %lld source %d topk %d %s %s): codes or scales differ from the "
-              "reference's", (long long)M, (long long)E, (long long)cols, (int)source, topk != NULL,
-              moe_dtype_name(fp8), format ? "ue8m0" : "f32");
+              "columns quantizer%s (M %lld E %lld cols %lld source %d topk %d %s %s): codes or scales differ from the "
+              "reference's", transposed ? " (transposed)" : "", (long long)M, (long long)E, (long long)cols,
+              (int)source, topk != NULL, moe_dtype_name(fp8), format ? "ue8m0" : "f32");
         free(ref_q), free(ref_scales);
     }
     return st;
 #else
-    return moe_quantize_fp8_columns(backend, routing, src_dtype, cols, src, source, topk, fp8, format, q, scales,
-                                    NULL);
+    return quantize(backend, routing, src_dtype, cols, src, source, topk, fp8, format, q, scales, NULL);
 #endif
 }
 
@@ -243,6 +262,66 @@ static double check_dw(const char *what, const moe_routing *routing, int64_t N, 
     return ratio;
 }
 
+/* Whether t [cols][rows] is the transpose of codes [rows][cols]. */
+static int is_transpose(const uint8_t *t, const uint8_t *codes, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            if (t[c * rows + r] != codes[r * cols + c])
+                return 0;
+    return 1;
+}
+
+#ifdef MOE_TEST_CUDA
+#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_HOPPER_BITS /* the wgmma kernel's in-tile sums (covers float32's) */
+#else
+#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_F32
+#endif
+
+/* dW with options.codes_transposed on x_t [K][M] and dy_t [N][M] (the transposes of x's and dy's codes, the same
+ * scales) from a random old dW: on the reference bit for bit dW on x and dy; on CUDA within the oracle's bound
+ * (the Hopper kernel's in-tile sums: it may run the wgmma kernel) and a second call bitwise the first.  With
+ * `oracle` (always on CUDA) also against the oracle reading the transposed codes (its codes_transposed). */
+static void check_dw_transposed(const char *what, const moe_routing *routing, int64_t N, int64_t K,
+                                const moe_fp8_tensor *x, const moe_fp8_tensor *dy, const moe_fp8_tensor *x_t,
+                                const moe_fp8_tensor *dy_t, const moe_fp8_options *opt, int oracle, oracle_rng *rng)
+{
+    const int64_t count = routing->num_experts * N * K;
+    const size_t bytes = (size_t)count * moe_dtype_size(opt->out_dtype);
+    moe_fp8_options t_opt = *opt;
+    t_opt.codes_transposed = 1;
+    void *old = xmalloc(bytes + 4), *got = xmalloc(bytes + 4), *again = xmalloc(bytes + 4);
+    oracle_fill(rng, opt->out_dtype, old, count, 0);
+    memcpy(got, old, bytes);
+    memcpy(again, old, bytes);
+    moe_status st = dw_on(routing, N, K, x_t, dy_t, got, &t_opt);
+    CHECK(st == MOE_OK, "%s, codes transposed: status %d: %s", what, (int)st, moe_last_error());
+#ifdef MOE_TEST_CUDA
+    (void)x, (void)dy, (void)oracle;
+    st = dw_on(routing, N, K, x_t, dy_t, again, &t_opt);
+    CHECK(st == MOE_OK && memcmp(got, again, bytes) == 0, "%s, codes transposed: a second call differs (status %d)",
+          what, (int)st);
+    oracle = 1;
+#else
+    st = dw_on(routing, N, K, x, dy, again, opt);
+    const int64_t differs = st == MOE_OK ? first_difference(again, got, count, moe_dtype_size(opt->out_dtype)) : -1;
+    CHECK(st == MOE_OK && differs < 0, "%s, codes transposed: differs from dW on the untransposed codes at element "
+          "%lld (status %d)", what, (long long)differs, (int)st);
+#endif
+    if (oracle) {
+        double *value = xmalloc((size_t)count * sizeof(double) + 8);
+        double *bound = xmalloc((size_t)count * sizeof(double) + 8);
+        oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, TRANSPOSED_TILE_BITS, value, bound);
+        char label[300];
+        snprintf(label, sizeof label, "%s, codes transposed", what);
+        double ratio = 0.0;
+        const int64_t bad = oracle_compare(label, opt->out_dtype, got, value, bound, count, stdout, 3, &ratio);
+        CHECK(bad == 0, "%s: %lld elements outside the bound", label, (long long)bad);
+        free(value), free(bound);
+    }
+    free(old), free(got), free(again);
+}
+
 /* What every random case draws: the routing, N and K, the options (output dtype, scale format, accumulate) and
  * the operands' FP8 dtypes; `what` describes it. */
 typedef struct dw_case {
@@ -250,6 +329,7 @@ typedef struct dw_case {
     int64_t M, N, K;
     moe_fp8_options opt;
     moe_fp8_tensor x, dy;
+    int transposed_oracle; /* check_dw_transposed's `oracle` */
     char what[160];
 } dw_case;
 
@@ -265,6 +345,7 @@ static void make_dw_case(dw_case *c, oracle_rng *rng)
     c->opt.accumulate = (int)oracle_rng_below(rng, 2);
     c->x = (moe_fp8_tensor){NULL, NULL, oracle_rng_below(rng, 3) ? MOE_E4M3 : MOE_E5M2};
     c->dy = (moe_fp8_tensor){NULL, NULL, oracle_rng_below(rng, 3) ? MOE_E4M3 : MOE_E5M2};
+    c->transposed_oracle = 0;
     snprintf(c->what, sizeof c->what, "dw T=%lld k=%lld E=%lld N=%lld K=%lld %sx%s out=%s scales=%s acc=%d",
              (long long)c->r.T, (long long)c->r.k, (long long)c->r.E, (long long)c->N, (long long)c->K,
              moe_dtype_name(c->dy.dtype), moe_dtype_name(c->x.dtype), moe_dtype_name(c->opt.out_dtype),
@@ -285,7 +366,7 @@ static double random_cases(oracle_rng *rng, int count, double (*run)(dw_case *c,
     return worst;
 }
 
-/* dW on random codes and scales. */
+/* dW on random codes and scales; then on their transposes with options.codes_transposed. */
 static double gemm_case(dw_case *cp, oracle_rng *rng)
 {
     dw_case c = *cp; /* its operands filled here */
@@ -299,7 +380,10 @@ static double gemm_case(dw_case *cp, oracle_rng *rng)
     void *dys = random_column_scales(rng, c.opt.scale_format, &c.r.routing, N);
     c.x.data = xq, c.x.scales = xs, c.dy.data = dyq, c.dy.scales = dys;
     const double ratio = check_dw(c.what, &c.r.routing, N, K, &c.x, &c.dy, &c.x, &c.dy, &c.opt, rng, NULL);
-    free(xq), free(dyq), free(xs), free(dys);
+    uint8_t *xt = transpose_batches(xq, 1, M, K, 1), *dyt = transpose_batches(dyq, 1, M, N, 1);
+    const moe_fp8_tensor x_t = {xt, xs, c.x.dtype}, dy_t = {dyt, dys, c.dy.dtype};
+    check_dw_transposed(c.what, &c.r.routing, N, K, &c.x, &c.dy, &x_t, &dy_t, &c.opt, c.transposed_oracle, rng);
+    free(xq), free(dyq), free(xs), free(dys), free(xt), free(dyt);
     return ratio;
 }
 
@@ -339,6 +423,7 @@ static double many_tiles_cases(oracle_rng *rng)
         c.opt.accumulate = i;
         c.x = (moe_fp8_tensor){NULL, NULL, MOE_E4M3};
         c.dy = (moe_fp8_tensor){NULL, NULL, i ? MOE_E5M2 : MOE_E4M3};
+        c.transposed_oracle = 1;
         snprintf(c.what, sizeof c.what, "dw many tiles T=700 k=2 E=16 (3, 9 empty) N=384 K=%lld acc=%d",
                  (long long)c.K, i);
         const double ratio = gemm_case(&c, rng);
@@ -427,16 +512,123 @@ static double quantized_case(dw_case *cp, oracle_rng *rng)
     char what[300];
     snprintf(what, sizeof what, "quantized %s %s x_src=%d dy_src=%d topk=%d", c.what, moe_dtype_name(src_dtype),
              (int)x_source, (int)dy_source, topk != NULL);
-    moe_status st = columns_on(&r.routing, src_dtype, K, x_src, x_source, NULL, x.dtype, opt.scale_format, xq, xs);
+    moe_status st = columns_on(&r.routing, src_dtype, K, x_src, x_source, NULL, x.dtype, opt.scale_format, 0, xq, xs);
     CHECK(st == MOE_OK, "%s: quantize x: %s", what, moe_last_error());
-    st = columns_on(&r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype, opt.scale_format, dyq, dys);
+    st = columns_on(&r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype, opt.scale_format, 0, dyq, dys);
     CHECK(st == MOE_OK, "%s: quantize dy: %s", what, moe_last_error());
     check_columns(what, &r, K, src_dtype, x_src, x_source, NULL, x.dtype, opt.scale_format, xq, xs);
     check_columns(what, &r, N, src_dtype, dy_src, dy_source, topk, dy.dtype, opt.scale_format, dyq, dys);
     x.data = xq, x.scales = xs, dy.data = dyq, dy.scales = dys;
     const double ratio = check_dw(what, &r.routing, N, K, &x, &dy, &x, &dy, &opt, rng, NULL);
+    /* the transposed quantizer's codes and scales, and dW on them with options.codes_transposed */
+    uint8_t *xt = xmalloc((size_t)(M * K) + 1), *dyt = xmalloc((size_t)(M * N) + 1);
+    void *xts = xmalloc((size_t)(srows * K) * sb + 1), *dyts = xmalloc((size_t)(srows * N) * sb + 1);
+    st = columns_on(&r.routing, src_dtype, K, x_src, x_source, NULL, x.dtype, opt.scale_format, 1, xt, xts);
+    CHECK(st == MOE_OK, "%s: quantize x transposed: %s", what, moe_last_error());
+    st = columns_on(&r.routing, src_dtype, N, dy_src, dy_source, topk, dy.dtype, opt.scale_format, 1, dyt, dyts);
+    CHECK(st == MOE_OK, "%s: quantize dy transposed: %s", what, moe_last_error());
+    CHECK(is_transpose(xt, xq, M, K) && is_transpose(dyt, dyq, M, N) &&
+          memcmp(xts, xs, (size_t)(srows * K) * sb) == 0 && memcmp(dyts, dys, (size_t)(srows * N) * sb) == 0,
+          "%s: the transposed quantizer's codes are not the transpose of the columns quantizer's, or its scales "
+          "differ", what);
+    const moe_fp8_tensor x_t = {xt, xts, x.dtype}, dy_t = {dyt, dyts, dy.dtype};
+    check_dw_transposed(what, &r.routing, N, K, &x, &dy, &x_t, &dy_t, &opt, 0, rng);
     free(x_src), free(dy_src), free(topk), free(xq), free(dyq), free(xs), free(dys);
+    free(xt), free(dyt), free(xts), free(dyts);
     return ratio;
+}
+
+/* The transposed quantizer against the columns quantizer on the same random sources: its codes exactly the
+ * transpose, its scales the same bytes, for every source mode, with and without topk weights, both FP8 dtypes and
+ * both scale formats (24 cases; on CUDA each call is also the reference's bit for bit, columns_on). */
+static void transposed_quantizer_cases(oracle_rng *rng)
+{
+    int64_t failed = 0;
+    for (int mode = 0; mode < 24; mode++) {
+        const moe_fp8_row_source source = (moe_fp8_row_source)(mode % 3);
+        const int weighted = mode / 3 % 2;
+        const moe_dtype fp8 = mode / 6 % 2 ? MOE_E5M2 : MOE_E4M3;
+        const moe_fp8_scale_format format = mode / 12 ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
+        routed r;
+        make_routing(&r, rng);
+        const int64_t M = r.T * r.k, cols = random_length(rng, M), rows = source == MOE_FP8_ROWS_TOKEN ? r.T : M;
+        const int64_t srows = moe_fp8_column_scale_rows(M, r.E);
+        const size_t sb = scale_bytes(format), scale_size = (size_t)(srows * cols) * sb;
+        const moe_dtype src_dtype = oracle_rng_below(rng, 2) ? MOE_BF16 : MOE_F32;
+        void *src = xmalloc((size_t)(rows * cols) * 4 + 4);
+        oracle_fill(rng, src_dtype, src, rows * cols, (int)oracle_rng_below(rng, 3));
+        float *topk = weighted ? xmalloc((size_t)M * sizeof(float) + 4) : NULL;
+        for (int64_t j = 0; weighted && j < M; j++)
+            topk[j] = (float)(0.05 + 0.5 * (oracle_rng_symmetric(rng) + 1.0));
+        uint8_t *q = xmalloc((size_t)(M * cols) + 1), *qt = xmalloc((size_t)(M * cols) + 1);
+        void *s = xmalloc(scale_size + 1), *st_ = xmalloc(scale_size + 1);
+        memset(qt, 0xab, (size_t)(M * cols) + 1);
+        memset(st_, 0xab, scale_size + 1);
+        char what[200];
+        snprintf(what, sizeof what, "transposed quantizer T=%lld k=%lld E=%lld cols=%lld source=%d topk=%d %s %s %s",
+                 (long long)r.T, (long long)r.k, (long long)r.E, (long long)cols, (int)source, weighted,
+                 moe_dtype_name(src_dtype), moe_dtype_name(fp8), format ? "ue8m0" : "f32");
+        const moe_status plain = columns_on(&r.routing, src_dtype, cols, src, source, topk, fp8, format, 0, q, s);
+        const moe_status transposed = columns_on(&r.routing, src_dtype, cols, src, source, topk, fp8, format, 1, qt,
+                                                 st_);
+        CHECK(plain == MOE_OK && transposed == MOE_OK, "%s: status %d, %d: %s", what, (int)plain, (int)transposed,
+              moe_last_error());
+        const int same = is_transpose(qt, q, M, cols) && memcmp(s, st_, scale_size) == 0;
+        CHECK(same, "%s: codes not the transpose of moe_quantize_fp8_columns', or the scales differ", what);
+        failed += !same;
+        free(src), free(topk), free(q), free(qt), free(s), free(st_);
+        free_routing(&r);
+    }
+    printf("24 transposed quantizations (3 sources x topk or not x 2 dtypes x 2 scale formats): %lld differ\n",
+           (long long)failed);
+}
+
+/* dW on codes_transposed in chosen shapes: M % 16 == 0 and not, experts of 0 rows, partial last tiles, N and K
+ * multiples of 128 and not, accumulate, both output dtypes and scale formats, the four operand dtype pairs; each
+ * also against the oracle reading the transposed codes. */
+static void transposed_dw_cases(oracle_rng *rng)
+{
+    static const struct {
+        int64_t E, m_sizes[5], N, K;
+        int bf16, ue8m0, accumulate;
+        moe_dtype dy, x;
+    } cases[] = {
+        {3, {32, 0, 96}, 128, 256, 0, 0, 0, MOE_E4M3, MOE_E4M3},       /* M = 128, an empty expert */
+        {4, {130, 0, 77, 1}, 129, 200, 1, 1, 1, MOE_E5M2, MOE_E4M3},   /* M = 208 = 13 * 16, partial tiles */
+        {2, {300, 5}, 7, 128, 0, 1, 1, MOE_E4M3, MOE_E5M2},            /* M = 305, three tiles and one */
+        {5, {0, 0, 17, 0, 0}, 257, 64, 1, 0, 0, MOE_E5M2, MOE_E5M2},   /* M = 17, one expert of rows */
+        {3, {0, 16, 0}, 1, 1, 0, 0, 1, MOE_E4M3, MOE_E4M3},            /* M = 16, N = K = 1 */
+        {2, {0, 0}, 16, 32, 0, 1, 1, MOE_E4M3, MOE_E5M2},              /* M = 0: zeros, or the old values */
+        {2, {256, 128}, 384, 130, 1, 0, 1, MOE_E4M3, MOE_E4M3},        /* M = 384, whole tiles */
+#ifdef MOE_TEST_CUDA
+        {4, {300, 0, 468, 256}, 384, 512, 0, 1, 1, MOE_E4M3, MOE_E5M2}, /* M = 1024: the Hopper kernel's size */
+#endif
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        dw_case c;
+        c.r.E = cases[i].E, c.r.k = 1, c.r.T = 0;
+        c.r.ids = NULL;
+        c.r.m_sizes = xmalloc((size_t)c.r.E * sizeof(int64_t));
+        for (int64_t e = 0; e < c.r.E; e++)
+            c.r.T += c.r.m_sizes[e] = cases[i].m_sizes[e];
+        c.r.gather = NULL;
+        c.r.routing = (moe_routing){c.r.T, 1, c.r.E, c.r.m_sizes, NULL};
+        c.M = c.r.T, c.N = cases[i].N, c.K = cases[i].K;
+        memset(&c.opt, 0, sizeof c.opt);
+        c.opt.out_dtype = cases[i].bf16 ? MOE_BF16 : MOE_F32;
+        c.opt.scale_format = cases[i].ue8m0 ? MOE_FP8_SCALE_UE8M0 : MOE_FP8_SCALE_F32;
+        c.opt.accumulate = cases[i].accumulate;
+        c.x = (moe_fp8_tensor){NULL, NULL, cases[i].x};
+        c.dy = (moe_fp8_tensor){NULL, NULL, cases[i].dy};
+        c.transposed_oracle = 1;
+        snprintf(c.what, sizeof c.what, "dw fixed case %zu M=%lld E=%lld N=%lld K=%lld %sx%s out=%s scales=%s acc=%d",
+                 i, (long long)c.M, (long long)c.r.E, (long long)c.N, (long long)c.K, moe_dtype_name(c.dy.dtype),
+                 moe_dtype_name(c.x.dtype), moe_dtype_name(c.opt.out_dtype), c.opt.scale_format ? "ue8m0" : "f32",
+                 c.opt.accumulate);
+        gemm_case(&c, rng);
+        free_routing(&c.r);
+    }
+    printf("%zu fixed dW cases on transposed codes\n", sizeof cases / sizeof cases[0]);
 }
 
 /* Two experts of 130 and 300 rows: x codes 1, dy codes 2, the scales of each scale row inverse powers of two in
@@ -567,6 +759,36 @@ static void expect_bad_dw(const char *what, const dw_args *a, moe_status want, c
     CHECK(bad_dw[0] == 12345.0f, "%s: dw changed", what);
 }
 
+/* options.codes_transposed given to the forward and dX (valid calls otherwise): MOE_ERR_INVALID_OPTION, a message
+ * saying it applies to moe_gemm_fp8_dw only, nothing written. */
+static void bad_fwd_dx_codes_transposed(const moe_routing *routing)
+{
+    static uint8_t wq[BE * BN * BK];
+    static float ws[BE * 2 * 2], out[BT * BN], kept[BT * BN];
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+        ws[i] = 0.25f;
+    const moe_fp8_tensor x = {bad_xq, bad_xs, MOE_E4M3}, dy = {bad_dyq, bad_dys, MOE_E4M3}, w = {wq, ws, MOE_E4M3};
+    for (int dx = 0; dx < 2; dx++)
+        for (int flag = 0; flag < 3; flag++) { /* 0: the valid call; 1 and -1: refused */
+            const moe_fp8_options opt = {.codes_transposed = flag == 2 ? -1 : flag};
+            for (int i = 0; i < BT * BN; i++)
+                out[i] = kept[i] = 12345.0f;
+            const moe_status st = dx ? moe_gemm_fp8_dx(MOE_BACKEND_REF, routing, BN, BK, &dy, &w, NULL, out, &opt)
+                                     : moe_gemm_fp8_fwd(MOE_BACKEND_REF, routing, BN, BK, &x, &w, NULL, out, &opt);
+            const char *op = dx ? "moe_gemm_fp8_dx" : "moe_gemm_fp8_fwd";
+            if (flag == 0) {
+                CHECK(st == MOE_OK, "%s without codes_transposed: %s", op, moe_last_error());
+                continue;
+            }
+            char fragment[160];
+            snprintf(fragment, sizeof fragment, "%s: options.codes_transposed applies to moe_gemm_fp8_dw only", op);
+            CHECK(st == MOE_ERR_INVALID_OPTION && strstr(moe_last_error(), fragment) != NULL, "%s with "
+                  "codes_transposed = %d: status %d, message \"%s\"", op, opt.codes_transposed, (int)st,
+                  moe_last_error());
+            CHECK(memcmp(out, kept, sizeof out) == 0, "%s with codes_transposed: the output changed", op);
+        }
+}
+
 static void bad_dw_arguments(void)
 {
     for (size_t i = 0; i < sizeof bad_xs / sizeof bad_xs[0]; i++)
@@ -597,7 +819,17 @@ static void bad_dw_arguments(void)
     BAD("K negative", a.K = -2, MOE_ERR_INVALID_SHAPE, "K = -2");
     BAD("routing NULL", a.routing.m_sizes = NULL, MOE_ERR_NULL_POINTER, "routing.m_sizes");
     BAD("no backend", a.backend = (moe_backend)7, MOE_ERR_NO_BACKEND, "backend 7 is not a libmoe backend");
+    BAD("x data NULL, codes transposed", (a.opt.codes_transposed = 1, a.x.data = NULL), MOE_ERR_NULL_POINTER,
+        "x.data");
+    BAD("w_transposed with codes_transposed", (a.opt.codes_transposed = 1, a.opt.w_transposed = 1),
+        MOE_ERR_INVALID_OPTION, "options.w_transposed applies to moe_gemm_fp8_dx only");
 #undef BAD
+    /* codes_transposed: any non-zero value is true, as the other flags */
+    a = good;
+    a.opt.codes_transposed = 2;
+    CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &a.routing, BN, BK, &a.x, &a.dy, bad_dw, &a.opt) == MOE_OK,
+          "codes_transposed = 2: %s", moe_last_error());
+    bad_fwd_dx_codes_transposed(&good.routing);
     bad_dw[0] = 12345.0f;
     CHECK(moe_gemm_fp8_dw(MOE_BACKEND_REF, &good.routing, BN, BK, NULL, &good.dy, bad_dw, NULL) ==
           MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "x is NULL") != NULL, "x NULL: %s", moe_last_error());
@@ -664,18 +896,37 @@ static void bad_columns_arguments(void)
         {"no backend", &routing, MOE_F32, C, src, 0, NULL, MOE_E4M3, 0, q, scales, (moe_backend)7,
          MOE_ERR_NO_BACKEND, "backend 7"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    /* each refused by both quantizers, the transposed one naming itself */
+    static const char plain_name[] = "moe_quantize_fp8_columns:";
+    for (size_t i = 0; i < 2 * (sizeof bad / sizeof bad[0]); i++) {
+        const size_t b = i / 2;
+        const int transposed = (int)(i % 2);
+        columns_fn *quantize = transposed ? moe_quantize_fp8_columns_transposed : moe_quantize_fp8_columns;
+        char fragment[200];
+        if (transposed && strncmp(bad[b].fragment, plain_name, sizeof plain_name - 1) == 0)
+            snprintf(fragment, sizeof fragment, "moe_quantize_fp8_columns_transposed:%s",
+                     bad[b].fragment + sizeof plain_name - 1);
+        else
+            snprintf(fragment, sizeof fragment, "%s", bad[b].fragment);
         memset(q, 0xab, sizeof q);
         scales[0] = 12345.0f;
-        const moe_status st = moe_quantize_fp8_columns(bad[i].backend, bad[i].routing, bad[i].src_dtype, bad[i].cols,
-                                                       bad[i].src, (moe_fp8_row_source)bad[i].source, bad[i].topk,
-                                                       bad[i].fp8, (moe_fp8_scale_format)bad[i].format, bad[i].q,
-                                                       bad[i].scales, NULL);
-        CHECK(st == bad[i].want && strstr(moe_last_error(), bad[i].fragment) != NULL, "%s: status %d (want %d), "
-              "message \"%s\" (want \"%s\")", bad[i].what, (int)st, (int)bad[i].want, moe_last_error(),
-              bad[i].fragment);
-        CHECK(q[0] == 0xab && scales[0] == 12345.0f, "%s: an output changed", bad[i].what);
+        const moe_status st = quantize(bad[b].backend, bad[b].routing, bad[b].src_dtype, bad[b].cols, bad[b].src,
+                                       (moe_fp8_row_source)bad[b].source, bad[b].topk, bad[b].fp8,
+                                       (moe_fp8_scale_format)bad[b].format, bad[b].q, bad[b].scales, NULL);
+        CHECK(st == bad[b].want && strstr(moe_last_error(), fragment) != NULL, "%s%s: status %d (want %d), "
+              "message \"%s\" (want \"%s\")", bad[b].what, transposed ? " (transposed)" : "", (int)st,
+              (int)bad[b].want, moe_last_error(), fragment);
+        CHECK(q[0] == 0xab && scales[0] == 12345.0f, "%s%s: an output changed", bad[b].what,
+              transposed ? " (transposed)" : "");
     }
+    /* the transposed quantizer's codes NULL: named qt */
+    scales[0] = 12345.0f;
+    const moe_status st = moe_quantize_fp8_columns_transposed(MOE_BACKEND_REF, &routing, MOE_F32, C, src,
+                                                              MOE_FP8_ROWS_SLOT, topk, MOE_E4M3, MOE_FP8_SCALE_F32,
+                                                              NULL, scales, NULL);
+    CHECK(st == MOE_ERR_NULL_POINTER && strstr(moe_last_error(), "moe_quantize_fp8_columns_transposed: qt") != NULL,
+          "qt NULL: status %d, message \"%s\"", (int)st, moe_last_error());
+    CHECK(scales[0] == 12345.0f, "qt NULL: scales changed");
 }
 
 /* ---- bad values, found by the backend reading the arrays (the reference on the host, CUDA on the device and
@@ -692,12 +943,15 @@ static void expect_dw_values(const char *what, const moe_routing *routing, const
     for (int i = 0; i < 2 * N * K; i++)
         dw[i] = kept[i] = (float)(i % 7);
     const moe_fp8_tensor x = {xq, xs, MOE_E4M3}, dy = {dyq, dys, MOE_E5M2};
-    const moe_fp8_options opt = {.scale_format = format, .accumulate = 1};
-    const moe_status st = dw_on(routing, N, K, &x, &dy, dw, &opt);
-    CHECK(st == want && (fragment == NULL || strstr(moe_last_error(), fragment) != NULL), "%s: status %d (want %d), "
-          "message \"%s\" (want \"%s\")", what, (int)st, (int)want, moe_last_error(), fragment ? fragment : "");
-    if (want != MOE_OK)
-        CHECK(memcmp(dw, kept, sizeof dw) == 0, "%s: dw changed", what);
+    for (int transposed = 0; transposed < 2; transposed++) { /* and with options.codes_transposed (the same codes) */
+        const moe_fp8_options opt = {.scale_format = format, .accumulate = 1, .codes_transposed = transposed};
+        const moe_status st = dw_on(routing, N, K, &x, &dy, dw, &opt);
+        CHECK(st == want && (fragment == NULL || strstr(moe_last_error(), fragment) != NULL), "%s%s: status %d (want "
+              "%d), message \"%s\" (want \"%s\")", what, transposed ? " (codes transposed)" : "", (int)st, (int)want,
+              moe_last_error(), fragment ? fragment : "");
+        if (want != MOE_OK)
+            CHECK(memcmp(dw, kept, sizeof dw) == 0, "%s%s: dw changed", what, transposed ? " (codes transposed)" : "");
+    }
 }
 
 static void bad_dw_values(void)
@@ -755,19 +1009,19 @@ static void bad_columns_values(void)
     scales[0] = 12345.0f;
     src[3 * C + 1] = NAN; /* expert row 3 reads it (expert order) */
     src[4 * C + 0] = INFINITY;
-    moe_status st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, NULL, MOE_E4M3, MOE_FP8_SCALE_F32, q,
-                               scales);
+    moe_status st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, NULL, MOE_E4M3, MOE_FP8_SCALE_F32, 0,
+                               q, scales);
     CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "src[3][1] = nan, expected a finite value"),
           "NaN source: %d %s", (int)st, moe_last_error());
     src[3 * C + 1] = 0.0f;
     src[4 * C + 0] = 0.0f;
     topk[4] = 1e38f; /* slot 4 is expert row 5, which reads src row 5 (expert order): 1e38 * 18 overflows */
-    st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, q, scales);
+    st = columns_on(&routing, MOE_F32, C, src, MOE_FP8_ROWS_EXPERT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, 0, q, scales);
     CHECK(st == MOE_ERR_INVALID_VALUE && strstr(moe_last_error(), "topk_weights[4] * src[5][0] = 1e+38 * 18 = inf"),
           "overflowing weight: %d %s", (int)st, moe_last_error());
     topk[4] = 1.0f;
     const moe_routing bad_routing = {T, k, E, bad_sum, gather};
-    st = columns_on(&bad_routing, MOE_F32, C, src, MOE_FP8_ROWS_SLOT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, q, scales);
+    st = columns_on(&bad_routing, MOE_F32, C, src, MOE_FP8_ROWS_SLOT, topk, MOE_E4M3, MOE_FP8_SCALE_F32, 0, q, scales);
     CHECK(st == MOE_ERR_INVALID_ROUTING && strstr(moe_last_error(), "m_sizes") != NULL, "bad routing: %d %s", (int)st,
           moe_last_error());
     uint8_t q_kept[M * C];
@@ -791,8 +1045,11 @@ int main(int argc, char **argv)
     const double worst_quantized = random_cases(&rng, 40, quantized_case);
     printf("40 quantized dW cases: worst |err| / bound %.3g\n", worst_quantized);
 #ifdef MOE_TEST_CUDA
-    printf("2 dW cases of 240 and 192 output tiles: worst |err| / bound %.3g\n", many_tiles_cases(&rng));
+    printf("2 dW cases of 240 and 192 output tiles (and on their codes transposed): worst |err| / bound %.3g\n",
+           many_tiles_cases(&rng));
 #endif
+    transposed_quantizer_cases(&rng);
+    transposed_dw_cases(&rng);
     bad_dw_arguments();
     bad_columns_arguments();
     bad_dw_values();

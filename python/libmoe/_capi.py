@@ -151,6 +151,8 @@ STRUCTS = {"moe_routing": Routing, "moe_gemm_options": GemmOptions, "moe_mlp_opt
 # ------------------------------------------------------------------------------------------------------
 _vp, _i64, _int, _st = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int
 _gemm_args = [_enum, ctypes.POINTER(Routing), _i64, _i64]
+# moe_quantize_fp8_columns and moe_quantize_fp8_columns_transposed
+_columns_args = [_enum, ctypes.POINTER(Routing), _enum, _i64, _vp, _enum, _vp, _enum, _enum, _vp, _vp, _vp]
 PROTOTYPES = {
     "moe_strerror": (ctypes.c_char_p, [_st]),
     "moe_last_error": (ctypes.c_char_p, []),
@@ -178,8 +180,8 @@ PROTOTYPES = {
     "moe_gemm_fp8_dw": (_st, _gemm_args + [ctypes.POINTER(Fp8Tensor), ctypes.POINTER(Fp8Tensor), _vp,
                                            ctypes.POINTER(Fp8Options)]),
     "moe_fp8_column_scale_rows": (_i64, [_i64, _i64]),
-    "moe_quantize_fp8_columns": (_st, [_enum, ctypes.POINTER(Routing), _enum, _i64, _vp, _enum, _vp, _enum, _enum,
-                                       _vp, _vp, _vp]),
+    "moe_quantize_fp8_columns": (_st, _columns_args),
+    "moe_quantize_fp8_columns_transposed": (_st, _columns_args),
 }
 
 

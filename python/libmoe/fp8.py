@@ -210,7 +210,7 @@ def column_scale_rows(rows, num_experts):
 
 
 def quantize_fp8_columns(x, m_sizes, gather_indices=None, topk=1, *, rows="expert", topk_weights=None, fp8="e4m3",
-                         scale_format="f32"):
+                         scale_format="f32", transposed=False):
     """(q, scales) of x per 128 x 1 tile along each expert's rows, grouped_gemm_fp8_dw's operands
     (moe_quantize_fp8_columns; specs/FP8.md, "dW").
 
@@ -222,8 +222,11 @@ def quantize_fp8_columns(x, m_sizes, gather_indices=None, topk=1, *, rows="exper
                    before its tile's amax, as the forward's fused weights enter dW
     Each expert's rows are tiled from its own offset (its last tile partial); per tile of each column the rule
     of quantize_fp8_rows.  Returns q uint8 [M, C] in expert-row order and scales [column_scale_rows(M, E), C]
-    (float32, or uint8 with "ue8m0"); rows no tile uses hold an empty tile's scale.  A NaN or Inf value raises
-    MoeError and writes nothing (on CUDA tensors: raised by libmoe.synchronize(), as the routing's errors)."""
+    (float32, or uint8 with "ue8m0"); rows no tile uses hold an empty tile's scale.  With transposed, q is
+    uint8 [C, M], q[c, r] expert row r's code of column c (moe_quantize_fp8_columns_transposed: the same codes
+    transposed, the same scales), what grouped_gemm_fp8_dw(..., codes_transposed=True) reads.  A NaN or Inf value
+    raises MoeError and writes nothing (on CUDA tensors: raised by libmoe.synchronize(), as the routing's
+    errors)."""
     fn = "libmoe.quantize_fp8_columns"
     check_devices(fn, x=x, m_sizes=m_sizes, gather_indices=gather_indices, topk_weights=topk_weights)
     check(fn, "x", x, (None, None), WIDE_DTYPES)
@@ -244,16 +247,18 @@ def quantize_fp8_columns(x, m_sizes, gather_indices=None, topk=1, *, rows="exper
     check_index(fn, "gather_indices", gather_indices, (M,), device, optional=True)
     check(fn, "topk_weights", topk_weights, (M,), (torch.float32,), device, optional=True)
     C = x.shape[1]
-    q = torch.empty((M, C), dtype=torch.uint8, device=device)
+    q = torch.empty((C, M) if transposed else (M, C), dtype=torch.uint8, device=device)
     scales = torch.empty((column_scale_rows(M, E), C), dtype=SCALE_DTYPES[sfmt], device=device)
     routing = _capi.Routing(M // topk, topk, E, ptr(m_sizes), ptr(gather_indices))
     with device_scope(device):
-        _capi.call("moe_quantize_fp8_columns", backend_of(device), ctypes.byref(routing), moe_dtype(x.dtype), C,
+        _capi.call("moe_quantize_fp8_columns_transposed" if transposed else "moe_quantize_fp8_columns",
+                   backend_of(device), ctypes.byref(routing), moe_dtype(x.dtype), C,
                    ptr(x), source, ptr(topk_weights), fmt, sfmt, ptr(q), ptr(scales), stream_of(device))
     return q, scales
 
 
-def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp8=None, out_dtype=torch.float32):
+def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp8=None, out_dtype=torch.float32,
+                        codes_transposed=False):
     """dW[e] = sum over the rows r of expert e of dy_r^T x_r on FP8 operands (moe_gemm_fp8_dw; specs/FP8.md,
     "dW"), not differentiable.
 
@@ -263,6 +268,9 @@ def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp
                    permute_x, permute_y and topk weights are quantize_fp8_columns')
     fp8, x_fp8     the codes' formats, dY's and X's ("e4m3" or "e5m2"; x_fp8 defaults to fp8)
     out_dtype      torch.float32 or torch.bfloat16
+    codes_transposed   x and dy hold the codes transposed, uint8 [K, M] and [N, M] (quantize_fp8_columns(...,
+                   transposed=True)), the scales as above: the same result (the reference's bit for bit), and the
+                   form Hopper's FP8 tensor cores read (options.codes_transposed)
     Per tile of 128 rows of an expert the exact products are summed in float32, times the product of the
     tile's two scales, into a float32 accumulator; one rounding.  Returns dW [E, N, K]; an expert without rows
     gets zeros.  A bad scale in a tile in use raises MoeError (on CUDA tensors: raised by libmoe.synchronize())."""
@@ -270,9 +278,14 @@ def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp
     check_devices(fn, x=x, x_scales=x_scales, dy=dy, dy_scales=dy_scales, m_sizes=m_sizes)
     check(fn, "x", x, (None, None), (torch.uint8,))
     device = x.device
-    M, K = x.shape
-    check(fn, "dy", dy, (M, None), (torch.uint8,), device)
-    N = dy.shape[1]
+    if codes_transposed:
+        K, M = x.shape
+        check(fn, "dy", dy, (None, M), (torch.uint8,), device)
+        N = dy.shape[0]
+    else:
+        M, K = x.shape
+        check(fn, "dy", dy, (M, None), (torch.uint8,), device)
+        N = dy.shape[1]
     check_index(fn, "m_sizes", m_sizes, (None,), device)
     E = m_sizes.shape[0]
     if E < 1:
@@ -289,7 +302,7 @@ def grouped_gemm_fp8_dw(x, x_scales, dy, dy_scales, m_sizes, *, fp8="e4m3", x_fp
     x_t = _capi.Fp8Tensor(ptr(x), ptr(x_scales), x_fmt)
     dy_t = _capi.Fp8Tensor(ptr(dy), ptr(dy_scales), dy_fmt)
     options = _capi.Fp8Options(out_dtype=moe_dtype(out_dtype), scale_format=_scale_format(x_scales),
-                               stream=stream_of(device))
+                               stream=stream_of(device), codes_transposed=int(bool(codes_transposed)))
     with device_scope(device):
         _capi.call("moe_gemm_fp8_dw", backend_of(device), ctypes.byref(routing), N, K, ctypes.byref(x_t),
                    ctypes.byref(dy_t), ptr(out), ctypes.byref(options))

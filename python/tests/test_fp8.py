@@ -360,6 +360,35 @@ class TestGemmFp8Dw(unittest.TestCase):
         got, want = dw_case(1, 1, 1, 1, 1, "expert", "expert", False, "e4m3", "e4m3", "f32", torch.float32, 111)
         within("fp8 dw, one row", got, want)
 
+    def test_dw_from_transposed_codes_is_dw(self):
+        """quantize_fp8_columns(..., transposed=True) gives the codes transposed and the same scales, and dW from
+        them (codes_transposed) is dW from the untransposed codes bit for bit, in every mode; the transposed
+        shapes are checked."""
+        gen = torch.Generator().manual_seed(113)
+        T, k, E, N, K = 70, 2, 4, 130, 200
+        ids = torch.randint(0, E - 1, (T, k), generator=gen)   # expert E - 1 without rows
+        m, g, _ = libmoe.routing_from_topk(ids, E)
+        x, dy = spread((T, K), gen), spread((T * k, N), gen)
+        tw = torch.rand(T * k, generator=gen) + 0.05
+        for sfmt, fmt, out_dtype in (("f32", "e4m3", torch.float32), ("ue8m0", "e5m2", torch.bfloat16)):
+            xq, xs = libmoe.quantize_fp8_columns(x, m, g, k, rows="token", scale_format=sfmt)
+            xtq, xts = libmoe.quantize_fp8_columns(x, m, g, k, rows="token", scale_format=sfmt, transposed=True)
+            dyq, dys = libmoe.quantize_fp8_columns(dy, m, g, k, rows="slot", topk_weights=tw, fp8=fmt,
+                                                   scale_format=sfmt)
+            dytq, dyts = libmoe.quantize_fp8_columns(dy, m, g, k, rows="slot", topk_weights=tw, fp8=fmt,
+                                                     scale_format=sfmt, transposed=True)
+            self.assertEqual(tuple(xtq.shape), (K, T * k))
+            self.assertTrue(torch.equal(xtq, xq.t()) and torch.equal(dytq, dyq.t()), sfmt)
+            self.assertTrue(torch.equal(xts, xs) and torch.equal(dyts, dys), sfmt)
+            want = libmoe.grouped_gemm_fp8_dw(xq, xs, dyq, dys, m, fp8=fmt, x_fp8="e4m3", out_dtype=out_dtype)
+            got = libmoe.grouped_gemm_fp8_dw(xtq, xts, dytq, dyts, m, fp8=fmt, x_fp8="e4m3", out_dtype=out_dtype,
+                                             codes_transposed=True)
+            self.assertEqual(tuple(got.shape), (E, N, K))
+            self.assertTrue(torch.equal(got, want), "%s %s %s" % (sfmt, fmt, out_dtype))
+        untransposed = r"dy has shape \(%d, %d\), expected \(\*, %d\)" % (T * k, N, T * k)
+        with self.assertRaisesRegex(ValueError, untransposed):
+            libmoe.grouped_gemm_fp8_dw(xtq, xts, dyq, dys, m, codes_transposed=True)
+
     def test_bad_inputs_raise_and_change_nothing(self):
         gen = torch.Generator().manual_seed(112)
         ids = torch.randint(0, 3, (4, 2), generator=gen)
