@@ -32,10 +32,9 @@
  * scale in a tile in use, a non-finite source value, a bad routing) reported by moe_backend_synchronize with
  * nothing written, a bad scale in a row no tile uses ignored; and two cases of more output tiles than the GPU has
  * SMs (the persistent kernel's walk over several tiles per CTA).  There, dW with codes_transposed (every random,
- * quantized and chosen case, the two many-tile cases, and one of the Hopper kernel's shape, E = 4, M = 1024,
- * N = 384, K = 512) is checked within the oracle's bound of the Hopper kernel's in-tile sums
- * (ORACLE_FP8_TILE_HOPPER_BITS, which covers the portable kernel's float32 ones) and a second call bitwise the
- * first; the transposed quantizer bit for bit the reference's.
+ * quantized and chosen case, the two many-tile cases, and one of E = 4, M = 1024, N = 384, K = 512) is checked
+ * within the same float32 bound and a second call bitwise the first; the transposed quantizer bit for bit the
+ * reference's.
  *
  * Usage: test_gemm_fp8_dw [seed] */
 #include "fp8_ref.h"
@@ -272,15 +271,10 @@ static int is_transpose(const uint8_t *t, const uint8_t *codes, int64_t rows, in
     return 1;
 }
 
-#ifdef MOE_TEST_CUDA
-#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_HOPPER_BITS /* the wgmma kernel's in-tile sums (covers float32's) */
-#else
-#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_F32
-#endif
 
 /* dW with options.codes_transposed on x_t [K][M] and dy_t [N][M] (the transposes of x's and dy's codes, the same
- * scales) from a random old dW: on the reference bit for bit dW on x and dy; on CUDA within the oracle's bound
- * (the Hopper kernel's in-tile sums: it may run the wgmma kernel) and a second call bitwise the first.  With
+ * scales) from a random old dW: on the reference bit for bit dW on x and dy; on CUDA within the oracle's float32
+ * bound (the portable kernel on the codes transposed back) and a second call bitwise the first.  With
  * `oracle` (always on CUDA) also against the oracle reading the transposed codes (its codes_transposed). */
 static void check_dw_transposed(const char *what, const moe_routing *routing, int64_t N, int64_t K,
                                 const moe_fp8_tensor *x, const moe_fp8_tensor *dy, const moe_fp8_tensor *x_t,
@@ -311,7 +305,7 @@ static void check_dw_transposed(const char *what, const moe_routing *routing, in
     if (oracle) {
         double *value = xmalloc((size_t)count * sizeof(double) + 8);
         double *bound = xmalloc((size_t)count * sizeof(double) + 8);
-        oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, TRANSPOSED_TILE_BITS, value, bound);
+        oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, ORACLE_FP8_TILE_F32, value, bound);
         char label[300];
         snprintf(label, sizeof label, "%s, codes transposed", what);
         double ratio = 0.0;
@@ -601,7 +595,7 @@ static void transposed_dw_cases(oracle_rng *rng)
         {2, {0, 0}, 16, 32, 0, 1, 1, MOE_E4M3, MOE_E5M2},              /* M = 0: zeros, or the old values */
         {2, {256, 128}, 384, 130, 1, 0, 1, MOE_E4M3, MOE_E4M3},        /* M = 384, whole tiles */
 #ifdef MOE_TEST_CUDA
-        {4, {300, 0, 468, 256}, 384, 512, 0, 1, 1, MOE_E4M3, MOE_E5M2}, /* M = 1024: the Hopper kernel's size */
+        {4, {300, 0, 468, 256}, 384, 512, 0, 1, 1, MOE_E4M3, MOE_E5M2}, /* M = 1024, M % 16 == 0 */
 #endif
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
