@@ -29,7 +29,7 @@
  * --w-transposed (FP8 only): dX reads W as W^T [E][K][N] (moe_fp8_options.w_transposed; the same random codes
  * and unit scales, viewed transposed).
  * --codes-transposed (FP8 only): dW reads X's and dY's codes transposed, [K][M] and [N][M]
- * (moe_fp8_options.codes_transposed: the form Hopper's FP8 kernel takes; the same random codes, viewed transposed).
+ * (moe_fp8_options.codes_transposed: the form Hopper's FP8 tensor cores read; the same random codes, viewed transposed).
  * --autotune FILE times libmoe's heuristic choice first, then runs moe_gemm_autotune (--repeat runs per
  * candidate), which appends the choice to FILE, then times the heuristic and the tuned choice again, alternated
  * twice (moe_gemm_autotune_clear / moe_gemm_autotune_load of FILE), prints all five, and reports the last
