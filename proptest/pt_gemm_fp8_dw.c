@@ -318,9 +318,7 @@ static void fp8_dw_property(pt_case *c, int64_t cap_macs)
     } else {
         double *value = xmalloc(((size_t)count + 1) * sizeof(double));
         double *bound = xmalloc(((size_t)count + 1) * sizeof(double));
-        /* every backend sums a tile in float32 (CUDA's transposed codes run the portable kernel) */
-        const int tile_bits = ORACLE_FP8_TILE_F32;
-        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, tile_bits, value, bound);
+        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, ORACLE_FP8_TILE_F32, value, bound);
         for (int64_t i = 0; i < count; i++) {
             const double got = oracle_load(opt.out_dtype, dw, i), err = fabs(got - value[i]);
             if (!(err <= bound[i])) {
