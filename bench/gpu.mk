@@ -27,4 +27,5 @@ EXTRA_DIST += bench/peers.py bench/peer-table.py bench/device-peers.sh bench/dev
 # libmoe's FP8 GEMM beside torch._scaled_grouped_mm (row-wise scales) and its own bf16 rate, one device call.
 EXTRA_DIST += bench/device-fp8-peers.sh
 # Mixtral-8x7B's GEMMs against cuBLAS under ncu; the A/B of a Hopper FP8 kernel switch with its stall profile.
-EXTRA_DIST += bench/device-mixtral-profile.sh bench/device-fp8-ab.sh bench/device-fp8-wide.sh bench/device-fp8-dw.sh
+EXTRA_DIST += bench/device-mixtral-profile.sh bench/device-fp8-ab.sh bench/device-fp8-wide.sh bench/device-fp8-dw.sh \
+	bench/device-fp8-dw-sm90.sh

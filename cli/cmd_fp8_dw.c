@@ -178,8 +178,9 @@ static int run_gemm_fp8_dw(const args *a)
     const char *bound_path = get(a, "--bound-out");
     if (bound_path != NULL) {
         double *value = xmalloc(count, sizeof(double)), *bound = xmalloc(count, sizeof(double));
-        // every backend sums a tile in float32 (CUDA's transposed codes run the portable kernel)
-        oracle_gemm_fp8_dw(&ri.r, N, K, &xt, &dyt, NULL, &o, ORACLE_FP8_TILE_F32, value, bound);
+        // on CUDA, transposed codes may run the Hopper kernel: the bound of its wgmma in-tile sums
+        const int tile_bits = c.backend == MOE_BACKEND_CUDA && t ? ORACLE_FP8_TILE_HOPPER_BITS : ORACLE_FP8_TILE_F32;
+        oracle_gemm_fp8_dw(&ri.r, N, K, &xt, &dyt, NULL, &o, tile_bits, value, bound);
         write_array(bound_path, NPY_T_F64, 3, out_shape, bound);
     }
     commit_outputs();

@@ -12,10 +12,10 @@ MOE_CUDA_HDRS = gpu/common/act.cuh gpu/common/cp_async.cuh gpu/common/cuda_check
 # the grouped GEMM (gpu/gemm/gemm.cuh: its entry points and the rows GEMMs of the MLP)
 MOE_CUDA_SRCS += gpu/gemm/gemm.cu gpu/gemm/routing_check.cu gpu/gemm/plan.cu gpu/gemm/heuristics.cu gpu/gemm/tma.cu \
 	gpu/gemm/tune.cu gpu/gemm/simt.cu gpu/gemm/sm80.cu gpu/gemm/tf32.cu gpu/gemm/sm90.cu gpu/gemm/sm90_dw_pingpong.cu \
-	gpu/gemm/rows.cu gpu/gemm/rows_f32_sm90.cu gpu/gemm/fp8.cu gpu/gemm/fp8_dw.cu gpu/gemm/fp8_sm90.cu
+	gpu/gemm/rows.cu gpu/gemm/rows_f32_sm90.cu gpu/gemm/fp8.cu gpu/gemm/fp8_dw.cu gpu/gemm/fp8_dw_sm90.cu gpu/gemm/fp8_sm90.cu
 MOE_CUDA_HDRS += gpu/gemm/gemm.cuh gpu/gemm/args.cuh gpu/gemm/epilogue.cuh gpu/gemm/fp8.cuh gpu/gemm/heuristics.cuh gpu/gemm/mma_sm80.cuh \
 	gpu/gemm/pingpong_rows.cuh gpu/gemm/plan.cuh gpu/gemm/rows.cuh gpu/gemm/sm80.cuh gpu/gemm/sm90.cuh \
-	gpu/gemm/sm90_dw_pingpong.cuh gpu/gemm/tma.cuh gpu/gemm/tma_store.cuh gpu/gemm/tune.cuh
+	gpu/gemm/sm90_dw_pingpong.cuh gpu/gemm/tma.cuh gpu/gemm/tma_store.cuh gpu/gemm/tune.cuh gpu/gemm/wgmma_fp8.cuh
 # the blockwise MoE MLP (gpu/mlp/mlp_cuda.h is C, included by gpu/cuda_backend.cu)
 MOE_CUDA_SRCS += gpu/mlp/mlp.cu gpu/mlp/layout_check.cu gpu/mlp/tile_ops.cu gpu/mlp/elementwise.cu \
 	gpu/mlp/rows_layout.cu gpu/mlp/gather.cu gpu/mlp/gate_rows.cu gpu/mlp/gate_sm90.cu

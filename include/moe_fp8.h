@@ -100,9 +100,11 @@ moe_status moe_gemm_fp8_dx(moe_backend backend, const moe_routing *routing, int6
  * [N][M] (element (c, r) is expert row r's code of column c), the scales as above.  The math and the scales are the
  * same; MOE_BACKEND_REF gives the same bits as from the untransposed codes.  This is the form Hopper's FP8 tensor
  * cores read (they take no operand whose reduction dimension is not contiguous).  The CUDA backend copies them
- * back into expert-row order in a device workspace and runs its portable kernel: a Hopper kernel that reads them
- * as they are is not landed yet (bench/RESULTS.md, "FP8 dW on transposed codes").  The forward and dX refuse the
- * option.  MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
+ * back into expert-row order in a device workspace and runs its portable kernel; its sm_90a wgmma kernel, which
+ * reads them as they are (M % 16 == 0, the codes 16-byte aligned), runs only where the environment variable
+ * MOE_FP8_DW_SM90=1 switches it on, until it has been checked on a device (specs/FP8.md, "dW").  The forward and
+ * dX refuse the option.
+ * MOE_BACKEND_REF checks the scales of every tile in use (MOE_ERR_INVALID_VALUE naming the
  * operand and the index); MOE_BACKEND_CUDA (sm_80 and later) checks them on the device: a bad one is reported by
  * moe_backend_synchronize (MOE_ERR_INVALID_VALUE) and the call writes nothing. */
 moe_status moe_gemm_fp8_dw(moe_backend backend, const moe_routing *routing, int64_t N, int64_t K,

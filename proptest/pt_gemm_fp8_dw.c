@@ -11,7 +11,7 @@
  *
  * Each case draws, last, options.codes_transposed: then both operands come from moe_quantize_fp8_columns_transposed
  * (codes [cols][M], the round trip read there), dW reads them so, the reference's result is bit for bit its dW on
- * the codes transposed back, and on CUDA within the same float32 bound. */
+ * the codes transposed back, and on CUDA the bound is that of the Hopper kernel's in-tile sums. */
 #include "oracle_fp8.h"
 #include "pt_gen.h"
 #include "transpose.h"
@@ -318,7 +318,11 @@ static void fp8_dw_property(pt_case *c, int64_t cap_macs)
     } else {
         double *value = xmalloc(((size_t)count + 1) * sizeof(double));
         double *bound = xmalloc(((size_t)count + 1) * sizeof(double));
-        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, ORACLE_FP8_TILE_F32, value, bound);
+        /* on CUDA, transposed codes may run the Hopper kernel: the bound of its wgmma in-tile sums (which covers
+         * the portable kernel's float32 ones) */
+        const int tile_bits = c->backend == MOE_BACKEND_CUDA && opt.codes_transposed ? ORACLE_FP8_TILE_HOPPER_BITS
+                                                                                     : ORACLE_FP8_TILE_F32;
+        oracle_gemm_fp8_dw(&routing, N, K, &x.t, &dy.t, old, &opt, tile_bits, value, bound);
         for (int64_t i = 0; i < count; i++) {
             const double got = oracle_load(opt.out_dtype, dw, i), err = fabs(got - value[i]);
             if (!(err <= bound[i])) {

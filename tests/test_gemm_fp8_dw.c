@@ -32,9 +32,11 @@
  * scale in a tile in use, a non-finite source value, a bad routing) reported by moe_backend_synchronize with
  * nothing written, a bad scale in a row no tile uses ignored; and two cases of more output tiles than the GPU has
  * SMs (the persistent kernel's walk over several tiles per CTA).  There, dW with codes_transposed (every random,
- * quantized and chosen case, the two many-tile cases, and one of E = 4, M = 1024, N = 384, K = 512) is checked
- * within the same float32 bound and a second call bitwise the first; the transposed quantizer bit for bit the
- * reference's.
+ * quantized and chosen case, the two many-tile cases, and one of the Hopper kernel's shape, E = 4, M = 1024,
+ * N = 384, K = 512) is checked within the oracle's bound of the Hopper kernel's in-tile sums
+ * (ORACLE_FP8_TILE_HOPPER_BITS, which covers the portable kernel's float32 ones), a second call bitwise the
+ * first, and unless MOE_FP8_DW_SM90=1 switches the Hopper kernel on (gpu/gemm/heuristics.cu), bit for bit dW on the
+ * untransposed codes; the transposed quantizer bit for bit the reference's.
  *
  * Usage: test_gemm_fp8_dw [seed] */
 #include "fp8_ref.h"
@@ -271,10 +273,17 @@ static int is_transpose(const uint8_t *t, const uint8_t *codes, int64_t rows, in
     return 1;
 }
 
+#ifdef MOE_TEST_CUDA
+#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_HOPPER_BITS /* the wgmma kernel's in-tile sums (covers float32's) */
+#else
+#define TRANSPOSED_TILE_BITS ORACLE_FP8_TILE_F32
+#endif
 
 /* dW with options.codes_transposed on x_t [K][M] and dy_t [N][M] (the transposes of x's and dy's codes, the same
- * scales) from a random old dW: on the reference bit for bit dW on x and dy; on CUDA within the oracle's float32
- * bound (the portable kernel on the codes transposed back) and a second call bitwise the first.  With
+ * scales) from a random old dW: on the reference bit for bit dW on x and dy; on CUDA within the oracle's bound
+ * (the Hopper kernel's in-tile sums: it may run the wgmma kernel), a second call bitwise the first, and unless
+ * MOE_FP8_DW_SM90=1 switches the Hopper kernel on, bit for bit dW on x and dy (the codes are copied back for the
+ * portable kernel).  With
  * `oracle` (always on CUDA) also against the oracle reading the transposed codes (its codes_transposed). */
 static void check_dw_transposed(const char *what, const moe_routing *routing, int64_t N, int64_t K,
                                 const moe_fp8_tensor *x, const moe_fp8_tensor *dy, const moe_fp8_tensor *x_t,
@@ -291,10 +300,19 @@ static void check_dw_transposed(const char *what, const moe_routing *routing, in
     moe_status st = dw_on(routing, N, K, x_t, dy_t, got, &t_opt);
     CHECK(st == MOE_OK, "%s, codes transposed: status %d: %s", what, (int)st, moe_last_error());
 #ifdef MOE_TEST_CUDA
-    (void)x, (void)dy, (void)oracle;
+    (void)oracle;
     st = dw_on(routing, N, K, x_t, dy_t, again, &t_opt);
     CHECK(st == MOE_OK && memcmp(got, again, bytes) == 0, "%s, codes transposed: a second call differs (status %d)",
           what, (int)st);
+    const char *hopper = getenv("MOE_FP8_DW_SM90");
+    if (hopper == NULL || strcmp(hopper, "1") != 0) { /* copied back for the portable kernel: the plain call's bits */
+        memcpy(again, old, bytes);
+        st = dw_on(routing, N, K, x, dy, again, opt);
+        const int64_t differs =
+            st == MOE_OK ? first_difference(again, got, count, moe_dtype_size(opt->out_dtype)) : -1;
+        CHECK(st == MOE_OK && differs < 0, "%s, codes transposed (the portable kernel): differs from dW on the "
+              "untransposed codes at element %lld (status %d)", what, (long long)differs, (int)st);
+    }
     oracle = 1;
 #else
     st = dw_on(routing, N, K, x, dy, again, opt);
@@ -305,7 +323,7 @@ static void check_dw_transposed(const char *what, const moe_routing *routing, in
     if (oracle) {
         double *value = xmalloc((size_t)count * sizeof(double) + 8);
         double *bound = xmalloc((size_t)count * sizeof(double) + 8);
-        oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, ORACLE_FP8_TILE_F32, value, bound);
+        oracle_gemm_fp8_dw(routing, N, K, x_t, dy_t, old, &t_opt, TRANSPOSED_TILE_BITS, value, bound);
         char label[300];
         snprintf(label, sizeof label, "%s, codes transposed", what);
         double ratio = 0.0;
@@ -594,8 +612,9 @@ static void transposed_dw_cases(oracle_rng *rng)
         {3, {0, 16, 0}, 1, 1, 0, 0, 1, MOE_E4M3, MOE_E4M3},            /* M = 16, N = K = 1 */
         {2, {0, 0}, 16, 32, 0, 1, 1, MOE_E4M3, MOE_E5M2},              /* M = 0: zeros, or the old values */
         {2, {256, 128}, 384, 130, 1, 0, 1, MOE_E4M3, MOE_E4M3},        /* M = 384, whole tiles */
+        {4, {20, 37, 130, 69}, 200, 136, 0, 0, 0, MOE_E5M2, MOE_E4M3}, /* M = 256, experts from rows 20, 57, 187 */
 #ifdef MOE_TEST_CUDA
-        {4, {300, 0, 468, 256}, 384, 512, 0, 1, 1, MOE_E4M3, MOE_E5M2}, /* M = 1024, M % 16 == 0 */
+        {4, {300, 0, 468, 256}, 384, 512, 0, 1, 1, MOE_E4M3, MOE_E5M2}, /* M = 1024: the Hopper kernel's size */
 #endif
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

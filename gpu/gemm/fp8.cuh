@@ -196,6 +196,16 @@ struct Fp8Sm90Maps {
 enum Fp8Sm90Plan { FP8_SM90_NOT_ITS_SHAPE, FP8_SM90_TAKES, FP8_SM90_MAPS_REFUSED };
 Fp8Sm90Plan fp8_sm90_plan(Fp8Args *f, Fp8Sm90Maps *maps);
 moe_status launch_fp8_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream);
+// One persistent launch of a Hopper FP8 kernel (kernel(f, maps)), its dynamic shared memory allowed first.
+moe_status launch_fp8_sm90_kernel(void *kernel, const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles,
+                                  int threads, size_t smem_bytes, cudaStream_t stream);
+
+// dW's Hopper kernel (gemm/fp8_dw_sm90.cu) on the transposed codes (options.codes_transposed: f.a = dY^T [N][M],
+// f.b = X^T [K][M]).  fp8_dw_sm90_plan: whether the call is its shape (sm_90a built and present, 0 < M < 2^31 - 144,
+// M % 16 == 0: the rows' stride in bytes, the codes 16-byte aligned) and the driver took the maps (maps->a: dY^T,
+// maps->w: X^T); else the caller runs the portable kernel.
+bool fp8_dw_sm90_plan(const Fp8Args &f, Fp8Sm90Maps *maps);
+moe_status launch_fp8_dw_sm90(const Fp8Args &f, const Fp8Sm90Maps &maps, int64_t max_tiles, cudaStream_t stream);
 
 } // namespace moe_gpu
 

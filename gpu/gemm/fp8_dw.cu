@@ -24,6 +24,7 @@
 #include "gemm/epilogue.cuh"
 #include "gemm/fp8.cuh"
 #include "gemm/gemm.cuh"
+#include "gemm/heuristics.cuh"
 #include "gemm/mma_sm80.cuh"
 #include "gemm/plan.cuh"
 
@@ -237,9 +238,9 @@ cudaError_t launch_untranspose_codes(const void *src, int64_t cols, int64_t M, u
 using namespace moe_gpu;
 
 // The call on the stream: workspace, the routing check (the expert offsets), the scale checks of the tiles in use,
-// the kernel.  Transposed codes (options.codes_transposed) are copied back into expert-row order in the workspace
-// first (a Hopper kernel that reads them as they are is not landed: bench/RESULTS.md, "FP8 dW on transposed
-// codes").
+// the kernel.  Transposed codes (options.codes_transposed) go to the Hopper kernel (gemm/fp8_dw_sm90.cu) where it
+// is switched on (fp8_dw_sm90_enabled) and fp8_dw_sm90_plan takes them, else back into expert-row order in the
+// workspace for the portable kernel.
 moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *fp, const moe_fp8_tensor *x, const moe_fp8_tensor *dy,
                                 void *dw)
 {
@@ -264,9 +265,11 @@ moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *fp, const moe_fp8_tensor 
     f.b_vec = aligned16(x->data) && K % 16 == 0;
     const int64_t col_tiles = cdiv(K, F8_BN), scale_rows = cdiv(M, F8_TILE) + E - 1;
 
-    // transposed codes: back into expert-row order in the workspace ([M][K] for X, then [M][N] for dY, 16-byte
-    // aligned) for the portable kernel
-    const bool untranspose = fp->codes_transposed != 0;
+    // transposed codes: the Hopper kernel where it takes the call, else the portable kernel on the codes transposed
+    // back into the workspace ([M][K] for X, then [M][N] for dY, 16-byte aligned)
+    Fp8Sm90Maps maps;
+    const bool hopper = fp->codes_transposed && fp8_dw_sm90_enabled() && fp8_dw_sm90_plan(f, &maps);
+    const bool untranspose = fp->codes_transposed && !hopper;
     const int64_t x_bytes = (M * K + 15) / 16 * 16, untransposed_floats = untranspose ? (x_bytes + M * N + 3) / 4 : 0;
     unsigned char *ws = nullptr;
     float *untransposed = nullptr;
@@ -287,8 +290,12 @@ moe_status moe_cuda_gemm_fp8_dw(const moe_fp8_problem *fp, const moe_fp8_tensor 
     }
     const int64_t max_tiles = max_tiles_of(OP_DW, E, M, N, F8_BM, col_tiles);
     if (err == cudaSuccess && max_tiles > 0) {
-        fp8_dw_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
-        err = cudaGetLastError();
+        if (hopper) {
+            status = launch_fp8_dw_sm90(f, maps, max_tiles, stream);
+        } else {
+            fp8_dw_kernel<<<persistent_grid(max_tiles, 1), F8_THREADS, 0, stream>>>(f);
+            err = cudaGetLastError();
+        }
     }
     if (err != cudaSuccess)
         status = moe_fail(MOE_ERR_DEVICE, "%s: kernel launch failed: %s", p->op, cudaGetErrorString(err));

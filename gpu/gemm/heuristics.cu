@@ -278,4 +278,14 @@ bool fp8_sm90_wide_tiles(int op, int64_t M, int64_t E)
     return forced >= 0 ? forced == 1 : M >= 2 * 128 * E;
 }
 
+// The Hopper FP8 dW kernel (gemm/fp8_dw_sm90.cu) on transposed codes, where fp8_dw_sm90_plan takes the call; else
+// they are copied back into expert-row order for the portable kernel.  Off until it has run on a device: its first
+// form stopped with an illegal instruction on an H100 (TMA loads at unaligned rows), and this form has been
+// compiled, not run (bench/RESULTS.md, "The Hopper FP8 dW kernel's illegal instruction").  MOE_FP8_DW_SM90=1
+// turns it on.
+bool fp8_dw_sm90_enabled()
+{
+    return env_switch("MOE_FP8_DW_SM90") == 1;
+}
+
 } // namespace moe_gpu

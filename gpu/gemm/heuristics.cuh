@@ -51,6 +51,7 @@ enum KernelOverride { KERNEL_AUTO, KERNEL_SM90, KERNEL_SM80, KERNEL_SIMT };
 moe_status kernel_override(const char *op, KernelOverride *kernel);
 bool fp8_sm90_tma_store(int op);
 bool fp8_sm90_wide_tiles(int op, int64_t M, int64_t E);
+bool fp8_dw_sm90_enabled();
 
 } // namespace moe_gpu
 

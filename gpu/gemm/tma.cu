@@ -21,8 +21,10 @@ uint64_t tma_max_dim()
 
 } // namespace
 
-bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
-                       const uint64_t *strides, const uint32_t *box)
+namespace {
+// cuTensorMapEncodeTiled of a dense tensor with the given swizzle (encode_tensor_map's contract)
+bool encode_tiled(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                  const uint64_t *strides, const uint32_t *box, CUtensorMapSwizzle swizzle)
 {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
     static bool looked_up = false;
@@ -52,9 +54,22 @@ bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int 
                                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
     const CUresult r = encode(map, type,
                               (cuuint32_t)rank, const_cast<void *>(base), d, st, b, element_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS;
+}
+} // namespace
+
+bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                       const uint64_t *strides, const uint32_t *box)
+{
+    return encode_tiled(map, dtype, base, rank, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+bool encode_unswizzled_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                                  const uint64_t *strides, const uint32_t *box)
+{
+    return encode_tiled(map, dtype, base, rank, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 bool encode_out_boxes_map(CUtensorMap *map, moe_dtype out_dtype, const void *out, uint64_t cols, uint64_t rows,

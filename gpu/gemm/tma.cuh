@@ -22,9 +22,15 @@ struct Sm90Maps {
 // TMA descriptor (cuTensorMapEncodeTiled, reached through the runtime's driver entry point) of a dense
 // tensor (bf16, f16, f32, or FP8 codes as bytes) of `rank` dimensions, dims[0] innermost, row strides in bytes for dims 1..,
 // box `box` elements, with the 128-byte swizzle of gemm/sm90.cuh; loads past the edges fill zeros, stores
-// past them are dropped.  Returns false when the driver has no encoder or rejects the shape.
+// past them are dropped.  A load's or store's innermost coordinate times the element size must be a multiple of 16
+// bytes: the TMA unit stops the kernel with an illegal instruction otherwise (bench/RESULTS.md, "The Hopper FP8 dW
+// kernel's illegal instruction").  Returns false when the driver has no encoder or rejects the shape.
 bool encode_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
                        const uint64_t *strides, const uint32_t *box);
+// The same without the swizzle: a box lands in shared memory as a dense array, its rows box[0] elements apart (a
+// staging buffer that threads read; box[0] times the element size a multiple of 16 bytes).
+bool encode_unswizzled_tensor_map(CUtensorMap *map, moe_dtype dtype, const void *base, int rank, const uint64_t *dims,
+                                  const uint64_t *strides, const uint32_t *box);
 
 // The map of an output [slabs][rows][cols] (f32, or a 16-bit type) that gemm/tma_store.cuh's epilogue writes in
 // boxes of 128 bytes of columns x 8 rows (fwd [1][M][N], dX [1][M][K], dW [E][N][K]).
