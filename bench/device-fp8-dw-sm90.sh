@@ -2,7 +2,8 @@
 # FP8 dW on transposed codes (gpu/gemm/fp8_dw_sm90.cu, options.codes_transposed, switched on by MOE_FP8_DW_SM90=1)
 # checked and timed in one device call, logging under $OUT (or ./out):
 #   1. proptest/test_gpu_gemm_fp8_dw with the Hopper kernel on (its transposed-code cases run it where M % 16 == 0)
-#      and off (copied back: the bits of the untransposed call), moe-fuzz gpu-gemm-fp8-dw with it on (FUZZ_SECONDS,
+#      and off (copied back: the bits of the untransposed call), test_gpu_gemm_fp8_dw_bad (bad values found on the
+#      device, transposed codes among them) and moe-fuzz gpu-gemm-fp8-dw with it on (FUZZ_SECONDS,
 #      default 40), compute-sanitizer memcheck on 40 fuzz cases and on the test, racecheck on 6 fuzz cases;
 #   2. moe-bench --libmoe-only --ops dw, T = 4096, every shape, ROUNDS rounds (default 2) alternating: e4m3 on
 #      transposed codes with the Hopper kernel, the same copied back for the portable kernel, e4m3 on codes as they
@@ -12,7 +13,7 @@
 set -u
 out=${OUT:-$PWD/out}
 tarball=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-build_targets="bench/moe-bench proptest/test_gpu_gemm_fp8_dw proptest/moe-fuzz"
+build_targets="bench/moe-bench proptest/test_gpu_gemm_fp8_dw proptest/test_gpu_gemm_fp8_dw_bad proptest/moe-fuzz"
 # shellcheck source=bench/device-build.sh
 source "$(dirname "$0")/device-build.sh"
 status=0
@@ -23,6 +24,9 @@ timeout 200 ./proptest/test_gpu_gemm_fp8_dw > "$out/test_gpu_gemm_fp8_dw_off.txt
 rc=$?; [ "$rc" = 0 ] || status=1
 echo "== test_gpu_gemm_fp8_dw, Hopper kernel off (rc $rc)"; grep -E "checks|FAIL" "$out/test_gpu_gemm_fp8_dw_off.txt" | tail -3
 export MOE_FP8_DW_SM90=1
+timeout 100 ./proptest/test_gpu_gemm_fp8_dw_bad > "$out/test_gpu_gemm_fp8_dw_bad.txt" 2>&1
+rc=$?; [ "$rc" = 0 ] || status=1
+echo "== test_gpu_gemm_fp8_dw_bad (rc $rc)"; tail -1 "$out/test_gpu_gemm_fp8_dw_bad.txt"
 timeout 100 ./proptest/moe-fuzz --backend cuda --ops gpu-gemm-fp8-dw --seconds "${FUZZ_SECONDS:-40}" \
   > "$out/fuzz-gpu-gemm-fp8-dw.txt" 2>&1 || status=1
 echo "== moe-fuzz gpu-gemm-fp8-dw"; tail -3 "$out/fuzz-gpu-gemm-fp8-dw.txt"

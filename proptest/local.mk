@@ -42,12 +42,18 @@ proptest_test_gpu_fp8_quantize_SOURCES = tests/test_fp8_quantize.c
 proptest_test_gpu_fp8_quantize_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
 proptest_test_gpu_fp8_quantize_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_fp8_quantize
-# the shared test tests/test_gemm_fp8_dw.c again, on MOE_BACKEND_CUDA (-DMOE_TEST_CUDA): FP8 dW and its quantizer
+# the shared tests tests/test_gemm_fp8_dw.c and tests/test_gemm_fp8_dw_bad.c again, on MOE_BACKEND_CUDA
+# (-DMOE_TEST_CUDA): FP8 dW and its quantizer, their results and their bad values found on the device
 check_PROGRAMS += proptest/test_gpu_gemm_fp8_dw
-proptest_test_gpu_gemm_fp8_dw_SOURCES = tests/test_gemm_fp8_dw.c
+proptest_test_gpu_gemm_fp8_dw_SOURCES = tests/test_gemm_fp8_dw.c tests/fp8_dw_calls.h
 proptest_test_gpu_gemm_fp8_dw_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
 proptest_test_gpu_gemm_fp8_dw_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
 TESTS += proptest/test_gpu_gemm_fp8_dw
+check_PROGRAMS += proptest/test_gpu_gemm_fp8_dw_bad
+proptest_test_gpu_gemm_fp8_dw_bad_SOURCES = tests/test_gemm_fp8_dw_bad.c tests/fp8_dw_calls.h
+proptest_test_gpu_gemm_fp8_dw_bad_CPPFLAGS = $(AM_CPPFLAGS) -DMOE_TEST_CUDA $(CUDA_CPPFLAGS)
+proptest_test_gpu_gemm_fp8_dw_bad_LDADD = $(TESTLIB_LIBS) $(CUDA_LIBS)
+TESTS += proptest/test_gpu_gemm_fp8_dw_bad
 # moe_gemm_autotune on real calls: correct results, the table used, the cache file read back
 check_PROGRAMS += proptest/test_gpu_autotune
 proptest_test_gpu_autotune_SOURCES = proptest/test_gpu_autotune.c

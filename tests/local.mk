@@ -31,9 +31,16 @@ TESTS += tests/test_fp8_dtype
 check_PROGRAMS += tests/test_gemm_fp8
 tests_test_gemm_fp8_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_gemm_fp8
+# FP8 dW and its columns quantizers: results against the oracle (test_gemm_fp8_dw), bad arguments and values
+# (test_gemm_fp8_dw_bad); both call through tests/fp8_dw_calls.h
 check_PROGRAMS += tests/test_gemm_fp8_dw
+tests_test_gemm_fp8_dw_SOURCES = tests/test_gemm_fp8_dw.c tests/fp8_dw_calls.h
 tests_test_gemm_fp8_dw_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_gemm_fp8_dw
+check_PROGRAMS += tests/test_gemm_fp8_dw_bad
+tests_test_gemm_fp8_dw_bad_SOURCES = tests/test_gemm_fp8_dw_bad.c tests/fp8_dw_calls.h
+tests_test_gemm_fp8_dw_bad_LDADD = $(TESTLIB_LIBS)
+TESTS += tests/test_gemm_fp8_dw_bad
 check_PROGRAMS += tests/test_fp8_quantize
 tests_test_fp8_quantize_LDADD = $(TESTLIB_LIBS)
 TESTS += tests/test_fp8_quantize
