@@ -2,8 +2,8 @@
 # it in $(pythondir)/libmoe and records $(libdir) in it (_installed.py) so that it finds the installed
 # library; from the source tree it finds the build tree's .libs/ (or LIBMOE_PATH).
 LIBMOE_PY = python/libmoe/__init__.py python/libmoe/_capi.py python/libmoe/_ops.py python/libmoe/_raw.py \
-	python/libmoe/_tensors.py python/libmoe/compat.py python/libmoe/fp8.py python/libmoe/gemm.py \
-	python/libmoe/layer.py python/libmoe/mlp.py
+	python/libmoe/_tensors.py python/libmoe/compat.py python/libmoe/fp8.py python/libmoe/fp8_train.py \
+	python/libmoe/gemm.py python/libmoe/layer.py python/libmoe/mlp.py
 if HAVE_PYTHON
 libmoepydir = $(pythondir)/libmoe
 libmoepy_PYTHON = $(LIBMOE_PY)
@@ -34,4 +34,4 @@ check_PROGRAMS += tests/python_abi
 TESTS += tests/test_python.sh tests/test_python_cuda.sh
 EXTRA_DIST += tests/test_python.sh tests/test_python_cuda.sh tests/torch_python.sh
 # the FP8 calls' tests and their models (python/libmoe/fp8.py)
-EXTRA_DIST += python/tests/test_fp8.py python/tests/fp8_model.py
+EXTRA_DIST += python/tests/test_fp8.py python/tests/fp8_model.py python/tests/test_fp8_train.py

@@ -1,5 +1,6 @@
 #!/bin/sh
-# The Python package (python/libmoe) on the library just built: python/tests/test_libmoe.py and test_fp8.py on CPU tensors
+# The Python package (python/libmoe) on the library just built: python/tests/test_libmoe.py, test_fp8.py and
+# test_fp8_train.py on CPU tensors
 # (LIBMOE_TEST_DEVICE=cuda: on CUDA tensors, tests/test_python_cuda.sh).  Runs with the first Python that
 # imports torch (tests/torch_python.sh); exit 77 (skip) when none does, or when CUDA is asked for and cannot run.  In a build
 # under -fsanitize=address,undefined the sanitizer runtimes are preloaded into the interpreter.
@@ -36,4 +37,4 @@ fi
 
 LIBMOE_PATH="$lib" LIBMOE_TEST_DEVICE="$device" LIBMOE_ABI_PROGRAM="$builddir/tests/python_abi" \
     PYTHONPATH="$srcdir/python:$srcdir/python/tests" PYTHONDONTWRITEBYTECODE=1 \
-    "$python" -m unittest -v test_libmoe test_fp8
+    "$python" -m unittest -v test_libmoe test_fp8 test_fp8_train

@@ -9,9 +9,12 @@ libdir, the build tree, pkg-config or the system loader (libmoe._capi.library_ca
     mlp_layout, moe_mlp the blockwise MoE MLP, every option, differentiable
     MoEExperts          an nn.Module expert layer on moe_mlp
     quantize_fp8_rows, quantize_fp8_blocks, dequantize_fp8, grouped_gemm_fp8, grouped_gemm_fp8_dx
-                        FP8 (DeepSeek-V3's tile and block scales): the quantizers and the GEMM, no autograd
+                        FP8 (DeepSeek-V3's tile and block scales): the quantizers and the GEMM on codes
     quantize_fp8_columns, grouped_gemm_fp8_dw, column_scale_rows
                         FP8 dW (128 x 1 tiles along each expert's rows)
+    grouped_gemm_fp8_train
+                        the grouped GEMM on FP8 codes with autograd (DeepSeek-V3's recipe, the quantization
+                        inside)
     compat              Unsloth's grouped_gemm and torch._grouped_mm call forms
     synchronize         reports an error the CUDA backend found on the device
 """
@@ -22,6 +25,7 @@ from ._capi import MoeError
 from ._raw import routing_from_topk
 from .fp8 import (column_scale_rows, dequantize_fp8, grouped_gemm_fp8, grouped_gemm_fp8_dw, grouped_gemm_fp8_dx,
                   quantize_fp8_blocks, quantize_fp8_columns, quantize_fp8_rows)
+from .fp8_train import grouped_gemm_fp8_train
 from .gemm import grouped_gemm
 from .layer import MoEExperts
 from .mlp import MlpLayout, mlp_layout, moe_mlp, to_nki_layout
@@ -29,7 +33,7 @@ from .mlp import MlpLayout, mlp_layout, moe_mlp, to_nki_layout
 __all__ = ["MoeError", "routing_from_topk", "grouped_gemm", "mlp_layout", "MlpLayout", "moe_mlp", "to_nki_layout",
            "MoEExperts", "compat", "synchronize", "library_path", "HAS_CUSTOM_OP", "cuda_available",
            "quantize_fp8_rows", "quantize_fp8_blocks", "dequantize_fp8", "grouped_gemm_fp8", "grouped_gemm_fp8_dx",
-           "quantize_fp8_columns", "grouped_gemm_fp8_dw", "column_scale_rows"]
+           "quantize_fp8_columns", "grouped_gemm_fp8_dw", "column_scale_rows", "grouped_gemm_fp8_train"]
 __version__ = "0.1.0"
 
 HAS_CUSTOM_OP = _ops.HAS_CUSTOM_OP

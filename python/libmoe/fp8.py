@@ -1,8 +1,8 @@
 """FP8 on torch tensors (specs/FP8.md): the DeepSeek-V3 quantizers (1 x 128 tiles, 128 x 128 blocks, and dW's
 128 x 1 tiles along each expert's rows), the inverse of the first two, and the FP8 grouped GEMM forward, dX and
-dW with those scales.  No autograd: each function is one library
-call on the tensors' device, CPU tensors on the reference and CUDA tensors on the kernels (torch's current
-stream, without waiting; a bad value found on the device is raised by libmoe.synchronize()).
+dW with those scales.  No autograd (fp8_train.py's grouped_gemm_fp8_train is the differentiable form): each
+function is one library call on the tensors' device, CPU tensors on the reference and CUDA tensors on the kernels
+(torch's current stream, without waiting; a bad value found on the device is raised by libmoe.synchronize()).
 
 FP8 tensors are uint8 codes with their scales: float32 (scale_format "f32") or uint8 UE8M0 biased exponents
 ("ue8m0", scale 2^(b - 127)); the scales' dtype says which.  The codes' format is named by `fp8` ("e4m3", torch's
