@@ -2,7 +2,8 @@
 forward and the backward on FP8 codes, the quantization inside.
 
     forward   Y  = grouped_gemm_fp8(rows(x), blocks(w))
-    dX        dX = grouped_gemm_fp8_dx(rows(dY), blocks(w))        (the forward's W codes and scales)
+    dX        dX = grouped_gemm_fp8_dx(rows(dY), blocks(w))        (the forward's W codes and scales; on CUDA
+                                                                   transposed, w_transposed: the same bits)
     dW        dW = grouped_gemm_fp8_dw(columns(x), columns(dY))    (128 x 1 tiles along each expert's rows)
 
 rows: quantize_fp8_rows (1 x 128 tiles), blocks: quantize_fp8_blocks (128 x 128), columns: quantize_fp8_columns.
@@ -38,9 +39,13 @@ class _Fp8GemmFunction(torch.autograd.Function):  # pylint: disable=abstract-met
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dyq, dys = _fp8.quantize_fp8_rows(dy, grad_fmt, scale_format)
-            dx = _fp8.grouped_gemm_fp8_dx(dyq, dys, wq, ws, m_sizes, gather_indices, topk, permute_x=permute_x,
-                                          permute_y=permute_y, reduce_topk=permute_x, fp8=grad_fmt, w_fp8=fmt,
-                                          out_dtype=x.dtype)
+            # on CUDA from W^T (the forward's codes and scales transposed): the same bits, and on sm_90a the
+            # kernel transposes no W tile (grouped_gemm_fp8_dx's w_transposed)
+            w_t = wq.device.type == "cuda"
+            dx = _fp8.grouped_gemm_fp8_dx(dyq, dys, wq.transpose(1, 2).contiguous() if w_t else wq,
+                                          ws.transpose(1, 2).contiguous() if w_t else ws, m_sizes, gather_indices,
+                                          topk, permute_x=permute_x, permute_y=permute_y, reduce_topk=permute_x,
+                                          fp8=grad_fmt, w_fp8=fmt, out_dtype=x.dtype, w_transposed=w_t)
         if ctx.needs_input_grad[1]:
             xc, xcs = _fp8.quantize_fp8_columns(x, m_sizes, gather_indices, topk,
                                                 rows="token" if permute_x else "expert", fp8=fmt,
