@@ -1,12 +1,11 @@
-/* The forward's and dX's dot products and elements, and dW's dot product (declared, with their contracts, in
+/* The forward's, dX's and dW's dot products and elements (declared, with their contracts, in
  * gemm_naive_internal.h), in a file of their own because their proofs state error bounds (bound_fwd_dot,
  * bound_dx_dot, bound_dw_dot without topk weights; the elements' bound_fwd, bound_fwd_weighted, bound_dx,
- * bound_dx_weighted: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over the
- * loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
+ * bound_dx_weighted, bound_dw: MOE_REF_BOUNDS): a caller's goals would carry those clauses' real-valued sums over
+ * the loaded elements among their hypotheses, where Z3 ran out of memory on the topk-weight gradient's value
  * invariant (ref/gemm_naive_value.c, which calls gemm_naive_fwd_dot; there gemm_naive_dx_reduce_sum calls
- * gemm_naive_dx_dot and gemm_naive_dw_element gemm_naive_dw_dot).  The elements and the dX and dW dot products
- * moved here from gemm_naive_value.c with the same operations, so that the elements' goals see the dot's
- * bound clause.  The forward's and dX's dot products' bounds are lemma_fdot_strided_bound's
+ * gemm_naive_dx_dot).  The elements and the dX and dW dot products moved here from gemm_naive_value.c with the
+ * same operations, so that the elements' goals see the dot's bound clause.  The forward's and dX's dot products' bounds are lemma_fdot_strided_bound's
  * (specs/gemm_value.acsl), at strides 1, 1 (forward) and 1, K (dX); dW's is lemma_fdw_bound's (its rows go
  * through the row maps).  Proved with the value clauses (MOE_REF_VALUES) and the bounds'. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -154,4 +153,12 @@ float gemm_naive_dw_dot(const moe_gemm_problem *p, const int64_t *offsets, const
     }
     /*@ ghost lemma_fdw_bound(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c); */
     return acc;
+}
+
+void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
+                           const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index)
+{
+    /*@ assert dw: tensor_writable((char *)dw, p->num_experts * p->N * p->K, p->dw_dtype); */
+    /*@ assert element: element_writable((char *)dw, dw_index, p->dw_dtype); */
+    gemm_naive_finish(p->dw_dtype, dw, dw_index, gemm_naive_dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
 }

@@ -238,7 +238,8 @@ void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void
 
 /* One element of dW: dw[dw_index] = gemm_naive_dw_dot(e, n, c), accumulated and stored by gemm_naive_finish
  * in dw_dtype (the body of gemm_dw_row's loop over c).  Its value (dw_dtype f32, without accumulate): fdw
- * over expert e's rows. */
+ * over expert e's rows.  Its error bound (dw_dtype f32, without accumulate, without topk weights; proved in
+ * ref/gemm_naive_dot.c's run): the dot product's (bound_dw_dot), the element stored as it is. */
 /*@ requires problem: gemm_problem_ok(p);
     requires tensors: gemm_dw_tensors_ok(p, (char *)x, (char *)dy, (char *)topk_weights, (char *)dw);
     requires offsets: gemm_offsets_ok(p, (int64_t *)offsets);
@@ -250,7 +251,15 @@ void gemm_naive_dx_element(const moe_gemm_problem *p, const void *dy, const void
     assigns ((char *)dw)[byte_offset(dw_index, p->dw_dtype) .. byte_offset(dw_index + 1, p->dw_dtype) - 1];
     MOE_REF_VALUE_CLAUSE(ensures value_dw: p->dw_dtype == MOE_F32 && p->accumulate == 0 ==> same_float(
       loaded(p->dw_dtype, (char *)dw, dw_index),
-      \old(fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], offsets[e + 1], n, c)));) */
+      \old(fdw(p, (char *)x, (char *)dy, (char *)topk_weights, offsets[e], offsets[e + 1], n, c)));)
+    MOE_REF_BOUND_CLAUSE(ensures bound_dw: p->dw_dtype == MOE_F32 && p->accumulate == 0 && topk_weights == \null &&
+        \old(fdw_bound_premise(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c)) ==>
+        \is_finite(loaded(p->dw_dtype, (char *)dw, dw_index)) &&
+        \abs((real)loaded(p->dw_dtype, (char *)dw, dw_index) -
+              \old(dw_exact(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c))) <=
+          gamma_k(offsets[e + 1] - offsets[e]) *
+            \old(dw_abs(p, (char *)x, (char *)dy, offsets[e], offsets[e + 1], n, c)) +
+          4 * (offsets[e + 1] - offsets[e]) * eta_f32;) */
 void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
                            const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index);
 

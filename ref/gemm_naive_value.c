@@ -1,7 +1,7 @@
 /* The naive GEMM's float functions (declared, with their contracts, in gemm_naive_internal.h): the finishing
- * store; dW's element, the topk-weight gradient's dot product and element, and dX's reduce_topk sum and
- * element (the dot products of the forward, dX and dW and the forward's and dX's per-row elements, with
- * their error bounds, are ref/gemm_naive_dot.c's).  Their proofs state the values they
+ * store; the topk-weight gradient's dot product and element, and dX's reduce_topk sum and element (the dot
+ * products of the forward, dX and dW and the forward's, dX's per-row and dW's elements, with their error
+ * bounds, are ref/gemm_naive_dot.c's).  Their proofs state the values they
  * compute (specs/gemm_value.acsl), so this file is proved with moe_ref_load's and moe_ref_store's value
  * clauses (MOE_REF_VALUES); ref/gemm_naive.c, which calls them, is proved without. */
 #define MOE_REF_VALUES /* the value clauses of moe_ref.h and gemm_naive_internal.h, for this file's proofs */
@@ -28,14 +28,6 @@ float gemm_naive_topk_grad_dot(const moe_gemm_problem *p, const void *x, const v
     for (int64_t n = 0; n < N; n++)
         acc += moe_ref_load(p->dtype, dy, dyr * N + n) * gemm_naive_fwd_dot(p, x, w, xr, e * N + n);
     return acc;
-}
-
-void gemm_naive_dw_element(const moe_gemm_problem *p, const int64_t *offsets, const void *x, const void *dy,
-                           const void *topk_weights, void *dw, int64_t e, int64_t n, int64_t c, int64_t dw_index)
-{
-    /*@ assert dw: tensor_writable((char *)dw, p->num_experts * p->N * p->K, p->dw_dtype); */
-    /*@ assert element: element_writable((char *)dw, dw_index, p->dw_dtype); */
-    gemm_naive_finish(p->dw_dtype, dw, dw_index, gemm_naive_dw_dot(p, offsets, x, dy, topk_weights, e, n, c), p->accumulate);
 }
 
 void gemm_naive_topk_grad_element(const moe_gemm_problem *p, const void *x, const void *w, const void *dy,
