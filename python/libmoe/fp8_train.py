@@ -77,7 +77,9 @@ def grouped_gemm_fp8_train(x, w, m_sizes, gather_indices=None, topk=1, *, permut
     requires_grad asks for: dY per 1 x 128 tile and the forward's W codes give dX (grouped_gemm_fp8_dx; with
     permute_x each token's k rows summed, reduce_topk, so dX has x's shape), in x's dtype; x and dY per 128 x 1
     tile along each expert's rows (quantize_fp8_columns) give dW (grouped_gemm_fp8_dw), in w's dtype.  Saves x and
-    W's codes and scales.  Not a registered custom op: torch.compile breaks the graph here.  A NaN or Inf in x, w
+    W's codes and scales.  The routing weights are not fused (grouped_gemm_fp8's topk_weights would enter the
+    quantized product): multiply Y's rows by them in torch, which differentiates that product itself.  Not a
+    registered custom op: torch.compile breaks the graph here.  A NaN or Inf in x, w
     or dY raises MoeError (CUDA tensors: from libmoe.synchronize())."""
     check_devices(_FN, x=x, w=w, m_sizes=m_sizes, gather_indices=gather_indices)
     if (permute_x or permute_y) and gather_indices is None:
