@@ -4,7 +4,8 @@
 #   1. proptest/test_gpu_gemm_fp8_dw with the Hopper kernel on (its transposed-code cases run it where M % 16 == 0)
 #      and off (copied back: the bits of the untransposed call), test_gpu_gemm_fp8_dw_bad (bad values found on the
 #      device, transposed codes among them) and moe-fuzz gpu-gemm-fp8-dw with it on (FUZZ_SECONDS,
-#      default 40), compute-sanitizer memcheck on 40 fuzz cases and on the test, racecheck on 6 fuzz cases;
+#      default 40), compute-sanitizer memcheck on 40 fuzz cases and on the test, racecheck on 6 fuzz cases, and
+#      tests/test_python_cuda.sh (the Python package on CUDA tensors, grouped_gemm_fp8_train among them);
 #   2. moe-bench --libmoe-only --ops dw, T = 4096, every shape, ROUNDS rounds (default 2) alternating: e4m3 on
 #      transposed codes with the Hopper kernel, the same copied back for the portable kernel, e4m3 on codes as they
 #      lie (the portable kernel), bf16.
@@ -40,6 +41,13 @@ test_bin=./proptest/.libs/test_gpu_gemm_fp8_dw; [ -x "$test_bin" ] || test_bin=.
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$test_bin" \
   > "$out/memcheck-test_gpu_gemm_fp8_dw.txt" 2>&1 || status=1
 echo "== memcheck test_gpu_gemm_fp8_dw"; tail -2 "$out/memcheck-test_gpu_gemm_fp8_dw.txt"
+# the Python package on CUDA tensors (tests/test_python_cuda.sh: grouped_gemm_fp8_train among them), the same
+# build, with the Hopper dW kernel off as by default (test_fp8.py requires dW from transposed codes to be the
+# untransposed call's bits, which the copied-back path gives)
+MOE_FP8_DW_SM90=0 timeout 300 make -j16 check TESTS=tests/test_python_cuda.sh VERIFY_TESTS= \
+  > "$out/check-python-cuda.log" 2>&1 || status=1
+cp tests/test_python_cuda.sh.log "$out/" 2>/dev/null || true
+echo "== tests/test_python_cuda.sh"; grep -E '^(PASS|FAIL|SKIP|ERROR)' "$out/check-python-cuda.log" | tail -3
 [ "$status" = 0 ] || { echo "checks failed: no timings"; exit 1; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for form in hopper copied plain bf16; do
